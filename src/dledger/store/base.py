@@ -1,0 +1,264 @@
+"""LedgerStore: the storage interface every Raft member writes through (DLedgerStore).
+
+The two implementations (memory, file) share the argument checks, the decoded
+read and the term search here, so they differ only in where bytes live.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from abc import ABC, abstractmethod
+from array import array
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
+
+from dledger.codes import DLedgerError, ResponseCode
+from dledger.entry import HEADER, HEADER_SIZE, MAGIC_NORMAL, Entry, decode_entry
+
+log = logging.getLogger(__name__)
+
+
+class StoreError(DLedgerError):
+    """A store operation failed; `code` says why (DISK_ERROR, DISK_FULL, …)."""
+
+
+class AppendResult(NamedTuple):
+    """Where a leader append put its entries: one position per body, in order."""
+
+    first_index: int
+    term: int
+    positions: array[int]
+
+    @property
+    def last_index(self) -> int:
+        return self.first_index + len(self.positions) - 1
+
+
+class RawRange(NamedTuple):
+    """Whole records [first_index, first_index + count) as their exact stored bytes."""
+
+    data: memoryview
+    first_index: int
+    count: int
+
+
+class TermVote(NamedTuple):
+    term: int
+    voted_for: str | None
+
+
+FlushListener = Callable[[int], None]
+
+
+class LedgerStore(ABC):
+    """Operations of DLedger's DLedgerStore plus what snapshots and durability need.
+
+    Indexes: an empty log has end_index == begin_index - 1 (-1 at first).
+    Single writer: appends, truncate and reset come from one thread; a flush
+    thread may run beside it.
+    """
+
+    def __init__(self, max_body_bytes: int) -> None:
+        self.max_body_bytes = max_body_bytes
+        self.begin_index = 0
+        self.begin_term = -1  # term of entry begin_index - 1 (none yet)
+        self.begin_chain_crc = 0
+        self.end_index = -1
+        self.end_term = -1
+        self.end_chain_crc = 0
+        self.committed_index = -1
+        self.durable_index = -1
+        self._flush_listeners: list[FlushListener] = []
+        self._lock = threading.RLock()
+
+    # --- writes -------------------------------------------------------------
+
+    @abstractmethod
+    def append_as_leader(
+        self, bodies: Sequence[bytes], term: int, magic: int = MAGIC_NORMAL
+    ) -> AppendResult:
+        """Assign index, term and pos to each body and store them as one batch."""
+
+    @abstractmethod
+    def append_as_follower(self, data: bytes | bytearray | memoryview) -> int:
+        """Store the verbatim records pushed by a leader; returns the new end index.
+
+        The first record must carry index end_index + 1; every record is
+        verified (magic, size, pos, body CRC, chain CRC). On any error nothing
+        is kept.
+        """
+
+    @abstractmethod
+    def truncate(self, from_index: int) -> None:
+        """Remove entries from_index..end_index (a follower's divergent tail)."""
+
+    @abstractmethod
+    def reset(self, begin_index: int, begin_term: int, begin_chain_crc: int, begin_pos: int) -> None:
+        """Drop every entry and start an empty log whose next entry is begin_index at begin_pos."""
+
+    # --- reads --------------------------------------------------------------
+
+    @abstractmethod
+    def read_raw(self, from_index: int, max_bytes: int) -> RawRange:
+        """Whole records from from_index, at least one, at most max_bytes when possible.
+
+        The view may point into the store's own buffers: release it promptly
+        and do not hold it across a truncate.
+        """
+
+    @abstractmethod
+    def term_at(self, index: int) -> int:
+        """Term of entry `index`; begin_term for begin_index - 1."""
+
+    @abstractmethod
+    def pos_of_next(self) -> int:
+        """Byte position where the next record would start (before any file roll)."""
+
+    def get(self, index: int) -> Entry:
+        raw = self.read_raw(index, 0)
+        try:
+            entry = decode_entry(raw.data)
+        finally:
+            raw.data.release()
+        if entry.index != index:
+            raise StoreError(ResponseCode.DISK_ERROR, f"record for index {index} holds {entry.index}")
+        return entry
+
+    def read(self, from_index: int, max_entries: int = 1000, max_bytes: int = 4 << 20) -> list[Entry]:
+        """Decoded entries from from_index (all magics), stopping at the end of the log."""
+        out: list[Entry] = []
+        index = from_index
+        while len(out) < max_entries and index <= self.end_index:
+            raw = self.read_raw(index, max_bytes)
+            try:
+                off = 0
+                for _ in range(min(raw.count, max_entries - len(out))):
+                    entry = decode_entry(raw.data, off)
+                    if entry.index != index:
+                        raise StoreError(
+                            ResponseCode.DISK_ERROR, f"record for index {index} holds {entry.index}"
+                        )
+                    out.append(entry)
+                    off += entry.size
+                    index += 1
+            finally:
+                raw.data.release()
+            if sum(e.size for e in out) >= max_bytes:
+                break
+        return out
+
+    def first_index_of_term(self, term: int) -> int:
+        """Lowest index holding `term`, or -1 (DLedger's getFirstLogOfTargetTerm).
+
+        Terms never decrease along the log, so a binary search over term_at.
+        """
+        lo, hi = self.begin_index, self.end_index
+        if hi < lo or self.term_at(hi) < term:
+            return -1
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if self.term_at(mid) < term:
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo if self.term_at(lo) == term else -1
+
+    # --- commit, durability, persistent vote ---------------------------------
+
+    def set_committed(self, index: int) -> None:
+        """Record the commit index; it never moves backwards."""
+        with self._lock:
+            if index > self.end_index:
+                raise StoreError(
+                    ResponseCode.INDEX_OUT_OF_RANGE,
+                    f"commit index {index} beyond ledger end {self.end_index}",
+                )
+            if index > self.committed_index:
+                self.committed_index = index
+
+    def add_flush_listener(self, listener: FlushListener) -> None:
+        """Call `listener(durable_index)` after each flush, from the flush thread."""
+        self._flush_listeners.append(listener)
+
+    def _publish_durable(self, index: int) -> None:
+        self.durable_index = index
+        for listener in self._flush_listeners:
+            try:
+                listener(index)
+            except Exception:  # a broken listener must not stop the flusher
+                log.exception("flush listener failed")
+
+    def request_flush(self) -> None:
+        """Ask for a flush soon (sync mode); the default store is always durable."""
+
+    def flush(self) -> int:
+        """Flush everything written so far, blocking; returns the durable index."""
+        self._publish_durable(self.end_index)
+        return self.end_index
+
+    @abstractmethod
+    def save_term(self, term: int, voted_for: str | None) -> None:
+        """Persist currterm before the caller acts on a new term or vote."""
+
+    @abstractmethod
+    def load_term(self) -> TermVote: ...
+
+    def set_retention_floor(self, index: int) -> None:
+        """Entries from `index` on must be kept (e.g. a slow follower still needs them)."""
+
+    def close(self) -> None:
+        """Release resources; further calls fail."""
+
+    # --- shared checks -------------------------------------------------------
+
+    def _check_bodies(self, bodies: Sequence[bytes], term: int) -> None:
+        if not bodies:
+            raise StoreError(ResponseCode.REQUEST_WITH_EMPTY_BODYS, "empty batch")
+        if term < self.end_term:
+            raise StoreError(
+                ResponseCode.EXPIRED_TERM, f"term {term} is below the ledger end term {self.end_term}"
+            )
+        limit = self.max_body_bytes
+        for i, body in enumerate(bodies):
+            if len(body) > limit:
+                raise StoreError(
+                    ResponseCode.UNEXPECTED_ARGUMENT,
+                    f"body {i} is {len(body)} bytes, over max_body_bytes {limit}",
+                )
+
+    def _check_readable(self, index: int) -> None:
+        if index < self.begin_index:
+            raise StoreError(
+                ResponseCode.INDEX_LESS_THAN_LOCAL_BEGIN,
+                f"index {index} is below the ledger begin {self.begin_index}",
+            )
+        if index > self.end_index:
+            raise StoreError(
+                ResponseCode.INDEX_OUT_OF_RANGE,
+                f"index {index} is beyond the ledger end {self.end_index}",
+            )
+
+    def _check_truncate(self, from_index: int) -> None:
+        if not self.begin_index <= from_index <= self.end_index + 1:
+            raise StoreError(
+                ResponseCode.INDEX_OUT_OF_RANGE,
+                f"truncate from {from_index} outside [{self.begin_index}, {self.end_index + 1}]",
+            )
+        if from_index <= self.committed_index:
+            raise StoreError(
+                ResponseCode.INCONSISTENT_STATE,
+                f"refusing to truncate committed entries (from {from_index}, "
+                f"committed {self.committed_index})",
+            )
+
+    def _first_record_index(self, data: bytes | bytearray | memoryview) -> int:
+        if len(data) < HEADER_SIZE:
+            raise StoreError(ResponseCode.UNEXPECTED_ARGUMENT, "push holds no whole record")
+        index: int = HEADER.unpack_from(data, 0)[2]
+        if index != self.end_index + 1:
+            raise StoreError(
+                ResponseCode.INCONSISTENT_INDEX,
+                f"push starts at index {index}, expected {self.end_index + 1}",
+            )
+        return index

@@ -1,0 +1,532 @@
+"""FileLedgerStore: DLedger's mmap file store (DLedgerMmapFileStore), SPEC §2.
+
+Layout: `data/` holds records, `index/` one 32-byte unit per index,
+`checkpoint` the commit index and the last durable record (the point recovery
+trusts), `currterm` the term and vote.
+
+Invariants the code keeps:
+- records are contiguous; a record is written only where `size + 8` bytes
+  remain, so a blank always fits to close the file;
+- a record's body is written before its header, so a torn write leaves no
+  valid-looking header;
+- removed records (truncate, recovery cut) are zeroed, so a later recovery can
+  never bring them back;
+- `checkpoint` never names a record that a later truncate removed: truncate
+  rewrites it under the same lock the flusher writes it with.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from array import array
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from dledger.codes import ResponseCode
+from dledger.entry import (
+    BLANK,
+    BLANK_SIZE,
+    ENTRY_MAGICS,
+    HEADER,
+    HEADER_SIZE,
+    INDEX_UNIT,
+    INDEX_UNIT_SIZE,
+    MAGIC_BLANK,
+    MAGIC_NORMAL,
+    Entry,
+    decode_entry,
+    encode_into,
+    scan,
+)
+from dledger.store.base import AppendResult, LedgerStore, RawRange, StoreError, TermVote
+from dledger.store.checkpoint import read_json, write_atomic
+from dledger.store.flusher import FlushService
+from dledger.store.mapped_file import MappedFile, MappedFileList
+from dledger.store.recovery import rebuild_units, recover
+from dledger.store.retention import Candidate, disk_usage_ratio, plan_deletions
+
+log = logging.getLogger(__name__)
+
+DiskUsage = Callable[[], tuple[float, int]]
+
+
+class FileLedgerStore(LedgerStore):
+    def __init__(
+        self,
+        store_dir: str | Path,
+        *,
+        data_file_size: int = 1 << 30,
+        index_file_size: int = 32 * 5_242_880,
+        max_body_bytes: int = 4 << 20,
+        flush: str = "async",
+        flush_interval_ms: int = 10,
+        checkpoint_interval_ms: int = 1000,
+        file_reserved_hours: float = 72.0,
+        disk_space_ratio_to_check_expired: float = 0.70,
+        disk_space_ratio_to_force_clean: float = 0.85,
+        retention_check_interval_ms: int = 10_000,
+        disk_usage: DiskUsage | None = None,
+    ) -> None:
+        super().__init__(min(max_body_bytes, data_file_size - HEADER_SIZE - BLANK_SIZE))
+        if index_file_size % INDEX_UNIT_SIZE:
+            raise StoreError(ResponseCode.UNEXPECTED_ARGUMENT, "index_file_size must be a multiple of 32")
+        self.dir = Path(store_dir)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.sync_mode = flush == "sync"
+        self.file_reserved_hours = file_reserved_hours
+        self.check_expired_ratio = disk_space_ratio_to_check_expired
+        self.force_clean_ratio = disk_space_ratio_to_force_clean
+        self._disk_usage: DiskUsage = disk_usage or (lambda: disk_usage_ratio(self.dir))
+        self.data = MappedFileList(self.dir / "data", data_file_size)
+        self.index = MappedFileList(self.dir / "index", index_file_size)
+        self.begin_pos = 0
+        self.write_pos = 0
+        self._flushed_pos = 0  # data before it is fsynced
+        self.disk_full = False
+        self._retention_floor: int | None = None
+        self._failed: BaseException | None = None
+        self._closed = False
+        self._trunc_floor = 1 << 62  # lowest end index a truncate set during a flush
+        self._ckpt_lock = threading.Lock()  # outermost: checkpoint state must match the files
+        self._sync_lock = threading.Lock()  # innermost: fds are not closed during an fsync
+        self._term_vote = self._read_term()
+        try:
+            recover(self)
+        except BaseException:
+            self.data.close()
+            self.index.close()
+            raise
+        self._flusher = FlushService(
+            self,
+            self.sync_mode,
+            flush_interval_ms / 1000,
+            checkpoint_interval_ms / 1000,
+            retention_check_interval_ms / 1000,
+        )
+        self._flusher.start()
+
+    # --- appends -------------------------------------------------------------
+
+    def pos_of_next(self) -> int:
+        return self.write_pos
+
+    def append_as_leader(
+        self, bodies: Sequence[bytes], term: int, magic: int = MAGIC_NORMAL
+    ) -> AppendResult:
+        with self._lock:
+            self._check_writable()
+            self._check_bodies(bodies, term)
+            positions: array[int] = array("q")
+            first = index = self.end_index + 1
+            chain = self.end_chain_crc
+            k, n = 0, len(bodies)
+            while k < n:
+                f = self.data.ensure(self.write_pos)
+                room = f.end - self.write_pos - BLANK_SIZE
+                j, used = k, 0
+                while j < n and used + HEADER_SIZE + len(bodies[j]) <= room:
+                    used += HEADER_SIZE + len(bodies[j])
+                    j += 1
+                if j == k:
+                    self._close_file(f)
+                    continue
+                uf, ucap = self._unit_room(index)
+                if j - k > ucap:
+                    j = k + ucap
+                    used = HEADER_SIZE * (j - k) + sum(map(len, bodies[k:j]))
+                chain = encode_into(
+                    f.mm, self.write_pos - f.start, bodies, k, j, index, term, self.write_pos,
+                    chain, magic, units=uf.mm, units_offset=index * INDEX_UNIT_SIZE - uf.start,
+                    positions=positions,
+                )
+                index += j - k
+                self.write_pos += used
+                self.end_index = index - 1
+                self.end_term = term
+                self.end_chain_crc = chain
+                k = j
+        if self.sync_mode:
+            self._flusher.request()
+        return AppendResult(first, term, positions)
+
+    def append_as_follower(self, data: bytes | bytearray | memoryview) -> int:
+        with self._lock:
+            self._check_writable()
+            self._first_record_index(data)
+            orig_end = self.end_index
+            try:
+                self._append_records(memoryview(data))
+            except BaseException:
+                if self.end_index > orig_end:
+                    self._truncate_locked(orig_end + 1)
+                raise
+        if self.sync_mode:
+            self._flusher.request()
+        return self.end_index
+
+    def _append_records(self, data: memoryview) -> None:
+        off, n = 0, len(data)
+        while off < n:
+            if n - off < HEADER_SIZE:
+                raise StoreError(ResponseCode.UNEXPECTED_ARGUMENT, f"{n - off} stray bytes after the last record")
+            size = int.from_bytes(data[off + 4 : off + 8], "big", signed=True)
+            f = self.data.ensure(self.write_pos)
+            room = f.end - self.write_pos - BLANK_SIZE
+            if size > room:
+                if self.write_pos == f.start or size < HEADER_SIZE:
+                    raise StoreError(
+                        ResponseCode.UNEXPECTED_ARGUMENT, f"record of {size} bytes cannot be stored"
+                    )
+                self._close_file(f)
+                continue
+            uf, ucap = self._unit_room(self.end_index + 1)
+            units = bytearray()
+            res = scan(
+                data, off, min(n, off + room), self.end_index + 1, self.write_pos,
+                self.end_chain_crc, self.end_term, units=units, max_count=ucap,
+            )
+            if res.stop.startswith("corrupt") or res.stop in ("blank", "zero") or res.count == 0:
+                raise _push_error(res.stop, off)
+            wo = self.write_pos - f.start
+            f.mm[wo : wo + res.consumed] = data[off : off + res.consumed]
+            uo = (self.end_index + 1) * INDEX_UNIT_SIZE - uf.start
+            uf.mm[uo : uo + len(units)] = units
+            off += res.consumed
+            self.write_pos += res.consumed
+            self.end_index += res.count
+            self.end_term = res.last_term
+            self.end_chain_crc = res.last_chain
+
+    def _close_file(self, f: MappedFile) -> None:
+        """Write the blank record that closes `f` and move to the next file."""
+        BLANK.pack_into(f.mm, self.write_pos - f.start, MAGIC_BLANK, f.end - self.write_pos)
+        self.write_pos = f.end
+
+    def _unit_room(self, index: int) -> tuple[MappedFile, int]:
+        """The index file for `index` and how many units fit in it from there."""
+        p = index * INDEX_UNIT_SIZE
+        uf = self.index.ensure(p)
+        return uf, (uf.end - p) // INDEX_UNIT_SIZE
+
+    def _check_writable(self) -> None:
+        if self._closed:
+            raise StoreError(ResponseCode.DISK_ERROR, "store is closed")
+        if self._failed is not None:
+            raise StoreError(ResponseCode.DISK_ERROR, f"store failed: {self._failed}")
+        if self.disk_full:
+            raise StoreError(ResponseCode.DISK_FULL, f"disk holding {self.dir} is full")
+
+    # --- reads ---------------------------------------------------------------
+
+    def unit(self, index: int) -> tuple[int, int, int, int, int]:
+        """The index unit of `index`: (magic, pos, size, index, term), repaired if damaged."""
+        u = self._raw_unit(index)
+        if u is None:
+            self._repair_units(index)
+            u = self._raw_unit(index)
+            if u is None:
+                raise StoreError(ResponseCode.DISK_ERROR, f"index unit of {index} is damaged")
+        return u
+
+    def _raw_unit(self, index: int) -> tuple[int, int, int, int, int] | None:
+        p = index * INDEX_UNIT_SIZE
+        files = self.index.files
+        if not files or not files[0].start <= p < files[-1].end:
+            return None
+        uf = self.index.locate(p)
+        u: tuple[int, int, int, int, int] = INDEX_UNIT.unpack_from(uf.mm, p - uf.start)
+        if u[3] != index or u[0] not in ENTRY_MAGICS or u[2] < HEADER_SIZE:
+            return None
+        return u
+
+    def _repair_units(self, index: int) -> None:
+        """Rebuild units from the nearest good one before `index` by walking data headers."""
+        j = index - 1
+        while j >= self.begin_index and self._raw_unit(j) is None:
+            j -= 1
+        u = self._raw_unit(j) if j >= self.begin_index else None
+        start_pos = u[1] + u[2] if u is not None else self.begin_pos
+        log.warning("%s: rebuilding index units %d..%d from the data files", self.dir, j + 1, index)
+        rebuild_units(self, j + 1, start_pos, index, verify=False)
+
+    def term_at(self, index: int) -> int:
+        with self._lock:
+            if index == self.begin_index - 1:
+                return self.begin_term
+            self._check_readable(index)
+            return self.unit(index)[4]
+
+    def read_raw(self, from_index: int, max_bytes: int) -> RawRange:
+        with self._lock:
+            self._check_readable(from_index)
+            _, pos, size, _, _ = self.unit(from_index)
+            f = self.data.locate(pos)
+            limit = min(pos + max(max_bytes, size), f.end)
+            # largest j whose record ends within limit (ends grow with j; other files end past f.end)
+            lo, hi = from_index, self.end_index
+            while lo < hi:
+                mid = (lo + hi + 1) // 2
+                _, p, s, _, _ = self.unit(mid)
+                if p + s <= limit:
+                    lo = mid
+                else:
+                    hi = mid - 1
+            _, p, s, _, _ = self.unit(lo)
+            base = memoryview(f.mm)
+            view = base[pos - f.start : p + s - f.start]
+            base.release()
+            return RawRange(view, from_index, lo - from_index + 1)
+
+    def get(self, index: int) -> Entry:
+        with self._lock:
+            self._check_readable(index)
+            _, pos, size, _, term = self.unit(index)
+            f = self.data.locate(pos)
+            try:
+                entry = decode_entry(f.mm, pos - f.start)
+            except StoreError as e:
+                raise StoreError(ResponseCode.DISK_ERROR, f"{f.path}: {e.message}") from e
+            if entry.index != index or entry.pos != pos or entry.size != size or entry.term != term:
+                raise StoreError(
+                    ResponseCode.DISK_ERROR,
+                    f"{f.path} offset {pos - f.start}: record does not match index unit of {index}",
+                )
+            return entry
+
+    # --- truncate, reset ------------------------------------------------------
+
+    def truncate(self, from_index: int) -> None:
+        with self._ckpt_lock, self._lock:
+            self._check_writable()
+            self._check_truncate(from_index)
+            self._truncate_locked(from_index)
+            self._write_checkpoint_locked()
+
+    def _truncate_locked(self, from_index: int) -> None:
+        if from_index > self.end_index:
+            return
+        if from_index == self.begin_index:
+            new_pos, term, chain = self.begin_pos, self.begin_term, self.begin_chain_crc
+        else:
+            _, p, s, _, term = self.unit(from_index - 1)
+            new_pos = p + s
+            pf = self.data.locate(p)
+            chain = HEADER.unpack_from(pf.mm, p - pf.start)[6]
+        with self._sync_lock:
+            self._zero_data_from(new_pos)
+            self._zero_units(from_index, self.end_index + 1)
+        self.write_pos = new_pos
+        self._flushed_pos = min(self._flushed_pos, new_pos)
+        self.end_index = from_index - 1
+        self.end_term = term
+        self.end_chain_crc = chain
+        self._trunc_floor = min(self._trunc_floor, self.end_index)
+        if self.durable_index > self.end_index:
+            self.durable_index = self.end_index
+
+    def _zero_data_from(self, pos: int) -> None:
+        """Zero the records from `pos` to the write position (and a closing blank), drop
+        later files, and fsync, so no recovery can bring the removed records back."""
+        files = self.data.files
+        if files and files[0].start <= pos < files[-1].end:
+            f = self.data.locate(pos)
+            end = self.write_pos - f.start if f.start <= self.write_pos < f.end else f.size
+            f.zero(pos - f.start, max(end, pos - f.start))
+            f.sync()
+        self.data.drop_after(pos)
+
+    def _zero_units(self, begin: int, end: int) -> None:
+        """Zero the index units of [begin, end) and drop the index files after them."""
+        p, q = begin * INDEX_UNIT_SIZE, end * INDEX_UNIT_SIZE
+        files = self.index.files
+        if files and files[0].start <= p < files[-1].end:
+            uf = self.index.locate(p)
+            uf.zero(p - uf.start, min(q, uf.end) - uf.start)
+            uf.sync()
+        self.index.drop_after(p)
+
+    def reset(self, begin_index: int, begin_term: int, begin_chain_crc: int, begin_pos: int) -> None:
+        with self._ckpt_lock, self._lock:
+            self._check_writable()
+            with self._sync_lock:
+                self.data.drop_all()
+                self.index.drop_all()
+            self.begin_index = begin_index
+            self.begin_term = self.end_term = begin_term
+            self.begin_chain_crc = self.end_chain_crc = begin_chain_crc
+            self.begin_pos = self.write_pos = self._flushed_pos = begin_pos
+            self.end_index = begin_index - 1
+            self.committed_index = max(self.committed_index, begin_index - 1)
+            self.durable_index = self.end_index
+            self._trunc_floor = min(self._trunc_floor, self.end_index)
+            self._write_checkpoint_locked()
+
+    # --- flush, checkpoint, retention (called from the flush thread) -----------
+
+    def request_flush(self) -> None:
+        self._flusher.request()
+
+    def flush(self) -> int:
+        self.flush_once()
+        return self.durable_index
+
+    def flush_once(self) -> None:
+        """fsync the data written since the last flush and publish the durable index."""
+        with self._lock:
+            target, target_pos = self.end_index, self.write_pos
+            if target == self.durable_index and target_pos == self._flushed_pos:
+                return
+            files = [f for f in self.data.files if f.end > self._flushed_pos and f.start <= target_pos]
+            self._trunc_floor = 1 << 62
+        with self._sync_lock:
+            for f in files:
+                if not f.closed:
+                    f.sync()
+        with self._lock:
+            truncated = self._trunc_floor < target
+            durable = min(target, self._trunc_floor)
+            if not truncated:
+                self._flushed_pos = target_pos
+        self._publish_durable(durable)
+
+    def write_checkpoint(self) -> None:
+        with self._ckpt_lock, self._lock:
+            if not self._closed:
+                self._write_checkpoint_locked()
+
+    def _write_checkpoint_locked(self) -> None:
+        durable = self.durable_index
+        trusted = None
+        if durable >= self.begin_index:
+            _, p, _, _, term = self.unit(durable)
+            f = self.data.locate(p)
+            trusted = {"index": durable, "term": term, "pos": p, "chain_crc": HEADER.unpack_from(f.mm, p - f.start)[6]}
+        with self._sync_lock:
+            for uf in self.index.files[-2:]:
+                uf.sync()  # index units up to the trusted point need no rebuild next time
+        write_atomic(
+            self.dir / "checkpoint",
+            {
+                "version": 1,
+                "committed_index": min(self.committed_index, durable),
+                "begin_index": self.begin_index,
+                "begin_term": self.begin_term,
+                "begin_pos": self.begin_pos,
+                "begin_chain_crc": self.begin_chain_crc,
+                "trusted": trusted,
+            },
+        )
+
+    def set_retention_floor(self, index: int) -> None:
+        self._retention_floor = index
+
+    def run_retention(self) -> None:
+        """Delete old data files when the disk fills, never one the live range needs."""
+        with self._ckpt_lock, self._lock:
+            if self._closed:
+                return
+            ratio, total = self._disk_usage()
+            floor = self.committed_index + 1
+            if self._retention_floor is not None:
+                floor = min(floor, self._retention_floor)
+            candidates = self._retention_candidates(floor)
+            plan = plan_deletions(
+                candidates, ratio, total, time.time(), self.file_reserved_hours,
+                self.check_expired_ratio, self.force_clean_ratio,
+            )
+            for _ in range(plan.delete):
+                self._drop_first_data_file()
+            if plan.delete:
+                self._write_checkpoint_locked()
+            self.disk_full = plan.disk_full
+            if plan.disk_full:
+                log.error("disk full: usage %.0f%% and nothing more can be deleted", ratio * 100)
+
+    def _retention_candidates(self, floor: int) -> list[Candidate]:
+        """Leading data files whose every entry lies below `floor`; never the last file."""
+        out = []
+        files = self.data.files
+        for f, nxt in zip(files, files[1:], strict=False):
+            first_next = self._first_index_in(nxt)
+            if first_next is None or first_next > floor:
+                break
+            out.append(Candidate(f.size, _mtime(f)))
+        return out
+
+    def _first_index_in(self, f: MappedFile) -> int | None:
+        h = HEADER.unpack_from(f.mm, 0)
+        if h[0] in ENTRY_MAGICS and h[4] == f.start and self.begin_index <= h[2] <= self.end_index:
+            return int(h[2])
+        return None
+
+    def _drop_first_data_file(self) -> None:
+        nxt = self.data.files[1]
+        new_begin = HEADER.unpack_from(nxt.mm, 0)[2]
+        _, p, _, _, term = self.unit(new_begin - 1)
+        pf = self.data.locate(p)
+        self.begin_chain_crc = HEADER.unpack_from(pf.mm, p - pf.start)[6]
+        self.begin_term = term
+        self.begin_index = new_begin
+        self.begin_pos = nxt.start
+        with self._sync_lock:
+            log.info("retention: deleting %s", self.data.files[0].path)
+            self.data.drop_first()
+            while self.index.files and self.index.files[0].end <= new_begin * INDEX_UNIT_SIZE:
+                self.index.drop_first()
+
+    def fail(self, error: BaseException) -> None:
+        self._failed = error
+
+    # --- currterm --------------------------------------------------------------
+
+    def save_term(self, term: int, voted_for: str | None) -> None:
+        write_atomic(self.dir / "currterm", {"term": term, "voted_for": voted_for})
+        self._term_vote = TermVote(term, voted_for)
+
+    def load_term(self) -> TermVote:
+        return self._term_vote
+
+    def _read_term(self) -> TermVote:
+        path = self.dir / "currterm"
+        if not path.exists():
+            return TermVote(0, None)
+        data = read_json(path)
+        if data is None or not isinstance(data.get("term"), int):
+            raise StoreError(ResponseCode.DISK_ERROR, f"{path} is unreadable; refusing to forget a vote")
+        voted = data.get("voted_for")
+        return TermVote(data["term"], voted if isinstance(voted, str) else None)
+
+    # --- lifecycle -------------------------------------------------------------
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._flusher.stop()
+        if self._failed is None:
+            self.flush_once()
+            self.write_checkpoint()
+        with self._lock:
+            self._closed = True
+            self.data.close()
+            self.index.close()
+
+
+def _mtime(f: MappedFile) -> float:
+    try:
+        return f.path.stat().st_mtime
+    except FileNotFoundError:
+        return 0.0
+
+
+def _push_error(stop: str, offset: int) -> StoreError:
+    reason = stop.removeprefix("corrupt: ")
+    if reason.startswith("index"):
+        code = ResponseCode.INCONSISTENT_INDEX
+    elif reason.startswith("pos"):
+        code = ResponseCode.INCONSISTENT_STATE
+        reason += " (do all members use the same data_file_size?)"
+    else:
+        code = ResponseCode.UNEXPECTED_ARGUMENT
+    return StoreError(code, f"pushed record at offset {offset} rejected: {reason}")

@@ -1,0 +1,175 @@
+"""Fixed-size memory-mapped files named by their 20-digit start offset (SPEC §2).
+
+DLedger's MmapFile / MmapFileList: a logical byte space cut into equal files.
+Data and index files both use it.
+"""
+
+from __future__ import annotations
+
+import logging
+import mmap
+import os
+import re
+from pathlib import Path
+
+from dledger.codes import ResponseCode
+from dledger.store.base import StoreError
+
+log = logging.getLogger(__name__)
+
+_NAME = re.compile(r"^\d{20}$")
+
+
+def file_name(start: int) -> str:
+    return f"{start:020d}"
+
+
+class MappedFile:
+    """One file of `size` bytes mapped read-write; `start` is its logical offset."""
+
+    def __init__(self, path: Path, start: int, size: int, create: bool = False) -> None:
+        self.path = path
+        self.start = start
+        self.size = size
+        flags = os.O_RDWR | (os.O_CREAT if create else 0)
+        self.fd = os.open(path, flags, 0o644)
+        try:
+            actual = os.fstat(self.fd).st_size
+            if actual != size:
+                if actual > size:
+                    raise StoreError(
+                        ResponseCode.DISK_ERROR,
+                        f"{path} is {actual} bytes, larger than the configured {size}: "
+                        "was the store written with another file size?",
+                    )
+                os.ftruncate(self.fd, size)  # new, or short after a crash during creation
+            self.mm = mmap.mmap(self.fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        except BaseException:
+            os.close(self.fd)
+            raise
+        self.closed = False
+
+    @property
+    def end(self) -> int:
+        return self.start + self.size
+
+    def sync(self) -> None:
+        """fdatasync: on Linux it also writes back pages dirtied through the mapping."""
+        os.fdatasync(self.fd)
+
+    def zero(self, begin: int, end: int, chunk: int = 1 << 20) -> None:
+        """Zero file bytes [begin, end), skipping chunks that are already zero."""
+        zeros = bytes(min(chunk, max(end - begin, 0)))
+        mm = self.mm
+        while begin < end:
+            stop = min(begin + chunk, end)
+            n = stop - begin
+            if mm[begin:stop] != zeros[:n]:
+                mm[begin:stop] = zeros[:n]
+            begin = stop
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        try:
+            self.mm.close()
+        except BufferError:
+            # a reader still holds a view; the mapping lives until it is released
+            log.debug("%s still has readers; leaving its mapping to the GC", self.path)
+        os.close(self.fd)
+
+    def destroy(self) -> None:
+        self.close()
+        try:
+            self.path.unlink()
+        except FileNotFoundError:
+            pass
+
+
+class MappedFileList:
+    """The equal-sized files of one directory, contiguous in the logical byte space."""
+
+    def __init__(self, directory: Path, file_size: int) -> None:
+        self.dir = directory
+        self.file_size = file_size
+        directory.mkdir(parents=True, exist_ok=True)
+        self.files: list[MappedFile] = []
+        starts = sorted(int(p.name) for p in directory.iterdir() if _NAME.match(p.name))
+        for start in starts:
+            if start % file_size:
+                raise StoreError(
+                    ResponseCode.DISK_ERROR,
+                    f"{directory / file_name(start)} does not start at a multiple of the file "
+                    f"size {file_size}: was the store written with another file size?",
+                )
+            if self.files and start != self.files[-1].end:
+                raise StoreError(
+                    ResponseCode.DISK_ERROR,
+                    f"missing file in {directory}: {file_name(self.files[-1].end)} "
+                    f"(next present is {file_name(start)})",
+                )
+            self.files.append(MappedFile(directory / file_name(start), start, file_size))
+
+    @property
+    def first_start(self) -> int:
+        return self.files[0].start if self.files else 0
+
+    @property
+    def last(self) -> MappedFile | None:
+        return self.files[-1] if self.files else None
+
+    def locate(self, pos: int) -> MappedFile:
+        """The file holding logical byte `pos`."""
+        files = self.files
+        if files:
+            k = (pos - files[0].start) // self.file_size
+            if 0 <= k < len(files):
+                return files[k]
+        raise StoreError(ResponseCode.DISK_ERROR, f"no file in {self.dir} holds position {pos}")
+
+    def ensure(self, pos: int) -> MappedFile:
+        """The file holding `pos`, creating it and any files between it and the others."""
+        files = self.files
+        if files and files[0].start <= pos < files[-1].end:
+            return self.locate(pos)
+        start = pos - pos % self.file_size
+        if not files:
+            files.append(self._create(start))
+        while start < files[0].start:
+            files.insert(0, self._create(files[0].start - self.file_size))
+        while start >= files[-1].end:
+            files.append(self._create(files[-1].end))
+        _fsync_dir(self.dir)
+        return self.locate(pos)
+
+    def _create(self, start: int) -> MappedFile:
+        return MappedFile(self.dir / file_name(start), start, self.file_size, create=True)
+
+    def drop_after(self, pos: int) -> None:
+        """Delete every file that starts after `pos`."""
+        while self.files and self.files[-1].start > pos:
+            self.files.pop().destroy()
+        _fsync_dir(self.dir)
+
+    def drop_first(self) -> None:
+        self.files.pop(0).destroy()
+        _fsync_dir(self.dir)
+
+    def drop_all(self) -> None:
+        while self.files:
+            self.files.pop().destroy()
+        _fsync_dir(self.dir)
+
+    def close(self) -> None:
+        for f in self.files:
+            f.close()
+
+
+def _fsync_dir(directory: Path) -> None:
+    """Make creations and deletions of files in `directory` durable."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,136 @@
+"""MemoryLedgerStore: the log in one bytearray, for tests, simulation and `--store memory`.
+
+It keeps the exact record format of the file store (without file boundaries),
+so replication and CRC checks behave the same; nothing survives the process.
+"""
+
+from __future__ import annotations
+
+import bisect
+from array import array
+from collections.abc import Sequence
+
+from dledger.codes import ResponseCode
+from dledger.entry import HEADER_SIZE, MAGIC_NORMAL, encode_into, scan
+from dledger.store.base import AppendResult, LedgerStore, RawRange, StoreError, TermVote
+
+
+class MemoryLedgerStore(LedgerStore):
+    def __init__(self, max_body_bytes: int = 4 << 20) -> None:
+        super().__init__(max_body_bytes)
+        self._buf = bytearray()
+        self._base_pos = 0  # logical position of _buf[0]
+        self._offsets: array[int] = array("q")  # offset in _buf of entry begin_index + k
+        self._terms: array[int] = array("q")
+        self._term_vote = TermVote(0, None)
+
+    def pos_of_next(self) -> int:
+        return self._base_pos + len(self._buf)
+
+    def append_as_leader(
+        self, bodies: Sequence[bytes], term: int, magic: int = MAGIC_NORMAL
+    ) -> AppendResult:
+        with self._lock:
+            self._check_bodies(bodies, term)
+            first = self.end_index + 1
+            off = len(self._buf)
+            total = HEADER_SIZE * len(bodies) + sum(map(len, bodies))
+            self._buf.extend(bytes(total))
+            positions: array[int] = array("q")
+            chain = encode_into(
+                self._buf, off, bodies, 0, len(bodies), first, term,
+                self._base_pos + off, self.end_chain_crc, magic, positions=positions,
+            )
+            base = self._base_pos
+            self._offsets.extend(p - base for p in positions)
+            self._terms.extend([term] * len(bodies))
+            self.end_index += len(bodies)
+            self.end_term = term
+            self.end_chain_crc = chain
+            self.durable_index = self.end_index
+            return AppendResult(first, term, positions)
+
+    def append_as_follower(self, data: bytes | bytearray | memoryview) -> int:
+        with self._lock:
+            first = self._first_record_index(data)
+            units = bytearray()
+            res = scan(
+                data, 0, len(data), first, self.pos_of_next(), self.end_chain_crc,
+                self.end_term, units=units, strict=True,
+            )
+            if res.consumed != len(data):
+                raise StoreError(
+                    ResponseCode.UNEXPECTED_ARGUMENT,
+                    f"push has {len(data) - res.consumed} trailing bytes after whole records",
+                )
+            off = len(self._buf)
+            self._buf += data
+            for k in range(res.count):
+                # unit layout: magic(4) pos(8) size(4) index(8) term(8)
+                u = units[k * 32 : k * 32 + 32]
+                self._offsets.append(int.from_bytes(u[4:12], "big") - self._base_pos)
+                self._terms.append(int.from_bytes(u[24:32], "big", signed=True))
+            assert self._offsets[-res.count] == off
+            self.end_index += res.count
+            self.end_term = res.last_term
+            self.end_chain_crc = res.last_chain
+            self.durable_index = self.end_index
+            return self.end_index
+
+    def truncate(self, from_index: int) -> None:
+        with self._lock:
+            self._check_truncate(from_index)
+            if from_index > self.end_index:
+                return
+            k = from_index - self.begin_index
+            del self._buf[self._offsets[k] :]
+            del self._offsets[k:]
+            del self._terms[k:]
+            self.end_index = from_index - 1
+            if k == 0:
+                self.end_term, self.end_chain_crc = self.begin_term, self.begin_chain_crc
+            else:
+                self.end_term = self._terms[k - 1]
+                self.end_chain_crc = self.get(from_index - 1).chain_crc
+            self.durable_index = min(self.durable_index, self.end_index)
+
+    def reset(self, begin_index: int, begin_term: int, begin_chain_crc: int, begin_pos: int) -> None:
+        with self._lock:
+            self._buf = bytearray()
+            self._base_pos = begin_pos
+            self._offsets = array("q")
+            self._terms = array("q")
+            self.begin_index = begin_index
+            self.begin_term = self.end_term = begin_term
+            self.begin_chain_crc = self.end_chain_crc = begin_chain_crc
+            self.end_index = begin_index - 1
+            self.committed_index = max(self.committed_index, begin_index - 1)
+            self.durable_index = self.end_index
+
+    def read_raw(self, from_index: int, max_bytes: int) -> RawRange:
+        with self._lock:
+            self._check_readable(from_index)
+            k = from_index - self.begin_index
+            start = self._offsets[k]
+            limit = start + max_bytes
+            # records k..m-1 end at offsets[m] (or the buffer end): take the largest m within limit
+            if len(self._buf) <= limit:
+                m = len(self._offsets)
+            else:
+                m = bisect.bisect_right(self._offsets, limit) - 1
+            m = max(m, k + 1)
+            end = self._offsets[m] if m < len(self._offsets) else len(self._buf)
+            # a copy: a view would pin the bytearray and forbid appends
+            return RawRange(memoryview(bytes(self._buf[start:end])), from_index, m - k)
+
+    def term_at(self, index: int) -> int:
+        if index == self.begin_index - 1:
+            return self.begin_term
+        self._check_readable(index)
+        return self._terms[index - self.begin_index]
+
+    def save_term(self, term: int, voted_for: str | None) -> None:
+        self._term_vote = TermVote(term, voted_for)
+
+    def load_term(self) -> TermVote:
+        return self._term_vote

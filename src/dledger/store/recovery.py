@@ -1,0 +1,275 @@
+"""Recovery of a FileLedgerStore on open.
+
+1. Begin of the log and the trusted point come from `checkpoint`: the last
+   record known durable. It must still be intact, else DISK_ERROR: durable,
+   acknowledged data is never silently dropped.
+2. From there every record is validated (magic, size, index continuity, pos,
+   body CRC, chain CRC) across files; the first invalid one is the cut point.
+3. A cut inside the committed log is a DISK_ERROR naming file and offset;
+   otherwise the torn tail is zeroed (with its index units) and later files are
+   deleted.
+4. Index units are rebuilt from the data records the scan validated, and
+   checked (and rebuilt where damaged) over the data file of the trusted point.
+"""
+
+from __future__ import annotations
+
+import logging
+import struct
+import zlib
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from dledger.codes import ResponseCode
+from dledger.entry import (
+    BLANK,
+    ENTRY_MAGICS,
+    HEADER,
+    INDEX_UNIT,
+    INDEX_UNIT_SIZE,
+    MAGIC_BLANK,
+    CorruptRecord,
+    decode_entry,
+    scan,
+)
+from dledger.store.base import StoreError
+from dledger.store.checkpoint import read_json
+
+if TYPE_CHECKING:
+    from dledger.store.file import FileLedgerStore
+
+log = logging.getLogger(__name__)
+
+
+class _Start(NamedTuple):
+    index: int
+    pos: int
+    chain: int | None  # None: adopt the first record's chain (no checkpoint to check it)
+    term: int
+    trusted_pos: int | None = None
+
+
+def recover(store: FileLedgerStore) -> None:
+    ckpt = read_json(store.dir / "checkpoint")
+    _load_begin(store, ckpt)
+    committed = int(ckpt.get("committed_index", -1)) if ckpt else -1
+    start = _trusted_start(store, ckpt)
+    if start.trusted_pos is not None:
+        _check_units(store, start.index - 1, start.trusted_pos)
+    index, pos, chain, term = _scan_forward(store, start, committed)
+    store.end_index = index - 1
+    store.end_term = term if index > store.begin_index else store.begin_term
+    store.end_chain_crc = chain if chain is not None else store.begin_chain_crc
+    store.write_pos = pos
+    first_unsynced = start.pos
+    for f in store.data.files:
+        if f.end > first_unsynced:
+            f.sync()  # after a process crash the tail may be only in the page cache
+    store._flushed_pos = pos
+    store.durable_index = store.end_index
+    store.committed_index = min(committed, store.end_index)
+    store._write_checkpoint_locked()
+    log.info(
+        "recovered %s: entries [%d, %d], committed %d",
+        store.dir, store.begin_index, store.end_index, store.committed_index,
+    )
+
+
+def _load_begin(store: FileLedgerStore, ckpt: dict[str, Any] | None) -> None:
+    if ckpt is not None:
+        try:
+            store.begin_index = int(ckpt["begin_index"])
+            store.begin_term = int(ckpt["begin_term"])
+            store.begin_pos = int(ckpt["begin_pos"])
+            store.begin_chain_crc = int(ckpt["begin_chain_crc"])
+            return
+        except (KeyError, TypeError, ValueError):
+            log.warning("checkpoint of %s lacks the log begin; deriving it from the data", store.dir)
+    store.begin_chain_crc = 0
+    store.begin_term = -1
+    if not store.data.files:
+        store.begin_index = 0
+        store.begin_pos = 0
+        return
+    f = store.data.files[0]
+    h = HEADER.unpack_from(f.mm, 0)
+    store.begin_pos = f.start
+    store.begin_index = int(h[2]) if h[0] in ENTRY_MAGICS and h[4] == f.start else 0
+
+
+def _trusted_start(store: FileLedgerStore, ckpt: dict[str, Any] | None) -> _Start:
+    t = ckpt.get("trusted") if ckpt else None
+    begin_chain = store.begin_chain_crc if ckpt is not None or store.begin_index == 0 else None
+    begin = _Start(store.begin_index, store.begin_pos, begin_chain, store.begin_term)
+    if not isinstance(t, dict) or int(t.get("index", -1)) < store.begin_index:
+        return begin
+    index, pos, term, chain = int(t["index"]), int(t["pos"]), int(t["term"]), int(t["chain_crc"])
+    where = f"durable record {index} at position {pos}"
+    try:
+        f = store.data.locate(pos)
+        entry = decode_entry(f.mm, pos - f.start)
+    except CorruptRecord as e:
+        raise StoreError(ResponseCode.DISK_ERROR, f"{where} in {f.path} is corrupt: {e.reason}") from e
+    except StoreError as e:
+        raise StoreError(ResponseCode.DISK_ERROR, f"{where} is missing: {e.message}") from e
+    if (entry.index, entry.term, entry.pos, entry.chain_crc) != (index, term, pos, chain):
+        raise StoreError(
+            ResponseCode.DISK_ERROR,
+            f"{where} in {f.path} does not match the checkpoint (holds index {entry.index})",
+        )
+    return _Start(index + 1, pos + entry.size, chain, term, pos)
+
+
+def _scan_forward(
+    store: FileLedgerStore, start: _Start, committed: int
+) -> tuple[int, int, int | None, int]:
+    """Validate records from `start`; cut at the first bad one. Returns the end state."""
+    index, pos, chain, term, _ = start
+    data = store.data
+    reason = ""
+    while data.files and data.first_start <= pos < data.files[-1].end:
+        f = data.locate(pos)
+        first_chain = chain
+        if chain is None:  # no checkpoint: take the first record's chain as given
+            first_chain = _chain_before(f.mm, pos - f.start)
+        units = bytearray()
+        res = scan(f.mm, pos - f.start, f.size, index, pos, first_chain or 0, term, units=units)
+        _write_units(store, index, units)
+        if res.count:
+            chain, term = res.last_chain, res.last_term
+        index += res.count
+        pos += res.consumed
+        if res.stop == "blank":
+            length = BLANK.unpack_from(f.mm, pos - f.start)[1]
+            if length == f.end - pos and f is not data.files[-1]:
+                pos = f.end
+                continue
+            reason = "" if length == f.end - pos else f"blank record of bad length {length}"
+        elif res.stop != "zero":
+            reason = res.stop.removeprefix("corrupt: ")
+        break
+    _cut(store, pos, index, committed, reason)
+    return index, pos, chain, term
+
+
+def _cut(store: FileLedgerStore, pos: int, index: int, committed: int, reason: str) -> None:
+    """Drop everything from `pos` (record `index`) on; refuse when it was committed."""
+    data = store.data
+    inside = bool(data.files) and data.first_start <= pos < data.files[-1].end
+    f = data.locate(pos) if inside else None
+    where = f"{f.path} offset {pos - f.start}" if f is not None else f"position {pos}"
+    if index <= committed:
+        raise StoreError(
+            ResponseCode.DISK_ERROR,
+            f"corrupt record in the committed log at {where}: {reason or 'missing'}; "
+            f"committed index is {committed} but records are valid only through {index - 1}",
+        )
+    if reason:
+        log.warning("recovery of %s: cutting the log at %s (index %d): %s", store.dir, where, index, reason)
+    if f is not None:
+        f.zero(pos - f.start, f.size)
+    later = [g.path.name for g in data.files if g.start > pos]
+    if later:
+        log.warning("recovery of %s: deleting data files past the cut: %s", store.dir, later)
+    data.drop_after(pos)
+    p = index * INDEX_UNIT_SIZE
+    if store.index.files and store.index.first_start <= p < store.index.files[-1].end:
+        uf = store.index.locate(p)
+        uf.zero(p - uf.start, uf.size)
+    store.index.drop_after(p)
+
+
+def _chain_before(mm: Any, off: int) -> int | None:
+    """The chain value `prev` under which the record at `off` has a valid chain CRC.
+
+    Used only without a checkpoint on a log that does not start at index 0:
+    the first record is then taken as given and all later ones are checked.
+    crc32(msg, prev) is affine in prev over GF(2), so solve A·prev = target ^ crc32(msg, 0)
+    with an XOR basis of the 32 columns A·e_b.
+    """
+    h = HEADER.unpack_from(mm, off)
+    if h[0] not in ENTRY_MAGICS:
+        return None
+    msg = struct.pack(">qqI", h[2], h[3], h[7])
+    base = zlib.crc32(msg, 0)
+    basis: list[tuple[int, int]] = []  # (vector, which e_b combine to it), leading bits distinct
+    for b in range(32):
+        v, comb = zlib.crc32(msg, 1 << b) ^ base, 1 << b
+        for bv, bc in basis:
+            if v ^ bv < v:
+                v, comb = v ^ bv, comb ^ bc
+        if v:
+            basis.append((v, comb))
+            basis.sort(reverse=True)
+    want, result = h[6] ^ base, 0
+    for bv, bc in basis:
+        if want ^ bv < want:
+            want, result = want ^ bv, result ^ bc
+    return result if want == 0 else None
+
+
+def _write_units(store: FileLedgerStore, index: int, units: bytes | bytearray) -> None:
+    """Write consecutive index units starting at `index`, across index files."""
+    p = index * INDEX_UNIT_SIZE
+    done = 0
+    while done < len(units):
+        uf = store.index.ensure(p + done)
+        off = p + done - uf.start
+        n = min(len(units) - done, uf.size - off)
+        uf.mm[off : off + n] = units[done : done + n]
+        done += n
+
+
+def _check_units(store: FileLedgerStore, upto: int, trusted_pos: int) -> None:
+    """Verify the index units of the trusted region, rebuilding damaged ones.
+
+    When the index files cover the region, only the data file of the trusted
+    record is checked (earlier units were fsynced with an earlier checkpoint,
+    and `FileLedgerStore.unit` repairs any later damage on use); otherwise all
+    units from the log begin are rebuilt from the data files.
+    """
+    idx = store.index
+    covered = bool(idx.files) and idx.first_start <= store.begin_index * INDEX_UNIT_SIZE
+    covered = covered and idx.files[-1].end >= (upto + 1) * INDEX_UNIT_SIZE
+    begin, pos = store.begin_index, store.begin_pos
+    if covered:
+        f = store.data.locate(trusted_pos)
+        first = _first_index_at(store, f.start) if f.start > store.begin_pos else None
+        if first is not None and first > begin:
+            begin, pos = first, f.start
+    rebuild_units(store, begin, pos, upto, verify=covered)
+
+
+def _first_index_at(store: FileLedgerStore, pos: int) -> int | None:
+    f = store.data.locate(pos)
+    h = HEADER.unpack_from(f.mm, pos - f.start)
+    return int(h[2]) if h[0] in ENTRY_MAGICS and h[4] == pos else None
+
+
+def rebuild_units(store: FileLedgerStore, index: int, pos: int, upto: int, verify: bool) -> None:
+    """Walk data headers from record `index` at `pos` through `upto`, rewriting index
+    units; with `verify`, a unit that already matches is left alone."""
+    data = store.data
+    rebuilt = 0
+    while index <= upto:
+        f = data.locate(pos)
+        off = pos - f.start
+        h = HEADER.unpack_from(f.mm, off)
+        if h[0] == MAGIC_BLANK:
+            pos = f.end
+            continue
+        if h[0] not in ENTRY_MAGICS or h[2] != index or h[4] != pos or h[1] < 48:
+            raise StoreError(
+                ResponseCode.DISK_ERROR,
+                f"cannot rebuild index unit {index}: no valid record header at {f.path} offset {off}",
+            )
+        unit = INDEX_UNIT.pack(h[0], pos, h[1], index, h[3])
+        p = index * INDEX_UNIT_SIZE
+        uf = store.index.ensure(p)
+        uo = p - uf.start
+        if not verify or uf.mm[uo : uo + INDEX_UNIT_SIZE] != unit:
+            uf.mm[uo : uo + INDEX_UNIT_SIZE] = unit
+            rebuilt += 1
+        pos += h[1]
+        index += 1
+    if rebuilt and verify:
+        log.warning("recovery of %s: rebuilt %d damaged index units", store.dir, rebuilt)
