@@ -76,10 +76,10 @@ class DLedgerConfig:
     index_file_size: int = 32 * 5_242_880
     max_body_bytes: int = 4 * MiB
     checkpoint_interval_ms: int = 1000
-    heart_beat_time_interval_ms: int = 200
-    max_heart_beat_leak: int = 3
+    heart_beat_time_interval_ms: int = 250
+    max_heart_beat_leak: int = 4
     min_vote_interval_ms: int = 300
-    max_vote_interval_ms: int = 800
+    max_vote_interval_ms: int = 700
     preferred_leader_ids: list[str] = field(default_factory=list)
     max_pending_requests: int = 10000
     max_wait_ack_ms: int = 2500

@@ -12,7 +12,9 @@ import struct
 import zlib
 from array import array
 from collections.abc import Sequence
-from typing import NamedTuple
+from dataclasses import dataclass
+
+import msgspec
 
 from dledger.codes import DLedgerError, ResponseCode
 
@@ -36,7 +38,7 @@ ENTRY_MAGICS = frozenset((MAGIC_NORMAL, MAGIC_NOOP, MAGIC_CONFIG_CHANGE))
 assert HEADER_SIZE == 48 and INDEX_UNIT_SIZE == 32
 
 
-class Entry(NamedTuple):
+class Entry(msgspec.Struct, frozen=True, gc=False):
     """A decoded entry; built only where a caller asks for objects (get, read)."""
 
     index: int
@@ -122,7 +124,8 @@ def encode_into(
     return chain
 
 
-class ScanResult(NamedTuple):
+@dataclass(frozen=True, slots=True)
+class ScanResult:
     """How far a scan got: `consumed` bytes holding `count` valid records."""
 
     consumed: int
@@ -172,12 +175,16 @@ def scan(
                 elif magic == 0 and not any(mv[off : off + 8]):
                     stop = "zero"
                 else:
+                    if strict:
+                        raise CorruptRecord(f"bad magic {magic}", off)
                     stop = f"corrupt: bad magic {magic}"
                 break
             if off + HEADER_SIZE > end:
-                stop = "end" if not strict else "corrupt: truncated header"
+                if strict:
+                    raise CorruptRecord("truncated header", off)
+                stop = "end"
                 break
-            (_, size, idx, term, rpos, _channel, ccrc, bcrc, bsize) = unpack_header(mv, off)
+            (_, size, idx, term, rpos, channel, ccrc, bcrc, bsize) = unpack_header(mv, off)
             reason = None
             if size != HEADER_SIZE + bsize or bsize < 0:
                 reason = f"bad size {size} (body {bsize})"
@@ -187,6 +194,8 @@ def scan(
                 reason = f"pos {rpos}, expected {pos}"
             elif term < term_floor:
                 reason = f"term {term} below previous term {term_floor}"
+            elif channel != 0:
+                reason = f"bad channel {channel} (reserved, must be 0)"
             elif off + size > end:
                 if strict:
                     reason = "record runs past the end of the buffer"
@@ -197,9 +206,11 @@ def scan(
                 if crc32(mv[off + HEADER_SIZE : off + size]) != bcrc:
                     reason = "body crc mismatch"
                 else:
-                    chain = crc32(chain_pack(idx, term, bcrc), chain)
-                    if chain != ccrc:
+                    next_chain = crc32(chain_pack(idx, term, bcrc), chain)
+                    if next_chain != ccrc:
                         reason = "chain crc mismatch"
+                    else:
+                        chain = next_chain
             if reason is not None:
                 if strict:
                     raise CorruptRecord(reason, off)

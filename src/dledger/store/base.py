@@ -11,6 +11,7 @@ import threading
 from abc import ABC, abstractmethod
 from array import array
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import NamedTuple
 
 from dledger.codes import DLedgerError, ResponseCode
@@ -35,7 +36,8 @@ class AppendResult(NamedTuple):
         return self.first_index + len(self.positions) - 1
 
 
-class RawRange(NamedTuple):
+@dataclass(frozen=True, slots=True)
+class RawRange:
     """Whole records [first_index, first_index + count) as their exact stored bytes."""
 
     data: memoryview

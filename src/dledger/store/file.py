@@ -17,6 +17,7 @@ Invariants the code keeps:
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 import time
@@ -448,7 +449,7 @@ class FileLedgerStore(LedgerStore):
         """Leading data files whose every entry lies below `floor`; never the last file."""
         out = []
         files = self.data.files
-        for f, nxt in zip(files, files[1:], strict=False):
+        for f, nxt in itertools.pairwise(files):
             first_next = self._first_index_in(nxt)
             if first_next is None or first_next > floor:
                 break

@@ -6,6 +6,7 @@ Data and index files both use it.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import mmap
 import os
@@ -81,10 +82,8 @@ class MappedFile:
 
     def destroy(self) -> None:
         self.close()
-        try:
+        with contextlib.suppress(FileNotFoundError):
             self.path.unlink()
-        except FileNotFoundError:
-            pass
 
 
 class MappedFileList:

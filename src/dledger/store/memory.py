@@ -114,10 +114,7 @@ class MemoryLedgerStore(LedgerStore):
             start = self._offsets[k]
             limit = start + max_bytes
             # records k..m-1 end at offsets[m] (or the buffer end): take the largest m within limit
-            if len(self._buf) <= limit:
-                m = len(self._offsets)
-            else:
-                m = bisect.bisect_right(self._offsets, limit) - 1
+            m = len(self._offsets) if len(self._buf) <= limit else bisect.bisect_right(self._offsets, limit) - 1
             m = max(m, k + 1)
             end = self._offsets[m] if m < len(self._offsets) else len(self._buf)
             # a copy: a view would pin the bytearray and forbid appends

@@ -17,7 +17,8 @@ from __future__ import annotations
 import logging
 import struct
 import zlib
-from typing import TYPE_CHECKING, Any, NamedTuple
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from dledger.codes import ResponseCode
 from dledger.entry import (
@@ -40,7 +41,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-class _Start(NamedTuple):
+@dataclass(frozen=True, slots=True)
+class _Start:
     index: int
     pos: int
     chain: int | None  # None: adopt the first record's chain (no checkpoint to check it)
@@ -123,7 +125,7 @@ def _scan_forward(
     store: FileLedgerStore, start: _Start, committed: int
 ) -> tuple[int, int, int | None, int]:
     """Validate records from `start`; cut at the first bad one. Returns the end state."""
-    index, pos, chain, term, _ = start
+    index, pos, chain, term = start.index, start.pos, start.chain, start.term
     data = store.data
     reason = ""
     while data.files and data.first_start <= pos < data.files[-1].end:

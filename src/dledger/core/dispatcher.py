@@ -1,0 +1,242 @@
+"""EntryDispatcher: the leader's replication to one follower (seeds 000, 002, 004).
+
+States as DLedger: COMPARE finds the highest index both logs share, TRUNCATE
+drops the follower's entries past it, APPEND streams records. Improvements:
+- term skipping done as Raft's conflict-term rule: on a mismatch at index i the
+  follower names its term x there and the first index of x; the leader jumps
+  to its own last entry of term x (when it has one below i) or just before
+  that first index. The match found is the highest shared index, so TRUNCATE
+  only ever removes entries that differ from the leader's (never committed);
+- pipelining as SOFAJRaft: up to `max_inflight_pushes` APPEND pushes in
+  flight, responses applied strictly in send order, any failure or gap resets
+  to COMPARE (the epoch counter makes late answers of the old window inert);
+- pushes carry raw record bytes straight from the store (`read_raw`);
+- flow control: a follower catching up from far behind is limited to
+  `peer_push_quota` bytes/s, so it cannot starve live replication to others.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from enum import IntEnum
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+from dledger.codes import PushType, RequestCode, ResponseCode
+from dledger.core.messages import PushRequest, PushResponse
+
+if TYPE_CHECKING:
+    from dledger.core.node import Node
+
+log = logging.getLogger(__name__)
+
+
+class State(IntEnum):
+    COMPARE = PushType.COMPARE
+    TRUNCATE = PushType.TRUNCATE
+    APPEND = PushType.APPEND
+
+
+class EntryDispatcher:
+    def __init__(self, node: Node, peer: str) -> None:
+        self.node = node
+        self.peer = peer
+        self.state = State.COMPARE
+        self.epoch = 0
+        self.match_index = -1
+        self.next_index = node.store.end_index + 1
+        self.compare_index = node.store.end_index - 1  # a new leader's NOOP is not there yet
+        self.compare_floor = -1  # highest index known to match (COMPARE searches above it)
+        self.busy = False  # a COMPARE / TRUNCATE / COMMIT is in flight
+        self.inflight: deque[tuple[int, int, int]] = deque()  # (seq, first, last) in send order
+        self.early: dict[int, PushResponse | None] = {}  # answers that overtook an earlier push
+        self.seq = 0
+        self.follower_commit = -1
+        self.tokens = float(node.cfg.peer_push_quota)
+        self.last_refill = node.now
+
+    # --- state changes ---------------------------------------------------------------
+
+    def reset(self, compare_at: int, why: str) -> None:
+        if self.state != State.COMPARE or self.inflight:
+            log.info("push to %s: back to COMPARE at %d (%s)", self.peer, compare_at, why)
+        self.state = State.COMPARE
+        self.epoch += 1
+        self.inflight.clear()
+        self.early.clear()
+        self.busy = False
+        self.compare_floor = self.match_index
+        self.compare_index = max(min(compare_at, self.node.store.end_index), self.match_index)
+
+    # --- sending -----------------------------------------------------------------------
+
+    def tick(self) -> None:
+        self.pump()
+
+    def pump(self) -> None:
+        node = self.node
+        if not node.member.is_leader:
+            return
+        if self.state == State.APPEND:
+            self._send_appends()
+            if not self.inflight and not self.busy and self.follower_commit < node.store.committed_index:
+                self._send(PushType.COMMIT, self.match_index)
+        elif not self.busy:
+            at = self.compare_index if self.state == State.COMPARE else self.compare_floor
+            self._send(PushType(self.state), at)
+
+    def _send(self, kind: PushType, prev_index: int, first: int = 0, count: int = 0,
+              data: bytes | memoryview = b"") -> None:
+        node, m = self.node, self.node.member
+        store = node.store
+        prev_term = store.term_at(prev_index) if prev_index >= store.begin_index - 1 else -1
+        req = PushRequest(m.group, m.self_id, self.peer, m.term, int(kind), prev_index, prev_term,
+                          first, count, store.committed_index)
+        if kind == PushType.APPEND:
+            self.seq += 1
+            self.inflight.append((self.seq, first, first + count - 1))
+            ctx: tuple[Any, ...] = ("push", self.peer, self.epoch, self.seq, int(kind), prev_index)
+        else:
+            self.busy = True
+            ctx = ("push", self.peer, self.epoch, 0, int(kind), prev_index)
+        node.send(self.peer, RequestCode.PUSH, req, ctx, data)
+
+    def _send_appends(self) -> None:
+        node = self.node
+        store = node.store
+        cfg = node.cfg
+        while len(self.inflight) < cfg.max_inflight_pushes and self.next_index <= store.end_index:
+            if not self._quota_allows():
+                return
+            raw = store.read_raw(self.next_index, cfg.max_batch_push_bytes)
+            # bytes() copies once: the view must not outlive a later truncate of the store
+            data = bytes(raw.data)
+            raw.data.release()
+            self._send(PushType.APPEND, self.next_index - 1, self.next_index, raw.count, data)
+            self.next_index += raw.count
+            self.tokens -= len(data)
+
+    def _quota_allows(self) -> bool:
+        """Token bucket, applied only when the follower lags by more than a window."""
+        node = self.node
+        cfg = node.cfg
+        quota = cfg.peer_push_quota
+        self.tokens = min(float(quota), self.tokens + (node.now - self.last_refill) * quota / 1000)
+        self.last_refill = node.now
+        if node.store.end_index - self.next_index <= cfg.max_pending_requests:
+            return True  # live replication is never throttled (as DLedger's checkQuotaAndWait)
+        return self.tokens > 0
+
+    # --- answers -----------------------------------------------------------------------
+
+    def on_response(self, ctx: Any, resp: msgspec.Struct | None) -> None:
+        _, _, epoch, seq, kind, prev_index = ctx
+        if epoch != self.epoch or not self.node.member.is_leader:
+            return
+        if resp is not None:
+            assert isinstance(resp, PushResponse)
+            if self.node.elector.observe_term(resp.term):
+                return
+            if resp.code == ResponseCode.SUCCESS:
+                self.node.elector.ack(self.peer)
+        if kind == PushType.APPEND:
+            self._on_append(seq, resp if isinstance(resp, PushResponse) else None)
+        else:
+            self.busy = False
+            if isinstance(resp, PushResponse):
+                self._on_control(PushType(kind), prev_index, resp)
+        self.node.request_pump()
+
+    def _on_control(self, kind: PushType, prev_index: int, resp: PushResponse) -> None:
+        ok = resp.code == ResponseCode.SUCCESS
+        if kind == PushType.COMMIT:
+            if ok:
+                self.follower_commit = max(self.follower_commit, min(resp.end_index, self.node.store.committed_index))
+            else:
+                self.reset(self.next_index - 1, f"COMMIT answered {resp.code}")
+        elif kind == PushType.COMPARE:
+            self._on_compare(prev_index, resp)
+        elif kind == PushType.TRUNCATE:
+            if ok:
+                self._start_append()
+            else:
+                self.reset(self.next_index - 1, f"TRUNCATE answered {resp.code}")
+
+    def _on_compare(self, i: int, resp: PushResponse) -> None:
+        """Search the highest shared index; only entries above it may be truncated,
+        and those differ from ours, so they were never committed."""
+        if resp.code == ResponseCode.SUCCESS:
+            self.compare_floor = max(self.compare_floor, i)
+            self._matched(i)
+            higher = min(resp.end_index, self.node.store.end_index)
+            if higher > i:
+                self.compare_index = higher  # the follower may share more: probe there
+                return
+        else:
+            nxt = self._next_compare(i, resp)
+            if nxt > self.compare_floor:
+                self.compare_index = nxt
+                return
+        # the highest shared index is compare_floor
+        if resp.end_index > self.compare_floor:
+            self.state = State.TRUNCATE
+        else:
+            self._start_append()
+
+    def _start_append(self) -> None:
+        self.state = State.APPEND
+        self.next_index = self.compare_floor + 1
+
+    def _next_compare(self, i: int, resp: PushResponse) -> int:
+        """Where to compare next after a mismatch at i (conflict-term skipping)."""
+        store = self.node.store
+        if resp.x_term < 0:
+            nxt = min(resp.end_index, i - 1)  # follower's log ends before i
+        else:
+            last = self._last_index_of_term(resp.x_term, i - 1)
+            nxt = last if last >= resp.x_index else resp.x_index - 1
+        if nxt < store.begin_index - 1:
+            log.error("follower %s needs entries before our log begin %d (snapshot install not available)",
+                      self.peer, store.begin_index)
+            return store.begin_index - 1
+        return max(nxt, -1)
+
+    def _last_index_of_term(self, term: int, upto: int) -> int:
+        """Highest j <= upto whose term is `term` in our log, or -1."""
+        store = self.node.store
+        lo, hi = store.begin_index, min(upto, store.end_index)
+        if hi < lo:
+            return -1
+        # terms grow along the log: find the last j with term_at(j) <= term
+        if store.term_at(lo) > term:
+            return -1
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if store.term_at(mid) <= term:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo if store.term_at(lo) == term else -1
+
+    def _on_append(self, seq: int, resp: PushResponse | None) -> None:
+        if not self.inflight:
+            return
+        self.early[seq] = resp
+        # apply strictly in send order
+        while self.inflight and self.inflight[0][0] in self.early:
+            head_seq, _first, last = self.inflight[0]
+            r = self.early.pop(head_seq)
+            if r is None or r.code != ResponseCode.SUCCESS:
+                why = "timeout or network error" if r is None else f"answered {ResponseCode(r.code).name}"
+                self.reset(self.next_index - 1, why)
+                return
+            self.inflight.popleft()
+            self._matched(last)
+            self.follower_commit = max(self.follower_commit, min(r.end_index, self.node.store.committed_index))
+
+    def _matched(self, index: int) -> None:
+        if index > self.match_index:
+            self.match_index = index
+            self.node.quorum.ack(self.peer, index)

@@ -1,0 +1,376 @@
+"""LeaderElector: elections with pre-vote, heartbeats, check-quorum and transfer (seed 003).
+
+Differences from DLedger, on purpose:
+- a term change always clears the vote, persisted with the term (seed 003's flaw);
+- a receiver adopts a higher term at once (Raft), instead of DLedger's
+  TERM_NOT_READY round trip;
+- pre-vote: a candidate first asks whether it *could* win without raising its
+  term; members that hear from a live leader say no, so a member cut off from
+  the group does not drive the term up when it comes back;
+- leader stickiness: a real vote is refused while the voter hears from a
+  live leader, unless the candidate runs on the leader's behalf (transfer).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+from dledger.codes import RequestCode, ResponseCode
+from dledger.core.messages import (
+    HeartBeatRequest,
+    HeartBeatResponse,
+    LeadershipTransferRequest,
+    ParseResult,
+    Role,
+    SimpleResponse,
+    VoteRequest,
+    VoteResponse,
+    VoteResult,
+)
+
+if TYPE_CHECKING:
+    from dledger.core.node import Node
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class _Transfer:
+    target: str
+    token: Any  # client waiting for the outcome, or None (preferred-leader move)
+    deadline: int
+    sent: bool = False
+
+
+class LeaderElector:
+    def __init__(self, node: Node) -> None:
+        self.node = node
+        cfg = node.cfg
+        self.hb_ms = cfg.heart_beat_time_interval_ms
+        self.leader_lease_ms = cfg.heart_beat_time_interval_ms * cfg.max_heart_beat_leak
+        self.last_leader_contact = -(1 << 62)
+        self.election_deadline = node.now + self._election_timeout()
+        self.round = 0
+        self.round_active = False
+        self.round_pre_vote = False
+        self.round_deadline = 0
+        self.next_round_at = 0
+        self.accepted: set[str] = set()
+        self.responses: dict[str, int] = {}
+        self.next_heartbeat = 0
+        self.leader_since = 0
+        self.last_ack: dict[str, int] = {}
+        self.transfer: _Transfer | None = None
+        self.awaiting: _Transfer | None = None  # transfer handed over; waiting for the new leader
+
+    @property
+    def transferring(self) -> bool:
+        return self.transfer is not None
+
+    # --- timing -----------------------------------------------------------------
+
+    def _election_timeout(self) -> int:
+        """Lease plus jitter; preferred members draw from the lower half so they
+        usually campaign first."""
+        cfg = self.node.cfg
+        spread = cfg.max_vote_interval_ms - cfg.min_vote_interval_ms
+        lo, hi = 0, spread
+        if cfg.preferred_leader_ids:
+            half = spread // 2
+            lo, hi = (0, half) if cfg.self_id in cfg.preferred_leader_ids else (half, spread)
+        return self.leader_lease_ms + self.node.rng.randint(lo, hi)
+
+    def _revote_delay(self) -> int:
+        cfg = self.node.cfg
+        return self.node.rng.randint(cfg.min_vote_interval_ms, cfg.max_vote_interval_ms)
+
+    def leader_alive(self) -> bool:
+        m = self.node.member
+        if m.role == Role.LEADER:
+            return True
+        return m.leader_id is not None and self.node.now - self.last_leader_contact < self.leader_lease_ms
+
+    # --- tick -----------------------------------------------------------------------
+
+    def tick(self) -> None:
+        now = self.node.now
+        role = self.node.member.role
+        if role == Role.FOLLOWER:
+            if now >= self.election_deadline:
+                self.start_round(pre_vote=True)
+        elif role == Role.CANDIDATE:
+            if self.round_active and now >= self.round_deadline:
+                self._end_round(ParseResult.WAIT_TO_REVOTE)
+            elif not self.round_active and now >= self.next_round_at:
+                self.start_round(pre_vote=True)
+        else:
+            self._tick_leader(now)
+        if self.awaiting is not None and now >= self.awaiting.deadline:
+            self._finish_transfer(self.awaiting, ResponseCode.TAKE_LEADERSHIP_FAILED, "no new leader in time")
+            self.awaiting = None
+
+    def _tick_leader(self, now: int) -> None:
+        if now >= self.next_heartbeat:
+            self.next_heartbeat = now + self.hb_ms
+            self._send_heartbeats()
+        # check quorum: a leader that cannot reach a majority steps down
+        window = self.leader_lease_ms
+        alive = 1 + sum(1 for p in self.node.member.others if now - self.last_ack.get(p, self.leader_since) < window)
+        if not self.node.member.is_quorum(alive):
+            self.node.step_down(f"reached only {alive} members in {window} ms (check quorum)")
+            self.election_deadline = now + self._election_timeout()
+            return
+        self._tick_transfer(now)
+
+    # --- candidate ----------------------------------------------------------------
+
+    def start_round(self, pre_vote: bool, transfer: bool = False) -> None:
+        node, m = self.node, self.node.member
+        if m.role == Role.LEADER:
+            node.step_down("starting an election")
+        m.role = Role.CANDIDATE
+        m.leader_id = None
+        self.round += 1
+        self.round_active = True
+        self.round_pre_vote = pre_vote
+        self.round_deadline = node.now + node.cfg.max_vote_interval_ms
+        self.accepted = {m.self_id}
+        self.responses = {}
+        if not pre_vote:
+            m.set_term(m.term + 1, voted_for=m.self_id)
+        term = m.term + 1 if pre_vote else m.term
+        store = node.store
+        log.debug("%s: %s round %d for term %d", m.self_id, "pre-vote" if pre_vote else "vote", self.round, term)
+        for p in m.others:
+            req = VoteRequest(m.group, m.self_id, p, term, store.end_index, store.end_term, pre_vote, transfer)
+            ctx = ("vote", self.round, pre_vote, p)
+            node.send(p, RequestCode.VOTE, req, ctx, timeout_ms=node.cfg.max_vote_interval_ms)
+        self._check_round()
+
+    def on_vote_response(self, ctx: Any, resp: msgspec.Struct | None) -> None:
+        _, rnd, _, peer = ctx
+        m = self.node.member
+        if rnd != self.round or not self.round_active or m.role != Role.CANDIDATE:
+            return
+        if resp is None:
+            self.responses[peer] = VoteResult.UNKNOWN
+        else:
+            assert isinstance(resp, VoteResponse)
+            if resp.result == VoteResult.ACCEPT:
+                self.accepted.add(peer)
+            elif resp.term > m.term:
+                m.set_term(resp.term)
+                self._end_round(ParseResult.WAIT_TO_VOTE_NEXT)
+                self.node.step_down("a member has a higher term")
+                self.election_deadline = self.node.now + self._election_timeout()
+                return
+            self.responses[peer] = resp.result
+        self._check_round()
+
+    def _check_round(self) -> None:
+        m = self.node.member
+        if m.is_quorum(len(self.accepted)):
+            self.round_active = False
+            if self.round_pre_vote:
+                self.start_round(pre_vote=False)
+            else:
+                self.leader_since = self.node.now
+                self.last_ack = {}
+                self.next_heartbeat = 0
+                self.node.become_leader()
+                self._send_heartbeats()
+                self.next_heartbeat = self.node.now + self.hb_ms
+        elif len(self.responses) + 1 >= len(m.peer_ids):
+            self._end_round(ParseResult.WAIT_TO_REVOTE)
+
+    def _end_round(self, result: ParseResult) -> None:
+        self.round_active = False
+        self.next_round_at = self.node.now + self._revote_delay()
+        log.debug("%s: round %d ended %s: %s", self.node.member.self_id, self.round, result.name,
+                  {p: VoteResult(r).name for p, r in self.responses.items()})
+
+    # --- voter -------------------------------------------------------------------------
+
+    def handle_vote(self, req: VoteRequest, token: Any) -> None:
+        result = self._vote(req)
+        self.node.reply(token, RequestCode.VOTE, VoteResponse(self.node.member.term, int(result), req.pre_vote))
+
+    def _vote(self, req: VoteRequest) -> VoteResult:
+        m, node = self.node.member, self.node
+        if req.term < m.term:
+            return VoteResult.REJECT_EXPIRED_VOTE_TERM
+        if self.leader_alive() and not req.transfer and m.leader_id != req.leader_id:
+            return VoteResult.REJECT_ALREADY_HAS_LEADER
+        ledger = self._compare_ledger(req)
+        if req.pre_vote:
+            return ledger  # a pre-vote changes nothing here
+        if req.term > m.term:
+            m.set_term(req.term)
+            if m.role != Role.FOLLOWER:
+                node.step_down(f"vote request of term {req.term}")
+        if m.voted_for not in (None, req.leader_id):
+            return VoteResult.REJECT_ALREADY_VOTED
+        if ledger != VoteResult.ACCEPT:
+            return ledger
+        m.vote_for(req.leader_id)
+        self.election_deadline = node.now + self._election_timeout()
+        return VoteResult.ACCEPT
+
+    def _compare_ledger(self, req: VoteRequest) -> VoteResult:
+        """Raft's up-to-date check: the later last term wins, then the longer log."""
+        store = self.node.store
+        if req.ledger_end_term < store.end_term:
+            return VoteResult.REJECT_EXPIRED_LEDGER_TERM
+        if req.ledger_end_term == store.end_term and req.ledger_end_index < store.end_index:
+            return VoteResult.REJECT_SMALL_LEDGER_END_INDEX
+        return VoteResult.ACCEPT
+
+    # --- leader contact ------------------------------------------------------------------
+
+    def accept_leader(self, term: int, leader_id: str) -> ResponseCode | None:
+        """Checks shared by heartbeats and pushes; on success the sender is our leader."""
+        m, node = self.node.member, self.node
+        if term < m.term:
+            return ResponseCode.EXPIRED_TERM
+        if term > m.term:
+            m.set_term(term)
+        if m.role == Role.LEADER:
+            return ResponseCode.INCONSISTENT_LEADER  # two leaders in one term cannot be
+        if m.role == Role.CANDIDATE:
+            self.round_active = False
+            node.step_down(f"{leader_id} leads term {term}")
+        if m.leader_id is None:
+            m.leader_id = leader_id
+            log.info("%s/%s: follows %s in term %d", m.group, m.self_id, leader_id, term)
+            node.handler.on_leader_change()
+        elif m.leader_id != leader_id:
+            return ResponseCode.INCONSISTENT_LEADER
+        self.last_leader_contact = node.now
+        self.election_deadline = node.now + self._election_timeout()
+        if self.awaiting is not None and self.awaiting.target == leader_id:
+            self._finish_transfer(self.awaiting, ResponseCode.SUCCESS, "")
+            self.awaiting = None
+        return None
+
+    def handle_heartbeat(self, req: HeartBeatRequest, token: Any) -> None:
+        err = self.accept_leader(req.term, req.leader_id)
+        m = self.node.member
+        if err is None:
+            self.node.handler.update_commit(req.committed_index)
+        code = ResponseCode.SUCCESS if err is None else err
+        self.node.reply(token, RequestCode.HEART_BEAT, HeartBeatResponse(int(code), m.term, m.leader_id or ""))
+
+    def _send_heartbeats(self) -> None:
+        node, m = self.node, self.node.member
+        for p in m.others:
+            req = HeartBeatRequest(m.group, m.self_id, p, m.term, node.store.committed_index)
+            node.send(p, RequestCode.HEART_BEAT, req, ("hb", p, m.term), timeout_ms=self.leader_lease_ms)
+
+    def on_heartbeat_response(self, ctx: Any, resp: msgspec.Struct | None) -> None:
+        _, peer, term = ctx
+        if resp is None:
+            return
+        assert isinstance(resp, HeartBeatResponse)
+        self.observe_term(resp.term)
+        if resp.code == ResponseCode.SUCCESS and term == self.node.member.term:
+            self.ack(peer)
+
+    def ack(self, peer: str) -> None:
+        """Any successful answer from a follower proves it still follows us."""
+        self.last_ack[peer] = self.node.now
+
+    def observe_term(self, term: int) -> bool:
+        """A higher term seen in a response ends our leadership; True if so."""
+        m = self.node.member
+        if term > m.term:
+            m.set_term(term)
+            self.node.step_down(f"a member is at term {term}")
+            self.election_deadline = self.node.now + self._election_timeout()
+            return True
+        return False
+
+    # --- leadership transfer ------------------------------------------------------------
+
+    def handle_transfer(self, req: LeadershipTransferRequest, token: Any) -> None:
+        node, m = self.node, self.node.member
+        if req.transfer_id and req.transferee_id == m.self_id:
+            # the leader hands over to us: campaign now, past the leader's lease
+            if req.term != m.term or req.transfer_id != m.leader_id:
+                code = ResponseCode.EXPIRED_TERM if req.term < m.term else ResponseCode.INCONSISTENT_LEADER
+                node.reply(token, RequestCode.LEADERSHIP_TRANSFER, SimpleResponse(int(code), m.term))
+                return
+            node.reply(token, RequestCode.LEADERSHIP_TRANSFER, SimpleResponse(200, m.term))
+            self.start_round(pre_vote=False, transfer=True)
+            return
+        target = req.transferee_id
+        err = None
+        if not m.is_leader:
+            err = ResponseCode.NOT_LEADER
+        elif target not in m.peer_ids:
+            err = ResponseCode.UNKNOWN_MEMBER
+        elif self.transfer is not None:
+            err = ResponseCode.LEADER_TRANSFERRING
+        if err is not None:
+            node.reply(token, RequestCode.LEADERSHIP_TRANSFER, SimpleResponse(int(err), m.term, m.leader_id or ""))
+            return
+        if target == m.self_id:
+            node.reply(token, RequestCode.LEADERSHIP_TRANSFER, SimpleResponse(200, m.term, m.self_id))
+            return
+        self.begin_transfer(target, token)
+
+    def begin_transfer(self, target: str, token: Any) -> None:
+        """Stop taking appends (LEADER_TRANSFERRING) until the target has caught up."""
+        log.info("%s: transferring leadership to %s", self.node.member.self_id, target)
+        self.transfer = _Transfer(target, token, self.node.now + self.node.cfg.leadership_transfer_timeout_ms)
+
+    def _tick_transfer(self, now: int) -> None:
+        node, m = self.node, self.node.member
+        t = self.transfer
+        if t is None:
+            self._check_preferred()
+            return
+        if now >= t.deadline:
+            self.transfer = None
+            self._finish_transfer(t, ResponseCode.TAKE_LEADERSHIP_FAILED, f"{t.target} did not take over in time")
+            log.warning("%s: transfer to %s timed out; resuming", m.self_id, t.target)
+            return
+        d = node.dispatchers.get(t.target)
+        if not t.sent and d is not None and d.match_index >= node.store.end_index:
+            t.sent = True
+            req = LeadershipTransferRequest(m.group, m.self_id, t.target, m.term, m.self_id, t.target)
+            node.send(t.target, RequestCode.LEADERSHIP_TRANSFER, req, ("transfer", t.target, m.term))
+
+    def on_transfer_response(self, ctx: Any, resp: msgspec.Struct | None) -> None:
+        t = self.transfer
+        if t is None or t.target != ctx[1]:
+            return
+        if resp is None or not isinstance(resp, SimpleResponse) or resp.code != ResponseCode.SUCCESS:
+            t.sent = False  # try again while the deadline allows
+
+    def on_step_down(self) -> None:
+        """Leadership ended: a transfer in flight now waits to see the target lead."""
+        if self.transfer is not None:
+            self.awaiting, self.transfer = self.transfer, None
+
+    def _finish_transfer(self, t: _Transfer, code: ResponseCode, message: str) -> None:
+        if t.token is not None:
+            m = self.node.member
+            resp = SimpleResponse(int(code), m.term, m.leader_id or "", message)
+            self.node.reply(t.token, RequestCode.LEADERSHIP_TRANSFER, resp)
+
+    def _check_preferred(self) -> None:
+        """Hand leadership to a preferred member once it is caught up."""
+        node, m = self.node, self.node.member
+        preferred = node.cfg.preferred_leader_ids
+        if not preferred or m.self_id in preferred:
+            return
+        for pid in preferred:
+            d = node.dispatchers.get(pid)
+            alive = node.now - self.last_ack.get(pid, -(1 << 62)) < self.leader_lease_ms
+            if d is not None and alive and d.match_index >= node.store.end_index:
+                self.begin_transfer(pid, None)
+                return

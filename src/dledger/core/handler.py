@@ -1,0 +1,217 @@
+"""EntryHandler: a follower's side of replication (seeds 000, 002).
+
+Pushes are handled in arrival order (TCP keeps a leader's pushes ordered).
+An APPEND that starts past our end is kept by index until the gap fills; if
+it waits longer than `max_push_timeout_ms` it is answered INCONSISTENT_STATE,
+so the leader re-probes (DLedger's checkAbnormalFuture, fast-forward case). An
+APPEND wholly below our end is a retry whose ack was lost: it succeeds if our
+entries are the same, else INCONSISTENT_STATE (fall-behind case). A second
+push for an index already pending is REPEATED_PUSH.
+
+The chain CRC of the first pushed record covers our whole log before it, so a
+successful append proves our log matches the leader's up to its last entry;
+`matched_index` records that, and bounds the commit index we accept.
+In `sync` flush mode the answer waits until the entries are durable.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from dledger.codes import DLedgerError, PushType, RequestCode, ResponseCode
+from dledger.core.messages import PushRequest, PushResponse
+from dledger.entry import HEADER
+
+if TYPE_CHECKING:
+    from dledger.core.node import Node
+
+log = logging.getLogger(__name__)
+
+
+class EntryHandler:
+    def __init__(self, node: Node) -> None:
+        self.node = node
+        self.matched_index = -1  # highest index known equal to the current leader's log
+        self.pending: dict[int, tuple[PushRequest, bytes, Any, int]] = {}  # first_index -> push
+        self.unsynced: list[tuple[int, Any, PushResponse]] = []  # answers waiting for fsync
+
+    def on_leader_change(self) -> None:
+        """A new leader (or none): what matched the old one proves nothing now."""
+        self.matched_index = -1
+        for req, _, token, _ in self.pending.values():
+            self._answer(token, ResponseCode.INCONSISTENT_STATE, req)
+        self.pending.clear()
+
+    # --- entry point -------------------------------------------------------------------
+
+    def handle_push(self, req: PushRequest, data: memoryview | bytes, token: Any) -> None:
+        node = self.node
+        err = node.elector.accept_leader(req.term, req.leader_id)
+        if err is not None:
+            self._answer(token, err, req)
+            return
+        kind = req.type
+        try:
+            if kind == PushType.APPEND:
+                self._append(req, data, token)
+                return
+            if kind == PushType.COMPARE:
+                self._compare(req, token)
+            elif kind == PushType.TRUNCATE:
+                self._truncate(req, token)
+            elif kind == PushType.COMMIT:
+                self.update_commit(req.committed_index)
+                self._answer(token, ResponseCode.SUCCESS, req)
+            else:
+                self._answer(token, ResponseCode.UNSUPPORTED, req)
+        except DLedgerError as e:
+            log.warning("push %s from %s failed: %s", PushType(kind).name, req.leader_id, e)
+            self._answer(token, ResponseCode.INCONSISTENT_STATE, req)
+
+    # --- COMPARE / TRUNCATE ----------------------------------------------------------------
+
+    def _compare(self, req: PushRequest, token: Any) -> None:
+        store = self.node.store
+        i = req.prev_index
+        if i > store.end_index:
+            self._answer(token, ResponseCode.INCONSISTENT_STATE, req)
+            return
+        if i < store.begin_index - 1:
+            # below our log: we cannot tell (a snapshot would); match at our begin
+            self._answer(token, ResponseCode.INCONSISTENT_STATE, req, x_index=store.begin_index, x_term=-1)
+            return
+        term = store.term_at(i)
+        if term == req.prev_term:
+            self.matched_index = max(self.matched_index, i)
+            self.update_commit(req.committed_index)
+            self._answer(token, ResponseCode.SUCCESS, req)
+            return
+        first = store.first_index_of_term(term)
+        self._answer(token, ResponseCode.INCONSISTENT_STATE, req, x_index=max(first, store.begin_index), x_term=term)
+
+    def _truncate(self, req: PushRequest, token: Any) -> None:
+        store = self.node.store
+        i = req.prev_index
+        if i > store.end_index or (i >= store.begin_index and store.term_at(i) != req.prev_term):
+            self._answer(token, ResponseCode.INCONSISTENT_STATE, req)
+            return
+        if i < store.end_index:
+            log.info("%s: truncating entries after %d (end %d) for leader %s",
+                     self.node.member.self_id, i, store.end_index, req.leader_id)
+            store.truncate(i + 1)
+        self.matched_index = i
+        self.update_commit(req.committed_index)
+        self._answer(token, ResponseCode.SUCCESS, req)
+
+    # --- APPEND ----------------------------------------------------------------------------------
+
+    def _append(self, req: PushRequest, data: memoryview | bytes, token: Any) -> None:
+        store = self.node.store
+        first, last = req.first_index, req.first_index + req.count - 1
+        if req.count <= 0 or not data:
+            self._answer(token, ResponseCode.REQUEST_WITH_EMPTY_BODYS, req)
+        elif first == store.end_index + 1:
+            self._write(req, data, token)
+            self._drain_pending()
+        elif last <= store.end_index:
+            self._fall_behind(req, data, token)
+        elif first <= store.end_index:
+            skip = self._skip_known(req, data)
+            if skip is None:
+                self._answer(token, ResponseCode.INCONSISTENT_STATE, req)
+            else:
+                self._write(req, memoryview(data)[skip:], token)
+                self._drain_pending()
+        elif first in self.pending:
+            self._answer(token, ResponseCode.REPEATED_PUSH, req)
+        else:
+            self.pending[first] = (req, bytes(data), token, self.node.now)
+
+    def _write(self, req: PushRequest, data: memoryview | bytes, token: Any) -> None:
+        store = self.node.store
+        try:
+            end = store.append_as_follower(data)
+        except DLedgerError as e:
+            # a chain CRC mismatch here means our log differs before this push
+            log.info("%s: push at %d rejected: %s", self.node.member.self_id, req.first_index, e.message)
+            self._answer(token, ResponseCode.INCONSISTENT_STATE, req)
+            return
+        self.matched_index = max(self.matched_index, end)
+        self.update_commit(req.committed_index)
+        if self.node.cfg.flush == "sync" and store.durable_index < end:
+            self.unsynced.append((end, token, self._response(ResponseCode.SUCCESS)))
+            store.request_flush()
+        else:
+            self._answer(token, ResponseCode.SUCCESS, req)
+
+    def _fall_behind(self, req: PushRequest, data: memoryview | bytes, token: Any) -> None:
+        """A retried push we already hold: succeed only if our copy is the same."""
+        if self._skip_known(req, data) == len(data):
+            self.matched_index = max(self.matched_index, req.first_index + req.count - 1)
+            self._answer(token, ResponseCode.SUCCESS, req)
+        else:
+            self._answer(token, ResponseCode.INCONSISTENT_STATE, req)
+
+    def _skip_known(self, req: PushRequest, data: memoryview | bytes) -> int | None:
+        """Byte length of the pushed records we already hold identically (by chain CRC);
+        None if one of them differs."""
+        store = self.node.store
+        off, index = 0, req.first_index
+        n = len(data)
+        while off < n and index <= store.end_index:
+            _, size, idx, _term, _, _, chain, _, _ = HEADER.unpack_from(data, off)
+            if idx != index or index < store.begin_index or store.get(index).chain_crc != chain:
+                return None
+            off += size
+            index += 1
+        return off
+
+    def _drain_pending(self) -> None:
+        store = self.node.store
+        while self.pending:
+            nxt = self.pending.pop(store.end_index + 1, None)
+            if nxt is None:
+                return
+            req, data, token, _ = nxt
+            self._write(req, data, token)
+
+    # --- commit, durability, timeouts -----------------------------------------------------------
+
+    def update_commit(self, leader_commit: int) -> None:
+        """Commit only what is known to match the leader's log."""
+        store = self.node.store
+        c = min(leader_commit, self.matched_index, store.end_index)
+        if c > store.committed_index:
+            store.set_committed(c)
+
+    def on_durable(self, index: int) -> None:
+        if not self.unsynced:
+            return
+        keep = []
+        for end, token, resp in self.unsynced:
+            if end <= index:
+                self.node.reply(token, RequestCode.PUSH, resp)
+            else:
+                keep.append((end, token, resp))
+        self.unsynced = keep
+
+    def tick(self) -> None:
+        """Fast-forward case: a push that waited too long for its gap to fill."""
+        if not self.pending:
+            return
+        limit = self.node.now - self.node.cfg.max_push_timeout_ms
+        for first in [f for f, p in self.pending.items() if p[3] <= limit]:
+            req, _, token, _ = self.pending.pop(first)
+            log.info("%s: push at %d waited too long for %d", self.node.member.self_id, first,
+                     self.node.store.end_index + 1)
+            self._answer(token, ResponseCode.INCONSISTENT_STATE, req)
+
+    # --- answers ----------------------------------------------------------------------------------
+
+    def _response(self, code: ResponseCode, x_index: int = -1, x_term: int = -1) -> PushResponse:
+        store = self.node.store
+        return PushResponse(int(code), self.node.member.term, store.end_index, x_index, x_term)
+
+    def _answer(self, token: Any, code: ResponseCode, req: PushRequest, x_index: int = -1, x_term: int = -1) -> None:
+        self.node.reply(token, RequestCode.PUSH, self._response(code, x_index, x_term))

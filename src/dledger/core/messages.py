@@ -1,0 +1,234 @@
+"""Wire messages of the group protocol (SPEC §3), as msgspec structs.
+
+A frame carries one of these as msgpack `meta`; log records travel beside it
+as raw `data` (the exact bytes of the data file), never re-encoded.
+Structs are array-like: compact on the wire and fast to encode.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+import msgspec
+
+from dledger.codes import PushType, RequestCode
+
+
+class Role(IntEnum):
+    FOLLOWER = 0
+    CANDIDATE = 1
+    LEADER = 2
+
+
+class VoteResult(IntEnum):
+    """DLedger's VoteResponse.RESULT."""
+
+    UNKNOWN = 0
+    ACCEPT = 1
+    REJECT_UNKNOWN_LEADER = 2
+    REJECT_UNEXPECTED_LEADER = 3
+    REJECT_EXPIRED_VOTE_TERM = 4
+    REJECT_ALREADY_VOTED = 5
+    REJECT_ALREADY_HAS_LEADER = 6
+    REJECT_TERM_NOT_READY = 7
+    REJECT_TERM_SMALL_THAN_LEDGER = 8
+    REJECT_EXPIRED_LEDGER_TERM = 9
+    REJECT_SMALL_LEDGER_END_INDEX = 10
+    REJECT_TAKING_LEADERSHIP = 11
+
+
+class ParseResult(IntEnum):
+    """DLedger's VoteResponse.ParseResult: what a candidate does after a round."""
+
+    WAIT_TO_REVOTE = 0
+    REVOTE_IMMEDIATELY = 1
+    PASSED = 2
+    WAIT_TO_VOTE_NEXT = 3
+
+
+class Msg(msgspec.Struct, array_like=True, omit_defaults=True):
+    """Every request names its group, its sender and its intended receiver."""
+
+    group: str = "default"
+    leader_id: str = ""  # sender (DLedger's name: for most requests it is the leader)
+    remote_id: str = ""  # receiver
+
+
+class VoteRequest(Msg):
+    term: int = 0
+    ledger_end_index: int = -1
+    ledger_end_term: int = -1
+    pre_vote: bool = False
+    transfer: bool = False  # leadership transfer: voters ignore a live leader
+
+
+class VoteResponse(msgspec.Struct, array_like=True):
+    term: int
+    result: int
+    pre_vote: bool = False
+
+
+class HeartBeatRequest(Msg):
+    term: int = 0
+    committed_index: int = -1
+
+
+class HeartBeatResponse(msgspec.Struct, array_like=True):
+    code: int
+    term: int
+    leader_id: str = ""
+
+
+class PushRequest(Msg):
+    """One push of an EntryDispatcher. APPEND carries `count` records in `data`.
+
+    COMPARE asks whether the receiver holds (prev_index, prev_term); TRUNCATE
+    drops everything after prev_index; COMMIT only moves the commit index.
+    """
+
+    term: int = 0
+    type: int = PushType.APPEND
+    prev_index: int = -1
+    prev_term: int = -1
+    first_index: int = 0
+    count: int = 0
+    committed_index: int = -1
+
+
+class PushResponse(msgspec.Struct, array_like=True):
+    code: int
+    term: int
+    end_index: int = -1  # receiver's ledger end
+    x_index: int = -1  # COMPARE mismatch: first index of x_term at the receiver
+    x_term: int = -1
+
+
+class AppendRequest(Msg):
+    bodies: list[bytes] = []
+
+
+class AppendResponse(msgspec.Struct, array_like=True):
+    code: int
+    leader_id: str = ""
+    term: int = -1
+    index: int = -1  # first index of the batch
+    positions: list[int] = []
+    message: str = ""
+
+
+class GetRequest(Msg):
+    index: int = 0
+
+
+class ReadRequest(Msg):
+    from_index: int = 0
+    max_entries: int = 1000
+    max_bytes: int = 4 << 20
+    only_normal: bool = True
+
+
+class EntryMsg(msgspec.Struct, array_like=True):
+    index: int
+    term: int
+    pos: int
+    magic: int
+    body: bytes
+    chain_crc: int = 0
+
+
+class EntriesResponse(msgspec.Struct, array_like=True):
+    code: int
+    leader_id: str = ""
+    entries: list[EntryMsg] = []
+    next_index: int = -1  # where a following read should start
+    committed_index: int = -1
+    message: str = ""
+
+
+class MetadataRequest(Msg):
+    pass
+
+
+class MetadataResponse(msgspec.Struct, array_like=True):
+    code: int
+    group: str = ""
+    self_id: str = ""
+    role: str = ""
+    leader_id: str = ""
+    term: int = -1
+    peers: str = ""
+    ledger_begin_index: int = 0
+    ledger_end_index: int = -1
+    ledger_end_term: int = -1
+    committed_index: int = -1
+    message: str = ""
+
+
+class LeadershipTransferRequest(Msg):
+    """From a client to the leader (transferee_id set), or from the leader to the
+    target, which then campaigns at once (DLedger's takeLeadership)."""
+
+    term: int = -1
+    transfer_id: str = ""  # current leader
+    transferee_id: str = ""  # target
+
+
+class SimpleResponse(msgspec.Struct, array_like=True):
+    code: int
+    term: int = -1
+    leader_id: str = ""
+    message: str = ""
+
+
+class FaultRequest(Msg):
+    """Test hook (code FAULT): make this member drop traffic to and from `blocked` ids."""
+
+    blocked: list[str] = []
+
+
+FAULT = 52001
+READ = 52002
+
+REQUEST_TYPES: dict[int, type[Msg]] = {
+    RequestCode.VOTE: VoteRequest,
+    RequestCode.HEART_BEAT: HeartBeatRequest,
+    RequestCode.PUSH: PushRequest,
+    RequestCode.APPEND: AppendRequest,
+    RequestCode.GET: GetRequest,
+    READ: ReadRequest,
+    RequestCode.METADATA: MetadataRequest,
+    RequestCode.LEADERSHIP_TRANSFER: LeadershipTransferRequest,
+    FAULT: FaultRequest,
+}
+
+RESPONSE_TYPES: dict[int, type[msgspec.Struct]] = {
+    RequestCode.VOTE: VoteResponse,
+    RequestCode.HEART_BEAT: HeartBeatResponse,
+    RequestCode.PUSH: PushResponse,
+    RequestCode.APPEND: AppendResponse,
+    RequestCode.GET: EntriesResponse,
+    READ: EntriesResponse,
+    RequestCode.METADATA: MetadataResponse,
+    RequestCode.LEADERSHIP_TRANSFER: SimpleResponse,
+    FAULT: SimpleResponse,
+}
+
+_encoder = msgspec.msgpack.Encoder()
+_request_decoders = {c: msgspec.msgpack.Decoder(t) for c, t in REQUEST_TYPES.items()}
+_response_decoders = {c: msgspec.msgpack.Decoder(t) for c, t in RESPONSE_TYPES.items()}
+
+
+def encode(msg: msgspec.Struct) -> bytes:
+    return _encoder.encode(msg)
+
+
+def decode_request(code: int, meta: bytes) -> Msg:
+    """Decode a request; unknown codes and bad payloads raise (answered UNSUPPORTED / 411)."""
+    dec = _request_decoders.get(code)
+    if dec is None:
+        raise KeyError(code)
+    return dec.decode(meta)
+
+
+def decode_response(code: int, meta: bytes) -> msgspec.Struct:
+    return _response_decoders[code].decode(meta)

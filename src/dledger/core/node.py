@@ -1,0 +1,297 @@
+"""Node: one member of one group, as a pure state machine (DLedgerServer's core).
+
+Inputs, each with the current time in ms: `handle` (a request), `on_response`
+(the answer to a request this node sent, or None when the transport failed),
+`tick`, `on_durable` (the store's flush thread made entries durable).
+Outputs: `drain()` returns the actions to execute: `Send` a request to a peer,
+`Reply` to a request. The node reads no clock and does no I/O besides its
+LedgerStore, whose appends only touch memory or the page cache.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+
+from dledger.codes import DLedgerError, RequestCode, ResponseCode
+from dledger.config import DLedgerConfig
+from dledger.core.dispatcher import EntryDispatcher
+from dledger.core.elector import LeaderElector
+from dledger.core.handler import EntryHandler
+from dledger.core.member_state import MemberState
+from dledger.core.messages import (
+    READ,
+    AppendRequest,
+    AppendResponse,
+    EntriesResponse,
+    EntryMsg,
+    GetRequest,
+    HeartBeatRequest,
+    LeadershipTransferRequest,
+    MetadataRequest,
+    MetadataResponse,
+    Msg,
+    PushRequest,
+    ReadRequest,
+    Role,
+    SimpleResponse,
+    VoteRequest,
+)
+from dledger.core.quorum import QuorumAckChecker
+from dledger.entry import MAGIC_NORMAL
+from dledger.store.base import AppendResult, LedgerStore
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class Send:
+    peer: str
+    code: int
+    msg: msgspec.Struct
+    data: bytes | memoryview
+    ctx: Any  # handed back to on_response
+    timeout_ms: int
+
+
+@dataclass(slots=True)
+class Reply:
+    token: Any
+    code: int  # the request code, to pick the response type
+    msg: msgspec.Struct
+    data: bytes = b""
+
+
+Action = Send | Reply
+
+
+class Node:
+    def __init__(self, cfg: DLedgerConfig, store: LedgerStore, now_ms: int, rng: random.Random | None = None) -> None:
+        self.cfg = cfg
+        self.store = store
+        self.rng = rng or random.Random()
+        self.now = now_ms
+        self.member = MemberState(cfg.group, cfg.self_id, list(cfg.peer_map), store)
+        self.actions: list[Action] = []
+        self.quorum = QuorumAckChecker(self.member, store, self._complete_append)
+        self.elector = LeaderElector(self)
+        self.handler = EntryHandler(self)
+        self.dispatchers: dict[str, EntryDispatcher] = {}
+        self._pump_needed = False
+
+    # --- inputs ---------------------------------------------------------------
+
+    def handle(self, code: int, msg: Msg, data: memoryview | bytes, token: Any, now_ms: int) -> None:
+        """A request from a peer or a client; its reply is emitted now or later."""
+        self.now = now_ms
+        err = self._check_addressing(msg)
+        if err is not None:
+            self.reply(token, code, _error_for(code, err, self))
+            return
+        try:
+            self._dispatch(code, msg, data, token)
+        except DLedgerError as e:
+            self.reply(token, code, _error_for(code, e.code, self, e.message))
+
+    def on_response(self, ctx: Any, resp: msgspec.Struct | None, now_ms: int) -> None:
+        """The answer to one of our Sends (None: timeout or network failure)."""
+        self.now = now_ms
+        kind = ctx[0]
+        if kind == "vote":
+            self.elector.on_vote_response(ctx, resp)
+        elif kind == "hb":
+            self.elector.on_heartbeat_response(ctx, resp)
+        elif kind == "push":
+            d = self.dispatchers.get(ctx[1])
+            if d is not None:
+                d.on_response(ctx, resp)
+        elif kind == "transfer":
+            self.elector.on_transfer_response(ctx, resp)
+
+    def tick(self, now_ms: int) -> None:
+        self.now = now_ms
+        self.elector.tick()
+        if self.member.is_leader:
+            self.quorum.expire(now_ms)
+            for d in self.dispatchers.values():
+                d.tick()
+        self.handler.tick()
+
+    def on_durable(self, index: int, now_ms: int) -> None:
+        self.now = now_ms
+        if self.member.is_leader and self.cfg.flush == "sync":
+            self.quorum.ack_self(min(index, self.store.end_index))
+        self.handler.on_durable(index)
+
+    def drain(self) -> list[Action]:
+        """Actions to execute now. Pushes are built here, once per batch of inputs,
+        so concurrent client appends travel to followers together."""
+        if self._pump_needed:
+            self._pump_needed = False
+            for d in self.dispatchers.values():
+                d.pump()
+        actions, self.actions = self.actions, []
+        return actions
+
+    # --- outputs (used by the components) --------------------------------------
+
+    def send(self, peer: str, code: int, msg: msgspec.Struct, ctx: Any,
+             data: bytes | memoryview = b"", timeout_ms: int | None = None) -> None:
+        self.actions.append(Send(peer, code, msg, data, ctx, timeout_ms or self.cfg.max_push_timeout_ms))
+
+    def reply(self, token: Any, code: int, msg: msgspec.Struct, data: bytes = b"") -> None:
+        self.actions.append(Reply(token, code, msg, data))
+
+    def request_pump(self) -> None:
+        self._pump_needed = True
+
+    # --- role changes (called by the elector) -----------------------------------
+
+    def become_leader(self) -> None:
+        m = self.member
+        m.role = Role.LEADER
+        m.leader_id = m.self_id
+        self.quorum.reset()
+        # A NOOP of the new term lets entries of earlier terms commit (Raft §5.4.2).
+        res = self.store.append_as_leader([b""], m.term, magic=2)
+        self.dispatchers = {p: EntryDispatcher(self, p) for p in m.others}
+        if self.cfg.flush == "async" or self.store.durable_index >= res.last_index:
+            self.quorum.ack_self(self.store.end_index)
+        else:
+            self.store.request_flush()
+        log.info("%s/%s: leader of term %d (end %d)", m.group, m.self_id, m.term, self.store.end_index)
+        self.request_pump()
+
+    def step_down(self, reason: str) -> None:
+        """Leave leadership (or candidacy); waiting appends learn the term changed."""
+        m = self.member
+        was_leader = m.is_leader
+        m.role = Role.FOLLOWER
+        if m.leader_id == m.self_id:
+            m.leader_id = None
+        self.dispatchers = {}
+        self.elector.on_step_down()
+        if was_leader:
+            log.info("%s/%s: steps down in term %d: %s", m.group, m.self_id, m.term, reason)
+            self.quorum.fail_all(ResponseCode.TERM_CHANGED, f"leader stepped down: {reason}")
+        self.handler.on_leader_change()
+
+    # --- request dispatch -----------------------------------------------------
+
+    def _dispatch(self, code: int, msg: Msg, data: memoryview | bytes, token: Any) -> None:
+        if code == RequestCode.PUSH:
+            assert isinstance(msg, PushRequest)
+            self.handler.handle_push(msg, data, token)
+        elif code == RequestCode.HEART_BEAT:
+            assert isinstance(msg, HeartBeatRequest)
+            self.elector.handle_heartbeat(msg, token)
+        elif code == RequestCode.VOTE:
+            assert isinstance(msg, VoteRequest)
+            self.elector.handle_vote(msg, token)
+        elif code == RequestCode.APPEND:
+            assert isinstance(msg, AppendRequest)
+            self._handle_append(msg, token)
+        elif code == RequestCode.GET:
+            assert isinstance(msg, GetRequest)
+            self._handle_read(code, msg.index, 1, 1 << 30, False, token)
+        elif code == READ:
+            assert isinstance(msg, ReadRequest)
+            self._handle_read(code, msg.from_index, msg.max_entries, msg.max_bytes, msg.only_normal, token)
+        elif code == RequestCode.METADATA:
+            assert isinstance(msg, MetadataRequest)
+            self.reply(token, code, self.metadata())
+        elif code == RequestCode.LEADERSHIP_TRANSFER:
+            assert isinstance(msg, LeadershipTransferRequest)
+            self.elector.handle_transfer(msg, token)
+        else:
+            raise DLedgerError(ResponseCode.UNSUPPORTED, f"request code {code}")
+
+    def _check_addressing(self, msg: Msg) -> ResponseCode | None:
+        m = self.member
+        if msg.group != m.group:
+            return ResponseCode.UNKNOWN_GROUP
+        if msg.remote_id and msg.remote_id != m.self_id:
+            return ResponseCode.UNEXPECTED_MEMBER
+        if msg.leader_id and msg.leader_id not in m.peer_ids:
+            return ResponseCode.UNKNOWN_MEMBER
+        return None
+
+    def _handle_append(self, msg: AppendRequest, token: Any) -> None:
+        m = self.member
+        if not m.is_leader:
+            raise DLedgerError(ResponseCode.NOT_LEADER, f"leader is {m.leader_id or 'unknown'}")
+        if self.elector.transferring:
+            raise DLedgerError(ResponseCode.LEADER_TRANSFERRING, "leadership transfer in progress")
+        if self.quorum.pending >= self.cfg.max_pending_requests:
+            raise DLedgerError(ResponseCode.LEADER_PENDING_FULL, f"{self.quorum.pending} appends pending")
+        res = self.store.append_as_leader(msg.bodies, m.term, MAGIC_NORMAL)
+        self.quorum.add(token, res, self.now + self.cfg.max_wait_ack_ms)
+        if self.cfg.flush == "async" or self.store.durable_index >= res.last_index:
+            self.quorum.ack_self(res.last_index)
+        else:
+            self.store.request_flush()
+        self.request_pump()
+
+    def _complete_append(self, token: Any, code: ResponseCode, res: AppendResult | None, message: str) -> None:
+        m = self.member
+        if code == ResponseCode.SUCCESS and res is not None:
+            msg = AppendResponse(int(code), m.self_id, res.term, res.first_index, res.positions.tolist())
+        else:
+            msg = AppendResponse(int(code), m.leader_id or "", m.term, message=message)
+        self.reply(token, RequestCode.APPEND, msg)
+
+    def _handle_read(self, code: int, start: int, max_entries: int, max_bytes: int, only_normal: bool,
+                     token: Any) -> None:
+        """Committed entries only. A member that is not the leader serves what it knows
+        is committed, which may lag the leader's commit index."""
+        store = self.store
+        committed = store.committed_index
+        if start > committed:
+            raise DLedgerError(ResponseCode.INDEX_OUT_OF_RANGE, f"index {start} is beyond the committed {committed}")
+        out: list[EntryMsg] = []
+        index = start
+        size = 0
+        while index <= committed and len(out) < max_entries and size < max_bytes:
+            batch = store.read(index, min(max_entries - len(out), committed - index + 1), max_bytes - size)
+            if not batch:
+                break
+            for e in batch:
+                if e.index > committed:
+                    break
+                index = e.index + 1
+                size += len(e.body)
+                if not only_normal or e.magic == MAGIC_NORMAL:
+                    out.append(EntryMsg(e.index, e.term, e.pos, e.magic, e.body, e.chain_crc))
+        self.reply(token, code, EntriesResponse(200, self.member.leader_id or "", out, index, committed))
+
+    def metadata(self) -> MetadataResponse:
+        m, s = self.member, self.store
+        return MetadataResponse(
+            200, m.group, m.self_id, m.role.name.lower(), m.leader_id or "", m.term, self.cfg.peers,
+            s.begin_index, s.end_index, s.end_term, s.committed_index,
+        )
+
+
+def _error_for(code: int, err: ResponseCode, node: Node, message: str = "") -> msgspec.Struct:
+    """An error answer of the right response type for request `code`."""
+    m = node.member
+    leader = m.leader_id or ""
+    if code == RequestCode.APPEND:
+        return AppendResponse(int(err), leader, m.term, message=message)
+    if code in (RequestCode.GET, READ):
+        return EntriesResponse(int(err), leader, message=message, committed_index=node.store.committed_index)
+    if code == RequestCode.METADATA:
+        return MetadataResponse(int(err), message=message)
+    from dledger.core.messages import HeartBeatResponse, PushResponse, VoteResponse
+
+    if code == RequestCode.PUSH:
+        return PushResponse(int(err), m.term, node.store.end_index)
+    if code == RequestCode.HEART_BEAT:
+        return HeartBeatResponse(int(err), m.term, leader)
+    if code == RequestCode.VOTE:
+        return VoteResponse(m.term, 0)
+    return SimpleResponse(int(err), m.term, leader, message)

@@ -1,0 +1,97 @@
+"""QuorumAckChecker: the leader's commit index and the client appends waiting on it.
+
+The commit index is the highest index stored on a majority (in `sync` flush
+mode: durable on a majority), counted only for entries of the leader's own
+term (Raft's rule; the NOOP a new leader appends makes earlier entries follow).
+It never moves backwards.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from dledger.codes import ResponseCode
+from dledger.core.member_state import MemberState
+from dledger.store.base import AppendResult, LedgerStore
+
+Complete = Callable[[Any, ResponseCode, AppendResult | None, str], None]
+
+
+class QuorumAckChecker:
+    def __init__(self, member: MemberState, store: LedgerStore, complete: Complete) -> None:
+        self.member = member
+        self.store = store
+        self.complete = complete
+        self.match: dict[str, int] = {}  # per follower, for the current term only
+        self.leader_index = -1  # what the leader itself counts (end, or durable in sync mode)
+        # a waiting append is in _items; _by_index orders release, _by_deadline expiry
+        self._items: dict[int, tuple[Any, AppendResult]] = {}
+        self._by_index: list[tuple[int, int]] = []
+        self._by_deadline: deque[tuple[int, int]] = deque()  # deadlines grow: a FIFO suffices
+        self._seq = itertools.count()
+
+    @property
+    def pending(self) -> int:
+        return len(self._items)
+
+    def reset(self) -> None:
+        """A new term: watermarks of the old term mean nothing for this one."""
+        self.match = {p: -1 for p in self.member.others}
+        self.leader_index = -1
+
+    def add(self, token: Any, result: AppendResult, deadline_ms: int) -> None:
+        seq = next(self._seq)
+        self._items[seq] = (token, result)
+        heapq.heappush(self._by_index, (result.last_index, seq))
+        self._by_deadline.append((deadline_ms, seq))
+
+    def ack(self, peer: str, index: int) -> bool:
+        if index > self.match.get(peer, -1):
+            self.match[peer] = index
+            return self.advance()
+        return False
+
+    def ack_self(self, index: int) -> bool:
+        if index > self.leader_index:
+            self.leader_index = index
+            return self.advance()
+        return False
+
+    def advance(self) -> bool:
+        """Move the commit index to the quorum watermark; complete covered appends."""
+        marks = sorted([self.leader_index, *self.match.values()], reverse=True)
+        candidate = marks[self.member.quorum - 1]
+        store = self.store
+        if candidate <= store.committed_index or candidate > store.end_index:
+            return False
+        if store.term_at(candidate) != self.member.term:
+            return False
+        store.set_committed(candidate)
+        self._release(candidate)
+        return True
+
+    def _release(self, committed: int) -> None:
+        while self._by_index and self._by_index[0][0] <= committed:
+            _, seq = heapq.heappop(self._by_index)
+            item = self._items.pop(seq, None)
+            if item is not None:
+                self.complete(item[0], ResponseCode.SUCCESS, item[1], "")
+
+    def expire(self, now_ms: int) -> None:
+        """Fail appends that waited longer than max_wait_ack_ms (their entries may still commit)."""
+        while self._by_deadline and self._by_deadline[0][0] <= now_ms:
+            _, seq = self._by_deadline.popleft()
+            item = self._items.pop(seq, None)
+            if item is not None:
+                self.complete(item[0], ResponseCode.WAIT_QUORUM_ACK_TIMEOUT, item[1], "no quorum ack in time")
+
+    def fail_all(self, code: ResponseCode, message: str) -> None:
+        items, self._items = self._items, {}
+        self._by_index.clear()
+        self._by_deadline.clear()
+        for token, res in items.values():
+            self.complete(token, code, res, message)
