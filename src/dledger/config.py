@@ -74,7 +74,7 @@ class DLedgerConfig:
     flush_interval_ms: int = 10
     data_file_size: int = 1 * GiB
     index_file_size: int = 32 * 5_242_880
-    max_body_bytes: int = 4 * MiB
+    max_body_bytes: int = 0  # 0: min(4 MiB, data_file_size - 56)
     checkpoint_interval_ms: int = 1000
     heart_beat_time_interval_ms: int = 250
     max_heart_beat_leak: int = 4
@@ -96,6 +96,8 @@ class DLedgerConfig:
     metrics_port: int = 0  # 0: no metrics endpoint
 
     def __post_init__(self) -> None:
+        if self.max_body_bytes == 0:
+            self.max_body_bytes = min(4 * MiB, self.data_file_size - 56)
         self.validate()
 
     @property

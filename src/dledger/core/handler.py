@@ -45,7 +45,7 @@ class EntryHandler:
 
     # --- entry point -------------------------------------------------------------------
 
-    def handle_push(self, req: PushRequest, data: memoryview | bytes, token: Any) -> None:
+    def handle_push(self, req: PushRequest, data: memoryview | bytes | bytearray, token: Any) -> None:
         node = self.node
         err = node.elector.accept_leader(req.term, req.leader_id)
         if err is not None:
@@ -106,7 +106,7 @@ class EntryHandler:
 
     # --- APPEND ----------------------------------------------------------------------------------
 
-    def _append(self, req: PushRequest, data: memoryview | bytes, token: Any) -> None:
+    def _append(self, req: PushRequest, data: memoryview | bytes | bytearray, token: Any) -> None:
         store = self.node.store
         first, last = req.first_index, req.first_index + req.count - 1
         if req.count <= 0 or not data:
@@ -128,7 +128,7 @@ class EntryHandler:
         else:
             self.pending[first] = (req, bytes(data), token, self.node.now)
 
-    def _write(self, req: PushRequest, data: memoryview | bytes, token: Any) -> None:
+    def _write(self, req: PushRequest, data: memoryview | bytes | bytearray, token: Any) -> None:
         store = self.node.store
         try:
             end = store.append_as_follower(data)
@@ -145,7 +145,7 @@ class EntryHandler:
         else:
             self._answer(token, ResponseCode.SUCCESS, req)
 
-    def _fall_behind(self, req: PushRequest, data: memoryview | bytes, token: Any) -> None:
+    def _fall_behind(self, req: PushRequest, data: memoryview | bytes | bytearray, token: Any) -> None:
         """A retried push we already hold: succeed only if our copy is the same."""
         if self._skip_known(req, data) == len(data):
             self.matched_index = max(self.matched_index, req.first_index + req.count - 1)
@@ -153,7 +153,7 @@ class EntryHandler:
         else:
             self._answer(token, ResponseCode.INCONSISTENT_STATE, req)
 
-    def _skip_known(self, req: PushRequest, data: memoryview | bytes) -> int | None:
+    def _skip_known(self, req: PushRequest, data: memoryview | bytes | bytearray) -> int | None:
         """Byte length of the pushed records we already hold identically (by chain CRC);
         None if one of them differs."""
         store = self.node.store

@@ -85,7 +85,7 @@ class Node:
 
     # --- inputs ---------------------------------------------------------------
 
-    def handle(self, code: int, msg: Msg, data: memoryview | bytes, token: Any, now_ms: int) -> None:
+    def handle(self, code: int, msg: Msg, data: memoryview | bytes | bytearray, token: Any, now_ms: int) -> None:
         """A request from a peer or a client; its reply is emitted now or later."""
         self.now = now_ms
         err = self._check_addressing(msg)
@@ -182,7 +182,7 @@ class Node:
 
     # --- request dispatch -----------------------------------------------------
 
-    def _dispatch(self, code: int, msg: Msg, data: memoryview | bytes, token: Any) -> None:
+    def _dispatch(self, code: int, msg: Msg, data: memoryview | bytes | bytearray, token: Any) -> None:
         if code == RequestCode.PUSH:
             assert isinstance(msg, PushRequest)
             self.handler.handle_push(msg, data, token)

@@ -1,0 +1,5 @@
+"""`python -m dledger` is the `dledger` command."""
+
+from dledger.cli import main
+
+main()

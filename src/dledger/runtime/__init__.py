@@ -1,0 +1,1 @@
+"""asyncio runtime: transport, server and client around the pure Raft core."""

@@ -1,0 +1,305 @@
+"""AsyncDLedgerClient and DLedgerClient (SPEC §6).
+
+The client finds the leader (asking members in turn), follows NOT_LEADER
+redirects, and retries only when the request certainly did not take effect:
+the member said NOT_LEADER / LEADER_TRANSFERRING / LEADER_PENDING_FULL /
+LEADER_NOT_READY, or the connection could not be made. A timeout or a lost
+connection after sending leaves the outcome unknown and is raised
+(TIMEOUT / NETWORK_ERROR / TERM_CHANGED / WAIT_QUORUM_ACK_TIMEOUT): an append
+retried then could be stored twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Coroutine, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import msgspec
+
+from dledger.codes import DLedgerError, RequestCode, ResponseCode
+from dledger.config import parse_peers
+from dledger.core.messages import (
+    FAULT,
+    READ,
+    AppendRequest,
+    AppendResponse,
+    EntriesResponse,
+    FaultRequest,
+    GetRequest,
+    LeadershipTransferRequest,
+    MetadataRequest,
+    MetadataResponse,
+    ReadRequest,
+    decode_response,
+    encode,
+)
+from dledger.runtime.transport import Message, TransportClient
+
+T = TypeVar("T")
+
+_RETRYABLE = {
+    ResponseCode.NOT_LEADER,
+    ResponseCode.LEADER_TRANSFERRING,
+    ResponseCode.LEADER_PENDING_FULL,
+    ResponseCode.LEADER_NOT_READY,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class AppendResult:
+    index: int
+    term: int
+    pos: int
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    index: int
+    term: int
+    pos: int
+    body: bytes
+    magic: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class Metadata:
+    leader_id: str | None
+    term: int
+    members: list[str]
+    ledger_end_index: int
+    committed_index: int
+    role: str
+    self_id: str
+    ledger_begin_index: int = 0
+
+
+class AsyncDLedgerClient:
+    def __init__(self, peers: str, group: str = "default", timeout: float = 5.0,
+                 request_timeout: float = 3.0) -> None:
+        self.peers = parse_peers(peers)
+        self.group = group
+        self.timeout = timeout
+        self.request_timeout = request_timeout
+        self.leader_id: str | None = None
+        self._client: TransportClient | None = None
+
+    def _transport(self) -> TransportClient:
+        if self._client is None:
+            self._client = TransportClient()
+        return self._client
+
+    async def close(self) -> None:
+        if self._client is not None:
+            await self._client.close()
+            self._client = None
+
+    async def __aenter__(self) -> AsyncDLedgerClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # --- API -------------------------------------------------------------------------------
+
+    async def append(self, body: bytes) -> AppendResult:
+        return (await self.append_batch([body]))[0]
+
+    async def append_batch(self, bodies: Sequence[bytes]) -> list[AppendResult]:
+        """One request, one result per body in order; all or none are appended."""
+        bodies = [bytes(b) for b in bodies]
+        if not bodies:
+            raise DLedgerError(ResponseCode.REQUEST_WITH_EMPTY_BODYS, "append_batch needs at least one body")
+        req = AppendRequest(self.group, "", "", bodies)
+        resp = await self._call(RequestCode.APPEND, req, to_leader=True)
+        assert isinstance(resp, AppendResponse)
+        return [AppendResult(resp.index + k, resp.term, p) for k, p in enumerate(resp.positions)]
+
+    async def get(self, index: int) -> Entry:
+        resp = await self._call(RequestCode.GET, GetRequest(self.group, "", "", index), to_leader=True)
+        assert isinstance(resp, EntriesResponse)
+        if not resp.entries:
+            raise DLedgerError(ResponseCode.INDEX_OUT_OF_RANGE, f"no committed entry at {index}")
+        e = resp.entries[0]
+        return Entry(e.index, e.term, e.pos, e.body, e.magic)
+
+    async def read(self, from_index: int = 0, max_entries: int = 1000, only_normal: bool = True,
+                   member: str | None = None) -> list[Entry]:
+        """Committed entries from `from_index` (NOOP and config entries skipped by default).
+
+        By default the leader answers; `member` reads that member's own committed copy.
+        """
+        out: list[Entry] = []
+        index = from_index
+        while len(out) < max_entries:
+            req = ReadRequest(self.group, "", "", index, max_entries - len(out), 4 << 20, only_normal)
+            try:
+                if member is None:
+                    resp = await self._call(READ, req, to_leader=True)
+                else:
+                    resp = await self._call_member(member, READ, req)
+            except DLedgerError as e:
+                if e.code == ResponseCode.INDEX_OUT_OF_RANGE and (out or index > from_index):
+                    break
+                if e.code == ResponseCode.INDEX_OUT_OF_RANGE:
+                    return out
+                raise
+            assert isinstance(resp, EntriesResponse)
+            out.extend(Entry(e.index, e.term, e.pos, e.body, e.magic) for e in resp.entries)
+            if resp.next_index <= index or resp.next_index > resp.committed_index:
+                break
+            index = resp.next_index
+        return out
+
+    async def metadata(self, member: str | None = None) -> Metadata:
+        """The leader's view, or `member`'s own when named."""
+        req = MetadataRequest(self.group, "", member or "")
+        if member is not None:
+            resp = await self._call_member(member, RequestCode.METADATA, req)
+        else:
+            resp = await self._call(RequestCode.METADATA, req, to_leader=True)
+        assert isinstance(resp, MetadataResponse)
+        return Metadata(resp.leader_id or None, resp.term, list(parse_peers(resp.peers)), resp.ledger_end_index,
+                        resp.committed_index, resp.role, resp.self_id, resp.ledger_begin_index)
+
+    async def transfer_leadership(self, target: str) -> None:
+        if target not in self.peers:
+            raise DLedgerError(ResponseCode.UNKNOWN_MEMBER, f"{target} is not in peers")
+        req = LeadershipTransferRequest(self.group, "", "", -1, "", target)
+        await self._call(RequestCode.LEADERSHIP_TRANSFER, req, to_leader=True, timeout=self.timeout + 5)
+
+    async def inject_faults(self, member: str, blocked: list[str]) -> None:
+        """Test hook: make `member` drop all traffic to and from `blocked` member ids
+        (an empty list heals). A partition needs this on both sides."""
+        req = FaultRequest(self.group, "", member, list(blocked))
+        await self._call_member(member, FAULT, req)
+
+    # --- plumbing --------------------------------------------------------------------------
+
+    async def _call(self, code: int, req: msgspec.Struct, to_leader: bool,
+                    timeout: float | None = None) -> msgspec.Struct:
+        deadline = time.monotonic() + (timeout or self.timeout)
+        order = list(self.peers)
+        tried = 0
+        last: DLedgerError | None = None
+        delay = 0.05
+        while time.monotonic() < deadline:
+            target = self.leader_id if (to_leader and self.leader_id) else order[tried % len(order)]
+            tried += 1
+            try:
+                return await self._call_member(target, code, req)
+            except DLedgerError as e:
+                last = e
+                hint = getattr(e, "leader_hint", None)
+                if hint not in self.peers:
+                    hint = None
+                if e.code == ResponseCode.NOT_LEADER:
+                    self.leader_id = hint if hint and hint != target else None
+                    if self.leader_id:
+                        continue
+                elif e.code == ResponseCode.NETWORK_ERROR and _never_sent(e):
+                    self.leader_id = None
+                elif e.code not in _RETRYABLE:
+                    raise
+                else:
+                    self.leader_id = hint or self.leader_id
+            if tried % len(order) == 0 or not self.leader_id:
+                await asyncio.sleep(min(delay, max(0.0, deadline - time.monotonic())))
+                delay = min(delay * 2, 0.5)
+        raise last or DLedgerError(ResponseCode.TIMEOUT, "no member answered in time")
+
+    async def _call_member(self, member: str, code: int, req: msgspec.Struct) -> msgspec.Struct:
+        peer = self.peers[member]
+        if hasattr(req, "remote_id"):
+            req = msgspec.structs.replace(req, remote_id=member)
+        raw = await self._transport().request(peer.address, Message(code, encode(req)), self.request_timeout)
+        try:
+            resp = decode_response(code, raw.meta)
+        except msgspec.DecodeError:
+            resp = None
+        if raw.code != ResponseCode.SUCCESS or resp is None or getattr(resp, "code", 200) != 200:
+            err_code = raw.code if raw.code != ResponseCode.SUCCESS else getattr(resp, "code", ResponseCode.UNKNOWN)
+            text = getattr(resp, "message", "") or _error_text(raw.meta)
+            err = DLedgerError(ResponseCode(err_code) if err_code in ResponseCode._value2member_map_
+                               else ResponseCode.UNKNOWN, f"{member}: {text or ResponseCode(err_code).name}")
+            err.leader_hint = getattr(resp, "leader_id", "") or None  # type: ignore[attr-defined]
+            raise err
+        if isinstance(resp, (AppendResponse, EntriesResponse)) and resp.leader_id in self.peers:
+            self.leader_id = resp.leader_id
+        return resp
+
+
+def _error_text(meta: bytes) -> str:
+    try:
+        obj = msgspec.msgpack.decode(meta)
+    except msgspec.DecodeError:
+        return ""
+    if isinstance(obj, dict):
+        return str(obj.get("error", ""))
+    if isinstance(obj, list) and obj and isinstance(obj[-1], str):
+        return obj[-1]
+    return ""
+
+
+def _never_sent(e: DLedgerError) -> bool:
+    """The transport could not connect (or is backing off): the request never left."""
+    text = e.message.lower()
+    return any(w in text for w in ("connect", "backoff", "refused", "backing off", "unreachable"))
+
+
+class DLedgerClient:
+    """Blocking client: runs an AsyncDLedgerClient on a private event-loop thread,
+    so it also works where a loop is already running (notebooks, Spark tasks)."""
+
+    def __init__(self, peers: str, group: str = "default", timeout: float = 5.0) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="dledger-client", daemon=True)
+        self._thread.start()
+        self._async = AsyncDLedgerClient(peers, group, timeout)
+
+    def _run(self, coro: Coroutine[Any, Any, T]) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    def append(self, body: bytes) -> AppendResult:
+        return self._run(self._async.append(body))
+
+    def append_batch(self, bodies: Sequence[bytes]) -> list[AppendResult]:
+        return self._run(self._async.append_batch(bodies))
+
+    def get(self, index: int) -> Entry:
+        return self._run(self._async.get(index))
+
+    def read(self, from_index: int = 0, max_entries: int = 1000, member: str | None = None) -> list[Entry]:
+        return self._run(self._async.read(from_index, max_entries, member=member))
+
+    def metadata(self, member: str | None = None) -> Metadata:
+        return self._run(self._async.metadata(member))
+
+    def transfer_leadership(self, target: str) -> None:
+        self._run(self._async.transfer_leadership(target))
+
+    def inject_faults(self, member: str, blocked: list[str]) -> None:
+        self._run(self._async.inject_faults(member, blocked))
+
+    @property
+    def leader_id(self) -> str | None:
+        return self._async.leader_id
+
+    def close(self) -> None:
+        if self._loop.is_closed():
+            return
+        self._run(self._async.close())
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=5)
+        self._loop.close()
+
+    def __enter__(self) -> DLedgerClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+

@@ -1,0 +1,778 @@
+"""Framed request/response transport over TCP (SPEC §3), built on asyncio protocols.
+
+Protocols rather than streams because every member talks to every other member all the
+time: the socket reads straight into our buffer (``BufferedProtocol``), frames are cut out
+of it by offset, and frames go out as ``writelines([header, meta, data, ...])`` so a large
+``data`` buffer is never joined by us (uvloop sends the parts as they are; the stock 3.11
+loop joins them once inside ``writelines``). Frames sent in the same loop iteration share
+one ``writelines`` call, which saves a syscall per frame under load. Above a high-water
+mark of unsent bytes, senders wait in FIFO order until the transport drains.
+
+Frame format, all integers big-endian::
+
+    offset  size       field
+    0       4          L: length of everything after this field (unsigned)
+    4       1          kind: 0 = request, 1 = response
+    5       8          request id (unsigned); a response carries its request's id
+    13      4          code (signed): RequestCode of a request, ResponseCode of a response
+    17      4          M: meta length (unsigned)
+    21      M          meta: opaque bytes (the upper layer puts msgspec-msgpack here)
+    21+M    L-17-M     data: opaque bytes (e.g. log records pushed verbatim)
+
+A frame is malformed when L > max_frame_bytes, L < 17, M > L - 17, or its kind is unknown
+or arrives on the wrong side (a response sent to a server, a request sent to a client).
+The receiver logs a warning and closes that connection only; its pending requests fail
+with NETWORK_ERROR. Nothing received is unpickled or evaluated: meta and data are handed
+up as bytes (data of a frame too big for the receive buffer arrives as a read-only
+memoryview of its own buffer, to avoid copying it).
+
+Requests are multiplexed on one connection per remote address by request id; the server
+runs each request as its own task, so responses may come back in any order. Errors the
+server reports are ordinary responses (code != SUCCESS, meta ``{"error": text}``); only
+transport failures (NETWORK_ERROR, TIMEOUT) raise on the client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import functools
+import itertools
+import logging
+import socket
+import struct
+import time
+from collections.abc import Awaitable, Callable, Coroutine, Iterable
+from typing import Any, Final, NamedTuple, TypeAlias, cast
+
+import msgspec
+
+from dledger.codes import DLedgerError, ResponseCode
+
+__all__ = [
+    "DEFAULT_MAX_FRAME_BYTES",
+    "HEADER_SIZE",
+    "KIND_REQUEST",
+    "KIND_RESPONSE",
+    "FaultInjector",
+    "FrameDecoder",
+    "FrameError",
+    "Message",
+    "TransportClient",
+    "TransportServer",
+    "encode_error",
+    "encode_frame",
+    "install_uvloop",
+]
+
+log = logging.getLogger(__name__)
+
+Buffer: TypeAlias = bytes | bytearray | memoryview
+
+KIND_REQUEST: Final = 0
+KIND_RESPONSE: Final = 1
+DEFAULT_MAX_FRAME_BYTES: Final = 64 * 1024 * 1024
+
+_LENGTH = struct.Struct(">I")
+_FIXED = struct.Struct(">BQiI")  # kind, request id, code, meta length: what L always covers
+_HEADER = struct.Struct(">IBQiI")
+_FIXED_SIZE: Final = _FIXED.size  # 17
+HEADER_SIZE: Final = _HEADER.size  # 21
+_INT32_MIN: Final = -(2**31)
+_INT32_MAX: Final = 2**31 - 1
+
+# Receive buffer for ordinary frames; a bigger frame gets a buffer of its own.
+_RECV_CHUNK: Final = 256 * 1024
+# Above this many unsent bytes a sender waits; heartbeats must not queue behind megabytes.
+_WRITE_HIGH_WATER: Final = 1024 * 1024
+_WRITE_LOW_WATER: Final = 256 * 1024
+
+_error_encoder = msgspec.msgpack.Encoder()
+
+
+class Message(NamedTuple):
+    """A request or a response: the code plus two opaque payloads."""
+
+    code: int
+    meta: bytes = b""
+    data: Buffer = b""
+
+
+class FrameError(Exception):
+    """The peer sent something that is not a valid frame; its connection must go."""
+
+
+def encode_error(text: str) -> bytes:
+    """Meta of an error response, so callers can show the server's reason."""
+    return _error_encoder.encode({"error": text})
+
+
+def _nbytes(b: Buffer) -> int:
+    return b.nbytes if isinstance(b, memoryview) else len(b)
+
+
+def _frame_problem(code: int, meta: Buffer, data: Buffer, max_frame_bytes: int) -> str | None:
+    """Why a frame cannot be sent, checked before it is sent rather than refused by the peer."""
+    if not _INT32_MIN <= code <= _INT32_MAX:
+        return f"code {code} does not fit in 32 bits"
+    length = _FIXED_SIZE + _nbytes(meta) + _nbytes(data)
+    if length > max_frame_bytes:
+        return f"frame of {length} bytes exceeds max_frame_bytes {max_frame_bytes}"
+    return None
+
+
+def encode_frame(kind: int, request_id: int, code: int, meta: Buffer, data: Buffer) -> list[Buffer]:
+    """Header plus the payloads as separate parts, so big payloads are written without a join."""
+    mlen = _nbytes(meta)
+    header = _HEADER.pack(_FIXED_SIZE + mlen + _nbytes(data), kind, request_id, code, mlen)
+    parts: list[Buffer] = [header]
+    if mlen:
+        parts.append(meta)
+    if _nbytes(data):
+        parts.append(data)
+    return parts
+
+
+FrameCallback: TypeAlias = Callable[[int, int, int, bytes, Buffer], None]
+
+
+class FrameDecoder:
+    """Incremental frame parser with the ``BufferedProtocol`` calling convention.
+
+    Kept free of sockets so it can be fed arbitrary splits in tests. Ordinary frames are
+    parsed in place in a fixed receive buffer (consumed by offset, compacted only when the
+    tail runs short, so each byte moves at most once); a frame larger than that buffer gets
+    a dedicated buffer the socket fills directly and its data is handed up without a copy.
+    """
+
+    def __init__(
+        self,
+        on_frame: FrameCallback,
+        max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+        chunk_size: int = _RECV_CHUNK,
+    ) -> None:
+        if chunk_size < HEADER_SIZE:
+            raise ValueError(f"chunk_size must be at least {HEADER_SIZE}")
+        if max_frame_bytes < _FIXED_SIZE:
+            raise ValueError(f"max_frame_bytes must be at least {_FIXED_SIZE}")
+        self._on_frame = on_frame
+        self._max = max_frame_bytes
+        self._buf = bytearray(chunk_size)  # never resized: views of it may be alive
+        self._view = memoryview(self._buf)
+        self._start = 0
+        self._end = 0
+        self._min_read = max(HEADER_SIZE, chunk_size // 16)
+        self._big: bytearray | None = None
+        self._big_filled = 0
+
+    def get_buffer(self) -> memoryview:
+        """Where the next bytes from the socket go; never empty."""
+        big = self._big
+        if big is not None:
+            return memoryview(big)[self._big_filled :]
+        if self._start == self._end:
+            self._start = self._end = 0
+        elif self._start and len(self._buf) - self._end < self._min_read:
+            self._compact()
+        return self._view[self._end :]
+
+    def buffer_updated(self, nbytes: int) -> None:
+        """Account for bytes written into the last buffer; emits every completed frame."""
+        if self._big is not None:
+            self._big_filled += nbytes
+            if self._big_filled == len(self._big):
+                big, self._big = self._big, None
+                self._emit_big(big)
+            return
+        self._end += nbytes
+        self._parse()
+
+    def feed(self, data: Buffer) -> None:
+        """Push bytes through the buffered interface (for callers that already hold bytes)."""
+        src = memoryview(data).cast("B")
+        pos = 0
+        while pos < len(src):
+            dst = self.get_buffer()
+            n = min(len(dst), len(src) - pos)
+            dst[:n] = src[pos : pos + n]
+            pos += n
+            self.buffer_updated(n)
+
+    def _compact(self) -> None:
+        n = self._end - self._start
+        # Slicing the bytearray copies first, so overlapping ranges are safe; same size, no resize.
+        self._buf[:n] = self._buf[self._start : self._end]
+        self._start, self._end = 0, n
+
+    def _parse(self) -> None:
+        buf, view, end = self._buf, self._view, self._end
+        start = self._start
+        while end - start >= 4:
+            (length,) = _LENGTH.unpack_from(buf, start)
+            if length > self._max:
+                raise FrameError(f"frame length {length} exceeds max_frame_bytes {self._max}")
+            if length < _FIXED_SIZE:
+                raise FrameError(f"frame length {length} is shorter than the {_FIXED_SIZE}-byte header")
+            if end - start < HEADER_SIZE:
+                break
+            kind, request_id, code, mlen = _FIXED.unpack_from(buf, start + 4)
+            if kind != KIND_REQUEST and kind != KIND_RESPONSE:
+                raise FrameError(f"unknown frame kind {kind}")
+            if mlen > length - _FIXED_SIZE:
+                raise FrameError(f"meta length {mlen} exceeds frame length {length}")
+            total = 4 + length
+            if end - start < total:
+                if total > len(buf):
+                    self._start_big(start, length)
+                    return
+                if start + total > len(buf):
+                    self._start = start
+                    self._compact()
+                    return
+                break
+            meta_at = start + HEADER_SIZE
+            data_at = meta_at + mlen
+            meta = bytes(view[meta_at:data_at])
+            data = bytes(view[data_at : start + total])
+            start += total
+            self._start = start  # consistent state before the callback runs
+            self._on_frame(kind, request_id, code, meta, data)
+        self._start = start
+
+    def _start_big(self, start: int, length: int) -> None:
+        big = bytearray(length)
+        have = self._end - start - 4
+        big[:have] = self._view[start + 4 : self._end]
+        self._big, self._big_filled = big, have
+        self._start = self._end = 0
+
+    def _emit_big(self, big: bytearray) -> None:
+        kind, request_id, code, mlen = _FIXED.unpack_from(big, 0)
+        view = memoryview(big).toreadonly()
+        meta = bytes(view[_FIXED_SIZE : _FIXED_SIZE + mlen])
+        self._on_frame(kind, request_id, code, meta, view[_FIXED_SIZE + mlen :])
+
+
+def _peer_name(transport: asyncio.BaseTransport) -> str:
+    peer = transport.get_extra_info("peername")
+    if isinstance(peer, tuple) and len(peer) >= 2:
+        host, port = peer[0], peer[1]
+        return f"[{host}]:{port}" if ":" in str(host) else f"{host}:{port}"
+    return str(peer)
+
+
+class _FrameProtocol(asyncio.BufferedProtocol):
+    """What both ends share: decoding, flow-controlled sending, teardown."""
+
+    def __init__(self, max_frame_bytes: int) -> None:
+        self._decoder = FrameDecoder(self._on_frame, max_frame_bytes)
+        self._transport: asyncio.Transport | None = None
+        self._paused = False
+        # Senders queued while the peer is slow; woken one at a time so frames keep their order.
+        self._writers: collections.deque[asyncio.Future[None]] = collections.deque()
+        self._close_reason: str | None = None
+        self._closed: asyncio.Future[None] | None = None
+        self.peer = "?"
+        self._out: list[Buffer] = []
+        self._out_bytes = 0
+        self._flush_scheduled = False
+
+    # -- asyncio callbacks --------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = cast(asyncio.Transport, transport)
+        self._closed = asyncio.get_running_loop().create_future()
+        self.peer = _peer_name(transport)
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            with contextlib.suppress(OSError, AttributeError):  # not a TCP socket
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._transport.set_write_buffer_limits(high=_WRITE_HIGH_WATER, low=_WRITE_LOW_WATER)
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self._decoder.get_buffer()
+
+    def buffer_updated(self, nbytes: int) -> None:
+        if self._close_reason is not None:
+            return
+        try:
+            self._decoder.buffer_updated(nbytes)
+        except FrameError as e:
+            log.warning("closing connection with %s: malformed frame: %s", self.peer, e)
+            self.abort(f"malformed frame from {self.peer}: {e}")
+
+    def eof_received(self) -> bool | None:
+        return None  # let the transport close; connection_lost cleans up
+
+    def pause_writing(self) -> None:
+        self._paused = True
+
+    def resume_writing(self) -> None:
+        self._paused = False
+        self._wake_next_writer()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._close_reason is None:
+            self._close_reason = f"connection with {self.peer} lost: {exc or 'closed by peer'}"
+        self._out, self._out_bytes = [], 0
+        waiters, self._writers = list(self._writers), collections.deque()
+        for fut in waiters:
+            if not fut.done():
+                fut.set_exception(DLedgerError(ResponseCode.NETWORK_ERROR, self._close_reason))
+        self._lost(self._close_reason)
+        if self._closed is not None and not self._closed.done():
+            self._closed.set_result(None)
+
+    # -- for subclasses ------------------------------------------------------------------
+
+    def _on_frame(self, kind: int, request_id: int, code: int, meta: bytes, data: Buffer) -> None:
+        raise NotImplementedError
+
+    def _lost(self, reason: str) -> None:
+        """Hook: the connection is gone for good."""
+
+    # -- sending -------------------------------------------------------------------------
+
+    @property
+    def usable(self) -> bool:
+        return self._close_reason is None and self._transport is not None and not self._transport.is_closing()
+
+    def abort(self, reason: str) -> None:
+        """Drop the connection now; unsent data is discarded, as in a real partition."""
+        if self._close_reason is None:
+            self._close_reason = reason
+        if self._transport is not None:
+            self._transport.abort()
+
+    async def wait_closed(self) -> None:
+        if self._closed is not None:
+            await asyncio.shield(self._closed)
+
+    async def send_frame(self, kind: int, request_id: int, code: int, meta: Buffer, data: Buffer) -> None:
+        """Write one frame, first waiting while the peer is not keeping up."""
+        contended = False
+        if self._paused or self._writers:
+            await self._wait_turn()
+            contended = True
+        if not self.usable:
+            self._wake_next_writer()
+            raise DLedgerError(ResponseCode.NETWORK_ERROR, self._close_reason or f"connection with {self.peer} closed")
+        parts = encode_frame(kind, request_id, code, meta, data)
+        self._out.extend(parts)
+        self._out_bytes += HEADER_SIZE + _nbytes(meta) + _nbytes(data)
+        # Frames sent in one loop iteration go out in one write (one syscall under load);
+        # a sender that had to wait flushes at once so the pause state stays exact.
+        if contended or self._out_bytes >= _WRITE_HIGH_WATER:
+            self._flush()
+        elif not self._flush_scheduled:
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush)
+        self._wake_next_writer()
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        if not self._out:
+            return
+        out, self._out = self._out, []
+        self._out_bytes = 0
+        if self._transport is not None and not self._transport.is_closing():
+            self._transport.writelines(out)
+
+    async def _wait_turn(self) -> None:
+        fut = asyncio.get_running_loop().create_future()
+        self._writers.append(fut)
+        try:
+            await fut
+        except BaseException:
+            with contextlib.suppress(ValueError):
+                self._writers.remove(fut)
+            self._wake_next_writer()  # pass on a turn we may have been handed
+            raise
+        self._writers.remove(fut)  # it is at the head: only the head is ever woken
+
+    def _wake_next_writer(self) -> None:
+        if not self._paused and self._writers:
+            head = self._writers[0]
+            if not head.done():
+                head.set_result(None)
+
+
+# ---------------------------------------------------------------------------------------
+# Server
+
+
+Handler: TypeAlias = Callable[[Message], Awaitable[Message]]
+
+
+class _ServerConnection(_FrameProtocol):
+    def __init__(self, server: TransportServer) -> None:
+        super().__init__(server.max_frame_bytes)
+        self._server = server
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        if self._server.closing:
+            self.abort("server closing")
+            return
+        self._server._connections.add(self)
+
+    def _on_frame(self, kind: int, request_id: int, code: int, meta: bytes, data: Buffer) -> None:
+        if kind != KIND_REQUEST:
+            raise FrameError(f"frame of kind {kind} sent to a server")
+        self._server._spawn(self._serve(request_id, Message(code, meta, data)))
+
+    def _lost(self, reason: str) -> None:
+        self._server._connections.discard(self)
+
+    async def _serve(self, request_id: int, request: Message) -> None:
+        try:
+            response = await self._server.handler(request)
+            problem = _frame_problem(response.code, response.meta, response.data, self._server.max_frame_bytes)
+            if problem is not None:
+                log.error("response to request %d (code %d) not sendable: %s", request_id, request.code, problem)
+                response = Message(ResponseCode.INTERNAL_ERROR, encode_error(problem))
+        except DLedgerError as e:
+            response = Message(int(e.code), encode_error(e.message))
+        except Exception as e:
+            log.exception("handler failed on request code %d from %s", request.code, self.peer)
+            response = Message(ResponseCode.INTERNAL_ERROR, encode_error(f"{type(e).__name__}: {e}"))
+        if not self.usable:
+            return  # the client is gone; it has already failed this request
+        with contextlib.suppress(DLedgerError):  # the connection dropped while we waited to send
+            await self.send_frame(KIND_RESPONSE, request_id, int(response.code), response.meta, response.data)
+
+
+class TransportServer:
+    """Accepts connections and answers each request with ``handler``, one task per request."""
+
+    def __init__(self, handler: Handler, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> None:
+        if max_frame_bytes < _FIXED_SIZE:
+            raise ValueError(f"max_frame_bytes must be at least {_FIXED_SIZE}")
+        self.handler = handler
+        self.max_frame_bytes = max_frame_bytes
+        self.closing = False
+        self._server: asyncio.Server | None = None
+        self._connections: set[_ServerConnection] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def start(self, host: str, port: int) -> None:
+        if self._server is not None:
+            raise RuntimeError("server already started")
+        self.closing = False
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(
+            lambda: _ServerConnection(self), host, port, reuse_address=True, backlog=1024
+        )
+
+    @property
+    def address(self) -> str:
+        """``host:port`` actually bound (so port 0 can be used)."""
+        if self._server is None or not self._server.sockets:
+            raise RuntimeError("server not started")
+        name = self._server.sockets[0].getsockname()
+        host, port = name[0], name[1]
+        return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+    @property
+    def connection_count(self) -> int:
+        return len(self._connections)
+
+    async def close(self) -> None:
+        """Stop listening, drop every connection and cancel in-flight handlers."""
+        self.closing = True
+        server, self._server = self._server, None
+        if server is not None:
+            server.close()
+        connections = list(self._connections)
+        for conn in connections:
+            conn.abort("server closing")
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+        for conn in connections:
+            await conn.wait_closed()
+        if server is not None:
+            await server.wait_closed()
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+
+# ---------------------------------------------------------------------------------------
+# Client
+
+
+class FaultInjector:
+    """Simulated partitions and slow links for tests that run members as separate processes.
+
+    Call it from the event loop thread of the clients that use it.
+    """
+
+    def __init__(self, blocked: Iterable[str] = (), delay_s: float = 0.0) -> None:
+        self.blocked: set[str] = set(_as_addresses(blocked))
+        self.delay_s = delay_s
+        self._listeners: list[Callable[[frozenset[str]], None]] = []
+
+    def block(self, addresses: Iterable[str] | str) -> None:
+        """Cut these addresses off; live connections to them are dropped at once."""
+        new = frozenset(_as_addresses(addresses))
+        self.blocked |= new
+        for listener in list(self._listeners):
+            listener(new)
+
+    def unblock_all(self) -> None:
+        self.blocked.clear()
+
+    def is_blocked(self, address: str) -> bool:
+        return address in self.blocked
+
+    def _subscribe(self, listener: Callable[[frozenset[str]], None]) -> None:
+        self._listeners.append(listener)
+
+    def _unsubscribe(self, listener: Callable[[frozenset[str]], None]) -> None:
+        with contextlib.suppress(ValueError):
+            self._listeners.remove(listener)
+
+
+def _as_addresses(addresses: Iterable[str] | str) -> list[str]:
+    return [addresses] if isinstance(addresses, str) else list(addresses)
+
+
+def _split_address(address: str) -> tuple[str, int]:
+    host, sep, port_text = address.rpartition(":")
+    host = host.strip("[]")
+    try:
+        port = int(port_text)
+    except ValueError:
+        port = -1
+    if not sep or not host or not 0 < port < 65536:
+        raise DLedgerError(ResponseCode.UNEXPECTED_ARGUMENT, f"bad address {address!r}, expected host:port")
+    return host, port
+
+
+class _ClientConnection(_FrameProtocol):
+    def __init__(self, address: str, max_frame_bytes: int, on_lost: Callable[[_ClientConnection], None]) -> None:
+        super().__init__(max_frame_bytes)
+        self.address = address
+        self.pending: dict[int, asyncio.Future[Message]] = {}
+        self._on_lost = on_lost
+
+    def _on_frame(self, kind: int, request_id: int, code: int, meta: bytes, data: Buffer) -> None:
+        if kind != KIND_RESPONSE:
+            raise FrameError(f"frame of kind {kind} sent to a client")
+        fut = self.pending.pop(request_id, None)
+        if fut is None or fut.done():
+            log.debug("dropping response %d from %s: request already gave up", request_id, self.address)
+            return
+        fut.set_result(Message(code, meta, data))
+
+    def _lost(self, reason: str) -> None:
+        pending, self.pending = self.pending, {}
+        for fut in pending.values():
+            if not fut.done():
+                fut.set_exception(DLedgerError(ResponseCode.NETWORK_ERROR, reason))
+        self._on_lost(self)
+
+
+class _Peer:
+    __slots__ = ("address", "backoff", "conn", "connecting", "host", "port", "retry_at")
+
+    def __init__(self, address: str, backoff: float) -> None:
+        self.address = address
+        self.host, self.port = _split_address(address)
+        self.conn: _ClientConnection | None = None
+        self.connecting: asyncio.Task[_ClientConnection] | None = None
+        self.backoff = backoff
+        self.retry_at = 0.0
+
+
+class TransportClient:
+    """One per process: a lazily opened, multiplexed connection per remote address.
+
+    After a failed connect, requests to that address fail fast with NETWORK_ERROR until
+    the backoff (doubling up to ``backoff_max_s``, reset by a successful connect) expires,
+    so a dead peer costs nothing but a dictionary lookup. ``clock`` drives only the
+    backoff, so tests can step it instead of sleeping.
+    """
+
+    def __init__(
+        self,
+        *,
+        max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+        faults: FaultInjector | None = None,
+        connect_timeout_s: float = 2.0,
+        backoff_initial_s: float = 0.05,
+        backoff_max_s: float = 2.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if max_frame_bytes < _FIXED_SIZE:
+            raise ValueError(f"max_frame_bytes must be at least {_FIXED_SIZE}")
+        self._max_frame_bytes = max_frame_bytes
+        self._faults = faults
+        self._connect_timeout = connect_timeout_s
+        self._backoff_initial = backoff_initial_s
+        self._backoff_max = backoff_max_s
+        self._clock = clock
+        self._peers: dict[str, _Peer] = {}
+        self._ids = itertools.count(1)
+        self._closed = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+        if faults is not None:
+            faults._subscribe(self._on_block)
+
+    async def request(self, address: str, msg: Message, timeout: float) -> Message:
+        """Send ``msg`` and wait for its response; raises only NETWORK_ERROR or TIMEOUT.
+
+        (UNEXPECTED_ARGUMENT for a bad address or a frame the local limit refuses.)
+        """
+        if self._closed:
+            raise DLedgerError(ResponseCode.NETWORK_ERROR, "transport client is closed")
+        self._loop = asyncio.get_running_loop()
+        self._check_blocked(address)
+        problem = _frame_problem(msg.code, msg.meta, msg.data, self._max_frame_bytes)
+        if problem is not None:
+            raise DLedgerError(ResponseCode.UNEXPECTED_ARGUMENT, problem)
+        try:
+            async with asyncio.timeout(timeout):
+                return await self._request(address, msg)
+        except TimeoutError:
+            raise DLedgerError(
+                ResponseCode.TIMEOUT, f"request {msg.code} to {address} got no response within {timeout}s"
+            ) from None
+
+    async def close(self) -> None:
+        """Fail everything in flight with NETWORK_ERROR and drop all connections."""
+        self._closed = True
+        if self._faults is not None:
+            self._faults._unsubscribe(self._on_block)
+        conns: list[_ClientConnection] = []
+        for peer in self._peers.values():
+            if peer.connecting is not None:
+                peer.connecting.cancel()
+            if peer.conn is not None:
+                conns.append(peer.conn)
+                peer.conn.abort("transport client closed")
+        for conn in conns:
+            await conn.wait_closed()
+        self._peers.clear()
+
+    # -- internals -----------------------------------------------------------------------
+
+    def _check_blocked(self, address: str) -> None:
+        if self._faults is not None and self._faults.is_blocked(address):
+            self._drop(address, f"{address} blocked by fault injection")
+            raise DLedgerError(ResponseCode.NETWORK_ERROR, f"{address} blocked by fault injection")
+
+    def _drop(self, address: str, reason: str) -> None:
+        peer = self._peers.get(address)
+        if peer is not None and peer.conn is not None:
+            conn, peer.conn = peer.conn, None
+            conn.abort(reason)
+
+    def _on_block(self, addresses: frozenset[str]) -> None:
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            return
+        try:
+            on_loop = asyncio.get_running_loop() is loop
+        except RuntimeError:
+            on_loop = False
+        for address in addresses:
+            if on_loop:
+                self._drop(address, f"{address} blocked by fault injection")
+            else:
+                loop.call_soon_threadsafe(self._drop, address, f"{address} blocked by fault injection")
+
+    async def _request(self, address: str, msg: Message) -> Message:
+        conn = await self._connection(address)
+        if self._faults is not None and self._faults.delay_s > 0:
+            await asyncio.sleep(self._faults.delay_s)
+            self._check_blocked(address)
+        request_id = next(self._ids)
+        fut: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
+        conn.pending[request_id] = fut
+        try:
+            await conn.send_frame(KIND_REQUEST, request_id, msg.code, msg.meta, msg.data)
+            return await fut
+        finally:
+            conn.pending.pop(request_id, None)
+            if fut.done() and not fut.cancelled():
+                fut.exception()  # failed while we were still sending: retrieved, not leaked
+
+    async def _connection(self, address: str) -> _ClientConnection:
+        peer = self._peers.get(address)
+        if peer is None:
+            peer = self._peers[address] = _Peer(address, self._backoff_initial)
+        conn = peer.conn
+        if conn is not None:
+            if conn.usable:
+                return conn
+            peer.conn = None
+        task = peer.connecting
+        if task is None:
+            if self._clock() < peer.retry_at:
+                raise DLedgerError(
+                    ResponseCode.NETWORK_ERROR, f"{address} unreachable, in backoff after a failed connect"
+                )
+            task = peer.connecting = asyncio.get_running_loop().create_task(self._connect(peer))
+            task.add_done_callback(functools.partial(self._connect_done, peer))
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if task.cancelled() and (current is None or not current.cancelling()):
+                raise DLedgerError(ResponseCode.NETWORK_ERROR, "transport client closed") from None
+            raise
+
+    async def _connect(self, peer: _Peer) -> _ClientConnection:
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout(self._connect_timeout):
+                _, conn = await loop.create_connection(
+                    lambda: _ClientConnection(peer.address, self._max_frame_bytes, self._connection_lost),
+                    peer.host,
+                    peer.port,
+                )
+        except (OSError, TimeoutError) as e:
+            first = peer.backoff <= self._backoff_initial
+            peer.retry_at = self._clock() + peer.backoff
+            peer.backoff = min(peer.backoff * 2, self._backoff_max)
+            (log.info if first else log.debug)("connect to %s failed: %r", peer.address, e)
+            raise DLedgerError(ResponseCode.NETWORK_ERROR, f"connect to {peer.address} failed: {e!r}") from None
+        peer.backoff = self._backoff_initial
+        peer.retry_at = 0.0
+        if self._closed:
+            conn.abort("transport client closed")
+            raise DLedgerError(ResponseCode.NETWORK_ERROR, "transport client closed")
+        if self._faults is not None and self._faults.is_blocked(peer.address):
+            conn.abort(f"{peer.address} blocked by fault injection")
+            raise DLedgerError(ResponseCode.NETWORK_ERROR, f"{peer.address} blocked by fault injection")
+        peer.conn = conn
+        return conn
+
+    @staticmethod
+    def _connect_done(peer: _Peer, task: asyncio.Task[_ClientConnection]) -> None:
+        if peer.connecting is task:
+            peer.connecting = None
+        if not task.cancelled():
+            task.exception()  # retrieved even when every requester already timed out
+
+    def _connection_lost(self, conn: _ClientConnection) -> None:
+        peer = self._peers.get(conn.address)
+        if peer is not None and peer.conn is conn:
+            peer.conn = None
+
+
+def install_uvloop() -> bool:
+    """Use uvloop when available: it roughly doubles small-message throughput."""
+    try:
+        import uvloop
+    except ImportError:
+        return False
+    asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+    return True
