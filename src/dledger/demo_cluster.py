@@ -134,10 +134,11 @@ def cluster_demo(base: Path, total: int = 20_000) -> bool:
         table.add_column("metric")
         table.add_column("value")
         table.add_row("acknowledged entries", str(len(work.acked)))
-        table.add_row("throughput", f"{len(work.acked) / elapsed:,.0f} entries/s ({WRITERS} writers, batches of {BATCH})")
+        rate = len(work.acked) / elapsed
+        table.add_row("throughput", f"{rate:,.0f} entries/s ({WRITERS} writers, batches of {BATCH})")
         table.add_row("failover (kill -> appends flow)", f"{failover_s:.2f} s" if failover_s else "n/a")
         table.add_row("longest append gap", f"{work.longest_gap:.2f} s")
-        table.add_row("client errors (retried)", ", ".join(f"{k}×{v}" for k, v in work.errors.items()) or "none")
+        table.add_row("client errors (retried)", ", ".join(f"{k} x{v}" for k, v in work.errors.items()) or "none")
         table.add_row("all acknowledged present on every member", "[green]yes[/green]" if ok else "[red]NO[/red]")
         console.print(table)
         return ok

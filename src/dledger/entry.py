@@ -188,6 +188,14 @@ def scan(
             reason = None
             if size != HEADER_SIZE + bsize or bsize < 0:
                 reason = f"bad size {size} (body {bsize})"
+            elif off + size > end:
+                # before the field checks: a follower scans up to the room left in a data
+                # file, and the record past it legitimately carries the next file's pos
+                if strict:
+                    reason = "record runs past the end of the buffer"
+                else:
+                    stop = "end"
+                    break
             elif idx != index:
                 reason = f"index {idx}, expected {index}"
             elif rpos != pos:
@@ -196,12 +204,6 @@ def scan(
                 reason = f"term {term} below previous term {term_floor}"
             elif channel != 0:
                 reason = f"bad channel {channel} (reserved, must be 0)"
-            elif off + size > end:
-                if strict:
-                    reason = "record runs past the end of the buffer"
-                else:
-                    stop = "end"
-                    break
             if reason is None:
                 if crc32(mv[off + HEADER_SIZE : off + size]) != bcrc:
                     reason = "body crc mismatch"

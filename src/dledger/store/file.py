@@ -156,12 +156,18 @@ class FileLedgerStore(LedgerStore):
         with self._lock:
             self._check_writable()
             self._first_record_index(data)
-            orig_end = self.end_index
+            orig_end, orig_pos = self.end_index, self.write_pos
             try:
                 self._append_records(memoryview(data))
             except BaseException:
                 if self.end_index > orig_end:
                     self._truncate_locked(orig_end + 1)
+                elif self.write_pos != orig_pos:
+                    # no record kept, but a blank closed the last file: undo it, or the
+                    # next push (whose first record may fit there) is refused for its pos
+                    with self._sync_lock:
+                        self._zero_data_from(orig_pos)
+                    self.write_pos = orig_pos
                 raise
         if self.sync_mode:
             self._flusher.request()

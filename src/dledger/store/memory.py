@@ -11,8 +11,9 @@ from array import array
 from collections.abc import Sequence
 
 from dledger.codes import ResponseCode
-from dledger.entry import HEADER_SIZE, MAGIC_NORMAL, encode_into, scan
+from dledger.entry import HEADER_SIZE, MAGIC_NORMAL, CorruptRecord, encode_into, scan
 from dledger.store.base import AppendResult, LedgerStore, RawRange, StoreError, TermVote
+from dledger.store.file import _push_error
 
 
 class MemoryLedgerStore(LedgerStore):
@@ -54,10 +55,15 @@ class MemoryLedgerStore(LedgerStore):
         with self._lock:
             first = self._first_record_index(data)
             units = bytearray()
-            res = scan(
-                data, 0, len(data), first, self.pos_of_next(), self.end_chain_crc,
-                self.end_term, units=units, strict=True,
-            )
+            try:
+                res = scan(
+                    data, 0, len(data), first, self.pos_of_next(), self.end_chain_crc,
+                    self.end_term, units=units, strict=True,
+                )
+            except CorruptRecord as e:
+                # a bad push is the sender's fault, not a local DISK_ERROR: same codes as
+                # the file store
+                raise _push_error("corrupt: " + e.reason, e.offset) from e
             if res.consumed != len(data):
                 raise StoreError(
                     ResponseCode.UNEXPECTED_ARGUMENT,

@@ -255,10 +255,12 @@ def rebuild_units(store: FileLedgerStore, index: int, pos: int, upto: int, verif
     while index <= upto:
         f = data.locate(pos)
         off = pos - f.start
-        h = HEADER.unpack_from(f.mm, off)
-        if h[0] == MAGIC_BLANK:
+        # a blank may sit in the last 8..47 bytes of a file: no whole header fits there
+        magic = int.from_bytes(f.mm[off : off + 4], "big", signed=True)
+        if magic == MAGIC_BLANK:
             pos = f.end
             continue
+        h = HEADER.unpack_from(f.mm, off) if off + HEADER.size <= f.size else (0, 0, -1, 0, -1)
         if h[0] not in ENTRY_MAGICS or h[2] != index or h[4] != pos or h[1] < 48:
             raise StoreError(
                 ResponseCode.DISK_ERROR,
