@@ -43,7 +43,9 @@ demo: venv
 bench-store: venv
 	$(BIN)/python -m dledger.bench.store_bench
 
+# Long runs: thousands of simulation seeds, then the slow suites.
 soak: venv
+	$(BIN)/python -m dledger.sim --seeds $${SIM_SEEDS:-5000} --start 100000
 	$(BIN)/python -m pytest -q -m "slow"
 
 clean:

@@ -238,6 +238,10 @@ class LeaderElector:
             return ResponseCode.EXPIRED_TERM
         if term > m.term:
             m.set_term(term)
+            if m.role == Role.LEADER:
+                # a leader of an older term: adopting the term ends its leadership (found
+                # by the simulator: keeping the role made two leaders in one term)
+                node.step_down(f"{leader_id} leads the newer term {term}")
         if m.role == Role.LEADER:
             return ResponseCode.INCONSISTENT_LEADER  # two leaders in one term cannot be
         if m.role == Role.CANDIDATE:

@@ -18,7 +18,7 @@ from dledger.codes import RequestCode, ResponseCode
 from dledger.config import DLedgerConfig
 from dledger.core.messages import AppendRequest, AppendResponse, Role, decode_request, decode_response, encode
 from dledger.core.node import Node, Reply, Send
-from dledger.store.memory import MemoryLedgerStore
+from dledger.sim.disk import SimDiskStore
 
 
 @dataclass
@@ -27,6 +27,8 @@ class NetConfig:
     max_delay_ms: int = 5
     loss: float = 0.0
     duplicate: float = 0.0
+    min_fsync_ms: int = 1
+    max_fsync_ms: int = 8
 
 
 @dataclass(order=True)
@@ -35,6 +37,10 @@ class _Event:
     seq: int
     kind: str = field(compare=False)
     args: tuple[Any, ...] = field(compare=False)
+
+
+_CLIENT_RETRY = {int(ResponseCode.NOT_LEADER), int(ResponseCode.LEADER_TRANSFERRING),
+                 int(ResponseCode.LEADER_PENDING_FULL)}
 
 
 @dataclass
@@ -54,7 +60,8 @@ class SimCluster:
         self.ids = [f"n{i}" for i in range(n)]
         peers = ";".join(f"{i}-127.0.0.1:{20000 + k}" for k, i in enumerate(self.ids))
         self.cfgs = {i: DLedgerConfig(self_id=i, peers=peers, store_type="memory", **cfg_overrides) for i in self.ids}
-        self.stores = {i: MemoryLedgerStore() for i in self.ids}
+        self.stores = {i: SimDiskStore() for i in self.ids}
+        self.last_commit: dict[str, int] = {}
         self.nodes: dict[str, Node | None] = {}
         self.blocked: set[tuple[str, str]] = set()
         self._events: list[_Event] = []
@@ -66,19 +73,33 @@ class SimCluster:
         self.leaders_by_term: dict[int, str] = {}
         self.committed: dict[int, tuple[int, int]] = {}  # index -> (term, chain_crc), as first seen committed
         self.violations: list[str] = []
+        self._leader_checked: dict[str, int] = {}
+        self._client_reqs: dict[int, tuple[bytes, int]] = {}  # cid -> (request, attempts)
         for i in self.ids:
             self.start(i)
 
     # --- membership --------------------------------------------------------------------
 
     def start(self, member: str) -> None:
-        node = Node(self.cfgs[member], self.stores[member], self.now, random.Random(self.rng.random()))
+        store = self.stores[member]
+        store.on_request = lambda: self._schedule(
+            self.now + self.rng.randint(self.net.min_fsync_ms, self.net.max_fsync_ms), "fsync", (member,))
+        node = Node(self.cfgs[member], store, self.now, random.Random(self.rng.random()))
         self.nodes[member] = node
+        self.last_commit[member] = store.committed_index
+        self.trace.append(f"{self.now} start {member} (end {store.end_index}, term {node.member.term})")
         self._schedule(self.now + self.rng.randint(0, self.tick_ms), "tick", (member,))
 
-    def crash(self, member: str) -> None:
+    def crash(self, member: str, lose_unsynced: bool = True) -> None:
+        """Stop a member; with `lose_unsynced` its unflushed writes are gone (power loss)."""
         self.nodes[member] = None
-        self.trace.append(f"{self.now} crash {member}")
+        store = self.stores[member]
+        if lose_unsynced:
+            store.crash()
+        else:
+            store.complete_flush()
+        self.trace.append(f"{self.now} crash {member} ({'power loss' if lose_unsynced else 'process'}, "
+                          f"keeps end {store.end_index})")
 
     def partition(self, *groups: list[str]) -> None:
         """Only members in the same group can talk."""
@@ -95,8 +116,9 @@ class SimCluster:
     def append(self, member: str, bodies: list[bytes]) -> int:
         """Submit an append to `member`; its answer lands in client_results[id]."""
         cid = next(self._rid)
-        msg = AppendRequest(self.cfgs[member].group, "", member, bodies)
-        self._schedule(self.now + 1, "client", (member, cid, encode(msg)))
+        msg = AppendRequest(self.cfgs[member].group, "", "", bodies)  # unaddressed: it may be redirected
+        self._client_reqs[cid] = (encode(msg), 0)
+        self._schedule(self.now + 1, "client", (member, cid, self._client_reqs[cid][0]))
         return cid
 
     # --- running ----------------------------------------------------------------------------
@@ -138,10 +160,29 @@ class SimCluster:
         self._flush(member)
         self._schedule(self.now + self.tick_ms, "tick", (member,))
 
+    def _client_retry(self, cid: int, hint: str | None) -> bool:
+        """Follow a redirect (or try another member) as the real client does."""
+        meta, attempts = self._client_reqs[cid]
+        if attempts >= 20:
+            self.client_results[cid] = ClientResult(int(ResponseCode.TIMEOUT))
+            return False
+        self._client_reqs[cid] = (meta, attempts + 1)
+        target = hint if hint in self.ids else self.rng.choice(self.ids)
+        self._schedule(self.now + (1 if hint else 50), "client", (target, cid, meta))
+        return True
+
+    def _on_fsync(self, member: str) -> None:
+        node = self.nodes[member]
+        if node is None:
+            return
+        durable = self.stores[member].complete_flush()
+        node.on_durable(durable, self.now)
+        self._flush(member)
+
     def _on_client(self, member: str, cid: int, meta: bytes) -> None:
         node = self.nodes[member]
         if node is None:
-            self.client_results[cid] = ClientResult(int(ResponseCode.NETWORK_ERROR))
+            self._client_retry(cid, None)
             return
         node.handle(RequestCode.APPEND, decode_request(RequestCode.APPEND, meta), b"", ("client", cid), self.now)
         self._flush(member)
@@ -188,7 +229,10 @@ class SimCluster:
         if token[0] == "client":
             r = a.msg
             assert isinstance(r, AppendResponse)
+            if r.code in _CLIENT_RETRY and self._client_retry(token[1], r.leader_id or None):
+                return
             self.client_results[token[1]] = ClientResult(r.code, r.index, r.term)
+            self._client_reqs.pop(token[1], None)
             return
         _, src, rid, code = token
         if (member, src) in self.blocked or self.rng.random() < self.net.loss:
@@ -199,24 +243,52 @@ class SimCluster:
     # --- invariants ------------------------------------------------------------------------------
 
     def _check_invariants(self) -> None:
-        """Election safety, log matching on committed entries, commit monotonic."""
+        """After every event: election safety, state machine safety (no two members
+        commit different entries at an index), commit index monotonic while alive,
+        leader completeness (a leader holds every committed entry)."""
         for i, node in self.nodes.items():
             if node is None:
                 continue
             m = node.member
+            store = self.stores[i]
+            c = store.committed_index
+            if c < self.last_commit.get(i, -1):
+                self.violations.append(f"{self.now}: {i} commit index went back {self.last_commit[i]} -> {c}")
+            if c > self.last_commit.get(i, -1):
+                for idx in range(max(self.last_commit.get(i, -1) + 1, store.begin_index), c + 1):
+                    e = store.get(idx)
+                    seen = self.committed.setdefault(idx, (e.term, e.chain_crc))
+                    if seen != (e.term, e.chain_crc):
+                        self.violations.append(f"{self.now}: {i} committed a different entry at {idx}")
+            self.last_commit[i] = c
             if m.role == Role.LEADER:
                 other = self.leaders_by_term.setdefault(m.term, i)
                 if other != i:
                     self.violations.append(f"{self.now}: two leaders in term {m.term}: {other} and {i}")
-            store = self.stores[i]
-            top = max(self.committed, default=-1)
-            for idx in range(top + 1, store.committed_index + 1):
-                e = store.get(idx)
-                self.committed[idx] = (e.term, e.chain_crc)
-            c = store.committed_index
-            if c >= 0 and c in self.committed:
-                e = store.get(c)
-                if self.committed[c] != (e.term, e.chain_crc):
-                    self.violations.append(f"{self.now}: {i} committed a different entry at {c}")
+                if self._leader_checked.get(i) != m.term:
+                    self._leader_checked[i] = m.term
+                    self.trace.append(f"{self.now} {i} leads term {m.term} (end {store.end_index})")
+                    self._check_completeness(i, store)
 
+    def _check_completeness(self, leader: str, store: SimDiskStore) -> None:
+        top = max(self.committed, default=-1)
+        if store.end_index < top:
+            self.violations.append(f"{self.now}: leader {leader} lacks committed entries {store.end_index + 1}..{top}")
+            return
+        if top >= store.begin_index:
+            e = store.get(top)
+            if (e.term, e.chain_crc) != self.committed[top]:
+                self.violations.append(f"{self.now}: leader {leader} holds a different entry at committed {top}")
 
+    def check_log_matching(self) -> None:
+        """Where two members hold an entry of the same term at an index, their
+        chain CRCs (and so their whole prefixes) are equal."""
+        ids = [i for i in self.ids]
+        for k, a in enumerate(ids):
+            for b in ids[k + 1 :]:
+                sa, sb = self.stores[a], self.stores[b]
+                for idx in range(max(sa.begin_index, sb.begin_index), min(sa.end_index, sb.end_index) + 1):
+                    ea, eb = sa.get(idx), sb.get(idx)
+                    if ea.term == eb.term and ea.chain_crc != eb.chain_crc:
+                        self.violations.append(f"log matching broken between {a} and {b} at {idx}")
+                        return
