@@ -270,19 +270,20 @@ def status(peers: str, group: str, as_json: bool) -> None:
                 out[m] = {"role": "unreachable", "error": e.message}
     if as_json:
         click.echo(json.dumps(out))
-        return
-    from rich.console import Console
-    from rich.table import Table
+    else:
+        from rich.console import Console
+        from rich.table import Table
 
-    table = Table(title=f"group {group}")
-    for col in ("member", "role", "term", "leader", "ledger_end_index", "committed_index"):
-        table.add_column(col)
-    for m, v in out.items():
-        table.add_row(m, *(str(v.get(k, "")) for k in ("role", "term", "leader", "ledger_end_index",
-                                                       "committed_index")))
-    Console().print(table)
+        table = Table(title=f"group {group}")
+        for col in ("member", "role", "term", "leader", "ledger_end_index", "committed_index"):
+            table.add_column(col)
+        for m, v in out.items():
+            table.add_row(m, *(str(v.get(k, "")) for k in ("role", "term", "leader", "ledger_end_index",
+                                                           "committed_index")))
+        Console().print(table)
     if all(v["role"] == "unreachable" for v in out.values()):
-        sys.exit(1)
+        # an unreachable cluster is an error (SPEC §5), with --json too
+        raise DLedgerError(ResponseCode.NETWORK_ERROR, f"no member of group {group} answered")
 
 
 @cli.command()
@@ -304,6 +305,15 @@ def demo() -> None:
     from dledger.demo import run_demo
 
     sys.exit(run_demo())
+
+
+def _register_extra_commands() -> None:
+    from dledger.bench.command import bench
+
+    cli.add_command(bench)
+
+
+_register_extra_commands()
 
 
 def main() -> None:

@@ -66,6 +66,7 @@ class LeaderElector:
         self.last_ack: dict[str, int] = {}
         self.transfer: _Transfer | None = None
         self.awaiting: _Transfer | None = None  # transfer handed over; waiting for the new leader
+        self.elections = 0  # real (not pre-vote) rounds started, for metrics
 
     @property
     def transferring(self) -> bool:
@@ -142,6 +143,7 @@ class LeaderElector:
         self.responses = {}
         if not pre_vote:
             m.set_term(m.term + 1, voted_for=m.self_id)
+            self.elections += 1
         term = m.term + 1 if pre_vote else m.term
         store = node.store
         log.debug("%s: %s round %d for term %d", m.self_id, "pre-vote" if pre_vote else "vote", self.round, term)

@@ -169,7 +169,10 @@ class AsyncDLedgerClient:
         if target not in self.peers:
             raise DLedgerError(ResponseCode.UNKNOWN_MEMBER, f"{target} is not in peers")
         req = LeadershipTransferRequest(self.group, "", "", -1, "", target)
-        await self._call(RequestCode.LEADERSHIP_TRANSFER, req, to_leader=True, timeout=self.timeout + 5)
+        # the leader answers once the target leads or its transfer timeout (3 s by default)
+        # expires: wait longer than that, or a definite TAKE_LEADERSHIP_FAILED becomes TIMEOUT
+        await self._call(RequestCode.LEADERSHIP_TRANSFER, req, to_leader=True, timeout=self.timeout + 5,
+                         request_timeout=self.timeout + 5)
 
     async def inject_faults(self, member: str, blocked: list[str]) -> None:
         """Test hook: make `member` drop all traffic to and from `blocked` member ids
@@ -180,7 +183,7 @@ class AsyncDLedgerClient:
     # --- plumbing --------------------------------------------------------------------------
 
     async def _call(self, code: int, req: msgspec.Struct, to_leader: bool,
-                    timeout: float | None = None) -> msgspec.Struct:
+                    timeout: float | None = None, request_timeout: float | None = None) -> msgspec.Struct:
         deadline = time.monotonic() + (timeout or self.timeout)
         order = list(self.peers)
         tried = 0
@@ -190,7 +193,7 @@ class AsyncDLedgerClient:
             target = self.leader_id if (to_leader and self.leader_id) else order[tried % len(order)]
             tried += 1
             try:
-                return await self._call_member(target, code, req)
+                return await self._call_member(target, code, req, request_timeout)
             except DLedgerError as e:
                 last = e
                 hint = getattr(e, "leader_hint", None)
@@ -211,11 +214,13 @@ class AsyncDLedgerClient:
                 delay = min(delay * 2, 0.5)
         raise last or DLedgerError(ResponseCode.TIMEOUT, "no member answered in time")
 
-    async def _call_member(self, member: str, code: int, req: msgspec.Struct) -> msgspec.Struct:
+    async def _call_member(self, member: str, code: int, req: msgspec.Struct,
+                           request_timeout: float | None = None) -> msgspec.Struct:
         peer = self.peers[member]
         if hasattr(req, "remote_id"):
             req = msgspec.structs.replace(req, remote_id=member)
-        raw = await self._transport().request(peer.address, Message(code, encode(req)), self.request_timeout)
+        raw = await self._transport().request(peer.address, Message(code, encode(req)),
+                                              request_timeout or self.request_timeout)
         try:
             resp = decode_response(code, raw.meta)
         except msgspec.DecodeError:
@@ -245,9 +250,13 @@ def _error_text(meta: bytes) -> str:
 
 
 def _never_sent(e: DLedgerError) -> bool:
-    """The transport could not connect (or is backing off): the request never left."""
-    text = e.message.lower()
-    return any(w in text for w in ("connect", "backoff", "refused", "backing off", "unreachable"))
+    """The transport could not connect (or is backing off): the request never left.
+
+    Only the transport's own connect-failure messages count: "connection with X lost"
+    (the member died after the request was sent) also contains "connect", and
+    retrying then could store an append twice."""
+    text = e.message
+    return text.startswith("connect to ") or "in backoff after a failed connect" in text
 
 
 class DLedgerClient:

@@ -21,6 +21,7 @@ from dledger.codes import DLedgerError, RequestCode, ResponseCode
 from dledger.config import DLedgerConfig, Peer
 from dledger.core.messages import FAULT, FaultRequest, SimpleResponse, decode_request, decode_response, encode
 from dledger.core.node import Node, Reply, Send
+from dledger.runtime.metrics import Metrics
 from dledger.runtime.transport import FaultInjector, Message, TransportClient, TransportServer
 from dledger.store import open_store
 
@@ -36,7 +37,8 @@ def now_ms() -> int:
 class GroupRuntime:
     """One member of one group: its Node, store, ticker and outgoing requests."""
 
-    def __init__(self, cfg: DLedgerConfig, client: TransportClient, faults: FaultInjector) -> None:
+    def __init__(self, cfg: DLedgerConfig, client: TransportClient, faults: FaultInjector,
+                 metrics: Metrics | None = None) -> None:
         self.cfg = cfg
         self.loop = asyncio.get_running_loop()
         self.client = client
@@ -51,6 +53,14 @@ class GroupRuntime:
         self._drain_scheduled = False
         self._ticker: asyncio.Task[None] | None = None
         self.store.add_flush_listener(self._on_flush_thread)
+        self.metrics = metrics
+        if metrics is not None:
+            labels = (cfg.group, cfg.self_id)
+            self._m_latency = metrics.append_latency.labels(*labels)
+            self._m_batch = metrics.batch_size.labels(*labels)
+            self._m_bytes = metrics.bytes_appended.labels(*labels)
+            self.store.fsync_observer = metrics.fsync_latency.labels(*labels).observe
+            metrics.nodes.append(self.node)
 
     async def start(self) -> None:
         self._ticker = self.loop.create_task(self._tick_forever())
@@ -92,9 +102,16 @@ class GroupRuntime:
         token = next(self._tokens)
         fut: asyncio.Future[Message] = self.loop.create_future()
         self._waiting[token] = fut
+        started = time.perf_counter()
         self.node.handle(code, req, data, token, now_ms())  # type: ignore[arg-type]
         self._schedule_drain()
-        return await fut
+        resp = await fut
+        if self.metrics is not None and code == RequestCode.APPEND and resp.code == ResponseCode.SUCCESS:
+            bodies = req.bodies  # type: ignore[attr-defined]
+            self._m_latency.observe(time.perf_counter() - started)
+            self._m_batch.observe(len(bodies))
+            self._m_bytes.inc(sum(map(len, bodies)))
+        return resp
 
     def _schedule_drain(self) -> None:
         """Run the node's actions once per loop iteration: concurrent requests then
@@ -162,6 +179,9 @@ class DLedgerServer:
         self.client: TransportClient | None = None
         self.server: TransportServer | None = None
         self._decoders: dict[int, Any] = {}
+        port = next((c.metrics_port for c in self.configs if c.metrics_port), 0)
+        self.metrics = Metrics() if port else None
+        self.metrics_port = port
 
     async def start(self) -> None:
         max_frame = max(c.max_frame_bytes for c in self.configs)
@@ -169,12 +189,14 @@ class DLedgerServer:
         for cfg in self.configs:
             if cfg.group in self.groups:
                 raise DLedgerError(ResponseCode.UNEXPECTED_ARGUMENT, f"group {cfg.group} configured twice")
-            self.groups[cfg.group] = GroupRuntime(cfg, self.client, self.faults)
+            self.groups[cfg.group] = GroupRuntime(cfg, self.client, self.faults, self.metrics)
         for g in self.groups.values():
             await g.start()
         self.server = TransportServer(self._handle, max_frame_bytes=max_frame)
         host, _, port = self.address.rpartition(":")
         await self.server.start(host, int(port))
+        if self.metrics is not None:
+            self.metrics.serve(self.metrics_port)
         log.info("serving groups %s on %s", sorted(self.groups), self.address)
 
     async def stop(self) -> None:

@@ -36,7 +36,9 @@ from dledger.entry import (
     INDEX_UNIT_SIZE,
     MAGIC_BLANK,
     MAGIC_NORMAL,
+    CorruptRecord,
     Entry,
+    chain_crc,
     decode_entry,
     encode_into,
     scan,
@@ -246,6 +248,18 @@ class FileLedgerStore(LedgerStore):
         u: tuple[int, int, int, int, int] = INDEX_UNIT.unpack_from(uf.mm, p - uf.start)
         if u[3] != index or u[0] not in ENTRY_MAGICS or u[2] < HEADER_SIZE:
             return None
+        # the index is a cache of the data headers: a unit that disagrees with the header
+        # it points at (a damaged pos, size or term) is rebuilt, never trusted
+        files = self.data.files
+        if not files or not files[0].start <= u[1] < files[-1].end:
+            return None
+        f = self.data.locate(u[1])
+        off = u[1] - f.start
+        if off + HEADER_SIZE > f.size:
+            return None
+        h = HEADER.unpack_from(f.mm, off)
+        if (h[0], h[1], h[2], h[3], h[4]) != (u[0], u[2], u[3], u[4], u[1]):
+            return None
         return u
 
     def _repair_units(self, index: int) -> None:
@@ -255,8 +269,12 @@ class FileLedgerStore(LedgerStore):
             j -= 1
         u = self._raw_unit(j) if j >= self.begin_index else None
         start_pos = u[1] + u[2] if u is not None else self.begin_pos
+        prev_chain = self.begin_chain_crc
+        if u is not None:
+            pf = self.data.locate(u[1])
+            prev_chain = HEADER.unpack_from(pf.mm, u[1] - pf.start)[6]
         log.warning("%s: rebuilding index units %d..%d from the data files", self.dir, j + 1, index)
-        rebuild_units(self, j + 1, start_pos, index, verify=False)
+        rebuild_units(self, j + 1, start_pos, index, verify=False, prev_chain=prev_chain)
 
     def term_at(self, index: int) -> int:
         with self._lock:
@@ -293,12 +311,26 @@ class FileLedgerStore(LedgerStore):
             f = self.data.locate(pos)
             try:
                 entry = decode_entry(f.mm, pos - f.start)
-            except StoreError as e:
+            except CorruptRecord as e:
                 raise StoreError(ResponseCode.DISK_ERROR, f"{f.path}: {e.message}") from e
             if entry.index != index or entry.pos != pos or entry.size != size or entry.term != term:
                 raise StoreError(
                     ResponseCode.DISK_ERROR,
                     f"{f.path} offset {pos - f.start}: record does not match index unit of {index}",
+                )
+            # the chain CRC covers index, term and body CRC: a damaged header field that
+            # the unit cannot reveal (the unit may have been rebuilt from it) shows here
+            if index == self.begin_index:
+                prev = self.begin_chain_crc
+            else:
+                _, p, _, _, _ = self.unit(index - 1)
+                pf = self.data.locate(p)
+                prev = HEADER.unpack_from(pf.mm, p - pf.start)[6]
+            if chain_crc(index, entry.term, entry.body_crc, prev) != entry.chain_crc:
+                raise StoreError(
+                    ResponseCode.DISK_ERROR,
+                    f"{f.path} offset {pos - f.start}: chain CRC of entry {index} does not "
+                    f"follow entry {index - 1}",
                 )
             return entry
 
@@ -387,10 +419,13 @@ class FileLedgerStore(LedgerStore):
                 return
             files = [f for f in self.data.files if f.end > self._flushed_pos and f.start <= target_pos]
             self._trunc_floor = 1 << 62
+        started = time.monotonic()
         with self._sync_lock:
             for f in files:
                 if not f.closed:
                     f.sync()
+        if self.fsync_observer is not None:
+            self.fsync_observer(time.monotonic() - started)
         with self._lock:
             truncated = self._trunc_floor < target
             durable = min(target, self._trunc_floor)

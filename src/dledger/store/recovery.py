@@ -29,6 +29,7 @@ from dledger.entry import (
     INDEX_UNIT_SIZE,
     MAGIC_BLANK,
     CorruptRecord,
+    chain_crc,
     decode_entry,
     scan,
 )
@@ -128,6 +129,7 @@ def _scan_forward(
     index, pos, chain, term = start.index, start.pos, start.chain, start.term
     data = store.data
     reason = ""
+    blank_at: int | None = None  # the blank we followed into the current file
     while data.files and data.first_start <= pos < data.files[-1].end:
         f = data.locate(pos)
         first_chain = chain
@@ -138,17 +140,23 @@ def _scan_forward(
         _write_units(store, index, units)
         if res.count:
             chain, term = res.last_chain, res.last_term
+            blank_at = None
         index += res.count
         pos += res.consumed
         if res.stop == "blank":
             length = BLANK.unpack_from(f.mm, pos - f.start)[1]
             if length == f.end - pos and f is not data.files[-1]:
+                blank_at = pos
                 pos = f.end
                 continue
             reason = "" if length == f.end - pos else f"blank record of bad length {length}"
         elif res.stop != "zero":
             reason = res.stop.removeprefix("corrupt: ")
         break
+    if blank_at is not None:
+        # no valid record after the blank: the log ends before it, as after a truncate,
+        # so the next record goes where the leader's rule puts it (not at a file start)
+        pos = blank_at
     _cut(store, pos, index, committed, reason)
     return index, pos, chain, term
 
@@ -233,12 +241,20 @@ def _check_units(store: FileLedgerStore, upto: int, trusted_pos: int) -> None:
     covered = bool(idx.files) and idx.first_start <= store.begin_index * INDEX_UNIT_SIZE
     covered = covered and idx.files[-1].end >= (upto + 1) * INDEX_UNIT_SIZE
     begin, pos = store.begin_index, store.begin_pos
+    prev_chain: int | None = store.begin_chain_crc
     if covered:
         f = store.data.locate(trusted_pos)
         first = _first_index_at(store, f.start) if f.start > store.begin_pos else None
         if first is not None and first > begin:
             begin, pos = first, f.start
-    rebuild_units(store, begin, pos, upto, verify=covered)
+            u = store._raw_unit(first - 1)
+            prev_chain = None if u is None else _chain_at(store, u[1])
+    rebuild_units(store, begin, pos, upto, verify=covered, prev_chain=prev_chain)
+
+
+def _chain_at(store: FileLedgerStore, pos: int) -> int:
+    f = store.data.locate(pos)
+    return int(HEADER.unpack_from(f.mm, pos - f.start)[6])
 
 
 def _first_index_at(store: FileLedgerStore, pos: int) -> int | None:
@@ -247,11 +263,24 @@ def _first_index_at(store: FileLedgerStore, pos: int) -> int | None:
     return int(h[2]) if h[0] in ENTRY_MAGICS and h[4] == pos else None
 
 
-def rebuild_units(store: FileLedgerStore, index: int, pos: int, upto: int, verify: bool) -> None:
+def rebuild_units(
+    store: FileLedgerStore,
+    index: int,
+    pos: int,
+    upto: int,
+    verify: bool,
+    prev_chain: int | None = None,
+) -> None:
     """Walk data headers from record `index` at `pos` through `upto`, rewriting index
-    units; with `verify`, a unit that already matches is left alone."""
+    units; with `verify`, a unit that already matches is left alone.
+
+    Each header's chain CRC must follow the one before (`prev_chain` is the chain of
+    entry index - 1, None when unknown): it covers index, term and body CRC, so a
+    damaged header field never makes its way into a unit.
+    """
     data = store.data
     rebuilt = 0
+    chain = prev_chain
     while index <= upto:
         f = data.locate(pos)
         off = pos - f.start
@@ -266,6 +295,12 @@ def rebuild_units(store: FileLedgerStore, index: int, pos: int, upto: int, verif
                 ResponseCode.DISK_ERROR,
                 f"cannot rebuild index unit {index}: no valid record header at {f.path} offset {off}",
             )
+        if chain is not None and chain_crc(index, h[3], h[7], chain) != h[6]:
+            raise StoreError(
+                ResponseCode.DISK_ERROR,
+                f"cannot rebuild index unit {index}: chain CRC mismatch at {f.path} offset {off}",
+            )
+        chain = h[6]
         unit = INDEX_UNIT.pack(h[0], pos, h[1], index, h[3])
         p = index * INDEX_UNIT_SIZE
         uf = store.index.ensure(p)

@@ -1,0 +1,125 @@
+"""The `dledger bench` command: options, local group start-up, progress and report."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import tempfile
+from pathlib import Path
+
+import click
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn
+from rich.table import Table
+
+from dledger.bench.load import LoadResult, LoadSpec, plot, run_load
+from dledger.config import Peer, format_peers, parse_peers
+
+console = Console()
+
+
+@click.command("bench")
+@click.option("--peers", default=None, help="Run against this group (else start a local one).")
+@click.option("--nodes", default=3, show_default=True, type=click.IntRange(1, 9), help="Members of a local group.")
+@click.option(
+    "--flush",
+    type=click.Choice(["async", "sync"]),
+    default="async",
+    show_default=True,
+    help="Flush mode of the local group.",
+)
+@click.option("--group", default="default", show_default=True)
+@click.option("--clients", default=16, show_default=True, type=click.IntRange(1, 4096))
+@click.option("--size", default=1024, show_default=True, type=click.IntRange(0, 4 << 20), help="Body bytes.")
+@click.option("--batch", default=1, show_default=True, type=click.IntRange(1, 100000), help="Bodies per request.")
+@click.option("--duration", default=10.0, show_default=True, type=click.FloatRange(0.1), help="Seconds.")
+@click.option("--count", default=0, type=click.IntRange(0), help="Stop after this many entries instead.")
+@click.option("--rate", default=0.0, type=click.FloatRange(0), help="Open loop: target entries/s.")
+@click.option("--warmup", default=1.0, show_default=True, type=click.FloatRange(0))
+@click.option("--base-port", default=0, type=int, help="Ports of the local group (default: free ones).")
+@click.option("--json", "json_path", default=None, type=click.Path(dir_okay=False), help="Write results as JSON.")
+@click.option("--plot", "plot_path", default=None, type=click.Path(dir_okay=False), help="Throughput/latency PNG.")
+def bench(
+    peers: str | None,
+    nodes: int,
+    flush: str,
+    group: str,
+    clients: int,
+    size: int,
+    batch: int,
+    duration: float,
+    count: int,
+    rate: float,
+    warmup: float,
+    base_port: int,
+    json_path: str | None,
+    plot_path: str | None,
+) -> None:
+    """Load generator: entries/s, MB/s, requests/s, latency percentiles, errors by code."""
+    from dledger.runtime.transport import install_uvloop
+
+    install_uvloop()
+    spec = LoadSpec(peers or "", group, clients, size, batch, duration, count, rate, warmup)
+    if peers is not None:
+        parse_peers(peers)
+        result = _run(spec)
+        label = "external group"
+    else:
+        from dledger.cli import local_cluster
+        from dledger.demo_cluster import free_base_port
+
+        port = base_port or free_base_port(nodes)
+        spec.peers = format_peers({f"n{k}": Peer(f"n{k}", "127.0.0.1", port + k) for k in range(nodes)})
+        with (
+            tempfile.TemporaryDirectory(prefix="dledger-bench-") as d,
+            local_cluster(spec.peers, group, Path(d), flush=flush),
+        ):
+            result = _run(spec)
+        label = f"local {nodes} members, flush={flush}"
+    report = result.report()
+    report["config"] = {
+        "target": label,
+        "clients": clients,
+        "size": size,
+        "batch": batch,
+        "rate": rate,
+        "duration": duration,
+        "count": count,
+    }
+    _print(report)
+    if json_path:
+        Path(json_path).write_text(json.dumps(report, indent=2))
+    if plot_path:
+        plot(result, plot_path, f"dledger bench: {label}, {clients} clients, batch {batch}, {size} B")
+
+
+def _run(spec: LoadSpec) -> LoadResult:
+    total = spec.count or None
+    cols = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[rate]}"))
+    with Progress(*cols, console=console, transient=True) as progress:
+        task = progress.add_task("bench", total=total or spec.duration, rate="")
+
+        def update(r: LoadResult, elapsed: float) -> None:
+            done = r.entries if total else max(elapsed, 0.0)
+            eps = r.entries / elapsed if elapsed > 0 else 0.0
+            progress.update(task, completed=done, rate=f"{eps:,.0f} entries/s")
+
+        return asyncio.run(run_load(spec, update))
+
+
+def _print(report: dict[str, object]) -> None:
+    t = Table(title="dledger bench")
+    t.add_column("metric")
+    t.add_column("value", justify="right")
+    lat = report["latency_ms"]
+    assert isinstance(lat, dict)
+    rows = [
+        ("entries/s", f"{report['entries_per_s']:,}"),
+        ("MB/s", f"{report['mb_per_s']:,}"),
+        ("requests/s", f"{report['requests_per_s']:,}"),
+    ]
+    rows += [(f"latency {k} (ms)", f"{v}") for k, v in lat.items()]
+    rows.append(("errors", ", ".join(f"{k}: {v}" for k, v in dict(report["errors"]).items()) or "none"))  # type: ignore[call-overload]
+    for k, v in rows:
+        t.add_row(k, v)
+    console.print(t)

@@ -1,0 +1,82 @@
+"""Prometheus metrics of a member (`metrics_port`, path /metrics).
+
+State (term, role, indexes, lag, pending) is read from the nodes at scrape
+time by a collector, so the hot path pays only for the few histograms.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+if TYPE_CHECKING:
+    from dledger.core.node import Node
+
+log = logging.getLogger(__name__)
+
+_LAT_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+_BATCH_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 5000)
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        labels = ("group", "member")
+        self.append_latency = Histogram("dledger_append_latency_seconds", "Append request latency, receipt to commit",
+                                        labels, buckets=_LAT_BUCKETS, registry=self.registry)
+        self.batch_size = Histogram("dledger_append_batch_entries", "Entries per append request", labels,
+                                    buckets=_BATCH_BUCKETS, registry=self.registry)
+        self.bytes_appended = Counter("dledger_appended_bytes", "Body bytes appended (leader)", labels,
+                                      registry=self.registry)
+        self.fsync_latency = Histogram("dledger_fsync_seconds", "Duration of one flush (fsync of new data)",
+                                       labels, buckets=_LAT_BUCKETS, registry=self.registry)
+        self.nodes: list[Node] = []
+        self.registry.register(_StateCollector(self.nodes))
+
+    def serve(self, port: int) -> None:
+        start_http_server(port, registry=self.registry)
+        log.info("metrics on :%d/metrics", port)
+
+
+class _StateCollector(Collector):
+    def __init__(self, nodes: list[Node]) -> None:
+        self.nodes = nodes
+
+    def collect(self) -> Iterable[GaugeMetricFamily | CounterMetricFamily]:
+        return list(self._families())
+
+    def _families(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        lab = ["group", "member"]
+        fams = {
+            "term": GaugeMetricFamily("dledger_term", "Current term", labels=lab),
+            "role": GaugeMetricFamily("dledger_role", "0 follower, 1 candidate, 2 leader", labels=lab),
+            "is_leader": GaugeMetricFamily("dledger_is_leader", "1 when this member leads", labels=lab),
+            "end": GaugeMetricFamily("dledger_ledger_end_index", "Last index stored here", labels=lab),
+            "commit": GaugeMetricFamily("dledger_committed_index", "Commit index known here", labels=lab),
+            "durable": GaugeMetricFamily("dledger_durable_index", "Last index fsynced here", labels=lab),
+            "pending": GaugeMetricFamily("dledger_pending_requests", "Appends waiting for commit", labels=lab),
+        }
+        lag = GaugeMetricFamily("dledger_replication_lag_entries", "Leader end minus follower match",
+                                labels=[*lab, "follower"])
+        elections = CounterMetricFamily("dledger_elections", "Elections this member started", labels=lab)
+        for n in self.nodes:
+            m, s = n.member, n.store
+            v = [m.group, m.self_id]
+            fams["term"].add_metric(v, m.term)
+            fams["role"].add_metric(v, int(m.role))
+            fams["is_leader"].add_metric(v, 1 if m.is_leader else 0)
+            fams["end"].add_metric(v, s.end_index)
+            fams["commit"].add_metric(v, s.committed_index)
+            fams["durable"].add_metric(v, s.durable_index)
+            fams["pending"].add_metric(v, n.quorum.pending)
+            elections.add_metric(v, n.elector.elections)
+            for peer, d in n.dispatchers.items():
+                lag.add_metric([*v, peer], s.end_index - d.match_index)
+        yield from fams.values()
+        yield lag
+        yield elections
