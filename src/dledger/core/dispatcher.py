@@ -92,8 +92,11 @@ class EntryDispatcher:
         node, m = self.node, self.node.member
         store = node.store
         prev_term = store.term_at(prev_index) if prev_index >= store.begin_index - 1 else -1
+        next_term = -1
+        if kind == PushType.TRUNCATE and prev_index + 1 <= store.end_index:
+            next_term = store.term_at(prev_index + 1)
         req = PushRequest(m.group, m.self_id, self.peer, m.term, int(kind), prev_index, prev_term,
-                          first, count, store.committed_index)
+                          first, count, store.committed_index, next_term)
         if kind == PushType.APPEND:
             self.seq += 1
             self.inflight.append((self.seq, first, first + count - 1))

@@ -96,11 +96,16 @@ class EntryHandler:
         if i > store.end_index or (i >= store.begin_index and store.term_at(i) != req.prev_term):
             self._answer(token, ResponseCode.INCONSISTENT_STATE, req)
             return
-        if i < store.end_index:
+        # A late or duplicated TRUNCATE must not remove entries the leader already
+        # counted: entries of the leader's own term came from it, and an entry at i + 1
+        # of the leader's term there matches its log; in both cases all after i match.
+        stale = store.end_term == req.term or (
+            req.next_term >= 0 and i + 1 <= store.end_index and store.term_at(i + 1) == req.next_term)
+        if i < store.end_index and not stale:
             log.info("%s: truncating entries after %d (end %d) for leader %s",
                      self.node.member.self_id, i, store.end_index, req.leader_id)
             store.truncate(i + 1)
-        self.matched_index = i
+        self.matched_index = max(self.matched_index, i)
         self.update_commit(req.committed_index)
         self._answer(token, ResponseCode.SUCCESS, req)
 

@@ -93,6 +93,7 @@ class PushRequest(Msg):
     first_index: int = 0
     count: int = 0
     committed_index: int = -1
+    next_term: int = -1  # TRUNCATE: the leader's term at prev_index + 1 (-1: it has no entry there)
 
 
 class PushResponse(msgspec.Struct, array_like=True):
