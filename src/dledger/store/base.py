@@ -281,3 +281,15 @@ class LedgerStore(ABC):
                 f"push starts at index {index}, expected {self.end_index + 1}",
             )
         return index
+
+
+def push_error(stop: str, offset: int) -> StoreError:
+    reason = stop.removeprefix("corrupt: ")
+    if reason.startswith("index"):
+        code = ResponseCode.INCONSISTENT_INDEX
+    elif reason.startswith("pos"):
+        code = ResponseCode.INCONSISTENT_STATE
+        reason += " (do all members use the same data_file_size?)"
+    else:
+        code = ResponseCode.UNEXPECTED_ARGUMENT
+    return StoreError(code, f"pushed record at offset {offset} rejected: {reason}")

@@ -43,7 +43,7 @@ from dledger.entry import (
     encode_into,
     scan,
 )
-from dledger.store.base import AppendResult, LedgerStore, RawRange, StoreError, TermVote
+from dledger.store.base import AppendResult, LedgerStore, RawRange, StoreError, TermVote, push_error
 from dledger.store.checkpoint import read_json, write_atomic
 from dledger.store.flusher import FlushService
 from dledger.store.mapped_file import MappedFile, MappedFileList
@@ -197,7 +197,7 @@ class FileLedgerStore(LedgerStore):
                 self.end_chain_crc, self.end_term, units=units, max_count=ucap,
             )
             if res.stop.startswith("corrupt") or res.stop in ("blank", "zero") or res.count == 0:
-                raise _push_error(res.stop, off)
+                raise push_error(res.stop, off)
             wo = self.write_pos - f.start
             f.mm[wo : wo + res.consumed] = data[off : off + res.consumed]
             uo = (self.end_index + 1) * INDEX_UNIT_SIZE - uf.start
@@ -560,15 +560,3 @@ def _mtime(f: MappedFile) -> float:
         return f.path.stat().st_mtime
     except FileNotFoundError:
         return 0.0
-
-
-def _push_error(stop: str, offset: int) -> StoreError:
-    reason = stop.removeprefix("corrupt: ")
-    if reason.startswith("index"):
-        code = ResponseCode.INCONSISTENT_INDEX
-    elif reason.startswith("pos"):
-        code = ResponseCode.INCONSISTENT_STATE
-        reason += " (do all members use the same data_file_size?)"
-    else:
-        code = ResponseCode.UNEXPECTED_ARGUMENT
-    return StoreError(code, f"pushed record at offset {offset} rejected: {reason}")

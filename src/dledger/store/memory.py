@@ -12,8 +12,7 @@ from collections.abc import Sequence
 
 from dledger.codes import ResponseCode
 from dledger.entry import HEADER_SIZE, MAGIC_NORMAL, CorruptRecord, encode_into, scan
-from dledger.store.base import AppendResult, LedgerStore, RawRange, StoreError, TermVote
-from dledger.store.file import _push_error
+from dledger.store.base import AppendResult, LedgerStore, RawRange, StoreError, TermVote, push_error
 
 
 class MemoryLedgerStore(LedgerStore):
@@ -63,7 +62,7 @@ class MemoryLedgerStore(LedgerStore):
             except CorruptRecord as e:
                 # a bad push is the sender's fault, not a local DISK_ERROR: same codes as
                 # the file store
-                raise _push_error("corrupt: " + e.reason, e.offset) from e
+                raise push_error("corrupt: " + e.reason, e.offset) from e
             if res.consumed != len(data):
                 raise StoreError(
                     ResponseCode.UNEXPECTED_ARGUMENT,
