@@ -4,6 +4,18 @@ from __future__ import annotations
 
 from dledger.codes import DLedgerError, ResponseCode
 from dledger.config import DLedgerConfig
+from dledger.runtime.client import AppendResult, AsyncDLedgerClient, DLedgerClient, Entry, Metadata
+from dledger.runtime.server import DLedgerServer
 
-__all__ = ["DLedgerConfig", "DLedgerError", "ResponseCode"]
+__all__ = [
+    "AppendResult",
+    "AsyncDLedgerClient",
+    "DLedgerClient",
+    "DLedgerConfig",
+    "DLedgerError",
+    "DLedgerServer",
+    "Entry",
+    "Metadata",
+    "ResponseCode",
+]
 __version__ = "0.1.0"
