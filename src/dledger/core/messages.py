@@ -119,6 +119,7 @@ class AppendResponse(msgspec.Struct, array_like=True):
 
 class GetRequest(Msg):
     index: int = 0
+    local: bool = False  # answer from the receiver's own committed copy, leader or not
 
 
 class ReadRequest(Msg):
@@ -126,6 +127,7 @@ class ReadRequest(Msg):
     max_entries: int = 1000
     max_bytes: int = 4 << 20
     only_normal: bool = True
+    local: bool = False  # answer from the receiver's own committed copy, leader or not
 
 
 class EntryMsg(msgspec.Struct, array_like=True):

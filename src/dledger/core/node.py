@@ -197,10 +197,10 @@ class Node:
             self._handle_append(msg, token)
         elif code == RequestCode.GET:
             assert isinstance(msg, GetRequest)
-            self._handle_read(code, msg.index, 1, 1 << 30, False, token)
+            self._handle_read(code, msg.index, 1, 1 << 30, False, msg.local, token)
         elif code == READ:
             assert isinstance(msg, ReadRequest)
-            self._handle_read(code, msg.from_index, msg.max_entries, msg.max_bytes, msg.only_normal, token)
+            self._handle_read(code, msg.from_index, msg.max_entries, msg.max_bytes, msg.only_normal, msg.local, token)
         elif code == RequestCode.METADATA:
             assert isinstance(msg, MetadataRequest)
             self.reply(token, code, self.metadata())
@@ -245,9 +245,12 @@ class Node:
         self.reply(token, RequestCode.APPEND, msg)
 
     def _handle_read(self, code: int, start: int, max_entries: int, max_bytes: int, only_normal: bool,
-                     token: Any) -> None:
-        """Committed entries only. A member that is not the leader serves what it knows
-        is committed, which may lag the leader's commit index."""
+                     local: bool, token: Any) -> None:
+        """Committed entries only, from the leader unless the reader asked for this member's
+        own copy (`local`), whose commit index may lag: an append acknowledged to one client
+        is then readable by every other client at once (read-your-writes across clients)."""
+        if not local:
+            self._check_read_leader()
         store = self.store
         committed = store.committed_index
         if start > committed:
@@ -267,6 +270,15 @@ class Node:
                 if not only_normal or e.magic == MAGIC_NORMAL:
                     out.append(EntryMsg(e.index, e.term, e.pos, e.magic, e.body, e.chain_crc))
         self.reply(token, code, EntriesResponse(200, self.member.leader_id or "", out, index, committed))
+
+    def _check_read_leader(self) -> None:
+        """A new leader knows the true commit index only once an entry of its own term is
+        committed (its NOOP, Raft §8); until then it could deny an acknowledged entry."""
+        m, store = self.member, self.store
+        if not m.is_leader:
+            raise DLedgerError(ResponseCode.NOT_LEADER, f"leader is {m.leader_id or 'unknown'}")
+        if store.committed_index < 0 or store.term_at(store.committed_index) != m.term:
+            raise DLedgerError(ResponseCode.LEADER_NOT_READY, f"term {m.term}: nothing of this term committed yet")
 
     def metadata(self) -> MetadataResponse:
         m, s = self.member, self.store

@@ -118,8 +118,13 @@ class AsyncDLedgerClient:
         assert isinstance(resp, AppendResponse)
         return [AppendResult(resp.index + k, resp.term, p) for k, p in enumerate(resp.positions)]
 
-    async def get(self, index: int) -> Entry:
-        resp = await self._call(RequestCode.GET, GetRequest(self.group, "", "", index), to_leader=True)
+    async def get(self, index: int, member: str | None = None) -> Entry:
+        """The committed entry at `index`, from the leader (or `member`'s own copy)."""
+        req = GetRequest(self.group, "", "", index, member is not None)
+        if member is None:
+            resp = await self._call(RequestCode.GET, req, to_leader=True)
+        else:
+            resp = await self._call_member(member, RequestCode.GET, req)
         assert isinstance(resp, EntriesResponse)
         if not resp.entries:
             raise DLedgerError(ResponseCode.INDEX_OUT_OF_RANGE, f"no committed entry at {index}")
@@ -135,7 +140,8 @@ class AsyncDLedgerClient:
         out: list[Entry] = []
         index = from_index
         while len(out) < max_entries:
-            req = ReadRequest(self.group, "", "", index, max_entries - len(out), 4 << 20, only_normal)
+            req = ReadRequest(self.group, "", "", index, max_entries - len(out), 4 << 20, only_normal,
+                              member is not None)
             try:
                 if member is None:
                     resp = await self._call(READ, req, to_leader=True)
@@ -161,6 +167,11 @@ class AsyncDLedgerClient:
             resp = await self._call_member(member, RequestCode.METADATA, req)
         else:
             resp = await self._call(RequestCode.METADATA, req, to_leader=True)
+            assert isinstance(resp, MetadataResponse)
+            if resp.role != "leader" and resp.leader_id in self.peers and resp.leader_id != resp.self_id:
+                # a follower answered: its commit index lags; the leader's view is the one asked for
+                self.leader_id = resp.leader_id
+                resp = await self._call(RequestCode.METADATA, req, to_leader=True)
         assert isinstance(resp, MetadataResponse)
         return Metadata(resp.leader_id or None, resp.term, list(parse_peers(resp.peers)), resp.ledger_end_index,
                         resp.committed_index, resp.role, resp.self_id, resp.ledger_begin_index)
@@ -278,8 +289,8 @@ class DLedgerClient:
     def append_batch(self, bodies: Sequence[bytes]) -> list[AppendResult]:
         return self._run(self._async.append_batch(bodies))
 
-    def get(self, index: int) -> Entry:
-        return self._run(self._async.get(index))
+    def get(self, index: int, member: str | None = None) -> Entry:
+        return self._run(self._async.get(index, member))
 
     def read(self, from_index: int = 0, max_entries: int = 1000, member: str | None = None) -> list[Entry]:
         return self._run(self._async.read(from_index, max_entries, member=member))

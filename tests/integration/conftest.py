@@ -1,0 +1,29 @@
+"""Fixtures for the integration suite: groups of real member processes on 127.0.0.1."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import pytest
+
+from .harness import Cluster, MakeCluster
+
+
+@pytest.fixture
+def make_cluster(tmp_path: Path) -> Iterator[MakeCluster]:
+    """Start groups (`make_cluster(5, flush="sync")`); every process they started is
+    stopped at teardown, whatever the test did."""
+    clusters: list[Cluster] = []
+
+    def make(n: int = 3, *, flush: str = "async", extra: Sequence[str] = ()) -> Cluster:
+        c = Cluster(n, tmp_path / f"cluster{len(clusters)}", flush=flush, extra=extra)
+        clusters.append(c)
+        c.start()
+        return c
+
+    try:
+        yield make
+    finally:
+        for c in clusters:
+            c.cleanup()

@@ -1,0 +1,146 @@
+"""The `dledger` command against a running group (SPEC §5), as a user runs it."""
+
+from __future__ import annotations
+
+import base64
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from .harness import Cluster, free_ports, wait_until
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    c = Cluster(3, tmp_path_factory.mktemp("cli"), group="cli")
+    try:
+        c.start()
+        yield c
+    finally:
+        c.cleanup()
+
+
+def dledger(*args: str, stdin: bytes | None = None, timeout: float = 60) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run([sys.executable, "-m", "dledger", *args], input=stdin, capture_output=True,
+                          timeout=timeout, check=False)
+
+
+def ok(p: subprocess.CompletedProcess[bytes]) -> bytes:
+    assert p.returncode == 0, f"exit {p.returncode}: {p.stderr.decode(errors='replace')}"
+    return p.stdout
+
+
+def json_lines(out: bytes) -> list[dict[str, Any]]:
+    lines = out.decode().splitlines()
+    assert lines and all(line.strip() for line in lines), out
+    return [json.loads(line) for line in lines]
+
+
+def assert_user_error(p: subprocess.CompletedProcess[bytes]) -> str:
+    """Non-zero exit, one line on stderr, no traceback."""
+    err = p.stderr.decode(errors="replace")
+    assert p.returncode != 0, f"exit 0; stdout {p.stdout!r}"
+    assert "Traceback" not in err, err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1, err
+    return lines[0]
+
+
+def test_append_get_read(cluster: Cluster) -> None:
+    common = ["--peers", cluster.peers, "--group", cluster.group]
+    results = json_lines(ok(dledger("append", *common, "alpha", "beta gamma")))
+    results += json_lines(ok(dledger("append", *common, stdin=b"one\ntwo\nthree\n")))
+    results += json_lines(ok(dledger("append", *common, "--batch", "2", stdin=b"four\nfive\nsix\n")))
+    bodies = [b"alpha", b"beta gamma", b"one", b"two", b"three", b"four", b"five", b"six"]
+    assert len(results) == len(bodies)
+    for r in results:
+        assert set(r) == {"index", "term", "pos"}, r
+        assert all(isinstance(v, int) for v in r.values()), r
+    indexes = [r["index"] for r in results]
+    assert indexes == sorted(set(indexes))
+    assert [r["pos"] for r in results] == sorted({r["pos"] for r in results})
+    # the two bodies of one command line and a batch of stdin lines are consecutive
+    assert indexes[1] == indexes[0] + 1 and indexes[6] == indexes[5] + 1
+
+    for r, body in zip(results, bodies, strict=True):
+        assert ok(dledger("get", *common, "--index", str(r["index"]))) == body  # raw: no newline added
+        assert cluster.ctl.get(r["index"]).body == body
+
+    raw = b"\x00\xff\xfe raw\n"
+    binary = cluster.ctl.append(raw)
+    assert ok(dledger("get", *common, "--index", str(binary.index))) == raw
+
+    entries = json_lines(ok(dledger("read", *common, "--from", str(indexes[0]), "--max", "3")))
+    assert entries == [{"index": r["index"], "term": r["term"], "body": b.decode()}
+                       for r, b in zip(results[:3], bodies[:3], strict=True)]
+    entries = json_lines(ok(dledger("read", *common, "--from", str(indexes[0]))))
+    assert [e["index"] for e in entries] == [*indexes, binary.index]
+    assert entries[-1]["body"] == {"b64": base64.b64encode(raw).decode()}
+    assert all(set(e) == {"index", "term", "body"} for e in entries)
+
+
+def test_status_json(cluster: Cluster) -> None:
+    leader = cluster.wait_leader()
+    status = json.loads(ok(dledger("status", "--peers", cluster.peers, "--group", cluster.group, "--json")))
+    assert set(status) == set(cluster.ids)
+    for m, v in status.items():
+        assert {"role", "term", "leader", "ledger_end_index", "committed_index"} <= set(v), (m, v)
+        assert v["leader"] == leader
+        assert isinstance(v["term"], int) and isinstance(v["ledger_end_index"], int)
+    assert [m for m, v in status.items() if v["role"] == "leader"] == [leader]
+    # the table form works too
+    table = ok(dledger("status", "--peers", cluster.peers, "--group", cluster.group)).decode()
+    assert all(m in table for m in cluster.ids) and "leader" in table
+
+
+def test_transfer(cluster: Cluster) -> None:
+    leader = cluster.wait_leader()
+    target = next(m for m in cluster.ids if m != leader)
+    out = ok(dledger("transfer", "--peers", cluster.peers, "--group", cluster.group, "--to", target))
+    assert json.loads(out) == {"leader": target}
+    wait_until(lambda: cluster.agreed_leader() == target, 30, f"{target} leads after `dledger transfer`")
+    line = assert_user_error(dledger("transfer", "--peers", cluster.peers, "--group", cluster.group, "--to", "n9"))
+    assert "n9" in line
+
+
+def test_errors_on_a_running_cluster(cluster: Cluster) -> None:
+    common = ["--peers", cluster.peers, "--group", cluster.group]
+    line = assert_user_error(dledger("get", *common, "--index", "1000000"))
+    assert "1000000" in line or "INDEX_OUT_OF_RANGE" in line
+    assert_user_error(dledger("status", "--peers", cluster.peers, "--group", "no-such-group", "--json"))
+
+
+@pytest.mark.parametrize("peers", ["garbage", "n0-127.0.0.1", "n0-127.0.0.1:99999", "n0-127.0.0.1:1;n0-127.0.0.1:2"])
+def test_bad_peers_string(peers: str) -> None:
+    for args in (["append", "x"], ["get", "--index", "0"], ["read"], ["status", "--json"], ["transfer", "--to", "n0"]):
+        p = dledger(args[0], "--peers", peers, *args[1:])
+        line = assert_user_error(p)
+        assert "peer" in line.lower(), line
+        assert p.stdout == b""
+
+
+def test_unreachable_cluster(tmp_path: Path) -> None:
+    peers = ";".join(f"n{k}-127.0.0.1:{p}" for k, p in enumerate(free_ports(3)))
+    commands = [["append", "x"], ["get", "--index", "0"], ["read"], ["status", "--json"], ["status"]]
+    # run side by side: each waits for its client timeout before giving up
+    procs = [subprocess.Popen([sys.executable, "-m", "dledger", args[0], "--peers", peers, *args[1:]],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=tmp_path) for args in commands]
+    try:
+        for args, p in zip(commands, procs, strict=True):
+            out, err = p.communicate(timeout=60)
+            line = assert_user_error(subprocess.CompletedProcess(p.args, p.returncode, out, err))
+            assert line, args
+            if args[0] != "status":
+                assert out == b"", (args, out)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
