@@ -178,6 +178,16 @@ class EntryDispatcher:
                 self.compare_index = higher  # the follower may share more: probe there
                 return
         else:
+            if resp.end_index < self.compare_floor:
+                # The follower's log now ends below what it had acknowledged: a crash cut
+                # its unsynced tail (async flush acks from the page cache). What matched
+                # before proves nothing; search again from its end, or we would push past
+                # its end forever. Its quorum mark is stale too: it is raised again as it
+                # acknowledges entries anew.
+                log.warning("push to %s: its log ends at %d, below the %d it had acknowledged; matching again",
+                            self.peer, resp.end_index, self.compare_floor)
+                self.match_index = self.compare_floor = -1
+                self.node.quorum.match[self.peer] = -1
             nxt = self._next_compare(i, resp)
             if nxt > self.compare_floor:
                 self.compare_index = nxt
