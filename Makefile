@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: all venv lint test test-fast demo bench-store soak check-java clean
+.PHONY: all venv lint test test-fast chaos demo bench-store bench-compare soak check-java clean
 
 all: test
 
@@ -16,32 +16,45 @@ $(STAMP): pyproject.toml
 		{ echo "error: $(PYTHON) is older than Python 3.11" >&2; exit 1; }
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[dev]'
+	$(BIN)/python -m pip install -q -e '.[dev,spark]'
 	@touch $@
 
 venv: $(STAMP)
 
+# Spark (tests, demo) needs a JVM: say so plainly instead of a Py4J stack trace.
 check-java:
 	@command -v java >/dev/null 2>&1 || { \
 		echo "error: 'java' not found. Spark needs Java 17: apt-get install openjdk-17-jre-headless" >&2; \
 		exit 1; }
+	@java -version 2>&1 | head -n 1 | grep -Eq '"(1[7-9]|2[0-9])' || { \
+		echo "error: Spark needs Java 17 or newer; found: $$(java -version 2>&1 | head -n 1)" >&2; exit 1; }
 
 lint: venv
 	$(BIN)/ruff check src tests
 	$(BIN)/mypy
 
 # The full suite as CI runs it; slow soak runs are in `make soak`.
-test: lint
+test: lint check-java
 	$(BIN)/python -m pytest -q -m "not slow"
 
 test-fast: venv
 	$(BIN)/python -m pytest -q -m "not slow and not chaos and not sim and not spark and not integration"
 
-demo: venv
+# Fault injection on real member processes (short seeded runs; long ones run in `make soak`).
+chaos: venv
+	$(BIN)/python -m pytest -q -m "chaos and not slow"
+
+demo: venv check-java
 	$(BIN)/dledger demo
 
 bench-store: venv
 	$(BIN)/python -m dledger.bench.store_bench
+
+# dledger (flush sync/async) side by side with etcd and PySyncObj, 3 members each on 127.0.0.1;
+# installs etcd-server/etcd-client (apt-get) and pysyncobj (pip) when missing. Writes the section
+# "Side by side" of docs/performance.md and docs/bench-compare.png.
+bench-compare: venv
+	$(BIN)/python benchmarks/compare.py
 
 # Long runs: thousands of simulation seeds, then the slow suites.
 soak: venv

@@ -300,6 +300,28 @@ def transfer(peers: str, group: str, target: str) -> None:
 
 
 @cli.command()
+@click.argument("dirs", nargs=-1, required=True, type=click.Path(exists=True, file_okay=False))
+@click.option("--master", default="local[*]", show_default=True, help="Spark master URL.")
+@click.option("--include-uncommitted", is_flag=True, help="Also compare entries past each member's committed index.")
+def audit(dirs: tuple[str, ...], master: str, include_uncommitted: bool) -> None:
+    """Compare members' store directories (DIR...) offline on Spark.
+
+    Prints the first divergence (exit code 1) or "agree up to index N".
+    """
+    import importlib.util
+
+    if importlib.util.find_spec("pyspark") is None or importlib.util.find_spec("pyarrow") is None:
+        raise click.ClickException("audit runs on Spark: pip install 'dledger[spark]' (and Java 17)")
+    from dledger.spark.audit import main_audit
+
+    try:
+        code = main_audit(dirs, master, include_uncommitted)
+    except ValueError as e:
+        raise click.ClickException(str(e)) from e
+    sys.exit(code)
+
+
+@cli.command()
 def demo() -> None:
     """Run the end-to-end demo (what `make demo` runs)."""
     from dledger.demo import run_demo

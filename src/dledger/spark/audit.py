@@ -1,0 +1,197 @@
+"""`dledger audit DIR...`: compare members' store directories offline, on Spark.
+
+Each directory is read with the offline reader in records mode (every record,
+NOOPs included, with what validation found). Two members hold the same prefix
+up to index i exactly when their records at i have the same (term, chain CRC)
+(SPEC §2), so the first index where the copies differ, or where any copy fails
+validation, is the first divergence; without one the members agree up to the
+highest index that at least two of them hold. A lagging member is not a
+divergence: it just holds fewer entries.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class MemberSummary:
+    member: str
+    path: str
+    first_index: int | None
+    last_index: int | None
+    records: int
+    errors: int
+
+
+@dataclass(frozen=True, slots=True)
+class Copy:
+    """One member's record at the divergent index."""
+
+    member: str
+    term: int
+    chain_crc: int
+    error: str | None
+    file: str
+    file_offset: int
+
+
+@dataclass
+class AuditReport:
+    members: list[MemberSummary]
+    agree_up_to: int
+    divergence_index: int | None = None
+    copies: list[Copy] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.divergence_index is None
+
+    def lines(self) -> list[str]:
+        out = []
+        for m in self.members:
+            span = "no records" if m.first_index is None else f"indexes {m.first_index}..{m.last_index}"
+            out.append(f"{m.member}: {span} ({m.records} records) in {m.path}")
+        if self.divergence_index is None:
+            out.append(f"agree up to index {self.agree_up_to}")
+            return out
+        out.append(f"first divergence at index {self.divergence_index} "
+                   f"(members agree up to index {self.agree_up_to})")
+        for c in self.copies:
+            where = f"{c.file} offset {c.file_offset}"
+            if c.error:
+                out.append(f"  {c.member}: INVALID: {c.error} ({where})")
+            else:
+                out.append(f"  {c.member}: term {c.term} chain_crc 0x{c.chain_crc:08x} ({where})")
+        return out
+
+
+def member_labels(dirs: Sequence[Path]) -> list[str]:
+    """Directory names (n0, n1, ...) when they are distinct, else the paths themselves."""
+    names = [d.resolve().name for d in dirs]
+    return names if len(set(names)) == len(names) else [str(d) for d in dirs]
+
+
+def _records(spark: SparkSession, dirs: Sequence[Path], include_uncommitted: bool) -> DataFrame:
+    frames = []
+    for label, d in zip(member_labels(dirs), dirs, strict=True):
+        frames.append(
+            spark.read.format("dledger-files")
+            .option("mode", "records")
+            .option("member", label)
+            .option("includeUncommitted", str(include_uncommitted).lower())
+            .load(str(d))
+            .select("member", "index", "term", "chain_crc", "error", "file", "file_offset")
+        )
+    df = frames[0]
+    for f in frames[1:]:
+        df = df.unionByName(f)
+    return df
+
+
+def run_audit(spark: SparkSession, dirs: Sequence[Path], include_uncommitted: bool = False) -> AuditReport:
+    """Compare the members' records; the work (scans, CRCs, the join by index) runs on Spark."""
+    from pyspark.sql import functions as F
+
+    from dledger.spark import register
+
+    if not dirs:
+        raise ValueError("audit needs at least one store directory")
+    register(spark)
+    df = _records(spark, dirs, include_uncommitted).cache()
+    try:
+        labels = member_labels(dirs)
+        per_member = {
+            r["member"]: r
+            for r in df.groupBy("member").agg(
+                F.min("index").alias("first"),
+                F.max("index").alias("last"),
+                F.count("*").alias("n"),
+                F.count("error").alias("errors"),
+            ).collect()
+        }
+        members = []
+        for label, d in zip(labels, dirs, strict=True):
+            r = per_member.get(label)
+            members.append(MemberSummary(label, str(d), r["first"] if r else None, r["last"] if r else None,
+                                         r["n"] if r else 0, r["errors"] if r else 0))
+        per_index = df.groupBy("index").agg(
+            F.countDistinct("member").alias("holders"),
+            F.countDistinct("term", "chain_crc").alias("variants"),
+            F.count("error").alias("errors"),
+        )
+        bad = per_index.filter("errors > 0 OR variants > 1").agg(F.min("index")).first()
+        first_bad = bad[0] if bad is not None else None
+        shared = per_index.filter("holders >= 2" if len(dirs) > 1 else "holders >= 1")
+        if first_bad is None:
+            top = shared.agg(F.max("index")).first()
+            agree = top[0] if top is not None and top[0] is not None else -1
+            return AuditReport(members, agree)
+        copies = [
+            Copy(r["member"], r["term"], r["chain_crc"], r["error"], r["file"], r["file_offset"])
+            for r in df.filter(F.col("index") == first_bad).orderBy("member", F.col("error").asc_nulls_first())
+            .collect()
+        ]
+        return AuditReport(members, first_bad - 1, first_bad, copies)
+    finally:
+        df.unpersist()
+
+
+def main_audit(dirs: Sequence[str], master: str, include_uncommitted: bool) -> int:
+    """The `dledger audit` command: 0 when the members agree, 1 on a divergence."""
+    from pyspark.sql import SparkSession
+
+    paths = [Path(d) for d in dirs]
+    for p in paths:
+        if not (p / "data").is_dir():
+            raise ValueError(f"{p} is not a dledger store directory (no data/ in it)")
+    # executors must run this interpreter, the one that has dledger installed
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    existing = SparkSession.getActiveSession()
+    try:
+        spark = existing or (
+            SparkSession.builder.master(master).appName("dledger-audit").config("spark.ui.enabled", "false")
+            .config("spark.ui.showConsoleProgress", "false").config("spark.sql.shuffle.partitions", "8")
+            .getOrCreate()
+        )
+    except Exception as e:  # no Java, a bad master URL, ...
+        print(f"audit failed: cannot start Spark ({master}): {_our_message(e)}", file=sys.stderr)
+        return 1
+    if existing is None:
+        spark.sparkContext.setLogLevel("ERROR")
+    try:
+        report = run_audit(spark, paths, include_uncommitted)
+    except Exception as e:
+        # a directory that cannot even be planned (say a data file whose first header is
+        # garbage) fails inside Spark; show our message, not the JVM's wrapping of it
+        print(f"audit failed: {_our_message(e)}", file=sys.stderr)
+        return 1
+    finally:
+        if existing is None:
+            spark.stop()
+    for line in report.lines():
+        print(line)
+    return 0 if report.ok else 1
+
+
+_OURS = re.compile(r"(?:CorruptStoreError|OptionError|DataLossError): (.+)")
+
+
+def _our_message(e: BaseException) -> str:
+    m = _OURS.search(str(e))
+    if m:
+        return m.group(1).strip()
+    return str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__

@@ -1,0 +1,193 @@
+"""Option parsing and offset arithmetic for the Spark sources (SPEC §7).
+
+Pure Python, no Spark import: every rule about what an option means lives here
+so that it can be tested without a JVM and reads the same for batch and
+streaming. Option names are matched case-insensitively by Spark already.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from dledger.config import ConfigError, parse_peers
+
+log = logging.getLogger(__name__)
+
+# Kafka's conventions inside a JSON offset spec: -2 earliest, -1 latest.
+EARLIEST = -2
+LATEST = -1
+
+DEFAULT_ENTRIES_PER_PARTITION = 10_000
+DEFAULT_BATCH_SIZE = 500
+DEFAULT_TIMEOUT_S = 60.0
+DEFAULT_CLIENT_TIMEOUT_S = 5.0
+
+
+class OptionError(ValueError):
+    """A bad option value; the message names the option."""
+
+
+def _get(options: Mapping[str, str], name: str) -> str | None:
+    # Spark hands us a case-insensitive dict; plain dicts in tests may differ in case
+    if name in options:
+        return options[name]
+    lowered = name.lower()
+    for k, v in options.items():
+        if k.lower() == lowered:
+            return v
+    return None
+
+
+def get_int(options: Mapping[str, str], name: str, default: int | None, minimum: int = 1) -> int | None:
+    raw = _get(options, name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise OptionError(f"option {name}: expected an integer, got {raw!r}") from None
+    if value < minimum:
+        raise OptionError(f"option {name}: must be at least {minimum}, got {value}")
+    return value
+
+
+def get_float(options: Mapping[str, str], name: str, default: float) -> float:
+    raw = _get(options, name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise OptionError(f"option {name}: expected a number, got {raw!r}") from None
+    if value <= 0:
+        raise OptionError(f"option {name}: must be positive, got {value}")
+    return value
+
+
+def get_bool(options: Mapping[str, str], name: str, default: bool) -> bool:
+    raw = _get(options, name)
+    if raw is None or raw == "":
+        return default
+    low = raw.strip().lower()
+    if low in ("true", "1", "yes"):
+        return True
+    if low in ("false", "0", "no"):
+        return False
+    raise OptionError(f"option {name}: expected true or false, got {raw!r}")
+
+
+def get_str(options: Mapping[str, str], name: str) -> str | None:
+    raw = _get(options, name)
+    return raw if raw else None
+
+
+def parse_groups(options: Mapping[str, str]) -> dict[str, str]:
+    """{group: peers string} from `groups` (JSON) or from `peers` + `group`."""
+    groups_raw = get_str(options, "groups")
+    peers = get_str(options, "peers")
+    if groups_raw is not None:
+        if peers is not None or get_str(options, "group") is not None:
+            raise OptionError("give either `groups` or `peers`/`group`, not both")
+        try:
+            data = json.loads(groups_raw)
+        except ValueError as e:
+            raise OptionError(f"option groups: not JSON ({e}); expected {{\"group\": \"peers\", ...}}") from None
+        if not isinstance(data, dict) or not data:
+            raise OptionError('option groups: expected a non-empty JSON object {"group": "peers string", ...}')
+        out: dict[str, str] = {}
+        for g, p in data.items():
+            if not isinstance(p, str):
+                raise OptionError(f"option groups: peers of group {g!r} must be a string")
+            out[str(g)] = p
+    else:
+        if peers is None:
+            raise OptionError("option peers (or groups) is required, e.g. n0-127.0.0.1:20911;n1-127.0.0.1:20912")
+        out = {get_str(options, "group") or "default": peers}
+    for g, p in out.items():
+        try:
+            parse_peers(p)
+        except ConfigError as e:
+            raise OptionError(f"peers of group {g!r}: {e.message}") from None
+    return out
+
+
+def parse_index_spec(raw: str | None, name: str, groups: Mapping[str, str], default: int) -> dict[str, int]:
+    """`earliest` | `latest` | JSON {"group": index} into {group: index or EARLIEST/LATEST}.
+
+    Groups missing from a JSON spec get `default`; unknown group names are an
+    error (a typo would otherwise silently read from the default position).
+    """
+    if raw is None or raw.strip() == "":
+        return dict.fromkeys(groups, default)
+    text = raw.strip()
+    if text.lower() == "earliest":
+        return dict.fromkeys(groups, EARLIEST)
+    if text.lower() == "latest":
+        return dict.fromkeys(groups, LATEST)
+    try:
+        data = json.loads(text)
+    except ValueError:
+        raise OptionError(f'option {name}: expected earliest, latest or JSON {{"group": index}}, got {raw!r}') from None
+    if not isinstance(data, dict):
+        raise OptionError(f'option {name}: expected a JSON object {{"group": index}}, got {raw!r}')
+    unknown = sorted(set(data) - set(groups))
+    if unknown:
+        raise OptionError(f"option {name}: unknown group(s) {', '.join(unknown)}; groups are {', '.join(groups)}")
+    out = dict.fromkeys(groups, default)
+    for g, v in data.items():
+        if not isinstance(v, int) or isinstance(v, bool) or v < EARLIEST:
+            raise OptionError(f"option {name}: index of group {g!r} must be an integer >= 0 "
+                              f"(or -2 earliest, -1 latest), got {v!r}")
+        out[g] = v
+    return out
+
+
+def resolve(spec: int, begin: int, end: int) -> int:
+    """A concrete next index: EARLIEST -> begin, LATEST -> end (committed + 1)."""
+    if spec == EARLIEST:
+        return begin
+    if spec == LATEST:
+        return end
+    return spec
+
+
+@dataclass(frozen=True, slots=True)
+class IndexRange:
+    """Entries of `group` with index in [start, end) (end exclusive, like Kafka's offsets)."""
+
+    group: str
+    start: int
+    end: int
+
+
+def split_range(group: str, start: int, end: int, per_partition: int) -> list[IndexRange]:
+    """Split [start, end) at multiples of `per_partition`: the same range always gives
+    the same partitions, so a replayed micro-batch reads the same rows in the same tasks."""
+    out: list[IndexRange] = []
+    s = start
+    while s < end:
+        e = min(end, (s // per_partition + 1) * per_partition)
+        out.append(IndexRange(group, s, e))
+        s = e
+    return out
+
+
+def allocate(available: Mapping[str, int], limit: int) -> dict[str, int]:
+    """Share `limit` indexes among groups in proportion to their backlog (as Kafka's
+    maxOffsetsPerTrigger does among partitions); deterministic, never above the backlog,
+    and the whole limit is used when the backlog exceeds it."""
+    total = sum(max(0, a) for a in available.values())
+    if total <= limit:
+        return {g: max(0, a) for g, a in available.items()}
+    shares = {g: max(0, a) * limit // total for g, a in available.items()}
+    left = limit - sum(shares.values())
+    for g in sorted(available, key=lambda g: (-(available[g] - shares[g]), g)):
+        if left <= 0:
+            break
+        if shares[g] < available[g]:
+            shares[g] += 1
+            left -= 1
+    return shares

@@ -1,0 +1,1 @@
+"""Spark connector tests (need Java and the `spark` extra)."""

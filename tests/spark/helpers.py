@@ -1,0 +1,95 @@
+"""Helpers of the Spark tests: real local groups, polling without timing assertions."""
+
+from __future__ import annotations
+
+import random
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TypeVar
+
+from dledger.cli import local_cluster
+from dledger.codes import DLedgerError
+from dledger.config import Peer, format_peers
+from dledger.runtime.client import DLedgerClient, Entry
+
+T = TypeVar("T")
+
+
+def wait_until(cond: Callable[[], T | None], timeout: float = 60.0, what: str = "condition") -> T:
+    """Poll until `cond` is truthy (a DLedgerError counts as not yet); the deadline only
+    bounds how long a failure takes to show."""
+    deadline = time.monotonic() + timeout
+    last: object = None
+    while True:
+        try:
+            value = cond()
+            if value:
+                return value
+            last = value
+        except DLedgerError as e:
+            last = e
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"{what}: not reached within {timeout:.0f} s (last: {last!r})")
+        time.sleep(0.2)
+
+
+def free_ports(n: int) -> list[int]:
+    rng = random.SystemRandom()
+    out: list[int] = []
+    while len(out) < n:
+        port = rng.randint(21000, 29000)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        if port not in out:
+            out.append(port)
+    return out
+
+
+def make_peers(n: int = 3) -> str:
+    return format_peers({f"n{k}": Peer(f"n{k}", "127.0.0.1", p) for k, p in enumerate(free_ports(n))})
+
+
+def read_all(client: DLedgerClient, start: int = 0) -> list[Entry]:
+    """Every committed NORMAL entry from `start`, through the client."""
+    out: list[Entry] = []
+    while True:
+        chunk = client.read(start, 5000)
+        if not chunk:
+            return out
+        out.extend(chunk)
+        start = chunk[-1].index + 1
+
+
+@dataclass
+class Group:
+    name: str
+    peers: str
+    data_dir: Path
+    client: DLedgerClient
+
+    def committed_next(self) -> int:
+        """The leader's committed index + 1: where a reader started now begins."""
+        from dledger.spark.online import leader_view
+
+        return wait_until(lambda: leader_view(self.client), what="leader view").committed_index + 1
+
+
+def start_group(data_dir: Path, name: str = "default",
+                config: dict[str, int] | None = None) -> tuple[local_cluster, Group]:
+    """A local 3-member group; `config` entries go to the members' TOML (e.g. small data files)."""
+    peers = make_peers()
+    extra: list[str] = []
+    if config:
+        toml = data_dir / f"{name}.toml"
+        data_dir.mkdir(parents=True, exist_ok=True)
+        toml.write_text("".join(f"{k} = {v}\n" for k, v in config.items()))
+        extra = ["--config", str(toml)]
+    cluster = local_cluster(peers, name, data_dir, extra=extra)
+    cluster.__enter__()
+    return cluster, Group(name, peers, data_dir, DLedgerClient(peers, name))
