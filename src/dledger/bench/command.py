@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn
 from rich.table import Table
 
-from dledger.bench.load import LoadResult, LoadSpec, plot, run_load
+from dledger.bench.load import LoadResult, LoadSpec, plot, run_load, run_load_procs
 from dledger.config import Peer, format_peers, parse_peers
 
 console = Console()
@@ -35,6 +35,13 @@ console = Console()
 @click.option("--duration", default=10.0, show_default=True, type=click.FloatRange(0.1), help="Seconds.")
 @click.option("--count", default=0, type=click.IntRange(0), help="Stop after this many entries instead.")
 @click.option("--rate", default=0.0, type=click.FloatRange(0), help="Open loop: target entries/s.")
+@click.option(
+    "--procs",
+    default=1,
+    show_default=True,
+    type=click.IntRange(1, 64),
+    help="Load processes; the clients (and --rate/--count) are divided among them.",
+)
 @click.option("--warmup", default=1.0, show_default=True, type=click.FloatRange(0))
 @click.option("--base-port", default=0, type=int, help="Ports of the local group (default: free ones).")
 @click.option("--json", "json_path", default=None, type=click.Path(dir_okay=False), help="Write results as JSON.")
@@ -50,19 +57,22 @@ def bench(
     duration: float,
     count: int,
     rate: float,
+    procs: int,
     warmup: float,
     base_port: int,
     json_path: str | None,
     plot_path: str | None,
 ) -> None:
     """Load generator: entries/s, MB/s, requests/s, latency percentiles, errors by code."""
+    if procs > clients:
+        raise click.UsageError("--procs must not exceed --clients")
     from dledger.runtime.transport import install_uvloop
 
     install_uvloop()
     spec = LoadSpec(peers or "", group, clients, size, batch, duration, count, rate, warmup)
     if peers is not None:
         parse_peers(peers)
-        result = _run(spec)
+        result = _run(spec, procs)
         label = "external group"
     else:
         from dledger.cli import local_cluster
@@ -74,7 +84,7 @@ def bench(
             tempfile.TemporaryDirectory(prefix="dledger-bench-") as d,
             local_cluster(spec.peers, group, Path(d), flush=flush),
         ):
-            result = _run(spec)
+            result = _run(spec, procs)
         label = f"local {nodes} members, flush={flush}"
     report = result.report()
     report["config"] = {
@@ -85,6 +95,7 @@ def bench(
         "rate": rate,
         "duration": duration,
         "count": count,
+        "procs": procs,
     }
     _print(report)
     if json_path:
@@ -93,10 +104,11 @@ def bench(
         plot(result, plot_path, f"dledger bench: {label}, {clients} clients, batch {batch}, {size} B")
 
 
-def _run(spec: LoadSpec) -> LoadResult:
+def _run(spec: LoadSpec, procs: int = 1) -> LoadResult:
     total = spec.count or None
     cols = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[rate]}"))
-    with Progress(*cols, console=console, transient=True) as progress:
+    # no progress bar when the output is not a terminal: its refresh thread costs the load generator CPU
+    with Progress(*cols, console=console, transient=True, disable=not console.is_terminal) as progress:
         task = progress.add_task("bench", total=total or spec.duration, rate="")
 
         def update(r: LoadResult, elapsed: float) -> None:
@@ -104,6 +116,14 @@ def _run(spec: LoadSpec) -> LoadResult:
             eps = r.entries / elapsed if elapsed > 0 else 0.0
             progress.update(task, completed=done, rate=f"{eps:,.0f} entries/s")
 
+        if procs > 1:
+
+            def update_procs(entries: int, elapsed: float) -> None:
+                done = entries if total else max(elapsed, 0.0)
+                eps = entries / elapsed if elapsed > 0 else 0.0
+                progress.update(task, completed=done, rate=f"{eps:,.0f} entries/s")
+
+            return run_load_procs(spec, procs, update_procs)
         return asyncio.run(run_load(spec, update))
 
 
@@ -119,6 +139,7 @@ def _print(report: dict[str, object]) -> None:
         ("requests/s", f"{report['requests_per_s']:,}"),
     ]
     rows += [(f"latency {k} (ms)", f"{v}") for k, v in lat.items()]
+    rows.append(("load CPU (cores) / procs", f"{report['client_cpu_cores']} / {report['load_procs']}"))
     rows.append(("errors", ", ".join(f"{k}: {v}" for k, v in dict(report["errors"]).items()) or "none"))  # type: ignore[call-overload]
     for k, v in rows:
         t.add_row(k, v)

@@ -5,6 +5,12 @@ Closed loop by default: `clients` tasks each send one append request (of
 sent on a fixed schedule whatever the answers, and latency is measured from
 the *scheduled* send time, so a stall shows up in the percentiles instead of
 silently slowing the load (no coordinated omission).
+
+One asyncio process can itself be the bottleneck on a small machine (the report's
+`client_cpu_cores` near `load_procs` says so): `run_load_procs` runs K load processes, each
+with its share of the clients (and of the rate or count), started together behind a barrier so
+they measure the same window, and merges their results; latencies are concatenated, so the
+percentiles of the merged result are exact.
 """
 
 from __future__ import annotations
@@ -15,11 +21,11 @@ import math
 import os
 import time
 from array import array
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from dledger.codes import DLedgerError
+from dledger.codes import DLedgerError, ResponseCode
 from dledger.runtime.client import AsyncDLedgerClient
 
 log = logging.getLogger(__name__)
@@ -46,21 +52,23 @@ class LoadResult:
     requests: int = 0
     elapsed: float = 0.0
     latencies_ms: array[float] = field(default_factory=lambda: array("d"))
+    done_at: array[float] = field(default_factory=lambda: array("d"))  # s after the window opened, per request
     errors: dict[str, int] = field(default_factory=dict)
     timeline: list[tuple[float, int, float]] = field(default_factory=list)  # (t, entries in second, p99 ms)
     size: int = 0
+    batch: int = 1
+    cpu_s: float = 0.0  # CPU time of the load process(es) while the window was open
+    procs: int = 1
 
     @property
     def entries_per_s(self) -> float:
         return self.entries / self.elapsed if self.elapsed else 0.0
 
     def percentile(self, q: float) -> float:
-        if not self.latencies_ms:
-            return math.nan
-        xs = sorted(self.latencies_ms)
-        return xs[min(len(xs) - 1, int(q * len(xs)))]
+        return _percentile(sorted(self.latencies_ms), q)
 
     def report(self) -> dict[str, Any]:
+        xs = sorted(self.latencies_ms)
         return {
             "entries": self.entries,
             "requests": self.requests,
@@ -69,46 +77,70 @@ class LoadResult:
             "mb_per_s": round(self.entries_per_s * self.size / MB, 2),
             "requests_per_s": round(self.requests / self.elapsed if self.elapsed else 0.0, 1),
             "latency_ms": {
-                "p50": round(self.percentile(0.50), 3),
-                "p90": round(self.percentile(0.90), 3),
-                "p99": round(self.percentile(0.99), 3),
-                "p999": round(self.percentile(0.999), 3),
-                "max": round(max(self.latencies_ms), 3) if self.latencies_ms else math.nan,
+                "p50": round(_percentile(xs, 0.50), 3),
+                "p90": round(_percentile(xs, 0.90), 3),
+                "p99": round(_percentile(xs, 0.99), 3),
+                "p999": round(_percentile(xs, 0.999), 3),
+                "max": round(xs[-1], 3) if xs else math.nan,
             },
             "errors": dict(self.errors),
+            "load_procs": self.procs,
+            # CPU the load generator itself used, in cores: near `load_procs` means it was the bottleneck
+            "client_cpu_cores": round(self.cpu_s / self.elapsed if self.elapsed else 0.0, 3),
         }
+
+    def compute_timeline(self) -> None:
+        """Entries and p99 latency per second of the window, from the per-request records."""
+        buckets: dict[int, list[float]] = {}
+        for t, lat in zip(self.done_at, self.latencies_ms, strict=True):
+            buckets.setdefault(int(t), []).append(lat)
+        self.timeline = []
+        for sec in sorted(buckets):
+            in_sec = sorted(buckets[sec])
+            self.timeline.append((float(sec), len(in_sec) * self.batch, _percentile(in_sec, 0.99)))
+
+
+def _percentile(xs: list[float], q: float) -> float:
+    """`xs` sorted; the nearest-rank percentile."""
+    if not xs:
+        return math.nan
+    return xs[min(len(xs) - 1, int(q * len(xs)))]
+
+
+def merge(results: list[LoadResult]) -> LoadResult:
+    """One result from several load processes that measured the same window: counts add up,
+    latencies are concatenated (percentiles are then exact, not averaged)."""
+    out = LoadResult(size=results[0].size, batch=results[0].batch, procs=len(results))
+    for r in results:
+        out.entries += r.entries
+        out.requests += r.requests
+        out.elapsed = max(out.elapsed, r.elapsed)
+        out.latencies_ms.extend(r.latencies_ms)
+        out.done_at.extend(r.done_at)
+        out.cpu_s += r.cpu_s
+        for k, v in r.errors.items():
+            out.errors[k] = out.errors.get(k, 0) + v
+    out.compute_timeline()
+    return out
 
 
 class _Recorder:
-    """Counts only after warm-up; keeps a per-second timeline for plots."""
+    """Counts only after warm-up."""
 
     def __init__(self, spec: LoadSpec, result: LoadResult) -> None:
         self.spec = spec
         self.result = result
         self.start = time.perf_counter() + spec.warmup
-        self.sec_entries = 0
-        self.sec_lat: list[float] = []
-        self.sec_start = self.start
 
     def ok(self, sent_at: float, entries: int) -> None:
         now = time.perf_counter()
         if now < self.start:
             return
-        lat = (now - sent_at) * 1000
         r = self.result
         r.entries += entries
         r.requests += 1
-        r.latencies_ms.append(lat)
-        self.sec_entries += entries
-        self.sec_lat.append(lat)
-        if now - self.sec_start >= 1.0:
-            self.flush_second(now)
-
-    def flush_second(self, now: float) -> None:
-        lat = sorted(self.sec_lat)
-        p99 = lat[min(len(lat) - 1, int(0.99 * len(lat)))] if lat else math.nan
-        self.result.timeline.append((round(self.sec_start - self.start, 1), self.sec_entries, p99))
-        self.sec_entries, self.sec_lat, self.sec_start = 0, [], now
+        r.latencies_ms.append((now - sent_at) * 1000)
+        r.done_at.append(now - self.start)
 
     def error(self, e: DLedgerError) -> None:
         if time.perf_counter() >= self.start:
@@ -122,14 +154,29 @@ class _Recorder:
         return time.perf_counter() >= self.start + spec.duration
 
 
-async def run_load(spec: LoadSpec, progress: Callable[[LoadResult, float], None] | None = None) -> LoadResult:
-    result = LoadResult(size=spec.size)
-    rec = _Recorder(spec, result)
+async def run_load(
+    spec: LoadSpec,
+    progress: Callable[[LoadResult, float], None] | None = None,
+    ready: Callable[[], Awaitable[object]] | None = None,
+) -> LoadResult:
+    """Run the load in this process. `ready` is awaited once the group answered and before
+    the load starts (several load processes use it to start together)."""
+    result = LoadResult(size=spec.size, batch=spec.batch)
     body = os.urandom(spec.size)
     bodies = [body] * spec.batch
     clients = [AsyncDLedgerClient(spec.peers, spec.group, timeout=10.0) for _ in range(spec.clients)]
     try:
         await clients[0].metadata()  # fail fast on an unreachable group
+        if ready is not None:
+            await ready()
+        rec = _Recorder(spec, result)
+        cpu: list[float] = []
+
+        async def cpu_window() -> None:
+            await asyncio.sleep(max(0.0, rec.start - time.perf_counter()))
+            cpu.append(time.process_time())
+
+        watcher = asyncio.ensure_future(cpu_window())
         task: asyncio.Future[Any]
         if spec.rate > 0:
             task = asyncio.ensure_future(_open_loop(spec, rec, clients, bodies))
@@ -140,12 +187,13 @@ async def run_load(spec: LoadSpec, progress: Callable[[LoadResult, float], None]
             if progress is not None:
                 progress(result, time.perf_counter() - rec.start)
         task.result()
+        result.elapsed = max(time.perf_counter() - rec.start, 1e-9)
+        result.cpu_s = time.process_time() - cpu[0] if cpu else 0.0
+        watcher.cancel()
     finally:
         for c in clients:
             await c.close()
-    result.elapsed = max(time.perf_counter() - rec.start, 1e-9)
-    if rec.sec_lat:
-        rec.flush_second(time.perf_counter())
+    result.compute_timeline()
     return result
 
 
@@ -181,9 +229,107 @@ async def _open_loop(spec: LoadSpec, rec: _Recorder, clients: list[AsyncDLedgerC
             t.add_done_callback(inflight.discard)
             k += 1
             next_at += interval
-        await asyncio.sleep(max(0.0, min(next_at - time.perf_counter(), 0.005)))
+        # at least 1 ms: uvloop's timers have millisecond resolution, a shorter sleep returns at
+        # once and the loop spins (the load generator then burns a core); requests due meanwhile
+        # go out together, and their latency still counts from their scheduled time
+        await asyncio.sleep(max(0.001, min(next_at - time.perf_counter(), 0.005)))
     if inflight:
         await asyncio.wait(inflight, timeout=15)
+
+
+# --- several load processes ----------------------------------------------------------------------
+
+
+def split_spec(spec: LoadSpec, procs: int) -> list[LoadSpec]:
+    """The load of one process out of `procs`: clients, rate and count divided among them."""
+    out = []
+    for k in range(procs):
+        clients = spec.clients // procs + (1 if k < spec.clients % procs else 0)
+        count = spec.count // procs + (1 if k < spec.count % procs else 0) if spec.count else 0
+        out.append(replace(spec, clients=clients, count=count, rate=spec.rate / procs))
+    return out
+
+
+def _proc_main(k: int, spec: LoadSpec, barrier: Any, counters: Any, results: Any) -> None:
+    """Entry point of one load process (spawned): run the load, send the result back."""
+    from dledger.runtime.transport import install_uvloop
+
+    install_uvloop()
+
+    async def ready() -> object:
+        # every process has reached its group: start all together
+        return await asyncio.get_running_loop().run_in_executor(None, barrier.wait, 60.0)
+
+    def progress(r: LoadResult, elapsed: float) -> None:
+        counters[k] = r.entries
+
+    try:
+        result = asyncio.run(run_load(spec, progress, ready))
+    except BaseException as e:  # reported to the parent, which raises it
+        barrier.abort()
+        results.put((k, None, f"{type(e).__name__}: {e}"))
+        return
+    results.put((k, result, ""))
+
+
+def run_load_procs(
+    spec: LoadSpec, procs: int, progress: Callable[[int, float], None] | None = None
+) -> LoadResult:
+    """Run the load in `procs` processes, each with its share of clients (and rate/count),
+    measuring the same window; returns their merged result."""
+    import multiprocessing as mp
+    import queue
+    import threading
+
+    ctx = mp.get_context("spawn")
+    barrier = ctx.Barrier(procs + 1)
+    counters = ctx.Array("q", procs, lock=False)
+    results = ctx.Queue()
+    workers = [
+        ctx.Process(target=_proc_main, args=(k, s, barrier, counters, results), daemon=True)
+        for k, s in enumerate(split_spec(spec, procs))
+    ]
+    for w in workers:
+        w.start()
+    started = threading.Event()
+    try:
+
+        def wait_start() -> None:
+            try:
+                barrier.wait(60.0)
+                started.set()
+            except threading.BrokenBarrierError:
+                pass
+
+        threading.Thread(target=wait_start, daemon=True).start()
+        got: dict[int, LoadResult] = {}
+        t0: float | None = None
+        while len(got) < procs:
+            try:
+                k, r, err = results.get(timeout=0.25)
+            except queue.Empty:
+                if started.is_set() and t0 is None:
+                    t0 = time.perf_counter()
+                if progress is not None and t0 is not None:
+                    progress(sum(counters), time.perf_counter() - t0 - spec.warmup)
+                dead = [w for w in workers if w.exitcode not in (None, 0)]
+                if dead and results.empty():
+                    raise DLedgerError(
+                        ResponseCode.UNKNOWN, f"load process exited with code {dead[0].exitcode}"
+                    ) from None
+                continue
+            if r is None:
+                raise DLedgerError(ResponseCode.UNKNOWN, f"load process {k}: {err}")
+            got[k] = r
+        return merge([got[k] for k in sorted(got)])
+    finally:
+        if not started.is_set():
+            barrier.abort()  # a process that failed early must not leave the others waiting
+        for w in workers:
+            w.join(timeout=20)
+            if w.is_alive():
+                w.terminate()
+                w.join()
 
 
 def plot(result: LoadResult, path: str, title: str) -> None:

@@ -1,0 +1,1 @@
+"""Side-by-side benchmark of dledger against etcd and PySyncObj (`make bench-compare`)."""

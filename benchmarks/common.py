@@ -1,0 +1,198 @@
+"""Shared helpers of the side-by-side benchmark: ports, CPU accounting, load processes.
+
+The load generators of etcd and PySyncObj produce the same `LoadResult` as `dledger bench`
+(dledger.bench.load), so every system is summarised by the same code: same percentiles,
+same per-second timeline, same `client_cpu_cores`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing as mp
+import os
+import queue
+import socket
+import threading
+import time
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from dledger.bench.load import LoadResult, merge
+
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def free_ports(n: int) -> list[int]:
+    """`n` distinct free TCP ports on 127.0.0.1 (bound once, then released)."""
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def loadavg() -> tuple[float, float, float]:
+    with open("/proc/loadavg") as f:
+        a, b, c = f.read().split()[:3]
+    return float(a), float(b), float(c)
+
+
+def proc_cpu_s(pid: int) -> float | None:
+    """utime + stime of one process (all its threads), in seconds; None once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def machine_busy_s() -> tuple[float, float]:
+    """(busy, total) CPU seconds of the whole machine since boot, from /proc/stat."""
+    with open("/proc/stat") as f:
+        parts = [int(x) for x in f.readline().split()[1:]]
+    idle = parts[3] + parts[4]  # idle + iowait
+    total = sum(parts[:8])
+    return (total - idle) / CLK_TCK, total / CLK_TCK
+
+
+@dataclass
+class CpuSampler:
+    """Samples the CPU of named processes and of the machine once per `period` seconds, in a thread.
+
+    `summary()` gives the median rate over the sampled intervals (cores): robust to the start-up
+    and drain phases at both ends of a run."""
+
+    pids: dict[str, int]
+    period: float = 1.0
+    samples: list[tuple[float, dict[str, float | None], tuple[float, float]]] = field(default_factory=list)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def __enter__(self) -> CpuSampler:
+        self._sample()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        self._sample()
+
+    def _sample(self) -> None:
+        self.samples.append((time.monotonic(), {k: proc_cpu_s(p) for k, p in self.pids.items()}, machine_busy_s()))
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.period):
+            self._sample()
+
+    def summary(self) -> dict[str, float]:
+        rates: dict[str, list[float]] = {k: [] for k in self.pids}
+        rates["machine_busy"] = []
+        for (t0, c0, m0), (t1, c1, m1) in zip(self.samples, self.samples[1:], strict=False):
+            dt = t1 - t0
+            if dt < 0.2:
+                continue
+            for k in self.pids:
+                a, b = c0.get(k), c1.get(k)
+                if a is not None and b is not None:
+                    rates[k].append((b - a) / dt)
+            if m1[1] > m0[1]:
+                rates["machine_busy"].append((m1[0] - m0[0]) / (m1[1] - m0[1]) * (os.cpu_count() or 1))
+        out = {}
+        for k, xs in rates.items():
+            if xs:
+                xs = sorted(xs)
+                # the busy middle of the run: median of the upper half (start-up and drain are idle)
+                upper = xs[len(xs) // 2 :]
+                out[k] = round(upper[len(upper) // 2], 2)
+        return out
+
+
+@contextmanager
+def load_samples() -> Iterator[list[tuple[float, float, float]]]:
+    """Collects the load average every 5 s while the block runs (the caller reports them)."""
+    out: list[tuple[float, float, float]] = [loadavg()]
+    stop = threading.Event()
+
+    def run() -> None:
+        while not stop.wait(5.0):
+            out.append(loadavg())
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    try:
+        yield out
+    finally:
+        stop.set()
+        t.join()
+        out.append(loadavg())
+
+
+# --- K load processes, started together -----------------------------------------------------------
+
+LoadFn = Callable[[Any, Callable[[], Awaitable[object]]], Coroutine[Any, Any, LoadResult]]
+
+
+def _worker(k: int, fn: LoadFn, arg: Any, barrier: Any, results: Any) -> None:
+    try:
+        import uvloop
+
+        uvloop.install()
+    except ImportError:
+        pass
+
+    async def ready() -> object:
+        return await asyncio.get_running_loop().run_in_executor(None, barrier.wait, 60.0)
+
+    try:
+        r: LoadResult = asyncio.run(fn(arg, ready))
+    except BaseException as e:  # reported to the parent, which raises it
+        barrier.abort()
+        results.put((k, None, f"{type(e).__name__}: {e}"))
+        return
+    results.put((k, r, ""))
+
+
+def run_procs(fn: LoadFn, args: list[Any], timeout: float) -> LoadResult:
+    """Runs `fn(args[k], ready)` in one spawned process per element of `args`; each awaits
+    `ready()` once connected, which returns when all are, so they measure the same window.
+    Returns the merged result (exact percentiles)."""
+    ctx = mp.get_context("spawn")
+    barrier = ctx.Barrier(len(args))
+    results = ctx.Queue()
+    workers = [ctx.Process(target=_worker, args=(k, fn, a, barrier, results), daemon=True) for k, a in enumerate(args)]
+    for w in workers:
+        w.start()
+    got: dict[int, LoadResult] = {}
+    deadline = time.monotonic() + timeout
+    try:
+        while len(got) < len(args):
+            if time.monotonic() > deadline:
+                raise RuntimeError("load processes did not finish in time")
+            try:
+                k, r, err = results.get(timeout=0.5)
+            except queue.Empty:
+                dead = [w for w in workers if w.exitcode not in (None, 0)]
+                if dead:
+                    raise RuntimeError(f"a load process exited with code {dead[0].exitcode}") from None
+                continue
+            if r is None:
+                raise RuntimeError(f"load process {k}: {err}")
+            got[k] = r
+        return merge([got[k] for k in sorted(got)])
+    finally:
+        for w in workers:
+            w.join(timeout=10)
+            if w.is_alive():
+                w.terminate()
+                w.join()
