@@ -374,12 +374,13 @@ def check_acked_in_log(acked: Sequence[Ack], log: dict[int, tuple[int, bytes]], 
     )
 
 
-def read_all(client: DLedgerClient) -> dict[int, tuple[int, bytes]]:
-    """Every committed NORMAL entry, through the client: index -> (term, body)."""
+def read_all(client: DLedgerClient, member: str | None = None) -> dict[int, tuple[int, bytes]]:
+    """Every committed NORMAL entry, through the client: index -> (term, body); from the
+    leader, or from `member`'s own committed copy."""
     out: dict[int, tuple[int, bytes]] = {}
     nxt = 0
     while True:
-        batch = client.read(nxt, 1000)
+        batch = client.read(nxt, 1000, member=member)
         if not batch:
             return out
         for e in batch:

@@ -121,7 +121,7 @@ def test_leader_killed_during_appends(make_cluster: MakeCluster, flush: str) -> 
     log = read_all(c.ctl)
     check_acked_in_log(acked, log, "read through the client")
     for m in c.ids:  # each member serves what it knows is committed: all of it, once caught up
-        assert read_all(c.client(c.peer_entry(m))) == log, f"{m} serves a different committed log"
+        assert read_all(c.ctl, member=m) == log, f"{m} serves a different committed log"
     bodies = [b for _, b in log.values()]
     assert len(bodies) == len(set(bodies)), "a body was stored twice"
     assert all(b.startswith(f"kill-{flush}-".encode()) for b in bodies)
@@ -161,7 +161,7 @@ def test_stopped_follower_catches_up(make_cluster: MakeCluster, sig: signal.Sign
 
     log = read_all(c.ctl)
     assert {i: b for i, (_, b) in log.items()} == acked
-    assert read_all(c.client(c.peer_entry(follower))) == log
+    assert read_all(c.ctl, member=follower) == log
     dumps = stop_and_compare_stores(c, end)
     assert {e.index: e.body for e in dumps[follower].entries if e.magic == 1} == acked
 
