@@ -434,32 +434,44 @@ class FileLedgerStore(LedgerStore):
         self._publish_durable(durable)
 
     def write_checkpoint(self) -> None:
-        with self._ckpt_lock, self._lock:
-            if not self._closed:
-                self._write_checkpoint_locked()
+        """The flush thread's periodic checkpoint. Its fsyncs run outside the store lock, so
+        appends on the event loop never wait for them (they did: a stall every second);
+        `_ckpt_lock` keeps truncate, reset and retention, which rewrite it, from interleaving."""
+        with self._ckpt_lock:
+            with self._lock:
+                if self._closed:
+                    return
+                state, index_files = self._checkpoint_state()
+            self._persist_checkpoint(state, index_files)
 
     def _write_checkpoint_locked(self) -> None:
+        self._persist_checkpoint(*self._checkpoint_state())
+
+    def _checkpoint_state(self) -> tuple[dict[str, object], list[MappedFile]]:
+        """What the checkpoint says now, and the index files that must be synced first."""
         durable = self.durable_index
         trusted = None
         if durable >= self.begin_index:
             _, p, _, _, term = self.unit(durable)
             f = self.data.locate(p)
             trusted = {"index": durable, "term": term, "pos": p, "chain_crc": HEADER.unpack_from(f.mm, p - f.start)[6]}
+        state: dict[str, object] = {
+            "version": 1,
+            "committed_index": min(self.committed_index, durable),
+            "begin_index": self.begin_index,
+            "begin_term": self.begin_term,
+            "begin_pos": self.begin_pos,
+            "begin_chain_crc": self.begin_chain_crc,
+            "trusted": trusted,
+        }
+        return state, self.index.files[-2:]
+
+    def _persist_checkpoint(self, state: dict[str, object], index_files: list[MappedFile]) -> None:
         with self._sync_lock:
-            for uf in self.index.files[-2:]:
-                uf.sync()  # index units up to the trusted point need no rebuild next time
-        write_atomic(
-            self.dir / "checkpoint",
-            {
-                "version": 1,
-                "committed_index": min(self.committed_index, durable),
-                "begin_index": self.begin_index,
-                "begin_term": self.begin_term,
-                "begin_pos": self.begin_pos,
-                "begin_chain_crc": self.begin_chain_crc,
-                "trusted": trusted,
-            },
-        )
+            for uf in index_files:
+                if not uf.closed:
+                    uf.sync()  # index units up to the trusted point need no rebuild next time
+        write_atomic(self.dir / "checkpoint", state)
 
     def set_retention_floor(self, index: int) -> None:
         self._retention_floor = index
