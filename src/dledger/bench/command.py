@@ -29,7 +29,10 @@ console = Console()
     help="Flush mode of the local group.",
 )
 @click.option("--group", default="default", show_default=True)
-@click.option("--clients", default=16, show_default=True, type=click.IntRange(1, 4096))
+@click.option("--clients", default=16, show_default=True, type=click.IntRange(1, 4096),
+              help="Concurrent requesters, each with one request in flight.")
+@click.option("--conns", default=0, type=click.IntRange(0, 4096),
+              help="Connections the clients share (as etcd's benchmark --conns) [one per client].")
 @click.option("--size", default=1024, show_default=True, type=click.IntRange(0, 4 << 20), help="Body bytes.")
 @click.option("--batch", default=1, show_default=True, type=click.IntRange(1, 100000), help="Bodies per request.")
 @click.option("--duration", default=10.0, show_default=True, type=click.FloatRange(0.1), help="Seconds.")
@@ -52,6 +55,7 @@ def bench(
     flush: str,
     group: str,
     clients: int,
+    conns: int,
     size: int,
     batch: int,
     duration: float,
@@ -69,7 +73,7 @@ def bench(
     from dledger.runtime.transport import install_uvloop
 
     install_uvloop()
-    spec = LoadSpec(peers or "", group, clients, size, batch, duration, count, rate, warmup)
+    spec = LoadSpec(peers or "", group, clients, size, batch, duration, count, rate, warmup, conns)
     if peers is not None:
         parse_peers(peers)
         result = _run(spec, procs)
@@ -90,6 +94,7 @@ def bench(
     report["config"] = {
         "target": label,
         "clients": clients,
+        "conns": conns or clients,
         "size": size,
         "batch": batch,
         "rate": rate,

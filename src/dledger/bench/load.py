@@ -44,6 +44,7 @@ class LoadSpec:
     count: int = 0  # entries; 0: run for `duration`
     rate: float = 0.0  # entries/s, open loop; 0: closed loop
     warmup: float = 1.0
+    conns: int = 0  # connections the clients share (as etcd's benchmark --conns); 0: one per client
 
 
 @dataclass
@@ -164,7 +165,10 @@ async def run_load(
     result = LoadResult(size=spec.size, batch=spec.batch)
     body = os.urandom(spec.size)
     bodies = [body] * spec.batch
-    clients = [AsyncDLedgerClient(spec.peers, spec.group, timeout=10.0) for _ in range(spec.clients)]
+    # one AsyncDLedgerClient per connection; clients beyond that share them (requests are
+    # multiplexed by request id, and those sent in one loop iteration share one write)
+    n_conns = min(spec.conns or spec.clients, spec.clients)
+    clients = [AsyncDLedgerClient(spec.peers, spec.group, timeout=10.0) for _ in range(n_conns)]
     try:
         await clients[0].metadata()  # fail fast on an unreachable group
         if ready is not None:
@@ -181,7 +185,7 @@ async def run_load(
         if spec.rate > 0:
             task = asyncio.ensure_future(_open_loop(spec, rec, clients, bodies))
         else:
-            task = asyncio.gather(*(_closed_loop(rec, c, bodies) for c in clients))
+            task = asyncio.gather(*(_closed_loop(rec, clients[k % n_conns], bodies) for k in range(spec.clients)))
         while not task.done():
             await asyncio.wait([task], timeout=0.25)
             if progress is not None:
@@ -246,7 +250,8 @@ def split_spec(spec: LoadSpec, procs: int) -> list[LoadSpec]:
     for k in range(procs):
         clients = spec.clients // procs + (1 if k < spec.clients % procs else 0)
         count = spec.count // procs + (1 if k < spec.count % procs else 0) if spec.count else 0
-        out.append(replace(spec, clients=clients, count=count, rate=spec.rate / procs))
+        conns = max(1, spec.conns // procs + (1 if k < spec.conns % procs else 0)) if spec.conns else 0
+        out.append(replace(spec, clients=clients, count=count, rate=spec.rate / procs, conns=conns))
     return out
 
 

@@ -82,6 +82,7 @@ class Node:
         self.handler = EntryHandler(self)
         self.dispatchers: dict[str, EntryDispatcher] = {}
         self._pump_needed = False
+        self._appends: list[tuple[Any, list[bytes]]] = []  # client appends taken since the last drain
 
     # --- inputs ---------------------------------------------------------------
 
@@ -130,6 +131,8 @@ class Node:
     def drain(self) -> list[Action]:
         """Actions to execute now. Pushes are built here, once per batch of inputs,
         so concurrent client appends travel to followers together."""
+        if self._appends:
+            self._store_appends()
         if self._pump_needed:
             self._pump_needed = False
             for d in self.dispatchers.values():
@@ -155,9 +158,9 @@ class Node:
         m = self.member
         m.role = Role.LEADER
         m.leader_id = m.self_id
-        self.quorum.reset()
         # A NOOP of the new term lets entries of earlier terms commit (Raft §5.4.2).
         res = self.store.append_as_leader([b""], m.term, magic=2)
+        self.quorum.reset(res.first_index)
         self.dispatchers = {p: EntryDispatcher(self, p) for p in m.others}
         if self.cfg.flush == "async" or self.store.durable_index >= res.last_index:
             self.quorum.ack_self(self.store.end_index)
@@ -226,15 +229,44 @@ class Node:
             raise DLedgerError(ResponseCode.NOT_LEADER, f"leader is {m.leader_id or 'unknown'}")
         if self.elector.transferring:
             raise DLedgerError(ResponseCode.LEADER_TRANSFERRING, "leadership transfer in progress")
-        if self.quorum.pending >= self.cfg.max_pending_requests:
-            raise DLedgerError(ResponseCode.LEADER_PENDING_FULL, f"{self.quorum.pending} appends pending")
-        res = self.store.append_as_leader(msg.bodies, m.term, MAGIC_NORMAL)
-        self.quorum.add(token, res, self.now + self.cfg.max_wait_ack_ms)
+        pending = self.quorum.pending + len(self._appends)
+        if pending >= self.cfg.max_pending_requests:
+            raise DLedgerError(ResponseCode.LEADER_PENDING_FULL, f"{pending} appends pending")
+        self.store.check_bodies(msg.bodies, m.term)  # a bad request fails alone, before the batch
+        self._appends.append((token, msg.bodies))
+
+    def _store_appends(self) -> None:
+        """Store the appends taken since the last drain with one store write (group append:
+        one encode pass, one quorum check); each request keeps its own indexes and answer."""
+        batch, self._appends = self._appends, []
+        m = self.member
+        if not m.is_leader or self.elector.transferring:  # changed since they were taken: not stored
+            code = ResponseCode.NOT_LEADER if not m.is_leader else ResponseCode.LEADER_TRANSFERRING
+            for token, _ in batch:
+                self._complete_append(token, code, None, "leadership changed before the append was stored")
+            return
+        bodies = batch[0][1] if len(batch) == 1 else [b for _, bs in batch for b in bs]
+        try:
+            res = self.store.append_as_leader(bodies, m.term, MAGIC_NORMAL)
+        except DLedgerError as e:
+            for token, _ in batch:
+                self._complete_append(token, e.code, None, e.message)
+            return
+        deadline = self.now + self.cfg.max_wait_ack_ms
+        if len(batch) == 1:
+            self.quorum.add(batch[0][0], res, deadline)
+        else:
+            off = 0
+            for token, bs in batch:
+                n = len(bs)
+                self.quorum.add(token, AppendResult(res.first_index + off, res.term, res.positions[off : off + n]),
+                                deadline)
+                off += n
         if self.cfg.flush == "async" or self.store.durable_index >= res.last_index:
             self.quorum.ack_self(res.last_index)
         else:
             self.store.request_flush()
-        self.request_pump()
+        self._pump_needed = True
 
     def _complete_append(self, token: Any, code: ResponseCode, res: AppendResult | None, message: str) -> None:
         m = self.member

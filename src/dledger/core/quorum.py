@@ -28,6 +28,7 @@ class QuorumAckChecker:
         self.complete = complete
         self.match: dict[str, int] = {}  # per follower, for the current term only
         self.leader_index = -1  # what the leader itself counts (end, or durable in sync mode)
+        self.term_start = 1 << 62  # index of the leader's NOOP: entries from here on are of its term
         # a waiting append is in _items; _by_index orders release, _by_deadline expiry
         self._items: dict[int, tuple[Any, AppendResult]] = {}
         self._by_index: list[tuple[int, int]] = []
@@ -38,10 +39,12 @@ class QuorumAckChecker:
     def pending(self) -> int:
         return len(self._items)
 
-    def reset(self) -> None:
-        """A new term: watermarks of the old term mean nothing for this one."""
+    def reset(self, term_start: int) -> None:
+        """A new term, whose first entry is at `term_start`: watermarks of the old term
+        mean nothing for this one."""
         self.match = {p: -1 for p in self.member.others}
         self.leader_index = -1
+        self.term_start = term_start
 
     def add(self, token: Any, result: AppendResult, deadline_ms: int) -> None:
         seq = next(self._seq)
@@ -68,7 +71,7 @@ class QuorumAckChecker:
         store = self.store
         if candidate <= store.committed_index or candidate > store.end_index:
             return False
-        if store.term_at(candidate) != self.member.term:
+        if candidate < self.term_start:  # an entry of an earlier term (the leader's log has no gaps)
             return False
         store.set_committed(candidate)
         self._release(candidate)

@@ -22,7 +22,14 @@ from dledger.config import DLedgerConfig, Peer
 from dledger.core.messages import FAULT, FaultRequest, SimpleResponse, decode_request, decode_response, encode
 from dledger.core.node import Node, Reply, Send
 from dledger.runtime.metrics import Metrics
-from dledger.runtime.transport import FaultInjector, Message, TransportClient, TransportServer
+from dledger.runtime.transport import (
+    FaultInjector,
+    Message,
+    Respond,
+    TransportClient,
+    TransportServer,
+    encode_error,
+)
 from dledger.store import open_store
 
 log = logging.getLogger(__name__)
@@ -48,7 +55,7 @@ class GroupRuntime:
         self.node = Node(cfg, self.store, now_ms())
         self.blocked_ids: set[str] = set()
         self._tokens = itertools.count()
-        self._waiting: dict[int, asyncio.Future[Message]] = {}
+        self._waiting: dict[int, Respond] = {}  # token -> how to answer that request
         self._tasks: set[asyncio.Task[None]] = set()
         self._drain_scheduled = False
         self._ticker: asyncio.Task[None] | None = None
@@ -72,9 +79,9 @@ class GroupRuntime:
                 await self._ticker
         for t in list(self._tasks):
             t.cancel()
-        for fut in self._waiting.values():
-            if not fut.done():
-                fut.set_exception(DLedgerError(ResponseCode.NETWORK_ERROR, "member is stopping"))
+        waiting, self._waiting = self._waiting, {}
+        for respond in waiting.values():
+            respond(Message(ResponseCode.NETWORK_ERROR, encode_error("member is stopping")))
         await asyncio.to_thread(self.store.close)
 
     # --- driving the node -----------------------------------------------------------------
@@ -95,23 +102,32 @@ class GroupRuntime:
         self.node.on_durable(durable, now_ms())
         self._execute()
 
-    async def handle(self, code: int, req: msgspec.Struct, data: memoryview | bytes | bytearray) -> Message:
+    def handle(self, code: int, req: msgspec.Struct, data: memoryview | bytes | bytearray, respond: Respond) -> None:
+        """Give a request to the node at once (arrival order is processing order); its
+        answer goes to `respond` when the node emits it (see _execute)."""
         sender = getattr(req, "leader_id", "")
         if sender and sender in self.blocked_ids:
             raise DLedgerError(ResponseCode.NETWORK_ERROR, "dropped by fault injection")
         token = next(self._tokens)
-        fut: asyncio.Future[Message] = self.loop.create_future()
-        self._waiting[token] = fut
-        started = time.perf_counter()
+        if self.metrics is not None and code == RequestCode.APPEND:
+            respond = self._observed(req, respond)
+        self._waiting[token] = respond
         self.node.handle(code, req, data, token, now_ms())  # type: ignore[arg-type]
         self._schedule_drain()
-        resp = await fut
-        if self.metrics is not None and code == RequestCode.APPEND and resp.code == ResponseCode.SUCCESS:
-            bodies = req.bodies  # type: ignore[attr-defined]
-            self._m_latency.observe(time.perf_counter() - started)
-            self._m_batch.observe(len(bodies))
-            self._m_bytes.inc(sum(map(len, bodies)))
-        return resp
+
+    def _observed(self, req: msgspec.Struct, respond: Respond) -> Respond:
+        """`respond`, also recording the latency, batch size and bytes of a successful append."""
+        started = time.perf_counter()
+
+        def done(resp: Message) -> None:
+            if resp.code == ResponseCode.SUCCESS:
+                bodies = req.bodies  # type: ignore[attr-defined]
+                self._m_latency.observe(time.perf_counter() - started)
+                self._m_batch.observe(len(bodies))
+                self._m_bytes.inc(sum(map(len, bodies)))
+            respond(resp)
+
+        return done
 
     def _schedule_drain(self) -> None:
         """Run the node's actions once per loop iteration: concurrent requests then
@@ -124,10 +140,10 @@ class GroupRuntime:
         self._drain_scheduled = False
         for action in self.node.drain():
             if isinstance(action, Reply):
-                fut = self._waiting.pop(action.token, None)
-                if fut is not None and not fut.done():
+                respond = self._waiting.pop(action.token, None)
+                if respond is not None:
                     code = getattr(action.msg, "code", ResponseCode.SUCCESS)
-                    fut.set_result(Message(int(code), encode(action.msg), action.data))
+                    respond(Message(int(code), encode(action.msg), action.data))
             else:
                 self._spawn(self._send(action))
 
@@ -192,7 +208,7 @@ class DLedgerServer:
             self.groups[cfg.group] = GroupRuntime(cfg, self.client, self.faults, self.metrics)
         for g in self.groups.values():
             await g.start()
-        self.server = TransportServer(self._handle, max_frame_bytes=max_frame)
+        self.server = TransportServer(direct=self._handle, max_frame_bytes=max_frame)
         host, _, port = self.address.rpartition(":")
         await self.server.start(host, int(port))
         if self.metrics is not None:
@@ -210,21 +226,24 @@ class DLedgerServer:
     def node(self, group: str = "default") -> Node:
         return self.groups[group].node
 
-    async def _handle(self, msg: Message) -> Message:
+    def _handle(self, msg: Message, respond: Respond) -> None:
         try:
             req = decode_request(msg.code, msg.meta)
         except KeyError:
-            return _error(ResponseCode.UNSUPPORTED, f"unknown request code {msg.code}")
+            respond(_error(ResponseCode.UNSUPPORTED, f"unknown request code {msg.code}"))
+            return
         except msgspec.DecodeError as e:
-            return _error(ResponseCode.UNEXPECTED_ARGUMENT, f"malformed request {msg.code}: {e}")
+            respond(_error(ResponseCode.UNEXPECTED_ARGUMENT, f"malformed request {msg.code}: {e}"))
+            return
         g = self.groups.get(req.group)
         if g is None:
-            return _error(ResponseCode.UNKNOWN_GROUP, f"no group {req.group!r} here")
-        if msg.code == FAULT:
+            respond(_error(ResponseCode.UNKNOWN_GROUP, f"no group {req.group!r} here"))
+        elif msg.code == FAULT:
             assert isinstance(req, FaultRequest)
             g.set_faults(req.blocked)
-            return Message(200, encode(SimpleResponse(200)))
-        return await g.handle(msg.code, req, msg.data)
+            respond(Message(200, encode(SimpleResponse(200))))
+        else:
+            g.handle(msg.code, req, msg.data, respond)
 
 
 def _error(code: ResponseCode, text: str) -> Message:

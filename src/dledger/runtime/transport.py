@@ -27,7 +27,8 @@ up as bytes (data of a frame too big for the receive buffer arrives as a read-on
 memoryview of its own buffer, to avoid copying it).
 
 Requests are multiplexed on one connection per remote address by request id; the server
-runs each request as its own task, so responses may come back in any order. Errors the
+hands each request to its handler as it is parsed (a direct handler answers through a
+callback, with no task per request), so responses may come back in any order. Errors the
 server reports are ordinary responses (code != SUCCESS, meta ``{"error": text}``); only
 transport failures (NETWORK_ERROR, TIMEOUT) raise on the client.
 """
@@ -55,10 +56,12 @@ __all__ = [
     "HEADER_SIZE",
     "KIND_REQUEST",
     "KIND_RESPONSE",
+    "DirectHandler",
     "FaultInjector",
     "FrameDecoder",
     "FrameError",
     "Message",
+    "Respond",
     "TransportClient",
     "TransportServer",
     "encode_error",
@@ -358,17 +361,27 @@ class _FrameProtocol(asyncio.BufferedProtocol):
         if not self.usable:
             self._wake_next_writer()
             raise DLedgerError(ResponseCode.NETWORK_ERROR, self._close_reason or f"connection with {self.peer} closed")
-        parts = encode_frame(kind, request_id, code, meta, data)
-        self._out.extend(parts)
+        self.queue_frame(kind, request_id, code, meta, data, flush_now=contended)
+        self._wake_next_writer()
+
+    @property
+    def can_queue(self) -> bool:
+        """A frame may be queued now without waiting for a turn (order is kept)."""
+        return not self._paused and not self._writers and self.usable
+
+    def queue_frame(self, kind: int, request_id: int, code: int, meta: Buffer, data: Buffer,
+                    flush_now: bool = False) -> None:
+        """Queue one frame without waiting: the synchronous core of `send_frame`.
+
+        Frames queued in one loop iteration go out in one write (one syscall under load);
+        a sender that had to wait flushes at once so the pause state stays exact."""
+        self._out.extend(encode_frame(kind, request_id, code, meta, data))
         self._out_bytes += HEADER_SIZE + _nbytes(meta) + _nbytes(data)
-        # Frames sent in one loop iteration go out in one write (one syscall under load);
-        # a sender that had to wait flushes at once so the pause state stays exact.
-        if contended or self._out_bytes >= _WRITE_HIGH_WATER:
+        if flush_now or self._out_bytes >= _WRITE_HIGH_WATER:
             self._flush()
         elif not self._flush_scheduled:
             self._flush_scheduled = True
             asyncio.get_running_loop().call_soon(self._flush)
-        self._wake_next_writer()
 
     def _flush(self) -> None:
         self._flush_scheduled = False
@@ -403,6 +416,10 @@ class _FrameProtocol(asyncio.BufferedProtocol):
 
 
 Handler: TypeAlias = Callable[[Message], Awaitable[Message]]
+Respond: TypeAlias = Callable[[Message], None]
+# Called on the event loop for each request; answers now or later by calling `respond`
+# once. Raising DLedgerError (or anything) answers with an error response.
+DirectHandler: TypeAlias = Callable[[Message, Respond], None]
 
 
 class _ServerConnection(_FrameProtocol):
@@ -420,41 +437,78 @@ class _ServerConnection(_FrameProtocol):
     def _on_frame(self, kind: int, request_id: int, code: int, meta: bytes, data: Buffer) -> None:
         if kind != KIND_REQUEST:
             raise FrameError(f"frame of kind {kind} sent to a server")
-        self._server._spawn(self._serve(request_id, Message(code, meta, data)))
+        respond = functools.partial(self._respond, request_id, code)
+        try:
+            self._server.direct_handler(Message(code, meta, data), respond)
+        except DLedgerError as e:
+            respond(Message(int(e.code), encode_error(e.message)))
+        except Exception as e:
+            log.exception("handler failed on request code %d from %s", code, self.peer)
+            respond(Message(ResponseCode.INTERNAL_ERROR, encode_error(f"{type(e).__name__}: {e}")))
 
     def _lost(self, reason: str) -> None:
         self._server._connections.discard(self)
 
-    async def _serve(self, request_id: int, request: Message) -> None:
-        try:
-            response = await self._server.handler(request)
-            problem = _frame_problem(response.code, response.meta, response.data, self._server.max_frame_bytes)
-            if problem is not None:
-                log.error("response to request %d (code %d) not sendable: %s", request_id, request.code, problem)
-                response = Message(ResponseCode.INTERNAL_ERROR, encode_error(problem))
-        except DLedgerError as e:
-            response = Message(int(e.code), encode_error(e.message))
-        except Exception as e:
-            log.exception("handler failed on request code %d from %s", request.code, self.peer)
-            response = Message(ResponseCode.INTERNAL_ERROR, encode_error(f"{type(e).__name__}: {e}"))
-        if not self.usable:
-            return  # the client is gone; it has already failed this request
-        with contextlib.suppress(DLedgerError):  # the connection dropped while we waited to send
-            await self.send_frame(KIND_RESPONSE, request_id, int(response.code), response.meta, response.data)
+    def _respond(self, request_id: int, request_code: int, response: Message) -> None:
+        """Queue the response at once: no task, no await per request. Responses may leave in
+        any order, so they never wait for a turn; a client that does not read them is held
+        back by pausing reads from it instead (see pause_writing)."""
+        problem = _frame_problem(response.code, response.meta, response.data, self._server.max_frame_bytes)
+        if problem is not None:
+            log.error("response to request %d (code %d) not sendable: %s", request_id, request_code, problem)
+            response = Message(ResponseCode.INTERNAL_ERROR, encode_error(problem))
+        if self.usable:  # else the client is gone and has already failed this request
+            self.queue_frame(KIND_RESPONSE, request_id, int(response.code), response.meta, response.data)
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        if self._transport is not None:
+            self._transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        if self._transport is not None and not self._transport.is_closing():
+            self._transport.resume_reading()
 
 
 class TransportServer:
-    """Accepts connections and answers each request with ``handler``, one task per request."""
+    """Accepts connections and answers every request with the handler.
 
-    def __init__(self, handler: Handler, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> None:
+    `handler` is a coroutine function returning the response (run as a task per request);
+    `direct` (instead) is a DirectHandler, called synchronously for each request: the hot
+    path of a member, which saves a task, a future and several coroutine frames per request.
+    """
+
+    def __init__(self, handler: Handler | None = None, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+                 *, direct: DirectHandler | None = None) -> None:
         if max_frame_bytes < _FIXED_SIZE:
             raise ValueError(f"max_frame_bytes must be at least {_FIXED_SIZE}")
-        self.handler = handler
+        if (handler is None) == (direct is None):
+            raise ValueError("give exactly one of handler and direct")
+        self.direct_handler: DirectHandler = direct if direct is not None else self._adapt(handler)  # type: ignore[arg-type]
         self.max_frame_bytes = max_frame_bytes
         self.closing = False
         self._server: asyncio.Server | None = None
         self._connections: set[_ServerConnection] = set()
         self._tasks: set[asyncio.Task[None]] = set()
+
+    def _adapt(self, handler: Handler) -> DirectHandler:
+        """A coroutine handler as a DirectHandler: one task per request."""
+
+        async def run(msg: Message, respond: Respond) -> None:
+            try:
+                response = await handler(msg)
+            except DLedgerError as e:
+                response = Message(int(e.code), encode_error(e.message))
+            except Exception as e:
+                log.exception("handler failed on request code %d", msg.code)
+                response = Message(ResponseCode.INTERNAL_ERROR, encode_error(f"{type(e).__name__}: {e}"))
+            respond(response)
+
+        def direct(msg: Message, respond: Respond) -> None:
+            self._spawn(run(msg, respond))
+
+        return direct
 
     async def start(self, host: str, port: int) -> None:
         if self._server is not None:
@@ -637,13 +691,31 @@ class TransportClient:
         problem = _frame_problem(msg.code, msg.meta, msg.data, self._max_frame_bytes)
         if problem is not None:
             raise DLedgerError(ResponseCode.UNEXPECTED_ARGUMENT, problem)
+        peer = self._peers.get(address)
+        conn = peer.conn if peer is not None else None
+        if conn is not None and conn.can_queue and (self._faults is None or self._faults.delay_s <= 0):
+            return await self._request_now(conn, address, msg, timeout)
         try:
             async with asyncio.timeout(timeout):
                 return await self._request(address, msg)
         except TimeoutError:
-            raise DLedgerError(
-                ResponseCode.TIMEOUT, f"request {msg.code} to {address} got no response within {timeout}s"
-            ) from None
+            raise DLedgerError(ResponseCode.TIMEOUT, _timeout_text(msg, address, timeout)) from None
+
+    async def _request_now(self, conn: _ClientConnection, address: str, msg: Message, timeout: float) -> Message:
+        """The common case: connected, nothing queued ahead. The frame is queued at once and
+        a plain timer replaces asyncio.timeout (the client's per-request cost matters: load
+        generators and Spark tasks share the machine with the members)."""
+        loop = asyncio.get_running_loop()
+        request_id = next(self._ids)
+        fut: asyncio.Future[Message] = loop.create_future()
+        conn.pending[request_id] = fut
+        conn.queue_frame(KIND_REQUEST, request_id, msg.code, msg.meta, msg.data)
+        timer = loop.call_later(timeout, _expire, fut, msg, address, timeout)
+        try:
+            return await fut
+        finally:
+            timer.cancel()
+            conn.pending.pop(request_id, None)
 
     async def close(self) -> None:
         """Fail everything in flight with NETWORK_ERROR and drop all connections."""
@@ -766,6 +838,15 @@ class TransportClient:
         peer = self._peers.get(conn.address)
         if peer is not None and peer.conn is conn:
             peer.conn = None
+
+
+def _timeout_text(msg: Message, address: str, timeout: float) -> str:
+    return f"request {msg.code} to {address} got no response within {timeout}s"
+
+
+def _expire(fut: asyncio.Future[Message], msg: Message, address: str, timeout: float) -> None:
+    if not fut.done():
+        fut.set_exception(DLedgerError(ResponseCode.TIMEOUT, _timeout_text(msg, address, timeout)))
 
 
 def install_uvloop() -> bool:

@@ -231,7 +231,8 @@ class LedgerStore(ABC):
 
     # --- shared checks -------------------------------------------------------
 
-    def _check_bodies(self, bodies: Sequence[bytes], term: int) -> None:
+    def check_bodies(self, bodies: Sequence[bytes], term: int) -> None:
+        """Why `bodies` cannot be appended in `term` (raised), checked before anything is written."""
         if not bodies:
             raise StoreError(ResponseCode.REQUEST_WITH_EMPTY_BODYS, "empty batch")
         if term < self.end_term:

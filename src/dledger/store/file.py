@@ -95,6 +95,8 @@ class FileLedgerStore(LedgerStore):
         self._ckpt_lock = threading.Lock()  # outermost: checkpoint state must match the files
         self._sync_lock = threading.Lock()  # innermost: fds are not closed during an fsync
         self._term_vote = self._read_term()
+        self._buf = bytearray(1 << 20)  # encode scratch of append_as_leader
+        self._ubuf = bytearray(64 << 10)
         try:
             recover(self)
         except BaseException:
@@ -120,39 +122,59 @@ class FileLedgerStore(LedgerStore):
     ) -> AppendResult:
         with self._lock:
             self._check_writable()
-            self._check_bodies(bodies, term)
-            positions: array[int] = array("q")
-            first = index = self.end_index + 1
-            chain = self.end_chain_crc
-            k, n = 0, len(bodies)
-            while k < n:
-                f = self.data.ensure(self.write_pos)
-                room = f.end - self.write_pos - BLANK_SIZE
-                j, used = k, 0
-                while j < n and used + HEADER_SIZE + len(bodies[j]) <= room:
-                    used += HEADER_SIZE + len(bodies[j])
-                    j += 1
-                if j == k:
-                    self._close_file(f)
-                    continue
-                uf, ucap = self._unit_room(index)
-                if j - k > ucap:
-                    j = k + ucap
-                    used = HEADER_SIZE * (j - k) + sum(map(len, bodies[k:j]))
-                chain = encode_into(
-                    f.mm, self.write_pos - f.start, bodies, k, j, index, term, self.write_pos,
-                    chain, magic, units=uf.mm, units_offset=index * INDEX_UNIT_SIZE - uf.start,
-                    positions=positions,
-                )
-                index += j - k
-                self.write_pos += used
-                self.end_index = index - 1
-                self.end_term = term
-                self.end_chain_crc = chain
-                k = j
+            self.check_bodies(bodies, term)
+            first = self.end_index + 1
+            try:
+                positions = self._encode_and_write(bodies, term, magic)
+            except BaseException:
+                self._truncate_locked(first)  # all or nothing: drop what an earlier file got
+                raise
         if self.sync_mode:
             self._flusher.request()
         return AppendResult(first, term, positions)
+
+    def _encode_and_write(self, bodies: Sequence[bytes], term: int, magic: int) -> array[int]:
+        """Encode the records into the scratch buffers, one run per data file, and write
+        each run with one pwrite (plus one for its index units)."""
+        positions: array[int] = array("q")
+        index = self.end_index + 1
+        chain = self.end_chain_crc
+        k, n = 0, len(bodies)
+        while k < n:
+            f = self.data.ensure(self.write_pos)
+            room = f.end - self.write_pos - BLANK_SIZE
+            j, used = k, 0
+            while j < n and used + HEADER_SIZE + len(bodies[j]) <= room:
+                used += HEADER_SIZE + len(bodies[j])
+                j += 1
+            if j == k:
+                self._close_file(f)
+                continue
+            uf, ucap = self._unit_room(index)
+            if j - k > ucap:
+                j = k + ucap
+                used = HEADER_SIZE * (j - k) + sum(map(len, bodies[k:j]))
+            buf, ubuf = self._scratch(used, (j - k) * INDEX_UNIT_SIZE)
+            chain = encode_into(buf, 0, bodies, k, j, index, term, self.write_pos, chain, magic,
+                                units=ubuf, units_offset=0, positions=positions)
+            with memoryview(buf) as mv, memoryview(ubuf) as umv:
+                f.write(self.write_pos - f.start, mv[:used])
+                uf.write(index * INDEX_UNIT_SIZE - uf.start, umv[: (j - k) * INDEX_UNIT_SIZE])
+            index += j - k
+            self.write_pos += used
+            self.end_index = index - 1
+            self.end_term = term
+            self.end_chain_crc = chain
+            k = j
+        return positions
+
+    def _scratch(self, data_bytes: int, unit_bytes: int) -> tuple[bytearray, bytearray]:
+        """Reused encode buffers (warm memory: no page faults on the hot path)."""
+        if len(self._buf) < data_bytes:
+            self._buf = bytearray(max(data_bytes, 2 * len(self._buf)))
+        if len(self._ubuf) < unit_bytes:
+            self._ubuf = bytearray(max(unit_bytes, 2 * len(self._ubuf)))
+        return self._buf, self._ubuf
 
     def append_as_follower(self, data: bytes | bytearray | memoryview) -> int:
         with self._lock:
@@ -198,10 +220,8 @@ class FileLedgerStore(LedgerStore):
             )
             if res.stop.startswith("corrupt") or res.stop in ("blank", "zero") or res.count == 0:
                 raise push_error(res.stop, off)
-            wo = self.write_pos - f.start
-            f.mm[wo : wo + res.consumed] = data[off : off + res.consumed]
-            uo = (self.end_index + 1) * INDEX_UNIT_SIZE - uf.start
-            uf.mm[uo : uo + len(units)] = units
+            f.write(self.write_pos - f.start, data[off : off + res.consumed])
+            uf.write((self.end_index + 1) * INDEX_UNIT_SIZE - uf.start, units)
             off += res.consumed
             self.write_pos += res.consumed
             self.end_index += res.count
@@ -210,7 +230,7 @@ class FileLedgerStore(LedgerStore):
 
     def _close_file(self, f: MappedFile) -> None:
         """Write the blank record that closes `f` and move to the next file."""
-        BLANK.pack_into(f.mm, self.write_pos - f.start, MAGIC_BLANK, f.end - self.write_pos)
+        f.write(self.write_pos - f.start, BLANK.pack(MAGIC_BLANK, f.end - self.write_pos))
         self.write_pos = f.end
 
     def _unit_room(self, index: int) -> tuple[MappedFile, int]:

@@ -7,6 +7,7 @@ Data and index files both use it.
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import mmap
 import os
@@ -26,7 +27,14 @@ def file_name(start: int) -> str:
 
 
 class MappedFile:
-    """One file of `size` bytes mapped read-write; `start` is its logical offset."""
+    """One file of `size` bytes; `start` is its logical offset.
+
+    Reads go through the mapping; writes go through `write` (pwrite), never stores into
+    the mapping. On this kind of machine (a VM, ext4) faulting fresh pages of a shared
+    file mapping for writing at tens of MB/s stalls every CPU for 10-40 ms a few times a
+    second, even processes that touch no file; buffered writes of the same bytes do not
+    (measured: docs/performance.md). Both share the page cache, so reads see the writes.
+    """
 
     def __init__(self, path: Path, start: int, size: int, create: bool = False) -> None:
         self.path = path
@@ -54,6 +62,17 @@ class MappedFile:
     def end(self) -> int:
         return self.start + self.size
 
+    def write(self, offset: int, data: bytes | bytearray | memoryview) -> None:
+        """Write all of `data` at file offset `offset` (page cache; `sync` makes it durable)."""
+        n = len(data)
+        try:
+            done = os.pwrite(self.fd, data, offset)
+            while done < n:  # a short write: only if interrupted or out of space
+                done += os.pwrite(self.fd, memoryview(data)[done:], offset + done)
+        except OSError as e:
+            code = ResponseCode.DISK_FULL if e.errno in (errno.ENOSPC, errno.EDQUOT) else ResponseCode.DISK_ERROR
+            raise StoreError(code, f"write of {n} bytes at {self.path}:{offset} failed: {e}") from e
+
     def sync(self) -> None:
         """fdatasync: on Linux it also writes back pages dirtied through the mapping."""
         os.fdatasync(self.fd)
@@ -66,7 +85,7 @@ class MappedFile:
             stop = min(begin + chunk, end)
             n = stop - begin
             if mm[begin:stop] != zeros[:n]:
-                mm[begin:stop] = zeros[:n]
+                self.write(begin, zeros[:n])
             begin = stop
 
     def close(self) -> None:

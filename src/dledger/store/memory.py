@@ -31,7 +31,7 @@ class MemoryLedgerStore(LedgerStore):
         self, bodies: Sequence[bytes], term: int, magic: int = MAGIC_NORMAL
     ) -> AppendResult:
         with self._lock:
-            self._check_bodies(bodies, term)
+            self.check_bodies(bodies, term)
             first = self.end_index + 1
             off = len(self._buf)
             total = HEADER_SIZE * len(bodies) + sum(map(len, bodies))

@@ -225,7 +225,7 @@ def _write_units(store: FileLedgerStore, index: int, units: bytes | bytearray) -
         uf = store.index.ensure(p + done)
         off = p + done - uf.start
         n = min(len(units) - done, uf.size - off)
-        uf.mm[off : off + n] = units[done : done + n]
+        uf.write(off, units[done : done + n])
         done += n
 
 
@@ -306,7 +306,7 @@ def rebuild_units(
         uf = store.index.ensure(p)
         uo = p - uf.start
         if not verify or uf.mm[uo : uo + INDEX_UNIT_SIZE] != unit:
-            uf.mm[uo : uo + INDEX_UNIT_SIZE] = unit
+            uf.write(uo, unit)
             rebuilt += 1
         pos += h[1]
         index += 1
