@@ -217,10 +217,26 @@ def test_checker_catches_unavailability_and_crashes() -> None:
 # --- the tools themselves: proxies and torn writes ------------------------------------------------------------------
 
 
-def _echo_server(port: int) -> tuple[asyncio.AbstractEventLoop, threading.Thread]:
-    loop = asyncio.new_event_loop()
+class _EchoServer:
+    """A TCP echo server on its own loop thread: the far end of a proxied link."""
 
-    async def echo(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+    def __init__(self, port: int) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._server: asyncio.Server | None = None
+        started = threading.Event()
+
+        def serve() -> None:
+            asyncio.set_event_loop(self.loop)
+            self._server = self.loop.run_until_complete(asyncio.start_server(self._echo, "127.0.0.1", port))
+            started.set()
+            self.loop.run_forever()
+
+        self._thread = threading.Thread(target=serve, daemon=True)
+        self._thread.start()
+        started.wait(5)
+
+    @staticmethod
+    async def _echo(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
         try:
             while data := await r.read(1024):
                 w.write(data)
@@ -230,18 +246,22 @@ def _echo_server(port: int) -> tuple[asyncio.AbstractEventLoop, threading.Thread
         finally:
             w.close()
 
-    started = threading.Event()
+    def stop(self) -> None:
+        """Close the listener and cancel the handlers before the loop stops, so nothing is
+        left to die at garbage collection."""
 
-    def serve() -> None:
-        asyncio.set_event_loop(loop)
-        loop.run_until_complete(asyncio.start_server(echo, "127.0.0.1", port))
-        started.set()
-        loop.run_forever()
+        async def shutdown() -> None:
+            if self._server is not None:
+                self._server.close()
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
 
-    t = threading.Thread(target=serve, daemon=True)
-    t.start()
-    started.wait(5)
-    return loop, t
+        asyncio.run_coroutine_threadsafe(shutdown(), self.loop).result(5)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(5)
+        self.loop.close()
 
 
 def _roundtrip(port: int, payload: bytes, timeout: float = 1.0) -> bytes | str:
@@ -265,7 +285,7 @@ def _roundtrip(port: int, payload: bytes, timeout: float = 1.0) -> bytes | str:
 
 def test_link_proxy_passes_refuses_blackholes_and_delays() -> None:
     target, listen = free_ports(2)
-    loop, thread = _echo_server(target)
+    echo = _EchoServer(target)
     hub = ProxyHub()
     try:
         hub.add("a", "b", listen, target)
@@ -282,8 +302,7 @@ def test_link_proxy_passes_refuses_blackholes_and_delays() -> None:
         assert _roundtrip(listen, b"again") == b"again"
     finally:
         hub.close()
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(5)
+        echo.stop()
 
 
 def test_torn_write_cuts_only_past_the_trusted_point(tmp_path: Path) -> None:
