@@ -24,7 +24,7 @@ import time
 from functools import partial
 from typing import Any
 
-from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, replicated  # type: ignore[import-untyped]
+from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, replicated  # type: ignore[import-untyped, import-not-found, unused-ignore]
 
 _NAMES = {v: k for k, v in vars(FAIL_REASON).items() if isinstance(v, int)}
 
