@@ -11,8 +11,9 @@ drops the follower's entries past it, APPEND streams records. Improvements:
   flight, responses applied strictly in send order, any failure or gap resets
   to COMPARE (the epoch counter makes late answers of the old window inert);
 - pushes carry raw record bytes straight from the store (`read_raw`);
-- flow control: a follower catching up from far behind is limited to
-  `peer_push_quota` bytes/s, so it cannot starve live replication to others.
+- flow control: a follower catching up from far behind the commit index is
+  limited to `peer_push_quota` bytes/s, so it cannot starve live replication to
+  others; the followers the commit waits for are never throttled.
 """
 
 from __future__ import annotations
@@ -122,14 +123,20 @@ class EntryDispatcher:
             self.tokens -= len(data)
 
     def _quota_allows(self) -> bool:
-        """Token bucket, applied only when the follower lags by more than a window."""
+        """Token bucket, applied only to a follower catching up from far behind the commit index.
+
+        DLedger's checkQuotaAndWait throttles a follower that lags the leader's *end* by more
+        than a window. After a burst (an async leader stores far faster than it replicates)
+        every follower lags so, and commits crawled at the quota: the group stalled for
+        minutes. A follower within a window of the commit index is one the commit waits for
+        (the commit index is a majority's match), so it is never throttled."""
         node = self.node
         cfg = node.cfg
         quota = cfg.peer_push_quota
         self.tokens = min(float(quota), self.tokens + (node.now - self.last_refill) * quota / 1000)
         self.last_refill = node.now
-        if node.store.end_index - self.next_index <= cfg.max_pending_requests:
-            return True  # live replication is never throttled (as DLedger's checkQuotaAndWait)
+        if self.match_index >= node.store.committed_index - cfg.max_pending_requests:
+            return True
         return self.tokens > 0
 
     # --- answers -----------------------------------------------------------------------
