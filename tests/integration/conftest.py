@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from .harness import Cluster, MakeCluster
+from .harness import Cluster, MakeCluster, free_port_run
 
 
 @pytest.fixture
@@ -16,8 +16,9 @@ def make_cluster(tmp_path: Path) -> Iterator[MakeCluster]:
     stopped at teardown, whatever the test did."""
     clusters: list[Cluster] = []
 
-    def make(n: int = 3, *, flush: str = "async", extra: Sequence[str] = ()) -> Cluster:
-        c = Cluster(n, tmp_path / f"cluster{len(clusters)}", flush=flush, extra=extra)
+    def make(n: int = 3, *, flush: str = "async", extra: Sequence[str] = (), metrics: bool = False) -> Cluster:
+        c = Cluster(n, tmp_path / f"cluster{len(clusters)}", flush=flush, extra=extra,
+                    metrics_base_port=free_port_run(n) if metrics else 0)
         clusters.append(c)
         c.start()
         return c

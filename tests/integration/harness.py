@@ -98,6 +98,17 @@ def free_ports(n: int) -> list[int]:
     return chosen
 
 
+def free_port_run(n: int) -> int:
+    """The first of n consecutive free ports (as `--metrics-base-port` needs)."""
+    low = _ephemeral_low()
+    lo, hi = (20000, low - n - 1) if low > 21000 else (30000, 60000)
+    rng = random.SystemRandom()
+    while True:
+        base = rng.randint(lo, hi)
+        if all(_port_free(base + k) for k in range(n)):
+            return base
+
+
 # --- stores opened offline -----------------------------------------------------------------------------
 
 
@@ -148,14 +159,15 @@ class Cluster:
     """One group run as OS processes through `dledger.cli.local_cluster`."""
 
     def __init__(self, n: int, data_dir: Path, *, group: str = "it", flush: str = "async",
-                 extra: Sequence[str] = ()) -> None:
+                 extra: Sequence[str] = (), metrics_base_port: int = 0) -> None:
         self.ids = [f"n{k}" for k in range(n)]
         self.group = group
         self.data_dir = data_dir
         self.flush = flush
         ports = free_ports(n)
         self.peers = ";".join(f"{m}-127.0.0.1:{p}" for m, p in zip(self.ids, ports, strict=True))
-        self._lc = local_cluster(self.peers, group, data_dir, flush, "file", extra=list(extra))
+        self.metrics_base_port = metrics_base_port  # member k serves /metrics on this + k (0: none)
+        self._lc = local_cluster(self.peers, group, data_dir, flush, "file", metrics_base_port, extra=list(extra))
         self._all_procs: list[subprocess.Popen[bytes]] = []
         self._clients: list[DLedgerClient] = []
         self.down: set[str] = set()
@@ -390,4 +402,5 @@ def read_all(client: DLedgerClient, member: str | None = None) -> dict[int, tupl
 
 
 class MakeCluster(Protocol):
-    def __call__(self, n: int = 3, *, flush: str = "async", extra: Sequence[str] = ()) -> Cluster: ...
+    def __call__(self, n: int = 3, *, flush: str = "async", extra: Sequence[str] = (),
+                 metrics: bool = False) -> Cluster: ...

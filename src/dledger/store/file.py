@@ -7,8 +7,9 @@ trusts), `currterm` the term and vote.
 Invariants the code keeps:
 - records are contiguous; a record is written only where `size + 8` bytes
   remain, so a blank always fits to close the file;
-- a record's body is written before its header, so a torn write leaves no
-  valid-looking header;
+- records and index units are written with pwrite, never through the mapping
+  (which only serves reads): see MappedFile; a torn write leaves a record whose
+  CRCs fail, and recovery cuts it;
 - removed records (truncate, recovery cut) are zeroed, so a later recovery can
   never bring them back;
 - `checkpoint` never names a record that a later truncate removed: truncate

@@ -1,0 +1,98 @@
+"""`dledger bench` against a real group, and the members' Prometheus metrics."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from .harness import Cluster, MakeCluster, wait_until
+
+pytestmark = pytest.mark.integration
+
+
+def scrape(c: Cluster, member: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """`member`'s /metrics as {(sample name, sorted labels): value}."""
+    port = c.metrics_base_port + c.ids.index(member)
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    out = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def value(samples: dict[tuple[str, tuple[tuple[str, str], ...]], float], name: str, **labels: str) -> float:
+    key = (name, tuple(sorted(labels.items())))
+    assert key in samples, f"{name}{labels} not exported; have {sorted({k[0] for k in samples})}"
+    return samples[key]
+
+
+def test_metrics_follow_the_group(make_cluster: MakeCluster) -> None:
+    c = make_cluster(3, flush="sync", metrics=True)
+    leader = c.wait_leader()
+    lm = c.meta(leader)
+    assert lm is not None
+    bodies = [f"metric-{k}".encode() * 10 for k in range(40)]
+    for k in range(0, 40, 4):
+        c.ctl.append_batch(bodies[k : k + 4])  # 10 requests of 4 entries
+    end = c.wait_caught_up()
+    lab = {"group": c.group, "member": leader}
+
+    def leader_view() -> dict[tuple[str, tuple[tuple[str, str], ...]], float] | None:
+        s = scrape(c, leader)
+        lag_done = all(value(s, "dledger_replication_lag_entries", follower=f, **lab) == 0
+                       for f in c.ids if f != leader)
+        return s if lag_done and value(s, "dledger_committed_index", **lab) == end else None
+
+    s = wait_until(leader_view, 30, "the leader's metrics show the caught-up group")
+    assert value(s, "dledger_is_leader", **lab) == 1
+    assert value(s, "dledger_role", **lab) == 2
+    assert value(s, "dledger_term", **lab) == lm.term
+    assert value(s, "dledger_ledger_end_index", **lab) == end
+    assert value(s, "dledger_durable_index", **lab) == end  # sync mode: fsynced before acknowledged
+    assert value(s, "dledger_pending_requests", **lab) == 0
+    assert value(s, "dledger_append_latency_seconds_count", **lab) == 10
+    assert value(s, "dledger_append_batch_entries_sum", **lab) == 40
+    assert value(s, "dledger_appended_bytes_total", **lab) == sum(map(len, bodies))
+    assert value(s, "dledger_fsync_seconds_count", **lab) >= 1
+    assert value(s, "dledger_elections_total", **lab) >= 1  # it won one
+
+    follower = next(m for m in c.ids if m != leader)
+    fs = scrape(c, follower)
+    flab = {"group": c.group, "member": follower}
+    assert value(fs, "dledger_is_leader", **flab) == 0
+    assert value(fs, "dledger_term", **flab) == lm.term
+    assert value(fs, "dledger_ledger_end_index", **flab) == end
+    assert value(fs, "dledger_append_latency_seconds_count", **flab) == 0  # appends are the leader's
+
+
+def test_bench_reports_json_and_plot(make_cluster: MakeCluster, tmp_path: Path) -> None:
+    c = make_cluster(3)
+    before = c.leader_meta().committed_index
+    out, png = tmp_path / "bench.json", tmp_path / "bench.png"
+    cmd = [sys.executable, "-m", "dledger", "bench", "--peers", c.peers, "--group", c.group, "--clients", "8",
+           "--conns", "2", "--size", "100", "--batch", "5", "--count", "2000", "--warmup", "0",
+           "--json", str(out), "--plot", str(png)]
+    p = subprocess.run(cmd, capture_output=True, timeout=120)
+    assert p.returncode == 0, p.stderr.decode(errors="replace")
+    report = json.loads(out.read_text())
+    assert report["entries"] >= 2000
+    assert report["requests"] * 5 == report["entries"]
+    for key in ("entries_per_s", "mb_per_s", "requests_per_s"):
+        assert report[key] > 0, key
+    lat = report["latency_ms"]
+    assert set(lat) >= {"p50", "p90", "p99", "p999", "max"}
+    assert 0 < lat["p50"] <= lat["p90"] <= lat["p99"] <= lat["p999"] <= lat["max"]
+    assert report["errors"] == {}
+    assert report["config"]["conns"] == 2
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert b"entries/s" in p.stdout  # the summary table
+    # every acknowledged entry was committed in the group
+    assert c.leader_meta().committed_index >= before + report["entries"]
