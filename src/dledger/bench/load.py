@@ -201,11 +201,20 @@ async def run_load(
     return result
 
 
+async def _append(client: AsyncDLedgerClient, bodies: list[bytes]) -> None:
+    """What a user calls: `append` for one entry (concurrent ones sharing a client coalesce),
+    `append_batch` for a batch."""
+    if len(bodies) == 1:
+        await client.append(bodies[0])
+    else:
+        await client.append_batch(bodies)
+
+
 async def _closed_loop(rec: _Recorder, client: AsyncDLedgerClient, bodies: list[bytes]) -> None:
     while not rec.done():
         sent = time.perf_counter()
         try:
-            await client.append_batch(bodies)
+            await _append(client, bodies)
             rec.ok(sent, len(bodies))
         except DLedgerError as e:
             rec.error(e)
@@ -220,7 +229,7 @@ async def _open_loop(spec: LoadSpec, rec: _Recorder, clients: list[AsyncDLedgerC
 
     async def one(client: AsyncDLedgerClient, scheduled: float) -> None:
         try:
-            await client.append_batch(bodies)
+            await _append(client, bodies)
             rec.ok(scheduled, len(bodies))
         except DLedgerError as e:
             rec.error(e)

@@ -56,6 +56,36 @@ class AppendResult:
     pos: int
 
 
+class _Coalesced:
+    """Bodies of concurrent `append` calls sent as one request; futures[0] is the sender's (None)."""
+
+    __slots__ = ("bodies", "futures", "size")
+
+    def __init__(self, body: bytes) -> None:
+        self.bodies = [body]
+        self.futures: list[asyncio.Future[AppendResult] | None] = [None]
+        self.size = len(body)
+
+    def add(self, body: bytes, fut: asyncio.Future[AppendResult]) -> None:
+        self.bodies.append(body)
+        self.futures.append(fut)
+        self.size += len(body)
+
+    def settle(self, results: list[AppendResult | DLedgerError]) -> None:
+        for fut, r in zip(self.futures, results, strict=True):
+            if fut is None or fut.done():
+                continue
+            if isinstance(r, DLedgerError):
+                fut.set_exception(DLedgerError(r.code, r.message))
+            else:
+                fut.set_result(r)
+
+    def fail(self, code: ResponseCode, message: str) -> None:
+        for fut in self.futures:
+            if fut is not None and not fut.done():
+                fut.set_exception(DLedgerError(code, message))
+
+
 @dataclass(frozen=True, slots=True)
 class Entry:
     index: int
@@ -78,14 +108,27 @@ class Metadata:
 
 
 class AsyncDLedgerClient:
+    """One client may serve many tasks: their requests share one connection per member.
+
+    `append` calls made while others are being prepared (in the same loop iteration) travel
+    together as one APPEND request (`coalesce`, as a Kafka producer batches), each still
+    getting its own index; they then also share their fate: all commit, or all fail with
+    the same code. `append_batch` is always exactly one request.
+    """
+
     def __init__(self, peers: str, group: str = "default", timeout: float = 5.0,
-                 request_timeout: float = 3.0) -> None:
+                 request_timeout: float = 3.0, coalesce: bool = True,
+                 max_coalesced_bytes: int = 1 << 20) -> None:
         self.peers = parse_peers(peers)
         self.group = group
         self.timeout = timeout
         self.request_timeout = request_timeout
+        self.coalesce = coalesce
+        self.max_coalesced_bytes = max_coalesced_bytes
         self.leader_id: str | None = None
         self._client: TransportClient | None = None
+        self._open: _Coalesced | None = None  # the batch appends of this loop iteration join
+        self._sending: set[asyncio.Task[None]] = set()
 
     def _transport(self) -> TransportClient:
         if self._client is None:
@@ -106,7 +149,76 @@ class AsyncDLedgerClient:
     # --- API -------------------------------------------------------------------------------
 
     async def append(self, body: bytes) -> AppendResult:
-        return (await self.append_batch([body]))[0]
+        if not self.coalesce:
+            return (await self.append_batch([body]))[0]
+        body = bytes(body)
+        batch = self._open
+        if batch is not None and batch.size + len(body) <= self.max_coalesced_bytes:
+            fut: asyncio.Future[AppendResult] = asyncio.get_running_loop().create_future()
+            batch.add(body, fut)
+            return await fut
+        # the first append of a batch sends it, from its own task (no task per request)
+        batch = self._open = _Coalesced(body)
+        try:
+            await asyncio.sleep(0)  # the tasks ready in this loop iteration join the batch
+        except BaseException:
+            self._abandon(batch)
+            raise
+        if self._open is batch:
+            self._open = None
+        try:
+            results = await self._append_coalesced(batch.bodies)
+        except DLedgerError as e:
+            batch.fail(e.code, e.message)
+            raise
+        except BaseException as e:  # cancelled while the request was out: its outcome is unknown
+            batch.fail(ResponseCode.UNKNOWN, f"the request carrying this append was abandoned "
+                                             f"({type(e).__name__}): outcome unknown")
+            raise
+        batch.settle(results)
+        own = results[0]
+        if isinstance(own, DLedgerError):
+            raise own
+        return own
+
+    def _abandon(self, batch: _Coalesced) -> None:
+        """The sender was cancelled before sending: the others' appends go in a task of their own."""
+        if self._open is batch:
+            self._open = None
+        rest = _Coalesced.__new__(_Coalesced)
+        rest.bodies, rest.futures, rest.size = batch.bodies[1:], batch.futures[1:], batch.size - len(batch.bodies[0])
+        if rest.bodies:
+            task = asyncio.get_running_loop().create_task(self._send_for(rest))
+            self._sending.add(task)
+            task.add_done_callback(self._sending.discard)
+
+    async def _send_for(self, batch: _Coalesced) -> None:
+        try:
+            results = await self._append_coalesced(batch.bodies)
+        except DLedgerError as e:
+            batch.fail(e.code, e.message)
+            return
+        except BaseException as e:
+            batch.fail(ResponseCode.UNKNOWN, f"append abandoned ({type(e).__name__}): outcome unknown")
+            raise
+        batch.settle(results)
+
+    async def _append_coalesced(self, bodies: list[bytes]) -> list[AppendResult | DLedgerError]:
+        """One request for the bodies of several callers. Refused as a whole for a bad
+        argument (a body over the member's limit: nothing was stored), each body is sent
+        alone, so only the caller at fault gets the error."""
+        try:
+            return list(await self.append_batch(bodies))
+        except DLedgerError as e:
+            if e.code != ResponseCode.UNEXPECTED_ARGUMENT or len(bodies) == 1:
+                raise
+        return list(await asyncio.gather(*(self._append_one(b) for b in bodies)))
+
+    async def _append_one(self, body: bytes) -> AppendResult | DLedgerError:
+        try:
+            return (await self.append_batch([body]))[0]
+        except DLedgerError as e:
+            return e
 
     async def append_batch(self, bodies: Sequence[bytes]) -> list[AppendResult]:
         """One request, one result per body in order; all or none are appended."""
@@ -274,11 +386,11 @@ class DLedgerClient:
     """Blocking client: runs an AsyncDLedgerClient on a private event-loop thread,
     so it also works where a loop is already running (notebooks, Spark tasks)."""
 
-    def __init__(self, peers: str, group: str = "default", timeout: float = 5.0) -> None:
+    def __init__(self, peers: str, group: str = "default", timeout: float = 5.0, coalesce: bool = True) -> None:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="dledger-client", daemon=True)
         self._thread.start()
-        self._async = AsyncDLedgerClient(peers, group, timeout)
+        self._async = AsyncDLedgerClient(peers, group, timeout, coalesce=coalesce)
 
     def _run(self, coro: Coroutine[Any, Any, T]) -> T:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
