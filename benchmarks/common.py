@@ -11,7 +11,6 @@ import asyncio
 import multiprocessing as mp
 import os
 import queue
-import socket
 import threading
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Iterator
@@ -22,20 +21,6 @@ from typing import Any
 from dledger.bench.load import LoadResult, merge
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
-
-
-def free_ports(n: int) -> list[int]:
-    """`n` distinct free TCP ports on 127.0.0.1 (bound once, then released)."""
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 def loadavg() -> tuple[float, float, float]:

@@ -196,12 +196,36 @@ class Runner:
     def dledger_group(self, flush: str) -> Iterator[tuple[str, dict[str, Any]]]:
         from dledger.cli import local_cluster
         from dledger.config import Peer, format_peers
-        from dledger.demo_cluster import free_base_port
+        from dledger.ports import free_port_run
 
-        port = free_base_port(3)
+        port = free_port_run(3)
         peers = format_peers({f"n{k}": Peer(f"n{k}", "127.0.0.1", port + k) for k in range(3)})
         with local_cluster(peers, "default", self.tmp / f"dledger-{flush}", flush=flush) as procs:
             yield peers, procs
+
+    @staticmethod
+    def wait_converged(peers: str, timeout: float = 600.0) -> None:
+        """Every member holds the leader's whole log: a follower left behind by the previous
+        measurement (flow control lets a slow one lag) must not load this one."""
+        from dledger.codes import DLedgerError
+        from dledger.config import parse_peers
+        from dledger.runtime.client import DLedgerClient
+
+        deadline = time.monotonic() + timeout
+        shown = False
+        with DLedgerClient(peers, "default", timeout=5.0) as c:
+            while time.monotonic() < deadline:
+                try:
+                    ends = {m: c.metadata(m).ledger_end_index for m in parse_peers(peers)}
+                except DLedgerError:
+                    ends = {}
+                if ends and len(set(ends.values())) == 1:
+                    return
+                if not shown and ends:
+                    say(f"waiting for the members to converge (log ends {ends})")
+                    shown = True
+                time.sleep(1.0)
+        say(f"members did not converge within {timeout:.0f} s; measuring anyway")
 
     @staticmethod
     def member_pids(peers: str, procs: dict[str, Any]) -> dict[str, int]:
@@ -232,6 +256,7 @@ class Runner:
                       on_start: Callable[[subprocess.Popen[bytes], dict[str, int]], None] | None = None) -> Record:
         from benchmarks.common import CpuSampler
 
+        self.wait_converged(peers)
         idle = self.gate()
         pids = self.member_pids(peers, procs_map)
         out = self.tmp / f"dledger-{flush}-{workload}-{clients}-{procs}-{len(self.records)}.json"
@@ -299,6 +324,7 @@ class Runner:
         best = self.best("dledger sync", "a")
         clients = best["clients"] if best else 64
         procs = best["procs"] if best else 1
+        conns = best.get("conns", 0) if best else 0
         pdir = Path(a.profile_dir)
         pdir.mkdir(parents=True, exist_ok=True)
         span = a.duration + a.warmup + 1
@@ -316,7 +342,8 @@ class Runner:
                     if s is not None:
                         spies.append(s)
 
-            r = self.dledger_bench("sync", "a", peers, procs_map, clients, procs=procs, on_start=attach_a)
+            r = self.dledger_bench("sync", "a", peers, procs_map, clients, procs=procs, conns=conns,
+                                   on_start=attach_a)
             for s in spies:
                 s.wait(timeout=60)
             spies.clear()

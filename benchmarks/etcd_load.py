@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import free_ports
 from dledger.bench.load import LoadResult
+from dledger.ports import free_ports
 
 
 class EtcdCluster:

@@ -10,8 +10,8 @@ from array import array
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import free_ports
 from dledger.bench.load import LoadResult, merge
+from dledger.ports import free_ports
 
 NODE = Path(__file__).with_name("syncobj_node.py")
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import threading
 import time
 from pathlib import Path
@@ -16,6 +15,7 @@ from rich.table import Table
 from dledger.cli import local_cluster
 from dledger.codes import DLedgerError
 from dledger.config import Peer, format_peers
+from dledger.ports import free_port_run
 from dledger.runtime.client import DLedgerClient
 
 console = Console()
@@ -24,20 +24,7 @@ WRITERS = 4
 BATCH = 20
 
 
-def free_base_port(n: int) -> int:
-    """A base port with n free ports after it (the demo must not clash with a running cluster)."""
-    for base in range(24911, 60000, 97):
-        ok = True
-        for k in range(n):
-            with socket.socket() as s:
-                try:
-                    s.bind(("127.0.0.1", base + k))
-                except OSError:
-                    ok = False
-                    break
-        if ok:
-            return base
-    raise RuntimeError("no free ports")
+
 
 
 class Workload:
@@ -93,7 +80,7 @@ class Workload:
 
 def cluster_demo(base: Path, total: int = 20_000) -> bool:
     console.rule("[bold]2. cluster: 3 members, SIGKILL the leader under load")
-    port = free_base_port(3)
+    port = free_port_run(3)
     peers = format_peers({f"n{k}": Peer(f"n{k}", "127.0.0.1", port + k) for k in range(3)})
     lc = local_cluster(peers, "default", base / "cluster", flush="sync")
     with lc as procs, DLedgerClient(peers) as admin:

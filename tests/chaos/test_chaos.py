@@ -21,10 +21,10 @@ from typing import Any
 import pytest
 
 from dledger.chaos.checker import FinalState, LogEntry, MemberLog, check
-from dledger.chaos.harness import free_ports
 from dledger.chaos.nemesis import preview, tear, written_range
 from dledger.chaos.proxy import ProxyHub
 from dledger.chaos.runner import RunConfig, run
+from dledger.ports import free_ports
 from dledger.store.file import FileLedgerStore
 
 pytestmark = pytest.mark.chaos

@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from .harness import Cluster, MakeCluster, free_port_run
+from dledger.ports import free_port_run
+
+from .harness import Cluster, MakeCluster
 
 
 @pytest.fixture

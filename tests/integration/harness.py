@@ -9,9 +9,7 @@ samples a condition over a window for the "this must not happen" checks
 from __future__ import annotations
 
 import contextlib
-import random
 import signal
-import socket
 import subprocess
 import threading
 import time
@@ -22,6 +20,7 @@ from typing import Protocol, TypeVar
 
 from dledger.cli import local_cluster
 from dledger.codes import DLedgerError, ResponseCode
+from dledger.ports import free_ports
 from dledger.runtime.client import AppendResult, DLedgerClient, Metadata
 from dledger.store import FileLedgerStore
 
@@ -66,47 +65,6 @@ def holds_for(cond: Callable[[], bool], duration: float, what: str, interval: fl
 
 
 # --- ports -----------------------------------------------------------------------------------------
-
-
-def _ephemeral_low() -> int:
-    try:
-        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return 32768
-
-
-def _port_free(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
-def free_ports(n: int) -> list[int]:
-    """n distinct free ports, drawn below the kernel's ephemeral range when possible, so
-    that outgoing connections cannot take a port a stopped member is about to bind again."""
-    low = _ephemeral_low()
-    lo, hi = (20000, low - 1) if low > 21000 else (30000, 60000)
-    rng = random.SystemRandom()
-    chosen: list[int] = []
-    while len(chosen) < n:
-        p = rng.randint(lo, hi)
-        if p not in chosen and _port_free(p):
-            chosen.append(p)
-    return chosen
-
-
-def free_port_run(n: int) -> int:
-    """The first of n consecutive free ports (as `--metrics-base-port` needs)."""
-    low = _ephemeral_low()
-    lo, hi = (20000, low - n - 1) if low > 21000 else (30000, 60000)
-    rng = random.SystemRandom()
-    while True:
-        base = rng.randint(lo, hi)
-        if all(_port_free(base + k) for k in range(n)):
-            return base
 
 
 # --- stores opened offline -----------------------------------------------------------------------------

@@ -12,7 +12,9 @@ from typing import Any
 
 import pytest
 
-from .harness import Cluster, free_ports, wait_until
+from dledger.ports import free_ports
+
+from .harness import Cluster, wait_until
 
 pytestmark = pytest.mark.integration
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import random
-import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -13,6 +11,7 @@ from typing import TypeVar
 from dledger.cli import local_cluster
 from dledger.codes import DLedgerError
 from dledger.config import Peer, format_peers
+from dledger.ports import free_ports
 from dledger.runtime.client import DLedgerClient, Entry
 
 T = TypeVar("T")
@@ -34,21 +33,6 @@ def wait_until(cond: Callable[[], T | None], timeout: float = 60.0, what: str = 
         if time.monotonic() >= deadline:
             raise AssertionError(f"{what}: not reached within {timeout:.0f} s (last: {last!r})")
         time.sleep(0.2)
-
-
-def free_ports(n: int) -> list[int]:
-    rng = random.SystemRandom()
-    out: list[int] = []
-    while len(out) < n:
-        port = rng.randint(21000, 29000)
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-        if port not in out:
-            out.append(port)
-    return out
 
 
 def make_peers(n: int = 3) -> str:

@@ -10,20 +10,21 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 from dledger import AsyncDLedgerClient, DLedgerConfig, DLedgerError, DLedgerServer, ResponseCode
+from dledger.ports import free_ports
 
-from .test_embedded import _free_ports, _wait_leader
+from .test_embedded import _wait_leader
 
 MAX_BODY = 1000
 
 
 @asynccontextmanager
 async def group(tmp_path: Path) -> AsyncIterator[tuple[str, list[DLedgerServer]]]:
-    ports = _free_ports(3)
+    ports = free_ports(3)
     peers = ";".join(f"n{k}-127.0.0.1:{p}" for k, p in enumerate(ports))
     servers = [DLedgerServer(DLedgerConfig(group="g", self_id=f"n{k}", peers=peers, metrics_port=m,
                                            store_dir=str(tmp_path / f"n{k}"), data_file_size=1 << 20,
                                            max_body_bytes=MAX_BODY))
-               for k, m in enumerate(_free_ports(3))]
+               for k, m in enumerate(free_ports(3))]
     for s in servers:
         await s.start()
     try:

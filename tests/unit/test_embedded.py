@@ -3,21 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-import socket
 import time
 from pathlib import Path
 
 from dledger import AsyncDLedgerClient, DLedgerConfig, DLedgerError, DLedgerServer, ResponseCode
-
-
-def _free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
+from dledger.ports import free_ports
 
 
 async def _wait_leader(client: AsyncDLedgerClient, timeout: float = 30.0) -> str:
@@ -34,7 +24,7 @@ async def _wait_leader(client: AsyncDLedgerClient, timeout: float = 30.0) -> str
 
 
 def test_two_groups_in_three_embedded_servers(tmp_path: Path) -> None:
-    ports = _free_ports(3)
+    ports = free_ports(3)
     peers = ";".join(f"n{k}-127.0.0.1:{p}" for k, p in enumerate(ports))
 
     async def main() -> None:

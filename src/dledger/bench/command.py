@@ -80,9 +80,9 @@ def bench(
         label = "external group"
     else:
         from dledger.cli import local_cluster
-        from dledger.demo_cluster import free_base_port
+        from dledger.ports import free_port_run
 
-        port = base_port or free_base_port(nodes)
+        port = base_port or free_port_run(nodes)
         spec.peers = format_peers({f"n{k}": Peer(f"n{k}", "127.0.0.1", port + k) for k in range(nodes)})
         with (
             tempfile.TemporaryDirectory(prefix="dledger-bench-") as d,

@@ -1,10 +1,11 @@
 """`dledger bench`: a load generator against a running group or one it starts.
 
 Closed loop by default: `clients` tasks each send one append request (of
-`batch` bodies) after the other. With `rate` it is open loop: requests are
-sent on a fixed schedule whatever the answers, and latency is measured from
-the *scheduled* send time, so a stall shows up in the percentiles instead of
-silently slowing the load (no coordinated omission).
+`batch` bodies) after the other. With `rate` it is open loop: each client
+sends on a fixed schedule, and latency is measured from the *scheduled* send
+time, so a stall shows up in the percentiles instead of silently slowing the
+load (no coordinated omission; give enough clients that rate x latency stays
+below their number).
 
 One asyncio process can itself be the bottleneck on a small machine (the report's
 `client_cpu_cores` near `load_procs` says so): `run_load_procs` runs K load processes, each
@@ -222,32 +223,28 @@ async def _closed_loop(rec: _Recorder, client: AsyncDLedgerClient, bodies: list[
 
 
 async def _open_loop(spec: LoadSpec, rec: _Recorder, clients: list[AsyncDLedgerClient], bodies: list[bytes]) -> None:
-    interval = spec.batch / spec.rate
-    inflight: set[asyncio.Task[None]] = set()
-    next_at = time.perf_counter()
-    k = 0
+    """Each of `spec.clients` tasks sends on its own fixed schedule (rate / clients, phases
+    staggered), as wrk2 does: latency counts from the scheduled time, so a request sent late
+    because the one before it was slow still shows the whole delay (no coordinated omission),
+    without a task per request."""
+    per_client = spec.clients * spec.batch / spec.rate  # seconds between one client's requests
+    start = time.perf_counter()
 
-    async def one(client: AsyncDLedgerClient, scheduled: float) -> None:
-        try:
-            await _append(client, bodies)
-            rec.ok(scheduled, len(bodies))
-        except DLedgerError as e:
-            rec.error(e)
+    async def paced(k: int) -> None:
+        client = clients[k % len(clients)]
+        next_at = start + per_client * k / spec.clients
+        while not rec.done():
+            delay = next_at - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            try:
+                await _append(client, bodies)
+                rec.ok(next_at, len(bodies))
+            except DLedgerError as e:
+                rec.error(e)
+            next_at += per_client
 
-    while not rec.done():
-        now = time.perf_counter()
-        while next_at <= now:
-            t = asyncio.ensure_future(one(clients[k % len(clients)], next_at))
-            inflight.add(t)
-            t.add_done_callback(inflight.discard)
-            k += 1
-            next_at += interval
-        # at least 1 ms: uvloop's timers have millisecond resolution, a shorter sleep returns at
-        # once and the loop spins (the load generator then burns a core); requests due meanwhile
-        # go out together, and their latency still counts from their scheduled time
-        await asyncio.sleep(max(0.001, min(next_at - time.perf_counter(), 0.005)))
-    if inflight:
-        await asyncio.wait(inflight, timeout=15)
+    await asyncio.gather(*(paced(k) for k in range(spec.clients)))
 
 
 # --- several load processes ----------------------------------------------------------------------

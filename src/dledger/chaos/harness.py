@@ -17,9 +17,7 @@ import contextlib
 import json
 import logging
 import os
-import random
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -32,49 +30,12 @@ from typing import Any, TypeVar
 
 from dledger.chaos.proxy import Mode, ProxyHub, quiet_exception_handler
 from dledger.codes import DLedgerError
+from dledger.ports import HOST, free_ports
 from dledger.runtime.client import AsyncDLedgerClient, Metadata
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-HOST = "127.0.0.1"
-
-
-# --- ports -------------------------------------------------------------------------------------------
-
-
-def _ephemeral_low() -> int:
-    try:
-        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return 32768
-
-
-def _port_free(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((HOST, port))
-        except OSError:
-            return False
-    return True
-
-
-def free_ports(n: int, avoid: Iterable[int] = ()) -> list[int]:
-    """n distinct free ports below the kernel's ephemeral range when possible: a member
-    restarted later must be able to bind its port again, and an outgoing connection can
-    only take a port from the ephemeral range."""
-    low = _ephemeral_low()
-    lo, hi = (20000, low - 1) if low > 21000 else (30000, 60000)
-    rng = random.SystemRandom()
-    chosen: list[int] = []
-    taken = set(avoid)
-    while len(chosen) < n:
-        p = rng.randint(lo, hi)
-        if p not in taken and _port_free(p):
-            chosen.append(p)
-            taken.add(p)
-    return chosen
 
 
 # --- an event loop in a thread, for control-plane requests --------------------------------------------------

@@ -17,9 +17,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-import random
 import shutil
-import socket
 import sys
 import tempfile
 import time
@@ -29,6 +27,7 @@ from pathlib import Path
 
 from dledger.cli import local_cluster
 from dledger.config import Peer, format_peers
+from dledger.ports import free_ports
 from dledger.runtime.client import DLedgerClient
 from dledger.spark.online import leader_view
 
@@ -41,28 +40,13 @@ PER_TRIGGER = 400
 EVENT_SCHEMA = "id long, type string, user int"
 
 
-def _free_ports(n: int) -> list[int]:
-    rng = random.SystemRandom()
-    out: list[int] = []
-    while len(out) < n:
-        port = rng.randint(30000, 32000)
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-        if port not in out:
-            out.append(port)
-    return out
-
-
 @contextmanager
 def _group(base_dir: Path, peers: str | None, group: str) -> Iterator[str]:
     """The given group, or a local 3-member one in base_dir for the duration."""
     if peers is not None:
         yield peers
         return
-    ports = _free_ports(3)
+    ports = free_ports(3)
     local = format_peers({f"n{k}": Peer(f"n{k}", "127.0.0.1", p) for k, p in enumerate(ports)})
     with local_cluster(local, group, base_dir / "cluster"):
         yield local
