@@ -644,7 +644,9 @@ def render(run: Runner, summary: dict[str, Any], meta: dict[str, Any]) -> str:
         "- **dledger**: `dledger bench --peers $PEERS ...` (the commands below) against a group started by "
         "`dledger.cli.local_cluster`; one asyncio (uvloop) process with one `AsyncDLedgerClient` (one "
         "connection) per client, requests to the leader; with `--conns N` the clients share N clients (and "
-        "connections), each client still with one request in flight, as etcd's benchmark `--clients`/`--conns`. "
+        "connections), each client still with one request in flight, as etcd's benchmark `--clients`/`--conns`; "
+        "the `append` calls of clients sharing one in the same loop iteration then travel as one request "
+        "(the client's coalescing, what an application with many tasks sharing a client gets). "
         "`--procs K` splits the clients over K processes and "
         "merges their latencies exactly; (a) is also run with `--procs 2` at the best concurrency, and the "
         "better of the two counts (and sets K for (b) and (c)).",
