@@ -12,6 +12,7 @@ retried then could be stored twice.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
 from collections.abc import Coroutine, Sequence
@@ -57,14 +58,14 @@ class AppendResult:
 
 
 class _Coalesced:
-    """Bodies of concurrent `append` calls sent as one request; futures[0] is the sender's (None)."""
+    """Bodies of concurrent `append` calls sent as one request; a None future is the sender's."""
 
     __slots__ = ("bodies", "futures", "size")
 
-    def __init__(self, body: bytes) -> None:
-        self.bodies = [body]
-        self.futures: list[asyncio.Future[AppendResult] | None] = [None]
-        self.size = len(body)
+    def __init__(self, bodies: list[bytes], futures: list[asyncio.Future[AppendResult] | None]) -> None:
+        self.bodies = bodies
+        self.futures = futures
+        self.size = sum(map(len, bodies))
 
     def add(self, body: bytes, fut: asyncio.Future[AppendResult]) -> None:
         self.bodies.append(body)
@@ -158,7 +159,7 @@ class AsyncDLedgerClient:
             batch.add(body, fut)
             return await fut
         # the first append of a batch sends it, from its own task (no task per request)
-        batch = self._open = _Coalesced(body)
+        batch = self._open = _Coalesced([body], [None])
         try:
             await asyncio.sleep(0)  # the tasks ready in this loop iteration join the batch
         except BaseException:
@@ -166,6 +167,13 @@ class AsyncDLedgerClient:
             raise
         if self._open is batch:
             self._open = None
+        own = (await self._send(batch))[0]
+        if isinstance(own, DLedgerError):
+            raise own
+        return own
+
+    async def _send(self, batch: _Coalesced) -> list[AppendResult | DLedgerError]:
+        """Send a coalesced batch and answer every caller that joined it."""
         try:
             results = await self._append_coalesced(batch.bodies)
         except DLedgerError as e:
@@ -176,32 +184,21 @@ class AsyncDLedgerClient:
                                              f"({type(e).__name__}): outcome unknown")
             raise
         batch.settle(results)
-        own = results[0]
-        if isinstance(own, DLedgerError):
-            raise own
-        return own
+        return results
 
     def _abandon(self, batch: _Coalesced) -> None:
         """The sender was cancelled before sending: the others' appends go in a task of their own."""
         if self._open is batch:
             self._open = None
-        rest = _Coalesced.__new__(_Coalesced)
-        rest.bodies, rest.futures, rest.size = batch.bodies[1:], batch.futures[1:], batch.size - len(batch.bodies[0])
-        if rest.bodies:
-            task = asyncio.get_running_loop().create_task(self._send_for(rest))
+        if len(batch.bodies) > 1:
+            rest = _Coalesced(batch.bodies[1:], batch.futures[1:])
+            task = asyncio.get_running_loop().create_task(self._send_detached(rest))
             self._sending.add(task)
             task.add_done_callback(self._sending.discard)
 
-    async def _send_for(self, batch: _Coalesced) -> None:
-        try:
-            results = await self._append_coalesced(batch.bodies)
-        except DLedgerError as e:
-            batch.fail(e.code, e.message)
-            return
-        except BaseException as e:
-            batch.fail(ResponseCode.UNKNOWN, f"append abandoned ({type(e).__name__}): outcome unknown")
-            raise
-        batch.settle(results)
+    async def _send_detached(self, batch: _Coalesced) -> None:
+        with contextlib.suppress(DLedgerError):  # every caller has its answer
+            await self._send(batch)
 
     async def _append_coalesced(self, bodies: list[bytes]) -> list[AppendResult | DLedgerError]:
         """One request for the bodies of several callers. Refused as a whole for a bad
