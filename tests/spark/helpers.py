@@ -2,37 +2,14 @@
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
 
 from dledger.cli import local_cluster
-from dledger.codes import DLedgerError
 from dledger.config import Peer, format_peers
 from dledger.ports import free_ports
 from dledger.runtime.client import DLedgerClient, Entry
-
-T = TypeVar("T")
-
-
-def wait_until(cond: Callable[[], T | None], timeout: float = 60.0, what: str = "condition") -> T:
-    """Poll until `cond` is truthy (a DLedgerError counts as not yet); the deadline only
-    bounds how long a failure takes to show."""
-    deadline = time.monotonic() + timeout
-    last: object = None
-    while True:
-        try:
-            value = cond()
-            if value:
-                return value
-            last = value
-        except DLedgerError as e:
-            last = e
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"{what}: not reached within {timeout:.0f} s (last: {last!r})")
-        time.sleep(0.2)
+from integration.harness import wait_until
 
 
 def make_peers(n: int = 3) -> str:
@@ -61,7 +38,7 @@ class Group:
         """The leader's committed index + 1: where a reader started now begins."""
         from dledger.spark.online import leader_view
 
-        return wait_until(lambda: leader_view(self.client), what="leader view").committed_index + 1
+        return wait_until(lambda: leader_view(self.client), 60, "leader view").committed_index + 1
 
 
 def start_group(data_dir: Path, name: str = "default",

@@ -16,8 +16,9 @@ from pyspark.sql import SparkSession
 from dledger.cli import cli
 from dledger.entry import HEADER, HEADER_SIZE, chain_crc
 from dledger.spark.audit import run_audit
+from integration.harness import wait_until
 
-from .helpers import read_all, start_group, wait_until
+from .helpers import read_all, start_group
 
 pytestmark = pytest.mark.spark
 

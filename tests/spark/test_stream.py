@@ -10,7 +10,9 @@ import pytest
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming.query import StreamingQuery
 
-from .helpers import Group, read_all, wait_until
+from integration.harness import wait_until
+
+from .helpers import Group, read_all
 
 pytestmark = pytest.mark.spark
 
