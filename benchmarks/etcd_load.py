@@ -14,7 +14,6 @@ import base64
 import json
 import os
 import shutil
-import signal
 import subprocess
 import time
 import urllib.request
@@ -24,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from dledger.bench.load import LoadResult
+from dledger.cli import stop_processes
 from dledger.ports import free_ports
 
 
@@ -76,15 +76,7 @@ class EtcdCluster:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        for p in self.procs.values():
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for p in self.procs.values():
-            try:
-                p.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+        stop_processes(self.procs.values())
 
     def status(self, name: str) -> dict[str, Any]:
         return post_json(self.url(name) + "/v3/maintenance/status", {})

@@ -15,7 +15,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import click
@@ -152,15 +152,22 @@ class local_cluster:
         return self.procs
 
     def __exit__(self, *exc: object) -> None:
-        for p in self.procs.values():
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for p in self.procs.values():
-            try:
-                p.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+        stop_processes(self.procs.values())
+
+
+def stop_processes(procs: Iterable[subprocess.Popen[bytes]], timeout: float = 15.0) -> None:
+    """SIGTERM to all at once (they stop in parallel), then SIGKILL whoever is still up
+    after `timeout` s."""
+    procs = list(procs)
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    for p in procs:
+        try:
+            p.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
 
 
 def wait_ready(peers: str, group: str, timeout: float,
