@@ -52,7 +52,8 @@ class MappedFile:
                         "was the store written with another file size?",
                     )
                 os.ftruncate(self.fd, size)  # new, or short after a crash during creation
-            self.mm = mmap.mmap(self.fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+            # read-only: a store into the mapping would raise instead of stalling the machine
+            self.mm = mmap.mmap(self.fd, size, mmap.MAP_SHARED, mmap.PROT_READ)
         except BaseException:
             os.close(self.fd)
             raise
