@@ -92,8 +92,10 @@ class DLedgerConfig:
     disk_space_ratio_to_check_expired: float = 0.70
     disk_space_ratio_to_force_clean: float = 0.85
     retention_check_interval_ms: int = 10_000
+    retention_hold_ms: int = 600_000  # retention keeps what a follower heard from this recently still needs
     max_frame_bytes: int = 64 * MiB
     metrics_port: int = 0  # 0: no metrics endpoint
+    enable_fault_injection: bool = False  # answer FAULT (tests, chaos): off, so no client can cut links
 
     def __post_init__(self) -> None:
         if self.max_body_bytes == 0:
@@ -130,7 +132,7 @@ class DLedgerConfig:
             "flush_interval_ms heart_beat_time_interval_ms max_heart_beat_leak "
             "min_vote_interval_ms max_pending_requests max_wait_ack_ms max_push_timeout_ms "
             "peer_push_quota max_batch_push_bytes max_inflight_pushes checkpoint_interval_ms "
-            "leadership_transfer_timeout_ms retention_check_interval_ms max_frame_bytes"
+            "leadership_transfer_timeout_ms retention_check_interval_ms retention_hold_ms max_frame_bytes"
         )
         for name in positive.split():
             if getattr(self, name) <= 0:
@@ -144,6 +146,8 @@ class DLedgerConfig:
             raise ConfigError("file_reserved_hours must not be negative")
         if not 0 <= self.metrics_port < 65536:
             raise ConfigError("metrics_port must be 0 (off) or a TCP port")
+        if not isinstance(self.enable_fault_injection, bool):
+            raise ConfigError(f"enable_fault_injection must be true or false, not {self.enable_fault_injection!r}")
 
     def replace(self, **changes: Any) -> DLedgerConfig:
         return dataclasses.replace(self, **changes)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from dledger import AsyncDLedgerClient, DLedgerConfig, DLedgerError, DLedgerServer, ResponseCode
 from dledger.ports import free_ports
+from dledger.store import FileLedgerStore
 
 
 async def _wait_leader(client: AsyncDLedgerClient, timeout: float = 30.0) -> str:
@@ -59,6 +60,54 @@ def test_two_groups_in_three_embedded_servers(tmp_path: Path) -> None:
                 await c.close()
         finally:
             for s in servers:
+                await s.stop()
+
+    asyncio.run(main())
+
+
+def test_a_leader_whose_disk_fills_steps_down_and_the_group_goes_on(tmp_path: Path) -> None:
+    """A member whose store cannot write neither leads nor campaigns (issue 10, finding 3):
+    the group elects a writable member and keeps committing; the member says why."""
+    ports = free_ports(3)
+    peers = ";".join(f"n{k}-127.0.0.1:{p}" for k, p in enumerate(ports))
+
+    async def main() -> None:
+        servers = {
+            f"n{k}": DLedgerServer(DLedgerConfig(self_id=f"n{k}", peers=peers, store_dir=str(tmp_path / f"n{k}"),
+                                                 data_file_size=1 << 20, retention_check_interval_ms=3_600_000))
+            for k in range(3)
+        }
+        for s in servers.values():
+            await s.start()
+        client = AsyncDLedgerClient(peers, timeout=10.0)
+        try:
+            old = await _wait_leader(client)
+            await client.append(b"before")
+            store = servers[old].groups["default"].store
+            assert isinstance(store, FileLedgerStore)
+            store.disk_full = True  # what retention concludes when nothing more can be deleted
+            deadline = time.monotonic() + 30
+            while True:
+                new = await _wait_leader(client)
+                if new != old:
+                    break
+                assert time.monotonic() < deadline, f"{old} kept leading with a full disk"
+                await asyncio.sleep(0.1)
+            r = await client.append(b"after")
+            assert (await client.get(r.index)).body == b"after"
+            view = servers[old].node().metadata()
+            assert view.role != "leader" and "full" in view.store_error
+            await asyncio.sleep(3)  # several election timeouts: it must not campaign
+            assert servers[old].node().member.role.name == "FOLLOWER"
+            store.disk_full = False
+            r = await client.append(b"later")
+            deadline = time.monotonic() + 30
+            while store.committed_index < r.index:  # it takes entries again once it can write
+                assert time.monotonic() < deadline, "the member did not catch up after its disk had room"
+                await asyncio.sleep(0.1)
+        finally:
+            await client.close()
+            for s in servers.values():
                 await s.stop()
 
     asyncio.run(main())

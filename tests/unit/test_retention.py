@@ -364,3 +364,21 @@ def test_plan_deletions_examples() -> None:
     # file_reserved_hours: a file exactly as old as the limit is not expired yet
     edge = [Candidate(gib, NOW - 72 * 3600)]
     assert plan_deletions(edge, 0.75, total, NOW, 72, 0.70, 0.85) == Plan(0, False)
+
+
+def test_a_follower_holding_retention_under_pressure_is_reported(log: Log) -> None:
+    """Disk pressure held back by a lagging follower is said (status, metrics, log), and a
+    full disk then names the holder instead of stranding it silently."""
+    s = log.store
+    s.set_committed(log.n - 1)
+    log.age(log.files(), 100)
+    s.set_retention_floor(log.firsts[1] + 1, "follower n2")
+    log.disk.ratio = 0.99
+    s.run_retention()
+    assert log.files()[0] == 1
+    assert s.retention_held_by == f"follower n2 needs index {log.firsts[1] + 1}"
+    err = s.write_error()
+    assert err is not None and err.code == ResponseCode.DISK_FULL and "follower n2" in err.message
+    s.set_retention_floor(None)
+    s.run_retention()
+    assert s.retention_held_by == ""

@@ -13,7 +13,12 @@ drops the follower's entries past it, APPEND streams records. Improvements:
 - pushes carry raw record bytes straight from the store (`read_raw`);
 - flow control: a follower catching up from far behind the commit index is
   limited to `peer_push_quota` bytes/s, so it cannot starve live replication to
-  others; the followers the commit waits for are never throttled.
+  others; the followers the commit waits for are never throttled;
+- what counts toward the commit: in `async` flush mode the match index; in `sync`
+  mode only what the follower reports both fsynced and equal to our log
+  (`durable_index` of its answers, see handler), whichever path reported the match;
+- a follower whose disk cannot write (DISK_FULL / DISK_ERROR) is retried after a
+  heartbeat interval, not re-probed in a tight loop.
 """
 
 from __future__ import annotations
@@ -57,6 +62,9 @@ class EntryDispatcher:
         self.follower_commit = -1
         self.tokens = float(node.cfg.peer_push_quota)
         self.last_refill = node.now
+        self.durable = -1  # highest durable_index the follower reported in this term
+        self.paused_until = 0  # its disk failed: retry from then
+        self.disk_fault = False  # logged once per episode
 
     # --- state changes ---------------------------------------------------------------
 
@@ -78,7 +86,7 @@ class EntryDispatcher:
 
     def pump(self) -> None:
         node = self.node
-        if not node.member.is_leader:
+        if not node.member.is_leader or node.now < self.paused_until:
             return
         if self.state == State.APPEND:
             self._send_appends()
@@ -151,6 +159,15 @@ class EntryDispatcher:
                 return
             if resp.code == ResponseCode.SUCCESS:
                 self.node.elector.ack(self.peer)
+                self.disk_fault = False
+            elif resp.code in (ResponseCode.DISK_FULL, ResponseCode.DISK_ERROR):
+                if not self.disk_fault:
+                    log.warning("push to %s: its disk cannot write (%s); retrying every %d ms", self.peer,
+                                ResponseCode(resp.code).name, self.node.cfg.heart_beat_time_interval_ms)
+                self.disk_fault = True
+                self.paused_until = self.node.now + self.node.cfg.heart_beat_time_interval_ms
+            if resp.term == self.node.member.term:
+                self.note_durable(resp.durable_index)
         if kind == PushType.APPEND:
             self._on_append(seq, resp if isinstance(resp, PushResponse) else None)
         else:
@@ -193,7 +210,7 @@ class EntryDispatcher:
                 # acknowledges entries anew.
                 log.warning("push to %s: its log ends at %d, below the %d it had acknowledged; matching again",
                             self.peer, resp.end_index, self.compare_floor)
-                self.match_index = self.compare_floor = -1
+                self.match_index = self.compare_floor = self.durable = -1
                 self.node.quorum.match[self.peer] = -1
             nxt = self._next_compare(i, resp)
             if nxt > self.compare_floor:
@@ -259,4 +276,13 @@ class EntryDispatcher:
     def _matched(self, index: int) -> None:
         if index > self.match_index:
             self.match_index = index
-            self.node.quorum.ack(self.peer, index)
+            if self.node.cfg.flush == "async":
+                self.node.quorum.ack(self.peer, index)
+
+    def note_durable(self, durable: int) -> None:
+        """The follower's fsynced prefix equal to our log (any answer carries it); in sync
+        mode it is what counts toward the commit."""
+        if durable > self.durable:
+            self.durable = durable
+            if self.node.cfg.flush == "sync":
+                self.node.quorum.ack(self.peer, durable)

@@ -8,7 +8,9 @@ Differences from DLedger, on purpose:
   term; members that hear from a live leader say no, so a member cut off from
   the group does not drive the term up when it comes back;
 - leader stickiness: a real vote is refused while the voter hears from a
-  live leader, unless the candidate runs on the leader's behalf (transfer).
+  live leader, unless the candidate runs on the leader's behalf (transfer);
+- a member whose store cannot write does not campaign (it would win and fail
+  every append), and a win whose NOOP cannot be stored ends as a follower.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from dledger.core.messages import (
     VoteResponse,
     VoteResult,
 )
+from dledger.store.base import StoreError
 
 if TYPE_CHECKING:
     from dledger.core.node import Node
@@ -102,12 +105,12 @@ class LeaderElector:
         role = self.node.member.role
         if role == Role.FOLLOWER:
             if now >= self.election_deadline:
-                self.start_round(pre_vote=True)
+                self._campaign()
         elif role == Role.CANDIDATE:
             if self.round_active and now >= self.round_deadline:
                 self._end_round(ParseResult.WAIT_TO_REVOTE)
             elif not self.round_active and now >= self.next_round_at:
-                self.start_round(pre_vote=True)
+                self._campaign()
         else:
             self._tick_leader(now)
         if self.awaiting is not None and now >= self.awaiting.deadline:
@@ -129,6 +132,15 @@ class LeaderElector:
 
     # --- candidate ----------------------------------------------------------------
 
+    def _campaign(self) -> None:
+        """Start a pre-vote round, unless our store cannot write: then wait another timeout."""
+        if self.node.unwritable() is not None:
+            if self.node.member.role == Role.CANDIDATE:
+                self.node.step_down("its store cannot write")
+            self.election_deadline = self.node.now + self._election_timeout()
+            return
+        self.start_round(pre_vote=True)
+
     def start_round(self, pre_vote: bool, transfer: bool = False) -> None:
         node, m = self.node, self.node.member
         if m.role == Role.LEADER:
@@ -142,7 +154,13 @@ class LeaderElector:
         self.accepted = {m.self_id}
         self.responses = {}
         if not pre_vote:
-            m.set_term(m.term + 1, voted_for=m.self_id)
+            try:
+                m.set_term(m.term + 1, voted_for=m.self_id)
+            except StoreError as e:  # the term cannot be persisted: no round
+                self.round_active = False
+                node.store_failed(e)
+                self.election_deadline = node.now + self._election_timeout()
+                return
             self.elections += 1
         term = m.term + 1 if pre_vote else m.term
         store = node.store
@@ -165,10 +183,8 @@ class LeaderElector:
             if resp.result == VoteResult.ACCEPT:
                 self.accepted.add(peer)
             elif resp.term > m.term:
-                m.set_term(resp.term)
                 self._end_round(ParseResult.WAIT_TO_VOTE_NEXT)
-                self.node.step_down("a member has a higher term")
-                self.election_deadline = self.node.now + self._election_timeout()
+                self.observe_term(resp.term)
                 return
             self.responses[peer] = resp.result
         self._check_round()
@@ -183,7 +199,9 @@ class LeaderElector:
                 self.leader_since = self.node.now
                 self.last_ack = {}
                 self.next_heartbeat = 0
-                self.node.become_leader()
+                if not self.node.become_leader():
+                    self.election_deadline = self.node.now + self._election_timeout()
+                    return
                 self._send_heartbeats()
                 self.next_heartbeat = self.node.now + self.hb_ms
         elif len(self.responses) + 1 >= len(m.peer_ids):
@@ -267,13 +285,16 @@ class LeaderElector:
         m = self.node.member
         if err is None:
             self.node.handler.update_commit(req.committed_index)
+            self.node.follow_retention_floor(req.retention_floor, req.retention_holder)
         code = ResponseCode.SUCCESS if err is None else err
-        self.node.reply(token, RequestCode.HEART_BEAT, HeartBeatResponse(int(code), m.term, m.leader_id or ""))
+        resp = HeartBeatResponse(int(code), m.term, m.leader_id or "", self.node.handler.durable_match())
+        self.node.reply(token, RequestCode.HEART_BEAT, resp)
 
     def _send_heartbeats(self) -> None:
         node, m = self.node, self.node.member
+        floor, holder = node.retention_floor()
         for p in m.others:
-            req = HeartBeatRequest(m.group, m.self_id, p, m.term, node.store.committed_index)
+            req = HeartBeatRequest(m.group, m.self_id, p, m.term, node.store.committed_index, floor, holder)
             node.send(p, RequestCode.HEART_BEAT, req, ("hb", p, m.term), timeout_ms=self.leader_lease_ms)
 
     def on_heartbeat_response(self, ctx: Any, resp: msgspec.Struct | None) -> None:
@@ -281,9 +302,13 @@ class LeaderElector:
         if resp is None:
             return
         assert isinstance(resp, HeartBeatResponse)
-        self.observe_term(resp.term)
+        if self.observe_term(resp.term):
+            return
         if resp.code == ResponseCode.SUCCESS and term == self.node.member.term:
             self.ack(peer)
+            d = self.node.dispatchers.get(peer)
+            if d is not None:
+                d.note_durable(resp.durable_index)  # how a follower's fsync after a COMPARE reaches the commit
 
     def ack(self, peer: str) -> None:
         """Any successful answer from a follower proves it still follows us."""
@@ -293,9 +318,9 @@ class LeaderElector:
         """A higher term seen in a response ends our leadership; True if so."""
         m = self.node.member
         if term > m.term:
-            m.set_term(term)
-            self.node.step_down(f"a member is at term {term}")
+            self.node.step_down(f"a member is at term {term}")  # even if the term cannot be persisted
             self.election_deadline = self.node.now + self._election_timeout()
+            m.set_term(term)
             return True
         return False
 

@@ -11,7 +11,14 @@ push for an index already pending is REPEATED_PUSH.
 The chain CRC of the first pushed record covers our whole log before it, so a
 successful append proves our log matches the leader's up to its last entry;
 `matched_index` records that, and bounds the commit index we accept.
-In `sync` flush mode the answer waits until the entries are durable.
+
+Every answer (pushes and heartbeats) reports `durable_index`: min(fsynced end,
+matched_index), the prefix that is both on our disk and equal to the leader's log.
+In `sync` flush mode the leader counts only that toward the commit, whatever path
+(APPEND, COMPARE, a retried push) reported the match; an APPEND's answer also waits
+until its entries are durable, which is the fast path. The value stays true for the
+rest of the leader's term (entries equal to its log are never truncated in it, and a
+power loss keeps what was fsynced), so the leader may keep the highest it saw.
 """
 
 from __future__ import annotations
@@ -34,14 +41,30 @@ class EntryHandler:
         self.node = node
         self.matched_index = -1  # highest index known equal to the current leader's log
         self.pending: dict[int, tuple[PushRequest, bytes, Any, int]] = {}  # first_index -> push
-        self.unsynced: list[tuple[int, Any, PushResponse]] = []  # answers waiting for fsync
+        self.unsynced: list[tuple[int, Any]] = []  # (end, token): APPEND answers waiting for fsync
 
     def on_leader_change(self) -> None:
-        """A new leader (or none): what matched the old one proves nothing now."""
+        """A new leader (or none): what matched the old one proves nothing now, and answers
+        owed to it must not say SUCCESS for entries a new leader may truncate."""
         self.matched_index = -1
         for req, _, token, _ in self.pending.values():
             self._answer(token, ResponseCode.INCONSISTENT_STATE, req)
         self.pending.clear()
+        self._fail_unsynced(-1)
+
+    def _fail_unsynced(self, above: int) -> None:
+        """Answer INCONSISTENT_STATE to waiting APPENDs whose entries end past `above`."""
+        keep = []
+        for end, token in self.unsynced:
+            if end > above:
+                self.node.reply(token, RequestCode.PUSH, self._response(ResponseCode.INCONSISTENT_STATE))
+            else:
+                keep.append((end, token))
+        self.unsynced = keep
+
+    def durable_match(self) -> int:
+        """The prefix both fsynced here and known equal to the leader's log."""
+        return min(self.node.store.durable_index, self.matched_index)
 
     # --- entry point -------------------------------------------------------------------
 
@@ -55,8 +78,7 @@ class EntryHandler:
         try:
             if kind == PushType.APPEND:
                 self._append(req, data, token)
-                return
-            if kind == PushType.COMPARE:
+            elif kind == PushType.COMPARE:
                 self._compare(req, token)
             elif kind == PushType.TRUNCATE:
                 self._truncate(req, token)
@@ -67,7 +89,10 @@ class EntryHandler:
                 self._answer(token, ResponseCode.UNSUPPORTED, req)
         except DLedgerError as e:
             log.warning("push %s from %s failed: %s", PushType(kind).name, req.leader_id, e)
-            self._answer(token, ResponseCode.INCONSISTENT_STATE, req)
+            self._answer(token, _failure_code(e), req)
+        store = node.store
+        if node.cfg.flush == "sync" and store.durable_index < store.end_index:
+            store.request_flush()  # what a COMPARE or a retried push matched must become durable too
 
     # --- COMPARE / TRUNCATE ----------------------------------------------------------------
 
@@ -104,6 +129,7 @@ class EntryHandler:
         if i < store.end_index and not stale:
             log.info("%s: truncating entries after %d (end %d) for leader %s",
                      self.node.member.self_id, i, store.end_index, req.leader_id)
+            self._fail_unsynced(i)
             store.truncate(i + 1)
         self.matched_index = max(self.matched_index, i)
         self.update_commit(req.committed_index)
@@ -138,14 +164,15 @@ class EntryHandler:
         try:
             end = store.append_as_follower(data)
         except DLedgerError as e:
-            # a chain CRC mismatch here means our log differs before this push
+            # a chain CRC mismatch means our log differs before this push; a disk that cannot
+            # write says so (DISK_FULL / DISK_ERROR), so the leader backs off instead of re-probing
             log.info("%s: push at %d rejected: %s", self.node.member.self_id, req.first_index, e.message)
-            self._answer(token, ResponseCode.INCONSISTENT_STATE, req)
+            self._answer(token, _failure_code(e), req)
             return
         self.matched_index = max(self.matched_index, end)
         self.update_commit(req.committed_index)
         if self.node.cfg.flush == "sync" and store.durable_index < end:
-            self.unsynced.append((end, token, self._response(ResponseCode.SUCCESS)))
+            self.unsynced.append((end, token))
             store.request_flush()
         else:
             self._answer(token, ResponseCode.SUCCESS, req)
@@ -191,14 +218,15 @@ class EntryHandler:
             store.set_committed(c)
 
     def on_durable(self, index: int) -> None:
+        """`index` is the store's durable index now (the node clamps the flush thread's hint)."""
         if not self.unsynced:
             return
         keep = []
-        for end, token, resp in self.unsynced:
+        for end, token in self.unsynced:
             if end <= index:
-                self.node.reply(token, RequestCode.PUSH, resp)
+                self.node.reply(token, RequestCode.PUSH, self._response(ResponseCode.SUCCESS))
             else:
-                keep.append((end, token, resp))
+                keep.append((end, token))
         self.unsynced = keep
 
     def tick(self) -> None:
@@ -216,7 +244,14 @@ class EntryHandler:
 
     def _response(self, code: ResponseCode, x_index: int = -1, x_term: int = -1) -> PushResponse:
         store = self.node.store
-        return PushResponse(int(code), self.node.member.term, store.end_index, x_index, x_term)
+        return PushResponse(int(code), self.node.member.term, store.end_index, x_index, x_term, self.durable_match())
 
     def _answer(self, token: Any, code: ResponseCode, req: PushRequest, x_index: int = -1, x_term: int = -1) -> None:
         self.node.reply(token, RequestCode.PUSH, self._response(code, x_index, x_term))
+
+
+def _failure_code(e: DLedgerError) -> ResponseCode:
+    """What a failed push answers: a disk fault as itself, anything else as a log mismatch."""
+    if e.code in (ResponseCode.DISK_FULL, ResponseCode.DISK_ERROR):
+        return e.code
+    return ResponseCode.INCONSISTENT_STATE

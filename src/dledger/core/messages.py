@@ -71,12 +71,15 @@ class VoteResponse(msgspec.Struct, array_like=True):
 class HeartBeatRequest(Msg):
     term: int = 0
     committed_index: int = -1
+    retention_floor: int = -1  # followers keep entries from here on: a live follower still needs them
+    retention_holder: str = ""  # which one (-1: none does)
 
 
 class HeartBeatResponse(msgspec.Struct, array_like=True):
     code: int
     term: int
     leader_id: str = ""
+    durable_index: int = -1  # receiver's fsynced end: what a sync-mode leader may count
 
 
 class PushRequest(Msg):
@@ -102,6 +105,7 @@ class PushResponse(msgspec.Struct, array_like=True):
     end_index: int = -1  # receiver's ledger end
     x_index: int = -1  # COMPARE mismatch: first index of x_term at the receiver
     x_term: int = -1
+    durable_index: int = -1  # receiver's fsynced end; in sync mode the leader counts min(match, durable)
 
 
 class AppendRequest(Msg):
@@ -165,6 +169,8 @@ class MetadataResponse(msgspec.Struct, array_like=True):
     ledger_end_term: int = -1
     committed_index: int = -1
     message: str = ""
+    store_error: str = ""  # why this member's store cannot write ("" when it can)
+    retention_held_by: str = ""  # the follower whose needs keep retention from freeing space
 
 
 class LeadershipTransferRequest(Msg):

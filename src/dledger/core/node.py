@@ -43,7 +43,9 @@ from dledger.core.messages import (
 )
 from dledger.core.quorum import QuorumAckChecker
 from dledger.entry import MAGIC_NORMAL
-from dledger.store.base import AppendResult, LedgerStore
+from dledger.store.base import AppendResult, LedgerStore, StoreError
+
+DISK_FAULTS = (ResponseCode.DISK_FULL, ResponseCode.DISK_ERROR)
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +85,11 @@ class Node:
         self.dispatchers: dict[str, EntryDispatcher] = {}
         self._pump_needed = False
         self._appends: list[tuple[Any, list[bytes]]] = []  # client appends taken since the last drain
+        # a write that failed although the store did not report itself failed: no campaign until then
+        self._store_fault: tuple[StoreError, int] | None = None
+        # until a leader says what its followers need, retention deletes nothing (any member may
+        # lead next, and a follower needing a deleted prefix could never catch up)
+        store.set_retention_floor(store.begin_index, "a follower (no leader known yet)")
 
     # --- inputs ---------------------------------------------------------------
 
@@ -97,10 +104,18 @@ class Node:
             self._dispatch(code, msg, data, token)
         except DLedgerError as e:
             self.reply(token, code, _error_for(code, e.code, self, e.message))
+            if isinstance(e, StoreError) and e.code in DISK_FAULTS:
+                self.store_failed(e)  # e.g. a vote whose term could not be persisted
 
     def on_response(self, ctx: Any, resp: msgspec.Struct | None, now_ms: int) -> None:
         """The answer to one of our Sends (None: timeout or network failure)."""
         self.now = now_ms
+        try:
+            self._on_response(ctx, resp)
+        except StoreError as e:  # e.g. persisting a higher term on a full disk
+            self.store_failed(e)
+
+    def _on_response(self, ctx: Any, resp: msgspec.Struct | None) -> None:
         kind = ctx[0]
         if kind == "vote":
             self.elector.on_vote_response(ctx, resp)
@@ -115,18 +130,72 @@ class Node:
 
     def tick(self, now_ms: int) -> None:
         self.now = now_ms
-        self.elector.tick()
-        if self.member.is_leader:
-            self.quorum.expire(now_ms)
-            for d in self.dispatchers.values():
-                d.tick()
-        self.handler.tick()
+        try:
+            if self.member.is_leader and (err := self.unwritable()) is not None:
+                self.step_down(f"its store cannot write: {err.message}")
+            self.elector.tick()
+            if self.member.is_leader:
+                self.quorum.expire(now_ms)
+                for d in self.dispatchers.values():
+                    d.tick()
+                self._hold_retention()
+            self.handler.tick()
+        except StoreError as e:
+            self.store_failed(e)
 
     def on_durable(self, index: int, now_ms: int) -> None:
+        """The flush thread made entries durable. Its `index` is a hint delivered late (a
+        truncate may have lowered the durable index since): the store's own value counts."""
         self.now = now_ms
+        durable = min(index, self.store.durable_index)
         if self.member.is_leader and self.cfg.flush == "sync":
-            self.quorum.ack_self(min(index, self.store.end_index))
-        self.handler.on_durable(index)
+            self.quorum.ack_self(durable)
+        self.handler.on_durable(durable)
+
+    # --- store faults ------------------------------------------------------------------------
+
+    def unwritable(self) -> StoreError | None:
+        """Why this member's store cannot take writes, or None. While it cannot, the member
+        neither leads nor campaigns: it would win and fail every append."""
+        err = self.store.write_error()
+        if err is None and self._store_fault is not None:
+            err, until = self._store_fault
+            if self.now >= until:
+                self._store_fault, err = None, None
+        return err
+
+    def store_failed(self, e: StoreError) -> None:
+        """A write failed: remember it (for a few election rounds when the store itself does
+        not report a failure) and leave leadership, so a member that can write takes over."""
+        if e.code not in DISK_FAULTS:
+            raise e
+        backoff = 5 * self.cfg.max_vote_interval_ms
+        if self._store_fault is None:
+            log.error("%s/%s: store cannot write (%s); not leading or campaigning for %d ms",
+                      self.member.group, self.member.self_id, e, backoff)
+        self._store_fault = (e, self.now + backoff)
+        if self.member.role != Role.FOLLOWER:
+            self.step_down(f"its store cannot write: {e.message}")
+
+    def _hold_retention(self) -> None:
+        self.follow_retention_floor(*self.retention_floor())
+
+    def retention_floor(self) -> tuple[int, str]:
+        """The first entry a live follower still needs (-1: none) and which one: retention keeps
+        it (there is no snapshot install yet: a follower needing a deleted prefix could never
+        catch up). A follower silent for longer than `retention_hold_ms` no longer holds it.
+        Heartbeats carry it, so followers keep the same entries and whoever leads next can
+        serve them."""
+        # fsynced prefixes, not matches: a power loss takes the rest back (ours too)
+        floor, holder = self.store.durable_index + 1, f"leader {self.member.self_id}"
+        for p, d in self.dispatchers.items():
+            heard = self.elector.last_ack.get(p, self.elector.leader_since)
+            if self.now - heard < self.cfg.retention_hold_ms and d.durable + 1 < floor:
+                floor, holder = d.durable + 1, f"follower {p}"
+        return floor, holder
+
+    def follow_retention_floor(self, floor: int, holder: str) -> None:
+        self.store.set_retention_floor(floor if floor >= 0 else None, holder)
 
     def drain(self) -> list[Action]:
         """Actions to execute now. Pushes are built here, once per batch of inputs,
@@ -154,12 +223,18 @@ class Node:
 
     # --- role changes (called by the elector) -----------------------------------
 
-    def become_leader(self) -> None:
+    def become_leader(self) -> bool:
+        """All or nothing: the NOOP is stored first; if the store cannot take it, this member
+        does not lead (False) and stays out of elections while its store is failed."""
         m = self.member
+        # A NOOP of the new term lets entries of earlier terms commit (Raft §5.4.2).
+        try:
+            res = self.store.append_as_leader([b""], m.term, magic=2)
+        except StoreError as e:
+            self.store_failed(e)
+            return False
         m.role = Role.LEADER
         m.leader_id = m.self_id
-        # A NOOP of the new term lets entries of earlier terms commit (Raft §5.4.2).
-        res = self.store.append_as_leader([b""], m.term, magic=2)
         self.quorum.reset(res.first_index)
         self.dispatchers = {p: EntryDispatcher(self, p) for p in m.others}
         if self.cfg.flush == "async" or self.store.durable_index >= res.last_index:
@@ -168,6 +243,7 @@ class Node:
             self.store.request_flush()
         log.info("%s/%s: leader of term %d (end %d)", m.group, m.self_id, m.term, self.store.end_index)
         self.request_pump()
+        return True
 
     def step_down(self, reason: str) -> None:
         """Leave leadership (or candidacy); waiting appends learn the term changed."""
@@ -251,6 +327,8 @@ class Node:
         except DLedgerError as e:
             for token, _ in batch:
                 self._complete_append(token, e.code, None, e.message)
+            if isinstance(e, StoreError) and e.code in DISK_FAULTS:
+                self.store_failed(e)
             return
         deadline = self.now + self.cfg.max_wait_ack_ms
         if len(batch) == 1:
@@ -314,9 +392,11 @@ class Node:
 
     def metadata(self) -> MetadataResponse:
         m, s = self.member, self.store
+        err = self.unwritable()
         return MetadataResponse(
             200, m.group, m.self_id, m.role.name.lower(), m.leader_id or "", m.term, self.cfg.peers,
             s.begin_index, s.end_index, s.end_term, s.committed_index,
+            store_error=err.message if err is not None else "", retention_held_by=s.retention_held_by,
         )
 
 

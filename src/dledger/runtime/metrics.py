@@ -60,6 +60,12 @@ class _StateCollector(Collector):
             "commit": GaugeMetricFamily("dledger_committed_index", "Commit index known here", labels=lab),
             "durable": GaugeMetricFamily("dledger_durable_index", "Last index fsynced here", labels=lab),
             "pending": GaugeMetricFamily("dledger_pending_requests", "Appends waiting for commit", labels=lab),
+            "writable": GaugeMetricFamily("dledger_store_writable",
+                                          "1 when the store takes writes, 0 when it failed or the disk is full "
+                                          "(the member then neither leads nor campaigns)", labels=lab),
+            "held": GaugeMetricFamily("dledger_retention_held",
+                                      "1 while a lagging follower's needs keep retention from freeing space "
+                                      "under disk pressure", labels=lab),
         }
         lag = GaugeMetricFamily("dledger_replication_lag_entries", "Leader end minus follower match",
                                 labels=[*lab, "follower"])
@@ -74,6 +80,8 @@ class _StateCollector(Collector):
             fams["commit"].add_metric(v, s.committed_index)
             fams["durable"].add_metric(v, s.durable_index)
             fams["pending"].add_metric(v, n.quorum.pending)
+            fams["writable"].add_metric(v, 0 if n.unwritable() is not None else 1)
+            fams["held"].add_metric(v, 1 if s.retention_held_by else 0)
             elections.add_metric(v, n.elector.elections)
             for peer, d in n.dispatchers.items():
                 lag.add_metric([*v, peer], s.end_index - d.match_index)

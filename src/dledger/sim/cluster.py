@@ -1,8 +1,16 @@
 """SimCluster: members of the pure Raft core in one process, on a virtual clock.
 
 The network delays, drops, duplicates and partitions messages as its seeded
-random source says; every message goes through the real msgpack codec. The
-same seed gives the same run, so a failing seed replays exactly.
+random source says; every message goes through the real msgpack codec. Disks
+(SimDiskStore) fsync after a delay, can be slow, full or failing, lose what was
+not fsynced on power loss, and deliver the durable index to the node late, as the
+flush thread does. The same seed gives the same run, so a failing seed replays
+exactly.
+
+Invariants checked after every event: election safety, state machine safety,
+commit index monotonic, leader completeness; no member's commit index beyond its
+log, nor durable index beyond what its disk holds; in sync mode every
+acknowledged append on a majority of disks.
 """
 
 from __future__ import annotations
@@ -18,6 +26,7 @@ from dledger.codes import RequestCode, ResponseCode
 from dledger.config import DLedgerConfig
 from dledger.core.messages import AppendRequest, AppendResponse, Role, decode_request, decode_response, encode
 from dledger.core.node import Node, Reply, Send
+from dledger.entry import Entry
 from dledger.sim.disk import SimDiskStore
 
 
@@ -75,6 +84,10 @@ class SimCluster:
         self.violations: list[str] = []
         self._leader_checked: dict[str, int] = {}
         self._client_reqs: dict[int, tuple[bytes, int]] = {}  # cid -> (request, attempts)
+        self.sync = self.cfgs[self.ids[0]].flush == "sync"
+        self.quorum = n // 2 + 1
+        self.fsync_ms: dict[str, tuple[int, int]] = {}  # per member, when its disk is slow
+        self.acked_top: tuple[int, int, int] | None = None  # (index, term, chain) of the highest acked entry
         for i in self.ids:
             self.start(i)
 
@@ -82,8 +95,7 @@ class SimCluster:
 
     def start(self, member: str) -> None:
         store = self.stores[member]
-        store.on_request = lambda: self._schedule(
-            self.now + self.rng.randint(self.net.min_fsync_ms, self.net.max_fsync_ms), "fsync", (member,))
+        store.on_request = lambda: self._schedule_fsync(member)
         node = Node(self.cfgs[member], store, self.now, random.Random(self.rng.random()))
         self.nodes[member] = node
         self.last_commit[member] = store.committed_index
@@ -97,7 +109,8 @@ class SimCluster:
         if lose_unsynced:
             store.crash()
         else:
-            store.complete_flush()
+            store.sync_all()  # the OS writes the page cache out
+            store.crash()
         self.trace.append(f"{self.now} crash {member} ({'power loss' if lose_unsynced else 'process'}, "
                           f"keeps end {store.end_index})")
 
@@ -110,6 +123,35 @@ class SimCluster:
     def heal(self) -> None:
         self.blocked = set()
         self.trace.append(f"{self.now} heal")
+
+    # --- disk faults -------------------------------------------------------------------------
+
+    def slow_disk(self, member: str, lo_ms: int, hi_ms: int) -> None:
+        """fsyncs of `member` take lo..hi ms (slower than every timeout when in seconds)."""
+        self.fsync_ms[member] = (lo_ms, hi_ms)
+        self.trace.append(f"{self.now} disk of {member}: fsync {lo_ms}..{hi_ms} ms")
+
+    def disk_fault(self, member: str, kind: str, on: bool = True) -> None:
+        """kind: full | pressure | write_error (the next append fails) | fsync_error (the
+        next fsync fails: the store fails for good) | repair (a failed disk replaced)."""
+        st = self.stores[member]
+        if kind == "full":
+            st.full = on
+        elif kind == "pressure":
+            st.pressure = on
+        elif kind == "write_error":
+            st.write_error_once = True
+        elif kind == "fsync_error":
+            st.fsync_error_once = True
+        elif kind == "repair":
+            st.failed = None
+            st.fsync_error_once = st.write_error_once = False
+        self.trace.append(f"{self.now} disk of {member}: {kind}{'' if on else ' off'}")
+
+    def healthy_disks(self) -> list[str]:
+        """Members that are up with a fast disk that can write."""
+        return [i for i, n in self.nodes.items() if n is not None and i not in self.fsync_ms
+                and self.stores[i].write_error() is None and not self.stores[i].fsync_error_once]
 
     # --- client ----------------------------------------------------------------------------
 
@@ -133,7 +175,13 @@ class SimCluster:
                 return True
             ev = heapq.heappop(self._events)
             self.now = ev.at
-            getattr(self, "_on_" + ev.kind)(*ev.args)
+            try:
+                getattr(self, "_on_" + ev.kind)(*ev.args)
+            except Exception as e:  # the runtime logs it and goes on with whatever state is left
+                self.violations.append(f"{self.now}: {ev.kind} {ev.args[:2]} raised {type(e).__name__}: {e}")
+                self.trace.append(f"{self.now} EXCEPTION in {ev.kind}: {type(e).__name__}: {e}")
+                if ev.kind == "tick":
+                    self._schedule(self.now + self.tick_ms, "tick", (ev.args[0],))  # the ticker survives
             self._check_invariants()
         self.now = max(self.now, end)
         return cond()
@@ -157,6 +205,7 @@ class SimCluster:
         if node is None:
             return
         node.tick(self.now)
+        self.stores[member].run_retention()
         self._flush(member)
         self._schedule(self.now + self.tick_ms, "tick", (member,))
 
@@ -171,11 +220,25 @@ class SimCluster:
         self._schedule(self.now + (1 if hint else 50), "client", (target, cid, meta))
         return True
 
-    def _on_fsync(self, member: str) -> None:
+    def _schedule_fsync(self, member: str) -> None:
+        lo, hi = self.fsync_ms.get(member, (self.net.min_fsync_ms, self.net.max_fsync_ms))
+        self._schedule(self.now + self.rng.randint(lo, hi), "fsync", (member, self.stores[member].generation))
+
+    def _on_fsync(self, member: str, generation: int | None = None) -> None:
+        store = self.stores[member]
+        if generation is None:
+            generation = store.generation  # scheduled by hand (the audit scripts): the current disk
+        if store.generation != generation:
+            return  # the member lost power while this fsync ran
+        durable = store.complete_flush()
+        # the flush thread's news reaches the node later (call_soon_threadsafe): by then a
+        # truncate may have lowered the durable index, so the value is only a hint
+        self._schedule(self.now + self.rng.randint(0, 3), "durable", (member, durable, generation))
+
+    def _on_durable(self, member: str, durable: int, generation: int) -> None:
         node = self.nodes[member]
-        if node is None:
+        if node is None or self.stores[member].generation != generation:
             return
-        durable = self.stores[member].complete_flush()
         node.on_durable(durable, self.now)
         self._flush(member)
 
@@ -231,6 +294,8 @@ class SimCluster:
             assert isinstance(r, AppendResponse)
             if r.code in _CLIENT_RETRY and self._client_retry(token[1], r.leader_id or None):
                 return
+            if r.code == ResponseCode.SUCCESS:
+                self._note_acked(member, r.index + len(r.positions) - 1)
             self.client_results[token[1]] = ClientResult(r.code, r.index, r.term)
             self._client_reqs.pop(token[1], None)
             return
@@ -242,10 +307,25 @@ class SimCluster:
 
     # --- invariants ------------------------------------------------------------------------------
 
+    def _note_acked(self, leader: str, last: int) -> None:
+        """An append was acknowledged: remember the highest acknowledged entry as it is."""
+        if self.acked_top is None or last > self.acked_top[0]:
+            e = self.stores[leader].get(last)
+            self.acked_top = (last, e.term, e.chain_crc)
+
     def _check_invariants(self) -> None:
         """After every event: election safety, state machine safety (no two members
         commit different entries at an index), commit index monotonic while alive,
-        leader completeness (a leader holds every committed entry)."""
+        leader completeness (a leader holds every committed entry); no commit index past
+        the log end nor durable index past the disk; in sync mode, every acknowledged
+        append on a majority of disks."""
+        for i, store in self.stores.items():
+            if store.committed_index > store.end_index or store.durable_index > store.synced_index:
+                self.violations.append(f"{self.now}: {i} claims beyond its disk: commit {store.committed_index}, "
+                                       f"durable {store.durable_index}, end {store.end_index}, "
+                                       f"on disk {store.synced_index}")
+        if self.sync and self.acked_top is not None:
+            self._check_acked_durable()
         for i, node in self.nodes.items():
             if node is None:
                 continue
@@ -270,6 +350,16 @@ class SimCluster:
                     self.trace.append(f"{self.now} {i} leads term {m.term} (end {store.end_index})")
                     self._check_completeness(i, store)
 
+    def _check_acked_durable(self) -> None:
+        """The highest acknowledged entry is on a majority of disks (fsynced, same chain CRC);
+        the chain CRC covers the prefix, so every lower acknowledged entry is there too."""
+        assert self.acked_top is not None
+        index, term, chain = self.acked_top
+        holders = [i for i, st in self.stores.items() if _on_disk(st, index, term, chain)]
+        if len(holders) < self.quorum:
+            self.violations.append(f"{self.now}: acknowledged entry {index} is on the disks of only {holders}")
+            self.acked_top = None  # report once
+
     def _check_completeness(self, leader: str, store: SimDiskStore) -> None:
         top = max(self.committed, default=-1)
         if store.end_index < top:
@@ -292,3 +382,12 @@ class SimCluster:
                     if ea.term == eb.term and ea.chain_crc != eb.chain_crc:
                         self.violations.append(f"log matching broken between {a} and {b} at {idx}")
                         return
+
+
+def _on_disk(st: SimDiskStore, index: int, term: int, chain: int) -> bool:
+    if index < st.begin_index:
+        return True  # deleted by retention, which only deletes committed, fsynced entries
+    if index > st.synced_index:
+        return False
+    e: Entry = st.get(index)
+    return (e.term, e.chain_crc) == (term, chain)

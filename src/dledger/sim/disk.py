@@ -1,63 +1,155 @@
-"""SimDiskStore: a memory store whose writes are durable only once "fsynced".
+"""SimDiskStore: a memory store whose writes are durable only once "fsynced", with faults.
 
-The simulator decides when a flush completes (after a simulated fsync delay);
-a crash drops every entry past the last flush, as a power loss drops the page
-cache. currterm is written through at once, as the file store does with fsync.
+The simulator decides when a flush completes (after a simulated fsync delay). As a
+real fsync, a flush covers what was written when it *started*: entries appended while
+it runs wait for the next one, and a truncate during it lowers what it covers. A crash
+(power loss) drops every entry past the last flush, as the page cache is lost.
+currterm is written through at once, as the file store does with fsync.
+
+Faults the schedules inject: a slow disk (fsyncs slower than every timeout), a write
+error on the next append, an fsync error (the store fails for good: DISK_ERROR until
+the disk is repaired), a full disk (appends and currterm writes fail with DISK_FULL),
+and disk pressure, under which retention deletes the log prefix below the commit index
+and the retention floor, as FileLedgerStore.run_retention does with whole files.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
+from dledger.codes import ResponseCode
+from dledger.entry import MAGIC_NORMAL
+from dledger.store.base import AppendResult, StoreError
 from dledger.store.memory import MemoryLedgerStore
+
+RETENTION_CHUNK = 4  # entries retention deletes at least at once (the file store deletes whole files)
 
 
 class SimDiskStore(MemoryLedgerStore):
     def __init__(self) -> None:
         super().__init__()
-        self.synced_index = -1
-        self.flush_requested = False
-        self.on_request: Callable[[], None] | None = None
+        self.synced_index = -1  # what the disk really holds (the log up to here survives power loss)
+        self.flush_requested = False  # a flush is wanted once the running one completes
+        self.flushing = False
+        self._flush_target = -1  # end index when the running flush started
+        self._trunc_floor = 1 << 62  # lowest end a truncate set while it runs
+        self.generation = 0  # bumped by a crash: a flush in flight then never completes
+        self.on_request: Callable[[], None] | None = None  # the simulator schedules the fsync
+        # faults
+        self.full = False
+        self.failed: str | None = None
+        self.write_error_once = False
+        self.fsync_error_once = False
+        self.pressure = False
+        self.retention_floor: int | None = None
+        self.holder = ""
 
-    def _mark_written(self) -> None:
-        # MemoryLedgerStore reports everything durable; here only a flush does
-        self.durable_index = min(self.durable_index, self.synced_index)
+    # --- faults as the file store reports them --------------------------------------------
 
-    def append_as_leader(self, *args, **kwargs):  # type: ignore[no-untyped-def]
-        res = super().append_as_leader(*args, **kwargs)
-        self._mark_written()
+    def write_error(self) -> StoreError | None:
+        if self.failed is not None:
+            return StoreError(ResponseCode.DISK_ERROR, f"store failed: {self.failed}")
+        if self.full:
+            return StoreError(ResponseCode.DISK_FULL, "disk full")
+        return None
+
+    def _check_write(self) -> None:
+        err = self.write_error()
+        if err is not None:
+            raise err
+        if self.write_error_once:
+            self.write_error_once = False
+            raise StoreError(ResponseCode.DISK_ERROR, "append: Input/output error")
+
+    # --- writes ------------------------------------------------------------------------------
+
+    def append_as_leader(self, bodies: Sequence[bytes], term: int, magic: int = MAGIC_NORMAL) -> AppendResult:
+        self._check_write()
+        res = super().append_as_leader(bodies, term, magic)
+        self.durable_index = min(self.durable_index, self.synced_index)  # not durable until a flush
         return res
 
-    def append_as_follower(self, data):  # type: ignore[no-untyped-def]
+    def append_as_follower(self, data: bytes | bytearray | memoryview) -> int:
+        self._check_write()
         end = super().append_as_follower(data)
-        self._mark_written()
+        self.durable_index = min(self.durable_index, self.synced_index)
         return end
 
     def truncate(self, from_index: int) -> None:
+        if self.failed is not None:
+            raise StoreError(ResponseCode.DISK_ERROR, f"store failed: {self.failed}")
         super().truncate(from_index)
         # a truncate is made durable at once (the file store zeroes and fsyncs)
         self.synced_index = min(self.synced_index, self.end_index)
         self.durable_index = min(self.durable_index, self.synced_index)
+        self._trunc_floor = min(self._trunc_floor, self.end_index)
+
+    def save_term(self, term: int, voted_for: str | None) -> None:
+        if self.full or self.failed is not None:
+            raise StoreError(ResponseCode.DISK_FULL if self.full else ResponseCode.DISK_ERROR,
+                             "saving the term: no space left on device" if self.full else f"failed: {self.failed}")
+        super().save_term(term, voted_for)
+
+    def set_retention_floor(self, index: int | None, holder: str = "") -> None:
+        self.retention_floor = index
+        self.holder = holder if index is not None else ""
+
+    # --- flushes -----------------------------------------------------------------------------
 
     def request_flush(self) -> None:
-        if not self.flush_requested:
+        if self.failed is not None:
+            return
+        if self.flushing:
             self.flush_requested = True
-            if self.on_request is not None:
-                self.on_request()
+            return
+        self.flushing = True
+        self.flush_requested = False
+        self._flush_target = self.end_index
+        self._trunc_floor = 1 << 62
+        if self.on_request is not None:
+            self.on_request()
 
     def complete_flush(self) -> int:
-        """The simulated fsync finished: everything written so far is durable."""
-        self.flush_requested = False
+        """The simulated fsync finished: what was written when it started is durable.
+        Returns the durable index, which the simulator delivers to the node later (as the
+        runtime does through the event loop), by then possibly stale."""
+        self.flushing = False
+        if self.fsync_error_once:
+            self.fsync_error_once = False
+            self.failed = "fsync: Input/output error"  # fsyncgate: never retry a failed fsync
+            return self.durable_index
+        self.synced_index = max(self.synced_index, min(self._flush_target, self._trunc_floor, self.end_index))
+        durable = self._set_durable(self.synced_index)
+        if self.flush_requested:
+            self.request_flush()
+        return durable
+
+    def sync_all(self) -> None:
+        """A clean stop: everything written reaches the disk."""
+        self.flushing = self.flush_requested = False
         self.synced_index = self.end_index
-        self._publish_durable(self.end_index)
-        return self.end_index
+        self._set_durable(self.end_index)
 
     def crash(self) -> None:
         """Lose what was not flushed. The commit index kept is at most the durable one,
         as the file store's checkpoint keeps it."""
+        self.generation += 1
         self.committed_index = min(self.committed_index, self.synced_index)
         if self.end_index > self.synced_index:
-            super().truncate(self.synced_index + 1)
+            MemoryLedgerStore.truncate(self, self.synced_index + 1)
         self.durable_index = self.end_index
-        self.flush_requested = False
+        self.flushing = self.flush_requested = False
         self._flush_listeners.clear()
+
+    # --- retention ----------------------------------------------------------------------------
+
+    def run_retention(self) -> None:
+        """Under disk pressure delete the prefix below the commit index and the floor."""
+        if not self.pressure:
+            return
+        floor = self.committed_index + 1
+        if self.retention_floor is not None:
+            floor = min(floor, self.retention_floor)
+        floor = min(floor, self.synced_index + 1, self.end_index)  # the log keeps its last entry
+        if floor - self.begin_index >= RETENTION_CHUNK:
+            self.drop_prefix(floor)

@@ -1,8 +1,18 @@
 """Random fault schedules by seed, run on SimCluster, with Raft's invariants checked.
 
 A seed fixes everything: group size, flush mode, network faults, the order of
-crashes, restarts, partitions and client appends. `run_seed(seed)` returns a
-report; a failing seed prints its trace and replays exactly with the same seed.
+crashes, restarts, partitions, disk faults and client appends. `run_seed(seed)`
+returns a report; a failing seed prints its trace and replays exactly with the
+same seed.
+
+Disk faults (half the seeds): fsyncs slower than every timeout, a failing write,
+a failing fsync (the store fails until the disk is repaired), a full disk on one
+or on all members, power loss of the whole group at once or in sequence (sync
+mode only: in async mode losing the page cache of a majority loses acknowledged
+appends by design), a member restarting onto a failed disk, retention under disk
+pressure while a follower lags. Liveness: whenever the network is whole and a
+majority of members is up with fast, writable disks, an append must commit within
+LIVENESS_MS of simulated time.
 """
 
 from __future__ import annotations
@@ -12,6 +22,8 @@ from dataclasses import dataclass, field
 
 from dledger.codes import ResponseCode
 from dledger.sim.cluster import NetConfig, SimCluster
+
+LIVENESS_MS = 15_000
 
 
 @dataclass
@@ -39,15 +51,22 @@ def run_seed(seed: int, steps: int = 14) -> SimReport:
     net = NetConfig(1, r.choice((3, 10, 30)), loss=r.choice((0.0, 0.02, 0.1)), duplicate=r.choice((0.0, 0.05)))
     c = SimCluster(n, seed=seed, net=net, tick_ms=20, flush=flush)
     report = SimReport(seed, n, flush, True)
+    disk_faults = r.random() < 0.5
     bodies: dict[int, bytes] = {}
     down: list[str] = []
     for step in range(steps):
         report.faults += _fault(c, r, n, flush, down)
+        if disk_faults:
+            report.faults += _disk_fault(c, r, n, flush, down)
         for k in range(r.randint(1, 6)):
             body = [f"{seed}-{step}-{k}-{j}".encode() for j in range(r.randint(1, 3))]
             cid = c.append(r.choice(c.ids), body)
             bodies[cid] = body[0]
         c.run(r.randint(50, 800))
+        if disk_faults and r.random() < 0.3 and _should_be_live(c):
+            _commit_within(c, LIVENESS_MS, report, "with a healthy majority")
+            if report.violations:
+                break
     _settle(c, down, report)
     _final_checks(c, bodies, report)
     report.sim_ms = c.now
@@ -81,10 +100,101 @@ def _fault(c: SimCluster, r: random.Random, n: int, flush: str, down: list[str])
     return 0
 
 
+def _disk_fault(c: SimCluster, r: random.Random, n: int, flush: str, down: list[str]) -> int:
+    """One disk fault (or a repair, or none)."""
+    up = sorted(set(c.ids) - set(down))
+    m = r.choice(up)
+    if r.random() < 0.5 and c.leader() in up:
+        m = c.leader() or m
+    x = r.random()
+    if x < 0.12:
+        c.slow_disk(m, 1200, 4000)
+    elif x < 0.22:
+        c.disk_fault(m, "write_error")
+    elif x < 0.30:
+        c.disk_fault(m, "fsync_error")
+    elif x < 0.40:
+        for i in (c.ids if r.random() < 0.3 else [m]):
+            c.disk_fault(i, "full")
+    elif x < 0.48:
+        c.disk_fault(m, "pressure")
+    elif x < 0.56 and flush == "sync":
+        _power_loss_all(c, r, down)
+    elif x < 0.62 and m not in down and len(down) < (n - 1) // 2:
+        c.crash(m, lose_unsynced=flush == "sync")  # restarts onto a failed disk
+        c.stores[m].failed = "disk failed while the member was down"
+        c.start(m)
+    elif x < 0.85:
+        _repair(c, r, flush)
+    else:
+        return 0
+    return 1
+
+
+def _power_loss_all(c: SimCluster, r: random.Random, down: list[str]) -> None:
+    """Every member loses power, at once or one after another; all restart in some order."""
+    at_once = r.random() < 0.5
+    for i in c.ids:
+        if c.nodes[i] is not None:
+            c.crash(i, lose_unsynced=True)
+            if not at_once:
+                c.run(r.randint(1, 200))
+    down.clear()
+    order = list(c.ids)
+    r.shuffle(order)
+    for i in order:
+        c.run(r.randint(0, 300))
+        c.start(i)
+
+
+def _repair(c: SimCluster, r: random.Random, flush: str) -> None:
+    """Clear one member's disk faults; a failed disk is replaced under a restarted member."""
+    i = r.choice(c.ids)
+    c.fsync_ms.pop(i, None)
+    st = c.stores[i]
+    st.full = False
+    if r.random() < 0.3:
+        st.pressure = False
+    if st.failed is not None and c.nodes[i] is not None:
+        c.crash(i, lose_unsynced=flush == "sync")  # a failed fsync may have lost the page cache
+        c.disk_fault(i, "repair")
+        c.start(i)
+    c.trace.append(f"{c.now} repaired disk of {i}")
+
+
+def _should_be_live(c: SimCluster) -> bool:
+    """The network is whole and a majority is up with fast disks that can write."""
+    return not c.blocked and not c.fsync_ms and len(c.healthy_disks()) >= c.quorum
+
+
+def _commit_within(c: SimCluster, bound_ms: int, report: SimReport, when: str) -> bool:
+    """Some member leads and commits a new append within `bound_ms` of simulated time."""
+    deadline = c.now + bound_ms
+    while True:  # an unknown outcome (TERM_CHANGED, timeout) is retried, as a user would
+        cid = c.append(c.leader() or c.rng.choice(c.ids), [b"probe"])
+        c.run_until(lambda cid=cid: cid in c.client_results, max(deadline - c.now, 1))  # type: ignore[misc]
+        if cid in c.client_results and c.client_results[cid].code == ResponseCode.SUCCESS:
+            return True
+        if c.now >= deadline:
+            report.violations.append(f"{c.now}: no append committed within {bound_ms} ms {when} "
+                                     f"(leader {c.leader()}, last answer {c.client_results.get(cid)})")
+            return False
+
+
 def _settle(c: SimCluster, down: list[str], report: SimReport) -> None:
-    """Heal everything; the group must elect and commit again within a bound."""
+    """Heal everything (network and disks); the group must elect and commit again within
+    a bound, and every member catch up."""
     c.heal()
     c.net.loss = 0.0
+    c.fsync_ms.clear()
+    for i in c.ids:
+        st = c.stores[i]
+        st.full = st.write_error_once = st.fsync_error_once = False
+        if st.failed is not None:
+            if c.nodes[i] is not None:
+                c.crash(i, lose_unsynced=c.sync)
+                down.append(i)
+            c.disk_fault(i, "repair")
     while down:
         c.start(down.pop(0))
     if not c.run_until(lambda: c.leader() is not None, 15_000):
@@ -92,15 +202,8 @@ def _settle(c: SimCluster, down: list[str], report: SimReport) -> None:
         return
     leader = c.leader()
     assert leader is not None
-    deadline = c.now + 15_000
-    while True:  # an unknown outcome (TERM_CHANGED, timeout) is retried, as a user would
-        cid = c.append(c.leader() or leader, [b"final"])
-        c.run_until(lambda cid=cid: cid in c.client_results, max(deadline - c.now, 1))  # type: ignore[misc]
-        if cid in c.client_results and c.client_results[cid].code == ResponseCode.SUCCESS:
-            break
-        if c.now >= deadline:
-            report.violations.append(f"final append not committed within 15 s: {c.client_results.get(cid)}")
-            return
+    if not _commit_within(c, 15_000, report, "after the last fault healed"):
+        return
     top = c.stores[c.leader() or leader].committed_index
     converged = c.run_until(lambda: all(c.stores[i].committed_index >= top for i in c.ids), 15_000)
     if not converged:
@@ -115,10 +218,14 @@ def _final_checks(c: SimCluster, bodies: dict[int, bytes], report: SimReport) ->
     if leader is None:
         return
     store = c.stores[leader]
+    oldest = min(c.stores.values(), key=lambda st: st.begin_index)  # retention may have deleted the prefix
     for cid, res in sorted(c.client_results.items()):
         if res.code != ResponseCode.SUCCESS or cid not in bodies:
             continue
         report.acked += 1
-        e = store.get(res.index) if res.index <= store.end_index else None
+        holder = store if res.index >= store.begin_index else oldest
+        if res.index < holder.begin_index:
+            continue  # deleted everywhere by retention; checked when it was committed
+        e = holder.get(res.index) if res.index <= holder.end_index else None
         if e is None or e.body != bodies[cid] or e.term != res.term:
             report.violations.append(f"acknowledged append {cid} missing at index {res.index}")

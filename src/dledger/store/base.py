@@ -6,6 +6,7 @@ read and the term search here, so they differ only in where bytes live.
 
 from __future__ import annotations
 
+import errno
 import logging
 import threading
 from abc import ABC, abstractmethod
@@ -200,8 +201,17 @@ class LedgerStore(ABC):
         """Call `listener(durable_index)` after each flush, from the flush thread."""
         self._flush_listeners.append(listener)
 
+    def _set_durable(self, index: int) -> int:
+        """Raise the durable index to `index` (capped at the log end) under the store lock, so
+        it can never name a record a concurrent truncate removed; returns the value now."""
+        with self._lock:
+            self.durable_index = max(self.durable_index, min(index, self.end_index))
+            return self.durable_index
+
     def _publish_durable(self, index: int) -> None:
-        self.durable_index = index
+        """Tell the listeners the durable index moved. `index` is a hint already stale when
+        it arrives (a truncate may have lowered it since): act on `durable_index`, which
+        the store keeps true under its lock."""
         for listener in self._flush_listeners:
             try:
                 listener(index)
@@ -213,8 +223,16 @@ class LedgerStore(ABC):
 
     def flush(self) -> int:
         """Flush everything written so far, blocking; returns the durable index."""
-        self._publish_durable(self.end_index)
-        return self.end_index
+        durable = self._set_durable(self.end_index)
+        self._publish_durable(durable)
+        return durable
+
+    def write_error(self) -> StoreError | None:
+        """Why this store cannot take writes now (a failed fsync, a full disk), or None.
+
+        A member whose store cannot write must not lead nor campaign (it would win and then
+        fail every append); `dledger status` and the metrics show the reason."""
+        return None
 
     @abstractmethod
     def save_term(self, term: int, voted_for: str | None) -> None:
@@ -223,8 +241,14 @@ class LedgerStore(ABC):
     @abstractmethod
     def load_term(self) -> TermVote: ...
 
-    def set_retention_floor(self, index: int) -> None:
-        """Entries from `index` on must be kept (e.g. a slow follower still needs them)."""
+    def set_retention_floor(self, index: int | None, holder: str = "") -> None:
+        """Entries from `index` on must be kept: `holder` (a lagging follower) still needs them.
+        None: only the commit index bounds retention."""
+
+    @property
+    def retention_held_by(self) -> str:
+        """The holder whose floor kept retention from freeing space under disk pressure, or ""."""
+        return ""
 
     def close(self) -> None:
         """Release resources; further calls fail."""
@@ -282,6 +306,13 @@ class LedgerStore(ABC):
                 f"push starts at index {index}, expected {self.end_index + 1}",
             )
         return index
+
+
+def os_error(e: OSError, what: str) -> StoreError:
+    """An OS error of a store operation as a response code: a full disk (or quota) is
+    DISK_FULL, anything else DISK_ERROR."""
+    code = ResponseCode.DISK_FULL if e.errno in (errno.ENOSPC, errno.EDQUOT) else ResponseCode.DISK_ERROR
+    return StoreError(code, f"{what}: {e.strerror or e}")
 
 
 def push_error(stop: str, offset: int) -> StoreError:

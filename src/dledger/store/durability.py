@@ -32,6 +32,7 @@ class DurabilityWaiter:
         self._loop.call_soon_threadsafe(self._release, durable)
 
     def _release(self, durable: int) -> None:
+        durable = min(durable, self._store.durable_index)  # a truncate may have lowered it since
         while self._waiters and self._waiters[0][0] <= durable:
             _, _, fut = heapq.heappop(self._waiters)
             if not fut.done():

@@ -2,7 +2,8 @@
 
 Layout: `data/` holds records, `index/` one 32-byte unit per index,
 `checkpoint` the commit index and the last durable record (the point recovery
-trusts), `currterm` the term and vote.
+trusts), `currterm` the term and vote, `lock` the flock of the one process
+that has the store open (store/lock.py).
 
 Invariants the code keeps:
 - records are contiguous; a record is written only where `size + 8` bytes
@@ -44,12 +45,13 @@ from dledger.entry import (
     encode_into,
     scan,
 )
-from dledger.store.base import AppendResult, LedgerStore, RawRange, StoreError, TermVote, push_error
+from dledger.store.base import AppendResult, LedgerStore, RawRange, StoreError, TermVote, os_error, push_error
 from dledger.store.checkpoint import read_json, write_atomic
 from dledger.store.flusher import FlushService
+from dledger.store.lock import StoreDirLock
 from dledger.store.mapped_file import MappedFile, MappedFileList
 from dledger.store.recovery import rebuild_units, recover
-from dledger.store.retention import Candidate, disk_usage_ratio, plan_deletions
+from dledger.store.retention import Candidate, Plan, disk_usage_ratio, plan_deletions
 
 log = logging.getLogger(__name__)
 
@@ -78,40 +80,50 @@ class FileLedgerStore(LedgerStore):
             raise StoreError(ResponseCode.UNEXPECTED_ARGUMENT, "index_file_size must be a multiple of 32")
         self.dir = Path(store_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
-        self.sync_mode = flush == "sync"
-        self.file_reserved_hours = file_reserved_hours
-        self.check_expired_ratio = disk_space_ratio_to_check_expired
-        self.force_clean_ratio = disk_space_ratio_to_force_clean
-        self._disk_usage: DiskUsage = disk_usage or (lambda: disk_usage_ratio(self.dir))
-        self.data = MappedFileList(self.dir / "data", data_file_size)
-        self.index = MappedFileList(self.dir / "index", index_file_size)
-        self.begin_pos = 0
-        self.write_pos = 0
-        self._flushed_pos = 0  # data before it is fsynced
-        self.disk_full = False
-        self._retention_floor: int | None = None
-        self._failed: BaseException | None = None
-        self._closed = False
-        self._trunc_floor = 1 << 62  # lowest end index a truncate set during a flush
-        self._ckpt_lock = threading.Lock()  # outermost: checkpoint state must match the files
-        self._sync_lock = threading.Lock()  # innermost: fds are not closed during an fsync
-        self._term_vote = self._read_term()
-        self._buf = bytearray(1 << 20)  # encode scratch of append_as_leader
-        self._ubuf = bytearray(64 << 10)
+        # first, before anything reads or writes the files: one writer per directory
+        self._dir_lock = StoreDirLock(store_dir)
         try:
-            recover(self)
+            self.sync_mode = flush == "sync"
+            self.file_reserved_hours = file_reserved_hours
+            self.check_expired_ratio = disk_space_ratio_to_check_expired
+            self.force_clean_ratio = disk_space_ratio_to_force_clean
+            self._disk_usage: DiskUsage = disk_usage or (lambda: disk_usage_ratio(self.dir))
+            self.data = MappedFileList(self.dir / "data", data_file_size)
+            self.index = MappedFileList(self.dir / "index", index_file_size)
+            self.begin_pos = 0
+            self.write_pos = 0
+            self._flushed_pos = 0  # data before it is fsynced
+            self.disk_full = False
+            self._retention_floor: int | None = None
+            self._retention_holder = ""  # who set the floor
+            self._retention_held_by = ""  # set while that floor keeps files disk pressure would delete
+            self._failed: BaseException | None = None
+            self._closed = False
+            self._trunc_floor = 1 << 62  # lowest end index a truncate set during a flush
+            self._ckpt_lock = threading.Lock()  # outermost: checkpoint state must match the files
+            self._sync_lock = threading.Lock()  # innermost: fds are not closed during an fsync
+            self._term_vote = self._read_term()
+            self._buf = bytearray(1 << 20)  # encode scratch of append_as_leader
+            self._ubuf = bytearray(64 << 10)
+            try:
+                recover(self)
+                self._flushed_pos = self.write_pos  # recovery fsynced the data files
+                self._write_checkpoint_locked()
+            except BaseException:
+                self.data.close()
+                self.index.close()
+                raise
+            self._flusher = FlushService(
+                self,
+                self.sync_mode,
+                flush_interval_ms / 1000,
+                checkpoint_interval_ms / 1000,
+                retention_check_interval_ms / 1000,
+            )
+            self._flusher.start()
         except BaseException:
-            self.data.close()
-            self.index.close()
+            self._dir_lock.release()
             raise
-        self._flusher = FlushService(
-            self,
-            self.sync_mode,
-            flush_interval_ms / 1000,
-            checkpoint_interval_ms / 1000,
-            retention_check_interval_ms / 1000,
-        )
-        self._flusher.start()
 
     # --- appends -------------------------------------------------------------
 
@@ -124,12 +136,12 @@ class FileLedgerStore(LedgerStore):
         with self._lock:
             self._check_writable()
             self.check_bodies(bodies, term)
-            first = self.end_index + 1
+            first, orig_pos = self.end_index + 1, self.write_pos
             try:
                 positions = self._encode_and_write(bodies, term, magic)
-            except BaseException:
-                self._truncate_locked(first)  # all or nothing: drop what an earlier file got
-                raise
+            except BaseException as e:
+                self._undo_append(first, orig_pos)  # all or nothing: drop what an earlier file got
+                raise self._as_store_error(e, "append") from e
         if self.sync_mode:
             self._flusher.request()
         return AppendResult(first, term, positions)
@@ -184,19 +196,37 @@ class FileLedgerStore(LedgerStore):
             orig_end, orig_pos = self.end_index, self.write_pos
             try:
                 self._append_records(memoryview(data))
-            except BaseException:
-                if self.end_index > orig_end:
-                    self._truncate_locked(orig_end + 1)
-                elif self.write_pos != orig_pos:
-                    # no record kept, but a blank closed the last file: undo it, or the
-                    # next push (whose first record may fit there) is refused for its pos
-                    with self._sync_lock:
-                        self._zero_data_from(orig_pos)
-                    self.write_pos = orig_pos
-                raise
+            except BaseException as e:
+                self._undo_append(orig_end + 1, orig_pos)
+                raise self._as_store_error(e, "append") from e
         if self.sync_mode:
             self._flusher.request()
         return self.end_index
+
+    def _undo_append(self, first: int, orig_pos: int) -> None:
+        """Drop what a failed append wrote from entry `first` (at `orig_pos`) on. If the undo
+        fails too, the files no longer match what the store believes: it fails for good."""
+        try:
+            if self.end_index >= first:
+                self._truncate_locked(first)
+            # no record kept past `first`, but a failed write may have left record bytes past
+            # the end (a recovery would bring back an append whose caller saw it fail), or a
+            # blank closed the last file (the next push, which may fit there, would be refused
+            # for its pos): zero all of it
+            with self._sync_lock:
+                self._zero_data_from(orig_pos, to_file_end=True)
+            self.write_pos = orig_pos
+        except (OSError, StoreError) as e:
+            log.error("%s: undoing a failed append failed: %s; the store refuses further writes", self.dir, e)
+            self.fail(e)
+
+    def _as_store_error(self, e: BaseException, what: str) -> BaseException:
+        """OS errors surface as DISK_FULL / DISK_ERROR, so callers see a response code; a
+        full disk also marks the store full until retention finds room again."""
+        err = os_error(e, f"{what} in {self.dir}") if isinstance(e, OSError) else e
+        if isinstance(err, StoreError) and err.code == ResponseCode.DISK_FULL:
+            self.disk_full = True
+        return err
 
     def _append_records(self, data: memoryview) -> None:
         off, n = 0, len(data)
@@ -241,26 +271,33 @@ class FileLedgerStore(LedgerStore):
         return uf, (uf.end - p) // INDEX_UNIT_SIZE
 
     def _check_writable(self) -> None:
+        err = self.write_error()
+        if err is not None:
+            raise err
+
+    def write_error(self) -> StoreError | None:
         if self._closed:
-            raise StoreError(ResponseCode.DISK_ERROR, "store is closed")
+            return StoreError(ResponseCode.DISK_ERROR, "store is closed")
         if self._failed is not None:
-            raise StoreError(ResponseCode.DISK_ERROR, f"store failed: {self._failed}")
+            return StoreError(ResponseCode.DISK_ERROR, f"store failed: {self._failed}")
         if self.disk_full:
-            raise StoreError(ResponseCode.DISK_FULL, f"disk holding {self.dir} is full")
+            held = f" (retention held back by {self._retention_held_by})" if self._retention_held_by else ""
+            return StoreError(ResponseCode.DISK_FULL, f"disk holding {self.dir} is full{held}")
+        return None
 
     # --- reads ---------------------------------------------------------------
 
     def unit(self, index: int) -> tuple[int, int, int, int, int]:
         """The index unit of `index`: (magic, pos, size, index, term), repaired if damaged."""
-        u = self._raw_unit(index)
+        u = self.raw_unit(index)
         if u is None:
             self._repair_units(index)
-            u = self._raw_unit(index)
+            u = self.raw_unit(index)
             if u is None:
                 raise StoreError(ResponseCode.DISK_ERROR, f"index unit of {index} is damaged")
         return u
 
-    def _raw_unit(self, index: int) -> tuple[int, int, int, int, int] | None:
+    def raw_unit(self, index: int) -> tuple[int, int, int, int, int] | None:
         p = index * INDEX_UNIT_SIZE
         files = self.index.files
         if not files or not files[0].start <= p < files[-1].end:
@@ -286,9 +323,9 @@ class FileLedgerStore(LedgerStore):
     def _repair_units(self, index: int) -> None:
         """Rebuild units from the nearest good one before `index` by walking data headers."""
         j = index - 1
-        while j >= self.begin_index and self._raw_unit(j) is None:
+        while j >= self.begin_index and self.raw_unit(j) is None:
             j -= 1
-        u = self._raw_unit(j) if j >= self.begin_index else None
+        u = self.raw_unit(j) if j >= self.begin_index else None
         start_pos = u[1] + u[2] if u is not None else self.begin_pos
         prev_chain = self.begin_chain_crc
         if u is not None:
@@ -361,8 +398,13 @@ class FileLedgerStore(LedgerStore):
         with self._ckpt_lock, self._lock:
             self._check_writable()
             self._check_truncate(from_index)
-            self._truncate_locked(from_index)
-            self._write_checkpoint_locked()
+            try:
+                self._truncate_locked(from_index)
+                self._write_checkpoint_locked()
+            except (OSError, StoreError) as e:
+                # half-zeroed records or an old checkpoint: the files no longer match the state
+                self.fail(e)
+                raise self._as_store_error(e, "truncate") from e
 
     def _truncate_locked(self, from_index: int) -> None:
         if from_index > self.end_index:
@@ -383,16 +425,17 @@ class FileLedgerStore(LedgerStore):
         self.end_term = term
         self.end_chain_crc = chain
         self._trunc_floor = min(self._trunc_floor, self.end_index)
-        if self.durable_index > self.end_index:
-            self.durable_index = self.end_index
+        self.durable_index = min(self.durable_index, self.end_index)
 
-    def _zero_data_from(self, pos: int) -> None:
-        """Zero the records from `pos` to the write position (and a closing blank), drop
-        later files, and fsync, so no recovery can bring the removed records back."""
+    def _zero_data_from(self, pos: int, to_file_end: bool = False) -> None:
+        """Zero the records from `pos` to the write position (and a closing blank; with
+        `to_file_end`, to the end of its file), drop later files, and fsync, so no recovery
+        can bring the removed records back."""
         files = self.data.files
         if files and files[0].start <= pos < files[-1].end:
             f = self.data.locate(pos)
-            end = self.write_pos - f.start if f.start <= self.write_pos < f.end else f.size
+            in_file = f.start <= self.write_pos < f.end and not to_file_end
+            end = self.write_pos - f.start if in_file else f.size
             f.zero(pos - f.start, max(end, pos - f.start))
             f.sync()
         self.data.drop_after(pos)
@@ -448,10 +491,11 @@ class FileLedgerStore(LedgerStore):
         if self.fsync_observer is not None:
             self.fsync_observer(time.monotonic() - started)
         with self._lock:
-            truncated = self._trunc_floor < target
-            durable = min(target, self._trunc_floor)
-            if not truncated:
+            # set under the lock (a truncate after it lowers it again): entries a truncate
+            # removed during the fsync, and what was re-appended there, are not durable
+            if self._trunc_floor >= target:
                 self._flushed_pos = target_pos
+            durable = self._set_durable(min(target, self._trunc_floor))
         self._publish_durable(durable)
 
     def write_checkpoint(self) -> None:
@@ -463,7 +507,14 @@ class FileLedgerStore(LedgerStore):
                 if self._closed:
                     return
                 state, index_files = self._checkpoint_state()
-            self._persist_checkpoint(state, index_files)
+            try:
+                self._persist_checkpoint(state, index_files)
+            except OSError as e:
+                err = self._as_store_error(e, "checkpoint")
+                if not isinstance(err, StoreError) or err.code != ResponseCode.DISK_FULL:
+                    raise
+                # the previous checkpoint stays valid (truncate rewrites its own): retry later
+                log.warning("%s: checkpoint not written: %s", self.dir, err.message)
 
     def _write_checkpoint_locked(self) -> None:
         self._persist_checkpoint(*self._checkpoint_state())
@@ -494,8 +545,14 @@ class FileLedgerStore(LedgerStore):
                     uf.sync()  # index units up to the trusted point need no rebuild next time
         write_atomic(self.dir / "checkpoint", state)
 
-    def set_retention_floor(self, index: int) -> None:
-        self._retention_floor = index
+    def set_retention_floor(self, index: int | None, holder: str = "") -> None:
+        with self._lock:
+            self._retention_floor = index
+            self._retention_holder = holder if index is not None else ""
+
+    @property
+    def retention_held_by(self) -> str:
+        return self._retention_held_by
 
     def run_retention(self) -> None:
         """Delete old data files when the disk fills, never one the live range needs."""
@@ -503,21 +560,38 @@ class FileLedgerStore(LedgerStore):
             if self._closed:
                 return
             ratio, total = self._disk_usage()
-            floor = self.committed_index + 1
+            committed_floor = self.committed_index + 1
+            floor = committed_floor
             if self._retention_floor is not None:
                 floor = min(floor, self._retention_floor)
-            candidates = self._retention_candidates(floor)
-            plan = plan_deletions(
-                candidates, ratio, total, time.time(), self.file_reserved_hours,
-                self.check_expired_ratio, self.force_clean_ratio,
-            )
+            plan = self._plan_retention(floor, ratio, total)
+            self._note_held_back(floor, committed_floor, plan.delete, ratio, total)
             for _ in range(plan.delete):
                 self._drop_first_data_file()
             if plan.delete:
                 self._write_checkpoint_locked()
             self.disk_full = plan.disk_full
             if plan.disk_full:
-                log.error("disk full: usage %.0f%% and nothing more can be deleted", ratio * 100)
+                log.error("disk full: usage %.0f%% and nothing more can be deleted%s", ratio * 100,
+                          f" (held back by {self._retention_held_by})" if self._retention_held_by else "")
+
+    def _plan_retention(self, floor: int, ratio: float, total: int) -> Plan:
+        return plan_deletions(
+            self._retention_candidates(floor), ratio, total, time.time(), self.file_reserved_hours,
+            self.check_expired_ratio, self.force_clean_ratio,
+        )
+
+    def _note_held_back(self, floor: int, committed_floor: int, deleting: int, ratio: float, total: int) -> None:
+        """Record (and log once) when a follower's floor keeps files retention would delete:
+        the leader keeps what a live follower needs rather than strand it (no snapshot install
+        yet), and says so instead of failing silently."""
+        held = ""
+        if floor < committed_floor and self._plan_retention(committed_floor, ratio, total).delete > deleting:
+            held = f"{self._retention_holder} needs index {floor}"
+        if held and not self._retention_held_by:
+            log.warning("retention under disk pressure (usage %.0f%%) keeps files still needed: %s",
+                        ratio * 100, held)
+        self._retention_held_by = held
 
     def _retention_candidates(self, floor: int) -> list[Candidate]:
         """Leading data files whose every entry lies below `floor`; never the last file."""
@@ -557,7 +631,10 @@ class FileLedgerStore(LedgerStore):
     # --- currterm --------------------------------------------------------------
 
     def save_term(self, term: int, voted_for: str | None) -> None:
-        write_atomic(self.dir / "currterm", {"term": term, "voted_for": voted_for})
+        try:
+            write_atomic(self.dir / "currterm", {"term": term, "voted_for": voted_for})
+        except OSError as e:
+            raise os_error(e, f"saving the term in {self.dir}") from e
         self._term_vote = TermVote(term, voted_for)
 
     def load_term(self) -> TermVote:
@@ -586,6 +663,7 @@ class FileLedgerStore(LedgerStore):
             self._closed = True
             self.data.close()
             self.index.close()
+            self._dir_lock.release()  # last: another writer may open the directory now
 
 
 def _mtime(f: MappedFile) -> float:

@@ -112,6 +112,20 @@ class MemoryLedgerStore(LedgerStore):
             self.committed_index = max(self.committed_index, begin_index - 1)
             self.durable_index = self.end_index
 
+    def drop_prefix(self, begin_index: int) -> None:
+        """Delete the entries before `begin_index` (retention); the log then begins there."""
+        with self._lock:
+            if not self.begin_index < begin_index <= self.end_index:
+                return
+            prev = self.get(begin_index - 1)
+            k = begin_index - self.begin_index
+            cut = self._offsets[k]
+            del self._buf[:cut]
+            self._base_pos += cut
+            self._offsets = array("q", (o - cut for o in self._offsets[k:]))
+            del self._terms[:k]
+            self.begin_index, self.begin_term, self.begin_chain_crc = begin_index, prev.term, prev.chain_crc
+
     def read_raw(self, from_index: int, max_bytes: int) -> RawRange:
         with self._lock:
             self._check_readable(from_index)

@@ -18,7 +18,8 @@ import logging
 import struct
 import zlib
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import Any, Protocol
 
 from dledger.codes import ResponseCode
 from dledger.entry import (
@@ -35,11 +36,31 @@ from dledger.entry import (
 )
 from dledger.store.base import StoreError
 from dledger.store.checkpoint import read_json
-
-if TYPE_CHECKING:
-    from dledger.store.file import FileLedgerStore
+from dledger.store.mapped_file import MappedFileList
 
 log = logging.getLogger(__name__)
+
+
+class RecoverableStore(Protocol):
+    """What recovery reads and sets of a file store: its files and the log's bounds. The
+    store calls `recover` and `rebuild_units`; recovery knows nothing else of it."""
+
+    dir: Path
+    data: MappedFileList
+    index: MappedFileList
+    begin_index: int
+    begin_term: int
+    begin_pos: int
+    begin_chain_crc: int
+    end_index: int
+    end_term: int
+    end_chain_crc: int
+    write_pos: int
+    committed_index: int
+    durable_index: int
+
+    def raw_unit(self, index: int) -> tuple[int, int, int, int, int] | None:
+        """The index unit of `index` if it is intact and matches its record, else None."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,7 +72,7 @@ class _Start:
     trusted_pos: int | None = None
 
 
-def recover(store: FileLedgerStore) -> None:
+def recover(store: RecoverableStore) -> None:
     ckpt = read_json(store.dir / "checkpoint")
     _load_begin(store, ckpt)
     committed = int(ckpt.get("committed_index", -1)) if ckpt else -1
@@ -67,17 +88,15 @@ def recover(store: FileLedgerStore) -> None:
     for f in store.data.files:
         if f.end > first_unsynced:
             f.sync()  # after a process crash the tail may be only in the page cache
-    store._flushed_pos = pos
     store.durable_index = store.end_index
     store.committed_index = min(committed, store.end_index)
-    store._write_checkpoint_locked()
     log.info(
         "recovered %s: entries [%d, %d], committed %d",
         store.dir, store.begin_index, store.end_index, store.committed_index,
     )
 
 
-def _load_begin(store: FileLedgerStore, ckpt: dict[str, Any] | None) -> None:
+def _load_begin(store: RecoverableStore, ckpt: dict[str, Any] | None) -> None:
     if ckpt is not None:
         try:
             store.begin_index = int(ckpt["begin_index"])
@@ -99,7 +118,7 @@ def _load_begin(store: FileLedgerStore, ckpt: dict[str, Any] | None) -> None:
     store.begin_index = int(h[2]) if h[0] in ENTRY_MAGICS and h[4] == f.start else 0
 
 
-def _trusted_start(store: FileLedgerStore, ckpt: dict[str, Any] | None) -> _Start:
+def _trusted_start(store: RecoverableStore, ckpt: dict[str, Any] | None) -> _Start:
     t = ckpt.get("trusted") if ckpt else None
     begin_chain = store.begin_chain_crc if ckpt is not None or store.begin_index == 0 else None
     begin = _Start(store.begin_index, store.begin_pos, begin_chain, store.begin_term)
@@ -123,7 +142,7 @@ def _trusted_start(store: FileLedgerStore, ckpt: dict[str, Any] | None) -> _Star
 
 
 def _scan_forward(
-    store: FileLedgerStore, start: _Start, committed: int
+    store: RecoverableStore, start: _Start, committed: int
 ) -> tuple[int, int, int | None, int]:
     """Validate records from `start`; cut at the first bad one. Returns the end state."""
     index, pos, chain, term = start.index, start.pos, start.chain, start.term
@@ -161,7 +180,7 @@ def _scan_forward(
     return index, pos, chain, term
 
 
-def _cut(store: FileLedgerStore, pos: int, index: int, committed: int, reason: str) -> None:
+def _cut(store: RecoverableStore, pos: int, index: int, committed: int, reason: str) -> None:
     """Drop everything from `pos` (record `index`) on; refuse when it was committed."""
     data = store.data
     inside = bool(data.files) and data.first_start <= pos < data.files[-1].end
@@ -217,7 +236,7 @@ def _chain_before(mm: Any, off: int) -> int | None:
     return result if want == 0 else None
 
 
-def _write_units(store: FileLedgerStore, index: int, units: bytes | bytearray) -> None:
+def _write_units(store: RecoverableStore, index: int, units: bytes | bytearray) -> None:
     """Write consecutive index units starting at `index`, across index files."""
     p = index * INDEX_UNIT_SIZE
     done = 0
@@ -229,7 +248,7 @@ def _write_units(store: FileLedgerStore, index: int, units: bytes | bytearray) -
         done += n
 
 
-def _check_units(store: FileLedgerStore, upto: int, trusted_pos: int) -> None:
+def _check_units(store: RecoverableStore, upto: int, trusted_pos: int) -> None:
     """Verify the index units of the trusted region, rebuilding damaged ones.
 
     When the index files cover the region, only the data file of the trusted
@@ -247,24 +266,24 @@ def _check_units(store: FileLedgerStore, upto: int, trusted_pos: int) -> None:
         first = _first_index_at(store, f.start) if f.start > store.begin_pos else None
         if first is not None and first > begin:
             begin, pos = first, f.start
-            u = store._raw_unit(first - 1)
+            u = store.raw_unit(first - 1)
             prev_chain = None if u is None else _chain_at(store, u[1])
     rebuild_units(store, begin, pos, upto, verify=covered, prev_chain=prev_chain)
 
 
-def _chain_at(store: FileLedgerStore, pos: int) -> int:
+def _chain_at(store: RecoverableStore, pos: int) -> int:
     f = store.data.locate(pos)
     return int(HEADER.unpack_from(f.mm, pos - f.start)[6])
 
 
-def _first_index_at(store: FileLedgerStore, pos: int) -> int | None:
+def _first_index_at(store: RecoverableStore, pos: int) -> int | None:
     f = store.data.locate(pos)
     h = HEADER.unpack_from(f.mm, pos - f.start)
     return int(h[2]) if h[0] in ENTRY_MAGICS and h[4] == pos else None
 
 
 def rebuild_units(
-    store: FileLedgerStore,
+    store: RecoverableStore,
     index: int,
     pos: int,
     upto: int,
