@@ -4,7 +4,7 @@
 
 Everything runs on 127.0.0.1, three members each, one system at a time:
 
-* dledger: `dledger bench --peers ...` against a local group (dledger.cli.local_cluster);
+* dledger: `dledger bench --peers ...` against a local group (dledger.local_cluster);
 * etcd 3.4: three `etcd` members; load = concurrent puts (or txns of 100 puts) through the
   JSON gRPC gateway over raw keep-alive HTTP/1.1 in K processes (benchmarks/etcd_load.py),
   plus `etcdctl check perf` as a cross-check with etcd's own Go client;
@@ -194,8 +194,8 @@ class Runner:
 
     @contextmanager
     def dledger_group(self, flush: str) -> Iterator[tuple[str, dict[str, Any]]]:
-        from dledger.cli import local_cluster
         from dledger.config import Peer, format_peers
+        from dledger.local_cluster import local_cluster
         from dledger.ports import free_port_run
 
         port = free_port_run(3)
@@ -283,7 +283,7 @@ class Runner:
         with self.dledger_group(flush) as (peers, procs_map):
             self.commands[f"dledger {flush} group"] = (
                 f"{BIN_SHOWN}/python -m dledger server --group default --id nK --peers $PEERS "
-                f"--store-dir DIR/default/nK --flush {flush} --store file   (x3, by dledger.cli.local_cluster)"
+                f"--store-dir DIR/default/nK --flush {flush} --store file   (x3, by dledger.local_cluster)"
             )
             best: Record | None = None
             for c in a.clients:
@@ -642,7 +642,7 @@ def render(run: Runner, summary: dict[str, Any], meta: dict[str, Any]) -> str:
     lines += ["", "![side by side](bench-compare.png)", "", "### How each system was loaded", ""]
     lines += [
         "- **dledger**: `dledger bench --peers $PEERS ...` (the commands below) against a group started by "
-        "`dledger.cli.local_cluster`; one asyncio (uvloop) process with one `AsyncDLedgerClient` (one "
+        "`dledger.local_cluster`; one asyncio (uvloop) process with one `AsyncDLedgerClient` (one "
         "connection) per client, requests to the leader; with `--conns N` the clients share N clients (and "
         "connections), each client still with one request in flight, as etcd's benchmark `--clients`/`--conns`; "
         "the `append` calls of clients sharing one in the same loop iteration then travel as one request "

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from dledger.bench.load import LoadResult
-from dledger.cli import stop_processes
+from dledger.local_cluster import stop_processes
 from dledger.ports import free_ports
 
 

@@ -12,16 +12,16 @@ import json
 import logging
 import os
 import signal
-import subprocess
 import sys
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import click
 
 from dledger.codes import DLedgerError, ResponseCode
 from dledger.config import ConfigError, DLedgerConfig, Peer, format_peers, parse_peers
+from dledger.local_cluster import local_cluster
 
 log = logging.getLogger(__name__)
 
@@ -49,9 +49,11 @@ def cli(verbose: int) -> None:
 @click.option("--store", "store_type", type=click.Choice(["file", "memory"]), default=None)
 @click.option("--metrics-port", type=int, default=None, help="Serve Prometheus metrics on this port.")
 @click.option("--preferred-leader", "preferred", default=None, help="Preferred leader ids, comma separated.")
+@click.option("--enable-fault-injection", "fault_injection", is_flag=True,
+              help="Obey FAULT requests (cut links on a client's word): for tests and chaos runs only.")
 def server(config_file: str | None, group: str | None, self_id: str | None, peers: str | None,
            store_dir: str | None, flush: str | None, store_type: str | None, metrics_port: int | None,
-           preferred: str | None) -> None:
+           preferred: str | None, fault_injection: bool) -> None:
     """Run one member until SIGINT/SIGTERM."""
     data: dict[str, object] = {}
     if config_file:
@@ -61,6 +63,8 @@ def server(config_file: str | None, group: str | None, self_id: str | None, peer
     data.update({k: v for k, v in overrides.items() if v is not None})
     if preferred is not None:
         data["preferred_leader_ids"] = [p for p in preferred.split(",") if p]
+    if fault_injection:
+        data["enable_fault_injection"] = True
     if "peers" not in data or "self_id" not in data:
         raise click.UsageError("give --config, or --id and --peers")
     if "store_dir" not in data:
@@ -114,81 +118,6 @@ def cluster(nodes: int, group: str, base_port: int, data_dir: str, flush: str, s
                     procs.pop(member)
                     break
             time.sleep(0.2)
-
-
-class local_cluster:
-    """Start member processes, wait until every one answers, stop them all on exit."""
-
-    def __init__(self, peers: str, group: str, data_dir: Path, flush: str = "async", store_type: str = "file",
-                 metrics_base_port: int = 0, extra: list[str] | None = None) -> None:
-        self.peers = peers
-        self.group = group
-        self.data_dir = data_dir
-        self.flush = flush
-        self.store_type = store_type
-        self.metrics_base_port = metrics_base_port
-        self.extra = extra or []
-        self.procs: dict[str, subprocess.Popen[bytes]] = {}
-
-    def start_member(self, member: str) -> subprocess.Popen[bytes]:
-        k = list(parse_peers(self.peers)).index(member)
-        cmd = [sys.executable, "-m", "dledger", "server", "--group", self.group, "--id", member,
-               "--peers", self.peers, "--store-dir", str(self.data_dir / self.group / member),
-               "--flush", self.flush, "--store", self.store_type, *self.extra]
-        if self.metrics_base_port:
-            cmd += ["--metrics-port", str(self.metrics_base_port + k)]
-        p = subprocess.Popen(cmd)
-        self.procs[member] = p
-        return p
-
-    def __enter__(self) -> dict[str, subprocess.Popen[bytes]]:
-        for member in parse_peers(self.peers):
-            self.start_member(member)
-        try:
-            wait_ready(self.peers, self.group, 30.0, self.procs)
-        except BaseException:
-            self.__exit__()
-            raise
-        return self.procs
-
-    def __exit__(self, *exc: object) -> None:
-        stop_processes(self.procs.values())
-
-
-def stop_processes(procs: Iterable[subprocess.Popen[bytes]], timeout: float = 15.0) -> None:
-    """SIGTERM to all at once (they stop in parallel), then SIGKILL whoever is still up
-    after `timeout` s."""
-    procs = list(procs)
-    for p in procs:
-        if p.poll() is None:
-            p.send_signal(signal.SIGTERM)
-    for p in procs:
-        try:
-            p.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
-
-
-def wait_ready(peers: str, group: str, timeout: float,
-               procs: dict[str, subprocess.Popen[bytes]] | None = None) -> None:
-    """Until every member answers METADATA and a leader is known."""
-    from dledger.runtime.client import DLedgerClient
-
-    deadline = time.monotonic() + timeout
-    with DLedgerClient(peers, group, timeout=1.0) as c:
-        while time.monotonic() < deadline:
-            for member, p in (procs or {}).items():
-                if p.poll() is not None:
-                    raise DLedgerError(ResponseCode.NETWORK_ERROR, f"member {member} exited with code {p.returncode}")
-            try:
-                views = [c.metadata(m) for m in parse_peers(peers)]
-                if all(v.leader_id for v in views):
-                    return
-            except DLedgerError:
-                pass
-            time.sleep(0.2)
-    raise DLedgerError(ResponseCode.TIMEOUT, f"group {group} did not become ready in {timeout:.0f} s")
 
 
 # --- clients -------------------------------------------------------------------------------------

@@ -12,9 +12,9 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from dledger.cli import local_cluster
 from dledger.codes import DLedgerError
 from dledger.config import Peer, format_peers
+from dledger.local_cluster import local_cluster
 from dledger.ports import free_port_run
 from dledger.runtime.client import DLedgerClient
 

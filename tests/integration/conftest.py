@@ -18,9 +18,10 @@ def make_cluster(tmp_path: Path) -> Iterator[MakeCluster]:
     stopped at teardown, whatever the test did."""
     clusters: list[Cluster] = []
 
-    def make(n: int = 3, *, flush: str = "async", extra: Sequence[str] = (), metrics: bool = False) -> Cluster:
+    def make(n: int = 3, *, flush: str = "async", extra: Sequence[str] = (), metrics: bool = False,
+             fault_injection: bool = True) -> Cluster:
         c = Cluster(n, tmp_path / f"cluster{len(clusters)}", flush=flush, extra=extra,
-                    metrics_base_port=free_port_run(n) if metrics else 0)
+                    metrics_base_port=free_port_run(n) if metrics else 0, fault_injection=fault_injection)
         clusters.append(c)
         c.start()
         return c

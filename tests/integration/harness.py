@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol, TypeVar
 
-from dledger.cli import local_cluster
 from dledger.codes import DLedgerError, ResponseCode
+from dledger.local_cluster import local_cluster
 from dledger.ports import free_ports
 from dledger.runtime.client import AppendResult, DLedgerClient, Metadata
 from dledger.store import FileLedgerStore
@@ -114,10 +114,10 @@ def dump_store(path: Path) -> StoreDump:
 
 
 class Cluster:
-    """One group run as OS processes through `dledger.cli.local_cluster`."""
+    """One group run as OS processes through `dledger.local_cluster`."""
 
     def __init__(self, n: int, data_dir: Path, *, group: str = "it", flush: str = "async",
-                 extra: Sequence[str] = (), metrics_base_port: int = 0) -> None:
+                 extra: Sequence[str] = (), metrics_base_port: int = 0, fault_injection: bool = True) -> None:
         self.ids = [f"n{k}" for k in range(n)]
         self.group = group
         self.data_dir = data_dir
@@ -125,7 +125,9 @@ class Cluster:
         ports = free_ports(n)
         self.peers = ";".join(f"{m}-127.0.0.1:{p}" for m, p in zip(self.ids, ports, strict=True))
         self.metrics_base_port = metrics_base_port  # member k serves /metrics on this + k (0: none)
-        self._lc = local_cluster(self.peers, group, data_dir, flush, "file", metrics_base_port, extra=list(extra))
+        # members obey FAULT (partition, isolate, heal) only when started with the flag
+        args = [*extra, *(["--enable-fault-injection"] if fault_injection else [])]
+        self._lc = local_cluster(self.peers, group, data_dir, flush, "file", metrics_base_port, extra=args)
         self._all_procs: list[subprocess.Popen[bytes]] = []
         self._clients: list[DLedgerClient] = []
         self.down: set[str] = set()
@@ -361,4 +363,4 @@ def read_all(client: DLedgerClient, member: str | None = None) -> dict[int, tupl
 
 class MakeCluster(Protocol):
     def __call__(self, n: int = 3, *, flush: str = "async", extra: Sequence[str] = (),
-                 metrics: bool = False) -> Cluster: ...
+                 metrics: bool = False, fault_injection: bool = True) -> Cluster: ...

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from dledger.cli import local_cluster
 from dledger.config import Peer, format_peers
+from dledger.local_cluster import local_cluster
 from dledger.ports import free_ports
 from dledger.runtime.client import DLedgerClient, Entry
 from integration.harness import wait_until

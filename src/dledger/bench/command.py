@@ -14,6 +14,8 @@ from rich.table import Table
 
 from dledger.bench.load import LoadResult, LoadSpec, plot, run_load, run_load_procs
 from dledger.config import Peer, format_peers, parse_peers
+from dledger.local_cluster import local_cluster
+from dledger.ports import free_port_run
 
 console = Console()
 
@@ -79,9 +81,6 @@ def bench(
         result = _run(spec, procs)
         label = "external group"
     else:
-        from dledger.cli import local_cluster
-        from dledger.ports import free_port_run
-
         port = base_port or free_port_run(nodes)
         spec.peers = format_peers({f"n{k}": Peer(f"n{k}", "127.0.0.1", port + k) for k in range(nodes)})
         with (

@@ -35,6 +35,7 @@ from dledger.store import open_store
 log = logging.getLogger(__name__)
 
 TICK_S = 0.01
+FAULT_DISABLED = "fault injection is disabled on this member; start it with --enable-fault-injection"
 
 
 def now_ms() -> int:
@@ -200,6 +201,19 @@ class DLedgerServer:
         self.metrics_port = port
 
     async def start(self) -> None:
+        """Open every group and listen. If a step fails (a store directory another process
+        holds, a port in use), what was opened is closed again: no store stays locked."""
+        try:
+            await self._start()
+        except BaseException:
+            try:
+                await self.stop()
+            except Exception as e:  # the first failure is the one to report
+                log.warning("cleanup after a failed start failed: %s", e)
+            self.groups.clear()
+            raise
+
+    async def _start(self) -> None:
         max_frame = max(c.max_frame_bytes for c in self.configs)
         self.client = TransportClient(max_frame_bytes=max_frame, faults=self.faults)
         for cfg in self.configs:
@@ -239,7 +253,14 @@ class DLedgerServer:
         if g is None:
             respond(_error(ResponseCode.UNKNOWN_GROUP, f"no group {req.group!r} here"))
         elif msg.code == FAULT:
+            # any client can send FAULT: obeying it lets anyone partition the group, so
+            # only a member started for tests or chaos runs does
             assert isinstance(req, FaultRequest)
+            if not g.cfg.enable_fault_injection:
+                log.warning("%s/%s: refused a FAULT request (fault injection is disabled)",
+                            g.cfg.group, g.cfg.self_id)
+                respond(_error(ResponseCode.UNSUPPORTED, FAULT_DISABLED))
+                return
             g.set_faults(req.blocked)
             respond(Message(200, encode(SimpleResponse(200))))
         else:

@@ -25,8 +25,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from dledger.cli import local_cluster
 from dledger.config import Peer, format_peers
+from dledger.local_cluster import local_cluster
 from dledger.ports import free_ports
 from dledger.runtime.client import DLedgerClient
 from dledger.spark.online import leader_view
