@@ -193,7 +193,8 @@ def _body_json(body: bytes) -> object:
 @click.option("--group", default="default", show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="One JSON object keyed by member id.")
 def status(peers: str, group: str, as_json: bool) -> None:
-    """Each member's role, term, leader, ledger end and committed index."""
+    """Each member's role, term, leader, ledger end and committed index, and what is wrong
+    with it (a store that cannot write, retention held back by a lagging member)."""
     members = parse_peers(peers)
     out: dict[str, dict[str, object]] = {}
     with _client(peers, group, timeout=2.0) as c:
@@ -202,6 +203,10 @@ def status(peers: str, group: str, as_json: bool) -> None:
                 v = c.metadata(m)
                 out[m] = {"role": v.role, "term": v.term, "leader": v.leader_id,
                           "ledger_end_index": v.ledger_end_index, "committed_index": v.committed_index}
+                if v.store_error:
+                    out[m]["store_error"] = v.store_error
+                if v.retention_held_by:
+                    out[m]["retention_held_by"] = v.retention_held_by
             except DLedgerError as e:
                 out[m] = {"role": "unreachable", "error": e.message}
     if as_json:
@@ -211,11 +216,12 @@ def status(peers: str, group: str, as_json: bool) -> None:
         from rich.table import Table
 
         table = Table(title=f"group {group}")
-        for col in ("member", "role", "term", "leader", "ledger_end_index", "committed_index"):
+        for col in ("member", "role", "term", "leader", "ledger_end_index", "committed_index", "problem"):
             table.add_column(col)
         for m, v in out.items():
+            problem = "; ".join(str(v[k]) for k in ("error", "store_error", "retention_held_by") if k in v)
             table.add_row(m, *(str(v.get(k, "")) for k in ("role", "term", "leader", "ledger_end_index",
-                                                           "committed_index")))
+                                                           "committed_index")), problem)
         Console().print(table)
     if all(v["role"] == "unreachable" for v in out.values()):
         # an unreachable cluster is an error (SPEC §5), with --json too

@@ -95,7 +95,7 @@ def test_a_leader_whose_disk_fills_steps_down_and_the_group_goes_on(tmp_path: Pa
                 await asyncio.sleep(0.1)
             r = await client.append(b"after")
             assert (await client.get(r.index)).body == b"after"
-            view = servers[old].node().metadata()
+            view = await client.metadata(old)  # what `dledger status` shows
             assert view.role != "leader" and "full" in view.store_error
             await asyncio.sleep(3)  # several election timeouts: it must not campaign
             assert servers[old].node().member.role.name == "FOLLOWER"

@@ -1,12 +1,20 @@
 """AsyncDLedgerClient and DLedgerClient (SPEC §6).
 
-The client finds the leader (asking members in turn), follows NOT_LEADER
-redirects, and retries only when the request certainly did not take effect:
-the member said NOT_LEADER / LEADER_TRANSFERRING / LEADER_PENDING_FULL /
-LEADER_NOT_READY, or the connection could not be made. A timeout or a lost
-connection after sending leaves the outcome unknown and is raised
-(TIMEOUT / NETWORK_ERROR / TERM_CHANGED / WAIT_QUORUM_ACK_TIMEOUT): an append
-retried then could be stored twice.
+The client finds the leader, follows NOT_LEADER redirects, and retries only when the
+request certainly did not take effect: the member said NOT_LEADER / LEADER_TRANSFERRING /
+LEADER_PENDING_FULL / LEADER_NOT_READY, or the connection could not be made. A timeout
+or a lost connection after sending leaves the outcome unknown and is raised
+(TIMEOUT / NETWORK_ERROR / TERM_CHANGED / WAIT_QUORUM_ACK_TIMEOUT): an append retried
+then could be stored twice. Reads (GET, READ, METADATA) change nothing, so after a
+timeout or a lost connection they are asked again of another member.
+
+A member that does not answer (a crash, or a hung process whose kernel still accepts
+connections) becomes suspect for a few seconds, or until it answers again: the client
+stops asking it first and its redirects to it are not followed. When no leader is known
+(a fresh client, or the leader stopped answering) the client asks every member at once
+who leads, with a short timeout, and takes a member's own word that it leads: followers
+go on naming a hung leader until they elect another. The per-call `timeout` bounds the
+whole call, every attempt and search included.
 """
 
 from __future__ import annotations
@@ -48,6 +56,9 @@ _RETRYABLE = {
     ResponseCode.LEADER_PENDING_FULL,
     ResponseCode.LEADER_NOT_READY,
 }
+_UNANSWERED = {ResponseCode.TIMEOUT, ResponseCode.NETWORK_ERROR}  # raised by the transport: no answer
+_IDEMPOTENT = {RequestCode.METADATA, RequestCode.GET, READ}  # safe to ask again after an unknown outcome
+_SUSPECT_S = 5.0  # how long a member that did not answer is passed over, unless it answers meanwhile
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,6 +117,41 @@ class Metadata:
     role: str
     self_id: str
     ledger_begin_index: int = 0
+    store_error: str = ""  # why this member's store cannot write: it neither leads nor campaigns
+    retention_held_by: str = ""  # the member whose needs keep retention from freeing disk space
+
+
+class _Answers:
+    """What members said during one leader search.
+
+    Only a member's own claim to lead counts, and not when another member reports a
+    higher term (the claimant is a deposed leader that has not noticed yet)."""
+
+    __slots__ = ("answered", "claims", "refusal", "top_term")
+
+    def __init__(self) -> None:
+        self.claims: dict[str, int] = {}  # member -> the term it says it leads in
+        self.top_term = -1
+        self.answered = 0
+        self.refusal: DLedgerError | None = None  # a definite error (e.g. UNKNOWN_GROUP)
+
+    def add(self, member: str, answer: MetadataResponse | DLedgerError) -> None:
+        if isinstance(answer, DLedgerError):
+            if answer.code not in _UNANSWERED and answer.code not in _RETRYABLE:
+                self.refusal = self.refusal or answer
+            return
+        self.answered += 1
+        self.top_term = max(self.top_term, answer.term)
+        if answer.role == "leader":
+            self.claims[member] = answer.term
+
+    def leader(self) -> str | None:
+        best = max(self.claims, key=self.claims.__getitem__, default=None)
+        return best if best is not None and self.claims[best] >= self.top_term else None
+
+    def failure(self) -> DLedgerError | None:
+        """A definite error worth raising: only when no member answered at all."""
+        return self.refusal if not self.answered else None
 
 
 class AsyncDLedgerClient:
@@ -119,17 +165,20 @@ class AsyncDLedgerClient:
 
     def __init__(self, peers: str, group: str = "default", timeout: float = 5.0,
                  request_timeout: float = 3.0, coalesce: bool = True,
-                 max_coalesced_bytes: int = 1 << 20) -> None:
+                 max_coalesced_bytes: int = 1 << 20, discover_timeout: float = 1.0) -> None:
         self.peers = parse_peers(peers)
         self.group = group
         self.timeout = timeout
         self.request_timeout = request_timeout
+        self.discover_timeout = discover_timeout  # how long a leader search waits for a claim
         self.coalesce = coalesce
         self.max_coalesced_bytes = max_coalesced_bytes
         self.leader_id: str | None = None
         self._client: TransportClient | None = None
         self._open: _Coalesced | None = None  # the batch appends of this loop iteration join
         self._sending: set[asyncio.Task[None]] = set()
+        self._suspects: dict[str, float] = {}  # member -> monotonic time its suspicion ends
+        self._search: asyncio.Task[str | DLedgerError | None] | None = None  # shared by concurrent callers
 
     def _transport(self) -> TransportClient:
         if self._client is None:
@@ -137,6 +186,8 @@ class AsyncDLedgerClient:
         return self._client
 
     async def close(self) -> None:
+        if self._search is not None:
+            self._search.cancel()
         if self._client is not None:
             await self._client.close()
             self._client = None
@@ -223,7 +274,7 @@ class AsyncDLedgerClient:
         if not bodies:
             raise DLedgerError(ResponseCode.REQUEST_WITH_EMPTY_BODYS, "append_batch needs at least one body")
         req = AppendRequest(self.group, "", "", bodies)
-        resp = await self._call(RequestCode.APPEND, req, to_leader=True)
+        resp = await self._call(RequestCode.APPEND, req)
         assert isinstance(resp, AppendResponse)
         return [AppendResult(resp.index + k, resp.term, p) for k, p in enumerate(resp.positions)]
 
@@ -231,7 +282,7 @@ class AsyncDLedgerClient:
         """The committed entry at `index`, from the leader (or `member`'s own copy)."""
         req = GetRequest(self.group, "", "", index, member is not None)
         if member is None:
-            resp = await self._call(RequestCode.GET, req, to_leader=True)
+            resp = await self._call(RequestCode.GET, req)
         else:
             resp = await self._call_member(member, RequestCode.GET, req)
         assert isinstance(resp, EntriesResponse)
@@ -253,7 +304,7 @@ class AsyncDLedgerClient:
                               member is not None)
             try:
                 if member is None:
-                    resp = await self._call(READ, req, to_leader=True)
+                    resp = await self._call(READ, req)
                 else:
                     resp = await self._call_member(member, READ, req)
             except DLedgerError as e:
@@ -275,15 +326,16 @@ class AsyncDLedgerClient:
         if member is not None:
             resp = await self._call_member(member, RequestCode.METADATA, req)
         else:
-            resp = await self._call(RequestCode.METADATA, req, to_leader=True)
+            resp = await self._call(RequestCode.METADATA, req)
             assert isinstance(resp, MetadataResponse)
             if resp.role != "leader" and resp.leader_id in self.peers and resp.leader_id != resp.self_id:
                 # a follower answered: its commit index lags; the leader's view is the one asked for
                 self.leader_id = resp.leader_id
-                resp = await self._call(RequestCode.METADATA, req, to_leader=True)
+                resp = await self._call(RequestCode.METADATA, req)
         assert isinstance(resp, MetadataResponse)
         return Metadata(resp.leader_id or None, resp.term, list(parse_peers(resp.peers)), resp.ledger_end_index,
-                        resp.committed_index, resp.role, resp.self_id, resp.ledger_begin_index)
+                        resp.committed_index, resp.role, resp.self_id, resp.ledger_begin_index,
+                        resp.store_error, resp.retention_held_by)
 
     async def transfer_leadership(self, target: str) -> None:
         if target not in self.peers:
@@ -291,7 +343,7 @@ class AsyncDLedgerClient:
         req = LeadershipTransferRequest(self.group, "", "", -1, "", target)
         # the leader answers once the target leads or its transfer timeout (3 s by default)
         # expires: wait longer than that, or a definite TAKE_LEADERSHIP_FAILED becomes TIMEOUT
-        await self._call(RequestCode.LEADERSHIP_TRANSFER, req, to_leader=True, timeout=self.timeout + 5,
+        await self._call(RequestCode.LEADERSHIP_TRANSFER, req, timeout=self.timeout + 5,
                          request_timeout=self.timeout + 5)
 
     async def inject_faults(self, member: str, blocked: list[str]) -> None:
@@ -302,45 +354,136 @@ class AsyncDLedgerClient:
 
     # --- plumbing --------------------------------------------------------------------------
 
-    async def _call(self, code: int, req: msgspec.Struct, to_leader: bool,
-                    timeout: float | None = None, request_timeout: float | None = None) -> msgspec.Struct:
+    async def _call(self, code: int, req: msgspec.Struct, timeout: float | None = None,
+                    request_timeout: float | None = None) -> msgspec.Struct:
+        """Ask the leader, within `timeout` in all: follow redirects, pass over members that
+        do not answer, and send again only what certainly did not take effect (or a read)."""
         deadline = time.monotonic() + (timeout or self.timeout)
-        order = list(self.peers)
-        tried = 0
+        per_request = request_timeout or self.request_timeout
         last: DLedgerError | None = None
         delay = 0.05
-        while time.monotonic() < deadline:
-            target = self.leader_id if (to_leader and self.leader_id) else order[tried % len(order)]
-            tried += 1
-            try:
-                return await self._call_member(target, code, req, request_timeout)
-            except DLedgerError as e:
-                last = e
-                hint = getattr(e, "leader_hint", None)
-                if hint not in self.peers:
-                    hint = None
-                if e.code == ResponseCode.NOT_LEADER:
-                    self.leader_id = hint if hint and hint != target else None
-                    if self.leader_id:
-                        continue
-                elif e.code == ResponseCode.NETWORK_ERROR and _never_sent(e):
-                    self.leader_id = None
-                elif e.code not in _RETRYABLE:
-                    raise
-                else:
-                    self.leader_id = hint or self.leader_id
-            if tried % len(order) == 0 or not self.leader_id:
-                await asyncio.sleep(min(delay, max(0.0, deadline - time.monotonic())))
-                delay = min(delay * 2, 0.5)
-        raise last or DLedgerError(ResponseCode.TIMEOUT, "no member answered in time")
+        while (left := deadline - time.monotonic()) > 0:
+            target = self._trusted_leader() or await self._find_leader(left)
+            left = deadline - time.monotonic()
+            if target is not None and left > 0:
+                try:
+                    return await self._call_member(target, code, req, min(per_request, left))
+                except DLedgerError as e:
+                    last = e
+                    if not self._may_retry(target, code, e):
+                        raise
+                    if e.code == ResponseCode.NOT_LEADER and self.leader_id:
+                        continue  # redirected: go at once
+            await asyncio.sleep(min(delay, max(0.0, deadline - time.monotonic())))
+            delay = min(delay * 2, 0.5)
+        raise last or DLedgerError(ResponseCode.TIMEOUT, "no member said it leads in time")
+
+    def _may_retry(self, target: str, code: int, e: DLedgerError) -> bool:
+        """Whether the request may be sent again after `e` from `target`; updates who leads."""
+        if e.code == ResponseCode.NOT_LEADER:
+            self.leader_id = self._hint(e, target)
+            return True
+        if e.code in _RETRYABLE:
+            self.leader_id = self._hint(e, target) or self.leader_id
+            return True
+        if e.code in _UNANSWERED:
+            if self.leader_id == target:
+                self.leader_id = None  # this call (if it may retry) and the next ones search again
+            return _never_sent(e) or code in _IDEMPOTENT
+        return False
+
+    def _hint(self, e: DLedgerError, target: str) -> str | None:
+        """The leader a refusing member named, if worth following (known, not itself, not suspect)."""
+        hint = getattr(e, "leader_hint", None)
+        if hint in self.peers and hint != target and not self._is_suspect(hint):
+            return str(hint)
+        return None
+
+    def _trusted_leader(self) -> str | None:
+        leader = self.leader_id
+        return leader if leader is not None and not self._is_suspect(leader) else None
+
+    # --- suspicion and leader search ------------------------------------------------------------
+
+    def _suspect(self, member: str) -> None:
+        self._suspects[member] = time.monotonic() + _SUSPECT_S
+
+    def _is_suspect(self, member: str) -> bool:
+        until = self._suspects.get(member)
+        if until is not None and until <= time.monotonic():
+            del self._suspects[member]  # expired: a resumed member is used again
+            return False
+        return until is not None
+
+    async def _find_leader(self, wait: float) -> str | None:
+        """The leader, from one search that concurrent callers share; None if none was found
+        within `wait` (an election under way, or no member answering)."""
+        if len(self.peers) == 1:
+            return next(iter(self.peers))  # nobody else to ask: send to it and see
+        task = self._search
+        if task is None:
+            task = self._search = asyncio.get_running_loop().create_task(self._search_leader())
+            task.add_done_callback(self._search_done)
+        done, _ = await asyncio.wait([task], timeout=wait)
+        if not done or task.cancelled():
+            return None
+        found = task.result()
+        if isinstance(found, DLedgerError):
+            raise DLedgerError(found.code, found.message)  # a copy per caller
+        return found
+
+    def _search_done(self, task: asyncio.Task[str | DLedgerError | None]) -> None:
+        if self._search is task:
+            self._search = None
+        if not task.cancelled():
+            task.exception()  # retrieved even if every caller stopped waiting
+
+    async def _search_leader(self) -> str | DLedgerError | None:
+        """Ask every member at once who leads (suspects too: that is how one that resumed is
+        noticed); the first claim wins. Members silent for `discover_timeout` become suspect."""
+        window = min(self.discover_timeout, self.request_timeout)
+        probes = {asyncio.ensure_future(self._probe(m, window)): m for m in self.peers}
+        answers = _Answers()
+        pending = set(probes)
+        end = time.monotonic() + window
+        try:
+            while pending and answers.leader() is None and (left := end - time.monotonic()) > 0:
+                done, pending = await asyncio.wait(pending, timeout=left, return_when=asyncio.FIRST_COMPLETED)
+                for probe in done:
+                    answers.add(probes[probe], probe.result())
+        finally:
+            for probe in pending:
+                probe.cancel()
+        leader = answers.leader()
+        if leader is not None:
+            self.leader_id = leader
+            return leader
+        for probe in pending:
+            self._suspect(probes[probe])
+        return answers.failure()
+
+    async def _probe(self, member: str, timeout: float) -> MetadataResponse | DLedgerError:
+        try:
+            resp = await self._call_member(member, RequestCode.METADATA, MetadataRequest(self.group, "", member),
+                                           timeout)
+        except DLedgerError as e:
+            return e
+        assert isinstance(resp, MetadataResponse)
+        return resp
 
     async def _call_member(self, member: str, code: int, req: msgspec.Struct,
                            request_timeout: float | None = None) -> msgspec.Struct:
         peer = self.peers[member]
         if hasattr(req, "remote_id"):
             req = msgspec.structs.replace(req, remote_id=member)
-        raw = await self._transport().request(peer.address, Message(code, encode(req)),
-                                              request_timeout or self.request_timeout)
+        try:
+            raw = await self._transport().request(peer.address, Message(code, encode(req)),
+                                                  request_timeout or self.request_timeout)
+        except DLedgerError as e:
+            if e.code in _UNANSWERED:
+                self._suspect(member)
+            raise
+        self._suspects.pop(member, None)  # it answered: whatever it says, it is alive
         try:
             resp = decode_response(code, raw.meta)
         except msgspec.DecodeError:
