@@ -6,13 +6,15 @@ it shows; each failed on the code before the fix.
 
 from __future__ import annotations
 
+import heapq
 from typing import Any
 
 import pytest
 
-from dledger.codes import ResponseCode
-from dledger.core.messages import Role
+from dledger.codes import RequestCode, ResponseCode
+from dledger.core.messages import PushResponse, Role, encode
 from dledger.sim.cluster import SimCluster
+from dledger.sim.disk import SimDiskStore
 from dledger.store.base import AppendResult, StoreError
 
 pytestmark = pytest.mark.sim
@@ -160,3 +162,162 @@ def test_retention_keeps_what_a_lagging_follower_needs() -> None:
     c.run(2_000)  # once it caught up, retention deletes again
     assert c.stores[leader].begin_index > 0
     assert not c.violations
+
+
+def test_an_answer_to_a_push_of_an_earlier_term_is_not_counted() -> None:
+    """Found in review: F adopted term 3 from L's vote request, then answered L's held term-1
+    push with min(durable, matched) of L's term-1 log; L, leading term 3 with that log
+    truncated, counted it (a dispatcher's epochs restart at 0 every term). The match is now
+    valid only in its term, and answers to pushes of another term are dropped."""
+    c = SimCluster(5, seed=11, flush="sync")
+    assert c.run_until(lambda: c.leader() is not None, 10_000)
+    lead = c.leader()
+    assert lead is not None
+    f, _, a, _ = [i for i in c.ids if i != lead]
+    c._node(lead).cfg.max_push_timeout_ms = 30_000  # the late answer is still awaited
+    c.crash(f, lose_unsynced=False)
+    c.cfgs[f].max_heart_beat_leak = 24  # f campaigns late
+    c.start(f)
+    c.run(500)
+
+    def cut(pairs: list[tuple[str, str]]) -> None:
+        c.blocked = set(pairs) | {(y, x) for x, y in pairs}
+
+    others = [i for i in c.ids if i not in (lead, f)]
+    cut([(x, y) for x in (lead, f) for y in others])
+    c.append(lead, [b"t1-%d" % k for k in range(10)])  # on lead and f only
+    c.run(300)
+    held: list[Any] = []
+    send = c._send
+
+    def hold_push(src: str, act: Any) -> None:
+        if src == lead and act.peer == f and act.code == RequestCode.PUSH and not held and \
+                c._node(lead).member.term == 1:
+            send(src, act)
+            evs = [e for e in c._events if e.kind == "request" and e.args[:2] == (lead, f)]
+            held.extend(evs)
+            c._events[:] = [e for e in c._events if e not in evs]
+            heapq.heapify(c._events)
+            return
+        send(src, act)
+
+    c._send = hold_push  # type: ignore[method-assign,assignment]
+    c.append(lead, [b"t1-late"])
+    c.run(100)
+    c.run_until(lambda: c.leader() not in (None, lead), 10_000)
+    c.run(1500)
+    cut([(f, y) for y in others])  # lead rejoins the majority and is truncated
+    c.run(2000)
+    fn = c._node(f)
+    handle = fn.handle
+
+    def deliver_after_vote(code: int, msg: Any, data: Any, token: Any, now: int) -> None:
+        handle(code, msg, data, token, now)
+        if code == RequestCode.VOTE and not msg.pre_vote and held:
+            for e in held:
+                e.at, e.seq = c.now, -1
+                heapq.heappush(c._events, e)
+            held.clear()
+
+    fn.handle = deliver_after_vote  # type: ignore[method-assign,assignment]
+    late: list[tuple[Any, PushResponse]] = []
+    reply = c._reply
+
+    def hold_answer(member: str, act: Any) -> None:
+        m = act.msg
+        if member == f and isinstance(m, PushResponse) and act.token[1] == lead and m.term == 3 and \
+                not late and m.code != ResponseCode.SUCCESS:
+            late.append((act.token, m))
+            return
+        reply(member, act)
+
+    c._reply = hold_answer  # type: ignore[method-assign,assignment]
+    current = c.leader()
+    assert current is not None
+    c._node(current).elector.begin_transfer(lead, None)
+    assert c.run_until(lambda: c._node(lead).member.role == Role.LEADER, 5_000)
+    assert late, "the scenario did not produce the late answer"
+    assert late[0][1].durable_index < 1, "an answer in term 3 reported a match of the term-1 log"
+    cut([(lead, y) for y in c.ids if y not in (lead, a)])
+    for tok, msg in late:
+        c._schedule(c.now + 1, "response", (tok[1], tok[2], tok[3], encode(msg)))
+    c.run(5)
+    cid = c.append(lead, [b"acked-in-term-3"])
+    c.run_until(lambda: cid in c.client_results, 800)
+    assert c._node(lead).quorum.match.get(f, -1) < 1
+    assert not c.violations
+
+
+class _UsageDisk(SimDiskStore):
+    """Disk usage as FileLedgerStore's retention sees it: `cap` entries fill the disk; above
+    70 % retention deletes down to the commit index and the floor; above 85 % after that
+    the disk is full (client appends refused)."""
+
+    cap = 100
+
+    def run_retention(self) -> None:
+        if (self.end_index - self.begin_index + 1) / self.cap <= 0.70:
+            self.soft_full = False
+            return
+        floor = self.committed_index + 1
+        if self.retention_floor is not None:
+            floor = min(floor, self.retention_floor)
+        floor = min(floor, self.synced_index + 1, self.end_index)
+        if floor > self.begin_index:
+            self.drop_prefix(floor)
+        self.soft_full = (self.end_index - self.begin_index + 1) / self.cap > 0.85
+
+
+def test_disks_filling_while_a_member_lags_do_not_deadlock_the_group(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found in review: a member down (within retention_hold_ms) held retention on every disk;
+    usage stayed above the force ratio, every store reported itself unwritable, the leader
+    stepped down and nobody campaigned: no leader for good. A full disk now refuses only
+    client appends, so the leader catches the member up and retention frees space."""
+    import dledger.sim.cluster as cluster
+
+    monkeypatch.setattr(cluster, "SimDiskStore", _UsageDisk)
+    c = SimCluster(3, seed=5, flush="async")
+    assert c.run_until(lambda: c.leader() is not None, 10_000)
+    c.run(500)
+    lagging = next(i for i in c.ids if i != c.leader())
+    c.crash(lagging, lose_unsynced=False)
+    for _ in range(12):
+        c.append(c.leader() or c.ids[0], [b"x" * 10] * 8)
+        c.run(200)
+    assert any(c.stores[i].soft_full for i in c.ids), "the scenario did not fill the disks"
+    c.start(lagging)
+    top = max(c.stores[i].end_index for i in c.ids)
+    assert c.run_until(lambda: c.stores[lagging].end_index >= top, 15_000), "the lagging member was never caught up"
+    c.run(3_000)
+    cid = c.append(c.leader() or c.ids[0], [b"after"])
+    assert c.run_until(lambda: cid in c.client_results, 10_000)
+    assert c.client_results[cid].code == ResponseCode.SUCCESS
+    assert not c.violations
+
+
+def test_the_leader_asks_a_stranded_follower_again_only_now_and_then() -> None:
+    """Found in review: a follower silent longer than retention_hold_ms needs deleted entries
+    (no snapshot install yet); the leader re-sent COMPARE on every answer (~170 pushes/s)."""
+    c, leader, _, b = _steady(4, flush="sync", retention_hold_ms=2_000)
+    for m in c.ids:
+        c.disk_fault(m, "pressure")
+    c.crash(b, lose_unsynced=True)
+    ids = [c.append(leader, [f"e{k}".encode()]) for k in range(60)]
+    assert c.run_until(lambda: all(i in c.client_results for i in ids), 10_000)
+    c.run(5_000)  # b is no longer live: retention deletes what it needs
+    assert c.stores[leader].begin_index > c.stores[b].end_index + 1
+    c.start(b)
+    c.run(1_000)
+    pushes = {"n": 0}
+    send = c._send
+
+    def count(src: str, act: Any) -> None:
+        if src == c.leader() and act.peer == b and act.code == RequestCode.PUSH:
+            pushes["n"] += 1
+        send(src, act)
+
+    c._send = count  # type: ignore[method-assign,assignment]
+    c.run(10_000)
+    assert pushes["n"] < 40, f"{pushes['n']} pushes in 10 s to a follower that cannot be caught up"
+    lead = c.leader()
+    assert lead is not None and c._node(lead).dispatchers[b].needs_snapshot

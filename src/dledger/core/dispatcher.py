@@ -39,6 +39,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
+STRANDED_RETRY_MS = 1000
+
+
 class State(IntEnum):
     COMPARE = PushType.COMPARE
     TRUNCATE = PushType.TRUNCATE
@@ -65,6 +68,7 @@ class EntryDispatcher:
         self.durable = -1  # highest durable_index the follower reported in this term
         self.paused_until = 0  # its disk failed: retry from then
         self.disk_fault = False  # logged once per episode
+        self.needs_snapshot = False  # it needs entries below our log begin (metric, logged once)
 
     # --- state changes ---------------------------------------------------------------
 
@@ -109,10 +113,10 @@ class EntryDispatcher:
         if kind == PushType.APPEND:
             self.seq += 1
             self.inflight.append((self.seq, first, first + count - 1))
-            ctx: tuple[Any, ...] = ("push", self.peer, self.epoch, self.seq, int(kind), prev_index)
+            ctx: tuple[Any, ...] = ("push", self.peer, self.epoch, self.seq, int(kind), prev_index, m.term)
         else:
             self.busy = True
-            ctx = ("push", self.peer, self.epoch, 0, int(kind), prev_index)
+            ctx = ("push", self.peer, self.epoch, 0, int(kind), prev_index, m.term)
         node.send(self.peer, RequestCode.PUSH, req, ctx, data)
 
     def _send_appends(self) -> None:
@@ -150,8 +154,10 @@ class EntryDispatcher:
     # --- answers -----------------------------------------------------------------------
 
     def on_response(self, ctx: Any, resp: msgspec.Struct | None) -> None:
-        _, _, epoch, seq, kind, prev_index = ctx
-        if epoch != self.epoch or not self.node.member.is_leader:
+        _, _, epoch, seq, kind, prev_index, term = ctx
+        # every term's dispatchers count epochs from 0: the term tells an answer to a push
+        # of an earlier leadership of ours apart
+        if epoch != self.epoch or term != self.node.member.term or not self.node.member.is_leader:
             return
         if resp is not None:
             assert isinstance(resp, PushResponse)
@@ -235,9 +241,15 @@ class EntryDispatcher:
             last = self._last_index_of_term(resp.x_term, i - 1)
             nxt = last if last >= resp.x_index else resp.x_index - 1
         if nxt < store.begin_index - 1:
-            log.error("follower %s needs entries before our log begin %d (snapshot install not available)",
-                      self.peer, store.begin_index)
+            # it needs entries retention deleted (it was silent for longer than retention_hold_ms):
+            # only a snapshot install could help; ask again now and then, not in a tight loop
+            if not self.needs_snapshot:
+                log.error("follower %s needs entries before our log begin %d (no snapshot install yet); "
+                          "asking again every %d ms", self.peer, store.begin_index, STRANDED_RETRY_MS)
+            self.needs_snapshot = True
+            self.paused_until = self.node.now + STRANDED_RETRY_MS
             return store.begin_index - 1
+        self.needs_snapshot = False
         return max(nxt, -1)
 
     def _last_index_of_term(self, term: int, upto: int) -> int:

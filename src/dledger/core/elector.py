@@ -67,6 +67,7 @@ class LeaderElector:
         self.next_heartbeat = 0
         self.leader_since = 0
         self.last_ack: dict[str, int] = {}
+        self.peer_full: dict[str, bool] = {}  # followers refusing client appends (disk full), from heartbeats
         self.transfer: _Transfer | None = None
         self.awaiting: _Transfer | None = None  # transfer handed over; waiting for the new leader
         self.elections = 0  # real (not pre-vote) rounds started, for metrics
@@ -287,7 +288,8 @@ class LeaderElector:
             self.node.handler.update_commit(req.committed_index)
             self.node.follow_retention_floor(req.retention_floor, req.retention_holder)
         code = ResponseCode.SUCCESS if err is None else err
-        resp = HeartBeatResponse(int(code), m.term, m.leader_id or "", self.node.handler.durable_match())
+        resp = HeartBeatResponse(int(code), m.term, m.leader_id or "", self.node.handler.durable_match(),
+                                 self.node.full() is not None)
         self.node.reply(token, RequestCode.HEART_BEAT, resp)
 
     def _send_heartbeats(self) -> None:
@@ -306,6 +308,7 @@ class LeaderElector:
             return
         if resp.code == ResponseCode.SUCCESS and term == self.node.member.term:
             self.ack(peer)
+            self.peer_full[peer] = resp.store_full
             d = self.node.dispatchers.get(peer)
             if d is not None:
                 d.note_durable(resp.durable_index)  # how a follower's fsync after a COMPARE reaches the commit
@@ -333,6 +336,11 @@ class LeaderElector:
             if req.term != m.term or req.transfer_id != m.leader_id:
                 code = ResponseCode.EXPIRED_TERM if req.term < m.term else ResponseCode.INCONSISTENT_LEADER
                 node.reply(token, RequestCode.LEADERSHIP_TRANSFER, SimpleResponse(int(code), m.term))
+                return
+            if (fault := node.unwritable()) is not None:  # we would win and fail the NOOP
+                failed = int(ResponseCode.TAKE_LEADERSHIP_FAILED)
+                resp = SimpleResponse(failed, m.term, m.leader_id or "", fault.message)
+                node.reply(token, RequestCode.LEADERSHIP_TRANSFER, resp)
                 return
             node.reply(token, RequestCode.LEADERSHIP_TRANSFER, SimpleResponse(200, m.term))
             self.start_round(pre_vote=False, transfer=True)
@@ -402,6 +410,7 @@ class LeaderElector:
         for pid in preferred:
             d = node.dispatchers.get(pid)
             alive = node.now - self.last_ack.get(pid, -(1 << 62)) < self.leader_lease_ms
-            if d is not None and alive and d.match_index >= node.store.end_index:
+            if d is not None and alive and not self.peer_full.get(pid) and not d.disk_fault \
+                    and d.match_index >= node.store.end_index:
                 self.begin_transfer(pid, None)
                 return

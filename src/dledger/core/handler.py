@@ -39,14 +39,14 @@ log = logging.getLogger(__name__)
 class EntryHandler:
     def __init__(self, node: Node) -> None:
         self.node = node
-        self.matched_index = -1  # highest index known equal to the current leader's log
+        self._matched = (-1, -1)  # (term, highest index known equal to that term's leader's log)
         self.pending: dict[int, tuple[PushRequest, bytes, Any, int]] = {}  # first_index -> push
         self.unsynced: list[tuple[int, Any]] = []  # (end, token): APPEND answers waiting for fsync
 
     def on_leader_change(self) -> None:
         """A new leader (or none): what matched the old one proves nothing now, and answers
         owed to it must not say SUCCESS for entries a new leader may truncate."""
-        self.matched_index = -1
+        self._matched = (-1, -1)
         for req, _, token, _ in self.pending.values():
             self._answer(token, ResponseCode.INCONSISTENT_STATE, req)
         self.pending.clear()
@@ -61,6 +61,17 @@ class EntryHandler:
             else:
                 keep.append((end, token))
         self.unsynced = keep
+
+    @property
+    def matched_index(self) -> int:
+        """Valid only in the term it was learnt: after adopting a higher term (a vote) and
+        before hearing the new leader, an answer to the old leader's push must not report
+        a match against a log the new term may have truncated."""
+        term, index = self._matched
+        return index if term == self.node.member.term else -1
+
+    def _match(self, index: int) -> None:
+        self._matched = (self.node.member.term, max(self.matched_index, index))
 
     def durable_match(self) -> int:
         """The prefix both fsynced here and known equal to the leader's log."""
@@ -108,7 +119,7 @@ class EntryHandler:
             return
         term = store.term_at(i)
         if term == req.prev_term:
-            self.matched_index = max(self.matched_index, i)
+            self._match(i)
             self.update_commit(req.committed_index)
             self._answer(token, ResponseCode.SUCCESS, req)
             return
@@ -131,7 +142,7 @@ class EntryHandler:
                      self.node.member.self_id, i, store.end_index, req.leader_id)
             self._fail_unsynced(i)
             store.truncate(i + 1)
-        self.matched_index = max(self.matched_index, i)
+        self._match(i)
         self.update_commit(req.committed_index)
         self._answer(token, ResponseCode.SUCCESS, req)
 
@@ -169,7 +180,7 @@ class EntryHandler:
             log.info("%s: push at %d rejected: %s", self.node.member.self_id, req.first_index, e.message)
             self._answer(token, _failure_code(e), req)
             return
-        self.matched_index = max(self.matched_index, end)
+        self._match(end)
         self.update_commit(req.committed_index)
         if self.node.cfg.flush == "sync" and store.durable_index < end:
             self.unsynced.append((end, token))
@@ -180,7 +191,7 @@ class EntryHandler:
     def _fall_behind(self, req: PushRequest, data: memoryview | bytes | bytearray, token: Any) -> None:
         """A retried push we already hold: succeed only if our copy is the same."""
         if self._skip_known(req, data) == len(data):
-            self.matched_index = max(self.matched_index, req.first_index + req.count - 1)
+            self._match(req.first_index + req.count - 1)
             self._answer(token, ResponseCode.SUCCESS, req)
         else:
             self._answer(token, ResponseCode.INCONSISTENT_STATE, req)

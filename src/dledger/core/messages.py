@@ -80,6 +80,7 @@ class HeartBeatResponse(msgspec.Struct, array_like=True):
     term: int
     leader_id: str = ""
     durable_index: int = -1  # receiver's fsynced end: what a sync-mode leader may count
+    store_full: bool = False  # receiver refuses client appends (disk full): no leadership handed to it
 
 
 class PushRequest(Msg):

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import random
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeGuard
 
 import msgspec
 
@@ -104,7 +104,7 @@ class Node:
             self._dispatch(code, msg, data, token)
         except DLedgerError as e:
             self.reply(token, code, _error_for(code, e.code, self, e.message))
-            if isinstance(e, StoreError) and e.code in DISK_FAULTS:
+            if self._hard_fault(e):
                 self.store_failed(e)  # e.g. a vote whose term could not be persisted
 
     def on_response(self, ctx: Any, resp: msgspec.Struct | None, now_ms: int) -> None:
@@ -139,6 +139,7 @@ class Node:
                 for d in self.dispatchers.values():
                     d.tick()
                 self._hold_retention()
+                self._relieve_pressure()
             self.handler.tick()
         except StoreError as e:
             self.store_failed(e)
@@ -164,6 +165,12 @@ class Node:
                 self._store_fault, err = None, None
         return err
 
+    def _hard_fault(self, e: DLedgerError) -> TypeGuard[StoreError]:
+        """A write that failed (not a client append refused because the disk is full)."""
+        if not isinstance(e, StoreError) or e.code not in DISK_FAULTS:
+            return False
+        return e.code != ResponseCode.DISK_FULL or self.store.pressure_error() is None
+
     def store_failed(self, e: StoreError) -> None:
         """A write failed: remember it (for a few election rounds when the store itself does
         not report a failure) and leave leadership, so a member that can write takes over."""
@@ -176,6 +183,24 @@ class Node:
         self._store_fault = (e, self.now + backoff)
         if self.member.role != Role.FOLLOWER:
             self.step_down(f"its store cannot write: {e.message}")
+
+    def full(self) -> StoreError | None:
+        """Why client appends are refused here for want of space (hard or soft), or None."""
+        return self.unwritable() or self.store.pressure_error()
+
+    def _relieve_pressure(self) -> None:
+        """A leader whose disk is full (retention can free nothing) refuses client appends; a
+        caught-up follower with room can take them, so hand leadership over. When every
+        disk is full it stays: replicating to a lagging member is what frees retention."""
+        el = self.elector
+        if self.store.pressure_error() is None or el.transferring:
+            return
+        for p, d in self.dispatchers.items():
+            alive = self.now - el.last_ack.get(p, -(1 << 62)) < el.leader_lease_ms
+            if alive and not el.peer_full.get(p, True) and d.match_index >= self.store.end_index:
+                log.warning("%s/%s: disk full; handing leadership to %s", self.member.group, self.member.self_id, p)
+                el.begin_transfer(p, None)
+                return
 
     def _hold_retention(self) -> None:
         self.follow_retention_floor(*self.retention_floor())
@@ -200,12 +225,15 @@ class Node:
     def drain(self) -> list[Action]:
         """Actions to execute now. Pushes are built here, once per batch of inputs,
         so concurrent client appends travel to followers together."""
-        if self._appends:
-            self._store_appends()
-        if self._pump_needed:
-            self._pump_needed = False
-            for d in self.dispatchers.values():
-                d.pump()
+        try:
+            if self._appends:
+                self._store_appends()
+            if self._pump_needed:
+                self._pump_needed = False
+                for d in self.dispatchers.values():
+                    d.pump()
+        except StoreError as e:  # a record that cannot be read for a push (damaged disk)
+            self.store_failed(e)
         actions, self.actions = self.actions, []
         return actions
 
@@ -308,6 +336,9 @@ class Node:
         pending = self.quorum.pending + len(self._appends)
         if pending >= self.cfg.max_pending_requests:
             raise DLedgerError(ResponseCode.LEADER_PENDING_FULL, f"{pending} appends pending")
+        full = self.store.pressure_error()
+        if full is not None:
+            raise full
         self.store.check_bodies(msg.bodies, m.term)  # a bad request fails alone, before the batch
         self._appends.append((token, msg.bodies))
 
@@ -327,7 +358,7 @@ class Node:
         except DLedgerError as e:
             for token, _ in batch:
                 self._complete_append(token, e.code, None, e.message)
-            if isinstance(e, StoreError) and e.code in DISK_FAULTS:
+            if self._hard_fault(e):
                 self.store_failed(e)
             return
         deadline = self.now + self.cfg.max_wait_ack_ms
@@ -392,7 +423,7 @@ class Node:
 
     def metadata(self) -> MetadataResponse:
         m, s = self.member, self.store
-        err = self.unwritable()
+        err = self.full()
         return MetadataResponse(
             200, m.group, m.self_id, m.role.name.lower(), m.leader_id or "", m.term, self.cfg.peers,
             s.begin_index, s.end_index, s.end_term, s.committed_index,

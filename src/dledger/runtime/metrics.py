@@ -63,12 +63,17 @@ class _StateCollector(Collector):
             "writable": GaugeMetricFamily("dledger_store_writable",
                                           "1 when the store takes writes, 0 when it failed or the disk is full "
                                           "(the member then neither leads nor campaigns)", labels=lab),
+            "full": GaugeMetricFamily("dledger_store_full",
+                                      "1 while client appends are refused for want of disk space", labels=lab),
             "held": GaugeMetricFamily("dledger_retention_held",
                                       "1 while a lagging follower's needs keep retention from freeing space "
                                       "under disk pressure", labels=lab),
         }
         lag = GaugeMetricFamily("dledger_replication_lag_entries", "Leader end minus follower match",
                                 labels=[*lab, "follower"])
+        stranded = GaugeMetricFamily("dledger_follower_needs_snapshot",
+                                     "1 while a follower needs entries retention deleted (leader's view)",
+                                     labels=[*lab, "follower"])
         elections = CounterMetricFamily("dledger_elections", "Elections this member started", labels=lab)
         for n in self.nodes:
             m, s = n.member, n.store
@@ -82,9 +87,12 @@ class _StateCollector(Collector):
             fams["pending"].add_metric(v, n.quorum.pending)
             fams["writable"].add_metric(v, 0 if n.unwritable() is not None else 1)
             fams["held"].add_metric(v, 1 if s.retention_held_by else 0)
+            fams["full"].add_metric(v, 1 if n.full() is not None else 0)
             elections.add_metric(v, n.elector.elections)
             for peer, d in n.dispatchers.items():
                 lag.add_metric([*v, peer], s.end_index - d.match_index)
+                stranded.add_metric([*v, peer], 1 if d.needs_snapshot else 0)
         yield from fams.values()
         yield lag
+        yield stranded
         yield elections

@@ -132,11 +132,14 @@ class SimCluster:
         self.trace.append(f"{self.now} disk of {member}: fsync {lo_ms}..{hi_ms} ms")
 
     def disk_fault(self, member: str, kind: str, on: bool = True) -> None:
-        """kind: full | pressure | write_error (the next append fails) | fsync_error (the
-        next fsync fails: the store fails for good) | repair (a failed disk replaced)."""
+        """kind: full (out of space) | soft_full (above the force-clean ratio) | pressure |
+        write_error (the next append fails) | fsync_error (the next fsync fails: the store
+        fails for good) | repair (a failed disk replaced)."""
         st = self.stores[member]
         if kind == "full":
             st.full = on
+        elif kind == "soft_full":
+            st.soft_full = on
         elif kind == "pressure":
             st.pressure = on
         elif kind == "write_error":
@@ -151,7 +154,8 @@ class SimCluster:
     def healthy_disks(self) -> list[str]:
         """Members that are up with a fast disk that can write."""
         return [i for i, n in self.nodes.items() if n is not None and i not in self.fsync_ms
-                and self.stores[i].write_error() is None and not self.stores[i].fsync_error_once]
+                and self.stores[i].write_error() is None and self.stores[i].pressure_error() is None
+                and not self.stores[i].fsync_error_once]
 
     # --- client ----------------------------------------------------------------------------
 
@@ -205,7 +209,10 @@ class SimCluster:
         if node is None:
             return
         node.tick(self.now)
-        self.stores[member].run_retention()
+        store = self.stores[member]
+        store.run_retention()
+        if not self.sync:
+            store.request_flush()  # the flush thread's interval (flush_interval_ms)
         self._flush(member)
         self._schedule(self.now + self.tick_ms, "tick", (member,))
 

@@ -8,9 +8,13 @@ currterm is written through at once, as the file store does with fsync.
 
 Faults the schedules inject: a slow disk (fsyncs slower than every timeout), a write
 error on the next append, an fsync error (the store fails for good: DISK_ERROR until
-the disk is repaired), a full disk (appends and currterm writes fail with DISK_FULL),
-and disk pressure, under which retention deletes the log prefix below the commit index
-and the retention floor, as FileLedgerStore.run_retention does with whole files.
+the disk is repaired), a disk out of space (appends and currterm writes fail with
+DISK_FULL), a disk above the force-clean ratio (`soft_full`: client appends refused, as
+FileLedgerStore's retention decides), and disk pressure, under which retention deletes
+the log prefix below the commit index and the retention floor, as
+FileLedgerStore.run_retention does with whole files; when the floor keeps it from
+deleting what the commit index allows, the disk counts as soft-full too (what the file
+store concludes when usage stays above the force ratio).
 """
 
 from __future__ import annotations
@@ -36,7 +40,9 @@ class SimDiskStore(MemoryLedgerStore):
         self.generation = 0  # bumped by a crash: a flush in flight then never completes
         self.on_request: Callable[[], None] | None = None  # the simulator schedules the fsync
         # faults
-        self.full = False
+        self.full = False  # out of space: every write fails
+        self.soft_full = False  # above the force-clean ratio: client appends refused
+        self.held_full = False  # retention held back by the floor under pressure: the same
         self.failed: str | None = None
         self.write_error_once = False
         self.fsync_error_once = False
@@ -53,6 +59,12 @@ class SimDiskStore(MemoryLedgerStore):
             return StoreError(ResponseCode.DISK_FULL, "disk full")
         return None
 
+    def pressure_error(self) -> StoreError | None:
+        if self.soft_full or self.held_full:
+            return StoreError(ResponseCode.DISK_FULL, f"disk full, retention can free nothing more "
+                                                      f"(held back: {self.holder or 'no'}): refusing client appends")
+        return None
+
     def _check_write(self) -> None:
         err = self.write_error()
         if err is not None:
@@ -65,6 +77,8 @@ class SimDiskStore(MemoryLedgerStore):
 
     def append_as_leader(self, bodies: Sequence[bytes], term: int, magic: int = MAGIC_NORMAL) -> AppendResult:
         self._check_write()
+        if magic == MAGIC_NORMAL and (full := self.pressure_error()) is not None:
+            raise full
         res = super().append_as_leader(bodies, term, magic)
         self.durable_index = min(self.durable_index, self.synced_index)  # not durable until a flush
         return res
@@ -145,11 +159,13 @@ class SimDiskStore(MemoryLedgerStore):
 
     def run_retention(self) -> None:
         """Under disk pressure delete the prefix below the commit index and the floor."""
+        self.held_full = False
         if not self.pressure:
             return
         floor = self.committed_index + 1
-        if self.retention_floor is not None:
-            floor = min(floor, self.retention_floor)
+        if self.retention_floor is not None and self.retention_floor < floor:
+            floor = self.retention_floor
+            self.held_full = floor - self.begin_index < RETENTION_CHUNK
         floor = min(floor, self.synced_index + 1, self.end_index)  # the log keeps its last entry
         if floor - self.begin_index >= RETENTION_CHUNK:
             self.drop_prefix(floor)

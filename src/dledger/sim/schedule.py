@@ -114,8 +114,9 @@ def _disk_fault(c: SimCluster, r: random.Random, n: int, flush: str, down: list[
     elif x < 0.30:
         c.disk_fault(m, "fsync_error")
     elif x < 0.40:
+        kind = r.choice(("full", "soft_full"))
         for i in (c.ids if r.random() < 0.3 else [m]):
-            c.disk_fault(i, "full")
+            c.disk_fault(i, kind)
     elif x < 0.48:
         c.disk_fault(m, "pressure")
     elif x < 0.56 and flush == "sync":
@@ -152,7 +153,7 @@ def _repair(c: SimCluster, r: random.Random, flush: str) -> None:
     i = r.choice(c.ids)
     c.fsync_ms.pop(i, None)
     st = c.stores[i]
-    st.full = False
+    st.full = st.soft_full = False
     if r.random() < 0.3:
         st.pressure = False
     if st.failed is not None and c.nodes[i] is not None:
@@ -176,6 +177,8 @@ def _commit_within(c: SimCluster, bound_ms: int, report: SimReport, when: str) -
         if cid in c.client_results and c.client_results[cid].code == ResponseCode.SUCCESS:
             return True
         if c.now >= deadline:
+            if not _should_be_live(c):
+                return False  # the group itself became full (retention held for a member): DISK_FULL is right
             report.violations.append(f"{c.now}: no append committed within {bound_ms} ms {when} "
                                      f"(leader {c.leader()}, last answer {c.client_results.get(cid)})")
             return False
@@ -189,7 +192,7 @@ def _settle(c: SimCluster, down: list[str], report: SimReport) -> None:
     c.fsync_ms.clear()
     for i in c.ids:
         st = c.stores[i]
-        st.full = st.write_error_once = st.fsync_error_once = False
+        st.full = st.soft_full = st.write_error_once = st.fsync_error_once = False
         if st.failed is not None:
             if c.nodes[i] is not None:
                 c.crash(i, lose_unsynced=c.sync)
@@ -203,6 +206,9 @@ def _settle(c: SimCluster, down: list[str], report: SimReport) -> None:
     leader = c.leader()
     assert leader is not None
     if not _commit_within(c, 15_000, report, "after the last fault healed"):
+        if not report.violations:
+            report.violations.append(f"{c.now}: no append committed within 15000 ms after the last fault healed "
+                                     f"(disks: {[(i, str(c.stores[i].pressure_error())) for i in c.ids]})")
         return
     top = c.stores[c.leader() or leader].committed_index
     converged = c.run_until(lambda: all(c.stores[i].committed_index >= top for i in c.ids), 15_000)

@@ -228,10 +228,19 @@ class LedgerStore(ABC):
         return durable
 
     def write_error(self) -> StoreError | None:
-        """Why this store cannot take writes now (a failed fsync, a full disk), or None.
+        """Why this store cannot take writes now (a failed fsync, a write that found no space),
+        or None.
 
         A member whose store cannot write must not lead nor campaign (it would win and then
         fail every append); `dledger status` and the metrics show the reason."""
+        return None
+
+    def pressure_error(self) -> StoreError | None:
+        """DISK_FULL while retention can free nothing more above the force-clean ratio: client
+        appends are refused, but a leader's NOOP and followers' appends still go. A lagging
+        member catching up is what frees the retention floor; refusing every write here (or
+        keeping such members out of elections) deadlocked a group whose disks all filled
+        while one member lagged."""
         return None
 
     @abstractmethod

@@ -93,7 +93,8 @@ class FileLedgerStore(LedgerStore):
             self.begin_pos = 0
             self.write_pos = 0
             self._flushed_pos = 0  # data before it is fsynced
-            self.disk_full = False
+            self.disk_full = False  # retention found nothing to delete above the force ratio (soft)
+            self._no_space = False  # a write failed for want of space (hard)
             self._retention_floor: int | None = None
             self._retention_holder = ""  # who set the floor
             self._retention_held_by = ""  # set while that floor keeps files disk pressure would delete
@@ -102,6 +103,7 @@ class FileLedgerStore(LedgerStore):
             self._trunc_floor = 1 << 62  # lowest end index a truncate set during a flush
             self._ckpt_lock = threading.Lock()  # outermost: checkpoint state must match the files
             self._sync_lock = threading.Lock()  # innermost: fds are not closed during an fsync
+            self._flush_lock = threading.Lock()  # outside the others: one flush_once at a time
             self._term_vote = self._read_term()
             self._buf = bytearray(1 << 20)  # encode scratch of append_as_leader
             self._ubuf = bytearray(64 << 10)
@@ -135,6 +137,8 @@ class FileLedgerStore(LedgerStore):
     ) -> AppendResult:
         with self._lock:
             self._check_writable()
+            if magic == MAGIC_NORMAL and (full := self.pressure_error()) is not None:
+                raise full  # a leader's NOOP and followers' appends still go: see pressure_error
             self.check_bodies(bodies, term)
             first, orig_pos = self.end_index + 1, self.write_pos
             try:
@@ -225,7 +229,7 @@ class FileLedgerStore(LedgerStore):
         full disk also marks the store full until retention finds room again."""
         err = os_error(e, f"{what} in {self.dir}") if isinstance(e, OSError) else e
         if isinstance(err, StoreError) and err.code == ResponseCode.DISK_FULL:
-            self.disk_full = True
+            self._no_space = True
         return err
 
     def _append_records(self, data: memoryview) -> None:
@@ -280,10 +284,16 @@ class FileLedgerStore(LedgerStore):
             return StoreError(ResponseCode.DISK_ERROR, "store is closed")
         if self._failed is not None:
             return StoreError(ResponseCode.DISK_ERROR, f"store failed: {self._failed}")
-        if self.disk_full:
-            held = f" (retention held back by {self._retention_held_by})" if self._retention_held_by else ""
-            return StoreError(ResponseCode.DISK_FULL, f"disk holding {self.dir} is full{held}")
+        if self._no_space:
+            return StoreError(ResponseCode.DISK_FULL, f"no space left on the disk holding {self.dir}")
         return None
+
+    def pressure_error(self) -> StoreError | None:
+        if not self.disk_full:
+            return None
+        held = f" (retention held back: {self._retention_held_by})" if self._retention_held_by else ""
+        return StoreError(ResponseCode.DISK_FULL, f"disk holding {self.dir} is full and retention can free "
+                                                  f"nothing more{held}: refusing client appends")
 
     # --- reads ---------------------------------------------------------------
 
@@ -398,11 +408,17 @@ class FileLedgerStore(LedgerStore):
         with self._ckpt_lock, self._lock:
             self._check_writable()
             self._check_truncate(from_index)
+            # the checkpoint first: one naming a record the truncate zeroes would make the next
+            # open refuse the store (DISK_ERROR) after a crash between the two
+            self.durable_index = min(self.durable_index, from_index - 1)
             try:
-                self._truncate_locked(from_index)
                 self._write_checkpoint_locked()
             except (OSError, StoreError) as e:
-                # half-zeroed records or an old checkpoint: the files no longer match the state
+                raise self._as_store_error(e, "truncate") from e  # nothing removed yet
+            try:
+                self._truncate_locked(from_index)
+            except (OSError, StoreError) as e:
+                # half-zeroed records: the files no longer match the state
                 self.fail(e)
                 raise self._as_store_error(e, "truncate") from e
 
@@ -476,7 +492,13 @@ class FileLedgerStore(LedgerStore):
         return self.durable_index
 
     def flush_once(self) -> None:
-        """fsync the data written since the last flush and publish the durable index."""
+        """fsync the data written since the last flush and publish the durable index. One
+        flush at a time (the flush thread, or `flush()` from a caller): a second one would
+        reset the truncate floor the first relies on."""
+        with self._flush_lock:
+            self._flush_locked()
+
+    def _flush_locked(self) -> None:
         with self._lock:
             target, target_pos = self.end_index, self.write_pos
             if target == self.durable_index and target_pos == self._flushed_pos:
@@ -566,11 +588,11 @@ class FileLedgerStore(LedgerStore):
                 floor = min(floor, self._retention_floor)
             plan = self._plan_retention(floor, ratio, total)
             self._note_held_back(floor, committed_floor, plan.delete, ratio, total)
-            for _ in range(plan.delete):
-                self._drop_first_data_file()
             if plan.delete:
-                self._write_checkpoint_locked()
+                self._drop_first_data_files(plan.delete)
             self.disk_full = plan.disk_full
+            if not plan.disk_full:
+                self._no_space = False  # room again: writes may be tried anew
             if plan.disk_full:
                 log.error("disk full: usage %.0f%% and nothing more can be deleted%s", ratio * 100,
                           f" (held back by {self._retention_held_by})" if self._retention_held_by else "")
@@ -610,8 +632,11 @@ class FileLedgerStore(LedgerStore):
             return int(h[2])
         return None
 
-    def _drop_first_data_file(self) -> None:
-        nxt = self.data.files[1]
+    def _drop_first_data_files(self, n: int) -> None:
+        """Move the log begin past the first `n` data files, checkpoint it, then delete them:
+        after a crash in between, recovery deletes the leftovers (the other order left a
+        checkpoint naming deleted files: every read failed after a reopen)."""
+        nxt = self.data.files[n]
         new_begin = HEADER.unpack_from(nxt.mm, 0)[2]
         _, p, _, _, term = self.unit(new_begin - 1)
         pf = self.data.locate(p)
@@ -619,9 +644,11 @@ class FileLedgerStore(LedgerStore):
         self.begin_term = term
         self.begin_index = new_begin
         self.begin_pos = nxt.start
+        self._write_checkpoint_locked()
         with self._sync_lock:
-            log.info("retention: deleting %s", self.data.files[0].path)
-            self.data.drop_first()
+            for _ in range(n):
+                log.info("retention: deleting %s", self.data.files[0].path)
+                self.data.drop_first()
             while self.index.files and self.index.files[0].end <= new_begin * INDEX_UNIT_SIZE:
                 self.index.drop_first()
 

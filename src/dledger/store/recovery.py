@@ -75,6 +75,7 @@ class _Start:
 def recover(store: RecoverableStore) -> None:
     ckpt = read_json(store.dir / "checkpoint")
     _load_begin(store, ckpt)
+    _drop_leftovers(store)
     committed = int(ckpt.get("committed_index", -1)) if ckpt else -1
     start = _trusted_start(store, ckpt)
     if start.trusted_pos is not None:
@@ -116,6 +117,16 @@ def _load_begin(store: RecoverableStore, ckpt: dict[str, Any] | None) -> None:
     h = HEADER.unpack_from(f.mm, 0)
     store.begin_pos = f.start
     store.begin_index = int(h[2]) if h[0] in ENTRY_MAGICS and h[4] == f.start else 0
+
+
+def _drop_leftovers(store: RecoverableStore) -> None:
+    """Delete files wholly before the log begin: retention checkpoints the new begin before
+    it deletes, so a crash in between leaves them behind."""
+    while store.data.files and store.data.files[0].end <= store.begin_pos:
+        log.warning("recovery of %s: deleting %s, before the log begin", store.dir, store.data.files[0].path)
+        store.data.drop_first()
+    while store.index.files and store.index.files[0].end <= store.begin_index * INDEX_UNIT_SIZE:
+        store.index.drop_first()
 
 
 def _trusted_start(store: RecoverableStore, ckpt: dict[str, Any] | None) -> _Start:
