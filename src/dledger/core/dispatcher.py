@@ -172,6 +172,13 @@ class EntryDispatcher:
                                 ResponseCode(resp.code).name, self.node.cfg.heart_beat_time_interval_ms)
                 self.disk_fault = True
                 self.paused_until = self.node.now + self.node.cfg.heart_beat_time_interval_ms
+                if resp.term == self.node.member.term:
+                    self.note_durable(resp.durable_index)
+                # it says nothing of its log: try the same push again later
+                self.reset(self.compare_index if self.state == State.COMPARE else self.next_index - 1,
+                           f"its disk answered {ResponseCode(resp.code).name}")
+                self.node.request_pump()
+                return
             if resp.term == self.node.member.term:
                 self.note_durable(resp.durable_index)
         if kind == PushType.APPEND:
