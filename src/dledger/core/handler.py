@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from dledger.codes import DLedgerError, PushType, RequestCode, ResponseCode
 from dledger.core.messages import PushRequest, PushResponse
-from dledger.entry import HEADER
+from dledger.entry import HEADER, HEADER_SIZE
 
 if TYPE_CHECKING:
     from dledger.core.node import Node
@@ -203,9 +203,12 @@ class EntryHandler:
         off, index = 0, req.first_index
         n = len(data)
         while off < n and index <= store.end_index:
+            if n - off < HEADER_SIZE:
+                return None  # a torn or forged push: no whole header (struct.error before)
             _, size, idx, _term, _, _, chain, _, _ = HEADER.unpack_from(data, off)
-            if idx != index or index < store.begin_index or store.get(index).chain_crc != chain:
-                return None
+            if size < HEADER_SIZE or idx != index or index < store.begin_index or \
+                    store.get(index).chain_crc != chain:
+                return None  # (a size of 0 looped here for ever)
             off += size
             index += 1
         return off

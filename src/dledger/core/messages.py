@@ -8,6 +8,7 @@ Structs are array-like: compact on the wire and fast to encode.
 from __future__ import annotations
 
 from enum import IntEnum
+from typing import Annotated
 
 import msgspec
 
@@ -46,18 +47,29 @@ class ParseResult(IntEnum):
     WAIT_TO_VOTE_NEXT = 3
 
 
+# Bounds checked when a request is decoded (a 411 answer, never an exception later): terms
+# and indexes stay far below what the record header's signed 64-bit fields hold (a forged
+# term of 2**63 - 1 used to be persisted, and then no member could ever write a record).
+LIMIT = 1 << 62
+Term = Annotated[int, msgspec.Meta(ge=-1, lt=LIMIT)]
+Index = Annotated[int, msgspec.Meta(ge=-1, lt=LIMIT)]
+Position = Annotated[int, msgspec.Meta(ge=0, lt=LIMIT)]
+Count = Annotated[int, msgspec.Meta(ge=0, lt=1 << 31)]
+Name = Annotated[str, msgspec.Meta(max_length=128)]
+
+
 class Msg(msgspec.Struct, array_like=True, omit_defaults=True):
     """Every request names its group, its sender and its intended receiver."""
 
-    group: str = "default"
-    leader_id: str = ""  # sender (DLedger's name: for most requests it is the leader)
-    remote_id: str = ""  # receiver
+    group: Name = "default"
+    leader_id: Name = ""  # sender (DLedger's name: for most requests it is the leader)
+    remote_id: Name = ""  # receiver
 
 
 class VoteRequest(Msg):
-    term: int = 0
-    ledger_end_index: int = -1
-    ledger_end_term: int = -1
+    term: Term = 0
+    ledger_end_index: Index = -1
+    ledger_end_term: Term = -1
     pre_vote: bool = False
     transfer: bool = False  # leadership transfer: voters ignore a live leader
 
@@ -69,10 +81,10 @@ class VoteResponse(msgspec.Struct, array_like=True):
 
 
 class HeartBeatRequest(Msg):
-    term: int = 0
-    committed_index: int = -1
-    retention_floor: int = -1  # followers keep entries from here on: a live follower still needs them
-    retention_holder: str = ""  # which one (-1: none does)
+    term: Term = 0
+    committed_index: Index = -1
+    retention_floor: Index = -1  # followers keep entries from here on: a live follower still needs them
+    retention_holder: Name = ""  # which one (-1: none does)
 
 
 class HeartBeatResponse(msgspec.Struct, array_like=True):
@@ -90,14 +102,14 @@ class PushRequest(Msg):
     drops everything after prev_index; COMMIT only moves the commit index.
     """
 
-    term: int = 0
-    type: int = PushType.APPEND
-    prev_index: int = -1
-    prev_term: int = -1
-    first_index: int = 0
-    count: int = 0
-    committed_index: int = -1
-    next_term: int = -1  # TRUNCATE: the leader's term at prev_index + 1 (-1: it has no entry there)
+    term: Term = 0
+    type: Count = PushType.APPEND
+    prev_index: Index = -1
+    prev_term: Term = -1
+    first_index: Index = 0
+    count: Count = 0
+    committed_index: Index = -1
+    next_term: Term = -1  # TRUNCATE: the leader's term at prev_index + 1 (-1: it has no entry there)
 
 
 class PushResponse(msgspec.Struct, array_like=True):
@@ -123,14 +135,14 @@ class AppendResponse(msgspec.Struct, array_like=True):
 
 
 class GetRequest(Msg):
-    index: int = 0
+    index: Position = 0
     local: bool = False  # answer from the receiver's own committed copy, leader or not
 
 
 class ReadRequest(Msg):
-    from_index: int = 0
-    max_entries: int = 1000
-    max_bytes: int = 4 << 20
+    from_index: Position = 0
+    max_entries: Count = 1000
+    max_bytes: Count = 4 << 20
     only_normal: bool = True
     local: bool = False  # answer from the receiver's own committed copy, leader or not
 
@@ -178,9 +190,9 @@ class LeadershipTransferRequest(Msg):
     """From a client to the leader (transferee_id set), or from the leader to the
     target, which then campaigns at once (DLedger's takeLeadership)."""
 
-    term: int = -1
-    transfer_id: str = ""  # current leader
-    transferee_id: str = ""  # target
+    term: Term = -1
+    transfer_id: Name = ""  # current leader
+    transferee_id: Name = ""  # target
 
 
 class SimpleResponse(msgspec.Struct, array_like=True):
@@ -193,7 +205,7 @@ class SimpleResponse(msgspec.Struct, array_like=True):
 class FaultRequest(Msg):
     """Test hook (code FAULT): make this member drop traffic to and from `blocked` ids."""
 
-    blocked: list[str] = []
+    blocked: Annotated[list[Name], msgspec.Meta(max_length=64)] = []
 
 
 FAULT = 52001
@@ -232,8 +244,12 @@ def encode(msg: msgspec.Struct) -> bytes:
     return _encoder.encode(msg)
 
 
+DECODE_ERRORS = (msgspec.DecodeError, UnicodeDecodeError)  # invalid UTF-8 is not a DecodeError
+
+
 def decode_request(code: int, meta: bytes) -> Msg:
-    """Decode a request; unknown codes and bad payloads raise (answered UNSUPPORTED / 411)."""
+    """Decode a request; unknown codes and bad payloads raise (answered UNSUPPORTED / 411):
+    KeyError, or one of DECODE_ERRORS (a field out of its bounds is a ValidationError)."""
     dec = _request_decoders.get(code)
     if dec is None:
         raise KeyError(code)

@@ -46,6 +46,7 @@ from dledger.entry import MAGIC_NORMAL
 from dledger.store.base import AppendResult, LedgerStore, StoreError
 
 DISK_FAULTS = (ResponseCode.DISK_FULL, ResponseCode.DISK_ERROR)
+_MEMBER_CODES = frozenset((RequestCode.VOTE, RequestCode.HEART_BEAT, RequestCode.PUSH))
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +97,7 @@ class Node:
     def handle(self, code: int, msg: Msg, data: memoryview | bytes | bytearray, token: Any, now_ms: int) -> None:
         """A request from a peer or a client; its reply is emitted now or later."""
         self.now = now_ms
-        err = self._check_addressing(msg)
+        err = self._check_addressing(code, msg)
         if err is not None:
             self.reply(token, code, _error_for(code, err, self))
             return
@@ -317,7 +318,10 @@ class Node:
         else:
             raise DLedgerError(ResponseCode.UNSUPPORTED, f"request code {code}")
 
-    def _check_addressing(self, msg: Msg) -> ResponseCode | None:
+    def _check_addressing(self, code: int, msg: Msg) -> ResponseCode | None:
+        """Group, receiver and sender must be ours. Member messages (votes, heartbeats, pushes,
+        a leader's hand-over) must name a sender that is another member: one with an empty
+        or our own id was accepted (a leader ""), and nothing else could be checked."""
         m = self.member
         if msg.group != m.group:
             return ResponseCode.UNKNOWN_GROUP
@@ -325,6 +329,10 @@ class Node:
             return ResponseCode.UNEXPECTED_MEMBER
         if msg.leader_id and msg.leader_id not in m.peer_ids:
             return ResponseCode.UNKNOWN_MEMBER
+        member_msg = code in _MEMBER_CODES or (
+            isinstance(msg, LeadershipTransferRequest) and bool(msg.transfer_id))
+        if member_msg and (not msg.leader_id or msg.leader_id == m.self_id):
+            return ResponseCode.UNEXPECTED_MEMBER
         return None
 
     def _handle_append(self, msg: AppendRequest, token: Any) -> None:

@@ -32,6 +32,7 @@ import msgspec
 from dledger.codes import DLedgerError, RequestCode, ResponseCode
 from dledger.config import parse_peers
 from dledger.core.messages import (
+    DECODE_ERRORS,
     FAULT,
     READ,
     AppendRequest,
@@ -300,7 +301,7 @@ class AsyncDLedgerClient:
         out: list[Entry] = []
         index = from_index
         while len(out) < max_entries:
-            req = ReadRequest(self.group, "", "", index, max_entries - len(out), 4 << 20, only_normal,
+            req = ReadRequest(self.group, "", "", index, min(max_entries - len(out), 1 << 20), 4 << 20, only_normal,
                               member is not None)
             try:
                 if member is None:
@@ -486,7 +487,7 @@ class AsyncDLedgerClient:
         self._suspects.pop(member, None)  # it answered: whatever it says, it is alive
         try:
             resp = decode_response(code, raw.meta)
-        except msgspec.DecodeError:
+        except DECODE_ERRORS:
             resp = None
         if raw.code != ResponseCode.SUCCESS or resp is None or getattr(resp, "code", 200) != 200:
             err_code = raw.code if raw.code != ResponseCode.SUCCESS else getattr(resp, "code", ResponseCode.UNKNOWN)

@@ -19,7 +19,15 @@ import msgspec
 
 from dledger.codes import DLedgerError, RequestCode, ResponseCode
 from dledger.config import DLedgerConfig, Peer
-from dledger.core.messages import FAULT, FaultRequest, SimpleResponse, decode_request, decode_response, encode
+from dledger.core.messages import (
+    DECODE_ERRORS,
+    FAULT,
+    FaultRequest,
+    SimpleResponse,
+    decode_request,
+    decode_response,
+    encode,
+)
 from dledger.core.node import Node, Reply, Send
 from dledger.runtime.metrics import Metrics
 from dledger.runtime.transport import (
@@ -164,7 +172,7 @@ class GroupRuntime:
                     resp = decode_response(a.code, raw.meta)
             except DLedgerError:
                 resp = None
-            except msgspec.DecodeError:
+            except DECODE_ERRORS:
                 log.warning("%s: undecodable answer from %s to %d", self.cfg.self_id, a.peer, a.code)
         self.node.on_response(a.ctx, resp, now_ms())
         self._execute()
@@ -246,7 +254,7 @@ class DLedgerServer:
         except KeyError:
             respond(_error(ResponseCode.UNSUPPORTED, f"unknown request code {msg.code}"))
             return
-        except msgspec.DecodeError as e:
+        except DECODE_ERRORS as e:
             respond(_error(ResponseCode.UNEXPECTED_ARGUMENT, f"malformed request {msg.code}: {e}"))
             return
         g = self.groups.get(req.group)
