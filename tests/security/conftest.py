@@ -2,6 +2,6 @@
 
 from __future__ import annotations
 
-from tests.integration.conftest import make_cluster
+from integration.conftest import make_cluster
 
 __all__ = ["make_cluster"]

@@ -18,7 +18,7 @@ from dledger.codes import PushType, RequestCode, ResponseCode
 from dledger.core.messages import VoteResponse, VoteResult
 from dledger.entry import HEADER_SIZE
 from dledger.runtime.transport import Message, TransportClient
-from tests.integration.harness import Cluster, MakeCluster, wait_until
+from integration.harness import Cluster, MakeCluster, wait_until
 
 pytestmark = pytest.mark.integration
 
