@@ -67,6 +67,9 @@ class PushType(IntEnum):
     INSTALL_SNAPSHOT = 4
 
 
+DISK_FAULTS = frozenset((ResponseCode.DISK_FULL, ResponseCode.DISK_ERROR))  # the disk, not the request, failed
+
+
 class DLedgerError(Exception):
     """Every failure users see carries a response code, as DLedger's DLedgerException does."""
 

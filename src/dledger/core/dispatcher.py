@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from dledger.codes import PushType, RequestCode, ResponseCode
+from dledger.codes import DISK_FAULTS, PushType, RequestCode, ResponseCode
 from dledger.core.messages import PushRequest, PushResponse
 
 if TYPE_CHECKING:
@@ -163,24 +163,22 @@ class EntryDispatcher:
             assert isinstance(resp, PushResponse)
             if self.node.elector.observe_term(resp.term):
                 return
+            if resp.term == self.node.member.term:
+                self.note_durable(resp.durable_index)
             if resp.code == ResponseCode.SUCCESS:
                 self.node.elector.ack(self.peer)
                 self.disk_fault = False
-            elif resp.code in (ResponseCode.DISK_FULL, ResponseCode.DISK_ERROR):
+            elif resp.code in DISK_FAULTS:
                 if not self.disk_fault:
                     log.warning("push to %s: its disk cannot write (%s); retrying every %d ms", self.peer,
                                 ResponseCode(resp.code).name, self.node.cfg.heart_beat_time_interval_ms)
                 self.disk_fault = True
                 self.paused_until = self.node.now + self.node.cfg.heart_beat_time_interval_ms
-                if resp.term == self.node.member.term:
-                    self.note_durable(resp.durable_index)
                 # it says nothing of its log: try the same push again later
                 self.reset(self.compare_index if self.state == State.COMPARE else self.next_index - 1,
                            f"its disk answered {ResponseCode(resp.code).name}")
                 self.node.request_pump()
                 return
-            if resp.term == self.node.member.term:
-                self.note_durable(resp.durable_index)
         if kind == PushType.APPEND:
             self._on_append(seq, resp if isinstance(resp, PushResponse) else None)
         else:

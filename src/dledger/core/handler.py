@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
-from dledger.codes import DLedgerError, PushType, RequestCode, ResponseCode
+from dledger.codes import DISK_FAULTS, DLedgerError, PushType, RequestCode, ResponseCode
 from dledger.core.messages import PushRequest, PushResponse
 from dledger.entry import HEADER, HEADER_SIZE
 
@@ -266,6 +266,6 @@ class EntryHandler:
 
 def _failure_code(e: DLedgerError) -> ResponseCode:
     """What a failed push answers: a disk fault as itself, anything else as a log mismatch."""
-    if e.code in (ResponseCode.DISK_FULL, ResponseCode.DISK_ERROR):
+    if e.code in DISK_FAULTS:
         return e.code
     return ResponseCode.INCONSISTENT_STATE

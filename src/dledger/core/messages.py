@@ -83,8 +83,8 @@ class VoteResponse(msgspec.Struct, array_like=True):
 class HeartBeatRequest(Msg):
     term: Term = 0
     committed_index: Index = -1
-    retention_floor: Index = -1  # followers keep entries from here on: a live follower still needs them
-    retention_holder: Name = ""  # which one (-1: none does)
+    retention_floor: Index = -1  # followers keep entries from here on: a member still needs them (-1: none)
+    retention_holder: Name = ""  # which member
 
 
 class HeartBeatResponse(msgspec.Struct, array_like=True):
@@ -118,7 +118,7 @@ class PushResponse(msgspec.Struct, array_like=True):
     end_index: int = -1  # receiver's ledger end
     x_index: int = -1  # COMPARE mismatch: first index of x_term at the receiver
     x_term: int = -1
-    durable_index: int = -1  # receiver's fsynced end; in sync mode the leader counts min(match, durable)
+    durable_index: int = -1  # min(receiver's fsynced end, its match): in sync mode what the leader counts
 
 
 class AppendRequest(Msg):

@@ -17,7 +17,7 @@ from typing import Any, TypeGuard
 
 import msgspec
 
-from dledger.codes import DLedgerError, RequestCode, ResponseCode
+from dledger.codes import DISK_FAULTS, DLedgerError, RequestCode, ResponseCode
 from dledger.config import DLedgerConfig
 from dledger.core.dispatcher import EntryDispatcher
 from dledger.core.elector import LeaderElector
@@ -45,7 +45,6 @@ from dledger.core.quorum import QuorumAckChecker
 from dledger.entry import MAGIC_NORMAL
 from dledger.store.base import AppendResult, LedgerStore, StoreError
 
-DISK_FAULTS = (ResponseCode.DISK_FULL, ResponseCode.DISK_ERROR)
 _MEMBER_CODES = frozenset((RequestCode.VOTE, RequestCode.HEART_BEAT, RequestCode.PUSH))
 
 log = logging.getLogger(__name__)
@@ -207,7 +206,7 @@ class Node:
         self.follow_retention_floor(*self.retention_floor())
 
     def retention_floor(self) -> tuple[int, str]:
-        """The first entry a live follower still needs (-1: none) and which one: retention keeps
+        """The first entry this leader or a live follower still needs, and whose: retention keeps
         it (there is no snapshot install yet: a follower needing a deleted prefix could never
         catch up). A follower silent for longer than `retention_hold_ms` no longer holds it.
         Heartbeats carry it, so followers keep the same entries and whoever leads next can

@@ -321,7 +321,7 @@ def os_error(e: OSError, what: str) -> StoreError:
     """An OS error of a store operation as a response code: a full disk (or quota) is
     DISK_FULL, anything else DISK_ERROR."""
     code = ResponseCode.DISK_FULL if e.errno in (errno.ENOSPC, errno.EDQUOT) else ResponseCode.DISK_ERROR
-    return StoreError(code, f"{what}: {e.strerror or e}")
+    return StoreError(code, f"{what} failed: {e.strerror or e}")
 
 
 def push_error(stop: str, offset: int) -> StoreError:

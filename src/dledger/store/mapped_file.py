@@ -7,7 +7,6 @@ Data and index files both use it.
 from __future__ import annotations
 
 import contextlib
-import errno
 import logging
 import mmap
 import os
@@ -15,7 +14,7 @@ import re
 from pathlib import Path
 
 from dledger.codes import ResponseCode
-from dledger.store.base import StoreError
+from dledger.store.base import StoreError, os_error
 
 log = logging.getLogger(__name__)
 
@@ -71,8 +70,7 @@ class MappedFile:
             while done < n:  # a short write: only if interrupted or out of space
                 done += os.pwrite(self.fd, memoryview(data)[done:], offset + done)
         except OSError as e:
-            code = ResponseCode.DISK_FULL if e.errno in (errno.ENOSPC, errno.EDQUOT) else ResponseCode.DISK_ERROR
-            raise StoreError(code, f"write of {n} bytes at {self.path}:{offset} failed: {e}") from e
+            raise os_error(e, f"write of {n} bytes at {self.path}:{offset}") from e
 
     def sync(self) -> None:
         """fdatasync: on Linux it also writes back pages dirtied through the mapping."""
