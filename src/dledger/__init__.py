@@ -6,6 +6,7 @@ from dledger.codes import DLedgerError, ResponseCode
 from dledger.config import DLedgerConfig
 from dledger.runtime.client import AppendResult, AsyncDLedgerClient, DLedgerClient, Entry, Metadata
 from dledger.runtime.server import DLedgerServer
+from dledger.security.tls import TlsConfig
 
 __all__ = [
     "AppendResult",
@@ -17,5 +18,6 @@ __all__ = [
     "Entry",
     "Metadata",
     "ResponseCode",
+    "TlsConfig",
 ]
 __version__ = "0.1.0"

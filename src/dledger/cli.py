@@ -8,24 +8,84 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import errno
 import json
 import logging
 import os
+import re
 import signal
+import socket
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
 from dledger.codes import DLedgerError, ResponseCode
 from dledger.config import ConfigError, DLedgerConfig, Peer, format_peers, parse_peers
-from dledger.local_cluster import local_cluster
+from dledger.core.messages import LIMIT
+from dledger.local_cluster import busy_ports, local_cluster
 
 log = logging.getLogger(__name__)
 
 PEERS_HELP = "Members, as 'n0-127.0.0.1:20911;n1-127.0.0.1:20912;…'."
+
+
+class UserError(Exception):
+    """A problem of the user's setup (a port in use, an unusable store directory): main()
+    prints `dledger: error: <message>` and exits 1."""
+
+
+if TYPE_CHECKING:  # click >= 8.2 types its ParamType by value and input; 8.1's is not generic
+    _IntParamType = click.ParamType[int, Any]
+else:
+    _IntParamType = click.ParamType
+
+
+class WireInt(_IntParamType):
+    """An index or count a request can carry: `low` <= N < 2**62 (the wire limit)."""
+
+    name = "integer"
+
+    def __init__(self, low: int) -> None:
+        self.low = low
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        n: int = click.INT.convert(value, param, ctx)
+        if n < self.low:
+            self.fail(f"{n} is below {self.low}", param, ctx)
+        if n >= LIMIT:
+            self.fail(f"{n} is beyond the limit: indexes and counts must be below 2**62", param, ctx)
+        return n
+
+
+F = TypeVar("F", bound=Callable[..., Any])  # a click command function
+
+
+def _remember(ctx: click.Context, param: click.Parameter, value: object) -> None:
+    if value:
+        ctx.meta.setdefault("dledger.security", {})[param.name] = value
+
+
+def security_options(f: F) -> F:
+    """--tls-cert/--tls-key/--tls-ca and --auth-token (docs/security.md); kept in the context,
+    not passed to the command, so every command takes them the same way."""
+    for name, help_text in reversed([
+        ("--tls-cert", "Certificate (PEM) to present: a member's own, or a client's."),
+        ("--tls-key", "Its private key (PEM)."),
+        ("--tls-ca", "The group's CA (PEM): with the two above, every connection is mutual TLS."),
+    ]):
+        f = click.option(name, expose_value=False, callback=_remember, type=click.Path(dir_okay=False),
+                         help=help_text)(f)
+    return click.option("--auth-token", expose_value=False, callback=_remember, envvar="DLEDGER_AUTH_TOKEN",
+                        help="Shared token of a group run without TLS (or set DLEDGER_AUTH_TOKEN).")(f)
+
+
+def _security() -> dict[str, str]:
+    """The security options given to this command, as config keys."""
+    return dict(click.get_current_context().meta.get("dledger.security", {}))
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -51,15 +111,19 @@ def cli(verbose: int) -> None:
 @click.option("--preferred-leader", "preferred", default=None, help="Preferred leader ids, comma separated.")
 @click.option("--enable-fault-injection", "fault_injection", is_flag=True,
               help="Obey FAULT requests (cut links on a client's word): for tests and chaos runs only.")
+@click.option("--peer-listen", default=None,
+              help="Member-only addresses, peers format: members talk there, clients on --peers.")
+@security_options
 def server(config_file: str | None, group: str | None, self_id: str | None, peers: str | None,
            store_dir: str | None, flush: str | None, store_type: str | None, metrics_port: int | None,
-           preferred: str | None, fault_injection: bool) -> None:
+           preferred: str | None, fault_injection: bool, peer_listen: str | None) -> None:
     """Run one member until SIGINT/SIGTERM."""
     data: dict[str, object] = {}
     if config_file:
         data.update(vars(DLedgerConfig.from_toml(config_file)))
     overrides = {"group": group, "self_id": self_id, "peers": peers, "store_dir": store_dir, "flush": flush,
-                 "store_type": store_type, "metrics_port": metrics_port}
+                 "store_type": store_type, "metrics_port": metrics_port, "peer_listen": peer_listen,
+                 **_security()}
     data.update({k: v for k, v in overrides.items() if v is not None})
     if preferred is not None:
         data["preferred_leader_ids"] = [p for p in preferred.split(",") if p]
@@ -70,7 +134,24 @@ def server(config_file: str | None, group: str | None, self_id: str | None, peer
     if "store_dir" not in data:
         data["store_dir"] = str(Path("data") / str(data.get("group", "default")) / str(data["self_id"]))
     cfg = DLedgerConfig.from_dict(data)
+    if cfg.store_type == "file":
+        _check_store_dir(Path(cfg.store_dir))
     _run_member(cfg)
+
+
+def _check_store_dir(store_dir: Path) -> None:
+    """Refuse a store directory the member could not create or write, naming it."""
+    if store_dir.exists() and not store_dir.is_dir():
+        raise UserError(f"store directory {store_dir} is not a directory")
+    existing = next((p for p in (store_dir, *store_dir.parents) if p.exists()), Path("."))
+    if not existing.is_dir():
+        raise UserError(f"cannot create store directory {store_dir}: {existing} is not a directory")
+    if not os.access(existing, os.W_OK | os.X_OK):  # root may write anyway: then it passes
+        what = "is not writable" if existing == store_dir else f"cannot be created: {existing} is not writable"
+        raise UserError(f"store directory {store_dir} {what}")
+
+
+_BIND_ADDRESS = re.compile(r"address \('?([^',]*)'?, (\d+)")
 
 
 def _run_member(cfg: DLedgerConfig) -> None:
@@ -86,7 +167,26 @@ def _run_member(cfg: DLedgerConfig) -> None:
             loop.add_signal_handler(sig, stop.set)
         await serve_forever(cfg, stop)
 
-    asyncio.run(main())
+    try:
+        asyncio.run(main())
+    except OSError as e:
+        raise UserError(_member_os_error(cfg, e)) from e
+
+
+def _member_os_error(cfg: DLedgerConfig, e: OSError) -> str:
+    """One line for an OSError a member's start failed with: a port it cannot listen on
+    (asyncio names the address; prometheus' metrics server does not), else the file."""
+    reason = (os.strerror(e.errno) if isinstance(e.errno, int) and e.errno > 0 else e.strerror or str(e)).lower()
+    m = _BIND_ADDRESS.search(str(e))
+    if m is not None:
+        return f"cannot listen on {m[1]}:{m[2]}: {reason}"
+    if isinstance(e, socket.gaierror):  # a host name that does not resolve
+        return f"cannot listen on {cfg.peer_map[cfg.self_id].address}: {reason}"
+    if e.errno == errno.EADDRINUSE and cfg.metrics_port:
+        return f"cannot serve metrics on port {cfg.metrics_port}: {reason}"
+    if e.filename is not None:
+        return f"{e.filename}: {reason}"
+    return f"cannot start member {cfg.self_id}: {reason}"
 
 
 @cli.command()
@@ -97,12 +197,22 @@ def _run_member(cfg: DLedgerConfig) -> None:
 @click.option("--flush", type=click.Choice(["async", "sync"]), default="async", show_default=True)
 @click.option("--store", "store_type", type=click.Choice(["file", "memory"]), default="file", show_default=True)
 @click.option("--metrics-base-port", type=int, default=0, help="Member nK serves metrics on this port + K.")
+@click.option("--tls", is_flag=True, help="Mutual TLS: certificates from DATA_DIR/certs (made there if missing).")
 def cluster(nodes: int, group: str, base_port: int, data_dir: str, flush: str, store_type: str,
-            metrics_base_port: int) -> None:
+            metrics_base_port: int, tls: bool) -> None:
     """Run a local group as N member processes until SIGINT/SIGTERM."""
-    peers = format_peers({f"n{k}": Peer(f"n{k}", "127.0.0.1", base_port + k) for k in range(nodes)})
-    with local_cluster(peers, group, Path(data_dir), flush, store_type, metrics_base_port) as procs:
+    members = [f"n{k}" for k in range(nodes)]
+    peers = format_peers({m: Peer(m, "127.0.0.1", base_port + k) for k, m in enumerate(members)})
+    busy = busy_ports(peers, metrics_base_port)  # before any member starts (local_cluster checks too)
+    if busy:
+        raise UserError(f"cannot start the cluster: ports already in use on 127.0.0.1: {', '.join(busy)}")
+    tls_dir = _local_certs(Path(data_dir) / "certs", members) if tls else None
+    with local_cluster(peers, group, Path(data_dir), flush, store_type, metrics_base_port,
+                       tls_dir=tls_dir) as procs:
         click.echo(f"peers: {peers}", nl=True)
+        if tls_dir is not None:
+            click.echo(f"clients: --tls-cert {tls_dir}/client.pem --tls-key {tls_dir}/client-key.pem "
+                       f"--tls-ca {tls_dir}/ca.pem")
         sys.stdout.flush()
         stop = {"flag": False}
 
@@ -120,13 +230,28 @@ def cluster(nodes: int, group: str, base_port: int, data_dir: str, flush: str, s
             time.sleep(0.2)
 
 
+def _local_certs(tls_dir: Path, members: list[str]) -> Path:
+    """A development CA and certificates for a local group, made once and then reused."""
+    from dledger.security.certs import make_certs
+
+    if not (tls_dir / "ca.pem").exists() or not all((tls_dir / f"{m}.pem").exists() for m in members):
+        make_certs(tls_dir, members, force=True)
+    return tls_dir
+
+
 # --- clients -------------------------------------------------------------------------------------
 
 
 def _client(peers: str, group: str, timeout: float = 5.0):  # type: ignore[no-untyped-def]
     from dledger.runtime.client import DLedgerClient
+    from dledger.security.tls import TlsConfig
 
-    return DLedgerClient(peers, group, timeout)
+    sec = _security()
+    paths = [sec.get(k, "") for k in ("tls_ca", "tls_cert", "tls_key")]
+    if any(paths) and not all(paths):
+        raise click.UsageError("--tls-cert, --tls-key and --tls-ca go together")
+    tls = TlsConfig(*paths) if all(paths) else None
+    return DLedgerClient(peers, group, timeout, tls=tls, auth_token=sec.get("auth_token"))
 
 
 @cli.command()
@@ -135,19 +260,30 @@ def _client(peers: str, group: str, timeout: float = 5.0):  # type: ignore[no-un
 @click.option("--batch", default=1, show_default=True, type=click.IntRange(1, 100000),
               help="Send stdin lines in batches of this many entries.")
 @click.argument("bodies", nargs=-1)
+@security_options
 def append(peers: str, group: str, batch: int, bodies: tuple[str, ...]) -> None:
-    """Append one entry per BODY, or per stdin line; print {"index","term","pos"} per entry."""
+    """Append one entry per BODY, or per stdin line; print {"index","term","pos"} per entry.
+
+    Bodies are bytes: a stdin line (without its b"\\n") or an argument is sent as given,
+    UTF-8 or not.
+    """
     parse_peers(peers)
-    source: Iterator[str] = iter(bodies) if bodies else (line.rstrip("\n") for line in sys.stdin)
+    # click hands over non-UTF-8 argv as surrogate escapes: fsencode gives back the bytes
+    source: Iterator[bytes] = (os.fsencode(b) for b in bodies) if bodies else _stdin_lines()
     with _client(peers, group) as c:
         chunk: list[bytes] = []
-        for text in source:
-            chunk.append(text.encode())
+        for body in source:
+            chunk.append(body)
             if len(chunk) >= batch:
                 _append_chunk(c, chunk)
                 chunk = []
         if chunk:
             _append_chunk(c, chunk)
+
+
+def _stdin_lines() -> Iterator[bytes]:
+    for line in sys.stdin.buffer:
+        yield line[:-1] if line.endswith(b"\n") else line
 
 
 def _append_chunk(c: object, chunk: list[bytes]) -> None:
@@ -158,7 +294,8 @@ def _append_chunk(c: object, chunk: list[bytes]) -> None:
 @cli.command()
 @click.option("--peers", required=True, help=PEERS_HELP)
 @click.option("--group", default="default", show_default=True)
-@click.option("--index", required=True, type=click.IntRange(0))
+@click.option("--index", required=True, type=WireInt(0))
+@security_options
 def get(peers: str, group: str, index: int) -> None:
     """Print the committed body at INDEX, raw."""
     parse_peers(peers)
@@ -171,8 +308,9 @@ def get(peers: str, group: str, index: int) -> None:
 @cli.command()
 @click.option("--peers", required=True, help=PEERS_HELP)
 @click.option("--group", default="default", show_default=True)
-@click.option("--from", "from_index", default=0, show_default=True, type=click.IntRange(0))
-@click.option("--max", "max_entries", default=1000, show_default=True, type=click.IntRange(1))
+@click.option("--from", "from_index", default=0, show_default=True, type=WireInt(0))
+@click.option("--max", "max_entries", default=1000, show_default=True, type=WireInt(1))
+@security_options
 def read(peers: str, group: str, from_index: int, max_entries: int) -> None:
     """Print committed entries as JSON lines {"index","term","body"}."""
     parse_peers(peers)
@@ -192,6 +330,7 @@ def _body_json(body: bytes) -> object:
 @click.option("--peers", required=True, help=PEERS_HELP)
 @click.option("--group", default="default", show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="One JSON object keyed by member id.")
+@security_options
 def status(peers: str, group: str, as_json: bool) -> None:
     """Each member's role, term, leader, ledger end and committed index, and what is wrong
     with it (a store that cannot write, retention held back by a lagging member)."""
@@ -232,6 +371,7 @@ def status(peers: str, group: str, as_json: bool) -> None:
 @click.option("--peers", required=True, help=PEERS_HELP)
 @click.option("--group", default="default", show_default=True)
 @click.option("--to", "target", required=True, help="Member id to hand leadership to.")
+@security_options
 def transfer(peers: str, group: str, target: str) -> None:
     """Move leadership to member TO."""
     if target not in parse_peers(peers):
@@ -271,30 +411,84 @@ def demo() -> None:
     sys.exit(run_demo())
 
 
+@cli.group()
+def store() -> None:
+    """Inspect or repair a stopped member's store directory, offline."""
+
+
+@store.command("inspect")
+@click.option("--store-dir", required=True, help="The member's store directory.")
+def store_inspect(store_dir: str) -> None:
+    """Print the store's term, vote, log bounds and last entry's term, and its problems, as
+    one JSON object. Reads only: safe beside a running member."""
+    from dledger.store.admin import inspect
+
+    click.echo(json.dumps(inspect(store_dir)))
+
+
+@store.command("repair-term")
+@click.option("--store-dir", required=True, help="The member's store directory (the member must be stopped).")
+@click.option("--term", type=int, default=None,
+              help="The term to set [default: the last entry's term, the highest the log knows].")
+def store_repair_term(store_dir: str, term: int | None) -> None:
+    """Rewrite a damaged currterm (e.g. a term beyond 2**62-1) and clear the vote; print the change.
+
+    Only for a damaged term: a member that voted in a term above its last entry's may
+    vote in that term again after the repair.
+    """
+    from dledger.store.admin import repair_term
+
+    click.echo(json.dumps(repair_term(store_dir, term)))
+
+
 def _register_extra_commands() -> None:
     from dledger.bench.command import bench
+    from dledger.security.certs_command import certs
 
     cli.add_command(bench)
+    cli.add_command(certs)
 
 
 _register_extra_commands()
 
 
 def main() -> None:
-    """Entry point: user mistakes end with one line on stderr, never a traceback."""
+    """Entry point: every failure ends with one line on stderr (exit 1, 2 for a usage error),
+    never a traceback (with -vv an unexpected one is logged before that line)."""
     try:
         cli.main(standalone_mode=False)
     except click.exceptions.Exit as e:
+        sys.exit(e.exit_code)
+    except click.UsageError as e:
+        if type(e).__name__ == "NoArgsIsHelpError":  # `dledger` alone: the help text
+            e.show()
+        else:
+            hint = f" (see '{e.ctx.command_path} --help')" if e.ctx is not None else ""
+            _error_line(f"{e.format_message()}{hint}")
         sys.exit(e.exit_code)
     except click.ClickException as e:
         e.show()
         sys.exit(e.exit_code)
     except click.exceptions.Abort:
         sys.exit(130)
-    except DLedgerError as e:
-        click.echo(f"dledger: error: {e}", err=True)
+    except (UserError, DLedgerError) as e:
+        _error_line(str(e))
         sys.exit(1)
     except KeyboardInterrupt:
         sys.exit(130)
     except BrokenPipeError:
         os._exit(0)
+    except OSError as e:  # the machine's, not ours: a file that cannot be read, …
+        reason = e.strerror or str(e)
+        _error_line(f"{e.filename}: {reason}" if e.filename is not None else reason)
+        sys.exit(1)
+    except Exception as e:
+        if log.isEnabledFor(logging.DEBUG):
+            log.exception("internal error")
+        msg = " ".join(str(e).split())  # one line
+        click.echo(f"dledger: internal error: {type(e).__name__}: {msg} (run with -vv for the traceback)", err=True)
+        sys.exit(1)
+
+
+def _error_line(message: str) -> None:
+    click.echo(f"dledger: error: {' '.join(message.split())}", err=True)

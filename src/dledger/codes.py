@@ -57,6 +57,8 @@ class ResponseCode(IntEnum):
     LEADER_TRANSFERRING = 506
     LOAD_SNAPSHOT_ERROR = 507
     INSTALL_SNAPSHOT_ERROR = 508
+    # ours, beyond DLedger's list
+    UNAUTHENTICATED = 430  # no valid client certificate / auth token, or not a member's certificate
 
 
 class PushType(IntEnum):
@@ -65,6 +67,7 @@ class PushType(IntEnum):
     APPEND = 2
     COMMIT = 3
     INSTALL_SNAPSHOT = 4
+    REPAIR = 5  # ours, not DLedger's: records sent again to overwrite a follower's corrupt copies
 
 
 DISK_FAULTS = frozenset((ResponseCode.DISK_FULL, ResponseCode.DISK_ERROR))  # the disk, not the request, failed

@@ -9,6 +9,8 @@ from __future__ import annotations
 import dataclasses
 import re
 import tomllib
+import types
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -61,6 +63,69 @@ class ConfigError(DLedgerError):
         super().__init__(ResponseCode.UNEXPECTED_ARGUMENT, message)
 
 
+def _type_name(t: Any) -> str:
+    origin = typing.get_origin(t)
+    if origin is list:
+        (item,) = typing.get_args(t)
+        plural = {bool: "booleans", int: "integers", float: "numbers", str: "strings"}
+        return f"a list of {plural.get(item, _type_name(item))}"
+    if origin is typing.Union or origin is types.UnionType:
+        return " or ".join(_type_name(a) for a in typing.get_args(t))
+    return {bool: "true or false", int: "an integer", float: "a number", str: "a string", type(None): "none"}.get(
+        t, getattr(t, "__name__", str(t)))
+
+
+def _value_name(v: Any) -> str:
+    kinds = {bool: "a boolean", int: "an integer", float: "a number", str: "a string", list: "a list",
+             dict: "a table"}
+    return f"{kinds.get(type(v), type(v).__name__)} ({v!r})"
+
+
+def _conform(t: Any, v: Any) -> tuple[bool, Any]:
+    """Whether `v` is a value of the annotated type `t`, and the value to keep (an int given for
+    a float becomes a float). bool is not an int here, though Python says it is."""
+    origin = typing.get_origin(t)
+    if origin is list:
+        (item,) = typing.get_args(t)
+        if not isinstance(v, list):
+            return False, v
+        out = []
+        for x in v:
+            ok, x = _conform(item, x)
+            if not ok:
+                return False, v
+            out.append(x)
+        return True, out
+    if origin is typing.Union or origin is types.UnionType:  # `str | None`
+        for arg in typing.get_args(t):
+            ok, conformed = _conform(arg, v)
+            if ok:
+                return True, conformed
+        return False, v
+    if t is type(None):
+        return v is None, v
+    if t is float:
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            return True, float(v)
+        return False, v
+    if t is int:
+        return isinstance(v, int) and not isinstance(v, bool), v
+    if isinstance(t, type):
+        return isinstance(v, t), v
+    return True, v  # an annotation this check does not know: validate() has the last word
+
+
+def _check_types(cls: type[DLedgerConfig], data: dict[str, Any]) -> dict[str, Any]:
+    """Every value of the annotated type of its field (a TOML `peers = 5` names the key)."""
+    hints = typing.get_type_hints(cls)
+    out = dict(data)
+    for key, value in data.items():
+        ok, out[key] = _conform(hints[key], value)
+        if not ok:
+            raise ConfigError(f"{key} must be {_type_name(hints[key])}, not {_value_name(value)}")
+    return out
+
+
 @dataclass
 class DLedgerConfig:
     """One member's configuration; field names are SPEC §4's (snake_case of DLedger's)."""
@@ -96,6 +161,17 @@ class DLedgerConfig:
     max_frame_bytes: int = 64 * MiB
     metrics_port: int = 0  # 0: no metrics endpoint
     enable_fault_injection: bool = False  # answer FAULT (tests, chaos): off, so no client can cut links
+    # security (docs/security.md): mutual TLS between members and for clients, all three or none
+    tls_cert: str = ""  # this member's certificate (PEM); it must name self_id
+    tls_key: str = ""  # its private key (PEM)
+    tls_ca: str = ""  # the CA that signed every member's and client's certificate
+    auth_token: str = ""  # without TLS: a shared secret every connection must present first
+    peer_listen: str = ""  # member-only addresses, peers format; member messages only there when set
+    # bounded resources: what one misbehaving client can cost a member
+    max_connections: int = 1024  # accepted connections, both listeners together
+    idle_timeout_ms: int = 300_000  # a connection with no frame and nothing in flight this long is closed
+    frame_timeout_ms: int = 30_000  # a frame must arrive whole within this long of its first byte
+    max_read_bytes: int = 16 * MiB  # a READ answer never carries more, whatever the request asks
 
     def __post_init__(self) -> None:
         if self.max_body_bytes == 0:
@@ -105,6 +181,15 @@ class DLedgerConfig:
     @property
     def peer_map(self) -> dict[str, Peer]:
         return parse_peers(self.peers)
+
+    @property
+    def member_map(self) -> dict[str, Peer]:
+        """Where members reach each other: `peer_listen` when set, else `peers`."""
+        return parse_peers(self.peer_listen or self.peers)
+
+    @property
+    def tls_enabled(self) -> bool:
+        return bool(self.tls_cert)
 
     def validate(self) -> None:
         """Reject values that would corrupt data or never elect, naming the field."""
@@ -148,6 +233,25 @@ class DLedgerConfig:
             raise ConfigError("metrics_port must be 0 (off) or a TCP port")
         if not isinstance(self.enable_fault_injection, bool):
             raise ConfigError(f"enable_fault_injection must be true or false, not {self.enable_fault_injection!r}")
+        self._validate_security(peers)
+
+    def _validate_security(self, peers: dict[str, Peer]) -> None:
+        for name in ("tls_cert", "tls_key", "tls_ca", "auth_token", "peer_listen"):
+            if not isinstance(getattr(self, name), str):
+                raise ConfigError(f"{name} must be a string, not {getattr(self, name)!r}")
+        given = [n for n in ("tls_cert", "tls_key", "tls_ca") if getattr(self, n)]
+        if given and len(given) != 3:
+            raise ConfigError("tls_cert, tls_key and tls_ca go together: give all three or none")
+        if self.peer_listen:
+            members = parse_peers(self.peer_listen)
+            if list(members) != list(peers):
+                raise ConfigError(f"peer_listen names members {sorted(members)}, peers names {sorted(peers)}")
+            clash = {p.address for p in members.values()} & {p.address for p in peers.values()}
+            if clash:
+                raise ConfigError(f"peer_listen reuses client addresses {sorted(clash)}: give members other ports")
+        for name in ("max_connections", "idle_timeout_ms", "frame_timeout_ms", "max_read_bytes"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) <= 0:
+                raise ConfigError(f"{name} must be a positive integer, not {getattr(self, name)!r}")
 
     def replace(self, **changes: Any) -> DLedgerConfig:
         return dataclasses.replace(self, **changes)
@@ -162,9 +266,10 @@ class DLedgerConfig:
             data = dict(data)
             ids = data["preferred_leader_ids"]
             data["preferred_leader_ids"] = [s for s in re.split(r"[;,\s]+", ids) if s]
+        data = _check_types(cls, data)
         try:
             return cls(**data)
-        except TypeError as e:  # wrong value types surface as TypeError in comparisons
+        except TypeError as e:  # _check_types lets nothing through that should get here
             raise ConfigError(f"bad configuration value: {e}") from e
 
     @classmethod

@@ -55,12 +55,14 @@ class Entry(msgspec.Struct, frozen=True, gc=False):
 
 
 class CorruptRecord(DLedgerError):
-    """A record failed validation; `offset` is relative to the scanned buffer."""
+    """A record failed validation; `offset` is relative to the scanned buffer, `index` is the
+    index the record should hold (-1 when the caller did not say)."""
 
-    def __init__(self, reason: str, offset: int) -> None:
+    def __init__(self, reason: str, offset: int, index: int = -1) -> None:
         super().__init__(ResponseCode.DISK_ERROR, f"{reason} at offset {offset}")
         self.reason = reason
         self.offset = offset
+        self.index = index
 
 
 def chain_crc(index: int, term: int, body_crc: int, prev: int) -> int:
@@ -176,12 +178,12 @@ def scan(
                     stop = "zero"
                 else:
                     if strict:
-                        raise CorruptRecord(f"bad magic {magic}", off)
+                        raise CorruptRecord(f"bad magic {magic}", off, index)
                     stop = f"corrupt: bad magic {magic}"
                 break
             if off + HEADER_SIZE > end:
                 if strict:
-                    raise CorruptRecord("truncated header", off)
+                    raise CorruptRecord("truncated header", off, index)
                 stop = "end"
                 break
             (_, size, idx, term, rpos, channel, ccrc, bcrc, bsize) = unpack_header(mv, off)
@@ -215,7 +217,7 @@ def scan(
                         chain = next_chain
             if reason is not None:
                 if strict:
-                    raise CorruptRecord(reason, off)
+                    raise CorruptRecord(reason, off, index)
                 stop = "corrupt: " + reason
                 break
             if units is not None:

@@ -19,9 +19,10 @@ def make_cluster(tmp_path: Path) -> Iterator[MakeCluster]:
     clusters: list[Cluster] = []
 
     def make(n: int = 3, *, flush: str = "async", extra: Sequence[str] = (), metrics: bool = False,
-             fault_injection: bool = True) -> Cluster:
+             fault_injection: bool = True, tls_dir: Path | None = None, auth_token: str | None = None) -> Cluster:
         c = Cluster(n, tmp_path / f"cluster{len(clusters)}", flush=flush, extra=extra,
-                    metrics_base_port=free_port_run(n) if metrics else 0, fault_injection=fault_injection)
+                    metrics_base_port=free_port_run(n) if metrics else 0, fault_injection=fault_injection,
+                    tls_dir=tls_dir, auth_token=auth_token)
         clusters.append(c)
         c.start()
         return c

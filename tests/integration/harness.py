@@ -117,7 +117,8 @@ class Cluster:
     """One group run as OS processes through `dledger.local_cluster`."""
 
     def __init__(self, n: int, data_dir: Path, *, group: str = "it", flush: str = "async",
-                 extra: Sequence[str] = (), metrics_base_port: int = 0, fault_injection: bool = True) -> None:
+                 extra: Sequence[str] = (), metrics_base_port: int = 0, fault_injection: bool = True,
+                 tls_dir: Path | None = None, auth_token: str | None = None) -> None:
         self.ids = [f"n{k}" for k in range(n)]
         self.group = group
         self.data_dir = data_dir
@@ -127,7 +128,8 @@ class Cluster:
         self.metrics_base_port = metrics_base_port  # member k serves /metrics on this + k (0: none)
         # members obey FAULT (partition, isolate, heal) only when started with the flag
         args = [*extra, *(["--enable-fault-injection"] if fault_injection else [])]
-        self._lc = local_cluster(self.peers, group, data_dir, flush, "file", metrics_base_port, extra=args)
+        self._lc = local_cluster(self.peers, group, data_dir, flush, "file", metrics_base_port, extra=args,
+                                 tls_dir=tls_dir, auth_token=auth_token)
         self._all_procs: list[subprocess.Popen[bytes]] = []
         self._clients: list[DLedgerClient] = []
         self.down: set[str] = set()
@@ -168,7 +170,7 @@ class Cluster:
                 p.wait(timeout=10)
 
     def client(self, peers: str | None = None, timeout: float = 5.0) -> DLedgerClient:
-        c = DLedgerClient(peers or self.peers, self.group, timeout=timeout)
+        c = DLedgerClient(peers or self.peers, self.group, timeout=timeout, **self._lc.client_options())
         self._clients.append(c)
         return c
 
@@ -363,4 +365,5 @@ def read_all(client: DLedgerClient, member: str | None = None) -> dict[int, tupl
 
 class MakeCluster(Protocol):
     def __call__(self, n: int = 3, *, flush: str = "async", extra: Sequence[str] = (),
-                 metrics: bool = False, fault_injection: bool = True) -> Cluster: ...
+                 metrics: bool = False, fault_injection: bool = True, tls_dir: Path | None = None,
+                 auth_token: str | None = None) -> Cluster: ...

@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 
 from dledger.codes import RequestCode, ResponseCode
-from dledger.core.messages import PushResponse, Role, encode
+from dledger.core.messages import GetRequest, LeadershipTransferRequest, PushResponse, Role, encode
+from dledger.core.node import Reply
 from dledger.sim.cluster import SimCluster
 from dledger.sim.disk import SimDiskStore
 from dledger.store.base import AppendResult, StoreError
@@ -321,3 +322,164 @@ def test_the_leader_asks_a_stranded_follower_again_only_now_and_then() -> None:
     assert pushes["n"] < 40, f"{pushes['n']} pushes in 10 s to a follower that cannot be caught up"
     lead = c.leader()
     assert lead is not None and c._node(lead).dispatchers[b].needs_snapshot
+
+
+# --- issue 11, data faults ----------------------------------------------------------------------------
+
+
+def _write(c: SimCluster, leader: str, n: int) -> list[int]:
+    """Append n entries one by one; their indexes once all are acknowledged."""
+    ids = [c.append(leader, [f"body-{k}".encode()]) for k in range(n)]
+    assert c.run_until(lambda: all(i in c.client_results for i in ids), 10_000)
+    assert all(c.client_results[i].code == ResponseCode.SUCCESS for i in ids)
+    c.run(300)
+    return [c.client_results[i].index for i in ids]
+
+
+def _wipe(c: SimCluster, member: str) -> None:
+    """The member's store is lost (a new, empty disk) and it starts again."""
+    c.crash(member)
+    c.stores[member] = SimDiskStore()
+    c.start(member)
+
+
+def _no_scrub(c: SimCluster) -> None:
+    """Found only through the path under test, not by the background scrub."""
+    for n in c.nodes.values():
+        if n is not None:
+            n.scrub_entries = 0
+
+
+def _ask(c: SimCluster, member: str, code: int, msg: Any) -> Any:
+    """Send a client request to `member`; its answer (the member's other actions run as usual)."""
+    node = c._node(member)
+    node.handle(code, msg, b"", ("test",), c.now)
+    answer = None
+    for a in node.drain():
+        if isinstance(a, Reply) and a.token == ("test",):
+            answer = a.msg
+        elif isinstance(a, Reply):
+            c._reply(member, a)
+        else:
+            c._send(member, a)
+    return answer
+
+
+def test_a_wiped_follower_catches_up_while_the_group_is_idle() -> None:
+    """Issue 11: a follower whose store was wiped stayed empty until the next append, while
+    the leader still counted it as matched. Its heartbeat answers now report its log end."""
+    c, leader, a, _ = _steady(11)
+    _write(c, leader, 20)
+    end = c.stores[leader].end_index
+    _wipe(c, a)
+    assert c.run_until(lambda: c.stores[a].end_index == end and c.stores[a].committed_index == end, 5_000), \
+        (c.stores[a].end_index, end)
+    assert c.leader() == leader
+    assert not c.violations
+
+
+def test_a_corrupt_leader_hands_over_when_a_catching_up_follower_rejects_its_record() -> None:
+    """Issue 11: the leader holds a flipped body byte in a committed entry; a wiped follower
+    catching up from it rejected the pushed batch every 50 ms for ever, and the leader said
+    nothing. Now the follower names the record; the leader finds its own copy damaged, hands
+    leadership to the healthy follower, and is repaired from it."""
+    c, leader, a, b = _steady(12)
+    indexes = _write(c, leader, 20)
+    bad = indexes[5]
+    c.corrupt(leader, bad)
+    _wipe(c, a)
+    _no_scrub(c)
+    assert c.run_until(lambda: c.leader() == b, 10_000), f"leader {c.leader()}"
+    old = c._node(leader)
+    assert c.run_until(lambda: not c.damaged() and old.corrupt is None, 10_000), c.damaged()
+    assert old.records_repaired == 1
+    end = c.stores[b].end_index
+    assert c.run_until(lambda: all(c.stores[m].committed_index == end for m in c.ids), 10_000)
+    assert c.stores[a].get(bad).body == c.stores[leader].get(bad).body == b"body-5"
+    c.check_log_matching()
+    assert not c.violations
+
+
+def test_a_read_of_a_corrupt_record_moves_leadership_and_never_serves_it() -> None:
+    """Issue 11: every read of the damaged entry failed with DISK_ERROR (414) at a corrupt
+    leader although the followers held good copies. The read is now retried elsewhere (the
+    answer says so) and the corrupt member leads no more until it is repaired."""
+    c, leader, a, b = _steady(13)
+    indexes = _write(c, leader, 10)
+    bad = indexes[3]
+    c.corrupt(leader, bad)
+    _no_scrub(c)
+    resp = _ask(c, leader, RequestCode.GET, GetRequest(index=bad))
+    assert resp.code in (ResponseCode.LEADER_TRANSFERRING, ResponseCode.NOT_LEADER), resp
+    assert not resp.entries
+    node = c._node(leader)
+    assert node.corrupt is not None and node.corrupt[0] == bad
+    assert "corrupt record at index" in node.metadata().store_error
+    assert c.run_until(lambda: c.leader() in (a, b), 5_000)
+    new = c.leader()
+    assert new is not None
+    c.run(200)
+    ok = _ask(c, new, RequestCode.GET, GetRequest(index=bad))
+    assert ok.code == ResponseCode.SUCCESS and ok.entries[0].body == b"body-3"
+    assert c.run_until(lambda: node.corrupt is None and not c.damaged(), 10_000)
+    assert node.metadata().store_error == ""
+    assert not c.violations
+
+
+def test_a_corrupt_follower_does_not_take_leadership_and_is_repaired_by_the_scrub() -> None:
+    """A follower's damaged record is found by the idle scrub; it refuses a transfer (and does
+    not campaign) until the leader's REPAIR push restored it; its local read never serves it."""
+    c, leader, a, _ = _steady(14)
+    indexes = _write(c, leader, 10)
+    bad = indexes[7]
+    for n in c.nodes.values():
+        assert n is not None
+        n.scrub_entries = 0
+    c.corrupt(a, bad)
+    node = c._node(a)
+    local = _ask(c, a, RequestCode.GET, GetRequest(index=bad, local=True))
+    assert local.code == ResponseCode.DISK_ERROR and not local.entries
+    assert node.corrupt is not None and node.corrupt[0] == bad
+    # a refuses a hand-over (it would serve the damaged record), and does not campaign
+    term = c._node(leader).member.term
+    handover = LeadershipTransferRequest("default", leader, a, term, leader, a)
+    resp = _ask(c, a, RequestCode.LEADERSHIP_TRANSFER, handover)
+    assert resp.code == ResponseCode.TAKE_LEADERSHIP_FAILED and "corrupt" in resp.message, resp
+    assert node.member.role == Role.FOLLOWER and node.member.term == term
+    # the leader learns it from a's next heartbeat answer: it refuses a client's transfer to a
+    # at once, and repairs a
+    assert c.run_until(lambda: c._node(leader).elector.peer_corrupt.get(a, False), 2_000)
+    resp = _ask(c, leader, RequestCode.LEADERSHIP_TRANSFER, LeadershipTransferRequest(transferee_id=a))
+    assert resp is not None and resp.code == ResponseCode.TAKE_LEADERSHIP_FAILED, resp
+    assert c.run_until(lambda: node.corrupt is None and not c.damaged(), 10_000)
+    assert c.leader() == leader
+    assert node.records_repaired == 1 and c.stores[a].get(bad).body == b"body-7"
+    # the scrub alone: rot on the same follower, found without any read (within a pass,
+    # which starts at most SCRUB_PAUSE_MS after the last)
+    for n in c.nodes.values():
+        assert n is not None
+        n.scrub_entries = 16
+    c.corrupt(a, indexes[2])
+    assert c.run_until(lambda: node.corrupt is not None, 15_000)
+    assert c.run_until(lambda: node.corrupt is None and not c.damaged(), 10_000)
+    assert node.records_repaired == 2
+    assert not c.violations
+
+
+def test_a_record_damaged_on_every_copy_is_never_served_nor_invented() -> None:
+    """All copies bad: no member can repair it. The group must stay safe (no data invented,
+    no member serving it) and say so; none of the damaged members leads."""
+    c, leader, _, _ = _steady(15)
+    indexes = _write(c, leader, 5)
+    bad = indexes[1]
+    for m in c.ids:
+        c.corrupt(m, bad)
+    c.run(15_000)  # the scrub finds it everywhere
+    assert c.damaged() == sorted((m, bad) for m in c.ids)
+    assert all(c._node(m).corrupt is not None for m in c.ids)
+    assert c.leader() is None
+    for m in c.ids:
+        resp = _ask(c, m, RequestCode.GET, GetRequest(index=bad, local=True))
+        assert resp.code == ResponseCode.DISK_ERROR and not resp.entries
+        assert "corrupt record at index" in c._node(m).metadata().store_error
+    assert not c.violations

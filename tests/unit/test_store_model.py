@@ -236,7 +236,10 @@ def check_read(store: LedgerStore, m: Model, index: int, max_entries: int, max_b
         assert_entry(e, m, index + k)
     last = index + len(es) - 1
     total = sum(e.size for e in es)
-    assert last == m.end_index or len(es) == max_entries or total >= max_bytes
+    assert total <= max_bytes or len(es) == 1, "an answer holds more than max_bytes"
+    # it stops only at the end, at max_entries, or where the next record would not fit
+    assert (last == m.end_index or len(es) == max_entries
+            or total + HEADER_SIZE + len(m.entry(last + 1).body) > max_bytes)
 
 
 # --- the state machine ---------------------------------------------------------------

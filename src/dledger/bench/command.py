@@ -36,7 +36,8 @@ console = Console()
 @click.option("--conns", default=0, type=click.IntRange(0, 4096),
               help="Connections the clients share (as etcd's benchmark --conns) [one per client].")
 @click.option("--size", default=1024, show_default=True, type=click.IntRange(0, 4 << 20), help="Body bytes.")
-@click.option("--batch", default=1, show_default=True, type=click.IntRange(1, 100000), help="Bodies per request.")
+@click.option("--batch", default=1, show_default=True, type=click.IntRange(1, 10000),
+              help="Bodies per request (a member takes at most 10,000).")
 @click.option("--duration", default=10.0, show_default=True, type=click.FloatRange(0.1), help="Seconds.")
 @click.option("--count", default=0, type=click.IntRange(0), help="Stop after this many entries instead.")
 @click.option("--rate", default=0.0, type=click.FloatRange(0), help="Open loop: target entries/s.")
@@ -51,6 +52,8 @@ console = Console()
 @click.option("--base-port", default=0, type=int, help="Ports of the local group (default: free ones).")
 @click.option("--json", "json_path", default=None, type=click.Path(dir_okay=False), help="Write results as JSON.")
 @click.option("--plot", "plot_path", default=None, type=click.Path(dir_okay=False), help="Throughput/latency PNG.")
+@click.option("--tls", is_flag=True, help="Run the local group and the clients with mutual TLS (certificates made "
+                                        "for the run).")
 def bench(
     peers: str | None,
     nodes: int,
@@ -68,6 +71,7 @@ def bench(
     base_port: int,
     json_path: str | None,
     plot_path: str | None,
+    tls: bool,
 ) -> None:
     """Load generator: entries/s, MB/s, requests/s, latency percentiles, errors by code."""
     if procs > clients:
@@ -77,18 +81,25 @@ def bench(
     install_uvloop()
     spec = LoadSpec(peers or "", group, clients, size, batch, duration, count, rate, warmup, conns)
     if peers is not None:
+        if tls:
+            raise click.UsageError("--tls is for a local group (give no --peers)")
         parse_peers(peers)
         result = _run(spec, procs)
         label = "external group"
     else:
         port = base_port or free_port_run(nodes)
         spec.peers = format_peers({f"n{k}": Peer(f"n{k}", "127.0.0.1", port + k) for k in range(nodes)})
-        with (
-            tempfile.TemporaryDirectory(prefix="dledger-bench-") as d,
-            local_cluster(spec.peers, group, Path(d), flush=flush),
-        ):
-            result = _run(spec, procs)
-        label = f"local {nodes} members, flush={flush}"
+        with tempfile.TemporaryDirectory(prefix="dledger-bench-") as d:
+            tls_dir = None
+            if tls:
+                from dledger.security.certs import make_certs
+
+                tls_dir = Path(d) / "certs"
+                make_certs(tls_dir, [f"n{k}" for k in range(nodes)])
+                spec.tls_dir = str(tls_dir)
+            with local_cluster(spec.peers, group, Path(d), flush=flush, tls_dir=tls_dir):
+                result = _run(spec, procs)
+        label = f"local {nodes} members, flush={flush}{', TLS' if tls else ''}"
     report = result.report()
     report["config"] = {
         "target": label,

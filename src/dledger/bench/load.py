@@ -24,9 +24,11 @@ import time
 from array import array
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 from dledger.codes import DLedgerError, ResponseCode
+from dledger.local_cluster import client_tls
 from dledger.runtime.client import AsyncDLedgerClient
 
 log = logging.getLogger(__name__)
@@ -46,6 +48,7 @@ class LoadSpec:
     rate: float = 0.0  # entries/s, open loop; 0: closed loop
     warmup: float = 1.0
     conns: int = 0  # connections the clients share (as etcd's benchmark --conns); 0: one per client
+    tls_dir: str = ""  # certificates from `dledger certs`: the clients connect with client.pem (mutual TLS)
 
 
 @dataclass
@@ -169,7 +172,8 @@ async def run_load(
     # one AsyncDLedgerClient per connection; clients beyond that share them (requests are
     # multiplexed by request id, and those sent in one loop iteration share one write)
     n_conns = min(spec.conns or spec.clients, spec.clients)
-    clients = [AsyncDLedgerClient(spec.peers, spec.group, timeout=10.0) for _ in range(n_conns)]
+    tls = client_tls(Path(spec.tls_dir)) if spec.tls_dir else None
+    clients = [AsyncDLedgerClient(spec.peers, spec.group, timeout=10.0, tls=tls) for _ in range(n_conns)]
     try:
         await clients[0].metadata()  # fail fast on an unreachable group
         if ready is not None:

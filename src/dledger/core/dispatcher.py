@@ -18,7 +18,15 @@ drops the follower's entries past it, APPEND streams records. Improvements:
   mode only what the follower reports both fsynced and equal to our log
   (`durable_index` of its answers, see handler), whichever path reported the match;
 - a follower whose disk cannot write (DISK_FULL / DISK_ERROR) is retried after a
-  heartbeat interval, not re-probed in a tight loop.
+  heartbeat interval, not re-probed in a tight loop;
+- data faults: a follower that rejects a pushed record as damaged (`bad_index`) makes
+  us verify our own copy: damaged, we are corrupt (the node hands leadership over);
+  intact, we warn (rate-limited, naming follower, index and reason) and retry every
+  heartbeat interval. A follower reporting a corrupt record of its own
+  (`corrupt_index`) gets our verified copies in REPAIR pushes, beside replication;
+- a follower whose answers show a log ending below what it had acknowledged (its
+  store wiped, its unsynced tail lost) is matched again at once (`lost_match`), even
+  when nothing new is appended, and no longer counts toward the commit.
 """
 
 from __future__ import annotations
@@ -32,6 +40,7 @@ import msgspec
 
 from dledger.codes import DISK_FAULTS, PushType, RequestCode, ResponseCode
 from dledger.core.messages import PushRequest, PushResponse
+from dledger.entry import HEADER, scan
 
 if TYPE_CHECKING:
     from dledger.core.node import Node
@@ -40,6 +49,7 @@ log = logging.getLogger(__name__)
 
 
 STRANDED_RETRY_MS = 1000
+WARN_EVERY_MS = 10_000  # one warning per kind and follower in this time; the next says how many were held back
 
 
 class State(IntEnum):
@@ -69,6 +79,10 @@ class EntryDispatcher:
         self.paused_until = 0  # its disk failed: retry from then
         self.disk_fault = False  # logged once per episode
         self.needs_snapshot = False  # it needs entries below our log begin (metric, logged once)
+        self.repair_index = -1  # the follower's first corrupt record, to send again (-1: none)
+        self.repair_busy = False  # a REPAIR push is in flight
+        self.repair_paused_until = 0
+        self._warned: dict[str, tuple[int, int]] = {}  # kind -> (last warning at, warnings held back since)
 
     # --- state changes ---------------------------------------------------------------
 
@@ -90,7 +104,10 @@ class EntryDispatcher:
 
     def pump(self) -> None:
         node = self.node
-        if not node.member.is_leader or node.now < self.paused_until:
+        if not node.member.is_leader:
+            return
+        self._pump_repair()
+        if node.now < self.paused_until or not node.member.is_leader:
             return
         if self.state == State.APPEND:
             self._send_appends()
@@ -155,6 +172,10 @@ class EntryDispatcher:
 
     def on_response(self, ctx: Any, resp: msgspec.Struct | None) -> None:
         _, _, epoch, seq, kind, prev_index, term = ctx
+        if kind == PushType.REPAIR:  # beside the COMPARE / APPEND states: epochs do not apply
+            if term == self.node.member.term and self.node.member.is_leader:
+                self._on_repair(prev_index, resp)
+            return
         # every term's dispatchers count epochs from 0: the term tells an answer to a push
         # of an earlier leadership of ours apart
         if epoch != self.epoch or term != self.node.member.term or not self.node.member.is_leader:
@@ -165,6 +186,14 @@ class EntryDispatcher:
                 return
             if resp.term == self.node.member.term:
                 self.note_durable(resp.durable_index)
+                self.note_corrupt(resp.corrupt_index)
+            if resp.code != ResponseCode.SUCCESS and resp.bad_index >= 0:
+                self._on_rejected_record(resp)
+                self.node.request_pump()
+                return
+            if resp.code != ResponseCode.SUCCESS and resp.corrupt_index >= 0:
+                # its own record is damaged: REPAIR runs beside; do not re-probe in a tight loop
+                self.paused_until = self.node.now + self.node.cfg.heart_beat_time_interval_ms
             if resp.code == ResponseCode.SUCCESS:
                 self.node.elector.ack(self.peer)
                 self.disk_fault = False
@@ -280,10 +309,13 @@ class EntryDispatcher:
         self.early[seq] = resp
         # apply strictly in send order
         while self.inflight and self.inflight[0][0] in self.early:
-            head_seq, _first, last = self.inflight[0]
+            head_seq, first, last = self.inflight[0]
             r = self.early.pop(head_seq)
             if r is None or r.code != ResponseCode.SUCCESS:
-                why = "timeout or network error" if r is None else f"answered {ResponseCode(r.code).name}"
+                why = "timeout or network error" if r is None else f"answered {_code_name(r.code)}"
+                if r is not None and r.reason:
+                    self._warn("append", "push to %s of entries %d..%d rejected (%s): %s", self.peer, first, last,
+                               _code_name(r.code), r.reason)
                 self.reset(self.next_index - 1, why)
                 return
             self.inflight.popleft()
@@ -296,6 +328,122 @@ class EntryDispatcher:
             if self.node.cfg.flush == "async":
                 self.node.quorum.ack(self.peer, index)
 
+    # --- data faults ------------------------------------------------------------------------
+
+    def _warn(self, kind: str, msg: str, *args: Any) -> None:
+        """A warning at most once per WARN_EVERY_MS per kind; the next one counts those held back."""
+        now = self.node.now
+        at, held = self._warned.get(kind, (-(1 << 62), 0))
+        if now - at < WARN_EVERY_MS:
+            self._warned[kind] = (at, held + 1)
+            return
+        if held:
+            msg += f" ({held} more since the last warning)"
+        log.warning(msg, *args)
+        self._warned[kind] = (now, 0)
+
+    def _on_rejected_record(self, resp: PushResponse) -> None:
+        """The follower found one of the records we pushed damaged: check our own copy."""
+        node, store = self.node, self.node.store
+        i = resp.bad_index
+        own = store.verify(i) if store.begin_index <= i <= store.end_index else None
+        if own is not None:
+            self._warn("rejected", "push to %s: it rejects our record %d (%s), and our copy is damaged: %s",
+                       self.peer, i, resp.reason, own)
+            self.reset(self.next_index - 1, f"our record {i} is damaged")
+            node.mark_corrupt(i, own)  # hands leadership over (or steps down)
+            return
+        hb = node.cfg.heart_beat_time_interval_ms
+        self._warn("rejected", "push to %s: it rejects our record %d (%s), which verifies here (a network or "
+                   "disk fault on its side?); retrying every %d ms", self.peer, i, resp.reason, hb)
+        self.paused_until = node.now + hb
+        self.reset(self.next_index - 1, f"record {i} rejected: {resp.reason}")
+
+    def note_corrupt(self, index: int) -> None:
+        """The follower's answers report its first corrupt record (-1: none): repair it."""
+        self.node.elector.peer_corrupt[self.peer] = index >= 0
+        if index < 0:
+            if self.repair_index >= 0 and not self.repair_busy:
+                log.info("push to %s: it reports no corrupt record any more", self.peer)
+                self.repair_index = -1
+            return
+        if index != self.repair_index:
+            if self.repair_index < 0:
+                log.warning("push to %s: it reports a corrupt record at index %d; sending it our copy",
+                            self.peer, index)
+            self.repair_index = index
+            self.node.request_pump()
+
+    def _pump_repair(self) -> None:
+        """Send the follower our copies of the records from its first corrupt one (verified
+        here first: a damaged copy of ours is never sent; it makes us corrupt instead)."""
+        node = self.node
+        if self.repair_index < 0 or self.repair_busy or node.now < self.repair_paused_until:
+            return
+        store, hb = node.store, node.cfg.heart_beat_time_interval_ms
+        i = self.repair_index
+        if i < store.begin_index:
+            self._warn("repair", "follower %s: its record %d is corrupt and ours was deleted by retention (log "
+                       "begins at %d): it cannot be repaired from us", self.peer, i, store.begin_index)
+            self.repair_paused_until = node.now + STRANDED_RETRY_MS
+            return
+        if i > store.end_index:  # not an entry of ours: replication truncates it
+            self.repair_paused_until = node.now + hb
+            return
+        raw = store.read_raw(i, node.cfg.max_batch_push_bytes)
+        data = bytes(raw.data)
+        raw.data.release()
+        res = scan(data, 0, len(data), i, HEADER.unpack_from(data, 0)[4], store.chain_at(i - 1),
+                   store.term_at(i - 1))
+        if res.count < raw.count:
+            bad = i + res.count
+            node.mark_corrupt(bad, f"record {bad}, read to repair {self.peer}: {res.stop.removeprefix('corrupt: ')}")
+            if res.count == 0 or not node.member.is_leader:
+                return
+        m = node.member
+        req = PushRequest(m.group, m.self_id, self.peer, m.term, int(PushType.REPAIR), i - 1, store.term_at(i - 1),
+                          i, res.count, store.committed_index)
+        self.repair_busy = True
+        node.send(self.peer, RequestCode.PUSH, req, ("push", self.peer, self.epoch, 0, int(PushType.REPAIR), i, m.term),
+                  data[: res.consumed])
+
+    def _on_repair(self, first: int, resp: msgspec.Struct | None) -> None:
+        node = self.node
+        self.repair_busy = False
+        hb = node.cfg.heart_beat_time_interval_ms
+        if not isinstance(resp, PushResponse):
+            self.repair_paused_until = node.now + hb
+            node.request_pump()
+            return
+        if node.elector.observe_term(resp.term):
+            return
+        if resp.code == ResponseCode.SUCCESS:
+            node.elector.ack(self.peer)
+            if resp.corrupt_index < 0:
+                log.warning("push to %s: its corrupt records are repaired", self.peer)
+            elif resp.corrupt_index == first:  # still damaged after our copy: do not loop
+                self._warn("repair", "push to %s: record %d still corrupt there after a repair", self.peer, first)
+                self.repair_paused_until = node.now + hb
+        else:
+            self._warn("repair", "push to %s: repair from %d failed (%s): %s; retrying every %d ms", self.peer, first,
+                       _code_name(resp.code), resp.reason, hb)
+            self.repair_paused_until = node.now + hb
+        self.note_corrupt(resp.corrupt_index)
+        node.request_pump()
+
+    def lost_match(self, end: int, matched: int) -> None:
+        """The follower's log ends at `end`, below the `matched` it had acknowledged (its store
+        was wiped, or a crash cut its unsynced tail): it no longer counts toward the commit;
+        match it again now rather than on the next append."""
+        log.warning("push to %s: its log ends at %d, below the %d it had acknowledged (store wiped or tail "
+                    "lost); matching again", self.peer, end, matched)
+        self.match_index = self.compare_floor = self.durable = -1
+        self.follower_commit = -1
+        self.node.quorum.match[self.peer] = -1
+        self.paused_until = 0
+        self.reset(end, "its log ends below its match")
+        self.node.request_pump()
+
     def note_durable(self, durable: int) -> None:
         """The follower's fsynced prefix equal to our log (any answer carries it); in sync
         mode it is what counts toward the commit."""
@@ -303,3 +451,7 @@ class EntryDispatcher:
             self.durable = durable
             if self.node.cfg.flush == "sync":
                 self.node.quorum.ack(self.peer, durable)
+
+
+def _code_name(code: int) -> str:
+    return ResponseCode(code).name if code in ResponseCode._value2member_map_ else str(code)

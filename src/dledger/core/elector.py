@@ -10,7 +10,9 @@ Differences from DLedger, on purpose:
 - leader stickiness: a real vote is refused while the voter hears from a
   live leader, unless the candidate runs on the leader's behalf (transfer);
 - a member whose store cannot write does not campaign (it would win and fail
-  every append), and a win whose NOOP cannot be stored ends as a follower.
+  every append), and a win whose NOOP cannot be stored ends as a follower;
+- a member holding a corrupt record neither campaigns nor takes a transfer until
+  the leader repaired it (it still votes: its log end and last term are unchanged).
 """
 
 from __future__ import annotations
@@ -68,6 +70,7 @@ class LeaderElector:
         self.leader_since = 0
         self.last_ack: dict[str, int] = {}
         self.peer_full: dict[str, bool] = {}  # followers refusing client appends (disk full), from heartbeats
+        self.peer_corrupt: dict[str, bool] = {}  # followers reporting a corrupt record: no leadership to them
         self.transfer: _Transfer | None = None
         self.awaiting: _Transfer | None = None  # transfer handed over; waiting for the new leader
         self.elections = 0  # real (not pre-vote) rounds started, for metrics
@@ -135,9 +138,9 @@ class LeaderElector:
 
     def _campaign(self) -> None:
         """Start a pre-vote round, unless our store cannot write: then wait another timeout."""
-        if self.node.unwritable() is not None:
+        if self.node.unwritable() is not None or self.node.corrupt is not None:
             if self.node.member.role == Role.CANDIDATE:
-                self.node.step_down("its store cannot write")
+                self.node.step_down("its store cannot write" if self.node.corrupt is None else "a record is corrupt")
             self.election_deadline = self.node.now + self._election_timeout()
             return
         self.start_round(pre_vote=True)
@@ -289,7 +292,7 @@ class LeaderElector:
             self.node.follow_retention_floor(req.retention_floor, req.retention_holder)
         code = ResponseCode.SUCCESS if err is None else err
         resp = HeartBeatResponse(int(code), m.term, m.leader_id or "", self.node.handler.durable_match(),
-                                 self.node.full() is not None)
+                                 self.node.full() is not None, self.node.store.end_index, self.node.corrupt_index)
         self.node.reply(token, RequestCode.HEART_BEAT, resp)
 
     def _send_heartbeats(self) -> None:
@@ -297,10 +300,13 @@ class LeaderElector:
         floor, holder = node.retention_floor()
         for p in m.others:
             req = HeartBeatRequest(m.group, m.self_id, p, m.term, node.store.committed_index, floor, holder)
-            node.send(p, RequestCode.HEART_BEAT, req, ("hb", p, m.term), timeout_ms=self.leader_lease_ms)
+            d = node.dispatchers.get(p)
+            # what it had acknowledged when we asked: its answer must not report less
+            matched = d.match_index if d is not None else -1
+            node.send(p, RequestCode.HEART_BEAT, req, ("hb", p, m.term, matched), timeout_ms=self.leader_lease_ms)
 
     def on_heartbeat_response(self, ctx: Any, resp: msgspec.Struct | None) -> None:
-        _, peer, term = ctx
+        _, peer, term, matched = ctx
         if resp is None:
             return
         assert isinstance(resp, HeartBeatResponse)
@@ -309,9 +315,13 @@ class LeaderElector:
         if resp.code == ResponseCode.SUCCESS and term == self.node.member.term:
             self.ack(peer)
             self.peer_full[peer] = resp.store_full
+            self.peer_corrupt[peer] = resp.corrupt_index >= 0
             d = self.node.dispatchers.get(peer)
             if d is not None:
+                if resp.end_index is not None and resp.end_index < matched:
+                    d.lost_match(resp.end_index, matched)  # wiped, or lost its tail: catch it up now
                 d.note_durable(resp.durable_index)  # how a follower's fsync after a COMPARE reaches the commit
+                d.note_corrupt(resp.corrupt_index)
 
     def ack(self, peer: str) -> None:
         """Any successful answer from a follower proves it still follows us."""
@@ -342,6 +352,12 @@ class LeaderElector:
                 resp = SimpleResponse(failed, m.term, m.leader_id or "", fault.message)
                 node.reply(token, RequestCode.LEADERSHIP_TRANSFER, resp)
                 return
+            if node.corrupt is not None:  # we would serve a damaged record
+                failed = int(ResponseCode.TAKE_LEADERSHIP_FAILED)
+                why = f"{m.self_id} holds a corrupt record at index {node.corrupt[0]}"
+                resp = SimpleResponse(failed, m.term, m.leader_id or "", why)
+                node.reply(token, RequestCode.LEADERSHIP_TRANSFER, resp)
+                return
             node.reply(token, RequestCode.LEADERSHIP_TRANSFER, SimpleResponse(200, m.term))
             self.start_round(pre_vote=False, transfer=True)
             return
@@ -353,6 +369,11 @@ class LeaderElector:
             err = ResponseCode.UNKNOWN_MEMBER
         elif self.transfer is not None:
             err = ResponseCode.LEADER_TRANSFERRING
+        elif self.peer_corrupt.get(target, False):
+            why = f"{target} reports a corrupt record; it takes no leadership until it is repaired"
+            failed = int(ResponseCode.TAKE_LEADERSHIP_FAILED)
+            node.reply(token, RequestCode.LEADERSHIP_TRANSFER, SimpleResponse(failed, m.term, m.leader_id or "", why))
+            return
         if err is not None:
             node.reply(token, RequestCode.LEADERSHIP_TRANSFER, SimpleResponse(int(err), m.term, m.leader_id or ""))
             return
@@ -411,6 +432,6 @@ class LeaderElector:
             d = node.dispatchers.get(pid)
             alive = node.now - self.last_ack.get(pid, -(1 << 62)) < self.leader_lease_ms
             if d is not None and alive and not self.peer_full.get(pid) and not d.disk_fault \
-                    and d.match_index >= node.store.end_index:
+                    and not self.peer_corrupt.get(pid) and d.match_index >= node.store.end_index:
                 self.begin_transfer(pid, None)
                 return

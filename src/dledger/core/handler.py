@@ -12,6 +12,13 @@ The chain CRC of the first pushed record covers our whole log before it, so a
 successful append proves our log matches the leader's up to its last entry;
 `matched_index` records that, and bounds the commit index we accept.
 
+Data faults: a pushed record that fails verification is answered with its index and
+the reason (`bad_index`, `reason`), never a bare mismatch the leader would retry
+forever; the leader then checks its own copy. Our own records that fail verification
+(found by reads, the node's scrub, or here) mark the node corrupt; every answer then
+carries `corrupt_index` and the leader sends those records again (REPAIR), which
+overwrite ours in place once they match what our index says of them.
+
 Every answer (pushes and heartbeats) reports `durable_index`: min(fsynced end,
 matched_index), the prefix that is both on our disk and equal to the leader's log.
 In `sync` flush mode the leader counts only that toward the commit, whatever path
@@ -29,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 from dledger.codes import DISK_FAULTS, DLedgerError, PushType, RequestCode, ResponseCode
 from dledger.core.messages import PushRequest, PushResponse
 from dledger.entry import HEADER, HEADER_SIZE
+from dledger.store.base import CorruptEntryError, PushRejected, StoreError
 
 if TYPE_CHECKING:
     from dledger.core.node import Node
@@ -96,11 +104,18 @@ class EntryHandler:
             elif kind == PushType.COMMIT:
                 self.update_commit(req.committed_index)
                 self._answer(token, ResponseCode.SUCCESS, req)
+            elif kind == PushType.REPAIR:
+                self._repair(req, data, token)
             else:
                 self._answer(token, ResponseCode.UNSUPPORTED, req)
+        except CorruptEntryError as e:
+            # one of our own records fails verification: the answer names it (corrupt_index),
+            # and the leader sends it again
+            node.mark_corrupt(e.index, e.message)
+            self._answer(token, ResponseCode.INCONSISTENT_STATE, req, reason=e.message)
         except DLedgerError as e:
-            log.warning("push %s from %s failed: %s", PushType(kind).name, req.leader_id, e)
-            self._answer(token, _failure_code(e), req)
+            log.warning("push %s from %s failed: %s", _kind_name(kind), req.leader_id, e)
+            self._answer(token, _failure_code(e), req, reason=e.message)
         store = node.store
         if node.cfg.flush == "sync" and store.durable_index < store.end_index:
             store.request_flush()  # what a COMPARE or a retried push matched must become durable too
@@ -142,6 +157,7 @@ class EntryHandler:
                      self.node.member.self_id, i, store.end_index, req.leader_id)
             self._fail_unsynced(i)
             store.truncate(i + 1)
+            self.node.forget_corrupt_above(i)
         self._match(i)
         self.update_commit(req.committed_index)
         self._answer(token, ResponseCode.SUCCESS, req)
@@ -172,13 +188,17 @@ class EntryHandler:
 
     def _write(self, req: PushRequest, data: memoryview | bytes | bytearray, token: Any) -> None:
         store = self.node.store
+        first = store.end_index + 1
         try:
             end = store.append_as_follower(data)
+        except PushRejected as e:
+            self._rejected(req, first, e, token)
+            return
         except DLedgerError as e:
-            # a chain CRC mismatch means our log differs before this push; a disk that cannot
-            # write says so (DISK_FULL / DISK_ERROR), so the leader backs off instead of re-probing
+            # a disk that cannot write says so (DISK_FULL / DISK_ERROR), so the leader backs
+            # off instead of re-probing
             log.info("%s: push at %d rejected: %s", self.node.member.self_id, req.first_index, e.message)
-            self._answer(token, _failure_code(e), req)
+            self._answer(token, _failure_code(e), req, reason=e.message)
             return
         self._match(end)
         self.update_commit(req.committed_index)
@@ -187,6 +207,60 @@ class EntryHandler:
             store.request_flush()
         else:
             self._answer(token, ResponseCode.SUCCESS, req)
+
+    def _rejected(self, req: PushRequest, first: int, e: PushRejected, token: Any) -> None:
+        """A pushed record failed verification. A chain CRC mismatch on the first record
+        means our log differs before the push (the leader re-probes), unless we hold the
+        leader's (prev_index, prev_term): then one of the two copies is damaged. Anything
+        else is a damaged record (or a misconfigured member): the answer names it, so the
+        leader checks its own copy and says so, instead of retrying for ever in silence."""
+        store, node = self.node.store, self.node
+        me = node.member.self_id
+        if e.index == first and e.reason == "chain crc mismatch":
+            prev = first - 1
+            same_prev = first > req.first_index or (
+                req.prev_index == prev and store.term_at(prev) == req.prev_term)
+            if not same_prev:
+                log.info("%s: push at %d rejected: %s", me, req.first_index, e.message)
+                self._answer(token, ResponseCode.INCONSISTENT_STATE, req)
+                return
+            own = store.verify(prev) if prev >= store.begin_index else None
+            if own is not None:
+                node.mark_corrupt(prev, own)
+                self._answer(token, ResponseCode.INCONSISTENT_STATE, req, reason=own)
+                return
+        log.warning("%s: push from %s at %d rejected: %s", me, req.leader_id, req.first_index, e.message)
+        self._answer(token, ResponseCode.INCONSISTENT_STATE, req, bad_index=e.index, reason=e.message)
+
+    # --- REPAIR ----------------------------------------------------------------------------------
+
+    def _repair(self, req: PushRequest, data: memoryview | bytes | bytearray, token: Any) -> None:
+        """Records we hold, sent again by the leader: each of ours that fails verification is
+        overwritten with the leader's (the store checks it is the same entry), the others
+        are left alone. The answer's corrupt_index says what is still damaged."""
+        node, store = self.node, self.node.store
+        off, index, n = 0, req.first_index, len(data)
+        repaired: list[int] = []
+        try:
+            while off < n and index <= store.end_index:
+                if n - off < HEADER_SIZE:
+                    raise StoreError(ResponseCode.UNEXPECTED_ARGUMENT, "repair push holds no whole record")
+                size = HEADER.unpack_from(data, off)[1]
+                if size < HEADER_SIZE or off + size > n:
+                    raise StoreError(ResponseCode.UNEXPECTED_ARGUMENT, f"repair record {index} has a bad size {size}")
+                if index >= store.begin_index and store.verify(index) is not None:
+                    store.repair(index, memoryview(data)[off : off + size])
+                    repaired.append(index)
+                off += size
+                index += 1
+        except StoreError as e:
+            log.warning("%s: repair from %s at %d failed: %s", node.member.self_id, req.leader_id, index, e.message)
+            node.repaired(req.first_index, index - 1, repaired)
+            self._answer(token, _failure_code(e), req, reason=e.message)
+            return
+        node.repaired(req.first_index, index - 1, repaired)
+        self.update_commit(req.committed_index)
+        self._answer(token, ResponseCode.SUCCESS, req)
 
     def _fall_behind(self, req: PushRequest, data: memoryview | bytes | bytearray, token: Any) -> None:
         """A retried push we already hold: succeed only if our copy is the same."""
@@ -206,8 +280,10 @@ class EntryHandler:
             if n - off < HEADER_SIZE:
                 return None  # a torn or forged push: no whole header (struct.error before)
             _, size, idx, _term, _, _, chain, _, _ = HEADER.unpack_from(data, off)
+            # the stored chain CRC field, not a verified read: a damaged body of ours is the
+            # same entry (repaired separately), and must not fail every retried push
             if size < HEADER_SIZE or idx != index or index < store.begin_index or \
-                    store.get(index).chain_crc != chain:
+                    store.chain_at(index) != chain:
                 return None  # (a size of 0 looped here for ever)
             off += size
             index += 1
@@ -256,12 +332,20 @@ class EntryHandler:
 
     # --- answers ----------------------------------------------------------------------------------
 
-    def _response(self, code: ResponseCode, x_index: int = -1, x_term: int = -1) -> PushResponse:
-        store = self.node.store
-        return PushResponse(int(code), self.node.member.term, store.end_index, x_index, x_term, self.durable_match())
+    def _response(self, code: ResponseCode, x_index: int = -1, x_term: int = -1, bad_index: int = -1,
+                  reason: str = "") -> PushResponse:
+        node = self.node
+        store = node.store
+        return PushResponse(int(code), node.member.term, store.end_index, x_index, x_term, self.durable_match(),
+                            node.corrupt_index, bad_index, reason[:512])
 
-    def _answer(self, token: Any, code: ResponseCode, req: PushRequest, x_index: int = -1, x_term: int = -1) -> None:
-        self.node.reply(token, RequestCode.PUSH, self._response(code, x_index, x_term))
+    def _answer(self, token: Any, code: ResponseCode, req: PushRequest, x_index: int = -1, x_term: int = -1,
+                bad_index: int = -1, reason: str = "") -> None:
+        self.node.reply(token, RequestCode.PUSH, self._response(code, x_index, x_term, bad_index, reason))
+
+
+def _kind_name(kind: int) -> str:
+    return PushType(kind).name if kind in PushType._value2member_map_ else str(kind)
 
 
 def _failure_code(e: DLedgerError) -> ResponseCode:

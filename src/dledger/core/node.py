@@ -3,6 +3,9 @@
 Inputs, each with the current time in ms: `handle` (a request), `on_response`
 (the answer to a request this node sent, or None when the transport failed),
 `tick`, `on_durable` (the store's flush thread made entries durable).
+Data faults: a member that finds one of its records corrupt (a read, the scrub of
+idle ticks, a push) marks itself corrupt (`corrupt`): it hands leadership over, does
+not campaign, and reports the index until the leader's REPAIR push restored it.
 Outputs: `drain()` returns the actions to execute: `Send` a request to a peer,
 `Reply` to a request. The node reads no clock and does no I/O besides its
 LedgerStore, whose appends only touch memory or the page cache.
@@ -17,7 +20,7 @@ from typing import Any, TypeGuard
 
 import msgspec
 
-from dledger.codes import DISK_FAULTS, DLedgerError, RequestCode, ResponseCode
+from dledger.codes import DISK_FAULTS, DLedgerError, PushType, RequestCode, ResponseCode
 from dledger.config import DLedgerConfig
 from dledger.core.dispatcher import EntryDispatcher
 from dledger.core.elector import LeaderElector
@@ -40,14 +43,22 @@ from dledger.core.messages import (
     Role,
     SimpleResponse,
     VoteRequest,
+    is_member_message,
 )
 from dledger.core.quorum import QuorumAckChecker
 from dledger.entry import MAGIC_NORMAL
-from dledger.store.base import AppendResult, LedgerStore, StoreError
-
-_MEMBER_CODES = frozenset((RequestCode.VOTE, RequestCode.HEART_BEAT, RequestCode.PUSH))
+from dledger.store.base import AppendResult, CorruptEntryError, LedgerStore, StoreError
 
 log = logging.getLogger(__name__)
+
+# What an entry costs an answer beyond its body (its fields, encoded): empty bodies count too.
+_ENTRY_OVERHEAD = 48
+
+# The scrub: in ticks with no append and no push, verify up to this many committed records
+# (or bytes), cycling over the log; a pass that reached the commit index waits SCRUB_PAUSE_MS.
+SCRUB_ENTRIES = 16
+SCRUB_BYTES = 256 << 10
+SCRUB_PAUSE_MS = 10_000
 
 
 @dataclass(slots=True)
@@ -87,6 +98,14 @@ class Node:
         self._appends: list[tuple[Any, list[bytes]]] = []  # client appends taken since the last drain
         # a write that failed although the store did not report itself failed: no campaign until then
         self._store_fault: tuple[StoreError, int] | None = None
+        # (index, reason) of our first record known to fail verification: no leading, no campaign
+        self.corrupt: tuple[int, str] | None = None
+        self.corruptions_found = 0  # records found corrupt here (metrics)
+        self.records_repaired = 0  # records rewritten from the leader's copy (metrics)
+        self.scrub_entries = SCRUB_ENTRIES  # per idle tick (0: no scrub)
+        self._scrub_next = store.begin_index
+        self._scrub_at = now_ms  # a (re)started member checks its log soon
+        self._active = False  # an append or a push came since the last tick: no scrub then
         # until a leader says what its followers need, retention deletes nothing (any member may
         # lead next, and a follower needing a deleted prefix could never catch up)
         store.set_retention_floor(store.begin_index, "a follower (no leader known yet)")
@@ -102,6 +121,9 @@ class Node:
             return
         try:
             self._dispatch(code, msg, data, token)
+        except CorruptEntryError as e:
+            self.reply(token, code, _error_for(code, e.code, self, e.message))
+            self.mark_corrupt(e.index, e.message)
         except DLedgerError as e:
             self.reply(token, code, _error_for(code, e.code, self, e.message))
             if self._hard_fault(e):
@@ -113,7 +135,7 @@ class Node:
         try:
             self._on_response(ctx, resp)
         except StoreError as e:  # e.g. persisting a higher term on a full disk
-            self.store_failed(e)
+            self.store_error(e)
 
     def _on_response(self, ctx: Any, resp: msgspec.Struct | None) -> None:
         kind = ctx[0]
@@ -133,6 +155,9 @@ class Node:
         try:
             if self.member.is_leader and (err := self.unwritable()) is not None:
                 self.step_down(f"its store cannot write: {err.message}")
+            if self.member.is_leader and self.corrupt is not None and not self.elector.transferring:
+                # no healthy follower took over in time (or none could): leave anyway
+                self.step_down(f"corrupt record at index {self.corrupt[0]}")
             self.elector.tick()
             if self.member.is_leader:
                 self.quorum.expire(now_ms)
@@ -141,8 +166,9 @@ class Node:
                 self._hold_retention()
                 self._relieve_pressure()
             self.handler.tick()
+            self._scrub()
         except StoreError as e:
-            self.store_failed(e)
+            self.store_error(e)
 
     def on_durable(self, index: int, now_ms: int) -> None:
         """The flush thread made entries durable. Its `index` is a hint delivered late (a
@@ -171,6 +197,107 @@ class Node:
             return False
         return e.code != ResponseCode.DISK_FULL or self.store.pressure_error() is None
 
+    def store_error(self, e: StoreError) -> None:
+        """A store operation failed: a corrupt record, or a write that failed."""
+        if isinstance(e, CorruptEntryError):
+            self.mark_corrupt(e.index, e.message)
+        else:
+            self.store_failed(e)
+
+    # --- corrupt records ---------------------------------------------------------------------
+
+    @property
+    def corrupt_index(self) -> int:
+        return self.corrupt[0] if self.corrupt is not None else -1
+
+    def mark_corrupt(self, index: int, reason: str) -> None:
+        """One of our records fails verification. We keep the log as it is (its end and last
+        term decide votes: shrinking it could let a candidate lacking committed entries win
+        ours), say so loudly, leave leadership and stay out of elections until the leader's
+        copy restored it (`repaired`)."""
+        known = self.corrupt
+        if known is not None and known[0] <= index:
+            return
+        m = self.member
+        self.corrupt = (index, reason)
+        self.corruptions_found += 1
+        log.error("%s/%s: corrupt record at index %d (committed %d): %s; not leading or campaigning "
+                  "until it is repaired from the leader's copy", m.group, m.self_id, index,
+                  self.store.committed_index, reason)
+        if m.is_leader:
+            self._hand_over_corrupt()
+        elif m.role == Role.CANDIDATE:
+            self.step_down(f"corrupt record at index {index}")
+
+    def _hand_over_corrupt(self) -> None:
+        """A corrupt leader hands leadership to the most caught-up live, healthy follower (no
+        election gap; the transfer waits until it holds our whole log, as it does for a client's
+        transfer); with none, it steps down at once, and at the latest when the transfer times out."""
+        el = self.elector
+        if el.transferring:
+            return
+        best: tuple[int, str] | None = None
+        for p, d in self.dispatchers.items():
+            alive = self.now - el.last_ack.get(p, -(1 << 62)) < el.leader_lease_ms
+            if alive and not el.peer_full.get(p, True) and not el.peer_corrupt.get(p, False) \
+                    and not d.disk_fault and (best is None or d.match_index > best[0]):
+                best = (d.match_index, p)
+        if best is None:
+            self.step_down(f"corrupt record at index {self.corrupt_index}")
+            return
+        log.warning("%s/%s: corrupt record at index %d; handing leadership to %s (it holds up to %d of %d)",
+                    self.member.group, self.member.self_id, self.corrupt_index, best[1], best[0],
+                    self.store.end_index)
+        el.begin_transfer(best[1], None)
+
+    def repaired(self, first: int, last: int, indexes: list[int]) -> None:
+        """The leader's REPAIR push covered [first, last]; `indexes` were rewritten. Once the
+        first known corrupt record verifies again the mark clears; the scrub goes on right
+        after the range, where more damage may be."""
+        self.records_repaired += len(indexes)
+        if indexes:
+            log.warning("%s/%s: repaired records %s from the leader's copy", self.member.group,
+                        self.member.self_id, _ranges(indexes))
+        c = self.corrupt
+        if c is not None and first <= c[0] <= last and self.store.verify(c[0]) is None:
+            log.warning("%s/%s: record %d verifies again; no known corrupt record left", self.member.group,
+                        self.member.self_id, c[0])
+            self.corrupt = None
+            self._scrub_next, self._scrub_at = last + 1, self.now
+
+    def forget_corrupt_above(self, end: int) -> None:
+        """A truncate removed our records after `end`: a corrupt one among them is gone."""
+        if self.corrupt is not None and self.corrupt[0] > end:
+            log.warning("%s/%s: corrupt record %d removed by a truncate", self.member.group, self.member.self_id,
+                        self.corrupt[0])
+            self.corrupt = None
+
+    def _scrub(self) -> None:
+        """Idle ticks verify a few committed records each (body CRC, header, chain link),
+        cycling over the log, so damage is found before a read or a lagging follower needs it."""
+        if self._active:
+            self._active = False
+            return
+        store = self.store
+        if self.scrub_entries <= 0 or self.now < self._scrub_at:
+            return
+        i = max(self._scrub_next, store.begin_index)
+        top = store.committed_index
+        n = size = 0
+        while i <= top and n < self.scrub_entries and size < SCRUB_BYTES:
+            try:
+                size += store.verify_entry(i).size
+            except CorruptEntryError as e:
+                self.mark_corrupt(e.index, e.message)
+            except StoreError:
+                break  # retention moved the log begin meanwhile: next tick
+            i += 1
+            n += 1
+        if i > top:
+            self._scrub_next, self._scrub_at = store.begin_index, self.now + SCRUB_PAUSE_MS
+        else:
+            self._scrub_next = i
+
     def store_failed(self, e: StoreError) -> None:
         """A write failed: remember it (for a few election rounds when the store itself does
         not report a failure) and leave leadership, so a member that can write takes over."""
@@ -197,7 +324,8 @@ class Node:
             return
         for p, d in self.dispatchers.items():
             alive = self.now - el.last_ack.get(p, -(1 << 62)) < el.leader_lease_ms
-            if alive and not el.peer_full.get(p, True) and d.match_index >= self.store.end_index:
+            if alive and not el.peer_full.get(p, True) and not el.peer_corrupt.get(p, False) \
+                    and d.match_index >= self.store.end_index:
                 log.warning("%s/%s: disk full; handing leadership to %s", self.member.group, self.member.self_id, p)
                 el.begin_transfer(p, None)
                 return
@@ -217,6 +345,8 @@ class Node:
             heard = self.elector.last_ack.get(p, self.elector.leader_since)
             if self.now - heard < self.cfg.retention_hold_ms and d.durable + 1 < floor:
                 floor, holder = d.durable + 1, f"follower {p}"
+            if 0 <= d.repair_index < floor:  # our copy is what can repair its record
+                floor, holder = d.repair_index, f"follower {p} (repairing record {d.repair_index})"
         return floor, holder
 
     def follow_retention_floor(self, floor: int, holder: str) -> None:
@@ -233,7 +363,7 @@ class Node:
                 for d in self.dispatchers.values():
                     d.pump()
         except StoreError as e:  # a record that cannot be read for a push (damaged disk)
-            self.store_failed(e)
+            self.store_error(e)
         actions, self.actions = self.actions, []
         return actions
 
@@ -255,6 +385,9 @@ class Node:
         """All or nothing: the NOOP is stored first; if the store cannot take it, this member
         does not lead (False) and stays out of elections while its store is failed."""
         m = self.member
+        if self.corrupt is not None:  # found corrupt during the round
+            self.step_down(f"corrupt record at index {self.corrupt[0]}")
+            return False
         # A NOOP of the new term lets entries of earlier terms commit (Raft §5.4.2).
         try:
             res = self.store.append_as_leader([b""], m.term, magic=2)
@@ -292,6 +425,8 @@ class Node:
     def _dispatch(self, code: int, msg: Msg, data: memoryview | bytes | bytearray, token: Any) -> None:
         if code == RequestCode.PUSH:
             assert isinstance(msg, PushRequest)
+            if msg.type != PushType.COMMIT:
+                self._active = True
             self.handler.handle_push(msg, data, token)
         elif code == RequestCode.HEART_BEAT:
             assert isinstance(msg, HeartBeatRequest)
@@ -328,9 +463,7 @@ class Node:
             return ResponseCode.UNEXPECTED_MEMBER
         if msg.leader_id and msg.leader_id not in m.peer_ids:
             return ResponseCode.UNKNOWN_MEMBER
-        member_msg = code in _MEMBER_CODES or (
-            isinstance(msg, LeadershipTransferRequest) and bool(msg.transfer_id))
-        if member_msg and (not msg.leader_id or msg.leader_id == m.self_id):
+        if is_member_message(code, msg) and (not msg.leader_id or msg.leader_id == m.self_id):
             return ResponseCode.UNEXPECTED_MEMBER
         return None
 
@@ -348,6 +481,7 @@ class Node:
             raise full
         self.store.check_bodies(msg.bodies, m.term)  # a bad request fails alone, before the batch
         self._appends.append((token, msg.bodies))
+        self._active = True
 
     def _store_appends(self) -> None:
         """Store the appends taken since the last drain with one store write (group append:
@@ -406,18 +540,39 @@ class Node:
         out: list[EntryMsg] = []
         index = start
         size = 0
+        # the member's limit, whatever the request asks: an answer is built in memory first
+        max_bytes = min(max_bytes, self.cfg.max_read_bytes)
         while index <= committed and len(out) < max_entries and size < max_bytes:
-            batch = store.read(index, min(max_entries - len(out), committed - index + 1), max_bytes - size)
+            try:
+                batch = store.read(index, min(max_entries - len(out), committed - index + 1), max_bytes - size)
+            except CorruptEntryError as err:
+                self._read_hit_corrupt(err, local)
+                if err.index <= index:
+                    if out:
+                        break  # what verified before it; the next read names the damage
+                    raise
+                batch = store.read(index, err.index - index, max_bytes - size)  # the good part before it
             if not batch:
                 break
             for e in batch:
                 if e.index > committed:
                     break
                 index = e.index + 1
-                size += len(e.body)
+                size += len(e.body) + _ENTRY_OVERHEAD
                 if not only_normal or e.magic == MAGIC_NORMAL:
                     out.append(EntryMsg(e.index, e.term, e.pos, e.magic, e.body, e.chain_crc))
         self.reply(token, code, EntriesResponse(200, self.member.leader_id or "", out, index, committed))
+
+    def _read_hit_corrupt(self, e: CorruptEntryError, local: bool) -> None:
+        """A read found a committed record of ours corrupt: never serve it. A leader hands
+        leadership over, and its reader is told to retry (then at the new leader, whose copy
+        is good); a local reader is told our copy is damaged."""
+        self.mark_corrupt(e.index, e.message)
+        if local:
+            return
+        m = self.member
+        e.code = ResponseCode.LEADER_TRANSFERRING if m.is_leader else ResponseCode.NOT_LEADER
+        e.message = f"record {e.index} is corrupt on {m.self_id} ({e.message}): leadership moves to a healthy member"
 
     def _check_read_leader(self) -> None:
         """A new leader knows the true commit index only once an entry of its own term is
@@ -431,11 +586,29 @@ class Node:
     def metadata(self) -> MetadataResponse:
         m, s = self.member, self.store
         err = self.full()
+        problems = [err.message] if err is not None else []
+        if self.corrupt is not None:
+            problems.append(f"corrupt record at index {self.corrupt[0]} ({self.corrupt[1]}); "
+                            "not leading until it is repaired from the leader")
         return MetadataResponse(
             200, m.group, m.self_id, m.role.name.lower(), m.leader_id or "", m.term, self.cfg.peers,
             s.begin_index, s.end_index, s.end_term, s.committed_index,
-            store_error=err.message if err is not None else "", retention_held_by=s.retention_held_by,
+            store_error="; ".join(problems), retention_held_by=s.retention_held_by,
         )
+
+
+def _ranges(indexes: list[int]) -> str:
+    """[3, 4, 5, 9] -> "3..5, 9"."""
+    out: list[str] = []
+    start = prev = indexes[0]
+    for i in indexes[1:]:
+        if i == prev + 1:
+            prev = i
+            continue
+        out.append(str(start) if start == prev else f"{start}..{prev}")
+        start = prev = i
+    out.append(str(start) if start == prev else f"{start}..{prev}")
+    return ", ".join(out)
 
 
 def _error_for(code: int, err: ResponseCode, node: Node, message: str = "") -> msgspec.Struct:
@@ -451,7 +624,8 @@ def _error_for(code: int, err: ResponseCode, node: Node, message: str = "") -> m
     from dledger.core.messages import HeartBeatResponse, PushResponse, VoteResponse
 
     if code == RequestCode.PUSH:
-        return PushResponse(int(err), m.term, node.store.end_index)
+        return PushResponse(int(err), m.term, node.store.end_index, corrupt_index=node.corrupt_index,
+                            reason=message[:512])
     if code == RequestCode.HEART_BEAT:
         return HeartBeatResponse(int(err), m.term, leader)
     if code == RequestCode.VOTE:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ssl
 import threading
 import time
 from collections.abc import Coroutine, Sequence
@@ -34,6 +35,7 @@ from dledger.config import parse_peers
 from dledger.core.messages import (
     DECODE_ERRORS,
     FAULT,
+    MAX_APPEND_BODIES,
     READ,
     AppendRequest,
     AppendResponse,
@@ -48,6 +50,7 @@ from dledger.core.messages import (
     encode,
 )
 from dledger.runtime.transport import Message, TransportClient
+from dledger.security.tls import TlsConfig, client_context
 
 T = TypeVar("T")
 
@@ -166,8 +169,13 @@ class AsyncDLedgerClient:
 
     def __init__(self, peers: str, group: str = "default", timeout: float = 5.0,
                  request_timeout: float = 3.0, coalesce: bool = True,
-                 max_coalesced_bytes: int = 1 << 20, discover_timeout: float = 1.0) -> None:
+                 max_coalesced_bytes: int = 1 << 20, discover_timeout: float = 1.0,
+                 tls: TlsConfig | ssl.SSLContext | None = None, auth_token: str | None = None) -> None:
+        """`tls`: the CA plus a client certificate (TlsConfig) or a ready client SSLContext, for a
+        group started with TLS; `auth_token`: the group's shared token (docs/security.md)."""
         self.peers = parse_peers(peers)
+        self._ssl = client_context(tls) if isinstance(tls, TlsConfig) else tls
+        self._auth_token = auth_token.encode() if auth_token else None
         self.group = group
         self.timeout = timeout
         self.request_timeout = request_timeout
@@ -183,7 +191,8 @@ class AsyncDLedgerClient:
 
     def _transport(self) -> TransportClient:
         if self._client is None:
-            self._client = TransportClient()
+            self._client = TransportClient(ssl=self._ssl, auth_token=self._auth_token,
+                                           server_names={p.address: p.id for p in self.peers.values()})
         return self._client
 
     async def close(self) -> None:
@@ -206,7 +215,8 @@ class AsyncDLedgerClient:
             return (await self.append_batch([body]))[0]
         body = bytes(body)
         batch = self._open
-        if batch is not None and batch.size + len(body) <= self.max_coalesced_bytes:
+        if (batch is not None and batch.size + len(body) <= self.max_coalesced_bytes
+                and len(batch.bodies) < MAX_APPEND_BODIES):
             fut: asyncio.Future[AppendResult] = asyncio.get_running_loop().create_future()
             batch.add(body, fut)
             return await fut
@@ -274,6 +284,9 @@ class AsyncDLedgerClient:
         bodies = [bytes(b) for b in bodies]
         if not bodies:
             raise DLedgerError(ResponseCode.REQUEST_WITH_EMPTY_BODYS, "append_batch needs at least one body")
+        if len(bodies) > MAX_APPEND_BODIES:
+            raise DLedgerError(ResponseCode.UNEXPECTED_ARGUMENT,
+                               f"append_batch of {len(bodies)} bodies: at most {MAX_APPEND_BODIES} per request")
         req = AppendRequest(self.group, "", "", bodies)
         resp = await self._call(RequestCode.APPEND, req)
         assert isinstance(resp, AppendResponse)
@@ -527,11 +540,12 @@ class DLedgerClient:
     """Blocking client: runs an AsyncDLedgerClient on a private event-loop thread,
     so it also works where a loop is already running (notebooks, Spark tasks)."""
 
-    def __init__(self, peers: str, group: str = "default", timeout: float = 5.0, coalesce: bool = True) -> None:
+    def __init__(self, peers: str, group: str = "default", timeout: float = 5.0, coalesce: bool = True,
+                 tls: TlsConfig | ssl.SSLContext | None = None, auth_token: str | None = None) -> None:
+        self._async = AsyncDLedgerClient(peers, group, timeout, coalesce=coalesce, tls=tls, auth_token=auth_token)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="dledger-client", daemon=True)
         self._thread.start()
-        self._async = AsyncDLedgerClient(peers, group, timeout, coalesce=coalesce)
 
     def _run(self, coro: Coroutine[Any, Any, T]) -> T:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()

@@ -68,6 +68,11 @@ class _StateCollector(Collector):
             "held": GaugeMetricFamily("dledger_retention_held",
                                       "1 while a lagging follower's needs keep retention from freeing space "
                                       "under disk pressure", labels=lab),
+            "corrupt": GaugeMetricFamily("dledger_store_corrupt",
+                                         "1 while this member holds a record that fails verification (it neither "
+                                         "leads nor campaigns until the leader's copy repaired it)", labels=lab),
+            "corrupt_index": GaugeMetricFamily("dledger_store_corrupt_index",
+                                               "First record known corrupt here (-1: none)", labels=lab),
         }
         lag = GaugeMetricFamily("dledger_replication_lag_entries", "Leader end minus follower match",
                                 labels=[*lab, "follower"])
@@ -75,6 +80,14 @@ class _StateCollector(Collector):
                                      "1 while a follower needs entries retention deleted (leader's view)",
                                      labels=[*lab, "follower"])
         elections = CounterMetricFamily("dledger_elections", "Elections this member started", labels=lab)
+        found = CounterMetricFamily("dledger_corrupt_records_found",
+                                    "Times this member found a record failing verification (reads, scrub, pushes)",
+                                    labels=lab)
+        repaired = CounterMetricFamily("dledger_records_repaired",
+                                       "Records of this member rewritten from the leader's copy", labels=lab)
+        repairing = GaugeMetricFamily("dledger_follower_corrupt",
+                                      "1 while a follower reports a corrupt record the leader is repairing "
+                                      "(leader's view)", labels=[*lab, "follower"])
         for n in self.nodes:
             m, s = n.member, n.store
             v = [m.group, m.self_id]
@@ -88,11 +101,19 @@ class _StateCollector(Collector):
             fams["writable"].add_metric(v, 0 if n.unwritable() is not None else 1)
             fams["held"].add_metric(v, 1 if s.retention_held_by else 0)
             fams["full"].add_metric(v, 1 if n.full() is not None else 0)
+            fams["corrupt"].add_metric(v, 1 if n.corrupt is not None else 0)
+            fams["corrupt_index"].add_metric(v, n.corrupt_index)
             elections.add_metric(v, n.elector.elections)
+            found.add_metric(v, n.corruptions_found)
+            repaired.add_metric(v, n.records_repaired)
             for peer, d in n.dispatchers.items():
                 lag.add_metric([*v, peer], s.end_index - d.match_index)
                 stranded.add_metric([*v, peer], 1 if d.needs_snapshot else 0)
+                repairing.add_metric([*v, peer], 1 if d.repair_index >= 0 else 0)
         yield from fams.values()
         yield lag
         yield stranded
+        yield repairing
         yield elections
+        yield found
+        yield repaired

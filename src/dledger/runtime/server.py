@@ -27,17 +27,25 @@ from dledger.core.messages import (
     decode_request,
     decode_response,
     encode,
+    is_member_message,
 )
 from dledger.core.node import Node, Reply, Send
 from dledger.runtime.metrics import Metrics
+from dledger.runtime.ratelog import RateLimitedLog
 from dledger.runtime.transport import (
+    LISTENER_BOTH,
+    LISTENER_CLIENT,
+    LISTENER_MEMBER,
+    Caller,
     FaultInjector,
+    Limits,
     Message,
     Respond,
     TransportClient,
     TransportServer,
     encode_error,
 )
+from dledger.security.tls import TlsConfig, check_member_cert, client_context, member_allowed, server_context
 from dledger.store import open_store
 
 log = logging.getLogger(__name__)
@@ -59,7 +67,7 @@ class GroupRuntime:
         self.loop = asyncio.get_running_loop()
         self.client = client
         self.faults = faults
-        self.peers: dict[str, Peer] = cfg.peer_map
+        self.peers: dict[str, Peer] = cfg.member_map  # where members reach each other
         self.store = open_store(cfg)
         self.node = Node(cfg, self.store, now_ms())
         self.blocked_ids: set[str] = set()
@@ -195,15 +203,18 @@ class DLedgerServer:
         self.configs = [configs] if isinstance(configs, DLedgerConfig) else list(configs)
         if not self.configs:
             raise DLedgerError(ResponseCode.UNEXPECTED_ARGUMENT, "no group to serve")
-        addresses = {c.peer_map[c.self_id].address for c in self.configs}
+        addresses = {(c.peer_map[c.self_id].address, c.member_map[c.self_id].address) for c in self.configs}
         if len(addresses) != 1:
             raise DLedgerError(ResponseCode.UNEXPECTED_ARGUMENT, f"groups listen on different addresses: {addresses}")
-        self.address = addresses.pop()
+        self.address, self.member_address = addresses.pop()
+        security = {(c.tls_cert, c.tls_key, c.tls_ca, c.auth_token) for c in self.configs}
+        if len(security) != 1:
+            raise DLedgerError(ResponseCode.UNEXPECTED_ARGUMENT, "groups served together need the same TLS and token")
         self.groups: dict[str, GroupRuntime] = {}
         self.faults = FaultInjector()
         self.client: TransportClient | None = None
         self.server: TransportServer | None = None
-        self._decoders: dict[int, Any] = {}
+        self._warn = RateLimitedLog(log).warning
         port = next((c.metrics_port for c in self.configs if c.metrics_port), 0)
         self.metrics = Metrics() if port else None
         self.metrics_port = port
@@ -222,20 +233,44 @@ class DLedgerServer:
             raise
 
     async def _start(self) -> None:
+        cfg0 = self.configs[0]
         max_frame = max(c.max_frame_bytes for c in self.configs)
-        self.client = TransportClient(max_frame_bytes=max_frame, faults=self.faults)
+        tls = TlsConfig.from_config(cfg0)
+        if tls is not None:
+            for c in self.configs:
+                check_member_cert(tls, c.self_id)
+        token = cfg0.auth_token.encode() or None
+        names = {p.address: p.id for c in self.configs for p in c.member_map.values()}
+        self.client = TransportClient(max_frame_bytes=max_frame, faults=self.faults,
+                                      ssl=client_context(tls) if tls else None, server_names=names,
+                                      auth_token=token)
         for cfg in self.configs:
             if cfg.group in self.groups:
                 raise DLedgerError(ResponseCode.UNEXPECTED_ARGUMENT, f"group {cfg.group} configured twice")
             self.groups[cfg.group] = GroupRuntime(cfg, self.client, self.faults, self.metrics)
         for g in self.groups.values():
             await g.start()
-        self.server = TransportServer(direct=self._handle, max_frame_bytes=max_frame)
-        host, _, port = self.address.rpartition(":")
-        await self.server.start(host, int(port))
+        limits = Limits(max_connections=cfg0.max_connections, idle_timeout_s=cfg0.idle_timeout_ms / 1000,
+                        frame_timeout_s=cfg0.frame_timeout_ms / 1000)
+        self.server = TransportServer(direct=self._handle, max_frame_bytes=max_frame,
+                                      ssl=server_context(tls) if tls else None, auth_token=token, limits=limits)
+        split = self.member_address != self.address
+        await self._listen(self.address, LISTENER_CLIENT if split else LISTENER_BOTH)
+        if split:
+            await self._listen(self.member_address, LISTENER_MEMBER)
         if self.metrics is not None:
             self.metrics.serve(self.metrics_port)
-        log.info("serving groups %s on %s", sorted(self.groups), self.address)
+        log.info("serving groups %s on %s%s", sorted(self.groups), self.address,
+                 f" (members on {self.member_address})" if split else "")
+        if tls is None:
+            log.warning("%s: no TLS: %s; see docs/security.md to deploy with --tls-cert/--tls-key/--tls-ca",
+                        cfg0.self_id, "a client that knows the token can still send member messages" if token
+                        else "anyone who can reach this port can send member messages and client requests")
+
+    async def _listen(self, address: str, listener: str) -> None:
+        assert self.server is not None
+        host, _, port = address.rpartition(":")
+        await self.server.start(host.strip("[]"), int(port), listener)
 
     async def stop(self) -> None:
         if self.server is not None:
@@ -248,7 +283,7 @@ class DLedgerServer:
     def node(self, group: str = "default") -> Node:
         return self.groups[group].node
 
-    def _handle(self, msg: Message, respond: Respond) -> None:
+    def _handle(self, msg: Message, respond: Respond, caller: Caller) -> None:
         try:
             req = decode_request(msg.code, msg.meta)
         except KeyError:
@@ -258,21 +293,41 @@ class DLedgerServer:
             respond(_error(ResponseCode.UNEXPECTED_ARGUMENT, f"malformed request {msg.code}: {e}"))
             return
         g = self.groups.get(req.group)
+        refusal = _refusal(g.cfg, msg.code, req, caller) if g is not None else None
         if g is None:
             respond(_error(ResponseCode.UNKNOWN_GROUP, f"no group {req.group!r} here"))
+        elif refusal is not None:
+            respond(refusal)
         elif msg.code == FAULT:
             # any client can send FAULT: obeying it lets anyone partition the group, so
             # only a member started for tests or chaos runs does
             assert isinstance(req, FaultRequest)
             if not g.cfg.enable_fault_injection:
-                log.warning("%s/%s: refused a FAULT request (fault injection is disabled)",
-                            g.cfg.group, g.cfg.self_id)
+                self._warn("fault", "%s/%s: refused a FAULT request (fault injection is disabled)",
+                           g.cfg.group, g.cfg.self_id)
                 respond(_error(ResponseCode.UNSUPPORTED, FAULT_DISABLED))
                 return
             g.set_faults(req.blocked)
             respond(Message(200, encode(SimpleResponse(200))))
         else:
             g.handle(msg.code, req, msg.data, respond)
+
+
+def _refusal(cfg: DLedgerConfig, code: int, req: Any, caller: Caller) -> Message | None:
+    """Who may send what (docs/security.md): member messages only on the member listener
+    (when there is one) and, with TLS, only under a certificate naming the sender member;
+    the member listener takes nothing from clients but METADATA."""
+    member_msg = is_member_message(code, req)
+    if member_msg and caller.listener == LISTENER_CLIENT:
+        return _error(ResponseCode.UNEXPECTED_MEMBER, "member messages go to the member listener (peer_listen)")
+    if not member_msg and caller.listener == LISTENER_MEMBER and code != RequestCode.METADATA:
+        return _error(ResponseCode.UNSUPPORTED, "this is the member listener: send client requests elsewhere")
+    if member_msg and caller.tls and not member_allowed(caller.names, req.leader_id, cfg.peer_map):
+        return _error(ResponseCode.UNAUTHENTICATED,
+                      f"a certificate naming {sorted(caller.names)} cannot speak for member {req.leader_id!r}")
+    if member_msg:
+        caller.trusted = True  # a member's connection: the connection cap never evicts it
+    return None
 
 
 def _error(code: ResponseCode, text: str) -> Message:

@@ -39,27 +39,38 @@ import asyncio
 import collections
 import contextlib
 import functools
+import hmac
 import itertools
 import logging
 import socket
+import ssl as ssl_module
 import struct
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Iterable
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any, Final, NamedTuple, TypeAlias, cast
 
 import msgspec
 
 from dledger.codes import DLedgerError, ResponseCode
+from dledger.runtime.ratelog import RateLimitedLog
+from dledger.security.tls import cert_names
 
 __all__ = [
+    "AUTH_CODE",
     "DEFAULT_MAX_FRAME_BYTES",
     "HEADER_SIZE",
     "KIND_REQUEST",
     "KIND_RESPONSE",
+    "LISTENER_BOTH",
+    "LISTENER_CLIENT",
+    "LISTENER_MEMBER",
+    "Caller",
     "DirectHandler",
     "FaultInjector",
     "FrameDecoder",
     "FrameError",
+    "Limits",
     "Message",
     "Respond",
     "TransportClient",
@@ -75,6 +86,8 @@ Buffer: TypeAlias = bytes | bytearray | memoryview
 
 KIND_REQUEST: Final = 0
 KIND_RESPONSE: Final = 1
+# A connection's first request when the server wants a shared token: meta is the token.
+AUTH_CODE: Final = 52003
 DEFAULT_MAX_FRAME_BYTES: Final = 64 * 1024 * 1024
 
 _LENGTH = struct.Struct(">I")
@@ -85,8 +98,14 @@ HEADER_SIZE: Final = _HEADER.size  # 21
 _INT32_MIN: Final = -(2**31)
 _INT32_MAX: Final = 2**31 - 1
 
-# Receive buffer for ordinary frames; a bigger frame gets a buffer of its own.
+# Receive buffer for ordinary frames; a bigger frame gets a buffer of its own. A connection
+# starts with a small one, so a thousand idle connections cost megabytes, not hundreds.
 _RECV_CHUNK: Final = 256 * 1024
+_RECV_INITIAL: Final = 16 * 1024
+# A frame too big for the receive buffer starts with this much and doubles as bytes arrive.
+_BIG_INITIAL: Final = 1024 * 1024
+# Frames one connection hands up per event-loop turn: then timers and other peers run.
+_FRAMES_PER_TURN: Final = 64
 # Above this many unsent bytes a sender waits; heartbeats must not queue behind megabytes.
 _WRITE_HIGH_WATER: Final = 1024 * 1024
 _WRITE_LOW_WATER: Final = 256 * 1024
@@ -144,9 +163,13 @@ class FrameDecoder:
     """Incremental frame parser with the ``BufferedProtocol`` calling convention.
 
     Kept free of sockets so it can be fed arbitrary splits in tests. Ordinary frames are
-    parsed in place in a fixed receive buffer (consumed by offset, compacted only when the
-    tail runs short, so each byte moves at most once); a frame larger than that buffer gets
-    a dedicated buffer the socket fills directly and its data is handed up without a copy.
+    parsed in place in a receive buffer (consumed by offset, compacted only when the tail
+    runs short, so each byte moves at most once). The buffer starts small (an idle
+    connection costs little) and is swapped once for a ``chunk_size`` one when a frame needs
+    it; a frame larger than that gets a buffer of its own, which grows as its bytes arrive
+    (never to an announced length that was not sent) and whose data is handed up without a
+    copy. At most ``budget`` frames are handed up per call: ``backlog`` then says more are
+    waiting, so one connection's flood cannot hold the event loop (`parse_more` goes on).
     """
 
     def __init__(
@@ -154,6 +177,9 @@ class FrameDecoder:
         on_frame: FrameCallback,
         max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
         chunk_size: int = _RECV_CHUNK,
+        *,
+        initial_size: int = _RECV_INITIAL,
+        budget: int = 0,
     ) -> None:
         if chunk_size < HEADER_SIZE:
             raise ValueError(f"chunk_size must be at least {HEADER_SIZE}")
@@ -161,18 +187,35 @@ class FrameDecoder:
             raise ValueError(f"max_frame_bytes must be at least {_FIXED_SIZE}")
         self._on_frame = on_frame
         self._max = max_frame_bytes
-        self._buf = bytearray(chunk_size)  # never resized: views of it may be alive
-        self._view = memoryview(self._buf)
+        self._chunk = chunk_size
+        self._budget = budget or (1 << 62)
+        self._set_buffer(bytearray(max(HEADER_SIZE, min(initial_size, chunk_size))))
         self._start = 0
         self._end = 0
-        self._min_read = max(HEADER_SIZE, chunk_size // 16)
         self._big: bytearray | None = None
+        self._big_len = 0
         self._big_filled = 0
+        self.backlog = False  # whole frames wait in the buffer: call parse_more
+        self.frames = 0  # frames handed up so far (the frame timeout watches it move)
+
+    def _set_buffer(self, buf: bytearray) -> None:
+        self._buf = buf  # never resized, only replaced: views of it may be alive
+        self._view = memoryview(buf)
+        self._min_read = max(HEADER_SIZE, len(buf) // 16)
+
+    @property
+    def pending(self) -> bool:
+        """Part of a frame has arrived (or whole ones wait): the connection is mid-frame."""
+        return self._end > self._start or self._big is not None
 
     def get_buffer(self) -> memoryview:
         """Where the next bytes from the socket go; never empty."""
         big = self._big
         if big is not None:
+            if self._big_filled == len(big):  # full but the frame is not: grow (doubling)
+                grown = bytearray(min(2 * len(big), self._big_len))
+                grown[: self._big_filled] = big
+                self._big = big = grown
             return memoryview(big)[self._big_filled :]
         if self._start == self._end:
             self._start = self._end = 0
@@ -181,26 +224,35 @@ class FrameDecoder:
         return self._view[self._end :]
 
     def buffer_updated(self, nbytes: int) -> None:
-        """Account for bytes written into the last buffer; emits every completed frame."""
+        """Account for bytes written into the last buffer; emits completed frames (up to the budget)."""
         if self._big is not None:
             self._big_filled += nbytes
-            if self._big_filled == len(self._big):
+            if self._big_filled == self._big_len:
                 big, self._big = self._big, None
                 self._emit_big(big)
             return
         self._end += nbytes
         self._parse()
 
+    def parse_more(self) -> None:
+        """Hand up the next budget of frames waiting in the buffer."""
+        self._parse()
+
     def feed(self, data: Buffer) -> None:
-        """Push bytes through the buffered interface (for callers that already hold bytes)."""
+        """Push bytes through the buffered interface (for callers that already hold bytes);
+        every frame they complete is handed up, whatever the budget."""
         src = memoryview(data).cast("B")
         pos = 0
         while pos < len(src):
+            while self.backlog:
+                self._parse()
             dst = self.get_buffer()
             n = min(len(dst), len(src) - pos)
             dst[:n] = src[pos : pos + n]
             pos += n
             self.buffer_updated(n)
+        while self.backlog:
+            self._parse()
 
     def _compact(self) -> None:
         n = self._end - self._start
@@ -211,6 +263,8 @@ class FrameDecoder:
     def _parse(self) -> None:
         buf, view, end = self._buf, self._view, self._end
         start = self._start
+        left = self._budget
+        self.backlog = False
         while end - start >= 4:
             (length,) = _LENGTH.unpack_from(buf, start)
             if length > self._max:
@@ -226,34 +280,48 @@ class FrameDecoder:
                 raise FrameError(f"meta length {mlen} exceeds frame length {length}")
             total = 4 + length
             if end - start < total:
-                if total > len(buf):
+                self._start = start
+                if total > self._chunk:
                     self._start_big(start, length)
-                    return
-                if start + total > len(buf):
-                    self._start = start
+                elif total > len(buf):
+                    self._grow()
+                elif start + total > len(buf):
                     self._compact()
-                    return
+                return
+            if not left:
+                self.backlog = True
                 break
+            left -= 1
             meta_at = start + HEADER_SIZE
             data_at = meta_at + mlen
             meta = bytes(view[meta_at:data_at])
             data = bytes(view[data_at : start + total])
             start += total
             self._start = start  # consistent state before the callback runs
+            self.frames += 1
             self._on_frame(kind, request_id, code, meta, data)
         self._start = start
 
+    def _grow(self) -> None:
+        """Swap the small first buffer for a full-size one, keeping the partial frame."""
+        n = self._end - self._start
+        buf = bytearray(self._chunk)
+        buf[:n] = self._view[self._start : self._end]
+        self._set_buffer(buf)
+        self._start, self._end = 0, n
+
     def _start_big(self, start: int, length: int) -> None:
-        big = bytearray(length)
         have = self._end - start - 4
+        big = bytearray(max(have, min(length, _BIG_INITIAL)))
         big[:have] = self._view[start + 4 : self._end]
-        self._big, self._big_filled = big, have
+        self._big, self._big_len, self._big_filled = big, length, have
         self._start = self._end = 0
 
     def _emit_big(self, big: bytearray) -> None:
         kind, request_id, code, mlen = _FIXED.unpack_from(big, 0)
         view = memoryview(big).toreadonly()
         meta = bytes(view[_FIXED_SIZE : _FIXED_SIZE + mlen])
+        self.frames += 1
         self._on_frame(kind, request_id, code, meta, view[_FIXED_SIZE + mlen :])
 
 
@@ -268,9 +336,10 @@ def _peer_name(transport: asyncio.BaseTransport) -> str:
 class _FrameProtocol(asyncio.BufferedProtocol):
     """What both ends share: decoding, flow-controlled sending, teardown."""
 
-    def __init__(self, max_frame_bytes: int) -> None:
-        self._decoder = FrameDecoder(self._on_frame, max_frame_bytes)
+    def __init__(self, max_frame_bytes: int, budget: int = 0) -> None:
+        self._decoder = FrameDecoder(self._on_frame, max_frame_bytes, budget=budget)
         self._transport: asyncio.Transport | None = None
+        self._read_holds: set[str] = set()  # why reading is paused ("backlog", "writes", "closing")
         self._paused = False
         # Senders queued while the peer is slow; woken one at a time so frames keep their order.
         self._writers: collections.deque[asyncio.Future[None]] = collections.deque()
@@ -297,13 +366,47 @@ class _FrameProtocol(asyncio.BufferedProtocol):
         return self._decoder.get_buffer()
 
     def buffer_updated(self, nbytes: int) -> None:
-        if self._close_reason is not None:
+        if self._close_reason is not None or "closing" in self._read_holds:
             return
         try:
             self._decoder.buffer_updated(nbytes)
         except FrameError as e:
-            log.warning("closing connection with %s: malformed frame: %s", self.peer, e)
-            self.abort(f"malformed frame from {self.peer}: {e}")
+            self._malformed(e)
+            return
+        self._after_parse()
+
+    def _after_parse(self) -> None:
+        """Whole frames still wait (the decoder's budget ran out): stop reading and hand them up
+        in later loop turns, so timers and other connections run in between."""
+        if self._decoder.backlog:
+            self._hold_reading("backlog")
+            asyncio.get_running_loop().call_soon(self._parse_backlog)
+        elif "backlog" in self._read_holds:
+            self._release_reading("backlog")
+
+    def _parse_backlog(self) -> None:
+        if self._close_reason is not None or "closing" in self._read_holds:
+            return
+        try:
+            self._decoder.parse_more()
+        except FrameError as e:
+            self._malformed(e)
+            return
+        self._after_parse()
+
+    def _malformed(self, e: FrameError) -> None:
+        log.warning("closing connection with %s: malformed frame: %s", self.peer, e)
+        self.abort(f"malformed frame from {self.peer}: {e}")
+
+    def _hold_reading(self, why: str) -> None:
+        if not self._read_holds and self._transport is not None and not self._transport.is_closing():
+            self._transport.pause_reading()
+        self._read_holds.add(why)
+
+    def _release_reading(self, why: str) -> None:
+        self._read_holds.discard(why)
+        if not self._read_holds and self._transport is not None and not self._transport.is_closing():
+            self._transport.resume_reading()
 
     def eof_received(self) -> bool | None:
         return None  # let the transport close; connection_lost cleans up
@@ -417,34 +520,121 @@ class _FrameProtocol(asyncio.BufferedProtocol):
 
 Handler: TypeAlias = Callable[[Message], Awaitable[Message]]
 Respond: TypeAlias = Callable[[Message], None]
+
+
+class Caller:
+    """Who sent a request, as far as the transport knows: for the server's access checks."""
+
+    peer: str  # host:port of the remote end
+    listener: str  # "client", "member" or "both": which listener accepted the connection
+    names: frozenset[str]  # names on the verified TLS certificate (empty without TLS)
+    tls: bool
+    trusted: bool  # the handler accepted a member message on it: never evicted to make room
+
+
 # Called on the event loop for each request; answers now or later by calling `respond`
 # once. Raising DLedgerError (or anything) answers with an error response.
-DirectHandler: TypeAlias = Callable[[Message, Respond], None]
+DirectHandler: TypeAlias = Callable[[Message, Respond, Caller], None]
+
+LISTENER_CLIENT: Final = "client"
+LISTENER_MEMBER: Final = "member"
+LISTENER_BOTH: Final = "both"
 
 
-class _ServerConnection(_FrameProtocol):
-    def __init__(self, server: TransportServer) -> None:
-        super().__init__(server.max_frame_bytes)
+@dataclass(frozen=True)
+class Limits:
+    """What one connection may cost a server (docs/security.md)."""
+
+    max_connections: int = 1024
+    idle_timeout_s: float = 300.0  # no frame and nothing in flight this long: closed
+    frame_timeout_s: float = 30.0  # a frame must arrive whole within this of its first byte
+    handshake_timeout_s: float = 10.0  # TLS handshake
+
+
+class _ServerConnection(_FrameProtocol, Caller):
+    def __init__(self, server: TransportServer, listener: str) -> None:
+        super().__init__(server.max_frame_bytes, _FRAMES_PER_TURN)
         self._server = server
+        self.listener = listener
+        self.names = frozenset()
+        self.tls = server.ssl is not None
+        self.trusted = False
+        self.authenticated = server.auth_token is None
+        self.inflight = 0  # requests handed to the handler and not yet answered
+        self.seen_frames = 0  # the sweep's view: frames counted at `seen_at`
+        self.seen_at = time.monotonic()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
-        if self._server.closing:
+        server = self._server
+        if server.closing:
             self.abort("server closing")
             return
-        self._server._connections.add(self)
+        if len(server._connections) >= server.limits.max_connections and not server.make_room():
+            server.warn("cap", "refusing a connection from %s: %d connections is the limit (max_connections)",
+                        self.peer, server.limits.max_connections)
+            self.abort("too many connections")
+            return
+        if self.tls:
+            self.names = cert_names(transport.get_extra_info("peercert") or {})
+        server._connections.add(self)
 
     def _on_frame(self, kind: int, request_id: int, code: int, meta: bytes, data: Buffer) -> None:
         if kind != KIND_REQUEST:
             raise FrameError(f"frame of kind {kind} sent to a server")
+        if code == AUTH_CODE or not self.authenticated:
+            self._authenticate(request_id, code, meta)
+            return
+        self.inflight += 1
         respond = functools.partial(self._respond, request_id, code)
         try:
-            self._server.direct_handler(Message(code, meta, data), respond)
+            self._server.direct_handler(Message(code, meta, data), respond, self)
         except DLedgerError as e:
             respond(Message(int(e.code), encode_error(e.message)))
         except Exception as e:
             log.exception("handler failed on request code %d from %s", code, self.peer)
             respond(Message(ResponseCode.INTERNAL_ERROR, encode_error(f"{type(e).__name__}: {e}")))
+
+    def _authenticate(self, request_id: int, code: int, meta: bytes) -> None:
+        """The shared-token gate: a connection's first frame must be AUTH with the token;
+        until then every request is answered UNAUTHENTICATED and reaches nobody."""
+        token = self._server.auth_token
+        if code != AUTH_CODE:
+            text = "authenticate first: this member requires an auth token"
+        elif token is None or hmac.compare_digest(meta, token):
+            self.authenticated = True
+            self.queue_frame(KIND_RESPONSE, request_id, ResponseCode.SUCCESS, b"", b"")
+            return
+        else:
+            text = "wrong auth token"
+            self._server.warn("token", "wrong auth token from %s", self.peer)
+        self.queue_frame(KIND_RESPONSE, request_id, ResponseCode.UNAUTHENTICATED, encode_error(text), b"")
+        if code == AUTH_CODE:
+            self.close_gracefully(text)
+
+    def _malformed(self, e: FrameError) -> None:
+        self._server.warn("malformed", "closing connection with %s: malformed frame: %s", self.peer, e)
+        self.close_gracefully(f"malformed frame from {self.peer}: {e}")
+
+    def close_gracefully(self, reason: str) -> None:
+        """Read nothing more, answer what was already accepted, then close: a valid request
+        followed by garbage still gets its answer."""
+        if self._close_reason is not None:
+            return
+        self._hold_reading("closing")
+        if self.inflight == 0:
+            self._close_now(reason)
+        else:
+            self._closing_reason = reason
+
+    _closing_reason: str | None = None
+
+    def _close_now(self, reason: str) -> None:
+        if self._close_reason is None:
+            self._close_reason = reason
+        self._flush()
+        if self._transport is not None:
+            self._transport.close()  # sends what is buffered first
 
     def _lost(self, reason: str) -> None:
         self._server._connections.discard(self)
@@ -453,22 +643,39 @@ class _ServerConnection(_FrameProtocol):
         """Queue the response at once: no task, no await per request. Responses may leave in
         any order, so they never wait for a turn; a client that does not read them is held
         back by pausing reads from it instead (see pause_writing)."""
+        self.inflight -= 1
         problem = _frame_problem(response.code, response.meta, response.data, self._server.max_frame_bytes)
         if problem is not None:
             log.error("response to request %d (code %d) not sendable: %s", request_id, request_code, problem)
             response = Message(ResponseCode.INTERNAL_ERROR, encode_error(problem))
         if self.usable:  # else the client is gone and has already failed this request
             self.queue_frame(KIND_RESPONSE, request_id, int(response.code), response.meta, response.data)
+            if self._closing_reason is not None and self.inflight <= 0:
+                self._close_now(self._closing_reason)
 
     def pause_writing(self) -> None:
         super().pause_writing()
-        if self._transport is not None:
-            self._transport.pause_reading()
+        self._hold_reading("writes")
 
     def resume_writing(self) -> None:
         super().resume_writing()
-        if self._transport is not None and not self._transport.is_closing():
-            self._transport.resume_reading()
+        self._release_reading("writes")
+
+    def sweep(self, now: float) -> None:
+        """Close a connection that is idle, or stuck mid-frame (a slow or silent sender)."""
+        frames, pending = self._decoder.frames, self._decoder.pending
+        if frames != self.seen_frames or (not pending and self.inflight):
+            self.seen_frames, self.seen_at = frames, now  # progress (or waiting on us): active
+            return
+        quiet = now - self.seen_at
+        limits = self._server.limits
+        if pending and quiet > limits.frame_timeout_s:
+            self._server.warn("slow", "closing connection with %s: no whole frame in %.0f s (frame_timeout)",
+                              self.peer, quiet)
+            self.abort(f"no whole frame from {self.peer} within {limits.frame_timeout_s}s")
+        elif not pending and not self.inflight and quiet > limits.idle_timeout_s:
+            log.debug("closing connection with %s: idle for %.0f s", self.peer, quiet)
+            self.close_gracefully("idle")
 
 
 class TransportServer:
@@ -477,20 +684,28 @@ class TransportServer:
     `handler` is a coroutine function returning the response (run as a task per request);
     `direct` (instead) is a DirectHandler, called synchronously for each request: the hot
     path of a member, which saves a task, a future and several coroutine frames per request.
+    With `ssl` (a server context that requires client certificates) every connection is
+    mutual TLS; with `auth_token` each connection must present the token first (AUTH_CODE).
     """
 
     def __init__(self, handler: Handler | None = None, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
-                 *, direct: DirectHandler | None = None) -> None:
+                 *, direct: DirectHandler | None = None, ssl: ssl_module.SSLContext | None = None,
+                 auth_token: bytes | None = None, limits: Limits | None = None) -> None:
         if max_frame_bytes < _FIXED_SIZE:
             raise ValueError(f"max_frame_bytes must be at least {_FIXED_SIZE}")
         if (handler is None) == (direct is None):
             raise ValueError("give exactly one of handler and direct")
         self.direct_handler: DirectHandler = direct if direct is not None else self._adapt(handler)  # type: ignore[arg-type]
         self.max_frame_bytes = max_frame_bytes
+        self.ssl = ssl
+        self.auth_token = auth_token or None
+        self.limits = limits or Limits()
         self.closing = False
-        self._server: asyncio.Server | None = None
+        self.warn = RateLimitedLog(log).warning
+        self._servers: list[asyncio.Server] = []
         self._connections: set[_ServerConnection] = set()
         self._tasks: set[asyncio.Task[None]] = set()
+        self._sweeper: asyncio.Task[None] | None = None
 
     def _adapt(self, handler: Handler) -> DirectHandler:
         """A coroutine handler as a DirectHandler: one task per request."""
@@ -505,39 +720,75 @@ class TransportServer:
                 response = Message(ResponseCode.INTERNAL_ERROR, encode_error(f"{type(e).__name__}: {e}"))
             respond(response)
 
-        def direct(msg: Message, respond: Respond) -> None:
+        def direct(msg: Message, respond: Respond, caller: Caller) -> None:
             self._spawn(run(msg, respond))
 
         return direct
 
-    async def start(self, host: str, port: int) -> None:
-        if self._server is not None:
-            raise RuntimeError("server already started")
+    async def start(self, host: str, port: int, listener: str = LISTENER_BOTH) -> None:
+        """Listen on host:port; call again for a second listener (members only, say)."""
         self.closing = False
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(
-            lambda: _ServerConnection(self), host, port, reuse_address=True, backlog=1024
+        server = await loop.create_server(
+            lambda: _ServerConnection(self, listener), host, port, reuse_address=True, backlog=1024,
+            ssl=self.ssl, ssl_handshake_timeout=self.limits.handshake_timeout_s if self.ssl else None,
         )
+        self._servers.append(server)
+        if self._sweeper is None:
+            self._sweeper = loop.create_task(self._sweep_forever())
 
     @property
     def address(self) -> str:
-        """``host:port`` actually bound (so port 0 can be used)."""
-        if self._server is None or not self._server.sockets:
+        """``host:port`` of the first listener actually bound (so port 0 can be used)."""
+        return self.addresses[0]
+
+    @property
+    def addresses(self) -> list[str]:
+        out = []
+        for server in self._servers:
+            for sock in server.sockets:
+                name = sock.getsockname()
+                host, port = name[0], name[1]
+                out.append(f"[{host}]:{port}" if ":" in host else f"{host}:{port}")
+        if not out:
             raise RuntimeError("server not started")
-        name = self._server.sockets[0].getsockname()
-        host, port = name[0], name[1]
-        return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        return out
 
     @property
     def connection_count(self) -> int:
         return len(self._connections)
 
+    def make_room(self) -> bool:
+        """At the cap: close the connection quiet the longest (at least a second, nothing in
+        flight, never one that carried member messages), so a pile of idle connections
+        cannot lock members and clients out. False if there is none."""
+        cutoff = time.monotonic() - 1.0
+        idle = [c for c in self._connections if not c.trusted and not c.inflight and c.seen_at < cutoff]
+        if not idle:
+            return False
+        victim = min(idle, key=lambda c: c.seen_at)
+        self._connections.discard(victim)
+        victim.close_gracefully("closed to make room (max_connections)")
+        return True
+
+    async def _sweep_forever(self) -> None:
+        limits = self.limits
+        every = max(0.05, min(1.0, limits.frame_timeout_s / 4, limits.idle_timeout_s / 4))
+        while True:
+            await asyncio.sleep(every)
+            now = time.monotonic()
+            for conn in list(self._connections):
+                conn.sweep(now)
+
     async def close(self) -> None:
         """Stop listening, drop every connection and cancel in-flight handlers."""
         self.closing = True
-        server, self._server = self._server, None
-        if server is not None:
+        servers, self._servers = self._servers, []
+        for server in servers:
             server.close()
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            self._sweeper = None
         connections = list(self._connections)
         for conn in connections:
             conn.abort("server closing")
@@ -548,7 +799,7 @@ class TransportServer:
             await asyncio.gather(*tasks, return_exceptions=True)
         for conn in connections:
             await conn.wait_closed()
-        if server is not None:
+        for server in servers:
             await server.wait_closed()
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
@@ -616,6 +867,10 @@ class _ClientConnection(_FrameProtocol):
         self.pending: dict[int, asyncio.Future[Message]] = {}
         self._on_lost = on_lost
 
+    def cert_names(self) -> frozenset[str]:
+        peercert = self._transport.get_extra_info("peercert") if self._transport is not None else None
+        return cert_names(peercert or {})
+
     def _on_frame(self, kind: int, request_id: int, code: int, meta: bytes, data: Buffer) -> None:
         if kind != KIND_RESPONSE:
             raise FrameError(f"frame of kind {kind} sent to a client")
@@ -634,7 +889,7 @@ class _ClientConnection(_FrameProtocol):
 
 
 class _Peer:
-    __slots__ = ("address", "backoff", "conn", "connecting", "host", "port", "retry_at")
+    __slots__ = ("address", "backoff", "conn", "connecting", "failure", "host", "port", "retry_at")
 
     def __init__(self, address: str, backoff: float) -> None:
         self.address = address
@@ -643,6 +898,7 @@ class _Peer:
         self.connecting: asyncio.Task[_ClientConnection] | None = None
         self.backoff = backoff
         self.retry_at = 0.0
+        self.failure = ResponseCode.NETWORK_ERROR  # what the last connect attempt ended with
 
 
 class TransportClient:
@@ -663,9 +919,18 @@ class TransportClient:
         backoff_initial_s: float = 0.05,
         backoff_max_s: float = 2.0,
         clock: Callable[[], float] = time.monotonic,
+        ssl: ssl_module.SSLContext | None = None,
+        server_names: Mapping[str, str] | None = None,
+        auth_token: bytes | None = None,
     ) -> None:
+        """`ssl`: a client context (mutual TLS); `server_names` maps an address to the name its
+        certificate must carry (a member id), so a client certificate signed by the same CA
+        cannot pose as a member; `auth_token` is presented first on every connection."""
         if max_frame_bytes < _FIXED_SIZE:
             raise ValueError(f"max_frame_bytes must be at least {_FIXED_SIZE}")
+        self._ssl = ssl
+        self._server_names = dict(server_names or {})
+        self._auth_token = auth_token or None
         self._max_frame_bytes = max_frame_bytes
         self._faults = faults
         self._connect_timeout = connect_timeout_s
@@ -788,9 +1053,7 @@ class TransportClient:
         task = peer.connecting
         if task is None:
             if self._clock() < peer.retry_at:
-                raise DLedgerError(
-                    ResponseCode.NETWORK_ERROR, f"{address} unreachable, in backoff after a failed connect"
-                )
+                raise DLedgerError(peer.failure, f"{address} unreachable, in backoff after a failed connect")
             task = peer.connecting = asyncio.get_running_loop().create_task(self._connect(peer))
             task.add_done_callback(functools.partial(self._connect_done, peer))
         try:
@@ -809,12 +1072,20 @@ class TransportClient:
                     lambda: _ClientConnection(peer.address, self._max_frame_bytes, self._connection_lost),
                     peer.host,
                     peer.port,
+                    ssl=self._ssl,
                 )
-        except (OSError, TimeoutError) as e:
+                self._check_server(conn)
+                if self._auth_token is not None:
+                    await self._present_token(conn)
+        except (OSError, TimeoutError, DLedgerError) as e:  # ssl.SSLError is an OSError
             first = peer.backoff <= self._backoff_initial
             peer.retry_at = self._clock() + peer.backoff
             peer.backoff = min(peer.backoff * 2, self._backoff_max)
-            (log.info if first else log.debug)("connect to %s failed: %r", peer.address, e)
+            (log.warning if isinstance(e, DLedgerError) and first else log.info if first else log.debug)(
+                "connect to %s failed: %r", peer.address, e)
+            peer.failure = e.code if isinstance(e, DLedgerError) else ResponseCode.NETWORK_ERROR
+            if isinstance(e, DLedgerError):
+                raise
             raise DLedgerError(ResponseCode.NETWORK_ERROR, f"connect to {peer.address} failed: {e!r}") from None
         peer.backoff = self._backoff_initial
         peer.retry_at = 0.0
@@ -826,6 +1097,27 @@ class TransportClient:
             raise DLedgerError(ResponseCode.NETWORK_ERROR, f"{peer.address} blocked by fault injection")
         peer.conn = conn
         return conn
+
+    def _check_server(self, conn: _ClientConnection) -> None:
+        """With TLS, the server's certificate must name the member we meant to reach."""
+        expected = self._server_names.get(conn.address)
+        if self._ssl is None or expected is None:
+            return
+        names = conn.cert_names()
+        if expected not in names:
+            conn.abort("wrong server certificate")
+            raise DLedgerError(ResponseCode.UNAUTHENTICATED,
+                               f"{conn.address}: certificate names {sorted(names)}, not member {expected}")
+
+    async def _present_token(self, conn: _ClientConnection) -> None:
+        fut: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
+        request_id = next(self._ids)
+        conn.pending[request_id] = fut
+        conn.queue_frame(KIND_REQUEST, request_id, AUTH_CODE, self._auth_token or b"", b"")
+        resp = await fut
+        if resp.code != ResponseCode.SUCCESS:
+            conn.abort("auth token refused")
+            raise DLedgerError(ResponseCode.UNAUTHENTICATED, f"{conn.address} refused our auth token")
 
     @staticmethod
     def _connect_done(peer: _Peer, task: asyncio.Task[_ClientConnection]) -> None:

@@ -7,6 +7,9 @@ not fsynced on power loss, and deliver the durable index to the node late, as th
 flush thread does. The same seed gives the same run, so a failing seed replays
 exactly.
 
+Bit rot (`corrupt`) flips a byte of one member's record; `damaged()` lists the records
+still failing verification (the repair must empty it).
+
 Invariants checked after every event: election safety, state machine safety,
 commit index monotonic, leader completeness; no member's commit index beyond its
 log, nor durable index beyond what its disk holds; in sync mode every
@@ -26,7 +29,6 @@ from dledger.codes import RequestCode, ResponseCode
 from dledger.config import DLedgerConfig
 from dledger.core.messages import AppendRequest, AppendResponse, Role, decode_request, decode_response, encode
 from dledger.core.node import Node, Reply, Send
-from dledger.entry import Entry
 from dledger.sim.disk import SimDiskStore
 
 
@@ -88,6 +90,8 @@ class SimCluster:
         self.quorum = n // 2 + 1
         self.fsync_ms: dict[str, tuple[int, int]] = {}  # per member, when its disk is slow
         self.acked_top: tuple[int, int, int] | None = None  # (index, term, chain) of the highest acked entry
+        self.corrupted: set[tuple[str, int]] = set()  # (member, index) records flipped by `corrupt`
+        self._corrupt_lead: dict[tuple[str, int], int] = {}  # (leader, term) -> when it knew itself corrupt
         for i in self.ids:
             self.start(i)
 
@@ -151,11 +155,30 @@ class SimCluster:
             st.fsync_error_once = st.write_error_once = False
         self.trace.append(f"{self.now} disk of {member}: {kind}{'' if on else ' off'}")
 
+    def corrupt(self, member: str, index: int) -> None:
+        """Bit rot: flip a byte of `member`'s record of `index`."""
+        self.stores[member].corrupt(index)
+        self.corrupted.add((member, index))
+        self.trace.append(f"{self.now} disk of {member}: record {index} corrupt")
+
+    def damaged(self) -> list[tuple[str, int]]:
+        """The records `corrupt` damaged that still fail verification (a truncate or retention
+        may have removed some)."""
+        still = set()
+        for m, i in self.corrupted:
+            st = self.stores[m]
+            if st.begin_index <= i <= st.end_index and st.verify(i) is not None:
+                still.add((m, i))
+        self.corrupted = still
+        return sorted(still)
+
     def healthy_disks(self) -> list[str]:
-        """Members that are up with a fast disk that can write."""
+        """Members that are up with a fast disk that can write, and no corrupt record (such a
+        member does not lead: it does not count toward a live majority)."""
+        rotten = {m for m, _ in self.damaged()}
         return [i for i, n in self.nodes.items() if n is not None and i not in self.fsync_ms
                 and self.stores[i].write_error() is None and self.stores[i].pressure_error() is None
-                and not self.stores[i].fsync_error_once]
+                and not self.stores[i].fsync_error_once and i not in rotten]
 
     # --- client ----------------------------------------------------------------------------
 
@@ -317,8 +340,7 @@ class SimCluster:
     def _note_acked(self, leader: str, last: int) -> None:
         """An append was acknowledged: remember the highest acknowledged entry as it is."""
         if self.acked_top is None or last > self.acked_top[0]:
-            e = self.stores[leader].get(last)
-            self.acked_top = (last, e.term, e.chain_crc)
+            self.acked_top = (last, *self.stores[leader].term_chain(last))
 
     def _check_invariants(self) -> None:
         """After every event: election safety, state machine safety (no two members
@@ -343,11 +365,17 @@ class SimCluster:
                 self.violations.append(f"{self.now}: {i} commit index went back {self.last_commit[i]} -> {c}")
             if c > self.last_commit.get(i, -1):
                 for idx in range(max(self.last_commit.get(i, -1) + 1, store.begin_index), c + 1):
-                    e = store.get(idx)
-                    seen = self.committed.setdefault(idx, (e.term, e.chain_crc))
-                    if seen != (e.term, e.chain_crc):
+                    tc = store.term_chain(idx)
+                    seen = self.committed.setdefault(idx, tc)
+                    if seen != tc:
                         self.violations.append(f"{self.now}: {i} committed a different entry at {idx}")
             self.last_commit[i] = c
+            if m.role == Role.LEADER and node.corrupt is not None:
+                since = self._corrupt_lead.setdefault((i, m.term), self.now)
+                if self.now - since > node.cfg.leadership_transfer_timeout_ms + 2 * self.tick_ms:
+                    self.violations.append(f"{self.now}: {i} still leads term {m.term} with a corrupt record "
+                                           f"{node.corrupt[0]} known since {since}")
+                    self._corrupt_lead[(i, m.term)] = 1 << 62  # report once
             if m.role == Role.LEADER:
                 other = self.leaders_by_term.setdefault(m.term, i)
                 if other != i:
@@ -372,10 +400,8 @@ class SimCluster:
         if store.end_index < top:
             self.violations.append(f"{self.now}: leader {leader} lacks committed entries {store.end_index + 1}..{top}")
             return
-        if top >= store.begin_index:
-            e = store.get(top)
-            if (e.term, e.chain_crc) != self.committed[top]:
-                self.violations.append(f"{self.now}: leader {leader} holds a different entry at committed {top}")
+        if top >= store.begin_index and store.term_chain(top) != self.committed[top]:
+            self.violations.append(f"{self.now}: leader {leader} holds a different entry at committed {top}")
 
     def check_log_matching(self) -> None:
         """Where two members hold an entry of the same term at an index, their
@@ -385,8 +411,8 @@ class SimCluster:
             for b in ids[k + 1 :]:
                 sa, sb = self.stores[a], self.stores[b]
                 for idx in range(max(sa.begin_index, sb.begin_index), min(sa.end_index, sb.end_index) + 1):
-                    ea, eb = sa.get(idx), sb.get(idx)
-                    if ea.term == eb.term and ea.chain_crc != eb.chain_crc:
+                    ea, eb = sa.term_chain(idx), sb.term_chain(idx)
+                    if ea[0] == eb[0] and ea[1] != eb[1]:
                         self.violations.append(f"log matching broken between {a} and {b} at {idx}")
                         return
 
@@ -396,5 +422,4 @@ def _on_disk(st: SimDiskStore, index: int, term: int, chain: int) -> bool:
         return True  # deleted by retention, which only deletes committed, fsynced entries
     if index > st.synced_index:
         return False
-    e: Entry = st.get(index)
-    return (e.term, e.chain_crc) == (term, chain)
+    return st.term_chain(index) == (term, chain)

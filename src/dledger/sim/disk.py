@@ -14,7 +14,9 @@ FileLedgerStore's retention decides), and disk pressure, under which retention d
 the log prefix below the commit index and the retention floor, as
 FileLedgerStore.run_retention does with whole files; when the floor keeps it from
 deleting what the commit index allows, the disk counts as soft-full too (what the file
-store concludes when usage stays above the force ratio).
+store concludes when usage stays above the force ratio). Bit rot: `corrupt(index)` flips
+one byte of a stored record (in its body, or in its body CRC when the body is empty), as a
+damaged sector would; the members must find it, keep it out of every answer and repair it.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from dledger.codes import ResponseCode
-from dledger.entry import MAGIC_NORMAL
+from dledger.entry import HEADER, HEADER_SIZE, MAGIC_NORMAL
 from dledger.store.base import AppendResult, StoreError
 from dledger.store.memory import MemoryLedgerStore
 
@@ -72,6 +74,25 @@ class SimDiskStore(MemoryLedgerStore):
         if self.write_error_once:
             self.write_error_once = False
             raise StoreError(ResponseCode.DISK_ERROR, "append: Input/output error")
+
+    def corrupt(self, index: int) -> None:
+        """Flip a byte of the record of `index` (bit rot): its last body byte, or a byte of its
+        body CRC field when the body is empty. Nothing else changes."""
+        k = index - self.begin_index
+        off = self._offsets[k]
+        end = self._offsets[k + 1] if k + 1 < len(self._offsets) else len(self._buf)
+        at = end - 1 if end - off > HEADER_SIZE else off + 40  # body_crc field: bytes 40..43 of the header
+        self._buf[at] ^= 0x5A
+
+    def term_chain(self, index: int) -> tuple[int, int]:
+        """(term, chain CRC) of the record of `index` from its header, without verifying its
+        body: what the invariant checks compare (a rotten body is the repair's business)."""
+        raw = self.read_raw(index, 0)
+        try:
+            h = HEADER.unpack_from(raw.data, 0)
+        finally:
+            raw.data.release()
+        return int(h[3]), int(h[6])
 
     # --- writes ------------------------------------------------------------------------------
 

@@ -10,7 +10,9 @@ a failing fsync (the store fails until the disk is repaired), a full disk on one
 or on all members, power loss of the whole group at once or in sequence (sync
 mode only: in async mode losing the page cache of a majority loses acknowledged
 appends by design), a member restarting onto a failed disk, retention under disk
-pressure while a follower lags. Liveness: whenever the network is whole and a
+pressure while a follower lags, bit rot in one member's committed record (one member at a
+time: the others hold good copies), which must be found, kept from leading and repaired
+before the run ends. Liveness: whenever the network is whole and a
 majority of members is up with fast, writable disks, an append must commit within
 LIVENESS_MS of simulated time.
 """
@@ -127,8 +129,24 @@ def _disk_fault(c: SimCluster, r: random.Random, n: int, flush: str, down: list[
         c.start(m)
     elif x < 0.85:
         _repair(c, r, flush)
+    elif x < 0.91:
+        return _rot(c, r)
     else:
         return 0
+    return 1
+
+
+def _rot(c: SimCluster, r: random.Random) -> int:
+    """Flip a byte of a committed record on one member, while no other record is damaged
+    (so good copies remain) and every member still holds that index (retention)."""
+    if c.damaged():
+        return 0
+    m = r.choice(c.ids)
+    st = c.stores[m]
+    lo = max(s.begin_index for s in c.stores.values())
+    if st.committed_index < lo:
+        return 0
+    c.corrupt(m, r.randint(lo, st.committed_index))
     return 1
 
 
@@ -225,6 +243,10 @@ def _settle(c: SimCluster, down: list[str], report: SimReport) -> None:
     if not converged:
         state = {i: (c.stores[i].end_index, c.stores[i].committed_index) for i in c.ids}
         report.violations.append(f"members did not catch up to commit {top} within 15 s: {state}")
+    # bit rot: found by the scrub (a pass every 10 s) and repaired from the leader's copy
+    if c.damaged() and not c.run_until(lambda: not c.damaged(), 40_000):
+        report.violations.append(f"corrupt records not repaired within 40 s: {c.damaged()} "
+                                 f"(leader {c.leader()})")
 
 
 def _final_checks(c: SimCluster, bodies: dict[int, bytes], report: SimReport) -> None:

@@ -20,6 +20,7 @@ import pyarrow as pa
 
 from dledger.codes import DLedgerError, ResponseCode
 from dledger.runtime.client import DLedgerClient, Metadata
+from dledger.spark.options import ClientOptions
 from dledger.spark.schema import entry_batch
 
 log = logging.getLogger(__name__)
@@ -81,7 +82,7 @@ class RangeReadSpec:
     end: int  # exclusive
     fail_on_data_loss: bool
     timeout: float
-    client_timeout: float
+    client: ClientOptions
 
 
 def _member_covering(client: DLedgerClient, spec: RangeReadSpec, deadline: float) -> str:
@@ -110,7 +111,7 @@ def read_range(spec: RangeReadSpec) -> Iterator[pa.RecordBatch]:
     if spec.end <= spec.start:
         return
     deadline = time.monotonic() + spec.timeout
-    client = DLedgerClient(spec.peers, spec.group, spec.client_timeout)
+    client = spec.client.client(spec.peers, spec.group)
     try:
         yield from _read_range(client, spec, deadline)
     finally:

@@ -13,6 +13,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from dledger.config import ConfigError, parse_peers
+from dledger.core.messages import MAX_APPEND_BODIES
+from dledger.runtime.client import DLedgerClient
+from dledger.security.tls import TlsConfig
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +85,40 @@ def get_bool(options: Mapping[str, str], name: str, default: bool) -> bool:
 def get_str(options: Mapping[str, str], name: str) -> str | None:
     raw = _get(options, name)
     return raw if raw else None
+
+
+@dataclass(frozen=True, slots=True)
+class ClientOptions:
+    """How a task reaches a group: timeout and, for a group run with TLS or a token, the
+    credentials (file paths, so they travel to executors as text; the files must be there)."""
+
+    timeout: float = DEFAULT_CLIENT_TIMEOUT_S
+    tls: TlsConfig | None = None
+    auth_token: str | None = None
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, str]) -> ClientOptions:
+        paths = {name: get_str(options, name) for name in ("tlsCa", "tlsCert", "tlsKey")}
+        given = [n for n, v in paths.items() if v]
+        if given and len(given) != 3:
+            raise OptionError("options tlsCa, tlsCert and tlsKey go together: give all three or none")
+        tls = TlsConfig(paths["tlsCa"] or "", paths["tlsCert"] or "", paths["tlsKey"] or "") if given else None
+        return cls(get_float(options, "clientTimeoutSeconds", DEFAULT_CLIENT_TIMEOUT_S), tls,
+                   get_str(options, "authToken"))
+
+    def client(self, peers: str, group: str) -> DLedgerClient:
+        try:
+            return DLedgerClient(peers, group, self.timeout, tls=self.tls, auth_token=self.auth_token)
+        except ConfigError as e:  # a TLS file that is missing or bad on this machine
+            raise OptionError(f"options tlsCa/tlsCert/tlsKey: {e.message}") from None
+
+
+def get_batch_size(options: Mapping[str, str], default: int) -> int:
+    """Bodies per APPEND: at most what a member accepts in one request."""
+    size = get_int(options, "batchSize", default) or default
+    if size > MAX_APPEND_BODIES:
+        raise OptionError(f"option batchSize: at most {MAX_APPEND_BODIES} bodies per request, got {size}")
+    return size
 
 
 def parse_groups(options: Mapping[str, str]) -> dict[str, str]:

@@ -41,13 +41,14 @@ from dledger.runtime.client import DLedgerClient, Metadata
 from dledger.spark.online import DataLossError, RangeReadSpec, describe, read_range, wait_leader_view
 from dledger.spark.options import (
     DEFAULT_BATCH_SIZE,
-    DEFAULT_CLIENT_TIMEOUT_S,
     DEFAULT_ENTRIES_PER_PARTITION,
     DEFAULT_TIMEOUT_S,
     EARLIEST,
     LATEST,
+    ClientOptions,
     OptionError,
     allocate,
+    get_batch_size,
     get_bool,
     get_float,
     get_int,
@@ -75,7 +76,7 @@ class ReadConfig:
     fail_on_data_loss: bool
     entries_per_partition: int
     timeout: float
-    client_timeout: float
+    client: ClientOptions
 
     @classmethod
     def from_options(cls, options: Mapping[str, str], streaming: bool) -> ReadConfig:
@@ -103,12 +104,12 @@ class ReadConfig:
             fail_on_data_loss=get_bool(options, "failOnDataLoss", True),
             entries_per_partition=get_int(options, "entriesPerPartition", DEFAULT_ENTRIES_PER_PARTITION) or 1,
             timeout=get_float(options, "timeoutSeconds", DEFAULT_TIMEOUT_S),
-            client_timeout=get_float(options, "clientTimeoutSeconds", DEFAULT_CLIENT_TIMEOUT_S),
+            client=ClientOptions.from_options(options),
         )
 
     def spec(self, group: str, start: int, end: int) -> RangeReadSpec:
         return RangeReadSpec(group, self.groups[group], start, end, self.fail_on_data_loss, self.timeout,
-                             self.client_timeout)
+                             self.client)
 
 
 @dataclass
@@ -121,17 +122,17 @@ class RangePartition(InputPartition):
     end: int
     fail_on_data_loss: bool
     timeout: float
-    client_timeout: float
+    client: ClientOptions
 
     def spec(self) -> RangeReadSpec:
         return RangeReadSpec(self.group, self.peers, self.start, self.end, self.fail_on_data_loss, self.timeout,
-                             self.client_timeout)
+                             self.client)
 
 
 def _partitions(cfg: ReadConfig, group: str, start: int, end: int) -> list[RangePartition]:
     return [
         RangePartition(r.group, cfg.groups[group], r.start, r.end, cfg.fail_on_data_loss, cfg.timeout,
-                       cfg.client_timeout)
+                       cfg.client)
         for r in split_range(group, start, end, cfg.entries_per_partition)
     ]
 
@@ -151,7 +152,7 @@ class DLedgerBatchReader(DataSourceReader):
     def partitions(self) -> list[InputPartition]:
         out: list[InputPartition] = []
         for group, peers in self.cfg.groups.items():
-            with DLedgerClient(peers, group, self.cfg.client_timeout) as c:
+            with self.cfg.client.client(peers, group) as c:
                 m = wait_leader_view(c, group, self.cfg.timeout)
             begin, end = m.ledger_begin_index, m.committed_index + 1
             start = resolve(self.cfg.starting[group], begin, end)
@@ -198,7 +199,7 @@ class DLedgerStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def _view(self, group: str) -> Metadata:
         c = self._clients.get(group)
         if c is None:
-            c = self._clients[group] = DLedgerClient(self.cfg.groups[group], group, self.cfg.client_timeout)
+            c = self._clients[group] = self.cfg.client.client(self.cfg.groups[group], group)
         return wait_leader_view(c, group, self.cfg.timeout)
 
     def initialOffset(self) -> dict[str, int]:
@@ -303,7 +304,7 @@ class WriteConfig:
     group: str
     peers: str
     batch_size: int
-    client_timeout: float
+    client: ClientOptions
 
     @classmethod
     def from_options(cls, options: Mapping[str, str], schema: StructType) -> WriteConfig:
@@ -316,8 +317,7 @@ class WriteConfig:
                               f"{', '.join(schema.fieldNames())}")
         if not isinstance(schema[body].dataType, (BinaryType, StringType)):
             raise OptionError(f"column `body` must be binary or string, not {schema[body].dataType.simpleString()}")
-        return cls(group, peers, get_int(options, "batchSize", DEFAULT_BATCH_SIZE) or DEFAULT_BATCH_SIZE,
-                   get_float(options, "clientTimeoutSeconds", DEFAULT_CLIENT_TIMEOUT_S))
+        return cls(group, peers, get_batch_size(options, DEFAULT_BATCH_SIZE), ClientOptions.from_options(options))
 
 
 def _body_field(schema: StructType) -> str | None:
@@ -338,7 +338,7 @@ def append_batches(cfg: WriteConfig, batches: Iterator[pa.RecordBatch]) -> Appen
     rows, first, last = 0, -1, -1
     pending: list[bytes] = []
     pending_bytes = 0
-    client = DLedgerClient(cfg.peers, cfg.group, cfg.client_timeout)
+    client = cfg.client.client(cfg.peers, cfg.group)
 
     def flush() -> None:
         nonlocal rows, first, last, pending, pending_bytes

@@ -16,13 +16,33 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from dledger.codes import DLedgerError, ResponseCode
-from dledger.entry import HEADER, HEADER_SIZE, MAGIC_NORMAL, Entry, chain_crc, decode_entry
+from dledger.entry import HEADER, HEADER_SIZE, MAGIC_NORMAL, CorruptRecord, Entry, chain_crc, decode_entry
 
 log = logging.getLogger(__name__)
 
 
 class StoreError(DLedgerError):
     """A store operation failed; `code` says why (DISK_ERROR, DISK_FULL, …)."""
+
+
+class CorruptEntryError(StoreError):
+    """A stored record fails verification (body CRC, header against the index, chain CRC
+    link): DISK_ERROR naming the entry. The member holding it must not lead, and repairs
+    the record from the leader's copy (see `LedgerStore.repair`)."""
+
+    def __init__(self, index: int, message: str) -> None:
+        super().__init__(ResponseCode.DISK_ERROR, message)
+        self.index = index
+
+
+class PushRejected(StoreError):
+    """A pushed record failed verification: `index` is the index it should hold, `reason`
+    what failed (e.g. "body crc mismatch")."""
+
+    def __init__(self, code: ResponseCode, message: str, index: int, reason: str) -> None:
+        super().__init__(code, message)
+        self.index = index
+        self.reason = reason
 
 
 class AppendResult(NamedTuple):
@@ -101,6 +121,54 @@ class LedgerStore(ABC):
     def reset(self, begin_index: int, begin_term: int, begin_chain_crc: int, begin_pos: int) -> None:
         """Drop every entry and start an empty log whose next entry is begin_index at begin_pos."""
 
+    def repair(self, index: int, data: bytes | bytearray | memoryview) -> None:
+        """Overwrite the stored record of `index` in place with `data`, the same record as the
+        leader holds it (bytes and position are equal on every member), and make it durable.
+
+        Nothing moves: the record must verify by itself (body CRC) and carry the index, term,
+        position, size and magic our index holds for `index`, and its chain CRC must follow our
+        entry index - 1; else StoreError and nothing is written. Never used to change what an
+        entry is, only to restore the bytes it had."""
+        with self._lock:
+            err = self.write_error()
+            if err is not None:
+                raise err
+            self._check_readable(index)
+            pos, size, term, magic = self._record_slot(index)
+            self._check_repair_record(index, data, pos, size, term, magic)
+            self._write_record(pos, data)
+            reason = self.verify(index)
+        if reason is not None:
+            raise CorruptEntryError(index, f"entry {index} still fails verification after its repair: {reason}")
+
+    def _record_slot(self, index: int) -> tuple[int, int, int, int | None]:
+        """(pos, size, term, magic or None) of `index` as the index knows it, without trusting
+        the record's own header."""
+        raise StoreError(ResponseCode.UNSUPPORTED, f"{type(self).__name__} cannot repair records")
+
+    def _write_record(self, pos: int, data: bytes | bytearray | memoryview) -> None:
+        """Write a whole record at `pos` over the old one and make it durable."""
+        raise StoreError(ResponseCode.UNSUPPORTED, f"{type(self).__name__} cannot repair records")
+
+    def _check_repair_record(self, index: int, data: bytes | bytearray | memoryview, pos: int, size: int,
+                             term: int, magic: int | None) -> None:
+        if len(data) != size:
+            raise StoreError(ResponseCode.INCONSISTENT_STATE,
+                             f"repair of entry {index}: {len(data)} bytes, our record has {size}")
+        try:
+            e = decode_entry(data)
+        except DLedgerError as err:
+            raise StoreError(ResponseCode.UNEXPECTED_ARGUMENT,
+                             f"repair of entry {index}: the record sent fails its own check: {err.message}") from err
+        channel = HEADER.unpack_from(data, 0)[5]
+        if (e.index, e.term, e.pos, channel) != (index, term, pos, 0) or magic not in (None, e.magic):
+            raise StoreError(ResponseCode.INCONSISTENT_STATE,
+                             f"repair of entry {index}: the record sent (index {e.index}, term {e.term}, pos {e.pos}) "
+                             f"is not ours (term {term}, pos {pos})")
+        if chain_crc(index, e.term, e.body_crc, self.chain_at(index - 1)) != e.chain_crc:
+            raise StoreError(ResponseCode.INCONSISTENT_STATE,
+                             f"repair of entry {index}: its chain CRC does not follow our entry {index - 1}")
+
     # --- reads --------------------------------------------------------------
 
     @abstractmethod
@@ -120,32 +188,68 @@ class LedgerStore(ABC):
         """Byte position where the next record would start (before any file roll)."""
 
     def get(self, index: int) -> Entry:
+        """The entry at `index`, its body CRC verified (CorruptEntryError if it fails)."""
         raw = self.read_raw(index, 0)
         try:
             entry = decode_entry(raw.data)
+        except CorruptRecord as e:
+            raise CorruptEntryError(index, f"entry {index}: {e.reason}") from e
         finally:
             raw.data.release()
         if entry.index != index:
-            raise StoreError(ResponseCode.DISK_ERROR, f"record for index {index} holds {entry.index}")
+            raise CorruptEntryError(index, f"record for index {index} holds {entry.index}")
         return entry
 
+    def chain_at(self, index: int) -> int:
+        """The chain CRC field of the record at `index` as stored (no body check);
+        begin_chain_crc for begin_index - 1."""
+        if index == self.begin_index - 1:
+            return self.begin_chain_crc
+        raw = self.read_raw(index, 0)
+        try:
+            if len(raw.data) < HEADER_SIZE:
+                raise CorruptEntryError(index, f"record of entry {index} has no whole header")
+            return int(HEADER.unpack_from(raw.data, 0)[6])
+        finally:
+            raw.data.release()
+
+    def verify_entry(self, index: int) -> Entry:
+        """The entry at `index` once fully verified: body CRC, header against the index (term),
+        chain CRC following its predecessor's. CorruptEntryError names what failed."""
+        entry = self.get(index)
+        term = self.term_at(index)
+        if entry.term != term:
+            raise CorruptEntryError(index, f"record of entry {index} says term {entry.term}, the index {term}")
+        prev = self.chain_at(index - 1)
+        if chain_crc(index, entry.term, entry.body_crc, prev) != entry.chain_crc:
+            raise CorruptEntryError(index, f"chain CRC of entry {index} does not follow entry {index - 1}")
+        return entry
+
+    def verify(self, index: int) -> str | None:
+        """Why the record at `index` fails verification (see verify_entry), or None."""
+        try:
+            self.verify_entry(index)
+        except CorruptEntryError as e:
+            return e.message
+        return None
+
     def read(self, from_index: int, max_entries: int = 1000, max_bytes: int = 4 << 20) -> list[Entry]:
-        """Decoded entries from from_index (all magics), stopping at the end of the log."""
+        """Decoded entries from from_index (all magics), stopping at the end of the log. Their
+        records total at most `max_bytes` (the first entry is returned whatever its size)."""
         out: list[Entry] = []
         index = from_index
-        while len(out) < max_entries and index <= self.end_index:
-            raw = self.read_raw(index, max_bytes)
+        size = 0
+        while len(out) < max_entries and index <= self.end_index and (not out or size < max_bytes):
+            raw = self.read_raw(index, max(1, max_bytes - size))
             try:
                 off = 0
                 for k in range(min(raw.count, max_entries - len(out))):
                     try:
                         entry = decode_entry(raw.data, off)
-                    except DLedgerError as e:
-                        raise StoreError(ResponseCode.DISK_ERROR, f"entry {index}: {e.message}") from e
+                    except CorruptRecord as e:
+                        raise CorruptEntryError(index, f"entry {index}: {e.reason}") from e
                     if entry.index != index:
-                        raise StoreError(
-                            ResponseCode.DISK_ERROR, f"record for index {index} holds {entry.index}"
-                        )
+                        raise CorruptEntryError(index, f"record for index {index} holds {entry.index}")
                     # headers are not covered by the body CRC: the first record of a range
                     # is checked by get(), each next one by its pos and chain CRC link
                     if k == 0:
@@ -156,16 +260,15 @@ class LedgerStore(ABC):
                             index, entry.term, entry.body_crc, prev.chain_crc
                         )
                     if not ok:
-                        raise StoreError(
-                            ResponseCode.DISK_ERROR, f"record of entry {index} has a damaged header"
-                        )
+                        raise CorruptEntryError(index, f"record of entry {index} has a damaged header")
+                    if out and size + entry.size > max_bytes:
+                        return out
                     out.append(entry)
+                    size += entry.size
                     off += entry.size
                     index += 1
             finally:
                 raw.data.release()
-            if sum(e.size for e in out) >= max_bytes:
-                break
         return out
 
     def first_index_of_term(self, term: int) -> int:
@@ -324,7 +427,8 @@ def os_error(e: OSError, what: str) -> StoreError:
     return StoreError(code, f"{what} failed: {e.strerror or e}")
 
 
-def push_error(stop: str, offset: int) -> StoreError:
+def push_error(stop: str, offset: int, index: int) -> PushRejected:
+    """A pushed record at `offset` of the push, which should hold entry `index`, failed."""
     reason = stop.removeprefix("corrupt: ")
     if reason.startswith("index"):
         code = ResponseCode.INCONSISTENT_INDEX
@@ -333,4 +437,5 @@ def push_error(stop: str, offset: int) -> StoreError:
         reason += " (do all members use the same data_file_size?)"
     else:
         code = ResponseCode.UNEXPECTED_ARGUMENT
-    return StoreError(code, f"pushed record at offset {offset} rejected: {reason}")
+    return PushRejected(code, f"pushed record of entry {index} at offset {offset} rejected: {reason}", index,
+                        stop.removeprefix("corrupt: "))

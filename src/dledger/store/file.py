@@ -45,7 +45,16 @@ from dledger.entry import (
     encode_into,
     scan,
 )
-from dledger.store.base import AppendResult, LedgerStore, RawRange, StoreError, TermVote, os_error, push_error
+from dledger.store.base import (
+    AppendResult,
+    CorruptEntryError,
+    LedgerStore,
+    RawRange,
+    StoreError,
+    TermVote,
+    os_error,
+    push_error,
+)
 from dledger.store.checkpoint import read_json, write_atomic
 from dledger.store.flusher import FlushService
 from dledger.store.lock import StoreDirLock
@@ -254,7 +263,8 @@ class FileLedgerStore(LedgerStore):
                 self.end_chain_crc, self.end_term, units=units, max_count=ucap,
             )
             if res.stop.startswith("corrupt") or res.stop in ("blank", "zero") or res.count == 0:
-                raise push_error(res.stop, off)
+                # name the record that failed, not the start of the push
+                raise push_error(res.stop, off + res.consumed, self.end_index + 1 + res.count)
             f.write(self.write_pos - f.start, data[off : off + res.consumed])
             uf.write((self.end_index + 1) * INDEX_UNIT_SIZE - uf.start, units)
             off += res.consumed
@@ -375,32 +385,75 @@ class FileLedgerStore(LedgerStore):
     def get(self, index: int) -> Entry:
         with self._lock:
             self._check_readable(index)
-            _, pos, size, _, term = self.unit(index)
-            f = self.data.locate(pos)
             try:
-                entry = decode_entry(f.mm, pos - f.start)
-            except CorruptRecord as e:
-                raise StoreError(ResponseCode.DISK_ERROR, f"{f.path}: {e.message}") from e
-            if entry.index != index or entry.pos != pos or entry.size != size or entry.term != term:
-                raise StoreError(
-                    ResponseCode.DISK_ERROR,
-                    f"{f.path} offset {pos - f.start}: record does not match index unit of {index}",
-                )
-            # the chain CRC covers index, term and body CRC: a damaged header field that
-            # the unit cannot reveal (the unit may have been rebuilt from it) shows here
-            if index == self.begin_index:
-                prev = self.begin_chain_crc
-            else:
-                _, p, _, _, _ = self.unit(index - 1)
-                pf = self.data.locate(p)
-                prev = HEADER.unpack_from(pf.mm, p - pf.start)[6]
-            if chain_crc(index, entry.term, entry.body_crc, prev) != entry.chain_crc:
-                raise StoreError(
-                    ResponseCode.DISK_ERROR,
-                    f"{f.path} offset {pos - f.start}: chain CRC of entry {index} does not "
-                    f"follow entry {index - 1}",
-                )
-            return entry
+                return self._get_locked(index)
+            except CorruptEntryError:
+                raise
+            except StoreError as e:
+                if e.code != ResponseCode.DISK_ERROR:
+                    raise
+                raise CorruptEntryError(index, f"entry {index}: {e.message}") from e
+
+    def verify_entry(self, index: int) -> Entry:
+        return self.get(index)  # get checks the header against the unit and the chain CRC link
+
+    def _get_locked(self, index: int) -> Entry:
+        _, pos, size, _, term = self.unit(index)
+        f = self.data.locate(pos)
+        try:
+            entry = decode_entry(f.mm, pos - f.start)
+        except CorruptRecord as e:
+            raise CorruptEntryError(index, f"entry {index} in {f.path}: {e.message}") from e
+        if entry.index != index or entry.pos != pos or entry.size != size or entry.term != term:
+            raise CorruptEntryError(
+                index, f"{f.path} offset {pos - f.start}: record does not match index unit of {index}",
+            )
+        # the chain CRC covers index, term and body CRC: a damaged header field that
+        # the unit cannot reveal (the unit may have been rebuilt from it) shows here
+        if index == self.begin_index:
+            prev = self.begin_chain_crc
+        else:
+            _, p, _, _, _ = self.unit(index - 1)
+            pf = self.data.locate(p)
+            prev = HEADER.unpack_from(pf.mm, p - pf.start)[6]
+        if chain_crc(index, entry.term, entry.body_crc, prev) != entry.chain_crc:
+            raise CorruptEntryError(
+                index,
+                f"{f.path} offset {pos - f.start}: chain CRC of entry {index} does not "
+                f"follow entry {index - 1}",
+            )
+        return entry
+
+    def chain_at(self, index: int) -> int:
+        with self._lock:
+            if index == self.begin_index - 1:
+                return self.begin_chain_crc
+            self._check_readable(index)
+            _, p, _, _, _ = self.unit(index)
+            f = self.data.locate(p)
+            return int(HEADER.unpack_from(f.mm, p - f.start)[6])
+
+    def _record_slot(self, index: int) -> tuple[int, int, int, int | None]:
+        """From the index unit as written, not checked against the (maybe damaged) header."""
+        p = index * INDEX_UNIT_SIZE
+        uf = self.index.locate(p)
+        magic, pos, size, idx, term = INDEX_UNIT.unpack_from(uf.mm, p - uf.start)
+        if idx != index or magic not in ENTRY_MAGICS or size < HEADER_SIZE:
+            raise StoreError(ResponseCode.DISK_ERROR, f"index unit of {index} is damaged: cannot repair its record")
+        return pos, size, term, magic
+
+    def _write_record(self, pos: int, data: bytes | bytearray | memoryview) -> None:
+        f = self.data.locate(pos)
+        if pos + len(data) > f.end:
+            raise StoreError(ResponseCode.DISK_ERROR, f"record at {pos} would cross the end of {f.path}")
+        f.write(pos - f.start, data)
+        try:
+            with self._sync_lock:
+                f.sync()
+        except OSError as e:
+            raise self._as_store_error(e, "repair") from e
+        log.warning("%s: rewrote the record at %s offset %d (%d bytes) from the leader's copy",
+                    self.dir, f.path.name, pos - f.start, len(data))
 
     # --- truncate, reset ------------------------------------------------------
 

@@ -62,7 +62,7 @@ class MemoryLedgerStore(LedgerStore):
             except CorruptRecord as e:
                 # a bad push is the sender's fault, not a local DISK_ERROR: same codes as
                 # the file store
-                raise push_error("corrupt: " + e.reason, e.offset) from e
+                raise push_error("corrupt: " + e.reason, e.offset, e.index) from e
             if res.consumed != len(data):
                 raise StoreError(
                     ResponseCode.UNEXPECTED_ARGUMENT,
@@ -96,7 +96,7 @@ class MemoryLedgerStore(LedgerStore):
                 self.end_term, self.end_chain_crc = self.begin_term, self.begin_chain_crc
             else:
                 self.end_term = self._terms[k - 1]
-                self.end_chain_crc = self.get(from_index - 1).chain_crc
+                self.end_chain_crc = self.chain_at(from_index - 1)  # the header's: a rotten body is repaired apart
             self.durable_index = min(self.durable_index, self.end_index)
 
     def reset(self, begin_index: int, begin_term: int, begin_chain_crc: int, begin_pos: int) -> None:
@@ -117,14 +117,14 @@ class MemoryLedgerStore(LedgerStore):
         with self._lock:
             if not self.begin_index < begin_index <= self.end_index:
                 return
-            prev = self.get(begin_index - 1)
+            prev_term, prev_chain = self.term_at(begin_index - 1), self.chain_at(begin_index - 1)
             k = begin_index - self.begin_index
             cut = self._offsets[k]
             del self._buf[:cut]
             self._base_pos += cut
             self._offsets = array("q", (o - cut for o in self._offsets[k:]))
             del self._terms[:k]
-            self.begin_index, self.begin_term, self.begin_chain_crc = begin_index, prev.term, prev.chain_crc
+            self.begin_index, self.begin_term, self.begin_chain_crc = begin_index, prev_term, prev_chain
 
     def read_raw(self, from_index: int, max_bytes: int) -> RawRange:
         with self._lock:
@@ -138,6 +138,16 @@ class MemoryLedgerStore(LedgerStore):
             end = self._offsets[m] if m < len(self._offsets) else len(self._buf)
             # a copy: a view would pin the bytearray and forbid appends
             return RawRange(memoryview(bytes(self._buf[start:end])), from_index, m - k)
+
+    def _record_slot(self, index: int) -> tuple[int, int, int, int | None]:
+        k = index - self.begin_index
+        start = self._offsets[k]
+        end = self._offsets[k + 1] if k + 1 < len(self._offsets) else len(self._buf)
+        return self._base_pos + start, end - start, self._terms[k], None
+
+    def _write_record(self, pos: int, data: bytes | bytearray | memoryview) -> None:
+        off = pos - self._base_pos
+        self._buf[off : off + len(data)] = data
 
     def term_at(self, index: int) -> int:
         if index == self.begin_index - 1:

@@ -1,0 +1,228 @@
+"""A development CA and the member and client certificates of one group (`dledger certs`).
+
+`make_certs` writes, in one directory:
+
+* ``ca.pem`` / ``ca-key.pem``: a self-signed CA that signs everything below;
+* per member ``<id>.pem`` / ``<id>-key.pem``: CN = id, subjectAltName DNS = id plus a DNS or
+  IP name per host, extended key usage serverAuth + clientAuth (a member is both ends);
+* per client ``<name>.pem`` / ``<name>-key.pem``: CN = name, DNS = name, clientAuth only.
+
+Keys are EC P-256, written with mode 0600; every file is written atomically (temporary file,
+fsync, rename). This is for development and tests: a production group should use its own
+PKI, under the identity rule of `dledger.security.tls`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import ipaddress
+import os
+import re
+from collections.abc import Sequence
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from dledger.config import ConfigError
+
+CA_CERT = "ca.pem"
+CA_KEY = "ca-key.pem"
+DEFAULT_HOSTS: tuple[str, ...] = ("127.0.0.1", "localhost")
+DEFAULT_CLIENTS: tuple[str, ...] = ("client",)
+DEFAULT_DAYS = 825
+
+_ID_RE = re.compile(r"^[A-Za-z0-9_.]+$")  # a member id, as in the peers string
+_NAME_RE = re.compile(r"^[A-Za-z0-9_.-]+$")
+_HOST_RE = re.compile(r"^[A-Za-z0-9_.*-]+$")
+
+
+def make_certs(
+    out_dir: Path,
+    members: Sequence[str],
+    hosts: Sequence[str] = DEFAULT_HOSTS,
+    clients: Sequence[str] = DEFAULT_CLIENTS,
+    days: int = DEFAULT_DAYS,
+    *,
+    force: bool = False,
+) -> dict[str, Path]:
+    """Write a development CA, one certificate per member and one per client into `out_dir`.
+
+    Returns the files written, keyed by file stem (``ca``, ``ca-key``, ``n0``, ``n0-key``, ...).
+    Raises ConfigError for bad names, or when `out_dir` already holds a CA and not `force`
+    (replacing the CA invalidates every certificate it signed).
+    """
+    out_dir = Path(out_dir)
+    members, hosts, clients = list(members), list(hosts), list(clients)
+    _check_names(members, hosts, clients, days)
+    for name in (CA_CERT, CA_KEY):
+        if (out_dir / name).exists() and not force:
+            raise ConfigError(
+                f"{out_dir / name} exists: refusing to overwrite the CA "
+                "(force it to replace the CA and every certificate it signed)"
+            )
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(f"{out_dir}: cannot create the directory: {e.strerror or e}") from e
+
+    now = dt.datetime.now(dt.UTC).replace(microsecond=0)
+    not_before = now - dt.timedelta(hours=1)  # tolerate clocks a little behind
+    not_after = now + dt.timedelta(days=days)
+
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([
+        x509.NameAttribute(NameOID.ORGANIZATION_NAME, "dledger"),
+        x509.NameAttribute(NameOID.COMMON_NAME, "dledger development CA"),
+    ])
+    ca_ski = x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key())
+    ca_cert = (
+        x509.CertificateBuilder()
+        .subject_name(ca_name)
+        .issuer_name(ca_name)
+        .public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(not_before)
+        .not_valid_after(not_after)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True, content_commitment=False, key_encipherment=False,
+                data_encipherment=False, key_agreement=False, key_cert_sign=True, crl_sign=True,
+                encipher_only=False, decipher_only=False,
+            ),
+            critical=True,
+        )
+        .add_extension(ca_ski, critical=False)
+        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_subject_key_identifier(ca_ski), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+
+    written: dict[str, Path] = {}
+
+    def issue(name: str, sans: list[x509.GeneralName], usages: list[x509.ObjectIdentifier]) -> None:
+        key = ec.generate_private_key(ec.SECP256R1())
+        cert = (
+            x509.CertificateBuilder()
+            .subject_name(x509.Name([
+                x509.NameAttribute(NameOID.ORGANIZATION_NAME, "dledger"),
+                x509.NameAttribute(NameOID.COMMON_NAME, name),
+            ]))
+            .issuer_name(ca_name)
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(not_before)
+            .not_valid_after(not_after)
+            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+            .add_extension(
+                x509.KeyUsage(
+                    digital_signature=True, content_commitment=False, key_encipherment=False,
+                    data_encipherment=False, key_agreement=False, key_cert_sign=False, crl_sign=False,
+                    encipher_only=False, decipher_only=False,
+                ),
+                critical=True,
+            )
+            .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
+            .add_extension(x509.SubjectAlternativeName(sans), critical=False)
+            .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+            .add_extension(x509.AuthorityKeyIdentifier.from_issuer_subject_key_identifier(ca_ski), critical=False)
+            .sign(ca_key, hashes.SHA256())
+        )
+        written[f"{name}-key"] = _write(out_dir / f"{name}-key.pem", _key_pem(key), 0o600)
+        written[name] = _write(out_dir / f"{name}.pem", cert.public_bytes(serialization.Encoding.PEM), 0o644)
+
+    # the CA key first, its certificate last: a crash midway leaves no ca.pem to refuse over
+    ca_key_path = _write(out_dir / CA_KEY, _key_pem(ca_key), 0o600)
+    for member in members:
+        sans: list[x509.GeneralName] = [x509.DNSName(member)]
+        for host in hosts:
+            san = _host_name(host)
+            if san not in sans:
+                sans.append(san)
+        issue(member, sans, [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH])
+    for client in clients:
+        issue(client, [x509.DNSName(client)], [ExtendedKeyUsageOID.CLIENT_AUTH])
+    ca_path = _write(out_dir / CA_CERT, ca_cert.public_bytes(serialization.Encoding.PEM), 0o644)
+    return {"ca": ca_path, "ca-key": ca_key_path, **written}
+
+
+def _check_names(members: list[str], hosts: list[str], clients: list[str], days: int) -> None:
+    if not members:
+        raise ConfigError("certs: give at least one member id")
+    for m in members:
+        if not _ID_RE.match(m):
+            raise ConfigError(f"certs: bad member id {m!r}: use letters, digits, '_', '.' (as in peers)")
+    for c in clients:
+        if not _NAME_RE.match(c):
+            raise ConfigError(f"certs: bad client name {c!r}: use letters, digits, '_', '.', '-'")
+    for h in hosts:
+        if not h or not (_is_ip(h) or _HOST_RE.match(h)):
+            raise ConfigError(f"certs: bad host {h!r}: give an IP address or a DNS name")
+    clash = sorted(set(hosts) & set(members + clients))
+    if clash:
+        raise ConfigError(
+            f"certs: host {clash[0]!r} is also a member or client name: every member certificate "
+            "would carry that name, so any member could speak as it"
+        )
+    names = members + clients
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise ConfigError(
+            f"certs: {', '.join(dupes)} named twice: member ids and client names must all differ "
+            "(a client certificate naming a member id would be accepted as that member)"
+        )
+    if {n.lower() for n in names} & {"ca", "ca-key"} or any(n.endswith("-key") for n in clients):
+        raise ConfigError("certs: 'ca' and names ending in '-key' are reserved for the CA and key files")
+    if days <= 0:
+        raise ConfigError(f"certs: days must be positive, not {days}")
+
+
+def _is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
+
+
+def _host_name(host: str) -> x509.GeneralName:
+    if _is_ip(host):
+        return x509.IPAddress(ipaddress.ip_address(host))
+    return x509.DNSName(host)
+
+
+def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
+    return key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
+
+
+def _write(path: Path, data: bytes, mode: int) -> Path:
+    """Write `data` to `path` atomically with exactly `mode` (temporary file, fsync, rename)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()  # left by a crash
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+        try:
+            os.fchmod(fd, mode)  # exactly `mode`, whatever the umask
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+        dir_fd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise ConfigError(f"{path}: cannot write: {e.strerror or e}") from e
+    return path

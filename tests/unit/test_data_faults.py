@@ -1,0 +1,182 @@
+"""Data faults in the stores (issue 11): a damaged record is found, named, and repaired in place.
+
+Both stores hold the same bytes as the leader (followers copy records verbatim), so a damaged
+record can be restored from the leader's copy: `repair` overwrites it only with a record that
+verifies and is the same entry (index, term, pos, size, chain link) as the one it replaces.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from dledger.entry import HEADER_SIZE
+from dledger.store.base import CorruptEntryError, LedgerStore, PushRejected, StoreError
+from dledger.store.file import FileLedgerStore
+from dledger.store.memory import MemoryLedgerStore
+
+CHAIN_FIELD = 36  # header bytes 36..39: chain_crc
+
+KINDS = ["memory", "file"]
+
+
+class Stores:
+    def __init__(self, kind: str, tmp: Path) -> None:
+        self.kind = kind
+        self.tmp = tmp
+        self.opened: list[LedgerStore] = []
+
+    def make(self, name: str) -> LedgerStore:
+        if self.kind == "memory":
+            s: LedgerStore = MemoryLedgerStore()
+        else:
+            s = FileLedgerStore(self.tmp / name, data_file_size=64 << 10, index_file_size=32 * 64)
+        self.opened.append(s)
+        return s
+
+    def reopen(self, s: LedgerStore) -> LedgerStore:
+        assert isinstance(s, FileLedgerStore)
+        s.close()
+        again = FileLedgerStore(s.dir, data_file_size=64 << 10, index_file_size=32 * 64)
+        self.opened.append(again)
+        return again
+
+    def close(self) -> None:
+        for s in self.opened:
+            s.close()
+
+
+@pytest.fixture(params=KINDS)
+def stores(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Stores]:
+    s = Stores(request.param, tmp_path)
+    try:
+        yield s
+    finally:
+        s.close()
+
+
+def leader_and_follower(stores: Stores, n: int = 40) -> tuple[LedgerStore, LedgerStore]:
+    """A leader store with n entries (two terms; enough to cross data files), and a follower
+    holding the same records verbatim."""
+    leader, follower = stores.make("leader"), stores.make("follower")
+    leader.append_as_leader([f"entry-{k}".encode() * 40 for k in range(n // 2)], 1)
+    leader.append_as_leader([f"entry-{k}".encode() * 40 for k in range(n // 2, n)], 2)
+    i = 0
+    while i <= leader.end_index:
+        raw = leader.read_raw(i, 8 << 10)
+        follower.append_as_follower(bytes(raw.data))
+        raw.data.release()
+        i += raw.count
+    leader.set_committed(leader.end_index)
+    follower.set_committed(follower.end_index)
+    return leader, follower
+
+
+def record(store: LedgerStore, index: int) -> bytes:
+    raw = store.read_raw(index, 0)
+    try:
+        return bytes(raw.data)
+    finally:
+        raw.data.release()
+
+
+def flip(store: LedgerStore, index: int, offset: int) -> None:
+    """Bit rot: flip a byte at `offset` of the stored record of `index` (behind the store's
+    back: in the data file for the file store, as a damaged sector would)."""
+    pos = store.get(index).pos if offset >= HEADER_SIZE else _pos(store, index)
+    if isinstance(store, FileLedgerStore):
+        f = store.data.locate(pos)
+        fd = os.open(f.path, os.O_RDWR)
+        try:
+            old = os.pread(fd, 1, pos - f.start + offset)
+            os.pwrite(fd, bytes([old[0] ^ 0x5A]), pos - f.start + offset)
+        finally:
+            os.close(fd)
+    else:
+        assert isinstance(store, MemoryLedgerStore)
+        store._buf[pos - store._base_pos + offset] ^= 0x5A
+
+
+def _pos(store: LedgerStore, index: int) -> int:
+    return int.from_bytes(record(store, index)[24:32], "big")
+
+
+@pytest.mark.parametrize("where", ["body", "chain"])
+def test_a_damaged_record_is_found_and_named(stores: Stores, where: str) -> None:
+    _, f = leader_and_follower(stores)
+    bad = 23
+    flip(f, bad, HEADER_SIZE + 5 if where == "body" else CHAIN_FIELD)
+    reason = f.verify(bad)
+    assert reason is not None and (("body crc" in reason) if where == "body" else ("chain" in reason.lower()))
+    assert all(f.verify(i) is None for i in range(f.end_index + 1) if i not in (bad, bad + 1))
+    with pytest.raises(CorruptEntryError) as e:
+        f.verify_entry(bad)
+    assert e.value.index in (bad, bad + 1)
+    if where == "body":
+        with pytest.raises(CorruptEntryError) as e:
+            f.get(bad)
+        assert e.value.index == bad
+        with pytest.raises(CorruptEntryError) as e:
+            f.read(bad - 3, 10)
+        assert e.value.index == bad
+        assert [x.index for x in f.read(bad - 3, 3)] == [bad - 3, bad - 2, bad - 1]
+    # what replication and votes rely on is unchanged: the log's end, its terms
+    assert (f.end_index, f.end_term, f.term_at(bad)) == (39, 2, 2)
+
+
+@pytest.mark.parametrize("where", ["body", "chain"])
+def test_repair_restores_the_record_in_place(stores: Stores, where: str) -> None:
+    leader, f = leader_and_follower(stores)
+    bad = 7
+    good = record(leader, bad)
+    flip(f, bad, HEADER_SIZE + 1 if where == "body" else CHAIN_FIELD)
+    assert record(f, bad) != good
+    f.repair(bad, good)
+    assert record(f, bad) == good
+    assert all(f.verify(i) is None for i in range(f.end_index + 1))
+    assert f.get(bad).body == b"entry-7" * 40
+    if stores.kind == "file":
+        f = stores.reopen(f)  # fsynced in place: a restart keeps it
+        assert record(f, bad) == good and f.verify(bad) is None
+        assert (f.end_index, f.committed_index) == (39, 39)
+
+
+def test_repair_refuses_what_is_not_the_same_entry(stores: Stores) -> None:
+    leader, f = leader_and_follower(stores)
+    other = stores.make("other")  # same indexes and terms, other bodies: another history
+    other.append_as_leader([f"other-{k}".encode() * 40 for k in range(20)], 1)
+    bad = 9
+    flip(f, bad, HEADER_SIZE + 3)
+    damaged = record(f, bad)
+    good = record(leader, bad)
+    rotten_copy = bytearray(good)
+    rotten_copy[HEADER_SIZE] ^= 1
+    wrong_index = record(leader, bad + 1)
+    for candidate in (record(other, bad), bytes(rotten_copy), wrong_index, good[:-1]):
+        with pytest.raises(StoreError):
+            f.repair(bad, candidate)
+        assert record(f, bad) == damaged  # nothing written
+    f.repair(bad, good)
+    assert f.verify(bad) is None
+
+
+def test_a_damaged_push_names_the_failing_record_and_keeps_nothing(stores: Stores) -> None:
+    """The handler rejected a whole batch naming "offset 0" (the file store reported where the
+    push began, not the failing record): the leader could not tell which record was bad."""
+    leader, _ = leader_and_follower(stores)
+    g = stores.make("g")
+    g.append_as_follower(record(leader, 0) + record(leader, 1) + record(leader, 2))
+    recs = [record(leader, i) for i in range(3, 8)]
+    push = bytearray(b"".join(recs))
+    at = len(recs[0]) + len(recs[1])  # record 5
+    push[at + HEADER_SIZE + 2] ^= 0x01
+    with pytest.raises(PushRejected) as e:
+        g.append_as_follower(bytes(push))
+    assert e.value.index == 5 and e.value.reason == "body crc mismatch"
+    assert "entry 5" in e.value.message and f"offset {at}" in e.value.message
+    assert g.end_index == 2
+    g.append_as_follower(b"".join(recs))  # the good copy goes in
+    assert g.end_index == 7

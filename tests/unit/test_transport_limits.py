@@ -1,0 +1,369 @@
+"""The transport's defences, over real loopback sockets: receive buffers that grow only as
+bytes arrive, per-turn fairness, graceful close after garbage, the connection cap, frame and
+idle timeouts, the shared-token gate and mutual TLS with name checks.
+
+No timing is asserted: waits are deadline loops that only bound how long a failure takes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import struct
+from collections.abc import Callable, Coroutine
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+import uvloop
+
+from dledger.codes import DLedgerError, ResponseCode
+from dledger.runtime.transport import (
+    AUTH_CODE,
+    KIND_REQUEST,
+    Caller,
+    FrameDecoder,
+    Limits,
+    Message,
+    Respond,
+    TransportClient,
+    TransportServer,
+    encode_frame,
+)
+from dledger.security.certs import make_certs
+from dledger.security.tls import TlsConfig, client_context, server_context
+
+T = TypeVar("T")
+_HEADER = struct.Struct(">IBQiI")
+
+
+def run(coro: Coroutine[Any, Any, T], loop: str = "asyncio") -> T:
+    factory = uvloop.new_event_loop if loop == "uvloop" else None
+    with asyncio.Runner(loop_factory=factory) as runner:
+        return runner.run(asyncio.wait_for(coro, 30))
+
+
+async def eventually(cond: Callable[[], bool], deadline_s: float = 15) -> None:
+    loop = asyncio.get_running_loop()
+    end = loop.time() + deadline_s
+    while not cond():
+        assert loop.time() < end, "condition not reached"
+        await asyncio.sleep(0.02)
+
+
+async def echo(msg: Message) -> Message:
+    return Message(ResponseCode.SUCCESS, msg.meta, msg.data)
+
+
+def frame(request_id: int, code: int = 1, meta: bytes = b"", data: bytes = b"") -> bytes:
+    return b"".join(bytes(p) for p in encode_frame(KIND_REQUEST, request_id, code, meta, data))
+
+
+async def raw_connection(server: TransportServer) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    host, _, port = server.address.rpartition(":")
+    return await asyncio.open_connection(host, int(port))
+
+
+async def read_frame(reader: asyncio.StreamReader) -> tuple[int, int, bytes]:
+    length, _kind, request_id, code, mlen = _HEADER.unpack(await reader.readexactly(21))
+    rest = await reader.readexactly(length - 17)
+    return request_id, code, rest[:mlen]
+
+
+async def closed_by_peer(reader: asyncio.StreamReader, deadline_s: float = 20) -> bool:
+    try:
+        async with asyncio.timeout(deadline_s):
+            while await reader.read(65536):
+                pass
+    except (ConnectionError, TimeoutError):
+        return True
+    return True
+
+
+# --- the decoder ----------------------------------------------------------------------------
+
+
+def test_an_announced_big_frame_costs_only_the_bytes_sent() -> None:
+    out: list[bytes] = []
+    decoder = FrameDecoder(lambda k, r, c, m, d: out.append(bytes(d)), max_frame_bytes=64 << 20)
+    decoder.feed(_HEADER.pack(64 << 20, KIND_REQUEST, 1, 1, 0))  # announces 64 MiB, sends a header
+    assert decoder.pending
+    assert len(decoder.get_buffer()) <= 1 << 20  # the buffer is what arrived plus a step, not 64 MiB
+    body = b"x" * (3 << 20)  # a real big frame grows as it arrives and arrives whole
+    decoder2 = FrameDecoder(lambda k, r, c, m, d: out.append(bytes(d)), max_frame_bytes=64 << 20)
+    decoder2.feed(frame(2, data=body))
+    assert out == [body]
+    assert not decoder2.pending
+
+
+def test_a_fresh_decoder_starts_small_and_grows_for_a_bigger_frame() -> None:
+    out: list[bytes] = []
+    decoder = FrameDecoder(lambda k, r, c, m, d: out.append(bytes(d)))
+    assert len(decoder.get_buffer()) <= 16 * 1024
+    decoder.feed(frame(1, data=b"y" * 100_000))  # bigger than the first buffer, smaller than a chunk
+    assert out == [b"y" * 100_000]
+
+
+def test_the_budget_leaves_frames_for_the_next_turn() -> None:
+    out: list[int] = []
+    decoder = FrameDecoder(lambda k, r, c, m, d: out.append(r), budget=3)
+    wire = b"".join(frame(i) for i in range(10))
+    buf = decoder.get_buffer()
+    buf[: len(wire)] = wire
+    decoder.buffer_updated(len(wire))
+    assert out == [0, 1, 2] and decoder.backlog
+    while decoder.backlog:
+        decoder.parse_more()
+    assert out == list(range(10))
+
+
+# --- the server -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_a_valid_frame_followed_by_garbage_is_answered_then_closed(loop: str) -> None:
+    async def main() -> None:
+        server = TransportServer(echo)
+        await server.start("127.0.0.1", 0)
+        try:
+            reader, writer = await raw_connection(server)
+            writer.write(frame(7, meta=b"hello") + struct.pack(">I", 3) + b"garbage")
+            request_id, code, meta = await read_frame(reader)
+            assert (request_id, code, meta) == (7, ResponseCode.SUCCESS, b"hello")
+            assert await closed_by_peer(reader)
+            writer.close()
+        finally:
+            await server.close()
+
+    run(main(), loop)
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_one_connection_flood_does_not_hold_the_loop(loop: str) -> None:
+    """While one connection pipelines thousands of frames, a timer still fires often."""
+
+    async def main() -> None:
+        server = TransportServer(echo)
+        await server.start("127.0.0.1", 0)
+        ticks = 0
+
+        async def ticker() -> None:
+            nonlocal ticks
+            while True:
+                await asyncio.sleep(0)
+                ticks += 1
+
+        try:
+            reader, writer = await raw_connection(server)
+            wire = b"".join(frame(i) for i in range(20_000))
+            task = asyncio.create_task(ticker())
+            writer.write(wire)
+            got = 0
+            while got < 20_000:
+                await read_frame(reader)
+                got += 1
+            task.cancel()
+            assert ticks > 20_000 // 64 // 2  # the ticker ran between the budgets
+            writer.close()
+        finally:
+            await server.close()
+
+    run(main(), loop)
+
+
+def test_at_the_cap_a_busy_server_refuses_and_an_idle_one_makes_room() -> None:
+    release = asyncio.Event()
+
+    async def held(msg: Message) -> Message:
+        if msg.code == 2:
+            await release.wait()
+        return Message(ResponseCode.SUCCESS)
+
+    async def main() -> None:
+        server = TransportServer(held, limits=Limits(max_connections=3))
+        await server.start("127.0.0.1", 0)
+        try:
+            conns = [await raw_connection(server) for _ in range(3)]
+            for _, w in conns:  # each has a request in flight: none may be closed for room
+                w.write(frame(1, code=2))
+            await eventually(lambda: server.connection_count == 3
+                             and all(c.inflight for c in server._connections))
+            await asyncio.sleep(1.2)
+            reader, writer = await raw_connection(server)
+            assert await closed_by_peer(reader)
+            assert server.connection_count == 3
+            writer.close()
+            release.set()
+            for r, _ in conns:  # answered: now idle
+                assert (await read_frame(r))[1] == ResponseCode.SUCCESS
+            end = asyncio.get_running_loop().time() + 15
+            while True:  # once they have been idle a while, a newcomer evicts the longest idle one
+                reader, writer = await raw_connection(server)
+                writer.write(frame(9))
+                try:
+                    assert (await read_frame(reader))[0] == 9
+                    break
+                except (asyncio.IncompleteReadError, ConnectionError):
+                    writer.close()
+                    assert asyncio.get_running_loop().time() < end, "no room was made"
+                    await asyncio.sleep(0.2)
+            closed = 0
+            for r, w in conns:
+                try:
+                    w.write(frame(3))
+                    await asyncio.wait_for(read_frame(r), 10)
+                except (asyncio.IncompleteReadError, ConnectionError):
+                    closed += 1
+            assert closed == 1
+            assert server.connection_count <= 3
+            for _, w in conns:
+                w.close()
+            writer.close()
+        finally:
+            await server.close()
+
+    run(main())
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_a_slow_sender_and_an_idle_connection_are_closed(loop: str) -> None:
+    async def main() -> None:
+        server = TransportServer(echo, limits=Limits(frame_timeout_s=0.5, idle_timeout_s=1.0))
+        await server.start("127.0.0.1", 0)
+        try:
+            slow_r, slow_w = await raw_connection(server)
+            slow_w.write(frame(1)[:5])  # part of a header, then silence
+            idle_r, idle_w = await raw_connection(server)
+            idle_w.write(frame(2))
+            assert (await read_frame(idle_r))[0] == 2
+            assert await closed_by_peer(slow_r)
+            assert await closed_by_peer(idle_r)
+            slow_w.close()
+            idle_w.close()
+        finally:
+            await server.close()
+
+    run(main(), loop)
+
+
+def test_a_connection_waiting_on_the_handler_is_not_idle() -> None:
+    release = asyncio.Event()
+
+    async def slow(msg: Message) -> Message:
+        await release.wait()
+        return Message(ResponseCode.SUCCESS)
+
+    async def main() -> None:
+        server = TransportServer(slow, limits=Limits(idle_timeout_s=0.2, frame_timeout_s=0.2))
+        await server.start("127.0.0.1", 0)
+        client = TransportClient()
+        try:
+            pending = asyncio.create_task(client.request(server.address, Message(1), timeout=20))
+            await asyncio.sleep(1.0)  # several idle timeouts pass while the request is in flight
+            release.set()
+            assert (await pending).code == ResponseCode.SUCCESS
+        finally:
+            await client.close()
+            await server.close()
+
+    run(main())
+
+
+# --- the token gate -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_the_auth_token_gates_every_request(loop: str) -> None:
+    async def main() -> None:
+        server = TransportServer(echo, auth_token=b"s3cret")
+        await server.start("127.0.0.1", 0)
+        good = TransportClient(auth_token=b"s3cret")
+        bad = TransportClient(auth_token=b"wrong")
+        none = TransportClient()
+        try:
+            assert (await good.request(server.address, Message(1, b"m"), 10)).meta == b"m"
+            with pytest.raises(DLedgerError) as e:
+                await bad.request(server.address, Message(1), 10)
+            assert e.value.code == ResponseCode.UNAUTHENTICATED
+            answer = await none.request(server.address, Message(1), 10)
+            assert answer.code == ResponseCode.UNAUTHENTICATED
+            # a raw AUTH with the wrong token is answered, then the connection closes
+            reader, writer = await raw_connection(server)
+            writer.write(frame(5, AUTH_CODE, b"nope"))
+            assert (await read_frame(reader))[1] == ResponseCode.UNAUTHENTICATED
+            assert await closed_by_peer(reader)
+            writer.close()
+        finally:
+            for c in (good, bad, none):
+                await c.close()
+            await server.close()
+
+    run(main(), loop)
+
+
+# --- mutual TLS -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_tls_names_reach_the_handler_and_the_client_checks_the_server(tmp_path: Path, loop: str) -> None:
+    make_certs(tmp_path, ["n0", "n1"], hosts=["127.0.0.1"])
+
+    def tls(name: str) -> TlsConfig:
+        return TlsConfig(str(tmp_path / "ca.pem"), str(tmp_path / f"{name}.pem"), str(tmp_path / f"{name}-key.pem"))
+
+    seen: list[frozenset[str]] = []
+
+    def direct(msg: Message, respond: Respond, caller: Caller) -> None:
+        seen.append(caller.names)
+        respond(Message(ResponseCode.SUCCESS, msg.meta))
+
+    async def main() -> None:
+        server = TransportServer(direct=direct, ssl=server_context(tls("n0")))
+        await server.start("127.0.0.1", 0)
+        address = server.address
+        as_n1 = TransportClient(ssl=client_context(tls("n1")), server_names={address: "n0"})
+        as_client = TransportClient(ssl=client_context(tls("client")), server_names={address: "n0"})
+        expects_other = TransportClient(ssl=client_context(tls("n1")), server_names={address: "n1"})
+        plain = TransportClient(connect_timeout_s=5)
+        try:
+            assert (await as_n1.request(address, Message(1, b"a"), 10)).meta == b"a"
+            assert (await as_client.request(address, Message(1, b"b"), 10)).meta == b"b"
+            assert seen == [frozenset({"n1"}), frozenset({"client"})]
+            with pytest.raises(DLedgerError) as e:
+                await expects_other.request(address, Message(1), 10)
+            assert e.value.code == ResponseCode.UNAUTHENTICATED
+            with pytest.raises(DLedgerError) as e:
+                await plain.request(address, Message(1), 10)
+            assert e.value.code in (ResponseCode.NETWORK_ERROR, ResponseCode.TIMEOUT)
+            assert len(seen) == 2
+        finally:
+            for c in (as_n1, as_client, expects_other, plain):
+                await c.close()
+            await server.close()
+
+    run(main(), loop)
+
+
+def test_plain_socket_to_tls_server_never_reaches_the_handler(tmp_path: Path) -> None:
+    make_certs(tmp_path, ["n0"], hosts=["127.0.0.1"])
+    tls = TlsConfig(str(tmp_path / "ca.pem"), str(tmp_path / "n0.pem"), str(tmp_path / "n0-key.pem"))
+    calls: list[Message] = []
+
+    async def record(msg: Message) -> Message:
+        calls.append(msg)
+        return Message(ResponseCode.SUCCESS)
+
+    async def main() -> None:
+        server = TransportServer(record, ssl=server_context(tls))
+        await server.start("127.0.0.1", 0)
+        try:
+            host, _, port = server.address.rpartition(":")
+            sock = socket.create_connection((host, int(port)), timeout=10)
+            sock.sendall(frame(1))
+            await asyncio.sleep(0.3)
+            sock.close()
+            assert calls == []
+        finally:
+            await server.close()
+
+    run(main())
