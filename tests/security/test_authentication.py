@@ -17,7 +17,7 @@ import msgspec
 import pytest
 
 from dledger.codes import DLedgerError, RequestCode, ResponseCode
-from dledger.core.messages import HeartBeatRequest, encode
+from dledger.core.messages import HeartBeatRequest, LeadershipTransferRequest, encode
 from dledger.local_cluster import client_tls
 from dledger.ports import free_ports
 from dledger.runtime.client import DLedgerClient
@@ -102,6 +102,11 @@ def test_with_tls_only_the_named_member_may_send_member_messages(make_cluster: M
     as_stranger = client_context(tls_of(other, leader))
     assert send(target, RequestCode.HEART_BEAT, hb, ctx=as_stranger) in (
         ResponseCode.NETWORK_ERROR, ResponseCode.TIMEOUT)
+
+    # a member may not hand over leadership in the leader's name
+    term = before[leader]
+    handover = encode(LeadershipTransferRequest(c.group, impostor, follower, term, leader, follower))
+    assert send(target, RequestCode.LEADERSHIP_TRANSFER, handover, ctx=as_impostor) == ResponseCode.UNEXPECTED_MEMBER
 
     assert terms(c) == before, "a refused message moved a term"
     assert c.wait_leader() == leader

@@ -381,6 +381,60 @@ def test_a_pipelined_flood_does_not_starve_heartbeats(make_cluster: MakeCluster)
     alive(c)
 
 
+def _flood_keeps_leader(c: Cluster, leader: str, blob: bytes, conns: int = 1) -> int:
+    """Write `blob` to the leader on `conns` connections, never reading; assert the followers
+    keep seeing the same leader and term throughout; the leader's peak RSS."""
+    term = c.leader_meta().term
+    want = {m: (leader, term) for m in c.ids if m != leader}
+    sent = [0] * conns
+    errors: list[BaseException] = []
+    stop = threading.Event()
+    views: list[dict[str, tuple[str | None, int] | None]] = []
+    peak = rss(c, leader)
+    with sockets_closed_after([]) as socks:
+        for _ in range(conns):
+            s = socket.create_connection(address(c, leader), timeout=10)
+            s.setblocking(False)
+            socks.append(s)
+        threads = [threading.Thread(target=_flood, args=(s, blob, sent, k, stop, errors), daemon=True)
+                   for k, s in enumerate(socks)]
+        for t in threads:
+            t.start()
+        try:
+            for _ in range(40):  # 8 s of the flood, unread answers piling up
+                views.append(views_of_others(c, leader))
+                peak = max(peak, rss(c, leader))
+                time.sleep(0.2)
+        finally:
+            stop.set()
+            for t in threads:
+                t.join(timeout=30)
+    bad = [v for v in views if v != want]
+    assert not bad, f"followers saw another leader or term during the flood (want {want}): {bad[:3]}"
+    assert c.wait_leader() == leader and c.leader_meta().term == term
+    return peak
+
+
+def test_costly_requests_pipelined_do_not_depose_the_leader(make_cluster: MakeCluster) -> None:
+    """64 READs of an 8 MiB log (2.7 KB on the wire) were all handled in one loop turn: the
+    leader stalled past the election timeout, at 1 GB of answers; and 64 APPENDs of 10,000
+    bodies in one send deposed it too. Work is now budgeted per loop turn and answers that
+    do not drain stop the reading."""
+    c = make_cluster(3)
+    leader = c.wait_leader()
+    client = c.client(timeout=30)
+    for _ in range(8):
+        client.append_batch([b"x" * 262144] * 4)
+    base = rss(c, leader)
+    read = frame(READ, fields(c.group, "", "", 0, 100_000, (1 << 31) - 1))
+    peak = _flood_keeps_leader(c, leader, read * 64)
+    assert peak - base < 300 * MiB, f"unread READ answers grew the leader by {(peak - base) / MiB:.0f} MiB"
+    bodies = frame(RequestCode.APPEND, fields(c.group, "", "", [b"b"] * 10_000))
+    _flood_keeps_leader(c, leader, bodies * 64)
+    commits(c)
+    alive(c)
+
+
 def test_an_append_of_a_million_empty_bodies_is_refused_at_decode(make_cluster: MakeCluster) -> None:
     """One APPEND of 1,000,000 empty bodies stalled the leader for 1.5 s, enough to be deposed."""
     c = make_cluster(3)

@@ -367,3 +367,92 @@ def test_plain_socket_to_tls_server_never_reaches_the_handler(tmp_path: Path) ->
             await server.close()
 
     run(main())
+
+
+def test_frames_after_a_refused_token_reach_nobody() -> None:
+    calls: list[bytes] = []
+
+    async def record(msg: Message) -> Message:
+        calls.append(msg.meta)
+        return Message(ResponseCode.SUCCESS)
+
+    async def main() -> None:
+        server = TransportServer(record, auth_token=b"right")
+        await server.start("127.0.0.1", 0)
+        try:
+            reader, writer = await raw_connection(server)
+            # a good AUTH, a request, then a wrong AUTH and requests after it, in one send
+            writer.write(frame(1, AUTH_CODE, b"right") + frame(2, meta=b"before") + frame(3, AUTH_CODE, b"wrong")
+                         + frame(4, meta=b"after") + frame(5, AUTH_CODE, b"right") + frame(6, meta=b"later"))
+            answers = []
+            with pytest.raises((asyncio.IncompleteReadError, ConnectionError)):
+                while True:
+                    answers.append((await read_frame(reader))[:2])
+            assert sorted(answers) == [(1, ResponseCode.SUCCESS), (2, ResponseCode.SUCCESS),
+                                       (3, ResponseCode.UNAUTHENTICATED)]  # the handler may answer 2 last
+            assert calls == [b"before"]
+            writer.close()
+        finally:
+            await server.close()
+
+    run(main())
+
+
+def test_a_stranger_is_closed_unless_it_presents_the_token_and_sends_only_small_frames() -> None:
+    async def main() -> None:
+        server = TransportServer(echo, auth_token=b"t", limits=Limits(handshake_timeout_s=0.5))
+        await server.start("127.0.0.1", 0)
+        try:
+            silent_r, silent_w = await raw_connection(server)
+            assert await closed_by_peer(silent_r)
+            big_r, big_w = await raw_connection(server)
+            big_w.write(_HEADER.pack(17 + 100_000, KIND_REQUEST, 1, AUTH_CODE, 0))  # a big frame, no token yet
+            assert await closed_by_peer(big_r)
+            ok_r, ok_w = await raw_connection(server)
+            ok_w.write(frame(1, AUTH_CODE, b"t") + frame(2, data=b"z" * 100_000))  # after the token: fine
+            assert (await read_frame(ok_r))[1] == ResponseCode.SUCCESS
+            assert (await read_frame(ok_r))[:2] == (2, ResponseCode.SUCCESS)
+            for w in (silent_w, big_w, ok_w):
+                w.close()
+        finally:
+            await server.close()
+
+    run(main())
+
+
+def test_the_turn_budget_spreads_costly_requests_over_loop_turns() -> None:
+    """Requests whose handler charges a lot are handed up a few per loop turn, whatever
+    the per-connection frame budget would allow."""
+    turns: list[int] = []
+    turn = 0
+
+    def direct(msg: Message, respond: Respond, caller: Caller) -> None:
+        caller.charge(400)  # e.g. a READ with a big answer
+        turns.append(turn)
+        respond(Message(ResponseCode.SUCCESS))
+
+    async def main() -> None:
+        nonlocal turn
+        server = TransportServer(direct=direct)
+        await server.start("127.0.0.1", 0)
+
+        async def count_turns() -> None:
+            nonlocal turn
+            while True:
+                await asyncio.sleep(0)
+                turn += 1
+
+        counter = asyncio.create_task(count_turns())
+        try:
+            reader, writer = await raw_connection(server)
+            writer.write(b"".join(frame(i) for i in range(40)))
+            for _ in range(40):
+                await read_frame(reader)
+            writer.close()
+        finally:
+            counter.cancel()
+            await server.close()
+
+    run(main())
+    per_turn = max(turns.count(t) for t in set(turns))
+    assert per_turn <= 2, f"{per_turn} costly requests handled in one loop turn"

@@ -41,6 +41,7 @@ import msgspec
 from dledger.codes import DISK_FAULTS, PushType, RequestCode, ResponseCode
 from dledger.core.messages import PushRequest, PushResponse
 from dledger.entry import HEADER, scan
+from dledger.ratelog import RateLimitedLog
 
 if TYPE_CHECKING:
     from dledger.core.node import Node
@@ -82,7 +83,7 @@ class EntryDispatcher:
         self.repair_index = -1  # the follower's first corrupt record, to send again (-1: none)
         self.repair_busy = False  # a REPAIR push is in flight
         self.repair_paused_until = 0
-        self._warned: dict[str, tuple[int, int]] = {}  # kind -> (last warning at, warnings held back since)
+        self._warn = RateLimitedLog(log, WARN_EVERY_MS / 1000, lambda: self.node.now / 1000).warning
 
     # --- state changes ---------------------------------------------------------------
 
@@ -329,18 +330,6 @@ class EntryDispatcher:
                 self.node.quorum.ack(self.peer, index)
 
     # --- data faults ------------------------------------------------------------------------
-
-    def _warn(self, kind: str, msg: str, *args: Any) -> None:
-        """A warning at most once per WARN_EVERY_MS per kind; the next one counts those held back."""
-        now = self.node.now
-        at, held = self._warned.get(kind, (-(1 << 62), 0))
-        if now - at < WARN_EVERY_MS:
-            self._warned[kind] = (at, held + 1)
-            return
-        if held:
-            msg += f" ({held} more since the last warning)"
-        log.warning(msg, *args)
-        self._warned[kind] = (now, 0)
 
     def _on_rejected_record(self, resp: PushResponse) -> None:
         """The follower found one of the records we pushed damaged: check our own copy."""

@@ -465,6 +465,10 @@ class Node:
             return ResponseCode.UNKNOWN_MEMBER
         if is_member_message(code, msg) and (not msg.leader_id or msg.leader_id == m.self_id):
             return ResponseCode.UNEXPECTED_MEMBER
+        # a hand-over comes from the leader itself: a member (even one whose certificate is
+        # checked) must not hand over in another member's name
+        if isinstance(msg, LeadershipTransferRequest) and msg.transfer_id and msg.transfer_id != msg.leader_id:
+            return ResponseCode.UNEXPECTED_MEMBER
         return None
 
     def _handle_append(self, msg: AppendRequest, token: Any) -> None:

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import resource
 import time
 from typing import Any
 
@@ -22,7 +23,9 @@ from dledger.config import DLedgerConfig, Peer
 from dledger.core.messages import (
     DECODE_ERRORS,
     FAULT,
+    AppendRequest,
     FaultRequest,
+    ReadRequest,
     SimpleResponse,
     decode_request,
     decode_response,
@@ -30,8 +33,8 @@ from dledger.core.messages import (
     is_member_message,
 )
 from dledger.core.node import Node, Reply, Send
+from dledger.ratelog import RateLimitedLog
 from dledger.runtime.metrics import Metrics
-from dledger.runtime.ratelog import RateLimitedLog
 from dledger.runtime.transport import (
     LISTENER_BOTH,
     LISTENER_CLIENT,
@@ -250,8 +253,8 @@ class DLedgerServer:
             self.groups[cfg.group] = GroupRuntime(cfg, self.client, self.faults, self.metrics)
         for g in self.groups.values():
             await g.start()
-        limits = Limits(max_connections=cfg0.max_connections, idle_timeout_s=cfg0.idle_timeout_ms / 1000,
-                        frame_timeout_s=cfg0.frame_timeout_ms / 1000)
+        limits = Limits(max_connections=_connection_cap(cfg0.max_connections),
+                        idle_timeout_s=cfg0.idle_timeout_ms / 1000, frame_timeout_s=cfg0.frame_timeout_ms / 1000)
         self.server = TransportServer(direct=self._handle, max_frame_bytes=max_frame,
                                       ssl=server_context(tls) if tls else None, auth_token=token, limits=limits)
         split = self.member_address != self.address
@@ -313,6 +316,27 @@ class DLedgerServer:
             g.handle(msg.code, req, msg.data, respond)
 
 
+# File descriptors kept for the store (data and index files, checkpoints), peers and metrics.
+_FD_RESERVE = 256
+
+
+def _connection_cap(wanted: int) -> int:
+    """Connections this process can hold without the store running out of file descriptors:
+    the soft limit is raised to the hard one, and the cap kept below it with a reserve (a
+    connection flood must never make a checkpoint write fail)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+    if soft != resource.RLIM_INFINITY and soft < target:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+    allowed = max(16, soft - _FD_RESERVE) if soft != resource.RLIM_INFINITY else wanted
+    if wanted > allowed:
+        log.warning("max_connections %d lowered to %d: the open-file limit is %d (ulimit -n)", wanted, allowed, soft)
+        return allowed
+    return wanted
+
+
 def _refusal(cfg: DLedgerConfig, code: int, req: Any, caller: Caller) -> Message | None:
     """Who may send what (docs/security.md): member messages only on the member listener
     (when there is one) and, with TLS, only under a certificate naming the sender member;
@@ -325,8 +349,12 @@ def _refusal(cfg: DLedgerConfig, code: int, req: Any, caller: Caller) -> Message
     if member_msg and caller.tls and not member_allowed(caller.names, req.leader_id, cfg.peer_map):
         return _error(ResponseCode.UNAUTHENTICATED,
                       f"a certificate naming {sorted(caller.names)} cannot speak for member {req.leader_id!r}")
-    if member_msg:
-        caller.trusted = True  # a member's connection: the connection cap never evicts it
+    if member_msg and caller.tls:
+        caller.trusted = True  # a verified member's connection: the connection cap never evicts it
+    if isinstance(req, ReadRequest):  # its answer, not its request, is the work
+        caller.charge(min(req.max_bytes, cfg.max_read_bytes) >> 13)
+    elif isinstance(req, AppendRequest):
+        caller.charge(len(req.bodies) >> 6)
     return None
 
 

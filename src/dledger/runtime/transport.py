@@ -53,7 +53,7 @@ from typing import Any, Final, NamedTuple, TypeAlias, cast
 import msgspec
 
 from dledger.codes import DLedgerError, ResponseCode
-from dledger.runtime.ratelog import RateLimitedLog
+from dledger.ratelog import RateLimitedLog
 from dledger.security.tls import cert_names
 
 __all__ = [
@@ -102,10 +102,22 @@ _INT32_MAX: Final = 2**31 - 1
 # starts with a small one, so a thousand idle connections cost megabytes, not hundreds.
 _RECV_CHUNK: Final = 256 * 1024
 _RECV_INITIAL: Final = 16 * 1024
-# A frame too big for the receive buffer starts with this much and doubles as bytes arrive.
-_BIG_INITIAL: Final = 1024 * 1024
+# A frame too big for the receive buffer gets a buffer of what arrived plus this much, and
+# grows by half as bytes arrive: memory follows the bytes sent, not the length announced.
+_BIG_STEP: Final = 64 * 1024
 # Frames one connection hands up per event-loop turn: then timers and other peers run.
 _FRAMES_PER_TURN: Final = 64
+# Work all connections together may start per event-loop turn, in units of about 8 KiB moved
+# (a frame's bytes, a READ's answer, 64 bodies of an APPEND): one READ of 16 MiB is a turn of
+# its own, and a flood of big requests cannot hold the loop past a heartbeat.
+_TURN_BUDGET: Final = 512
+# A client drops a connection it has not used for this long and opens a new one, well before a
+# server's idle timeout (5 min by default) could close it under a request just sent.
+_CLIENT_IDLE_S: Final = 60.0
+# Frames a connection may send before it presented the token.
+_PRE_AUTH_MAX_FRAME: Final = 4096
+# A connection being closed gets this long to take what was queued for it, then it is cut.
+_CLOSE_GRACE_S: Final = 5.0
 # Above this many unsent bytes a sender waits; heartbeats must not queue behind megabytes.
 _WRITE_HIGH_WATER: Final = 1024 * 1024
 _WRITE_LOW_WATER: Final = 256 * 1024
@@ -180,15 +192,17 @@ class FrameDecoder:
         *,
         initial_size: int = _RECV_INITIAL,
         budget: int = 0,
+        may_continue: Callable[[], bool] | None = None,
     ) -> None:
         if chunk_size < HEADER_SIZE:
             raise ValueError(f"chunk_size must be at least {HEADER_SIZE}")
         if max_frame_bytes < _FIXED_SIZE:
             raise ValueError(f"max_frame_bytes must be at least {_FIXED_SIZE}")
         self._on_frame = on_frame
-        self._max = max_frame_bytes
+        self.max_frame_bytes = max_frame_bytes  # may change between frames (see _ServerConnection)
         self._chunk = chunk_size
         self._budget = budget or (1 << 62)
+        self._may_continue = may_continue  # asked before each frame: False leaves it for later
         self._set_buffer(bytearray(max(HEADER_SIZE, min(initial_size, chunk_size))))
         self._start = 0
         self._end = 0
@@ -212,8 +226,8 @@ class FrameDecoder:
         """Where the next bytes from the socket go; never empty."""
         big = self._big
         if big is not None:
-            if self._big_filled == len(big):  # full but the frame is not: grow (doubling)
-                grown = bytearray(min(2 * len(big), self._big_len))
+            if self._big_filled == len(big):  # full but the frame is not: grow by half of what arrived
+                grown = bytearray(min(len(big) + max(len(big) // 2, _BIG_STEP), self._big_len))
                 grown[: self._big_filled] = big
                 self._big = big = grown
             return memoryview(big)[self._big_filled :]
@@ -267,8 +281,8 @@ class FrameDecoder:
         self.backlog = False
         while end - start >= 4:
             (length,) = _LENGTH.unpack_from(buf, start)
-            if length > self._max:
-                raise FrameError(f"frame length {length} exceeds max_frame_bytes {self._max}")
+            if length > self.max_frame_bytes:
+                raise FrameError(f"frame length {length} exceeds max_frame_bytes {self.max_frame_bytes}")
             if length < _FIXED_SIZE:
                 raise FrameError(f"frame length {length} is shorter than the {_FIXED_SIZE}-byte header")
             if end - start < HEADER_SIZE:
@@ -288,7 +302,7 @@ class FrameDecoder:
                 elif start + total > len(buf):
                     self._compact()
                 return
-            if not left:
+            if not left or (self._may_continue is not None and not self._may_continue()):
                 self.backlog = True
                 break
             left -= 1
@@ -312,7 +326,7 @@ class FrameDecoder:
 
     def _start_big(self, start: int, length: int) -> None:
         have = self._end - start - 4
-        big = bytearray(max(have, min(length, _BIG_INITIAL)))
+        big = bytearray(min(length, have + _BIG_STEP))
         big[:have] = self._view[start + 4 : self._end]
         self._big, self._big_len, self._big_filled = big, length, have
         self._start = self._end = 0
@@ -336,8 +350,10 @@ def _peer_name(transport: asyncio.BaseTransport) -> str:
 class _FrameProtocol(asyncio.BufferedProtocol):
     """What both ends share: decoding, flow-controlled sending, teardown."""
 
-    def __init__(self, max_frame_bytes: int, budget: int = 0) -> None:
-        self._decoder = FrameDecoder(self._on_frame, max_frame_bytes, budget=budget)
+    def __init__(self, max_frame_bytes: int, budget: int = 0,
+                 may_continue: Callable[[], bool] | None = None) -> None:
+        self._decoder = FrameDecoder(self._on_frame, max_frame_bytes, budget=budget, may_continue=may_continue)
+        self._backlog_scheduled = False
         self._transport: asyncio.Transport | None = None
         self._read_holds: set[str] = set()  # why reading is paused ("backlog", "writes", "closing")
         self._paused = False
@@ -376,16 +392,20 @@ class _FrameProtocol(asyncio.BufferedProtocol):
         self._after_parse()
 
     def _after_parse(self) -> None:
-        """Whole frames still wait (the decoder's budget ran out): stop reading and hand them up
-        in later loop turns, so timers and other connections run in between."""
+        """Whole frames still wait (a budget ran out, or the peer is not reading its answers):
+        stop reading and hand them up in later loop turns, so timers and other connections
+        run in between; while our answers do not drain, they wait (resume_writing goes on)."""
         if self._decoder.backlog:
             self._hold_reading("backlog")
-            asyncio.get_running_loop().call_soon(self._parse_backlog)
+            if not self._paused and not self._backlog_scheduled:
+                self._backlog_scheduled = True
+                asyncio.get_running_loop().call_soon(self._parse_backlog)
         elif "backlog" in self._read_holds:
             self._release_reading("backlog")
 
     def _parse_backlog(self) -> None:
-        if self._close_reason is not None or "closing" in self._read_holds:
+        self._backlog_scheduled = False
+        if self._close_reason is not None or "closing" in self._read_holds or self._paused:
             return
         try:
             self._decoder.parse_more()
@@ -417,6 +437,8 @@ class _FrameProtocol(asyncio.BufferedProtocol):
     def resume_writing(self) -> None:
         self._paused = False
         self._wake_next_writer()
+        if self._decoder.backlog:
+            self._after_parse()
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self._close_reason is None:
@@ -529,7 +551,10 @@ class Caller:
     listener: str  # "client", "member" or "both": which listener accepted the connection
     names: frozenset[str]  # names on the verified TLS certificate (empty without TLS)
     tls: bool
-    trusted: bool  # the handler accepted a member message on it: never evicted to make room
+    trusted: bool  # a verified member's connection: never evicted to make room
+
+    def charge(self, cost: int) -> None:
+        """Count work a request will cost beyond its bytes against this loop turn's budget."""
 
 
 # Called on the event loop for each request; answers now or later by calling `respond`
@@ -553,16 +578,28 @@ class Limits:
 
 class _ServerConnection(_FrameProtocol, Caller):
     def __init__(self, server: TransportServer, listener: str) -> None:
-        super().__init__(server.max_frame_bytes, _FRAMES_PER_TURN)
+        super().__init__(server.max_frame_bytes, _FRAMES_PER_TURN, self._may_continue)
         self._server = server
         self.listener = listener
         self.names = frozenset()
         self.tls = server.ssl is not None
         self.trusted = False
         self.authenticated = server.auth_token is None
+        if not self.authenticated:  # a stranger may send small frames only: an AUTH is tiny
+            self._decoder.max_frame_bytes = min(server.max_frame_bytes, _PRE_AUTH_MAX_FRAME)
         self.inflight = 0  # requests handed to the handler and not yet answered
-        self.seen_frames = 0  # the sweep's view: frames counted at `seen_at`
-        self.seen_at = time.monotonic()
+        self.opened_at = self.last_active = time.monotonic()
+        self.partial_since: float | None = None  # when the frame now arriving began to arrive
+        self._partial_frames = 0
+
+    def _may_continue(self) -> bool:
+        """Hand up another frame now? Not while our answers do not drain, nor once this loop
+        turn's work is spent (the server's turn budget, shared by every connection)."""
+        return not self._paused and self._server.turn_cost < _TURN_BUDGET
+
+    def charge(self, cost: int) -> None:
+        """The handler's estimate of a request's work beyond its bytes (answer size, bodies)."""
+        self._server.charge(cost)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
@@ -579,12 +616,26 @@ class _ServerConnection(_FrameProtocol, Caller):
             self.names = cert_names(transport.get_extra_info("peercert") or {})
         server._connections.add(self)
 
+    def buffer_updated(self, nbytes: int) -> None:
+        super().buffer_updated(nbytes)
+        now = time.monotonic()
+        if self.authenticated:  # a stranger's frames are no activity (they cannot hold a slot)
+            self.last_active = now
+        decoder = self._decoder
+        if not decoder.pending:
+            self.partial_since = None
+        elif self.partial_since is None or decoder.frames != self._partial_frames:
+            self.partial_since, self._partial_frames = now, decoder.frames  # a new frame began
+
     def _on_frame(self, kind: int, request_id: int, code: int, meta: bytes, data: Buffer) -> None:
         if kind != KIND_REQUEST:
             raise FrameError(f"frame of kind {kind} sent to a server")
+        if self._close_reason is not None or "closing" in self._read_holds:
+            return  # a close was decided (a wrong token, say): what follows it is not read
         if code == AUTH_CODE or not self.authenticated:
             self._authenticate(request_id, code, meta)
             return
+        self._server.charge(1 + ((len(meta) + _nbytes(data)) >> 13))
         self.inflight += 1
         respond = functools.partial(self._respond, request_id, code)
         try:
@@ -603,6 +654,7 @@ class _ServerConnection(_FrameProtocol, Caller):
             text = "authenticate first: this member requires an auth token"
         elif token is None or hmac.compare_digest(meta, token):
             self.authenticated = True
+            self._decoder.max_frame_bytes = self._server.max_frame_bytes
             self.queue_frame(KIND_RESPONSE, request_id, ResponseCode.SUCCESS, b"", b"")
             return
         else:
@@ -616,13 +668,17 @@ class _ServerConnection(_FrameProtocol, Caller):
         self._server.warn("malformed", "closing connection with %s: malformed frame: %s", self.peer, e)
         self.close_gracefully(f"malformed frame from {self.peer}: {e}")
 
+    @property
+    def closing(self) -> bool:
+        return self._close_reason is not None or "closing" in self._read_holds
+
     def close_gracefully(self, reason: str) -> None:
         """Read nothing more, answer what was already accepted, then close: a valid request
         followed by garbage still gets its answer."""
-        if self._close_reason is not None:
+        if self.closing:
             return
         self._hold_reading("closing")
-        if self.inflight == 0:
+        if self.inflight <= 0:
             self._close_now(reason)
         else:
             self._closing_reason = reason
@@ -630,11 +686,13 @@ class _ServerConnection(_FrameProtocol, Caller):
     _closing_reason: str | None = None
 
     def _close_now(self, reason: str) -> None:
+        """Close after what is queued is sent; a peer that does not read it is cut after a grace."""
         if self._close_reason is None:
             self._close_reason = reason
         self._flush()
         if self._transport is not None:
-            self._transport.close()  # sends what is buffered first
+            self._transport.close()
+            asyncio.get_running_loop().call_later(_CLOSE_GRACE_S, self._transport.abort)
 
     def _lost(self, reason: str) -> None:
         self._server._connections.discard(self)
@@ -644,6 +702,7 @@ class _ServerConnection(_FrameProtocol, Caller):
         any order, so they never wait for a turn; a client that does not read them is held
         back by pausing reads from it instead (see pause_writing)."""
         self.inflight -= 1
+        self.last_active = time.monotonic()
         problem = _frame_problem(response.code, response.meta, response.data, self._server.max_frame_bytes)
         if problem is not None:
             log.error("response to request %d (code %d) not sendable: %s", request_id, request_code, problem)
@@ -662,19 +721,22 @@ class _ServerConnection(_FrameProtocol, Caller):
         self._release_reading("writes")
 
     def sweep(self, now: float) -> None:
-        """Close a connection that is idle, or stuck mid-frame (a slow or silent sender)."""
-        frames, pending = self._decoder.frames, self._decoder.pending
-        if frames != self.seen_frames or (not pending and self.inflight):
-            self.seen_frames, self.seen_at = frames, now  # progress (or waiting on us): active
-            return
-        quiet = now - self.seen_at
+        """Close a connection stuck mid-frame (a slow or silent sender), idle, or that never
+        presented the token. Time we spend not reading (our own holds) is not the peer's."""
         limits = self._server.limits
-        if pending and quiet > limits.frame_timeout_s:
-            self._server.warn("slow", "closing connection with %s: no whole frame in %.0f s (frame_timeout)",
-                              self.peer, quiet)
+        if self.closing:
+            return
+        if not self.authenticated and now - self.opened_at > limits.handshake_timeout_s:
+            self.close_gracefully("no auth token")
+        elif self._read_holds:
+            if self.partial_since is not None:
+                self.partial_since = now
+        elif self.partial_since is not None and now - self.partial_since > limits.frame_timeout_s:
+            self._server.warn("slow", "closing connection with %s: a frame took over %.0f s (frame_timeout)",
+                              self.peer, limits.frame_timeout_s)
             self.abort(f"no whole frame from {self.peer} within {limits.frame_timeout_s}s")
-        elif not pending and not self.inflight and quiet > limits.idle_timeout_s:
-            log.debug("closing connection with %s: idle for %.0f s", self.peer, quiet)
+        elif self.partial_since is None and self.inflight <= 0 and now - self.last_active > limits.idle_timeout_s:
+            log.debug("closing connection with %s: idle", self.peer)
             self.close_gracefully("idle")
 
 
@@ -706,6 +768,18 @@ class TransportServer:
         self._connections: set[_ServerConnection] = set()
         self._tasks: set[asyncio.Task[None]] = set()
         self._sweeper: asyncio.Task[None] | None = None
+        self.turn_cost = 0  # work started in this loop turn (see _TURN_BUDGET)
+        self._turn_reset_scheduled = False
+
+    def charge(self, cost: int) -> None:
+        self.turn_cost += cost
+        if not self._turn_reset_scheduled:
+            self._turn_reset_scheduled = True
+            asyncio.get_running_loop().call_soon(self._reset_turn)
+
+    def _reset_turn(self) -> None:
+        self._turn_reset_scheduled = False
+        self.turn_cost = 0
 
     def _adapt(self, handler: Handler) -> DirectHandler:
         """A coroutine handler as a DirectHandler: one task per request."""
@@ -759,21 +833,24 @@ class TransportServer:
         return len(self._connections)
 
     def make_room(self) -> bool:
-        """At the cap: close the connection quiet the longest (at least a second, nothing in
-        flight, never one that carried member messages), so a pile of idle connections
-        cannot lock members and clients out. False if there is none."""
-        cutoff = time.monotonic() - 1.0
-        idle = [c for c in self._connections if not c.trusted and not c.inflight and c.seen_at < cutoff]
+        """At the cap: cut a connection that never presented the token, else the one quiet the
+        longest (at least a second, nothing in flight, not a verified member's), so a pile of
+        idle connections cannot lock members and clients out. False if there is none."""
+        now = time.monotonic()
+        strangers = [c for c in self._connections if not c.authenticated and not c.closing]
+        idle = strangers or [c for c in self._connections
+                             if not c.trusted and c.inflight <= 0 and not c.closing and c.last_active < now - 1.0]
         if not idle:
             return False
-        victim = min(idle, key=lambda c: c.seen_at)
-        self._connections.discard(victim)
-        victim.close_gracefully("closed to make room (max_connections)")
+        victim = min(idle, key=lambda c: c.last_active)
+        self._connections.discard(victim)  # it is gone at once: abort, nothing in flight to answer
+        victim.abort("closed to make room (max_connections)")
         return True
 
     async def _sweep_forever(self) -> None:
         limits = self.limits
-        every = max(0.05, min(1.0, limits.frame_timeout_s / 4, limits.idle_timeout_s / 4))
+        every = max(0.05, min(1.0, limits.frame_timeout_s / 4, limits.idle_timeout_s / 4,
+                              limits.handshake_timeout_s / 4))
         while True:
             await asyncio.sleep(every)
             now = time.monotonic()
@@ -866,6 +943,7 @@ class _ClientConnection(_FrameProtocol):
         self.address = address
         self.pending: dict[int, asyncio.Future[Message]] = {}
         self._on_lost = on_lost
+        self.last_used = time.monotonic()
 
     def cert_names(self) -> frozenset[str]:
         peercert = self._transport.get_extra_info("peercert") if self._transport is not None else None
@@ -958,7 +1036,14 @@ class TransportClient:
             raise DLedgerError(ResponseCode.UNEXPECTED_ARGUMENT, problem)
         peer = self._peers.get(address)
         conn = peer.conn if peer is not None else None
+        now = time.monotonic()
+        if conn is not None and now - conn.last_used > _CLIENT_IDLE_S:
+            # the server may be closing it as idle right now: a request sent into that race
+            # would fail although it was never read; a fresh connection is cheap
+            self._drop(address, "idle")
+            conn = None
         if conn is not None and conn.can_queue and (self._faults is None or self._faults.delay_s <= 0):
+            conn.last_used = now
             return await self._request_now(conn, address, msg, timeout)
         try:
             async with asyncio.timeout(timeout):
@@ -1027,6 +1112,7 @@ class TransportClient:
 
     async def _request(self, address: str, msg: Message) -> Message:
         conn = await self._connection(address)
+        conn.last_used = time.monotonic()
         if self._faults is not None and self._faults.delay_s > 0:
             await asyncio.sleep(self._faults.delay_s)
             self._check_blocked(address)

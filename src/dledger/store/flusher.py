@@ -9,12 +9,18 @@ fsync ever happens on the event loop thread.
 
 from __future__ import annotations
 
+import errno
 import logging
 import threading
 import time
 from typing import Protocol
 
+from dledger.ratelog import RateLimitedLog
+
 log = logging.getLogger(__name__)
+
+# Out of file descriptors (process or system): nothing was written badly, only not opened.
+_TRANSIENT = frozenset((errno.EMFILE, errno.ENFILE))
 
 
 class Flushable(Protocol):
@@ -41,6 +47,7 @@ class FlushService:
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="dledger-flush", daemon=True)
+        self._warn = RateLimitedLog(log).warning
 
     def start(self) -> None:
         self._thread.start()
@@ -75,7 +82,17 @@ class FlushService:
                 if now >= next_retention:
                     self._store.run_retention()
                     next_retention = now + self._retention_interval
-            except Exception as e:  # fsync errors are fatal for durability (fsyncgate)
-                log.exception("flush failed; the store refuses further writes")
-                self._store.fail(e)
+            except OSError as e:
+                if e.errno in _TRANSIENT:  # no file descriptor to open a checkpoint: try again later
+                    self._warn("fds", "flush round skipped: %s; retrying", e)
+                    continue
+                self._fail(e)
                 return
+            except Exception as e:
+                self._fail(e)
+                return
+
+    def _fail(self, e: BaseException) -> None:
+        """fsync errors are fatal for durability (fsyncgate): the store refuses further writes."""
+        log.exception("flush failed; the store refuses further writes")
+        self._store.fail(e)
