@@ -243,6 +243,8 @@ def decode_entry(buf: bytes | bytearray | memoryview | object, offset: int = 0) 
             raise CorruptRecord(f"bad magic {magic}", offset)
         if size != HEADER_SIZE + bsize or bsize < 0 or offset + size > len(mv):
             raise CorruptRecord(f"bad size {size}", offset)
+        if _ch != 0:
+            raise CorruptRecord(f"bad channel {_ch} (reserved, must be 0)", offset)
         body = bytes(mv[offset + HEADER_SIZE : offset + size])
     finally:
         mv.release()

@@ -483,3 +483,83 @@ def test_a_record_damaged_on_every_copy_is_never_served_nor_invented() -> None:
         assert resp.code == ResponseCode.DISK_ERROR and not resp.entries
         assert "corrupt record at index" in c._node(m).metadata().store_error
     assert not c.violations
+
+
+def test_a_corrupt_leader_does_not_wait_for_a_follower_that_needs_its_bad_record() -> None:
+    """Review: the corrupt leader handed over to the most caught-up follower even when that
+    one still lacked the bad record (which the leader cannot send), and so stayed leader
+    until the transfer timed out (3 s), or longer when a preferred-leader or disk-pressure
+    transfer replaced it. Only a follower already holding our whole log takes over; with
+    none, the leader steps down at once."""
+    c, leader, a, b = _steady(13)
+    indexes = _write(c, leader, 20)
+    bad = indexes[5]
+    c.partition([leader, a], [b])  # b, caught up, is out of reach (for longer than the lease)
+    c.run(c._node(leader).elector.leader_lease_ms + 100)
+    c.corrupt(leader, bad)
+    _wipe(c, a)  # a catches up from the leader and rejects the bad record
+    _no_scrub(c)
+    old = c._node(leader)
+    assert c.run_until(lambda: old.corrupt is not None, 5_000)
+    c.run(3 * c.tick_ms)
+    assert old.member.role != Role.LEADER, "a corrupt leader waited for a follower that needs its bad record"
+    c.heal()
+    assert c.run_until(lambda: not c.damaged() and old.corrupt is None, 15_000), c.damaged()
+    c.check_log_matching()
+    assert not c.violations
+
+
+def test_magic_and_channel_rot_is_found_and_repaired() -> None:
+    """Review: magic (NORMAL 1 -> CONFIG_CHANGE 3) and channel are not covered by the chain
+    CRC, and verify() did not check them: the scrub never found them and a default READ
+    skipped the entry. The sim's rot now flips them too, and the final checks compare magic."""
+    c, leader, a, _ = _steady(14)
+    indexes = _write(c, leader, 20)
+    c.corrupt(leader, indexes[4], "magic")
+    c.corrupt(a, indexes[7], "channel")
+    assert c.run_until(lambda: c._node(leader).corrupt is not None and c._node(a).corrupt is not None, 25_000)
+    assert c.run_until(lambda: not c.damaged() and all(c._node(m).corrupt is None for m in c.ids), 15_000), \
+        c.damaged()
+    assert all(c.stores[m].get(indexes[4]).magic == 1 for m in c.ids)
+    c.check_log_matching()
+    assert not c.violations
+
+
+def test_a_corrupt_mark_ends_when_retention_deletes_the_record() -> None:
+    """Review: a member whose corrupt record retention deleted kept its mark for ever (it never
+    led again). The mark now clears once the record is below the log begin, and a member keeps
+    its own corrupt record from retention while a good copy can still repair it."""
+    c, leader, a, _ = _steady(22)
+    indexes = _write(c, leader, 20)
+    bad = indexes[2]
+    c.corrupt(leader, bad)
+    old = c._node(leader)
+    r = _ask(c, leader, RequestCode.GET, GetRequest(index=bad, local=True))
+    assert r.code != ResponseCode.SUCCESS and old.corrupt is not None
+    c.disk_fault(leader, "pressure")
+    assert c.run_until(lambda: old.corrupt is None, 10_000), (old.corrupt, c.stores[leader].begin_index)
+    c.disk_fault(leader, "pressure", on=False)
+    assert c.run_until(lambda: not c.damaged(), 10_000)
+    # and the clearing itself: a mark below the log begin (deleted) goes at the next tick
+    node = c._node(a)
+    node.corrupt = (c.stores[a].begin_index - 1, "deleted")
+    c.run(3 * c.tick_ms)
+    assert node.corrupt is None
+    assert not c.violations
+
+
+def test_a_repair_hold_expires_for_a_follower_silent_past_retention_hold_ms() -> None:
+    """Review: the retention hold for a follower's repair never expired, unlike the durable
+    hold: a dead follower with a corrupt record held the leader's log for ever."""
+    c, leader, a, b = _steady(26, retention_hold_ms=2_000)
+    indexes = _write(c, leader, 10)
+    c.partition([leader, b], [a])
+    c.corrupt(a, indexes[1])
+    _ask(c, a, RequestCode.GET, GetRequest(index=indexes[1], local=True))
+    c.heal()
+    assert c.run_until(lambda: c._node(leader).dispatchers[a].repair_index >= 0, 2_000)
+    c.crash(a)
+    _write(c, leader, 50)
+    c.run(5_000)
+    floor, holder = c._node(c.leader() or leader).retention_floor()
+    assert a not in holder and floor > indexes[1], (floor, holder)

@@ -426,7 +426,7 @@ class LeaderElector:
         """Hand leadership to a preferred member once it is caught up."""
         node, m = self.node, self.node.member
         preferred = node.cfg.preferred_leader_ids
-        if not preferred or m.self_id in preferred:
+        if not preferred or m.self_id in preferred or node.corrupt is not None:
             return
         for pid in preferred:
             d = node.dispatchers.get(pid)

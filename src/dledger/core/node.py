@@ -155,16 +155,22 @@ class Node:
         try:
             if self.member.is_leader and (err := self.unwritable()) is not None:
                 self.step_down(f"its store cannot write: {err.message}")
-            if self.member.is_leader and self.corrupt is not None and not self.elector.transferring:
-                # no healthy follower took over in time (or none could): leave anyway
-                self.step_down(f"corrupt record at index {self.corrupt[0]}")
             self.elector.tick()
+            if self.corrupt is not None and self.corrupt[0] < self.store.begin_index:
+                log.warning("%s/%s: corrupt record %d deleted by retention", self.member.group,
+                            self.member.self_id, self.corrupt[0])
+                self.corrupt = None
+            if self.member.is_leader and self.corrupt is not None and not self.elector.transferring:
+                # no healthy follower took over in time (or none could): leave anyway; after
+                # the elector's tick, so a transfer that just timed out is not replaced
+                self.step_down(f"corrupt record at index {self.corrupt[0]}")
             if self.member.is_leader:
                 self.quorum.expire(now_ms)
                 for d in self.dispatchers.values():
                     d.tick()
                 self._hold_retention()
-                self._relieve_pressure()
+                if self.corrupt is None:
+                    self._relieve_pressure()
             self.handler.tick()
             self._scrub()
         except StoreError as e:
@@ -230,9 +236,9 @@ class Node:
             self.step_down(f"corrupt record at index {index}")
 
     def _hand_over_corrupt(self) -> None:
-        """A corrupt leader hands leadership to the most caught-up live, healthy follower (no
-        election gap; the transfer waits until it holds our whole log, as it does for a client's
-        transfer); with none, it steps down at once, and at the latest when the transfer times out."""
+        """A corrupt leader hands leadership to a live, healthy follower that already holds our
+        whole log (it needs nothing from us, the bad record included: no election gap); with
+        none, it steps down at once, and at the latest when the transfer times out."""
         el = self.elector
         if el.transferring:
             return
@@ -240,7 +246,8 @@ class Node:
         for p, d in self.dispatchers.items():
             alive = self.now - el.last_ack.get(p, -(1 << 62)) < el.leader_lease_ms
             if alive and not el.peer_full.get(p, True) and not el.peer_corrupt.get(p, False) \
-                    and not d.disk_fault and (best is None or d.match_index > best[0]):
+                    and not d.disk_fault and d.match_index >= self.store.end_index \
+                    and (best is None or d.match_index > best[0]):
                 best = (d.match_index, p)
         if best is None:
             self.step_down(f"corrupt record at index {self.corrupt_index}")
@@ -343,13 +350,19 @@ class Node:
         floor, holder = self.store.durable_index + 1, f"leader {self.member.self_id}"
         for p, d in self.dispatchers.items():
             heard = self.elector.last_ack.get(p, self.elector.leader_since)
-            if self.now - heard < self.cfg.retention_hold_ms and d.durable + 1 < floor:
+            if self.now - heard >= self.cfg.retention_hold_ms:
+                continue  # silent too long: it holds nothing back (nor a repair)
+            if d.durable + 1 < floor:
                 floor, holder = d.durable + 1, f"follower {p}"
             if 0 <= d.repair_index < floor:  # our copy is what can repair its record
                 floor, holder = d.repair_index, f"follower {p} (repairing record {d.repair_index})"
         return floor, holder
 
     def follow_retention_floor(self, floor: int, holder: str) -> None:
+        """Apply a retention floor (ours as leader, the leader's as follower), lowered to our own
+        corrupt record: it stays until repaired (a healthy copy elsewhere can restore it)."""
+        if self.corrupt is not None and (floor < 0 or self.corrupt[0] < floor):
+            floor, holder = self.corrupt[0], f"{self.member.self_id} (its corrupt record {self.corrupt[0]})"
         self.store.set_retention_floor(floor if floor >= 0 else None, holder)
 
     def drain(self) -> list[Action]:

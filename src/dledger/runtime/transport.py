@@ -365,6 +365,7 @@ class _FrameProtocol(asyncio.BufferedProtocol):
         self._out: list[Buffer] = []
         self._out_bytes = 0
         self._flush_scheduled = False
+        self._encrypted = False
 
     # -- asyncio callbacks --------------------------------------------------------------
 
@@ -372,6 +373,7 @@ class _FrameProtocol(asyncio.BufferedProtocol):
         self._transport = cast(asyncio.Transport, transport)
         self._closed = asyncio.get_running_loop().create_future()
         self.peer = _peer_name(transport)
+        self._encrypted = transport.get_extra_info("sslcontext") is not None
         sock = transport.get_extra_info("socket")
         if sock is not None:
             with contextlib.suppress(OSError, AttributeError):  # not a TCP socket
@@ -515,7 +517,10 @@ class _FrameProtocol(asyncio.BufferedProtocol):
         out, self._out = self._out, []
         self._out_bytes = 0
         if self._transport is not None and not self._transport.is_closing():
-            self._transport.writelines(out)
+            if self._encrypted:  # one TLS record for the lot, not one per part of each frame
+                self._transport.write(b"".join(out))
+            else:
+                self._transport.writelines(out)
 
     async def _wait_turn(self) -> None:
         fut = asyncio.get_running_loop().create_future()
@@ -635,7 +640,11 @@ class _ServerConnection(_FrameProtocol, Caller):
         if code == AUTH_CODE or not self.authenticated:
             self._authenticate(request_id, code, meta)
             return
-        self._server.charge(1 + ((len(meta) + _nbytes(data)) >> 13))
+        server = self._server
+        server.turn_cost += 1 + ((len(meta) + len(data)) >> 13)  # charge(), inlined: once per frame
+        if not server._turn_reset_scheduled:
+            server._turn_reset_scheduled = True
+            asyncio.get_running_loop().call_soon(server._reset_turn)
         self.inflight += 1
         respond = functools.partial(self._respond, request_id, code)
         try:
@@ -702,7 +711,6 @@ class _ServerConnection(_FrameProtocol, Caller):
         any order, so they never wait for a turn; a client that does not read them is held
         back by pausing reads from it instead (see pause_writing)."""
         self.inflight -= 1
-        self.last_active = time.monotonic()
         problem = _frame_problem(response.code, response.meta, response.data, self._server.max_frame_bytes)
         if problem is not None:
             log.error("response to request %d (code %d) not sendable: %s", request_id, request_code, problem)
@@ -726,6 +734,8 @@ class _ServerConnection(_FrameProtocol, Caller):
         limits = self._server.limits
         if self.closing:
             return
+        if self.inflight > 0:  # waiting on us is activity
+            self.last_active = now
         if not self.authenticated and now - self.opened_at > limits.handshake_timeout_s:
             self.close_gracefully("no auth token")
         elif self._read_holds:

@@ -155,11 +155,11 @@ class SimCluster:
             st.fsync_error_once = st.write_error_once = False
         self.trace.append(f"{self.now} disk of {member}: {kind}{'' if on else ' off'}")
 
-    def corrupt(self, member: str, index: int) -> None:
-        """Bit rot: flip a byte of `member`'s record of `index`."""
-        self.stores[member].corrupt(index)
+    def corrupt(self, member: str, index: int, field: str = "body") -> None:
+        """Bit rot: flip a byte of `member`'s record of `index` (see SimDiskStore.corrupt)."""
+        self.stores[member].corrupt(index, field)
         self.corrupted.add((member, index))
-        self.trace.append(f"{self.now} disk of {member}: record {index} corrupt")
+        self.trace.append(f"{self.now} disk of {member}: record {index} corrupt ({field})")
 
     def damaged(self) -> list[tuple[str, int]]:
         """The records `corrupt` damaged that still fail verification (a truncate or retention
@@ -340,7 +340,7 @@ class SimCluster:
     def _note_acked(self, leader: str, last: int) -> None:
         """An append was acknowledged: remember the highest acknowledged entry as it is."""
         if self.acked_top is None or last > self.acked_top[0]:
-            self.acked_top = (last, *self.stores[leader].term_chain(last))
+            self.acked_top = (last, *self.stores[leader].term_chain(last)[:2])
 
     def _check_invariants(self) -> None:
         """After every event: election safety, state machine safety (no two members
@@ -365,7 +365,7 @@ class SimCluster:
                 self.violations.append(f"{self.now}: {i} commit index went back {self.last_commit[i]} -> {c}")
             if c > self.last_commit.get(i, -1):
                 for idx in range(max(self.last_commit.get(i, -1) + 1, store.begin_index), c + 1):
-                    tc = store.term_chain(idx)
+                    tc = store.term_chain(idx)[:2]
                     seen = self.committed.setdefault(idx, tc)
                     if seen != tc:
                         self.violations.append(f"{self.now}: {i} committed a different entry at {idx}")
@@ -400,7 +400,7 @@ class SimCluster:
         if store.end_index < top:
             self.violations.append(f"{self.now}: leader {leader} lacks committed entries {store.end_index + 1}..{top}")
             return
-        if top >= store.begin_index and store.term_chain(top) != self.committed[top]:
+        if top >= store.begin_index and store.term_chain(top)[:2] != self.committed[top]:
             self.violations.append(f"{self.now}: leader {leader} holds a different entry at committed {top}")
 
     def check_log_matching(self) -> None:
@@ -422,4 +422,4 @@ def _on_disk(st: SimDiskStore, index: int, term: int, chain: int) -> bool:
         return True  # deleted by retention, which only deletes committed, fsynced entries
     if index > st.synced_index:
         return False
-    return st.term_chain(index) == (term, chain)
+    return st.term_chain(index)[:2] == (term, chain)

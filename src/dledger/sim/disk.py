@@ -75,24 +75,32 @@ class SimDiskStore(MemoryLedgerStore):
             self.write_error_once = False
             raise StoreError(ResponseCode.DISK_ERROR, "append: Input/output error")
 
-    def corrupt(self, index: int) -> None:
-        """Flip a byte of the record of `index` (bit rot): its last body byte, or a byte of its
-        body CRC field when the body is empty. Nothing else changes."""
+    def corrupt(self, index: int, field: str = "body") -> None:
+        """Flip a byte of the record of `index` (bit rot). `field` "body": its last body byte,
+        or a byte of its body CRC field when the body is empty; "magic": one bit of the magic
+        (NORMAL <-> CONFIG_CHANGE, a valid magic that only the index reveals); "channel": the
+        reserved channel field. Nothing else changes."""
         k = index - self.begin_index
         off = self._offsets[k]
         end = self._offsets[k + 1] if k + 1 < len(self._offsets) else len(self._buf)
-        at = end - 1 if end - off > HEADER_SIZE else off + 40  # body_crc field: bytes 40..43 of the header
-        self._buf[at] ^= 0x5A
+        if field == "magic":
+            self._buf[off + 3] ^= 0x02  # 1 <-> 3, 2 -> 0
+        elif field == "channel":
+            self._buf[off + 35] ^= 0x01
+        else:
+            at = end - 1 if end - off > HEADER_SIZE else off + 40  # body_crc field: bytes 40..43 of the header
+            self._buf[at] ^= 0x5A
 
-    def term_chain(self, index: int) -> tuple[int, int]:
-        """(term, chain CRC) of the record of `index` from its header, without verifying its
-        body: what the invariant checks compare (a rotten body is the repair's business)."""
+    def term_chain(self, index: int) -> tuple[int, int, int]:
+        """(term, chain CRC, magic) of the record of `index` from its header, without verifying
+        its body: what the invariant checks compare (a rotten body is the repair's business;
+        magic is not covered by the chain CRC, so it is compared apart)."""
         raw = self.read_raw(index, 0)
         try:
             h = HEADER.unpack_from(raw.data, 0)
         finally:
             raw.data.release()
-        return int(h[3]), int(h[6])
+        return int(h[3]), int(h[6]), int(h[0])
 
     # --- writes ------------------------------------------------------------------------------
 

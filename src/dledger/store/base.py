@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from dledger.codes import DLedgerError, ResponseCode
-from dledger.entry import HEADER, HEADER_SIZE, MAGIC_NORMAL, CorruptRecord, Entry, chain_crc, decode_entry
+from dledger.entry import HEADER, HEADER_SIZE, MAGIC_NORMAL, CorruptRecord, Entry, chain_crc, decode_entry, scan
 
 log = logging.getLogger(__name__)
 
@@ -214,16 +214,44 @@ class LedgerStore(ABC):
             raw.data.release()
 
     def verify_entry(self, index: int) -> Entry:
-        """The entry at `index` once fully verified: body CRC, header against the index (term),
-        chain CRC following its predecessor's. CorruptEntryError names what failed."""
-        entry = self.get(index)
-        term = self.term_at(index)
-        if entry.term != term:
-            raise CorruptEntryError(index, f"record of entry {index} says term {entry.term}, the index {term}")
-        prev = self.chain_at(index - 1)
-        if chain_crc(index, entry.term, entry.body_crc, prev) != entry.chain_crc:
-            raise CorruptEntryError(index, f"chain CRC of entry {index} does not follow entry {index - 1}")
-        return entry
+        """The entry at `index` once fully verified, with the same single-record check a
+        follower applies to a push (entry.scan): magic, size, index, position, channel, term
+        not below its predecessor's, body CRC, chain CRC following its predecessor's; then
+        the term (and magic, where the index keeps it) against the index. CorruptEntryError
+        names what failed."""
+        with self._lock:
+            self._check_readable(index)
+            pos, size, term, magic = self._expected_slot(index)
+            self._check_record(index, pos, size, term, magic)
+            return self.get(index)
+
+    def _index_magic(self, index: int) -> int:
+        """The magic the index holds for `index` (not covered by the chain CRC)."""
+        magic = self._record_slot(index)[3]
+        return self.get(index).magic if magic is None else magic
+
+    def _expected_slot(self, index: int) -> tuple[int, int, int, int | None]:
+        """(pos, size, term, magic or None) the index holds for `index` (for verification)."""
+        return self._record_slot(index)
+
+    def _check_record(self, index: int, pos: int, size: int, term: int, magic: int | None) -> None:
+        prev_chain, prev_term = self.chain_at(index - 1), self.term_at(index - 1)
+        raw = self.read_raw(index, 0)
+        try:
+            data = raw.data
+            if len(data) >= HEADER_SIZE:
+                h = HEADER.unpack_from(data, 0)
+                if (magic is not None and h[0] != magic) or h[3] != term:
+                    raise CorruptEntryError(index, f"record of entry {index} says magic {h[0]}, term {h[3]}; "
+                                                   f"the index {magic}, {term}")
+            try:
+                res = scan(data, 0, len(data), index, pos, prev_chain, prev_term, strict=True, max_count=1)
+            except CorruptRecord as e:
+                raise CorruptEntryError(index, f"entry {index}: {e.reason}") from e
+            if res.count != 1 or res.consumed != size:
+                raise CorruptEntryError(index, f"record of entry {index} is not the {size} bytes the index holds")
+        finally:
+            raw.data.release()
 
     def verify(self, index: int) -> str | None:
         """Why the record at `index` fails verification (see verify_entry), or None."""
@@ -258,7 +286,7 @@ class LedgerStore(ABC):
                         prev = out[-1]
                         ok = entry.pos == prev.pos + prev.size and entry.chain_crc == chain_crc(
                             index, entry.term, entry.body_crc, prev.chain_crc
-                        )
+                        ) and entry.magic == self._index_magic(index)
                     if not ok:
                         raise CorruptEntryError(index, f"record of entry {index} has a damaged header")
                     if out and size + entry.size > max_bytes:

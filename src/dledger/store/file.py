@@ -336,7 +336,9 @@ class FileLedgerStore(LedgerStore):
         if off + HEADER_SIZE > f.size:
             return None
         h = HEADER.unpack_from(f.mm, off)
-        if (h[0], h[1], h[2], h[3], h[4]) != (u[0], u[2], u[3], u[4], u[1]):
+        # not the magic: a valid magic flipped to another (NORMAL <-> CONFIG_CHANGE) is the
+        # record's rot, which get/verify report; a rebuild from the header would hide it
+        if (h[1], h[2], h[3], h[4]) != (u[2], u[3], u[4], u[1]):
             return None
         return u
 
@@ -394,17 +396,26 @@ class FileLedgerStore(LedgerStore):
                     raise
                 raise CorruptEntryError(index, f"entry {index}: {e.message}") from e
 
+    def _index_magic(self, index: int) -> int:
+        return self.unit(index)[0]
+
     def verify_entry(self, index: int) -> Entry:
-        return self.get(index)  # get checks the header against the unit and the chain CRC link
+        """get (the header against the unit, magic included, and the chain CRC link), then the
+        single-record check of a push (entry.scan: magic, channel, pos, ...)."""
+        with self._lock:
+            entry = self.get(index)
+            self._check_record(index, entry.pos, entry.size, entry.term, None)
+            return entry
 
     def _get_locked(self, index: int) -> Entry:
-        _, pos, size, _, term = self.unit(index)
+        magic, pos, size, _, term = self.unit(index)
         f = self.data.locate(pos)
         try:
             entry = decode_entry(f.mm, pos - f.start)
         except CorruptRecord as e:
             raise CorruptEntryError(index, f"entry {index} in {f.path}: {e.message}") from e
-        if entry.index != index or entry.pos != pos or entry.size != size or entry.term != term:
+        if entry.index != index or entry.pos != pos or entry.size != size or entry.term != term \
+                or entry.magic != magic:
             raise CorruptEntryError(
                 index, f"{f.path} offset {pos - f.start}: record does not match index unit of {index}",
             )

@@ -11,8 +11,16 @@ from array import array
 from collections.abc import Sequence
 
 from dledger.codes import ResponseCode
-from dledger.entry import HEADER_SIZE, MAGIC_NORMAL, CorruptRecord, encode_into, scan
-from dledger.store.base import AppendResult, LedgerStore, RawRange, StoreError, TermVote, push_error
+from dledger.entry import HEADER_SIZE, MAGIC_NORMAL, CorruptRecord, Entry, encode_into, scan
+from dledger.store.base import (
+    AppendResult,
+    CorruptEntryError,
+    LedgerStore,
+    RawRange,
+    StoreError,
+    TermVote,
+    push_error,
+)
 
 
 class MemoryLedgerStore(LedgerStore):
@@ -22,6 +30,7 @@ class MemoryLedgerStore(LedgerStore):
         self._base_pos = 0  # logical position of _buf[0]
         self._offsets: array[int] = array("q")  # offset in _buf of entry begin_index + k
         self._terms: array[int] = array("q")
+        self._magics: array[int] = array("b")  # as the file store's index units keep it
         self._term_vote = TermVote(0, None)
 
     def pos_of_next(self) -> int:
@@ -44,6 +53,7 @@ class MemoryLedgerStore(LedgerStore):
             base = self._base_pos
             self._offsets.extend(p - base for p in positions)
             self._terms.extend([term] * len(bodies))
+            self._magics.extend([magic] * len(bodies))
             self.end_index += len(bodies)
             self.end_term = term
             self.end_chain_crc = chain
@@ -75,6 +85,7 @@ class MemoryLedgerStore(LedgerStore):
                 u = units[k * 32 : k * 32 + 32]
                 self._offsets.append(int.from_bytes(u[4:12], "big") - self._base_pos)
                 self._terms.append(int.from_bytes(u[24:32], "big", signed=True))
+                self._magics.append(int.from_bytes(u[0:4], "big", signed=True))
             assert self._offsets[-res.count] == off
             self.end_index += res.count
             self.end_term = res.last_term
@@ -91,6 +102,7 @@ class MemoryLedgerStore(LedgerStore):
             del self._buf[self._offsets[k] :]
             del self._offsets[k:]
             del self._terms[k:]
+            del self._magics[k:]
             self.end_index = from_index - 1
             if k == 0:
                 self.end_term, self.end_chain_crc = self.begin_term, self.begin_chain_crc
@@ -105,6 +117,7 @@ class MemoryLedgerStore(LedgerStore):
             self._base_pos = begin_pos
             self._offsets = array("q")
             self._terms = array("q")
+            self._magics = array("b")
             self.begin_index = begin_index
             self.begin_term = self.end_term = begin_term
             self.begin_chain_crc = self.end_chain_crc = begin_chain_crc
@@ -124,6 +137,7 @@ class MemoryLedgerStore(LedgerStore):
             self._base_pos += cut
             self._offsets = array("q", (o - cut for o in self._offsets[k:]))
             del self._terms[:k]
+            del self._magics[:k]
             self.begin_index, self.begin_term, self.begin_chain_crc = begin_index, prev_term, prev_chain
 
     def read_raw(self, from_index: int, max_bytes: int) -> RawRange:
@@ -143,7 +157,20 @@ class MemoryLedgerStore(LedgerStore):
         k = index - self.begin_index
         start = self._offsets[k]
         end = self._offsets[k + 1] if k + 1 < len(self._offsets) else len(self._buf)
-        return self._base_pos + start, end - start, self._terms[k], None
+        return self._base_pos + start, end - start, self._terms[k], self._magics[k]
+
+    def _index_magic(self, index: int) -> int:
+        return self._magics[index - self.begin_index]
+
+    def get(self, index: int) -> Entry:
+        with self._lock:
+            entry = super().get(index)
+            pos = self._base_pos + self._offsets[index - self.begin_index]
+            if entry.pos != pos or entry.magic != self._magics[index - self.begin_index]:
+                raise CorruptEntryError(index, f"record of entry {index} does not match the index (pos {entry.pos}, "
+                                               f"magic {entry.magic}; the index {pos}, "
+                                               f"{self._magics[index - self.begin_index]})")
+            return entry
 
     def _write_record(self, pos: int, data: bytes | bytearray | memoryview) -> None:
         off = pos - self._base_pos
