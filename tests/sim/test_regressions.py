@@ -563,3 +563,17 @@ def test_a_repair_hold_expires_for_a_follower_silent_past_retention_hold_ms() ->
     c.run(5_000)
     floor, holder = c._node(c.leader() or leader).retention_floor()
     assert a not in holder and floor > indexes[1], (floor, holder)
+
+
+def test_the_scrub_finds_rot_on_a_member_that_is_never_idle() -> None:
+    """The scrub ran only in idle ticks: under an append every 5 ms a rotten old record on a
+    follower stayed unnoticed for 30 s. Now a busy member still verifies a record now and then."""
+    c, leader, a, _b = _steady(27)
+    idx = _write(c, leader, 10)
+    c.run(11_000)  # the first scrub pass is over
+    c.corrupt(a, idx[3])
+    for k in range(3_000):
+        c.append(c.leader() or leader, [b"load%d" % k])
+        c.run(5)
+    assert c._node(a).corruptions_found >= 1
+    assert c.run_until(lambda: not c.damaged(), 20_000)

@@ -186,6 +186,23 @@ def test_repair_refuses_what_is_not_the_same_entry(stores: Stores) -> None:
     assert f.verify(bad) is None
 
 
+def test_repair_refuses_a_record_our_next_entry_does_not_chain_onto(stores: Stores) -> None:
+    """Same index, term, position and size, chained onto our previous entry, other body: only
+    our next record's chain CRC tells it is not the entry we held."""
+    leader, f = leader_and_follower(stores)
+    bad = 9
+    forged = stores.make("forged")
+    forged.append_as_leader([f"entry-{k}".encode() * 40 for k in range(bad)], 1)
+    forged.append_as_leader([f"ENTRY-{bad}".encode() * 40], 1)  # same length as entry-9 * 40
+    flip(f, bad, HEADER_SIZE + 3)
+    damaged = record(f, bad)
+    with pytest.raises(StoreError, match="does not chain onto"):
+        f.repair(bad, record(forged, bad))
+    assert record(f, bad) == damaged
+    f.repair(bad, record(leader, bad))
+    assert f.verify(bad) is None and f.verify(bad + 1) is None
+
+
 def test_a_damaged_push_names_the_failing_record_and_keeps_nothing(stores: Stores) -> None:
     """The handler rejected a whole batch naming "offset 0" (the file store reported where the
     push began, not the failing record): the leader could not tell which record was bad."""

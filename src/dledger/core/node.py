@@ -59,6 +59,7 @@ _ENTRY_OVERHEAD = 48
 SCRUB_ENTRIES = 16
 SCRUB_BYTES = 256 << 10
 SCRUB_PAUSE_MS = 10_000
+SCRUB_BUSY_EVERY = 10  # ticks: a member never idle still verifies one record this often
 
 
 @dataclass(slots=True)
@@ -106,6 +107,7 @@ class Node:
         self._scrub_next = store.begin_index
         self._scrub_at = now_ms  # a (re)started member checks its log soon
         self._active = False  # an append or a push came since the last tick: no scrub then
+        self._busy_ticks = 0  # ticks in a row that were not idle
         # until a leader says what its followers need, retention deletes nothing (any member may
         # lead next, and a follower needing a deleted prefix could never catch up)
         store.set_retention_floor(store.begin_index, "a follower (no leader known yet)")
@@ -282,16 +284,21 @@ class Node:
     def _scrub(self) -> None:
         """Idle ticks verify a few committed records each (body CRC, header, chain link),
         cycling over the log, so damage is found before a read or a lagging follower needs it."""
+        limit = self.scrub_entries
         if self._active:
             self._active = False
-            return
+            self._busy_ticks += 1
+            if self._busy_ticks < SCRUB_BUSY_EVERY:
+                return
+            limit = min(limit, 1)  # under steady load still a record now and then, or rot hides
+        self._busy_ticks = 0
         store = self.store
-        if self.scrub_entries <= 0 or self.now < self._scrub_at:
+        if limit <= 0 or self.now < self._scrub_at:
             return
         i = max(self._scrub_next, store.begin_index)
         top = store.committed_index
         n = size = 0
-        while i <= top and n < self.scrub_entries and size < SCRUB_BYTES:
+        while i <= top and n < limit and size < SCRUB_BYTES:
             try:
                 size += store.verify_entry(i).size
             except CorruptEntryError as e:

@@ -168,6 +168,15 @@ class LedgerStore(ABC):
         if chain_crc(index, e.term, e.body_crc, self.chain_at(index - 1)) != e.chain_crc:
             raise StoreError(ResponseCode.INCONSISTENT_STATE,
                              f"repair of entry {index}: its chain CRC does not follow our entry {index - 1}")
+        if index < self.end_index:  # and our next record must still chain onto it (its header
+            raw = self.read_raw(index + 1, 0)  # holds its term and body CRC, which rot of a body spares)
+            try:
+                fields = HEADER.unpack_from(raw.data, 0) if len(raw.data) >= HEADER_SIZE else None
+            finally:
+                raw.data.release()
+            if fields is None or chain_crc(index + 1, fields[3], fields[7], e.chain_crc) != fields[6]:
+                raise StoreError(ResponseCode.INCONSISTENT_STATE,
+                                 f"repair of entry {index}: our entry {index + 1} does not chain onto the record sent")
 
     # --- reads --------------------------------------------------------------
 
