@@ -14,9 +14,11 @@ from rich.table import Table
 
 from dledger.codes import DLedgerError
 from dledger.config import Peer, format_peers
-from dledger.local_cluster import local_cluster
+from dledger.local_cluster import client_tls, local_cluster
 from dledger.ports import free_port_run
 from dledger.runtime.client import DLedgerClient
+from dledger.security.certs import make_certs
+from dledger.security.tls import TlsConfig
 
 console = Console()
 
@@ -30,8 +32,9 @@ BATCH = 20
 class Workload:
     """Writers append unique bodies and record every acknowledged (index, body)."""
 
-    def __init__(self, peers: str, total: int) -> None:
+    def __init__(self, peers: str, total: int, tls: TlsConfig | None = None) -> None:
         self.peers = peers
+        self.tls = tls
         self.total = total
         self.acked: dict[int, bytes] = {}
         self.errors: dict[str, int] = {}
@@ -51,7 +54,7 @@ class Workload:
             return k
 
     def writer(self) -> None:
-        with DLedgerClient(self.peers, timeout=10.0) as c:
+        with DLedgerClient(self.peers, timeout=10.0, tls=self.tls) as c:
             while not self.stop.is_set():
                 k = self._claim()
                 if k is None:
@@ -91,13 +94,16 @@ def cluster_demo(base: Path, total: int = 20_000) -> bool:
     console.rule("[bold]2. cluster: 3 members, SIGKILL the leader under load")
     port = free_port_run(3)
     peers = format_peers({f"n{k}": Peer(f"n{k}", "127.0.0.1", port + k) for k in range(3)})
-    lc = local_cluster(peers, "default", base / "cluster", flush="sync")
-    with lc as procs, DLedgerClient(peers) as admin:
-        console.print(f"peers: {peers}  (flush=sync: acknowledged = fsynced on a majority)")
+    tls_dir = base / "certs"
+    make_certs(tls_dir, ["n0", "n1", "n2"], force=True)
+    tls = client_tls(tls_dir)
+    lc = local_cluster(peers, "default", base / "cluster", flush="sync", tls_dir=tls_dir)
+    with lc as procs, DLedgerClient(peers, tls=tls) as admin:
+        console.print(f"peers: {peers}  (flush=sync: acknowledged = fsynced on a majority; mutual TLS)")
         meta = admin.metadata()
         leader, term = meta.leader_id, meta.term
         console.print(f"leader elected: [bold]{leader}[/bold]")
-        work = Workload(peers, total)
+        work = Workload(peers, total, tls)
         threads = [threading.Thread(target=work.writer, daemon=True) for _ in range(WRITERS)]
         t0 = time.monotonic()
         for t in threads:

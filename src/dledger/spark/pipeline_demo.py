@@ -26,9 +26,10 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from dledger.config import Peer, format_peers
-from dledger.local_cluster import local_cluster
+from dledger.local_cluster import client_tls, local_cluster
 from dledger.ports import free_ports
 from dledger.runtime.client import DLedgerClient
+from dledger.security.certs import make_certs
 from dledger.spark.online import leader_view
 
 log = logging.getLogger(__name__)
@@ -41,15 +42,27 @@ EVENT_SCHEMA = "id long, type string, user int"
 
 
 @contextmanager
-def _group(base_dir: Path, peers: str | None, group: str) -> Iterator[str]:
-    """The given group, or a local 3-member one in base_dir for the duration."""
+def _group(base_dir: Path, peers: str | None, group: str) -> Iterator[tuple[str, Path | None]]:
+    """The given group, or a local 3-member one in base_dir for the duration, run with mutual
+    TLS (certificates made in base_dir/certs); yields its peers and certificate directory."""
     if peers is not None:
-        yield peers
+        yield peers, None
         return
     ports = free_ports(3)
-    local = format_peers({f"n{k}": Peer(f"n{k}", "127.0.0.1", p) for k, p in enumerate(ports)})
-    with local_cluster(local, group, base_dir / "cluster"):
-        yield local
+    members = {f"n{k}": Peer(f"n{k}", "127.0.0.1", p) for k, p in enumerate(ports)}
+    tls_dir = base_dir / "certs"
+    make_certs(tls_dir, list(members), force=True)
+    local = format_peers(members)
+    with local_cluster(local, group, base_dir / "cluster", tls_dir=tls_dir):
+        yield local, tls_dir
+
+
+def _tls_options(tls_dir: Path | None) -> dict[str, str]:
+    """The Spark options of a group run with TLS: the client certificate `dledger certs` made."""
+    if tls_dir is None:
+        return {}
+    return {"tlsCa": str(tls_dir / "ca.pem"), "tlsCert": str(tls_dir / "client.pem"),
+            "tlsKey": str(tls_dir / "client-key.pem")}
 
 
 def _event(k: int) -> str:
@@ -77,8 +90,9 @@ def run_pipeline_demo(base_dir: str | Path | None = None, peers: str | None = No
         shutil.rmtree(ckpt_dir, ignore_errors=True)
         print(f"pipeline demo in {base}")
         t0 = time.monotonic()
-        with _group(base, peers, group) as group_peers:
-            print(f"group {group}: {group_peers}")
+        with _group(base, peers, group) as (group_peers, tls_dir):
+            print(f"group {group}: {group_peers}{' (mutual TLS)' if tls_dir else ''}")
+            sec = _tls_options(tls_dir)
             spark = (SparkSession.builder.master(master).appName("dledger-pipeline-demo")
                      .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
                      .config("spark.sql.shuffle.partitions", "2")
@@ -86,20 +100,20 @@ def run_pipeline_demo(base_dir: str | Path | None = None, peers: str | None = No
             spark.sparkContext.setLogLevel("ERROR")
             try:
                 register(spark)
-                with DLedgerClient(group_peers, group) as client:
+                with DLedgerClient(group_peers, group, tls=client_tls(tls_dir)) as client:
                     # the query starts after whatever the group already holds
                     start = leader_view(client).committed_index + 1
                     ids = list(range(FIRST_EVENTS + SECOND_EVENTS))
 
                     spark.createDataFrame([(_event(k),) for k in ids[:FIRST_EVENTS]], "body string") \
                         .write.format("dledger").mode("append").option("peers", group_peers) \
-                        .option("group", group).option("batchSize", "500").save()
+                        .option("group", group).option("batchSize", "500").options(**sec).save()
                     print(f"appended {FIRST_EVENTS} events through df.write.format('dledger')")
 
                     def start_query(available_now: bool) -> StreamingQuery:
                         events = (spark.readStream.format("dledger").option("peers", group_peers)
                                   .option("group", group).option("startingIndex", json.dumps({group: start}))
-                                  .option("maxEntriesPerTrigger", str(PER_TRIGGER)).load()
+                                  .option("maxEntriesPerTrigger", str(PER_TRIGGER)).options(**sec).load()
                                   .select(F.col("index"), F.from_json(F.col("body").cast("string"),
                                                                       EVENT_SCHEMA).alias("e"))
                                   .select("index", "e.id", "e.type", "e.user"))
