@@ -311,6 +311,31 @@ def test_connections_beyond_max_connections_are_closed(make_cluster: MakeCluster
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 
+@contextlib.contextmanager
+def flooding(c: Cluster, member: str, blob: bytes, conns: int
+             ) -> Iterator[tuple[list[threading.Thread], list[int], list[BaseException]]]:
+    """`conns` connections to `member`, each writing `blob` from a thread, never reading; the
+    threads, bytes sent per connection and errors. Stopped and closed on exit."""
+    sent = [0] * conns
+    errors: list[BaseException] = []
+    stop = threading.Event()
+    with sockets_closed_after([]) as socks:
+        for _ in range(conns):
+            s = socket.create_connection(address(c, member), timeout=10)
+            s.setblocking(False)
+            socks.append(s)
+        threads = [threading.Thread(target=_flood, args=(s, blob, sent, k, stop, errors), daemon=True)
+                   for k, s in enumerate(socks)]
+        for t in threads:
+            t.start()
+        try:
+            yield threads, sent, errors
+        finally:
+            stop.set()
+            for t in threads:
+                t.join(timeout=30)
+
+
 def _flood(sock: socket.socket, blob: bytes, sent: list[int], slot: int, stop: threading.Event,
            errors: list[BaseException]) -> None:
     """Write `blob` as fast as the socket takes it, never reading; give up once it takes
@@ -346,28 +371,13 @@ def test_a_pipelined_flood_does_not_starve_heartbeats(make_cluster: MakeCluster)
     assert views_of_others(c, leader) == want
     one = frame(RequestCode.METADATA, fields(c.group, "", ""))
     conns, per_conn = 4, 30_000
-    blob = one * per_conn
-    sent = [0] * conns
-    errors: list[BaseException] = []
-    stop = threading.Event()
     views: list[dict[str, tuple[str | None, int] | None]] = []
-    with sockets_closed_after([]) as socks:
-        for _ in range(conns):
-            s = socket.create_connection(address(c, leader), timeout=10)
-            s.setblocking(False)
-            socks.append(s)
-        threads = [threading.Thread(target=_flood, args=(s, blob, sent, k, stop, errors), daemon=True)
-                   for k, s in enumerate(socks)]
+    with flooding(c, leader, one * per_conn, conns) as (threads, sent, errors):
+        while any(t.is_alive() for t in threads):
+            views.append(views_of_others(c, leader))
+            time.sleep(0.2)
         for t in threads:
-            t.start()
-        try:
-            while any(t.is_alive() for t in threads):
-                views.append(views_of_others(c, leader))
-                time.sleep(0.2)
-        finally:
-            stop.set()
-            for t in threads:
-                t.join(timeout=30)
+            t.join(timeout=30)
         frames_sent = sum(n // len(one) for n in sent)
         assert not errors, f"the member dropped a flooding connection: {errors!r}"
         assert frames_sent >= 100_000, f"only {frames_sent} frames could be written"
@@ -386,29 +396,13 @@ def _flood_keeps_leader(c: Cluster, leader: str, blob: bytes, conns: int = 1) ->
     keep seeing the same leader and term throughout; the leader's peak RSS."""
     term = c.leader_meta().term
     want = {m: (leader, term) for m in c.ids if m != leader}
-    sent = [0] * conns
-    errors: list[BaseException] = []
-    stop = threading.Event()
     views: list[dict[str, tuple[str | None, int] | None]] = []
     peak = rss(c, leader)
-    with sockets_closed_after([]) as socks:
-        for _ in range(conns):
-            s = socket.create_connection(address(c, leader), timeout=10)
-            s.setblocking(False)
-            socks.append(s)
-        threads = [threading.Thread(target=_flood, args=(s, blob, sent, k, stop, errors), daemon=True)
-                   for k, s in enumerate(socks)]
-        for t in threads:
-            t.start()
-        try:
-            for _ in range(40):  # 8 s of the flood, unread answers piling up
-                views.append(views_of_others(c, leader))
-                peak = max(peak, rss(c, leader))
-                time.sleep(0.2)
-        finally:
-            stop.set()
-            for t in threads:
-                t.join(timeout=30)
+    with flooding(c, leader, blob, conns):
+        for _ in range(40):  # 8 s of the flood, unread answers piling up
+            views.append(views_of_others(c, leader))
+            peak = max(peak, rss(c, leader))
+            time.sleep(0.2)
     bad = [v for v in views if v != want]
     assert not bad, f"followers saw another leader or term during the flood (want {want}): {bad[:3]}"
     assert c.wait_leader() == leader and c.leader_meta().term == term

@@ -14,10 +14,8 @@ PKI, under the identity rule of `dledger.security.tls`.
 
 from __future__ import annotations
 
-import contextlib
 import datetime as dt
 import ipaddress
-import os
 import re
 from collections.abc import Sequence
 from pathlib import Path
@@ -28,6 +26,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from dledger.config import ConfigError
+from dledger.fsutil import write_atomic
 
 CA_CERT = "ca.pem"
 CA_KEY = "ca-key.pem"
@@ -201,28 +200,9 @@ def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
 
 
 def _write(path: Path, data: bytes, mode: int) -> Path:
-    """Write `data` to `path` atomically with exactly `mode` (temporary file, fsync, rename)."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    """Write `data` to `path` atomically with exactly `mode`."""
     try:
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()  # left by a crash
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
-        try:
-            os.fchmod(fd, mode)  # exactly `mode`, whatever the umask
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-        dir_fd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+        write_atomic(path, data, mode)
     except OSError as e:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
         raise ConfigError(f"{path}: cannot write: {e.strerror or e}") from e
     return path

@@ -4,28 +4,16 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from pathlib import Path
 from typing import Any
+
+from dledger.fsutil import write_atomic as write_bytes_atomic
 
 log = logging.getLogger(__name__)
 
 
 def write_atomic(path: Path, data: dict[str, Any]) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    payload = json.dumps(data, sort_keys=True).encode()
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        os.write(fd, payload)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-    dfd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
+    write_bytes_atomic(path, json.dumps(data, sort_keys=True).encode())
 
 
 def read_json(path: Path) -> dict[str, Any] | None:
