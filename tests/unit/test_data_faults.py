@@ -220,3 +220,21 @@ def test_a_damaged_push_names_the_failing_record_and_keeps_nothing(stores: Store
     assert g.end_index == 2
     g.append_as_follower(b"".join(recs))  # the good copy goes in
     assert g.end_index == 7
+
+
+def test_a_rotten_header_at_the_trusted_point_skips_the_checkpoint_not_the_store(tmp_path: Path) -> None:
+    """The periodic checkpoint read its trusted point from the last durable record's header:
+    rot there (the term field) made the flush thread fail the store for good."""
+    s = FileLedgerStore(tmp_path / "s", data_file_size=64 << 10, index_file_size=32 * 64)
+    try:
+        s.append_as_leader([f"body-{k}".encode() for k in range(8)], 1)
+        s.set_committed(7)
+        s.flush()
+        s.write_checkpoint()
+        flip(s, 7, 23)  # a byte of the term field
+        s.write_checkpoint()  # skipped, with a warning
+        assert s.write_error() is None
+        s.append_as_leader([b"after"], 1)  # the store still writes
+        assert s.end_index == 8
+    finally:
+        s.close()

@@ -45,6 +45,7 @@ from dledger.entry import (
     encode_into,
     scan,
 )
+from dledger.ratelog import RateLimitedLog
 from dledger.store.base import (
     AppendResult,
     CorruptEntryError,
@@ -88,6 +89,7 @@ class FileLedgerStore(LedgerStore):
         if index_file_size % INDEX_UNIT_SIZE:
             raise StoreError(ResponseCode.UNEXPECTED_ARGUMENT, "index_file_size must be a multiple of 32")
         self.dir = Path(store_dir)
+        self._warn = RateLimitedLog(log).warning
         self.dir.mkdir(parents=True, exist_ok=True)
         # first, before anything reads or writes the files: one writer per directory
         self._dir_lock = StoreDirLock(store_dir)
@@ -592,7 +594,17 @@ class FileLedgerStore(LedgerStore):
             with self._lock:
                 if self._closed:
                     return
-                state, index_files = self._checkpoint_state()
+                try:
+                    # the trusted point is read from a record header: never from a damaged one
+                    durable = self.durable_index
+                    reason = self.verify(durable) if durable >= self.begin_index else None
+                    if reason is not None:
+                        raise CorruptEntryError(durable, reason)
+                    state, index_files = self._checkpoint_state()
+                except StoreError as e:  # CorruptEntryError too: a rotten header at the trusted point
+                    # the previous checkpoint stays valid; the member repairs the record meanwhile
+                    self._warn("checkpoint", "checkpoint skipped: %s", e.message)
+                    return
             try:
                 self._persist_checkpoint(state, index_files)
             except OSError as e:
