@@ -456,3 +456,24 @@ def test_the_turn_budget_spreads_costly_requests_over_loop_turns() -> None:
     run(main())
     per_turn = max(turns.count(t) for t in set(turns))
     assert per_turn <= 2, f"{per_turn} costly requests handled in one loop turn"
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_a_peer_that_never_reads_its_answers_is_cut(loop: str) -> None:
+    """Each connection that stops reading holds up to a READ answer in memory: not for ever."""
+
+    async def main() -> None:
+        server = TransportServer(echo, limits=Limits(frame_timeout_s=0.5))
+        await server.start("127.0.0.1", 0)
+        try:
+            reader, writer = await raw_connection(server)
+            big = frame(1, data=b"a" * (4 << 20))
+            for _ in range(8):  # 32 MiB of echoes: more than the kernel buffers take
+                writer.write(big)
+            await eventually(lambda: server.connection_count == 1)
+            await eventually(lambda: server.connection_count == 0, 30)
+            writer.close()
+        finally:
+            await server.close()
+
+    run(main(), loop)

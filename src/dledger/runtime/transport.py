@@ -595,6 +595,7 @@ class _ServerConnection(_FrameProtocol, Caller):
         self.inflight = 0  # requests handed to the handler and not yet answered
         self.opened_at = self.last_active = time.monotonic()
         self.partial_since: float | None = None  # when the frame now arriving began to arrive
+        self.stalled_since: float | None = None  # our answers stopped draining (the peer does not read)
         self._partial_frames = 0
 
     def _may_continue(self) -> bool:
@@ -723,10 +724,22 @@ class _ServerConnection(_FrameProtocol, Caller):
     def pause_writing(self) -> None:
         super().pause_writing()
         self._hold_reading("writes")
+        self.stalled_since = time.monotonic()
 
     def resume_writing(self) -> None:
         super().resume_writing()
         self._release_reading("writes")
+        self.stalled_since = None
+
+    _unsent = 0
+
+    def _stalled_for(self, now: float) -> float:
+        """How long our answers have not drained at all (a slow reader that takes some is fine)."""
+        unsent = self._transport.get_write_buffer_size() if self._transport is not None else 0
+        if unsent < self._unsent:
+            self.stalled_since = now
+        self._unsent = unsent
+        return now - (self.stalled_since or now)
 
     def sweep(self, now: float) -> None:
         """Close a connection stuck mid-frame (a slow or silent sender), idle, or that never
@@ -738,6 +751,11 @@ class _ServerConnection(_FrameProtocol, Caller):
             self.last_active = now
         if not self.authenticated and now - self.opened_at > limits.handshake_timeout_s:
             self.close_gracefully("no auth token")
+        elif self.stalled_since is not None and self._stalled_for(now) > limits.frame_timeout_s:
+            # up to a READ answer (max_read_bytes) waits per such connection: not for ever
+            self._server.warn("stalled", "closing connection with %s: it has not read its answers for %.0f s",
+                              self.peer, limits.frame_timeout_s)
+            self.abort(f"{self.peer} does not read its answers")
         elif self._read_holds:
             if self.partial_since is not None:
                 self.partial_since = now
