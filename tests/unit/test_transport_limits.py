@@ -466,7 +466,7 @@ def test_a_peer_that_never_reads_its_answers_is_cut(loop: str) -> None:
         server = TransportServer(echo, limits=Limits(frame_timeout_s=0.5))
         await server.start("127.0.0.1", 0)
         try:
-            reader, writer = await raw_connection(server)
+            _reader, writer = await raw_connection(server)
             big = frame(1, data=b"a" * (4 << 20))
             for _ in range(8):  # 32 MiB of echoes: more than the kernel buffers take
                 writer.write(big)
