@@ -527,8 +527,7 @@ def test_magic_and_channel_rot_is_found_and_repaired() -> None:
 
 def test_a_corrupt_mark_ends_when_retention_deletes_the_record() -> None:
     """Review: a member whose corrupt record retention deleted kept its mark for ever (it never
-    led again). The mark now clears once the record is below the log begin, and a member keeps
-    its own corrupt record from retention while a good copy can still repair it."""
+    led again). The mark now clears once the record is below the log begin."""
     c, leader, a, _ = _steady(22)
     indexes = _write(c, leader, 20)
     bad = indexes[2]
@@ -577,3 +576,22 @@ def test_the_scrub_finds_rot_on_a_member_that_is_never_idle() -> None:
         c.run(5)
     assert c._node(a).corruptions_found >= 1
     assert c.run_until(lambda: not c.damaged(), 20_000)
+
+
+def test_a_follower_whose_rotten_record_the_leader_no_longer_holds_is_told_and_may_lead() -> None:
+    """Seeds 100274, 100940, 103387, 103424 (4,000-seed run): the leader's retention had deleted
+    the entry a follower found rotten, so no repair could come; the follower stayed marked
+    (never led again) and, as it kept its own corrupt record from retention, held the group's
+    retention too. The leader now tells it its log begin, which ends the mark."""
+    c, leader, a, _b = _steady(31)
+    indexes = _write(c, leader, 20)
+    c.disk_fault(leader, "pressure")  # the leader's retention deletes its prefix
+    assert c.run_until(lambda: c.stores[leader].begin_index > indexes[2], 20_000)
+    c.disk_fault(leader, "pressure", on=False)
+    if c.stores[a].begin_index > indexes[2]:
+        pytest.skip("the follower's retention went as far (nothing left to rot)")
+    c.corrupt(a, indexes[2])
+    node = c._node(a)
+    assert c.run_until(lambda: node.corrupt is not None, 30_000), "the scrub finds it"
+    assert c.run_until(lambda: node.corrupt is None, 10_000), "the leader's notice ends the mark"
+    assert not c.violations

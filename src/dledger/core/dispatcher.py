@@ -373,8 +373,14 @@ class EntryDispatcher:
         i = self.repair_index
         if i < store.begin_index:
             self._warn("repair", "follower %s: its record %d is corrupt and ours was deleted by retention (log "
-                       "begins at %d): it cannot be repaired from us", self.peer, i, store.begin_index)
+                       "begins at %d): it cannot be repaired; told it so", self.peer, i, store.begin_index)
             self.repair_paused_until = node.now + STRANDED_RETRY_MS
+            m = node.member  # a REPAIR of no record: "our log begins at first_index"
+            req = PushRequest(m.group, m.self_id, self.peer, m.term, int(PushType.REPAIR), store.begin_index - 1,
+                              store.begin_term, store.begin_index, 0, store.committed_index)
+            self.repair_busy = True
+            node.send(self.peer, RequestCode.PUSH, req,
+                      ("push", self.peer, self.epoch, 0, int(PushType.REPAIR), store.begin_index, m.term), b"")
             return
         if i > store.end_index:  # not an entry of ours: replication truncates it
             self.repair_paused_until = node.now + hb

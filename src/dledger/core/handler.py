@@ -240,6 +240,10 @@ class EntryHandler:
         are left alone. The answer's corrupt_index says what is still damaged."""
         node, store = self.node, self.node.store
         off, index, n = 0, req.first_index, len(data)
+        if req.count == 0 and n == 0:  # the leader's log begins at first_index: nothing below to repair from
+            node.beyond_repair(req.first_index)
+            self._answer(token, ResponseCode.SUCCESS, req)
+            return
         repaired: list[int] = []
         try:
             while off < n and index <= store.end_index:

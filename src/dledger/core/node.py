@@ -108,6 +108,7 @@ class Node:
         self._scrub_at = now_ms  # a (re)started member checks its log soon
         self._active = False  # an append or a push came since the last tick: no scrub then
         self._busy_ticks = 0  # ticks in a row that were not idle
+        self._beyond_repair = -1  # the leader's log begin when it told us it cannot repair us
         # until a leader says what its followers need, retention deletes nothing (any member may
         # lead next, and a follower needing a deleted prefix could never catch up)
         store.set_retention_floor(store.begin_index, "a follower (no leader known yet)")
@@ -224,8 +225,8 @@ class Node:
         ours), say so loudly, leave leadership and stay out of elections until the leader's
         copy restored it (`repaired`)."""
         known = self.corrupt
-        if known is not None and known[0] <= index:
-            return
+        if (known is not None and known[0] <= index) or index < self._beyond_repair:
+            return  # known already, or below what the leader still holds (see beyond_repair)
         m = self.member
         self.corrupt = (index, reason)
         self.corruptions_found += 1
@@ -273,6 +274,17 @@ class Node:
                         self.member.self_id, c[0])
             self.corrupt = None
             self._scrub_next, self._scrub_at = last + 1, self.now
+
+    def beyond_repair(self, leader_begin: int) -> None:
+        """The leader's retention deleted everything below `leader_begin`: no member needs our
+        copies there and none can restore them. A corrupt one is dropped by our retention in
+        time and no longer keeps us from leading (a read of it still fails: never served)."""
+        self._beyond_repair = max(self._beyond_repair, leader_begin)
+        c = self.corrupt
+        if c is not None and c[0] < leader_begin:
+            log.warning("%s/%s: corrupt record %d is below the leader's log begin %d: beyond repair, and "
+                        "needed by no member", self.member.group, self.member.self_id, c[0], leader_begin)
+            self.corrupt = None
 
     def forget_corrupt_above(self, end: int) -> None:
         """A truncate removed our records after `end`: a corrupt one among them is gone."""
@@ -366,10 +378,11 @@ class Node:
         return floor, holder
 
     def follow_retention_floor(self, floor: int, holder: str) -> None:
-        """Apply a retention floor (ours as leader, the leader's as follower), lowered to our own
-        corrupt record: it stays until repaired (a healthy copy elsewhere can restore it)."""
-        if self.corrupt is not None and (floor < 0 or self.corrupt[0] < floor):
-            floor, holder = self.corrupt[0], f"{self.member.self_id} (its corrupt record {self.corrupt[0]})"
+        """Apply a retention floor (ours as leader, the leader's as follower). Our own corrupt
+        record does not lower it: the leader's floor already keeps its good copy while we
+        report the damage, and a rotten copy the leader no longer holds cannot be repaired
+        by anyone — retention dropping it ends the mark (it held the group's retention and
+        our candidacy for ever)."""
         self.store.set_retention_floor(floor if floor >= 0 else None, holder)
 
     def drain(self) -> list[Action]:

@@ -23,7 +23,9 @@ import random
 from dataclasses import dataclass, field
 
 from dledger.codes import ResponseCode
+from dledger.entry import Entry
 from dledger.sim.cluster import NetConfig, SimCluster
+from dledger.store.base import CorruptEntryError, LedgerStore
 
 LIVENESS_MS = 15_000
 
@@ -243,10 +245,26 @@ def _settle(c: SimCluster, down: list[str], report: SimReport) -> None:
     if not converged:
         state = {i: (c.stores[i].end_index, c.stores[i].committed_index) for i in c.ids}
         report.violations.append(f"members did not catch up to commit {top} within 15 s: {state}")
-    # bit rot: found by the scrub (a pass every 10 s) and repaired from the leader's copy
-    if c.damaged() and not c.run_until(lambda: not c.damaged(), 40_000):
-        report.violations.append(f"corrupt records not repaired within 40 s: {c.damaged()} "
+    # bit rot: found by the scrub (a pass every 10 s) and repaired from the leader's copy;
+    # below a member's log begin retention passed (no member needs the entry): beyond repair
+    def repairable() -> list[tuple[str, int]]:
+        floor = max(st.begin_index for st in c.stores.values())
+        return [(m, i) for m, i in c.damaged() if i >= floor]
+
+    if repairable() and not c.run_until(lambda: not repairable(), 40_000):
+        report.violations.append(f"corrupt records not repaired within 40 s: {repairable()} "
                                  f"(leader {c.leader()})")
+
+
+def _entry_or_none(store: LedgerStore, index: int) -> Entry | None:
+    """The verified entry, or None when it is beyond the log or its record is corrupt (below
+    the leader's log begin a rotten copy cannot be repaired: another member's may serve)."""
+    if index > store.end_index:
+        return None
+    try:
+        return store.get(index)
+    except CorruptEntryError:
+        return None
 
 
 def _final_checks(c: SimCluster, bodies: dict[int, bytes], report: SimReport) -> None:
@@ -256,14 +274,19 @@ def _final_checks(c: SimCluster, bodies: dict[int, bytes], report: SimReport) ->
     if leader is None:
         return
     store = c.stores[leader]
-    oldest = min(c.stores.values(), key=lambda st: st.begin_index)  # retention may have deleted the prefix
+    # retention may have deleted the prefix on the leader: older members may still hold it
+    others = sorted(c.stores.values(), key=lambda st: st.begin_index)
+    retained = others[-1].begin_index  # below this the group's retention floor has passed
     for cid, res in sorted(c.client_results.items()):
         if res.code != ResponseCode.SUCCESS or cid not in bodies:
             continue
         report.acked += 1
-        holder = store if res.index >= store.begin_index else oldest
-        if res.index < holder.begin_index:
+        holders = [store] if res.index >= store.begin_index else [
+            st for st in others if st.begin_index <= res.index <= st.end_index]
+        if not holders and all(res.index < st.begin_index for st in others):
             continue  # deleted everywhere by retention; checked when it was committed
-        e = holder.get(res.index) if res.index <= holder.end_index else None
-        if e is None or e.body != bodies[cid] or e.term != res.term:
+        copies = [_entry_or_none(st, res.index) for st in holders]
+        if res.index < retained and all(e is None for e in copies):
+            continue  # retention deleted it on a member: a copy that rotted is beyond repair
+        if not any(e is not None and e.body == bodies[cid] and e.term == res.term for e in copies):
             report.violations.append(f"acknowledged append {cid} missing at index {res.index}")
