@@ -375,12 +375,7 @@ class EntryDispatcher:
             self._warn("repair", "follower %s: its record %d is corrupt and ours was deleted by retention (log "
                        "begins at %d): it cannot be repaired; told it so", self.peer, i, store.begin_index)
             self.repair_paused_until = node.now + STRANDED_RETRY_MS
-            m = node.member  # a REPAIR of no record: "our log begins at first_index"
-            req = PushRequest(m.group, m.self_id, self.peer, m.term, int(PushType.REPAIR), store.begin_index - 1,
-                              store.begin_term, store.begin_index, 0, store.committed_index)
-            self.repair_busy = True
-            node.send(self.peer, RequestCode.PUSH, req,
-                      ("push", self.peer, self.epoch, 0, int(PushType.REPAIR), store.begin_index, m.term), b"")
+            self._send_repair(store.begin_index, 0, b"")  # no record: "our log begins at first_index"
             return
         if i > store.end_index:  # not an entry of ours: replication truncates it
             self.repair_paused_until = node.now + hb
@@ -395,12 +390,15 @@ class EntryDispatcher:
             node.mark_corrupt(bad, f"record {bad}, read to repair {self.peer}: {res.stop.removeprefix('corrupt: ')}")
             if res.count == 0 or not node.member.is_leader:
                 return
-        m = node.member
-        req = PushRequest(m.group, m.self_id, self.peer, m.term, int(PushType.REPAIR), i - 1, store.term_at(i - 1),
-                          i, res.count, store.committed_index)
+        self._send_repair(i, res.count, data[: res.consumed])
+
+    def _send_repair(self, first: int, count: int, data: bytes) -> None:
+        node, store, m = self.node, self.node.store, self.node.member
+        req = PushRequest(m.group, m.self_id, self.peer, m.term, int(PushType.REPAIR), first - 1,
+                          store.term_at(first - 1), first, count, store.committed_index)
         self.repair_busy = True
-        node.send(self.peer, RequestCode.PUSH, req, ("push", self.peer, self.epoch, 0, int(PushType.REPAIR), i, m.term),
-                  data[: res.consumed])
+        node.send(self.peer, RequestCode.PUSH, req,
+                  ("push", self.peer, self.epoch, 0, int(PushType.REPAIR), first, m.term), data)
 
     def _on_repair(self, first: int, resp: msgspec.Struct | None) -> None:
         node = self.node

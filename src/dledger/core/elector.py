@@ -347,16 +347,12 @@ class LeaderElector:
                 code = ResponseCode.EXPIRED_TERM if req.term < m.term else ResponseCode.INCONSISTENT_LEADER
                 node.reply(token, RequestCode.LEADERSHIP_TRANSFER, SimpleResponse(int(code), m.term))
                 return
-            if (fault := node.unwritable()) is not None:  # we would win and fail the NOOP
-                failed = int(ResponseCode.TAKE_LEADERSHIP_FAILED)
-                resp = SimpleResponse(failed, m.term, m.leader_id or "", fault.message)
-                node.reply(token, RequestCode.LEADERSHIP_TRANSFER, resp)
-                return
-            if node.corrupt is not None:  # we would serve a damaged record
-                failed = int(ResponseCode.TAKE_LEADERSHIP_FAILED)
-                why = f"{m.self_id} holds a corrupt record at index {node.corrupt[0]}"
-                resp = SimpleResponse(failed, m.term, m.leader_id or "", why)
-                node.reply(token, RequestCode.LEADERSHIP_TRANSFER, resp)
+            fault = node.unwritable()  # we would win and fail the NOOP, or serve a damaged record
+            why = fault.message if fault is not None else (
+                f"{m.self_id} holds a corrupt record at index {node.corrupt[0]}" if node.corrupt is not None else "")
+            if why:
+                refusal = SimpleResponse(int(ResponseCode.TAKE_LEADERSHIP_FAILED), m.term, m.leader_id or "", why)
+                node.reply(token, RequestCode.LEADERSHIP_TRANSFER, refusal)
                 return
             node.reply(token, RequestCode.LEADERSHIP_TRANSFER, SimpleResponse(200, m.term))
             self.start_round(pre_vote=False, transfer=True)

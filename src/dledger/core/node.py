@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import random
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, TypeGuard
 
@@ -160,9 +161,7 @@ class Node:
                 self.step_down(f"its store cannot write: {err.message}")
             self.elector.tick()
             if self.corrupt is not None and self.corrupt[0] < self.store.begin_index:
-                log.warning("%s/%s: corrupt record %d deleted by retention", self.member.group,
-                            self.member.self_id, self.corrupt[0])
-                self.corrupt = None
+                self._clear_corrupt(f"corrupt record {self.corrupt[0]} deleted by retention")
             if self.member.is_leader and self.corrupt is not None and not self.elector.transferring:
                 # no healthy follower took over in time (or none could): leave anyway; after
                 # the elector's tick, so a transfer that just timed out is not replaced
@@ -245,20 +244,24 @@ class Node:
         el = self.elector
         if el.transferring:
             return
-        best: tuple[int, str] | None = None
+        target = next((p for p, d in self._caught_up_followers() if not d.disk_fault), None)
+        if target is None:
+            self.step_down(f"corrupt record at index {self.corrupt_index}")
+            return
+        log.warning("%s/%s: corrupt record at index %d; handing leadership to %s (it holds our whole log, "
+                    "up to %d)", self.member.group, self.member.self_id, self.corrupt_index, target,
+                    self.store.end_index)
+        el.begin_transfer(target, None)
+
+    def _caught_up_followers(self) -> Iterator[tuple[str, EntryDispatcher]]:
+        """Live followers with room and no corrupt record that hold our whole log: they can
+        take leadership at once, needing nothing from us."""
+        el = self.elector
         for p, d in self.dispatchers.items():
             alive = self.now - el.last_ack.get(p, -(1 << 62)) < el.leader_lease_ms
             if alive and not el.peer_full.get(p, True) and not el.peer_corrupt.get(p, False) \
-                    and not d.disk_fault and d.match_index >= self.store.end_index \
-                    and (best is None or d.match_index > best[0]):
-                best = (d.match_index, p)
-        if best is None:
-            self.step_down(f"corrupt record at index {self.corrupt_index}")
-            return
-        log.warning("%s/%s: corrupt record at index %d; handing leadership to %s (it holds up to %d of %d)",
-                    self.member.group, self.member.self_id, self.corrupt_index, best[1], best[0],
-                    self.store.end_index)
-        el.begin_transfer(best[1], None)
+                    and d.match_index >= self.store.end_index:
+                yield p, d
 
     def repaired(self, first: int, last: int, indexes: list[int]) -> None:
         """The leader's REPAIR push covered [first, last]; `indexes` were rewritten. Once the
@@ -270,9 +273,7 @@ class Node:
                         self.member.self_id, _ranges(indexes))
         c = self.corrupt
         if c is not None and first <= c[0] <= last and self.store.verify(c[0]) is None:
-            log.warning("%s/%s: record %d verifies again; no known corrupt record left", self.member.group,
-                        self.member.self_id, c[0])
-            self.corrupt = None
+            self._clear_corrupt(f"record {c[0]} verifies again; no known corrupt record left")
             self._scrub_next, self._scrub_at = last + 1, self.now
 
     def beyond_repair(self, leader_begin: int) -> None:
@@ -282,16 +283,17 @@ class Node:
         self._beyond_repair = max(self._beyond_repair, leader_begin)
         c = self.corrupt
         if c is not None and c[0] < leader_begin:
-            log.warning("%s/%s: corrupt record %d is below the leader's log begin %d: beyond repair, and "
-                        "needed by no member", self.member.group, self.member.self_id, c[0], leader_begin)
-            self.corrupt = None
+            self._clear_corrupt(f"corrupt record {c[0]} is below the leader's log begin {leader_begin}: "
+                                "beyond repair, and needed by no member")
 
     def forget_corrupt_above(self, end: int) -> None:
         """A truncate removed our records after `end`: a corrupt one among them is gone."""
         if self.corrupt is not None and self.corrupt[0] > end:
-            log.warning("%s/%s: corrupt record %d removed by a truncate", self.member.group, self.member.self_id,
-                        self.corrupt[0])
-            self.corrupt = None
+            self._clear_corrupt(f"corrupt record {self.corrupt[0]} removed by a truncate")
+
+    def _clear_corrupt(self, why: str) -> None:
+        log.warning("%s/%s: %s", self.member.group, self.member.self_id, why)
+        self.corrupt = None
 
     def _scrub(self) -> None:
         """Idle ticks verify a few committed records each (body CRC, header, chain link),
@@ -348,13 +350,10 @@ class Node:
         el = self.elector
         if self.store.pressure_error() is None or el.transferring:
             return
-        for p, d in self.dispatchers.items():
-            alive = self.now - el.last_ack.get(p, -(1 << 62)) < el.leader_lease_ms
-            if alive and not el.peer_full.get(p, True) and not el.peer_corrupt.get(p, False) \
-                    and d.match_index >= self.store.end_index:
-                log.warning("%s/%s: disk full; handing leadership to %s", self.member.group, self.member.self_id, p)
-                el.begin_transfer(p, None)
-                return
+        for p, _ in self._caught_up_followers():
+            log.warning("%s/%s: disk full; handing leadership to %s", self.member.group, self.member.self_id, p)
+            el.begin_transfer(p, None)
+            return
 
     def _hold_retention(self) -> None:
         self.follow_retention_floor(*self.retention_floor())

@@ -54,7 +54,7 @@ import msgspec
 
 from dledger.codes import DLedgerError, ResponseCode
 from dledger.ratelog import RateLimitedLog
-from dledger.security.tls import cert_names
+from dledger.security.tls import peer_names
 
 __all__ = [
     "AUTH_CODE",
@@ -339,12 +339,16 @@ class FrameDecoder:
         self._on_frame(kind, request_id, code, meta, view[_FIXED_SIZE + mlen :])
 
 
-def _peer_name(transport: asyncio.BaseTransport) -> str:
-    peer = transport.get_extra_info("peername")
-    if isinstance(peer, tuple) and len(peer) >= 2:
-        host, port = peer[0], peer[1]
+def _host_port(name: Any) -> str:
+    """`host:port` of a socket name (`[host]:port` for IPv6)."""
+    if isinstance(name, tuple) and len(name) >= 2:
+        host, port = name[0], name[1]
         return f"[{host}]:{port}" if ":" in str(host) else f"{host}:{port}"
-    return str(peer)
+    return str(name)
+
+
+def _peer_name(transport: asyncio.BaseTransport) -> str:
+    return _host_port(transport.get_extra_info("peername"))
 
 
 class _FrameProtocol(asyncio.BufferedProtocol):
@@ -383,8 +387,13 @@ class _FrameProtocol(asyncio.BufferedProtocol):
     def get_buffer(self, sizehint: int) -> memoryview:
         return self._decoder.get_buffer()
 
+    @property
+    def closing(self) -> bool:
+        """Closed, or closing: nothing more is read from it."""
+        return self._close_reason is not None or "closing" in self._read_holds
+
     def buffer_updated(self, nbytes: int) -> None:
-        if self._close_reason is not None or "closing" in self._read_holds:
+        if self.closing:
             return
         try:
             self._decoder.buffer_updated(nbytes)
@@ -407,7 +416,7 @@ class _FrameProtocol(asyncio.BufferedProtocol):
 
     def _parse_backlog(self) -> None:
         self._backlog_scheduled = False
-        if self._close_reason is not None or "closing" in self._read_holds or self._paused:
+        if self.closing or self._paused:
             return
         try:
             self._decoder.parse_more()
@@ -619,7 +628,7 @@ class _ServerConnection(_FrameProtocol, Caller):
             self.abort("too many connections")
             return
         if self.tls:
-            self.names = cert_names(transport.get_extra_info("peercert") or {})
+            self.names = peer_names(transport)
         server._connections.add(self)
 
     def buffer_updated(self, nbytes: int) -> None:
@@ -636,16 +645,12 @@ class _ServerConnection(_FrameProtocol, Caller):
     def _on_frame(self, kind: int, request_id: int, code: int, meta: bytes, data: Buffer) -> None:
         if kind != KIND_REQUEST:
             raise FrameError(f"frame of kind {kind} sent to a server")
-        if self._close_reason is not None or "closing" in self._read_holds:
+        if self.closing:
             return  # a close was decided (a wrong token, say): what follows it is not read
         if code == AUTH_CODE or not self.authenticated:
             self._authenticate(request_id, code, meta)
             return
-        server = self._server
-        server.turn_cost += 1 + ((len(meta) + len(data)) >> 13)  # charge(), inlined: once per frame
-        if not server._turn_reset_scheduled:
-            server._turn_reset_scheduled = True
-            asyncio.get_running_loop().call_soon(server._reset_turn)
+        self._server.charge(1 + ((len(meta) + len(data)) >> 13))
         self.inflight += 1
         respond = functools.partial(self._respond, request_id, code)
         try:
@@ -677,10 +682,6 @@ class _ServerConnection(_FrameProtocol, Caller):
     def _malformed(self, e: FrameError) -> None:
         self._server.warn("malformed", "closing connection with %s: malformed frame: %s", self.peer, e)
         self.close_gracefully(f"malformed frame from {self.peer}: {e}")
-
-    @property
-    def closing(self) -> bool:
-        return self._close_reason is not None or "closing" in self._read_holds
 
     def close_gracefully(self, reason: str) -> None:
         """Read nothing more, answer what was already accepted, then close: a valid request
@@ -846,12 +847,7 @@ class TransportServer:
 
     @property
     def addresses(self) -> list[str]:
-        out = []
-        for server in self._servers:
-            for sock in server.sockets:
-                name = sock.getsockname()
-                host, port = name[0], name[1]
-                out.append(f"[{host}]:{port}" if ":" in host else f"{host}:{port}")
+        out = [_host_port(sock.getsockname()) for server in self._servers for sock in server.sockets]
         if not out:
             raise RuntimeError("server not started")
         return out
@@ -974,8 +970,7 @@ class _ClientConnection(_FrameProtocol):
         self.last_used = time.monotonic()
 
     def cert_names(self) -> frozenset[str]:
-        peercert = self._transport.get_extra_info("peercert") if self._transport is not None else None
-        return cert_names(peercert or {})
+        return peer_names(self._transport) if self._transport is not None else frozenset()
 
     def _on_frame(self, kind: int, request_id: int, code: int, meta: bytes, data: Buffer) -> None:
         if kind != KIND_RESPONSE:

@@ -230,7 +230,7 @@ class LedgerStore(ABC):
         names what failed."""
         with self._lock:
             self._check_readable(index)
-            pos, size, term, magic = self._expected_slot(index)
+            pos, size, term, magic = self._record_slot(index)
             self._check_record(index, pos, size, term, magic)
             return self.get(index)
 
@@ -238,10 +238,6 @@ class LedgerStore(ABC):
         """The magic the index holds for `index` (not covered by the chain CRC)."""
         magic = self._record_slot(index)[3]
         return self.get(index).magic if magic is None else magic
-
-    def _expected_slot(self, index: int) -> tuple[int, int, int, int | None]:
-        """(pos, size, term, magic or None) the index holds for `index` (for verification)."""
-        return self._record_slot(index)
 
     def _check_record(self, index: int, pos: int, size: int, term: int, magic: int | None) -> None:
         prev_chain, prev_term = self.chain_at(index - 1), self.term_at(index - 1)

@@ -423,13 +423,7 @@ class FileLedgerStore(LedgerStore):
             )
         # the chain CRC covers index, term and body CRC: a damaged header field that
         # the unit cannot reveal (the unit may have been rebuilt from it) shows here
-        if index == self.begin_index:
-            prev = self.begin_chain_crc
-        else:
-            _, p, _, _, _ = self.unit(index - 1)
-            pf = self.data.locate(p)
-            prev = HEADER.unpack_from(pf.mm, p - pf.start)[6]
-        if chain_crc(index, entry.term, entry.body_crc, prev) != entry.chain_crc:
+        if chain_crc(index, entry.term, entry.body_crc, self.chain_at(index - 1)) != entry.chain_crc:
             raise CorruptEntryError(
                 index,
                 f"{f.path} offset {pos - f.start}: chain CRC of entry {index} does not "

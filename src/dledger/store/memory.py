@@ -159,9 +159,6 @@ class MemoryLedgerStore(LedgerStore):
         end = self._offsets[k + 1] if k + 1 < len(self._offsets) else len(self._buf)
         return self._base_pos + start, end - start, self._terms[k], self._magics[k]
 
-    def _index_magic(self, index: int) -> int:
-        return self._magics[index - self.begin_index]
-
     def get(self, index: int) -> Entry:
         with self._lock:
             entry = super().get(index)
