@@ -182,3 +182,29 @@ def test_a_wiped_follower_catches_up_while_the_group_is_idle(make_cluster: MakeC
     # no append, no election happened meanwhile: the catch-up came from the idle leader
     assert (after.self_id, after.term, after.ledger_end_index) == (before.self_id, before.term, end)
     assert read_all(client, member=x) == read_all(client)
+
+
+def test_a_member_whose_last_durable_record_rotted_starts_and_is_repaired(make_cluster: MakeCluster) -> None:
+    """A rotten record at the checkpoint's trusted point made recovery refuse the store: the
+    member could never start again until wiped. Now it starts, reports the record, does not
+    lead, and gets it back from the leader (here a header field: only its index unit as
+    written still says where the record ends)."""
+    c = make_cluster(3)
+    client = c.client(timeout=30)
+    for k in range(20):
+        client.append(f"last-{k}-".encode() * 10)
+    end = c.wait_caught_up()
+    leader = c.wait_leader()
+    x = next(m for m in c.ids if m != leader)
+    c.kill(x, signal.SIGTERM)  # a clean stop: its last record is the trusted point
+    pos = positions(c.store_dir(x), [end])[end]
+    path, off = data_file_offset(c.store_dir(x), pos + 8)  # the header's index field
+    good = flip_byte(path, off)
+    c.restart(x)
+    wait_until(lambda: f"corrupt record at index {end}" in (store_error(c, x) or ""), 60,
+               f"{x} starts and reports its rotten record {end}")
+    wait_until(lambda: byte_at(path, off) == good, 60, f"{x}'s record {end} repaired from the leader")
+    wait_until(lambda: store_error(c, x) == "", 60, f"{x}'s store_error clears")
+    client.append(b"after the repair")
+    c.wait_caught_up(timeout=60)
+    assert read_all(client, member=x) == read_all(client)

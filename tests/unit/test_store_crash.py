@@ -2,7 +2,8 @@
 
 - damage after the checkpoint's trusted point (torn tails, flipped bytes, lost
   files): reopen keeps a valid prefix that reaches the trusted point;
-- damage inside the trusted region: never served as good data (DISK_ERROR);
+- damage inside the trusted region: never served as good data (DISK_ERROR); a rotten
+  durable record whose extent is certain is kept and reported for repair;
 - damaged or lost index files: rebuilt from the data files;
 - flush="sync": a real writer process is SIGKILLed; every append it reported
   durable is there after recovery, also after the tail past it is torn.
@@ -31,7 +32,7 @@ import pytest
 
 from dledger.codes import DLedgerError, ResponseCode
 from dledger.entry import HEADER_SIZE, MAGIC_NORMAL, chain_crc
-from dledger.store.base import StoreError
+from dledger.store.base import CorruptEntryError, StoreError
 from dledger.store.durability import DurabilityWaiter
 from dledger.store.file import FileLedgerStore
 
@@ -396,18 +397,61 @@ def w_chain(w: Written, i: int) -> int:
     return chain
 
 
+def _reopened_with_rot(d: Path, w: Written, k: int, header: bool) -> None:
+    """Open `d` whose record k rotted: it opens, reports k, never serves it, serves the rest,
+    and takes appends that chain on (the rotten record is repaired from the leader's copy).
+    After a rotten header the next record's chain link cannot be checked: k is named then."""
+    store = open_store(d)
+    try:
+        assert store.recovered_corrupt is not None and store.recovered_corrupt[0] == k
+        assert store.end_index == w.end_index
+        store.append_as_leader([b"after"], term=w.terms[-1])
+        w.terms.append(w.terms[-1])
+        w.bodies.append(b"after")
+        for i in range(w.end_index + 1):
+            if i == k or (header and i == k + 1):
+                with pytest.raises(CorruptEntryError) as ei:
+                    store.get(i)
+                assert ei.value.index == k
+            else:
+                got = store.get(i)
+                assert (got.body, got.chain_crc) == (w.bodies[i], w_chain(w, i))
+    finally:
+        store.close()
+
+
 @pytest.mark.usefixtures("no_fsync")
-def test_damaged_trusted_record_refuses_to_open(tmp_path: Path) -> None:
-    d = tmp_path / "s"
+def test_rotten_durable_record_is_kept_and_reported(tmp_path: Path) -> None:
+    """A durable record that rotted no longer bricks the member (it refused to open, for good):
+    recovery keeps it when its extent is certain and reports it for repair."""
+    for case in ("body", "header", "before-trusted"):
+        d = tmp_path / case
+        store = open_store(d)
+        w = Written()
+        append_some(store, w, 50, random.Random(1))
+        store.close()
+        t = trusted_index(d)
+        k = t - 1 if case == "before-trusted" else t
+        if case == "before-trusted":
+            assert w.positions[k] // DATA_FILE_SIZE == w.positions[t] // DATA_FILE_SIZE
+        if case == "body":
+            patch_file(d, w.positions[k] + HEADER_SIZE, b"\x00\xff")
+        else:  # the index field of the header: only the index unit as written knows the extent
+            patch_file(d, w.positions[k] + 8, b"\x7f")
+        _reopened_with_rot(d, w, k, header=case != "body")
+    # header and index unit both gone: the extent is unknown, refused
+    d = tmp_path / "both"
     store = open_store(d)
     w = Written()
     append_some(store, w, 50, random.Random(1))
     store.close()
     t = trusted_index(d)
-    patch_file(d, w.positions[t] + HEADER_SIZE, b"\x00\xff")
-    with pytest.raises(StoreError) as ei:
+    patch_file(d, w.positions[t], b"\x00" * 8)
+    for f in index_files(d):
+        f.write_bytes(b"\x00" * f.stat().st_size)
+    with pytest.raises(StoreError) as e:
         open_store(d)
-    assert ei.value.code == ResponseCode.DISK_ERROR
+    assert e.value.code == ResponseCode.DISK_ERROR
     # a lost data file below the trusted point: refused as well
     d2 = tmp_path / "s2"
     store = open_store(d2)

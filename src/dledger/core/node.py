@@ -113,6 +113,8 @@ class Node:
         # until a leader says what its followers need, retention deletes nothing (any member may
         # lead next, and a follower needing a deleted prefix could never catch up)
         store.set_retention_floor(store.begin_index, "a follower (no leader known yet)")
+        if store.recovered_corrupt is not None:
+            self.mark_corrupt(*store.recovered_corrupt)
 
     # --- inputs ---------------------------------------------------------------
 

@@ -92,6 +92,8 @@ class LedgerStore(ABC):
         self.end_chain_crc = 0
         self.committed_index = -1
         self.durable_index = -1
+        # (index, reason) of the first committed record recovery found rotten and kept
+        self.recovered_corrupt: tuple[int, str] | None = None
         self._flush_listeners: list[FlushListener] = []
         self.fsync_observer: Callable[[float], None] | None = None  # seconds per flush, for metrics
         self._lock = threading.RLock()

@@ -121,7 +121,9 @@ class FileLedgerStore(LedgerStore):
             try:
                 recover(self)
                 self._flushed_pos = self.write_pos  # recovery fsynced the data files
-                self._write_checkpoint_locked()
+                d = self.durable_index
+                if self.recovered_corrupt is None or d < self.begin_index or self.verify(d) is None:
+                    self._write_checkpoint_locked()  # else the old one stays: never trust a rotten header
             except BaseException:
                 self.data.close()
                 self.index.close()
@@ -316,7 +318,7 @@ class FileLedgerStore(LedgerStore):
             self._repair_units(index)
             u = self.raw_unit(index)
             if u is None:
-                raise StoreError(ResponseCode.DISK_ERROR, f"index unit of {index} is damaged")
+                raise CorruptEntryError(index, f"index unit of {index} is damaged")
         return u
 
     def raw_unit(self, index: int) -> tuple[int, int, int, int, int] | None:
@@ -446,7 +448,7 @@ class FileLedgerStore(LedgerStore):
         uf = self.index.locate(p)
         magic, pos, size, idx, term = INDEX_UNIT.unpack_from(uf.mm, p - uf.start)
         if idx != index or magic not in ENTRY_MAGICS or size < HEADER_SIZE:
-            raise StoreError(ResponseCode.DISK_ERROR, f"index unit of {index} is damaged: cannot repair its record")
+            raise CorruptEntryError(index, f"index unit of {index} is damaged: cannot repair its record")
         return pos, size, term, magic
 
     def _write_record(self, pos: int, data: bytes | bytearray | memoryview) -> None:

@@ -1,8 +1,12 @@
 """Recovery of a FileLedgerStore on open.
 
 1. Begin of the log and the trusted point come from `checkpoint`: the last
-   record known durable. It must still be intact, else DISK_ERROR: durable,
-   acknowledged data is never silently dropped.
+   record known durable. It must still be there, else DISK_ERROR: durable,
+   acknowledged data is never silently dropped. A trusted record (or one before
+   it in the same data file) that rotted but whose extent is certain — from the
+   checkpoint, its header or its index unit as written — is kept and reported in
+   `recovered_corrupt`: the member repairs it from the leader's copy (core.node)
+   instead of refusing to start.
 2. From there every record is validated (magic, size, index continuity, pos,
    body CRC, chain CRC) across files; the first invalid one is the cut point.
 3. A cut inside the committed log is a DISK_ERROR naming file and offset;
@@ -26,6 +30,7 @@ from dledger.entry import (
     BLANK,
     ENTRY_MAGICS,
     HEADER,
+    HEADER_SIZE,
     INDEX_UNIT,
     INDEX_UNIT_SIZE,
     MAGIC_BLANK,
@@ -34,7 +39,7 @@ from dledger.entry import (
     decode_entry,
     scan,
 )
-from dledger.store.base import StoreError
+from dledger.store.base import CorruptEntryError, StoreError
 from dledger.store.checkpoint import read_json
 from dledger.store.mapped_file import MappedFileList
 
@@ -58,6 +63,7 @@ class RecoverableStore(Protocol):
     write_pos: int
     committed_index: int
     durable_index: int
+    recovered_corrupt: tuple[int, str] | None
 
     def raw_unit(self, index: int) -> tuple[int, int, int, int, int] | None:
         """The index unit of `index` if it is intact and matches its record, else None."""
@@ -139,17 +145,24 @@ def _trusted_start(store: RecoverableStore, ckpt: dict[str, Any] | None) -> _Sta
     where = f"durable record {index} at position {pos}"
     try:
         f = store.data.locate(pos)
-        entry = decode_entry(f.mm, pos - f.start)
-    except CorruptRecord as e:
-        raise StoreError(ResponseCode.DISK_ERROR, f"{where} in {f.path} is corrupt: {e.reason}") from e
     except StoreError as e:
         raise StoreError(ResponseCode.DISK_ERROR, f"{where} is missing: {e.message}") from e
-    if (entry.index, entry.term, entry.pos, entry.chain_crc) != (index, term, pos, chain):
-        raise StoreError(
-            ResponseCode.DISK_ERROR,
-            f"{where} in {f.path} does not match the checkpoint (holds index {entry.index})",
-        )
-    return _Start(index + 1, pos + entry.size, chain, term, pos)
+    try:
+        entry = decode_entry(f.mm, pos - f.start)
+        if (entry.index, entry.term, entry.pos, entry.chain_crc) == (index, term, pos, chain):
+            return _Start(index + 1, pos + entry.size, chain, term, pos)
+        reason = f"does not match the checkpoint (holds index {entry.index})"
+    except CorruptRecord as e:
+        reason = f"is corrupt: {e.reason}"
+    # rotten: its extent from its header when that is the checkpoint's, else from its unit
+    size = _whole_header(f, pos, index, term, chain)
+    u = _unit_as_written(store, index) if size is None else None
+    if u is not None and (u[1], u[4]) == (pos, term) and pos - f.start + u[2] <= f.size:
+        size = u[2]
+    if size is None:
+        raise StoreError(ResponseCode.DISK_ERROR, f"{where} in {f.path} {reason}")
+    _note_rotten(store, index, f"{where} in {f.path} {reason}")
+    return _Start(index + 1, pos + size, chain, term, pos)
 
 
 def _scan_forward(
@@ -216,6 +229,35 @@ def _cut(store: RecoverableStore, pos: int, index: int, committed: int, reason: 
         uf = store.index.locate(p)
         uf.zero(p - uf.start, uf.size)
     store.index.drop_after(p)
+
+
+def _whole_header(f: Any, pos: int, index: int, term: int, chain: int) -> int | None:
+    """The size of the record at `pos` when its header is exactly the one expected (index,
+    term, pos, chain CRC) and its size fits the file: then only its body (or body CRC) rotted."""
+    off = pos - f.start
+    if off + HEADER_SIZE > f.size:
+        return None
+    h = HEADER.unpack_from(f.mm, off)
+    ok = h[0] in ENTRY_MAGICS and h[8] >= 0 and h[1] == HEADER_SIZE + h[8] and off + h[1] <= f.size
+    return int(h[1]) if ok and (h[2], h[3], h[4], h[6]) == (index, term, pos, chain) else None
+
+
+def _unit_as_written(store: RecoverableStore, index: int) -> tuple[int, int, int, int, int] | None:
+    """The index unit of `index` without checking it against its record header (which may
+    be the damaged part), when it is well formed."""
+    p = index * INDEX_UNIT_SIZE
+    if not store.index.files or not store.index.first_start <= p < store.index.files[-1].end:
+        return None
+    uf = store.index.locate(p)
+    u: tuple[int, int, int, int, int] = INDEX_UNIT.unpack_from(uf.mm, p - uf.start)
+    return u if u[0] in ENTRY_MAGICS and u[3] == index and u[2] >= HEADER_SIZE else None
+
+
+def _note_rotten(store: RecoverableStore, index: int, reason: str) -> None:
+    log.error("recovery of %s: durable record %d is rotten (%s); keeping it, to be repaired from "
+              "the leader's copy", store.dir, index, reason)
+    if store.recovered_corrupt is None:
+        store.recovered_corrupt = (index, reason)
 
 
 def _chain_before(mm: Any, off: int) -> int | None:
@@ -320,16 +362,19 @@ def rebuild_units(
             pos = f.end
             continue
         h = HEADER.unpack_from(f.mm, off) if off + HEADER.size <= f.size else (0, 0, -1, 0, -1)
+        bad = ""
         if h[0] not in ENTRY_MAGICS or h[2] != index or h[4] != pos or h[1] < 48:
-            raise StoreError(
-                ResponseCode.DISK_ERROR,
-                f"cannot rebuild index unit {index}: no valid record header at {f.path} offset {off}",
-            )
-        if chain is not None and chain_crc(index, h[3], h[7], chain) != h[6]:
-            raise StoreError(
-                ResponseCode.DISK_ERROR,
-                f"cannot rebuild index unit {index}: chain CRC mismatch at {f.path} offset {off}",
-            )
+            bad = "no valid record header"
+        elif chain is not None and chain_crc(index, h[3], h[7], chain) != h[6]:
+            bad = "chain CRC mismatch"
+        if bad:
+            # recovery keeps a rotten record whose unit as written still gives its extent
+            u = _unit_as_written(store, index) if verify else None
+            if u is None or u[1] != pos or off + u[2] > f.size:
+                raise CorruptEntryError(index, f"cannot rebuild index unit {index}: {bad} at {f.path} offset {off}")
+            _note_rotten(store, index, f"{bad} at {f.path} offset {off}")
+            chain, pos, index = None, pos + u[2], index + 1  # the next chain CRC is unchecked
+            continue
         chain = h[6]
         unit = INDEX_UNIT.pack(h[0], pos, h[1], index, h[3])
         p = index * INDEX_UNIT_SIZE
