@@ -172,6 +172,7 @@ class DLedgerConfig:
     idle_timeout_ms: int = 300_000  # a connection with no frame and nothing in flight this long is closed
     frame_timeout_ms: int = 30_000  # a frame must arrive whole within this long of its first byte
     max_read_bytes: int = 16 * MiB  # a READ answer never carries more, whatever the request asks
+    frame_memory_bytes: int = 256 * MiB  # unfinished big frames of all connections together (≥ 2 frames)
 
     def __post_init__(self) -> None:
         if self.max_body_bytes == 0:
@@ -249,7 +250,8 @@ class DLedgerConfig:
             clash = {p.address for p in members.values()} & {p.address for p in peers.values()}
             if clash:
                 raise ConfigError(f"peer_listen reuses client addresses {sorted(clash)}: give members other ports")
-        for name in ("max_connections", "idle_timeout_ms", "frame_timeout_ms", "max_read_bytes"):
+        for name in ("max_connections", "idle_timeout_ms", "frame_timeout_ms", "max_read_bytes",
+                     "frame_memory_bytes"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be a positive integer, not {getattr(self, name)!r}")
 

@@ -21,8 +21,10 @@ from dledger.codes import DLedgerError, ResponseCode
 from dledger.runtime.transport import (
     AUTH_CODE,
     KIND_REQUEST,
+    ByteBudget,
     Caller,
     FrameDecoder,
+    FrameError,
     Limits,
     Message,
     Respond,
@@ -71,12 +73,15 @@ async def read_frame(reader: asyncio.StreamReader) -> tuple[int, int, bytes]:
 
 
 async def closed_by_peer(reader: asyncio.StreamReader, deadline_s: float = 20) -> bool:
+    """The server closed the connection (EOF or a reset) within the deadline."""
     try:
         async with asyncio.timeout(deadline_s):
             while await reader.read(65536):
                 pass
-    except (ConnectionError, TimeoutError):
+    except ConnectionError:
         return True
+    except TimeoutError:
+        return False
     return True
 
 
@@ -115,6 +120,55 @@ def test_the_budget_leaves_frames_for_the_next_turn() -> None:
     while decoder.backlog:
         decoder.parse_more()
     assert out == list(range(10))
+
+
+def test_big_frames_of_all_connections_share_one_memory_budget() -> None:
+    memory = ByteBudget(8 << 20)
+    out: list[bytes] = []
+    a = FrameDecoder(lambda k, r, c, m, d: out.append(bytes(d)), max_frame_bytes=64 << 20, memory=memory)
+    b = FrameDecoder(lambda k, r, c, m, d: out.append(bytes(d)), max_frame_bytes=64 << 20, memory=memory)
+    big = frame(1, data=b"a" * (16 << 20))
+    a.feed(big[: 3 << 20])  # a holds 3 MiB of an unfinished frame (its buffer: at most half more)
+    assert 3 << 20 <= memory.used <= 5 << 20
+    with pytest.raises(FrameError, match="frame_memory_bytes"):
+        b.feed(frame(2, data=b"b" * (memory.limit - memory.used + 1)))  # b's would overdraw the budget
+    b.close()
+    a.close()  # a's connection is gone: its memory comes back
+    assert memory.used == 0
+    c = FrameDecoder(lambda k, r, c, m, d: out.append(bytes(d)), max_frame_bytes=64 << 20, memory=memory)
+    c.feed(frame(3, data=b"c" * (3 << 20)))
+    assert out == [b"c" * (3 << 20)] and memory.used == 0  # a whole frame gives its memory back
+
+
+def test_unfinished_frames_past_the_servers_memory_budget_close_their_connection() -> None:
+    async def main() -> None:
+        server = TransportServer(echo, max_frame_bytes=4 << 20, limits=Limits(frame_memory_bytes=8 << 20))
+        await server.start("127.0.0.1", 0)
+        try:
+            part = frame(1, data=b"p" * ((4 << 20) - 64))[: 3 << 20]
+            holders = []
+            for _ in range(2):  # two connections hold about 6 MiB of unfinished frames
+                r, w = await raw_connection(server)
+                w.write(part)
+                await w.drain()
+                holders.append((r, w))
+            await eventually(lambda: server.frame_memory.used >= 6 << 20)
+            r3, w3 = await raw_connection(server)
+            w3.write(part)  # a third would overdraw the 8 MiB: its connection is closed
+            assert await closed_by_peer(r3)
+            assert server.frame_memory.used <= 8 << 20
+            for _, w in holders:
+                w.close()
+            w3.close()
+            await eventually(lambda: server.frame_memory.used == 0)  # closed connections give it back
+            r, w = await raw_connection(server)
+            w.write(frame(9, data=b"ok" * 100_000))
+            assert (await read_frame(r))[0] == 9
+            w.close()
+        finally:
+            await server.close()
+
+    run(main())
 
 
 # --- the server -----------------------------------------------------------------------------

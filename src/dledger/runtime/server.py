@@ -254,7 +254,8 @@ class DLedgerServer:
         for g in self.groups.values():
             await g.start()
         limits = Limits(max_connections=_connection_cap(cfg0.max_connections),
-                        idle_timeout_s=cfg0.idle_timeout_ms / 1000, frame_timeout_s=cfg0.frame_timeout_ms / 1000)
+                        idle_timeout_s=cfg0.idle_timeout_ms / 1000, frame_timeout_s=cfg0.frame_timeout_ms / 1000,
+                        frame_memory_bytes=cfg0.frame_memory_bytes)
         self.server = TransportServer(direct=self._handle, max_frame_bytes=max_frame,
                                       ssl=server_context(tls) if tls else None, auth_token=token, limits=limits)
         split = self.member_address != self.address

@@ -65,6 +65,7 @@ __all__ = [
     "LISTENER_BOTH",
     "LISTENER_CLIENT",
     "LISTENER_MEMBER",
+    "ByteBudget",
     "Caller",
     "DirectHandler",
     "FaultInjector",
@@ -171,6 +172,25 @@ def encode_frame(kind: int, request_id: int, code: int, meta: Buffer, data: Buff
 FrameCallback: TypeAlias = Callable[[int, int, int, bytes, Buffer], None]
 
 
+class ByteBudget:
+    """Bytes that the big-frame buffers of all of a server's connections may hold together:
+    each grows only as bytes arrive, but a thousand connections each sending most of a
+    64 MiB frame would still hold gigabytes."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.used = 0
+
+    def take(self, n: int) -> bool:
+        if self.used + n > self.limit:
+            return False
+        self.used += n
+        return True
+
+    def give(self, n: int) -> None:
+        self.used -= n
+
+
 class FrameDecoder:
     """Incremental frame parser with the ``BufferedProtocol`` calling convention.
 
@@ -182,6 +202,8 @@ class FrameDecoder:
     (never to an announced length that was not sent) and whose data is handed up without a
     copy. At most ``budget`` frames are handed up per call: ``backlog`` then says more are
     waiting, so one connection's flood cannot hold the event loop (`parse_more` goes on).
+    Big-frame buffers draw on ``memory`` (shared by a server's connections); a frame that
+    would overdraw it is a FrameError.
     """
 
     def __init__(
@@ -193,6 +215,7 @@ class FrameDecoder:
         initial_size: int = _RECV_INITIAL,
         budget: int = 0,
         may_continue: Callable[[], bool] | None = None,
+        memory: ByteBudget | None = None,
     ) -> None:
         if chunk_size < HEADER_SIZE:
             raise ValueError(f"chunk_size must be at least {HEADER_SIZE}")
@@ -203,6 +226,7 @@ class FrameDecoder:
         self._chunk = chunk_size
         self._budget = budget or (1 << 62)
         self._may_continue = may_continue  # asked before each frame: False leaves it for later
+        self._memory = memory
         self._set_buffer(bytearray(max(HEADER_SIZE, min(initial_size, chunk_size))))
         self._start = 0
         self._end = 0
@@ -225,11 +249,7 @@ class FrameDecoder:
     def get_buffer(self) -> memoryview:
         """Where the next bytes from the socket go; never empty."""
         big = self._big
-        if big is not None:
-            if self._big_filled == len(big):  # full but the frame is not: grow by half of what arrived
-                grown = bytearray(min(len(big) + max(len(big) // 2, _BIG_STEP), self._big_len))
-                grown[: self._big_filled] = big
-                self._big = big = grown
+        if big is not None:  # never full here: buffer_updated grew it
             return memoryview(big)[self._big_filled :]
         if self._start == self._end:
             self._start = self._end = 0
@@ -239,11 +259,19 @@ class FrameDecoder:
 
     def buffer_updated(self, nbytes: int) -> None:
         """Account for bytes written into the last buffer; emits completed frames (up to the budget)."""
-        if self._big is not None:
+        big = self._big
+        if big is not None:
             self._big_filled += nbytes
             if self._big_filled == self._big_len:
-                big, self._big = self._big, None
+                self._big = None
+                self._give(len(big))
                 self._emit_big(big)
+            elif self._big_filled == len(big):  # full but the frame is not: grow by half of what arrived
+                self._big = None  # the old buffer is dropped once copied: the budget counts what stays
+                self._give(len(big))
+                grown = self._big_buffer(min(len(big) + max(len(big) // 2, _BIG_STEP), self._big_len))
+                grown[: self._big_filled] = big
+                self._big = grown
             return
         self._end += nbytes
         self._parse()
@@ -324,9 +352,27 @@ class FrameDecoder:
         self._set_buffer(buf)
         self._start, self._end = 0, n
 
+    def _big_buffer(self, size: int) -> bytearray:
+        memory = self._memory
+        if memory is not None and not memory.take(size):
+            raise FrameError(f"unfinished frames hold {memory.used} bytes of the server's {memory.limit} "
+                             f"(frame_memory_bytes): a {self._big_len}-byte frame must wait; retry later")
+        return bytearray(size)
+
+    def _give(self, size: int) -> None:
+        if self._memory is not None:
+            self._memory.give(size)
+
+    def close(self) -> None:
+        """The connection is gone: its unfinished frame gives its memory back."""
+        big, self._big = self._big, None
+        if big is not None:
+            self._give(len(big))
+
     def _start_big(self, start: int, length: int) -> None:
         have = self._end - start - 4
-        big = bytearray(min(length, have + _BIG_STEP))
+        self._big_len = length
+        big = self._big_buffer(min(length, have + _BIG_STEP))
         big[:have] = self._view[start + 4 : self._end]
         self._big, self._big_len, self._big_filled = big, length, have
         self._start = self._end = 0
@@ -355,8 +401,9 @@ class _FrameProtocol(asyncio.BufferedProtocol):
     """What both ends share: decoding, flow-controlled sending, teardown."""
 
     def __init__(self, max_frame_bytes: int, budget: int = 0,
-                 may_continue: Callable[[], bool] | None = None) -> None:
-        self._decoder = FrameDecoder(self._on_frame, max_frame_bytes, budget=budget, may_continue=may_continue)
+                 may_continue: Callable[[], bool] | None = None, memory: ByteBudget | None = None) -> None:
+        self._decoder = FrameDecoder(self._on_frame, max_frame_bytes, budget=budget, may_continue=may_continue,
+                                     memory=memory)
         self._backlog_scheduled = False
         self._transport: asyncio.Transport | None = None
         self._read_holds: set[str] = set()  # why reading is paused ("backlog", "writes", "closing")
@@ -455,6 +502,7 @@ class _FrameProtocol(asyncio.BufferedProtocol):
         if self._close_reason is None:
             self._close_reason = f"connection with {self.peer} lost: {exc or 'closed by peer'}"
         self._out, self._out_bytes = [], 0
+        self._decoder.close()
         waiters, self._writers = list(self._writers), collections.deque()
         for fut in waiters:
             if not fut.done():
@@ -588,11 +636,12 @@ class Limits:
     idle_timeout_s: float = 300.0  # no frame and nothing in flight this long: closed
     frame_timeout_s: float = 30.0  # a frame must arrive whole within this of its first byte
     handshake_timeout_s: float = 10.0  # TLS handshake
+    frame_memory_bytes: int = 256 << 20  # unfinished big frames of all connections together
 
 
 class _ServerConnection(_FrameProtocol, Caller):
     def __init__(self, server: TransportServer, listener: str) -> None:
-        super().__init__(server.max_frame_bytes, _FRAMES_PER_TURN, self._may_continue)
+        super().__init__(server.max_frame_bytes, _FRAMES_PER_TURN, self._may_continue, server.frame_memory)
         self._server = server
         self.listener = listener
         self.names = frozenset()
@@ -791,6 +840,7 @@ class TransportServer:
         self.ssl = ssl
         self.auth_token = auth_token or None
         self.limits = limits or Limits()
+        self.frame_memory = ByteBudget(max(self.limits.frame_memory_bytes, 2 * max_frame_bytes))
         self.closing = False
         self.warn = RateLimitedLog(log).warning
         self._servers: list[asyncio.Server] = []
