@@ -145,9 +145,13 @@ class EntryDispatcher:
             if not self._quota_allows():
                 return
             raw = store.read_raw(self.next_index, cfg.max_batch_push_bytes)
-            # bytes() copies once: the view must not outlive a later truncate of the store
-            data = bytes(raw.data)
-            raw.data.release()
+            try:
+                if self.next_index <= store.committed_index:  # catching up: old records, maybe rotten
+                    store.check_magics(raw)
+                # bytes() copies once: the view must not outlive a later truncate of the store
+                data = bytes(raw.data)
+            finally:
+                raw.data.release()
             self._send(PushType.APPEND, self.next_index - 1, self.next_index, raw.count, data)
             self.next_index += raw.count
             self.tokens -= len(data)

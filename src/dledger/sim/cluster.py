@@ -405,8 +405,10 @@ class SimCluster:
 
     def check_log_matching(self) -> None:
         """Where two members hold an entry of the same term at an index, their
-        chain CRCs (and so their whole prefixes) are equal."""
+        chain CRCs (and so their whole prefixes) are equal, and so are their magics (which no
+        CRC covers) unless one copy is known rotten."""
         ids = [i for i in self.ids]
+        rotten = set(self.damaged())
         for k, a in enumerate(ids):
             for b in ids[k + 1 :]:
                 sa, sb = self.stores[a], self.stores[b]
@@ -414,6 +416,9 @@ class SimCluster:
                     ea, eb = sa.term_chain(idx), sb.term_chain(idx)
                     if ea[0] == eb[0] and ea[1] != eb[1]:
                         self.violations.append(f"log matching broken between {a} and {b} at {idx}")
+                        return
+                    if ea[0] == eb[0] and ea[2] != eb[2] and (a, idx) not in rotten and (b, idx) not in rotten:
+                        self.violations.append(f"{a} and {b} hold entry {idx} with magics {ea[2]} and {eb[2]}")
                         return
 
 

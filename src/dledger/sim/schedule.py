@@ -148,7 +148,8 @@ def _rot(c: SimCluster, r: random.Random) -> int:
     lo = max(s.begin_index for s in c.stores.values())
     if st.committed_index < lo:
         return 0
-    c.corrupt(m, r.randint(lo, st.committed_index))
+    # mostly the body; also header fields no CRC covers (the index alone reveals a magic flip)
+    c.corrupt(m, r.randint(lo, st.committed_index), r.choice(("body", "body", "channel", "magic")))
     return 1
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import struct
 import threading
 from abc import ABC, abstractmethod
 from array import array
@@ -17,6 +18,8 @@ from typing import NamedTuple
 
 from dledger.codes import DLedgerError, ResponseCode
 from dledger.entry import HEADER, HEADER_SIZE, MAGIC_NORMAL, CorruptRecord, Entry, chain_crc, decode_entry, scan
+
+_MAGIC_SIZE = struct.Struct(">ii")  # the first two header fields
 
 log = logging.getLogger(__name__)
 
@@ -235,6 +238,20 @@ class LedgerStore(ABC):
             pos, size, term, magic = self._record_slot(index)
             self._check_record(index, pos, size, term, magic)
             return self.get(index)
+
+    def check_magics(self, raw: RawRange) -> None:
+        """Each record's magic against the index's. No CRC covers the magic, so a flip
+        (NORMAL <-> CONFIG_CHANGE) shows only there: a leader checks the records it pushes to
+        a follower catching up, so it never hands on rot its scrub has not reached yet."""
+        data, off = raw.data, 0
+        for index in range(raw.first_index, raw.first_index + raw.count):
+            if off + 8 > len(data):
+                return  # a damaged size: the follower's own checks reject the push
+            magic, size = _MAGIC_SIZE.unpack_from(data, off)
+            want = self._record_slot(index)[3]
+            if want is not None and magic != want:
+                raise CorruptEntryError(index, f"record of entry {index} says magic {magic}; the index {want}")
+            off += max(size, HEADER_SIZE)
 
     def _index_magic(self, index: int) -> int:
         """The magic the index holds for `index` (not covered by the chain CRC)."""
