@@ -397,14 +397,18 @@ def w_chain(w: Written, i: int) -> int:
     return chain
 
 
-def _reopened_with_rot(d: Path, w: Written, k: int, header: bool) -> None:
+def _reopened_with_rot(d: Path, w: Written, k: int, header: bool, good: bytes) -> None:
     """Open `d` whose record k rotted: it opens, reports k, never serves it, serves the rest,
-    and takes appends that chain on (the rotten record is repaired from the leader's copy).
-    After a rotten header the next record's chain link cannot be checked: k is named then."""
+    refuses to truncate after it, takes appends that chain on, and takes the leader's copy
+    (`good`) back; it opens again after all that. After a rotten header the next record's
+    chain link cannot be checked: k is named then."""
     store = open_store(d)
     try:
         assert store.recovered_corrupt is not None and store.recovered_corrupt[0] == k
         assert store.end_index == w.end_index
+        if k < w.end_index:  # the new end's chain CRC would come from the rotten header
+            with pytest.raises(CorruptEntryError):
+                store.truncate(k + 1)
         store.append_as_leader([b"after"], term=w.terms[-1])
         w.terms.append(w.terms[-1])
         w.bodies.append(b"after")
@@ -416,6 +420,14 @@ def _reopened_with_rot(d: Path, w: Written, k: int, header: bool) -> None:
             else:
                 got = store.get(i)
                 assert (got.body, got.chain_crc) == (w.bodies[i], w_chain(w, i))
+        store.repair(k, good)
+        assert store.verify(k) is None and store.get(k + 1).body == w.bodies[k + 1]
+    finally:
+        store.close()
+    store = open_store(d)
+    try:
+        assert store.recovered_corrupt is None
+        assert [store.get(i).body for i in range(w.end_index + 1)] == w.bodies
     finally:
         store.close()
 
@@ -424,7 +436,7 @@ def _reopened_with_rot(d: Path, w: Written, k: int, header: bool) -> None:
 def test_rotten_durable_record_is_kept_and_reported(tmp_path: Path) -> None:
     """A durable record that rotted no longer bricks the member (it refused to open, for good):
     recovery keeps it when its extent is certain and reports it for repair."""
-    for case in ("body", "header", "before-trusted"):
+    for case in ("body", "header", "size", "before-trusted"):
         d = tmp_path / case
         store = open_store(d)
         w = Written()
@@ -434,11 +446,14 @@ def test_rotten_durable_record_is_kept_and_reported(tmp_path: Path) -> None:
         k = t - 1 if case == "before-trusted" else t
         if case == "before-trusted":
             assert w.positions[k] // DATA_FILE_SIZE == w.positions[t] // DATA_FILE_SIZE
+        good = read_at(d, w.positions[k], HEADER_SIZE + len(w.bodies[k]))
         if case == "body":
             patch_file(d, w.positions[k] + HEADER_SIZE, b"\x00\xff")
+        elif case == "size":  # no CRC covers it: it was written into the unit (and repair refused)
+            patch_file(d, w.positions[k] + 6, b"\x10")
         else:  # the index field of the header: only the index unit as written knows the extent
             patch_file(d, w.positions[k] + 8, b"\x7f")
-        _reopened_with_rot(d, w, k, header=case != "body")
+        _reopened_with_rot(d, w, k, header=case != "body", good=good)
     # header and index unit both gone: the extent is unknown, refused
     d = tmp_path / "both"
     store = open_store(d)
@@ -698,5 +713,28 @@ def test_sigkill_keeps_every_durable_append(tmp_path: Path, torn: bool) -> None:
     try:
         assert store.end_index == end
         _check_reported(store, reported)
+    finally:
+        store.close()
+
+
+@pytest.mark.usefixtures("no_fsync")
+def test_check_magics_rebuilds_a_damaged_unit_instead_of_blaming_the_record(tmp_path: Path) -> None:
+    """Review: the leader's magic check read units as written and called a healthy record
+    corrupt when its unit was damaged (units are a cache, rebuilt on use), deposing itself."""
+    d = tmp_path / "s"
+    store = open_store(d)
+    w = Written()
+    append_some(store, w, 20, random.Random(3))
+    with (d / "index" / f"{0:020d}").open("r+b") as f:  # under the running store (its mapping sees it)
+        f.seek(5 * 32 + 20)
+        f.write(b"\xff\xff\xff\xff")  # unit 5's index field
+    try:
+        raw = store.read_raw(0, 1 << 20)
+        try:
+            assert raw.first_index == 0 and raw.count > 5
+            store.check_magics(raw)  # no CorruptEntryError: the record is fine
+        finally:
+            raw.data.release()
+        assert store.verify(5) is None
     finally:
         store.close()

@@ -363,6 +363,14 @@ class FrameDecoder:
         if self._memory is not None:
             self._memory.give(size)
 
+    def leave_budget(self) -> None:
+        """A verified member's connection: its frames no longer draw on the shared budget, so
+        client connections holding it can never hold up replication."""
+        big = self._big
+        if big is not None:
+            self._give(len(big))
+        self._memory = None
+
     def close(self) -> None:
         """The connection is gone: its unfinished frame gives its memory back."""
         big, self._big = self._big, None
@@ -646,7 +654,7 @@ class _ServerConnection(_FrameProtocol, Caller):
         self.listener = listener
         self.names = frozenset()
         self.tls = server.ssl is not None
-        self.trusted = False
+        self._trusted = False
         self.authenticated = server.auth_token is None
         if not self.authenticated:  # a stranger may send small frames only: an AUTH is tiny
             self._decoder.max_frame_bytes = min(server.max_frame_bytes, _PRE_AUTH_MAX_FRAME)
@@ -655,6 +663,16 @@ class _ServerConnection(_FrameProtocol, Caller):
         self.partial_since: float | None = None  # when the frame now arriving began to arrive
         self.stalled_since: float | None = None  # our answers stopped draining (the peer does not read)
         self._partial_frames = 0
+
+    @property
+    def trusted(self) -> bool:
+        return self._trusted
+
+    @trusted.setter
+    def trusted(self, value: bool) -> None:
+        self._trusted = value
+        if value:
+            self._decoder.leave_budget()
 
     def _may_continue(self) -> bool:
         """Hand up another frame now? Not while our answers do not drain, nor once this loop

@@ -248,8 +248,8 @@ class LedgerStore(ABC):
             if off + 8 > len(data):
                 return  # a damaged size: the follower's own checks reject the push
             magic, size = _MAGIC_SIZE.unpack_from(data, off)
-            want = self._record_slot(index)[3]
-            if want is not None and magic != want:
+            want = self._index_magic(index)  # the file store rebuilds a damaged unit first
+            if magic != want:
                 raise CorruptEntryError(index, f"record of entry {index} says magic {magic}; the index {want}")
             off += max(size, HEADER_SIZE)
 
@@ -459,6 +459,12 @@ class LedgerStore(ABC):
                 f"refusing to truncate committed entries (from {from_index}, "
                 f"committed {self.committed_index})",
             )
+        # the new end's chain CRC (and the checkpoint's trusted point) come from its header:
+        # a rotten one is repaired first (the leader's REPAIR), then the truncate goes through
+        if self.begin_index <= from_index - 1 <= self.end_index:
+            reason = self.verify(from_index - 1)
+            if reason is not None:
+                raise CorruptEntryError(from_index - 1, f"not truncating after a corrupt record: {reason}")
 
     def _first_record_index(self, data: bytes | bytearray | memoryview) -> int:
         if len(data) < HEADER_SIZE:

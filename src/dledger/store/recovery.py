@@ -317,6 +317,9 @@ def _check_units(store: RecoverableStore, upto: int, trusted_pos: int) -> None:
     if covered:
         f = store.data.locate(trusted_pos)
         first = _first_index_at(store, f.start) if f.start > store.begin_pos else None
+        u = _unit_as_written(store, first) if first is not None else None
+        if u is None or u[1] != f.start:
+            first = None  # a rotten index field: walk (and check) from the log begin instead
         if first is not None and first > begin:
             begin, pos = first, f.start
             u = store.raw_unit(first - 1)
@@ -363,7 +366,9 @@ def rebuild_units(
             continue
         h = HEADER.unpack_from(f.mm, off) if off + HEADER.size <= f.size else (0, 0, -1, 0, -1)
         bad = ""
-        if h[0] not in ENTRY_MAGICS or h[2] != index or h[4] != pos or h[1] < 48:
+        # the size is not under the chain CRC: it must agree with the body size beside it, or a
+        # rotten one would be written into the unit (and the record could never be repaired)
+        if h[0] not in ENTRY_MAGICS or h[2] != index or h[4] != pos or h[8] < 0 or h[1] != HEADER_SIZE + h[8]:
             bad = "no valid record header"
         elif chain is not None and chain_crc(index, h[3], h[7], chain) != h[6]:
             bad = "chain CRC mismatch"
