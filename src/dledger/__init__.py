@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from dledger.codes import DLedgerError, ResponseCode
 from dledger.config import DLedgerConfig
-from dledger.runtime.client import AppendResult, AsyncDLedgerClient, DLedgerClient, Entry, Metadata
+from dledger.runtime.client import AppendResult, AsyncDLedgerClient, DLedgerClient, Entry, Metadata, ProposeResult
 from dledger.runtime.server import DLedgerServer
 from dledger.security.tls import TlsConfig
+from dledger.statemachine.api import AppliedEntry, SnapshotReader, SnapshotWriter, StateMachine
 
 __all__ = [
     "AppendResult",
+    "AppliedEntry",
     "AsyncDLedgerClient",
     "DLedgerClient",
     "DLedgerConfig",
@@ -17,7 +19,11 @@ __all__ = [
     "DLedgerServer",
     "Entry",
     "Metadata",
+    "ProposeResult",
     "ResponseCode",
+    "SnapshotReader",
+    "SnapshotWriter",
+    "StateMachine",
     "TlsConfig",
 ]
 __version__ = "0.1.0"

@@ -17,76 +17,17 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
+from dledger.clitools import PEERS_HELP, UserError, WireInt, make_client, security, security_options
 from dledger.codes import DLedgerError, ResponseCode
 from dledger.config import ConfigError, DLedgerConfig, Peer, format_peers, parse_peers
-from dledger.core.messages import LIMIT
 from dledger.local_cluster import busy_ports, local_cluster
 
 log = logging.getLogger(__name__)
-
-PEERS_HELP = "Members, as 'n0-127.0.0.1:20911;n1-127.0.0.1:20912;…'."
-
-
-class UserError(Exception):
-    """A problem of the user's setup (a port in use, an unusable store directory): main()
-    prints `dledger: error: <message>` and exits 1."""
-
-
-if TYPE_CHECKING:  # click >= 8.2 types its ParamType by value and input; 8.1's is not generic
-    _IntParamType = click.ParamType[int, Any]
-else:
-    _IntParamType = click.ParamType
-
-
-class WireInt(_IntParamType):
-    """An index or count a request can carry: `low` <= N < 2**62 (the wire limit)."""
-
-    name = "integer"
-
-    def __init__(self, low: int) -> None:
-        self.low = low
-
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
-        n: int = click.INT.convert(value, param, ctx)
-        if n < self.low:
-            self.fail(f"{n} is below {self.low}", param, ctx)
-        if n >= LIMIT:
-            self.fail(f"{n} is beyond the limit: indexes and counts must be below 2**62", param, ctx)
-        return n
-
-
-F = TypeVar("F", bound=Callable[..., Any])  # a click command function
-
-
-def _remember(ctx: click.Context, param: click.Parameter, value: object) -> None:
-    if value:
-        ctx.meta.setdefault("dledger.security", {})[param.name] = value
-
-
-def security_options(f: F) -> F:
-    """--tls-cert/--tls-key/--tls-ca and --auth-token (docs/security.md); kept in the context,
-    not passed to the command, so every command takes them the same way."""
-    for name, help_text in reversed([
-        ("--tls-cert", "Certificate (PEM) to present: a member's own, or a client's."),
-        ("--tls-key", "Its private key (PEM)."),
-        ("--tls-ca", "The group's CA (PEM): with the two above, every connection is mutual TLS."),
-    ]):
-        f = click.option(name, expose_value=False, callback=_remember, type=click.Path(dir_okay=False),
-                         help=help_text)(f)
-    return click.option("--auth-token", expose_value=False, callback=_remember, envvar="DLEDGER_AUTH_TOKEN",
-                        help="Shared token of a group run without TLS (or set DLEDGER_AUTH_TOKEN).")(f)
-
-
-def _security() -> dict[str, str]:
-    """The security options given to this command, as config keys."""
-    return dict(click.get_current_context().meta.get("dledger.security", {}))
-
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("-v", "--verbose", count=True, help="More logging (-v info, -vv debug).")
@@ -113,17 +54,25 @@ def cli(verbose: int) -> None:
               help="Obey FAULT requests (cut links on a client's word): for tests and chaos runs only.")
 @click.option("--peer-listen", default=None,
               help="Member-only addresses, peers format: members talk there, clients on --peers.")
+@click.option("--state-machine", default=None,
+              help="Apply committed entries to: 'kv' (the replicated key-value store) or 'package.module:factory'.")
+@click.option("--snapshot-threshold-entries", type=click.IntRange(0), default=None,
+              help="Snapshot after this many applied entries [100000; 0: never].")
+@click.option("--snapshot-threshold-bytes", type=click.IntRange(0), default=None,
+              help="... or after this many applied body bytes [256 MiB; 0: never].")
 @security_options
 def server(config_file: str | None, group: str | None, self_id: str | None, peers: str | None,
            store_dir: str | None, flush: str | None, store_type: str | None, metrics_port: int | None,
-           preferred: str | None, fault_injection: bool, peer_listen: str | None) -> None:
+           preferred: str | None, fault_injection: bool, peer_listen: str | None, state_machine: str | None,
+           snapshot_threshold_entries: int | None, snapshot_threshold_bytes: int | None) -> None:
     """Run one member until SIGINT/SIGTERM."""
     data: dict[str, object] = {}
     if config_file:
         data.update(vars(DLedgerConfig.from_toml(config_file)))
     overrides = {"group": group, "self_id": self_id, "peers": peers, "store_dir": store_dir, "flush": flush,
                  "store_type": store_type, "metrics_port": metrics_port, "peer_listen": peer_listen,
-                 **_security()}
+                 "state_machine": state_machine, "snapshot_threshold_entries": snapshot_threshold_entries,
+                 "snapshot_threshold_bytes": snapshot_threshold_bytes, **security()}
     data.update({k: v for k, v in overrides.items() if v is not None})
     if preferred is not None:
         data["preferred_leader_ids"] = [p for p in preferred.split(",") if p]
@@ -198,8 +147,9 @@ def _member_os_error(cfg: DLedgerConfig, e: OSError) -> str:
 @click.option("--store", "store_type", type=click.Choice(["file", "memory"]), default="file", show_default=True)
 @click.option("--metrics-base-port", type=int, default=0, help="Member nK serves metrics on this port + K.")
 @click.option("--tls", is_flag=True, help="Mutual TLS: certificates from DATA_DIR/certs (made there if missing).")
+@click.option("--state-machine", default="", help="Every member applies entries to it ('kv', or module:factory).")
 def cluster(nodes: int, group: str, base_port: int, data_dir: str, flush: str, store_type: str,
-            metrics_base_port: int, tls: bool) -> None:
+            metrics_base_port: int, tls: bool, state_machine: str) -> None:
     """Run a local group as N member processes until SIGINT/SIGTERM."""
     members = [f"n{k}" for k in range(nodes)]
     peers = format_peers({m: Peer(m, "127.0.0.1", base_port + k) for k, m in enumerate(members)})
@@ -207,7 +157,8 @@ def cluster(nodes: int, group: str, base_port: int, data_dir: str, flush: str, s
     if busy:
         raise UserError(f"cannot start the cluster: ports already in use on 127.0.0.1: {', '.join(busy)}")
     tls_dir = _local_certs(Path(data_dir) / "certs", members) if tls else None
-    with local_cluster(peers, group, Path(data_dir), flush, store_type, metrics_base_port,
+    extra = ["--state-machine", state_machine] if state_machine else []
+    with local_cluster(peers, group, Path(data_dir), flush, store_type, metrics_base_port, extra,
                        tls_dir=tls_dir) as procs:
         click.echo(f"peers: {peers}", nl=True)
         if tls_dir is not None:
@@ -242,18 +193,6 @@ def _local_certs(tls_dir: Path, members: list[str]) -> Path:
 # --- clients -------------------------------------------------------------------------------------
 
 
-def _client(peers: str, group: str, timeout: float = 5.0):  # type: ignore[no-untyped-def]
-    from dledger.runtime.client import DLedgerClient
-    from dledger.security.tls import TlsConfig
-
-    sec = _security()
-    paths = [sec.get(k, "") for k in ("tls_ca", "tls_cert", "tls_key")]
-    if any(paths) and not all(paths):
-        raise click.UsageError("--tls-cert, --tls-key and --tls-ca go together")
-    tls = TlsConfig(*paths) if all(paths) else None
-    return DLedgerClient(peers, group, timeout, tls=tls, auth_token=sec.get("auth_token"))
-
-
 @cli.command()
 @click.option("--peers", required=True, help=PEERS_HELP)
 @click.option("--group", default="default", show_default=True)
@@ -270,7 +209,7 @@ def append(peers: str, group: str, batch: int, bodies: tuple[str, ...]) -> None:
     parse_peers(peers)
     # click hands over non-UTF-8 argv as surrogate escapes: fsencode gives back the bytes
     source: Iterator[bytes] = (os.fsencode(b) for b in bodies) if bodies else _stdin_lines()
-    with _client(peers, group) as c:
+    with make_client(peers, group) as c:
         chunk: list[bytes] = []
         for body in source:
             chunk.append(body)
@@ -299,7 +238,7 @@ def _append_chunk(c: object, chunk: list[bytes]) -> None:
 def get(peers: str, group: str, index: int) -> None:
     """Print the committed body at INDEX, raw."""
     parse_peers(peers)
-    with _client(peers, group) as c:
+    with make_client(peers, group) as c:
         e = c.get(index)
     sys.stdout.buffer.write(e.body)
     sys.stdout.flush()
@@ -314,7 +253,7 @@ def get(peers: str, group: str, index: int) -> None:
 def read(peers: str, group: str, from_index: int, max_entries: int) -> None:
     """Print committed entries as JSON lines {"index","term","body"}."""
     parse_peers(peers)
-    with _client(peers, group) as c:
+    with make_client(peers, group) as c:
         for e in c.read(from_index, max_entries):
             click.echo(json.dumps({"index": e.index, "term": e.term, "body": _body_json(e.body)}))
 
@@ -336,12 +275,17 @@ def status(peers: str, group: str, as_json: bool) -> None:
     with it (a store that cannot write, retention held back by a lagging member)."""
     members = parse_peers(peers)
     out: dict[str, dict[str, object]] = {}
-    with _client(peers, group, timeout=2.0) as c:
+    with make_client(peers, group, timeout=2.0) as c:
         for m in members:
             try:
                 v = c.metadata(m)
                 out[m] = {"role": v.role, "term": v.term, "leader": v.leader_id,
                           "ledger_end_index": v.ledger_end_index, "committed_index": v.committed_index}
+                if v.applied_index >= 0 or v.snapshot_index >= 0:
+                    out[m]["applied_index"] = v.applied_index
+                    out[m]["snapshot_index"] = v.snapshot_index
+                if v.state_machine_error:
+                    out[m]["state_machine_error"] = v.state_machine_error
                 if v.store_error:
                     out[m]["store_error"] = v.store_error
                 if v.retention_held_by:
@@ -355,12 +299,15 @@ def status(peers: str, group: str, as_json: bool) -> None:
         from rich.table import Table
 
         table = Table(title=f"group {group}")
-        for col in ("member", "role", "term", "leader", "ledger_end_index", "committed_index", "problem"):
+        cols = ["role", "term", "leader", "ledger_end_index", "committed_index"]
+        if any("applied_index" in row for row in out.values()):
+            cols += ["applied_index", "snapshot_index"]
+        for col in ("member", *cols, "problem"):
             table.add_column(col)
-        for m, v in out.items():
-            problem = "; ".join(str(v[k]) for k in ("error", "store_error", "retention_held_by") if k in v)
-            table.add_row(m, *(str(v.get(k, "")) for k in ("role", "term", "leader", "ledger_end_index",
-                                                           "committed_index")), problem)
+        for m, row in out.items():
+            problem = "; ".join(str(row[k]) for k in ("error", "state_machine_error", "store_error",
+                                                      "retention_held_by") if k in row)
+            table.add_row(m, *(str(row.get(k, "")) for k in cols), problem)
         Console().print(table)
     if all(v["role"] == "unreachable" for v in out.values()):
         # an unreachable cluster is an error (SPEC §5), with --json too
@@ -376,7 +323,7 @@ def transfer(peers: str, group: str, target: str) -> None:
     """Move leadership to member TO."""
     if target not in parse_peers(peers):
         raise ConfigError(f"--to {target}: not a member of {peers}")
-    with _client(peers, group, timeout=10.0) as c:
+    with make_client(peers, group, timeout=10.0) as c:
         c.transfer_leadership(target)
         click.echo(json.dumps({"leader": target}))
 
@@ -441,12 +388,35 @@ def store_repair_term(store_dir: str, term: int | None) -> None:
     click.echo(json.dumps(repair_term(store_dir, term)))
 
 
+@cli.command()
+@click.option("--peers", required=True, help=PEERS_HELP)
+@click.option("--group", default="default", show_default=True)
+@click.option("--member", default=None, help="Only this member [default: every member].")
+@security_options
+def snapshot(peers: str, group: str, member: str | None) -> None:
+    """Make members snapshot their state machine now (each writes its own); print the index
+    each snapshot covers."""
+    members = [member] if member else list(parse_peers(peers))
+    failed = []
+    with make_client(peers, group, timeout=60.0) as c:
+        for m in members:
+            try:
+                click.echo(f"{m}: snapshot through index {c.snapshot(m)}")
+            except DLedgerError as e:
+                failed.append(m)
+                click.echo(f"{m}: {e}", err=True)
+    if failed:
+        raise UserError(f"no snapshot on {', '.join(failed)}")
+
+
 def _register_extra_commands() -> None:
     from dledger.bench.command import bench
+    from dledger.kv.command import kv
     from dledger.security.certs_command import certs
 
     cli.add_command(bench)
     cli.add_command(certs)
+    cli.add_command(kv)
 
 
 _register_extra_commands()

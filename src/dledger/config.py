@@ -160,6 +160,10 @@ class DLedgerConfig:
     retention_hold_ms: int = 600_000  # retention keeps what a follower heard from this recently still needs
     max_frame_bytes: int = 64 * MiB
     metrics_port: int = 0  # 0: no metrics endpoint
+    # state machine (docs/state-machines.md): "" a plain log | "kv" | "package.module:factory"
+    state_machine: str = ""
+    snapshot_threshold_entries: int = 100_000  # snapshot once this many entries were applied since the last (0: never)
+    snapshot_threshold_bytes: int = 256 * MiB  # ... or this many body bytes (0: never)
     enable_fault_injection: bool = False  # answer FAULT (tests, chaos): off, so no client can cut links
     # security (docs/security.md): mutual TLS between members and for clients, all three or none
     tls_cert: str = ""  # this member's certificate (PEM); it must name self_id
@@ -250,6 +254,12 @@ class DLedgerConfig:
             clash = {p.address for p in members.values()} & {p.address for p in peers.values()}
             if clash:
                 raise ConfigError(f"peer_listen reuses client addresses {sorted(clash)}: give members other ports")
+        for name in ("snapshot_threshold_entries", "snapshot_threshold_bytes"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 0:
+                raise ConfigError(f"{name} must be an integer >= 0 (0: never), not {getattr(self, name)!r}")
+        if self.state_machine and self.state_machine != "kv" and ":" not in self.state_machine:
+            raise ConfigError(f"state_machine must be \"\", \"kv\" or \"package.module:factory\", "
+                              f"not {self.state_machine!r}")
         for name in ("max_connections", "idle_timeout_ms", "frame_timeout_ms", "max_read_bytes",
                      "frame_memory_bytes"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) <= 0:

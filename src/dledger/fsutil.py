@@ -22,12 +22,25 @@ def write_atomic(path: Path, data: bytes, mode: int = 0o644) -> None:
         finally:
             os.close(fd)
         os.replace(tmp, path)
-        dir_fd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+        fsync_dir(path.parent)
     except OSError:
         with contextlib.suppress(OSError):
             tmp.unlink()
         raise
+
+
+def fsync_dir(directory: Path) -> None:
+    """Make the names in `directory` durable (a rename or a new file in it)."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_file(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -13,7 +13,7 @@ import pytest
 
 from dledger.codes import RequestCode, ResponseCode
 from dledger.core.messages import GetRequest, LeadershipTransferRequest, PushResponse, Role, encode
-from dledger.core.node import Reply
+from dledger.core.node import Reply, Send
 from dledger.sim.cluster import SimCluster
 from dledger.sim.disk import SimDiskStore
 from dledger.store.base import AppendResult, StoreError
@@ -381,7 +381,7 @@ def _ask(c: SimCluster, member: str, code: int, msg: Any) -> Any:
             answer = a.msg
         elif isinstance(a, Reply):
             c._reply(member, a)
-        else:
+        elif isinstance(a, Send):
             c._send(member, a)
     return answer
 

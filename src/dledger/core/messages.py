@@ -133,6 +133,7 @@ class PushResponse(msgspec.Struct, array_like=True):
 
 class AppendRequest(Msg):
     bodies: Bodies = []
+    want_results: bool = False  # propose: answer once applied, with the state machine's results
 
 
 class AppendResponse(msgspec.Struct, array_like=True):
@@ -142,6 +143,7 @@ class AppendResponse(msgspec.Struct, array_like=True):
     index: int = -1  # first index of the batch
     positions: list[int] = []
     message: str = ""
+    results: list[bytes] = []  # want_results: one per body, the state machine's
 
 
 class GetRequest(Msg):
@@ -194,6 +196,9 @@ class MetadataResponse(msgspec.Struct, array_like=True):
     message: str = ""
     store_error: str = ""  # why this member's store cannot write ("" when it can)
     retention_held_by: str = ""  # the follower whose needs keep retention from freeing space
+    applied_index: int = -1  # state machine: the last index applied (-1: none, or no state machine)
+    snapshot_index: int = -1  # the last index of this member's newest snapshot (-1: none)
+    state_machine_error: str = ""  # why this member's state machine stopped applying
 
 
 class LeadershipTransferRequest(Msg):
@@ -220,6 +225,36 @@ class FaultRequest(Msg):
 
 FAULT = 52001
 READ = 52002
+# 52003 is the transport's AUTH
+QUERY = 52004
+SNAPSHOT = 52005
+
+CONSISTENCY = ("leader", "local")
+
+
+class QueryRequest(Msg):
+    """A read-only request to the group's state machine (`StateMachine.query`)."""
+
+    request: bytes = b""
+    consistency: Annotated[str, msgspec.Meta(max_length=16)] = "leader"
+
+
+class QueryResponse(msgspec.Struct, array_like=True):
+    code: int
+    leader_id: str = ""
+    result: bytes = b""
+    applied_index: int = -1  # the state answered from includes every entry up to here
+    message: str = ""
+
+
+class SnapshotRequest(Msg):
+    """Take a snapshot now (`dledger snapshot`)."""
+
+
+class SnapshotResponse(msgspec.Struct, array_like=True):
+    code: int
+    snapshot_index: int = -1
+    message: str = ""
 
 REQUEST_TYPES: dict[int, type[Msg]] = {
     RequestCode.VOTE: VoteRequest,
@@ -231,6 +266,8 @@ REQUEST_TYPES: dict[int, type[Msg]] = {
     RequestCode.METADATA: MetadataRequest,
     RequestCode.LEADERSHIP_TRANSFER: LeadershipTransferRequest,
     FAULT: FaultRequest,
+    QUERY: QueryRequest,
+    SNAPSHOT: SnapshotRequest,
 }
 
 RESPONSE_TYPES: dict[int, type[msgspec.Struct]] = {
@@ -243,6 +280,8 @@ RESPONSE_TYPES: dict[int, type[msgspec.Struct]] = {
     RequestCode.METADATA: MetadataResponse,
     RequestCode.LEADERSHIP_TRANSFER: SimpleResponse,
     FAULT: SimpleResponse,
+    QUERY: QueryResponse,
+    SNAPSHOT: SnapshotResponse,
 }
 
 _encoder = msgspec.msgpack.Encoder()

@@ -7,8 +7,11 @@ Data faults: a member that finds one of its records corrupt (a read, the scrub o
 idle ticks, a push) marks itself corrupt (`corrupt`): it hands leadership over, does
 not campaign, and reports the index until the leader's REPAIR push restored it.
 Outputs: `drain()` returns the actions to execute: `Send` a request to a peer,
-`Reply` to a request. The node reads no clock and does no I/O besides its
-LedgerStore, whose appends only touch memory or the page cache.
+`Reply` to a request; with a state machine (an `Applier`) also `Apply` a batch of
+committed entries, `RunQuery`, `TakeSnapshot` — the runtime runs those three, in the
+order given, on one worker thread and reports back (`on_applied`, `on_apply_failed`,
+`on_snapshot`). The node reads no clock and does no I/O besides its LedgerStore,
+whose appends only touch memory or the page cache.
 """
 
 from __future__ import annotations
@@ -28,7 +31,10 @@ from dledger.core.elector import LeaderElector
 from dledger.core.handler import EntryHandler
 from dledger.core.member_state import MemberState
 from dledger.core.messages import (
+    CONSISTENCY,
+    QUERY,
     READ,
+    SNAPSHOT,
     AppendRequest,
     AppendResponse,
     EntriesResponse,
@@ -40,14 +46,18 @@ from dledger.core.messages import (
     MetadataResponse,
     Msg,
     PushRequest,
+    QueryRequest,
+    QueryResponse,
     ReadRequest,
     Role,
     SimpleResponse,
+    SnapshotResponse,
     VoteRequest,
     is_member_message,
 )
 from dledger.core.quorum import QuorumAckChecker
 from dledger.entry import MAGIC_NORMAL
+from dledger.statemachine.applier import Applier, ApplyBatch, Proposal
 from dledger.store.base import AppendResult, CorruptEntryError, LedgerStore, StoreError
 
 log = logging.getLogger(__name__)
@@ -81,13 +91,45 @@ class Reply:
     data: bytes = b""
 
 
-Action = Send | Reply
+@dataclass(slots=True)
+class Apply:
+    """Apply these committed entries to the state machine, then call `on_applied`."""
+
+    batch: ApplyBatch
+
+
+@dataclass(slots=True)
+class RunQuery:
+    """Run `StateMachine.query(request)` (its state includes `applied_index`); answer `token`."""
+
+    token: Any
+    request: bytes
+    applied_index: int
+
+
+@dataclass(slots=True)
+class TakeSnapshot:
+    """Snapshot the state machine as of `index` (nothing after it is applied yet: earlier
+    actions only), then call `on_snapshot`. Without a state machine the snapshot is empty."""
+
+    index: int
+    term: int
+    chain_crc: int
+
+
+Action = Send | Reply | Apply | RunQuery | TakeSnapshot
 
 
 class Node:
-    def __init__(self, cfg: DLedgerConfig, store: LedgerStore, now_ms: int, rng: random.Random | None = None) -> None:
+    def __init__(self, cfg: DLedgerConfig, store: LedgerStore, now_ms: int, rng: random.Random | None = None,
+                 applier: Applier | None = None) -> None:
         self.cfg = cfg
         self.store = store
+        self.applier = applier  # None: a plain log, nothing applied
+        self.snapshot_index = applier.snapshot_index if applier is not None else -1
+        self._proposers: set[Any] = set()  # append tokens that wait for their apply results
+        self._snapshot_waiters: list[Any] = []  # on-demand snapshot requests
+        self._snapshot_pending = False  # a TakeSnapshot was emitted and not reported yet
         self.rng = rng or random.Random()
         self.now = now_ms
         self.member = MemberState(cfg.group, cfg.self_id, list(cfg.peer_map), store)
@@ -398,8 +440,127 @@ class Node:
                     d.pump()
         except StoreError as e:  # a record that cannot be read for a push (damaged disk)
             self.store_error(e)
+        self._feed_applier()
         actions, self.actions = self.actions, []
         return actions
+
+    # --- the state machine ---------------------------------------------------------------------
+
+    def _feed_applier(self) -> None:
+        """A snapshot (due, or asked for) goes out between batches, before the next one: the
+        worker thread runs actions in order, so it sees exactly the state at its index."""
+        a = self.applier
+        if a is None:
+            if self._snapshot_waiters and not self._snapshot_pending:
+                self._take_snapshot(self.store.committed_index)  # a plain log: an empty snapshot
+            return
+        if a.in_flight is None and not a.snapshotting and (
+            self._snapshot_waiters or a.snapshot_due(self.cfg.snapshot_threshold_entries,
+                                                     self.cfg.snapshot_threshold_bytes)):
+            self._take_snapshot(a.applied_index)
+        try:
+            batch = a.next_batch(self.store)
+        except CorruptEntryError as e:  # applied once it is repaired
+            self.mark_corrupt(e.index, e.message)
+            return
+        except StoreError as e:
+            self.store_error(e)
+            return
+        if batch is not None:
+            self.actions.append(Apply(batch))
+
+    def _take_snapshot(self, index: int) -> None:
+        store = self.store
+        if index < store.begin_index - 1:
+            self._answer_snapshot(ResponseCode.INDEX_LESS_THAN_LOCAL_BEGIN,
+                                  f"nothing to snapshot: index {index} is before the log begin {store.begin_index}")
+            return
+        try:
+            term, chain = store.term_at(index), store.chain_at(index)
+        except StoreError as e:
+            self._answer_snapshot(e.code, f"cannot snapshot at {index}: {e.message}")
+            return
+        self._snapshot_pending = True
+        if self.applier is not None:
+            self.applier.snapshotting = True
+        self.actions.append(TakeSnapshot(index, term, chain))
+
+    def on_snapshot(self, index: int, error: str, now_ms: int) -> None:
+        """The worker wrote the snapshot of `index` (or failed: `error`)."""
+        self.now = now_ms
+        self._snapshot_pending = False
+        a = self.applier
+        if error:
+            log.error("%s/%s: snapshot at %d failed: %s", self.member.group, self.member.self_id, index, error)
+            if a is not None:
+                a.snapshotting = False
+            self._answer_snapshot(ResponseCode.DISK_ERROR, f"snapshot at {index} failed: {error}")
+            return
+        if a is not None:
+            a.snapshot_taken(index)
+        self.snapshot_index = max(self.snapshot_index, index)
+        self._answer_snapshot(ResponseCode.SUCCESS, "", index)
+
+    def _answer_snapshot(self, code: ResponseCode, message: str, index: int = -1) -> None:
+        waiters, self._snapshot_waiters = self._snapshot_waiters, []
+        for token in waiters:
+            self.reply(token, SNAPSHOT, SnapshotResponse(int(code), index, message))
+
+    def on_applied(self, results: list[bytes], now_ms: int) -> None:
+        """The worker applied the batch in flight: answer its proposers and due queries."""
+        self.now = now_ms
+        a = self.applier
+        assert a is not None
+        for p in a.applied(results):
+            self.reply(p.token, RequestCode.APPEND,
+                       AppendResponse(200, self.member.self_id, p.term, p.first, p.positions, results=p.results))
+        self._run_due_queries()
+
+    def on_apply_failed(self, reason: str, now_ms: int) -> None:
+        """The state machine raised: its state may be half-changed, so nothing more is applied
+        here (a restart restores the last snapshot and applies the log again)."""
+        self.now = now_ms
+        a = self.applier
+        assert a is not None
+        log.error("%s/%s: state machine failed applying entries %s: %s; nothing more is applied until "
+                  "a restart", self.member.group, self.member.self_id,
+                  f"{a.in_flight.first}..{a.in_flight.last}" if a.in_flight else "?", reason)
+        a.fail(reason)
+        msg = f"state machine failed on {self.member.self_id}: {reason}"
+        for p in a.drop_proposals():
+            self.reply(p.token, RequestCode.APPEND, AppendResponse(int(ResponseCode.INTERNAL_ERROR), message=msg))
+        for q in a.drop_queries():
+            self.reply(q.token, QUERY, QueryResponse(int(ResponseCode.INTERNAL_ERROR), message=msg))
+
+    def _run_due_queries(self) -> None:
+        a = self.applier
+        assert a is not None
+        for q in a.due_queries():
+            self.actions.append(RunQuery(q.token, q.request, a.applied_index))
+
+    def _handle_query(self, msg: QueryRequest, token: Any) -> None:
+        a = self.applier
+        if a is None:
+            raise DLedgerError(ResponseCode.UNSUPPORTED, f"group {self.member.group} has no state machine")
+        if msg.consistency not in CONSISTENCY:
+            raise DLedgerError(ResponseCode.UNEXPECTED_ARGUMENT,
+                               f"consistency {msg.consistency!r}: one of {', '.join(CONSISTENCY)}")
+        if a.stopped is not None:
+            raise DLedgerError(ResponseCode.INTERNAL_ERROR, f"state machine stopped: {a.stopped}")
+        if msg.consistency != "local":
+            self._check_read_leader()
+        # the commit index now: an append acknowledged to anyone before this query is in it
+        a.wait_query(self.store.committed_index, token, msg.request)
+        self._run_due_queries()
+
+    def _handle_snapshot(self, token: Any) -> None:
+        a = self.applier
+        if a is not None and a.stopped is not None:
+            raise DLedgerError(ResponseCode.INTERNAL_ERROR, f"state machine stopped: {a.stopped}")
+        if (a.applied_index if a is not None else self.store.committed_index) < 0:
+            self.reply(token, SNAPSHOT, SnapshotResponse(200, -1, "nothing committed yet"))
+            return
+        self._snapshot_waiters.append(token)
 
     # --- outputs (used by the components) --------------------------------------
 
@@ -483,6 +644,11 @@ class Node:
         elif code == RequestCode.LEADERSHIP_TRANSFER:
             assert isinstance(msg, LeadershipTransferRequest)
             self.elector.handle_transfer(msg, token)
+        elif code == QUERY:
+            assert isinstance(msg, QueryRequest)
+            self._handle_query(msg, token)
+        elif code == SNAPSHOT:
+            self._handle_snapshot(token)
         else:
             raise DLedgerError(ResponseCode.UNSUPPORTED, f"request code {code}")
 
@@ -518,6 +684,12 @@ class Node:
         if full is not None:
             raise full
         self.store.check_bodies(msg.bodies, m.term)  # a bad request fails alone, before the batch
+        if msg.want_results:
+            if self.applier is None:
+                raise DLedgerError(ResponseCode.UNSUPPORTED, f"group {m.group} has no state machine to propose to")
+            if self.applier.stopped is not None:
+                raise DLedgerError(ResponseCode.INTERNAL_ERROR, f"state machine stopped: {self.applier.stopped}")
+            self._proposers.add(token)
         self._appends.append((token, msg.bodies))
         self._active = True
 
@@ -558,6 +730,13 @@ class Node:
 
     def _complete_append(self, token: Any, code: ResponseCode, res: AppendResult | None, message: str) -> None:
         m = self.member
+        if token in self._proposers:
+            self._proposers.discard(token)
+            if code == ResponseCode.SUCCESS and res is not None and self.applier is not None:
+                # committed: the answer waits for the results (apply follows commit, never precedes it)
+                self.applier.wait_proposal(Proposal(token, res.first_index, res.last_index, res.term,
+                                                    res.positions.tolist()))
+                return
         if code == ResponseCode.SUCCESS and res is not None:
             msg = AppendResponse(int(code), m.self_id, res.term, res.first_index, res.positions.tolist())
         else:
@@ -632,6 +811,9 @@ class Node:
             200, m.group, m.self_id, m.role.name.lower(), m.leader_id or "", m.term, self.cfg.peers,
             s.begin_index, s.end_index, s.end_term, s.committed_index,
             store_error="; ".join(problems), retention_held_by=s.retention_held_by,
+            applied_index=self.applier.applied_index if self.applier is not None else -1,
+            snapshot_index=self.snapshot_index,
+            state_machine_error=(self.applier.stopped or "") if self.applier is not None else "",
         )
 
 
@@ -659,6 +841,10 @@ def _error_for(code: int, err: ResponseCode, node: Node, message: str = "") -> m
         return EntriesResponse(int(err), leader, message=message, committed_index=node.store.committed_index)
     if code == RequestCode.METADATA:
         return MetadataResponse(int(err), message=message)
+    if code == QUERY:
+        return QueryResponse(int(err), leader, message=message)
+    if code == SNAPSHOT:
+        return SnapshotResponse(int(err), message=message)
     from dledger.core.messages import HeartBeatResponse, PushResponse, VoteResponse
 
     if code == RequestCode.PUSH:

@@ -33,10 +33,13 @@ import msgspec
 from dledger.codes import DLedgerError, RequestCode, ResponseCode
 from dledger.config import parse_peers
 from dledger.core.messages import (
+    CONSISTENCY,
     DECODE_ERRORS,
     FAULT,
     MAX_APPEND_BODIES,
+    QUERY,
     READ,
+    SNAPSHOT,
     AppendRequest,
     AppendResponse,
     EntriesResponse,
@@ -45,7 +48,11 @@ from dledger.core.messages import (
     LeadershipTransferRequest,
     MetadataRequest,
     MetadataResponse,
+    QueryRequest,
+    QueryResponse,
     ReadRequest,
+    SnapshotRequest,
+    SnapshotResponse,
     decode_response,
     encode,
 )
@@ -61,7 +68,8 @@ _RETRYABLE = {
     ResponseCode.LEADER_NOT_READY,
 }
 _UNANSWERED = {ResponseCode.TIMEOUT, ResponseCode.NETWORK_ERROR}  # raised by the transport: no answer
-_IDEMPOTENT = {RequestCode.METADATA, RequestCode.GET, READ}  # safe to ask again after an unknown outcome
+# safe to ask again after an unknown outcome
+_IDEMPOTENT = {RequestCode.METADATA, RequestCode.GET, READ, QUERY, SNAPSHOT}
 _SUSPECT_S = 5.0  # how long a member that did not answer is passed over, unless it answers meanwhile
 
 
@@ -70,6 +78,15 @@ class AppendResult:
     index: int
     term: int
     pos: int
+
+
+@dataclass(frozen=True, slots=True)
+class ProposeResult:
+    """An entry appended, committed and applied: its index and the state machine's result."""
+
+    index: int
+    term: int
+    result: bytes
 
 
 class _Coalesced:
@@ -123,6 +140,9 @@ class Metadata:
     ledger_begin_index: int = 0
     store_error: str = ""  # why this member's store cannot write: it neither leads nor campaigns
     retention_held_by: str = ""  # the member whose needs keep retention from freeing disk space
+    applied_index: int = -1  # state machine: last index applied (-1: none, or a plain log)
+    snapshot_index: int = -1  # last index of this member's newest snapshot (-1: none)
+    state_machine_error: str = ""  # why this member's state machine stopped applying
 
 
 class _Answers:
@@ -292,6 +312,51 @@ class AsyncDLedgerClient:
         assert isinstance(resp, AppendResponse)
         return [AppendResult(resp.index + k, resp.term, p) for k, p in enumerate(resp.positions)]
 
+    async def propose(self, body: bytes) -> ProposeResult:
+        """Append `body` and wait until the group's state machine applied it: one round trip,
+        the leader answers with `StateMachine.apply`'s result for this entry."""
+        return (await self.propose_batch([body]))[0]
+
+    async def propose_batch(self, bodies: Sequence[bytes]) -> list[ProposeResult]:
+        """One request: all appended (or none), one result per body in order."""
+        bodies = [bytes(b) for b in bodies]
+        if not bodies or len(bodies) > MAX_APPEND_BODIES:
+            raise DLedgerError(ResponseCode.UNEXPECTED_ARGUMENT,
+                               f"propose_batch of {len(bodies)} bodies: 1 to {MAX_APPEND_BODIES} per request")
+        req = AppendRequest(self.group, "", "", bodies, want_results=True)
+        resp = await self._call(RequestCode.APPEND, req)
+        assert isinstance(resp, AppendResponse)
+        if len(resp.results) != len(bodies):
+            raise DLedgerError(ResponseCode.INTERNAL_ERROR,
+                               f"{len(resp.results)} results for {len(bodies)} bodies (an older member?)")
+        return [ProposeResult(resp.index + k, resp.term, r) for k, r in enumerate(resp.results)]
+
+    async def query(self, request: bytes, consistency: str = "leader", member: str | None = None) -> bytes:
+        """`StateMachine.query(request)` on the leader, from a state that includes every entry
+        committed when the leader got the request ("leader"), or on `member` from its own
+        applied state ("local", implied by `member`)."""
+        if member is not None:
+            consistency = "local"
+        if consistency not in CONSISTENCY:
+            raise DLedgerError(ResponseCode.UNEXPECTED_ARGUMENT,
+                               f"consistency {consistency!r}: one of {', '.join(CONSISTENCY)}")
+        req = QueryRequest(self.group, "", "", bytes(request), consistency)
+        if member is not None:
+            resp = await self._call_member(member, QUERY, req)
+        else:
+            resp = await self._call(QUERY, req)
+        assert isinstance(resp, QueryResponse)
+        return resp.result
+
+    async def snapshot(self, member: str) -> int:
+        """Make `member` snapshot its state now; the last index the snapshot covers."""
+        if member not in self.peers:
+            raise DLedgerError(ResponseCode.UNKNOWN_MEMBER, f"{member} is not in peers")
+        resp = await self._call_member(member, SNAPSHOT, SnapshotRequest(self.group, "", member),
+                                       request_timeout=max(self.request_timeout, 60.0))
+        assert isinstance(resp, SnapshotResponse)
+        return resp.snapshot_index
+
     async def get(self, index: int, member: str | None = None) -> Entry:
         """The committed entry at `index`, from the leader (or `member`'s own copy)."""
         req = GetRequest(self.group, "", "", index, member is not None)
@@ -349,7 +414,8 @@ class AsyncDLedgerClient:
         assert isinstance(resp, MetadataResponse)
         return Metadata(resp.leader_id or None, resp.term, list(parse_peers(resp.peers)), resp.ledger_end_index,
                         resp.committed_index, resp.role, resp.self_id, resp.ledger_begin_index,
-                        resp.store_error, resp.retention_held_by)
+                        resp.store_error, resp.retention_held_by, resp.applied_index, resp.snapshot_index,
+                        resp.state_machine_error)
 
     async def transfer_leadership(self, target: str) -> None:
         if target not in self.peers:
@@ -509,7 +575,7 @@ class AsyncDLedgerClient:
                                else ResponseCode.UNKNOWN, f"{member}: {text or ResponseCode(err_code).name}")
             err.leader_hint = getattr(resp, "leader_id", "") or None  # type: ignore[attr-defined]
             raise err
-        if isinstance(resp, (AppendResponse, EntriesResponse)) and resp.leader_id in self.peers:
+        if isinstance(resp, (AppendResponse, EntriesResponse, QueryResponse)) and resp.leader_id in self.peers:
             self.leader_id = resp.leader_id
         return resp
 
@@ -564,6 +630,18 @@ class DLedgerClient:
 
     def metadata(self, member: str | None = None) -> Metadata:
         return self._run(self._async.metadata(member))
+
+    def propose(self, body: bytes) -> ProposeResult:
+        return self._run(self._async.propose(body))
+
+    def propose_batch(self, bodies: Sequence[bytes]) -> list[ProposeResult]:
+        return self._run(self._async.propose_batch(bodies))
+
+    def query(self, request: bytes, consistency: str = "leader", member: str | None = None) -> bytes:
+        return self._run(self._async.query(request, consistency, member))
+
+    def snapshot(self, member: str) -> int:
+        return self._run(self._async.snapshot(member))
 
     def transfer_leadership(self, target: str) -> None:
         self._run(self._async.transfer_leadership(target))

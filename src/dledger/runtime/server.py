@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import logging
 import resource
 import time
+from concurrent.futures import CancelledError, Future
 from typing import Any
 
 import msgspec
@@ -25,6 +27,7 @@ from dledger.core.messages import (
     FAULT,
     AppendRequest,
     FaultRequest,
+    QueryResponse,
     ReadRequest,
     SimpleResponse,
     decode_request,
@@ -32,9 +35,10 @@ from dledger.core.messages import (
     encode,
     is_member_message,
 )
-from dledger.core.node import Node, Reply, Send
+from dledger.core.node import Apply, Node, Reply, RunQuery, Send, TakeSnapshot
 from dledger.ratelog import RateLimitedLog
 from dledger.runtime.metrics import Metrics
+from dledger.runtime.statemachines import StateMachineHost, load_state_machine
 from dledger.runtime.transport import (
     LISTENER_BOTH,
     LISTENER_CLIENT,
@@ -49,6 +53,8 @@ from dledger.runtime.transport import (
     encode_error,
 )
 from dledger.security.tls import TlsConfig, check_member_cert, client_context, member_allowed, server_context
+from dledger.statemachine.api import StateMachine
+from dledger.statemachine.applier import Applier, ApplyBatch
 from dledger.store import open_store
 
 log = logging.getLogger(__name__)
@@ -65,14 +71,30 @@ class GroupRuntime:
     """One member of one group: its Node, store, ticker and outgoing requests."""
 
     def __init__(self, cfg: DLedgerConfig, client: TransportClient, faults: FaultInjector,
-                 metrics: Metrics | None = None) -> None:
+                 metrics: Metrics | None = None, state_machine: StateMachine | None = None) -> None:
         self.cfg = cfg
         self.loop = asyncio.get_running_loop()
         self.client = client
         self.faults = faults
         self.peers: dict[str, Peer] = cfg.member_map  # where members reach each other
         self.store = open_store(cfg)
-        self.node = Node(cfg, self.store, now_ms())
+        try:
+            self.host = StateMachineHost(cfg, state_machine)
+            snap = self.host.restore()
+        except BaseException:
+            self.store.close()
+            raise
+        applier = None
+        if state_machine is not None:
+            start = snap.last_index if snap is not None else -1
+            if start < self.store.begin_index - 1:
+                log.error("%s/%s: the log begins at %d and no snapshot covers what came before: the state "
+                          "machine cannot be rebuilt here (wipe this member's store to reinstall it)",
+                          cfg.group, cfg.self_id, self.store.begin_index)
+            applier = Applier(start, snap.last_index if snap is not None else -1)
+        self.node = Node(cfg, self.store, now_ms(), applier=applier)
+        if snap is not None:
+            self.node.snapshot_index = snap.last_index
         self.blocked_ids: set[str] = set()
         self._tokens = itertools.count()
         self._waiting: dict[int, Respond] = {}  # token -> how to answer that request
@@ -102,6 +124,7 @@ class GroupRuntime:
         waiting, self._waiting = self._waiting, {}
         for respond in waiting.values():
             respond(Message(ResponseCode.NETWORK_ERROR, encode_error("member is stopping")))
+        await asyncio.to_thread(self.host.close)
         await asyncio.to_thread(self.store.close)
 
     # --- driving the node -----------------------------------------------------------------
@@ -164,8 +187,67 @@ class GroupRuntime:
                 if respond is not None:
                     code = getattr(action.msg, "code", ResponseCode.SUCCESS)
                     respond(Message(int(code), encode(action.msg), action.data))
-            else:
+            elif isinstance(action, Send):
                 self._spawn(self._send(action))
+            elif isinstance(action, Apply):
+                self.host.submit(self._apply, action.batch, done=self._applied)
+            elif isinstance(action, RunQuery):
+                self.host.submit(self._query, action, done=functools.partial(self._answer_query, action))
+            else:
+                self._take_snapshot(action)
+
+    # --- the state machine (on the worker thread, one action at a time, in order) --------------
+
+    def _apply(self, batch: ApplyBatch) -> list[bytes]:
+        assert self.host.sm is not None
+        return list(self.host.sm.apply(batch.entries))
+
+    def _applied(self, fut: Future[list[bytes]]) -> None:
+        try:
+            results = fut.result()
+        except CancelledError:
+            return  # stopping
+        except Exception as e:
+            log.exception("%s/%s: the state machine raised", self.cfg.group, self.cfg.self_id)
+            self.node.on_apply_failed(f"{type(e).__name__}: {e}", now_ms())
+        else:
+            try:
+                self.node.on_applied(results, now_ms())
+            except ValueError as e:  # not one result per entry: a broken state machine
+                self.node.on_apply_failed(str(e), now_ms())
+        self._execute()
+
+    def _query(self, q: RunQuery) -> bytes:
+        assert self.host.sm is not None
+        return self.host.sm.query(q.request)
+
+    def _answer_query(self, q: RunQuery, fut: Future[bytes]) -> None:
+        respond = self._waiting.pop(q.token, None)
+        if respond is None or fut.cancelled():
+            return
+        leader = self.node.member.leader_id or ""
+        try:
+            msg = QueryResponse(200, leader, fut.result(), q.applied_index)
+        except (ValueError, msgspec.MsgspecError) as e:  # the request, not the member, is bad
+            msg = QueryResponse(int(ResponseCode.UNEXPECTED_ARGUMENT), leader, message=f"bad query: {e}")
+        except NotImplementedError as e:
+            msg = QueryResponse(int(ResponseCode.UNSUPPORTED), leader, message=str(e))
+        except Exception as e:
+            log.exception("%s/%s: a query raised", self.cfg.group, self.cfg.self_id)
+            msg = QueryResponse(int(ResponseCode.INTERNAL_ERROR), leader, message=f"{type(e).__name__}: {e}")
+        respond(Message(msg.code, encode(msg)))
+
+    def _take_snapshot(self, s: TakeSnapshot) -> None:
+        def done(fut: Future[Any]) -> None:
+            if fut.cancelled():
+                return
+            err = fut.exception()
+            if err is not None and not isinstance(err, OSError):
+                log.error("%s/%s: snapshot failed", self.cfg.group, self.cfg.self_id, exc_info=err)
+            self.node.on_snapshot(s.index, "" if err is None else f"{type(err).__name__}: {err}", now_ms())
+            self._execute()
+
+        self.host.submit(self.host.take_snapshot, s.index, s.term, s.chain_crc, self.cfg.peers, done=done)
 
     def _spawn(self, coro: Any) -> None:
         task = self.loop.create_task(coro)
@@ -202,8 +284,12 @@ class GroupRuntime:
 class DLedgerServer:
     """Serves one or more groups on the address this member has in `peers`."""
 
-    def __init__(self, configs: DLedgerConfig | list[DLedgerConfig]) -> None:
+    def __init__(self, configs: DLedgerConfig | list[DLedgerConfig],
+                 state_machines: dict[str, StateMachine] | None = None) -> None:
+        """`state_machines`: group -> the state machine it applies (else the config's
+        `state_machine`; none: a plain log)."""
         self.configs = [configs] if isinstance(configs, DLedgerConfig) else list(configs)
+        self.state_machines = dict(state_machines or {})
         if not self.configs:
             raise DLedgerError(ResponseCode.UNEXPECTED_ARGUMENT, "no group to serve")
         addresses = {(c.peer_map[c.self_id].address, c.member_map[c.self_id].address) for c in self.configs}
@@ -250,7 +336,8 @@ class DLedgerServer:
         for cfg in self.configs:
             if cfg.group in self.groups:
                 raise DLedgerError(ResponseCode.UNEXPECTED_ARGUMENT, f"group {cfg.group} configured twice")
-            self.groups[cfg.group] = GroupRuntime(cfg, self.client, self.faults, self.metrics)
+            sm = self.state_machines.get(cfg.group) or load_state_machine(cfg.state_machine)
+            self.groups[cfg.group] = GroupRuntime(cfg, self.client, self.faults, self.metrics, sm)
         for g in self.groups.values():
             await g.start()
         limits = Limits(max_connections=_connection_cap(cfg0.max_connections),

@@ -303,8 +303,9 @@ class SimCluster:
         for action in node.drain():
             if isinstance(action, Send):
                 self._send(member, action)
-            else:
+            elif isinstance(action, Reply):
                 self._reply(member, action)
+            # state machine actions: the simulated members run plain logs (no Applier)
 
     def _send(self, src: str, a: Send) -> None:
         rid = next(self._rid)

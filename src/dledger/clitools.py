@@ -1,0 +1,86 @@
+"""What the `dledger` commands share (cli.py and the commands other modules register):
+user errors, wire-bounded integers, the security options and a client built from them."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import click
+
+from dledger.core.messages import LIMIT
+
+if TYPE_CHECKING:
+    from dledger.runtime.client import DLedgerClient
+
+PEERS_HELP = "Members, as 'n0-127.0.0.1:20911;n1-127.0.0.1:20912;…'."
+
+
+class UserError(Exception):
+    """A problem of the user's setup (a port in use, an unusable store directory): main()
+    prints `dledger: error: <message>` and exits 1."""
+
+
+if TYPE_CHECKING:  # click >= 8.2 types its ParamType by value and input; 8.1's is not generic
+    _IntParamType = click.ParamType[int, Any]
+else:
+    _IntParamType = click.ParamType
+
+
+class WireInt(_IntParamType):
+    """An index or count a request can carry: `low` <= N < 2**62 (the wire limit)."""
+
+    name = "integer"
+
+    def __init__(self, low: int) -> None:
+        self.low = low
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        n: int = click.INT.convert(value, param, ctx)
+        if n < self.low:
+            self.fail(f"{n} is below {self.low}", param, ctx)
+        if n >= LIMIT:
+            self.fail(f"{n} is beyond the limit: indexes and counts must be below 2**62", param, ctx)
+        return n
+
+
+F = TypeVar("F", bound=Callable[..., Any])  # a click command function
+
+
+def _remember(ctx: click.Context, param: click.Parameter, value: object) -> None:
+    if value:
+        ctx.meta.setdefault("dledger.security", {})[param.name] = value
+
+
+def security_options(f: F) -> F:
+    """--tls-cert/--tls-key/--tls-ca and --auth-token (docs/security.md); kept in the context,
+    not passed to the command, so every command takes them the same way."""
+    for name, help_text in reversed([
+        ("--tls-cert", "Certificate (PEM) to present: a member's own, or a client's."),
+        ("--tls-key", "Its private key (PEM)."),
+        ("--tls-ca", "The group's CA (PEM): with the two above, every connection is mutual TLS."),
+    ]):
+        f = click.option(name, expose_value=False, callback=_remember, type=click.Path(dir_okay=False),
+                         help=help_text)(f)
+    return click.option("--auth-token", expose_value=False, callback=_remember, envvar="DLEDGER_AUTH_TOKEN",
+                        help="Shared token of a group run without TLS (or set DLEDGER_AUTH_TOKEN).")(f)
+
+
+def security() -> dict[str, str]:
+    """The security options given to this command, as config keys."""
+    return dict(click.get_current_context().meta.get("dledger.security", {}))
+
+
+def make_client(peers: str, group: str, timeout: float = 5.0) -> DLedgerClient:
+    """A client with the security options given to this command."""
+    from dledger.runtime.client import DLedgerClient
+    from dledger.security.tls import TlsConfig
+
+    sec = security()
+    paths = [sec.get(k, "") for k in ("tls_ca", "tls_cert", "tls_key")]
+    if any(paths) and not all(paths):
+        raise click.UsageError("--tls-cert, --tls-key and --tls-ca go together")
+    tls = TlsConfig(*paths) if all(paths) else None
+    return DLedgerClient(peers, group, timeout, tls=tls, auth_token=sec.get("auth_token"))
+
+

@@ -1,0 +1,121 @@
+"""`dledger kv`: the replicated key-value store from the shell (registered by cli.py).
+
+`get` writes the value's bytes as they are (like `etcdctl get --print-value-only`), so
+binary values survive a pipe; `range` writes `key<TAB>value` lines (text, undecodable
+bytes escaped); writes print one JSON object with what they did.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+
+from dledger.clitools import PEERS_HELP, UserError, WireInt, make_client, security_options
+from dledger.kv.client import KVClient
+from dledger.kv.commands import Result
+
+
+def _text(b: bytes | None) -> str | None:
+    return None if b is None else b.decode("utf-8", "backslashreplace")
+
+
+def _print_result(r: Result) -> None:
+    click.echo(json.dumps({"ok": r.ok, "index": r.index, "prev": _text(r.prev), "prev_mod_index": r.prev_index}))
+
+
+def _kv(ctx: click.Context) -> KVClient:
+    return KVClient("", client=make_client(ctx.obj["peers"], ctx.obj["group"]))
+
+
+def _value(value: str | None, stdin: bool) -> bytes:
+    if stdin:
+        return sys.stdin.buffer.read()
+    if value is None:
+        raise click.UsageError("give VALUE, or --stdin to read it (any bytes) from standard input")
+    return value.encode()
+
+
+@click.group()
+@click.option("--peers", required=True, help=PEERS_HELP)
+@click.option("--group", default="default", show_default=True)
+@security_options
+@click.pass_context
+def kv(ctx: click.Context, peers: str, group: str) -> None:
+    """The replicated key-value store of a group run with --state-machine kv."""
+    ctx.obj = {"peers": peers, "group": group}
+
+
+@kv.command()
+@click.argument("key")
+@click.argument("value", required=False)
+@click.option("--stdin", is_flag=True, help="Read the value from standard input (binary-safe).")
+@click.pass_context
+def put(ctx: click.Context, key: str, value: str | None, stdin: bool) -> None:
+    """Set KEY to VALUE."""
+    data = _value(value, stdin)
+    with _kv(ctx) as c:
+        _print_result(c.put(key, data))
+
+
+@kv.command()
+@click.argument("key")
+@click.option("--consistency", type=click.Choice(["leader", "local"]), default="leader", show_default=True)
+@click.pass_context
+def get(ctx: click.Context, key: str, consistency: str) -> None:
+    """Write KEY's value to standard output (exit 1 when there is no such key)."""
+    with _kv(ctx) as c:
+        item = c.get(key, consistency)
+    if item is None:
+        raise UserError(f"no key {key!r}")
+    sys.stdout.buffer.write(item.value)
+    if sys.stdout.isatty():
+        sys.stdout.buffer.write(b"\n")
+    sys.stdout.flush()
+
+
+@kv.command("del")
+@click.argument("key")
+@click.pass_context
+def delete(ctx: click.Context, key: str) -> None:
+    """Delete KEY (`ok` says whether it existed)."""
+    with _kv(ctx) as c:
+        _print_result(c.delete(key))
+
+
+@kv.command()
+@click.argument("key")
+@click.argument("value", required=False)
+@click.option("--stdin", is_flag=True, help="Read the new value from standard input.")
+@click.option("--delete", "remove", is_flag=True, help="Delete the key instead of setting it.")
+@click.option("--expect-index", type=WireInt(-1), default=None,
+              help="Only if KEY was last changed by this entry (-1: only if KEY does not exist).")
+@click.option("--expect-value", default=None, help="Only if KEY holds this value.")
+@click.pass_context
+def cas(ctx: click.Context, key: str, value: str | None, stdin: bool, remove: bool, expect_index: int | None,
+        expect_value: str | None) -> None:
+    """Compare-and-set: change KEY only if it is as expected; exit 1 if it was not."""
+    if expect_index is None and expect_value is None:
+        raise click.UsageError("give --expect-index and/or --expect-value")
+    data = None if remove else _value(value, stdin)
+    with _kv(ctx) as c:
+        r = c.cas(key, data, expect_index=expect_index, expect_value=expect_value)
+    _print_result(r)
+    if not r.ok:
+        raise UserError(f"compare failed: {key!r} was last changed by entry {r.prev_index}")
+
+
+@kv.command("range")
+@click.argument("prefix", default="")
+@click.option("--limit", type=click.IntRange(1), default=1000, show_default=True)
+@click.option("--consistency", type=click.Choice(["leader", "local"]), default="leader", show_default=True)
+@click.pass_context
+def range_(ctx: click.Context, prefix: str, limit: int, consistency: str) -> None:
+    """Keys starting with PREFIX in byte order, as `key<TAB>value` lines."""
+    with _kv(ctx) as c:
+        r = c.range(prefix, limit, None, consistency)
+    for item in r.items:
+        click.echo(f"{_text(item.key)}\t{_text(item.value)}")
+    if r.more:
+        click.echo(f"(more: stopped at --limit {limit})", err=True)

@@ -1,0 +1,80 @@
+"""Which state machine a group runs, from its config (`state_machine`), and where it lives:
+the worker thread that applies, queries and snapshots it, one action at a time in order."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import logging
+import shutil
+import tempfile
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, TypeVar
+
+from dledger.codes import DLedgerError, ResponseCode
+from dledger.config import DLedgerConfig
+from dledger.statemachine.api import NullStateMachine, StateMachine
+from dledger.statemachine.snapshot import SnapshotMeta, SnapshotStore
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+def load_state_machine(spec: str) -> StateMachine | None:
+    """"" -> None (a plain log); "kv" -> the reference KV store; "pkg.mod:factory" -> factory()."""
+    if not spec:
+        return None
+    module, _, attr = ("dledger.kv.machine:KVStateMachine" if spec == "kv" else spec).partition(":")
+    try:
+        factory = getattr(importlib.import_module(module), attr)
+        sm = factory()
+    except (ImportError, AttributeError) as e:
+        raise DLedgerError(ResponseCode.UNEXPECTED_ARGUMENT, f"state_machine {spec!r}: {e}") from e
+    if not isinstance(sm, StateMachine):
+        raise DLedgerError(ResponseCode.UNEXPECTED_ARGUMENT,
+                           f"state_machine {spec!r} made a {type(sm).__name__}, not a dledger.StateMachine")
+    return sm
+
+
+class StateMachineHost:
+    """A group's state machine (or none), its snapshots and its worker thread."""
+
+    def __init__(self, cfg: DLedgerConfig, sm: StateMachine | None) -> None:
+        self.sm = sm
+        self._tmp: str | None = None
+        if cfg.store_type == "file":
+            snap_dir = Path(cfg.store_dir)
+        else:  # a memory store keeps its snapshots for the process's life only
+            self._tmp = tempfile.mkdtemp(prefix=f"dledger-snap-{cfg.group}-{cfg.self_id}-")
+            snap_dir = Path(self._tmp)
+        self.snapshots = SnapshotStore(snap_dir)
+        self._worker = ThreadPoolExecutor(1, thread_name_prefix=f"sm-{cfg.group}-{cfg.self_id}")
+
+    def restore(self) -> SnapshotMeta | None:
+        """Load the newest valid snapshot into the state machine (the empty state without one);
+        its meta, or None."""
+        found = self.snapshots.newest()
+        if self.sm is not None:
+            self.sm.restore(found[1] if found is not None else None)
+        if found is not None:
+            log.info("restored snapshot through index %d (term %d) from %s", found[0].last_index,
+                     found[0].last_term, self.snapshots.dir)
+        return found[0] if found is not None else None
+
+    def submit(self, fn: Callable[..., T], *args: Any, done: Callable[[Future[T]], None]) -> None:
+        """Run fn(*args) on the worker; `done(future)` then runs on the event loop."""
+        loop = asyncio.get_running_loop()
+        fut = self._worker.submit(fn, *args)
+        fut.add_done_callback(lambda f: loop.call_soon_threadsafe(done, f))
+
+    def take_snapshot(self, index: int, term: int, chain_crc: int, members: str) -> SnapshotMeta:
+        return self.snapshots.take(self.sm or NullStateMachine(), index, term, chain_crc, members)
+
+    def close(self) -> None:
+        """Let the action running finish (never stop an apply half-way); drop the queued ones."""
+        self._worker.shutdown(wait=True, cancel_futures=True)
+        if self._tmp is not None:
+            shutil.rmtree(self._tmp, ignore_errors=True)

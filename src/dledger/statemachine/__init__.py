@@ -1,0 +1,1 @@
+"""Replicated state machines on the log: the API, the applier, snapshots."""

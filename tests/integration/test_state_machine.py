@@ -1,0 +1,151 @@
+"""Replicated state machines on real member processes (issue 12): the KV store as the state
+machine, proposals answered with apply results, queries, snapshots (on demand and by
+threshold), restarts that restore a snapshot and apply the log after it, a damaged
+snapshot skipped. Waits poll a condition up to a generous deadline; nothing is timed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dledger.codes import DLedgerError, ResponseCode
+from dledger.kv import AsyncKVClient, KVClient
+from integration.harness import Cluster, MakeCluster, wait_until
+
+pytestmark = pytest.mark.integration
+
+
+def kv_client(c: Cluster) -> KVClient:
+    return KVClient("", client=c.client(timeout=30))
+
+
+def snapshot_dirs(c: Cluster, member: str) -> list[str]:
+    d = c.store_dir(member) / "snapshot"
+    return sorted(p.name for p in d.iterdir() if not p.name.startswith(".")) if d.exists() else []
+
+
+def state_of(c: Cluster, member: str) -> dict[bytes, tuple[bytes, int]]:
+    """Everything `member` holds, from its own applied copy."""
+    kv = kv_client(c)
+    out: dict[bytes, tuple[bytes, int]] = {}
+    after: bytes | None = None
+    while True:
+        page = kv.range("", 1000, after, member=member)
+        out.update({i.key: (i.value, i.mod_index) for i in page.items})
+        if not page.more:
+            return out
+        after = page.items[-1].key
+
+
+def test_kv_group_proposes_queries_and_survives_restarts(make_cluster: MakeCluster) -> None:
+    c = make_cluster(3, extra=["--state-machine", "kv", "--snapshot-threshold-entries", "40"])
+    kv = kv_client(c)
+    r = kv.put("k0", "v0")
+    assert r.ok and r.prev is None and r.prev_index == -1
+    first = r.index
+    assert kv.put("k0", "v1").prev == b"v0"
+    item = kv.get("k0")
+    assert item is not None and (item.value, item.mod_index) == (b"v1", first + 1)
+    # compare-and-set on the mod index: only the right expectation wins
+    assert not kv.cas("k0", "x", expect_index=first).ok
+    assert kv.cas("k0", "v2", expect_index=first + 1).ok
+    assert kv.cas("new", "n", expect_index=-1).ok and not kv.cas("new", "n", expect_index=-1).ok
+    assert kv.delete("new").ok and not kv.delete("new").ok
+    assert kv.get("new") is None
+    for k in range(100):  # past the threshold of 40: every member snapshots on its own
+        kv.put(f"p/{k:03d}", f"value-{k}")
+    page = kv.range("p/", limit=30)
+    assert [i.key for i in page.items] == [f"p/{k:03d}".encode() for k in range(30)] and page.more
+    page = kv.range("p/", limit=1000, start_after="p/090")
+    assert [i.key for i in page.items] == [f"p/{k:03d}".encode() for k in range(91, 100)] and not page.more
+    end = c.wait_caught_up()
+    wait_until(lambda: all(c.meta(m) is not None and c.meta(m).applied_index == end for m in c.ids),  # type: ignore[union-attr]
+               60, "every member applied everything")
+    want = state_of(c, c.ids[0])
+    assert len(want) == 101
+    for m in c.ids:
+        assert state_of(c, m) == want, f"{m} holds another state"
+        wait_until(lambda m=m: len(snapshot_dirs(c, m)) >= 1, 60, f"{m} snapshots past the threshold")  # type: ignore[misc]
+        assert len(snapshot_dirs(c, m)) <= 2  # the two newest are kept
+
+    # a member killed (no clean stop) restores its newest snapshot and applies the log after it
+    x = next(m for m in c.ids if c.meta(m) is not None and c.meta(m).role == "follower")  # type: ignore[union-attr]
+    c.kill(x)
+    kv.put("while-down", "yes")
+    c.restart(x)
+    end = c.wait_caught_up(timeout=60)
+    wait_until(lambda: (c.meta(x) is not None and c.meta(x).applied_index == end), 60,  # type: ignore[union-attr]
+               f"{x} applied everything again")
+    assert state_of(c, x) == state_of(c, c.ids[0] if c.ids[0] != x else c.ids[1])
+    assert c.meta(x).snapshot_index >= 40  # type: ignore[union-attr]
+
+
+def test_a_damaged_snapshot_is_skipped_never_half_loaded(make_cluster: MakeCluster, tmp_path: Path) -> None:
+    c = make_cluster(3, extra=["--state-machine", "kv", "--snapshot-threshold-entries", "0"])
+    kv = kv_client(c)
+    for k in range(10):
+        kv.put(f"a{k}", str(k))
+    first = subprocess.run([sys.executable, "-m", "dledger", "snapshot", "--peers", c.peers, "--group", c.group],
+                           capture_output=True, text=True, timeout=120)
+    assert first.returncode == 0, first.stderr
+    assert first.stdout.count("snapshot through index") == 3
+    for k in range(10, 20):
+        kv.put(f"a{k}", str(k))
+    x = c.ids[2]
+    assert kv.snapshot(x) > 0
+    c.wait_caught_up()
+    older, newest = snapshot_dirs(c, x)
+    c.kill(x, signal.SIGTERM)
+    blob = c.store_dir(x) / "snapshot" / newest / "kv.msgpack"
+    data = bytearray(blob.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    blob.write_bytes(bytes(data))
+    (c.store_dir(x) / "snapshot" / ".tmp-00000000000000000999-1-1").mkdir()  # a half-written one
+    c.restart(x)
+    end = c.wait_caught_up(timeout=60)
+    wait_until(lambda: c.meta(x) is not None and c.meta(x).applied_index == end, 60,  # type: ignore[union-attr]
+               f"{x} rebuilt its state from the older snapshot and the log")
+    assert state_of(c, x) == state_of(c, c.ids[0])
+    assert len(state_of(c, x)) == 20
+    assert not (c.store_dir(x) / "snapshot" / ".tmp-00000000000000000999-1-1").exists()
+    assert c.meta(x).snapshot_index == int(older)  # type: ignore[union-attr]
+
+
+def test_concurrent_compare_and_set_has_exactly_one_winner(make_cluster: MakeCluster) -> None:
+    c = make_cluster(3, extra=["--state-machine", "kv"])
+
+    async def race() -> list[bool]:
+        clients = [AsyncKVClient(c.peers, c.group, timeout=30) for _ in range(8)]
+        try:
+            base = await clients[0].put("lock", "free")
+            results = await asyncio.gather(*(kv.cas("lock", f"owner-{k}", expect_index=base.index)
+                                             for k, kv in enumerate(clients)))
+            return [r.ok for r in results]
+        finally:
+            for kv in clients:
+                await kv.close()
+
+    oks = asyncio.run(race())
+    assert oks.count(True) == 1
+
+
+def test_a_plain_log_refuses_proposals_and_queries_with_a_clear_error(make_cluster: MakeCluster) -> None:
+    c = make_cluster(3)
+    kv = kv_client(c)
+    with pytest.raises(DLedgerError) as e:
+        kv.put("a", "b")
+    assert e.value.code == ResponseCode.UNSUPPORTED and "no state machine" in e.value.message
+    with pytest.raises(DLedgerError) as e:
+        kv.get("a")
+    assert e.value.code == ResponseCode.UNSUPPORTED
+    c.client().append(b"plain")
+    assert c.ctl.snapshot(c.ids[0]) >= 0  # a plain log's snapshot is empty (meta only)
+    assert snapshot_dirs(c, c.ids[0])
+    shutil.rmtree(c.store_dir(c.ids[1]) / "snapshot", ignore_errors=True)  # nothing depends on it
