@@ -22,7 +22,15 @@ from pathlib import Path
 
 import click
 
-from dledger.clitools import PEERS_HELP, UserError, WireInt, make_client, security, security_options
+from dledger.clitools import (
+    PEERS_HELP,
+    UserError,
+    WireInt,
+    consistency_option,
+    make_client,
+    security,
+    security_options,
+)
 from dledger.codes import DLedgerError, ResponseCode
 from dledger.config import ConfigError, DLedgerConfig, Peer, format_peers, parse_peers
 from dledger.local_cluster import busy_ports, local_cluster
@@ -234,12 +242,13 @@ def _append_chunk(c: object, chunk: list[bytes]) -> None:
 @click.option("--peers", required=True, help=PEERS_HELP)
 @click.option("--group", default="default", show_default=True)
 @click.option("--index", required=True, type=WireInt(0))
+@consistency_option
 @security_options
-def get(peers: str, group: str, index: int) -> None:
+def get(peers: str, group: str, index: int, consistency: str) -> None:
     """Print the committed body at INDEX, raw."""
     parse_peers(peers)
     with make_client(peers, group) as c:
-        e = c.get(index)
+        e = c.get(index, consistency=consistency)
     sys.stdout.buffer.write(e.body)
     sys.stdout.flush()
 
@@ -249,12 +258,13 @@ def get(peers: str, group: str, index: int) -> None:
 @click.option("--group", default="default", show_default=True)
 @click.option("--from", "from_index", default=0, show_default=True, type=WireInt(0))
 @click.option("--max", "max_entries", default=1000, show_default=True, type=WireInt(1))
+@consistency_option
 @security_options
-def read(peers: str, group: str, from_index: int, max_entries: int) -> None:
+def read(peers: str, group: str, from_index: int, max_entries: int, consistency: str) -> None:
     """Print committed entries as JSON lines {"index","term","body"}."""
     parse_peers(peers)
     with make_client(peers, group) as c:
-        for e in c.read(from_index, max_entries):
+        for e in c.read(from_index, max_entries, consistency=consistency):
             click.echo(json.dumps({"index": e.index, "term": e.term, "body": _body_json(e.body)}))
 
 

@@ -84,3 +84,12 @@ def make_client(peers: str, group: str, timeout: float = 5.0) -> DLedgerClient:
     return DLedgerClient(peers, group, timeout, tls=tls, auth_token=sec.get("auth_token"))
 
 
+
+
+def consistency_option(f: F) -> F:
+    """--consistency of reads (dledger.AsyncDLedgerClient.query explains the levels)."""
+    from dledger.core.messages import CONSISTENCY
+
+    return click.option("--consistency", type=click.Choice(CONSISTENCY), default="linearizable", show_default=True,
+                        help="linearizable: the leader confirms it leads (a heartbeat round); lease: no round "
+                             "while its lease holds; leader: no check; local: the member's own copy.")(f)

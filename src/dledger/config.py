@@ -164,6 +164,9 @@ class DLedgerConfig:
     state_machine: str = ""
     snapshot_threshold_entries: int = 100_000  # snapshot once this many entries were applied since the last (0: never)
     snapshot_threshold_bytes: int = 256 * MiB  # ... or this many body bytes (0: never)
+    # lease reads: the leader's lease is the heartbeat lease (interval * leak) minus this margin for
+    # clocks that run at different rates
+    lease_clock_drift_ms: int = 200
     enable_fault_injection: bool = False  # answer FAULT (tests, chaos): off, so no client can cut links
     # security (docs/security.md): mutual TLS between members and for clients, all three or none
     tls_cert: str = ""  # this member's certificate (PEM); it must name self_id
@@ -254,6 +257,10 @@ class DLedgerConfig:
             clash = {p.address for p in members.values()} & {p.address for p in peers.values()}
             if clash:
                 raise ConfigError(f"peer_listen reuses client addresses {sorted(clash)}: give members other ports")
+        lease = self.heart_beat_time_interval_ms * self.max_heart_beat_leak
+        if not isinstance(self.lease_clock_drift_ms, int) or not 0 <= self.lease_clock_drift_ms < lease:
+            raise ConfigError(f"lease_clock_drift_ms must be in [0, {lease}) (the heartbeat lease), "
+                              f"not {self.lease_clock_drift_ms!r}")
         for name in ("snapshot_threshold_entries", "snapshot_threshold_bytes"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be an integer >= 0 (0: never), not {getattr(self, name)!r}")

@@ -7,18 +7,21 @@ it shows; each failed on the code before the fix.
 from __future__ import annotations
 
 import heapq
+import itertools
 from typing import Any
 
 import pytest
 
 from dledger.codes import RequestCode, ResponseCode
 from dledger.core.messages import GetRequest, LeadershipTransferRequest, PushResponse, Role, encode
-from dledger.core.node import Reply, Send
 from dledger.sim.cluster import SimCluster
 from dledger.sim.disk import SimDiskStore
 from dledger.store.base import AppendResult, StoreError
 
 pytestmark = pytest.mark.sim
+
+
+_TOKENS = itertools.count()
 
 
 def _steady(seed: int, **cfg: object) -> tuple[SimCluster, str, str, str]:
@@ -371,19 +374,15 @@ def _no_scrub(c: SimCluster) -> None:
             n.scrub_entries = 0
 
 
-def _ask(c: SimCluster, member: str, code: int, msg: Any) -> Any:
-    """Send a client request to `member`; its answer (the member's other actions run as usual)."""
+def _ask(c: SimCluster, member: str, code: int, msg: Any, wait_ms: int = 2_000) -> Any:
+    """Send a client request to `member`; its answer (reads may wait for a heartbeat round:
+    the cluster runs until the answer comes, up to `wait_ms`)."""
+    token = ("test", next(_TOKENS))
     node = c._node(member)
-    node.handle(code, msg, b"", ("test",), c.now)
-    answer = None
-    for a in node.drain():
-        if isinstance(a, Reply) and a.token == ("test",):
-            answer = a.msg
-        elif isinstance(a, Reply):
-            c._reply(member, a)
-        elif isinstance(a, Send):
-            c._send(member, a)
-    return answer
+    node.handle(code, msg, b"", token, c.now)
+    c._flush(member)
+    c.run_until(lambda: token in c.test_answers, wait_ms)
+    return c.test_answers.pop(token, None)
 
 
 def test_a_wiped_follower_catches_up_while_the_group_is_idle() -> None:

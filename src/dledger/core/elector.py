@@ -74,6 +74,10 @@ class LeaderElector:
         self.transfer: _Transfer | None = None
         self.awaiting: _Transfer | None = None  # transfer handed over; waiting for the new leader
         self.elections = 0  # real (not pre-vote) rounds started, for metrics
+        # a (re)started member may have acknowledged a leader's heartbeat just before it went
+        # down: it votes for no one for a lease, as if that leader were still alive (lease reads
+        # rely on every acknowledging member keeping out of elections that long)
+        self.no_vote_until = node.now + self.leader_lease_ms
 
     @property
     def transferring(self) -> bool:
@@ -123,8 +127,7 @@ class LeaderElector:
 
     def _tick_leader(self, now: int) -> None:
         if now >= self.next_heartbeat:
-            self.next_heartbeat = now + self.hb_ms
-            self._send_heartbeats()
+            self.heartbeat_now()
         # check quorum: a leader that cannot reach a majority steps down
         window = self.leader_lease_ms
         alive = 1 + sum(1 for p in self.node.member.others if now - self.last_ack.get(p, self.leader_since) < window)
@@ -229,6 +232,8 @@ class LeaderElector:
             return VoteResult.REJECT_EXPIRED_VOTE_TERM
         if self.leader_alive() and not req.transfer and m.leader_id != req.leader_id:
             return VoteResult.REJECT_ALREADY_HAS_LEADER
+        if node.now < self.no_vote_until and not req.transfer:
+            return VoteResult.REJECT_ALREADY_HAS_LEADER  # just started: a lease we acknowledged may hold
         ledger = self._compare_ledger(req)
         if req.pre_vote:
             return ledger  # a pre-vote changes nothing here
@@ -295,25 +300,33 @@ class LeaderElector:
                                  self.node.full() is not None, self.node.store.end_index, self.node.corrupt_index)
         self.node.reply(token, RequestCode.HEART_BEAT, resp)
 
+    def heartbeat_now(self) -> None:
+        """Send a heartbeat round now (its tick, or reads waiting to be confirmed)."""
+        self.next_heartbeat = self.node.now + self.hb_ms
+        self._send_heartbeats()
+
     def _send_heartbeats(self) -> None:
         node, m = self.node, self.node.member
         floor, holder = node.retention_floor()
+        round_ = node.reads.next_round()  # a majority acknowledging it confirms waiting reads
         for p in m.others:
             req = HeartBeatRequest(m.group, m.self_id, p, m.term, node.store.committed_index, floor, holder)
             d = node.dispatchers.get(p)
             # what it had acknowledged when we asked: its answer must not report less
             matched = d.match_index if d is not None else -1
-            node.send(p, RequestCode.HEART_BEAT, req, ("hb", p, m.term, matched), timeout_ms=self.leader_lease_ms)
+            node.send(p, RequestCode.HEART_BEAT, req, ("hb", p, m.term, matched, round_),
+                      timeout_ms=self.leader_lease_ms)
 
     def on_heartbeat_response(self, ctx: Any, resp: msgspec.Struct | None) -> None:
-        _, peer, term, matched = ctx
+        _, peer, term, matched, round_ = ctx
         if resp is None:
             return
         assert isinstance(resp, HeartBeatResponse)
         if self.observe_term(resp.term):
             return
-        if resp.code == ResponseCode.SUCCESS and term == self.node.member.term:
+        if resp.code == ResponseCode.SUCCESS and term == self.node.member.term and self.node.member.is_leader:
             self.ack(peer)
+            self.node.reads.on_ack(peer, round_)
             self.peer_full[peer] = resp.store_full
             self.peer_corrupt[peer] = resp.corrupt_index >= 0
             d = self.node.dispatchers.get(peer)

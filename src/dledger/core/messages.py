@@ -146,9 +146,16 @@ class AppendResponse(msgspec.Struct, array_like=True):
     results: list[bytes] = []  # want_results: one per body, the state machine's
 
 
+# how fresh a read must be (core.read_index): linearizable (a heartbeat round confirms the
+# leader), lease (no round while the leader's lease holds), leader (today's: the leader's
+# view, no round), local (the receiver's own copy); "" on METADATA: the receiver's own view
+Consistency = Annotated[str, msgspec.Meta(max_length=16)]
+
+
 class GetRequest(Msg):
     index: Position = 0
     local: bool = False  # answer from the receiver's own committed copy, leader or not
+    consistency: Consistency = "linearizable"  # ignored when local
 
 
 class ReadRequest(Msg):
@@ -157,6 +164,7 @@ class ReadRequest(Msg):
     max_bytes: Count = 4 << 20
     only_normal: bool = True
     local: bool = False  # answer from the receiver's own committed copy, leader or not
+    consistency: Consistency = "linearizable"  # ignored when local
 
 
 class EntryMsg(msgspec.Struct, array_like=True):
@@ -178,7 +186,7 @@ class EntriesResponse(msgspec.Struct, array_like=True):
 
 
 class MetadataRequest(Msg):
-    pass
+    consistency: Consistency = ""  # "": whoever answers, its own view; "linearizable": a confirmed leader's
 
 
 class MetadataResponse(msgspec.Struct, array_like=True):
@@ -229,14 +237,14 @@ READ = 52002
 QUERY = 52004
 SNAPSHOT = 52005
 
-CONSISTENCY = ("leader", "local")
+CONSISTENCY = ("linearizable", "lease", "leader", "local")
 
 
 class QueryRequest(Msg):
     """A read-only request to the group's state machine (`StateMachine.query`)."""
 
     request: bytes = b""
-    consistency: Annotated[str, msgspec.Meta(max_length=16)] = "leader"
+    consistency: Consistency = "linearizable"
 
 
 class QueryResponse(msgspec.Struct, array_like=True):

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 import random
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeGuard
 
@@ -56,6 +56,7 @@ from dledger.core.messages import (
     is_member_message,
 )
 from dledger.core.quorum import QuorumAckChecker
+from dledger.core.read_index import ReadIndex, describe
 from dledger.entry import MAGIC_NORMAL
 from dledger.statemachine.applier import Applier, ApplyBatch, Proposal
 from dledger.store.base import AppendResult, CorruptEntryError, LedgerStore, StoreError
@@ -136,6 +137,7 @@ class Node:
         self.actions: list[Action] = []
         self.quorum = QuorumAckChecker(self.member, store, self._complete_append)
         self.elector = LeaderElector(self)
+        self.reads = ReadIndex(self)
         self.handler = EntryHandler(self)
         self.dispatchers: dict[str, EntryDispatcher] = {}
         self._pump_needed = False
@@ -440,6 +442,8 @@ class Node:
                     d.pump()
         except StoreError as e:  # a record that cannot be read for a push (damaged disk)
             self.store_error(e)
+        if self.reads.want_round and self.member.is_leader:
+            self.elector.heartbeat_now()  # reads wait for a confirming round: no tick's delay
         self._feed_applier()
         actions, self.actions = self.actions, []
         return actions
@@ -542,16 +546,17 @@ class Node:
         a = self.applier
         if a is None:
             raise DLedgerError(ResponseCode.UNSUPPORTED, f"group {self.member.group} has no state machine")
-        if msg.consistency not in CONSISTENCY:
-            raise DLedgerError(ResponseCode.UNEXPECTED_ARGUMENT,
-                               f"consistency {msg.consistency!r}: one of {', '.join(CONSISTENCY)}")
         if a.stopped is not None:
             raise DLedgerError(ResponseCode.INTERNAL_ERROR, f"state machine stopped: {a.stopped}")
-        if msg.consistency != "local":
-            self._check_read_leader()
-        # the commit index now: an append acknowledged to anyone before this query is in it
-        a.wait_query(self.store.committed_index, token, msg.request)
-        self._run_due_queries()
+
+        def run_at(read_index: int) -> None:  # once applied up to the read index
+            a.wait_query(read_index, token, msg.request)
+            self._run_due_queries()
+
+        if msg.consistency == "local":
+            run_at(self.store.committed_index)  # our own commit index: may trail the leader's
+        else:
+            self._when_confirmed(QUERY, msg.consistency, token, run_at)
 
     def _handle_snapshot(self, token: Any) -> None:
         a = self.applier
@@ -591,6 +596,7 @@ class Node:
             return False
         m.role = Role.LEADER
         m.leader_id = m.self_id
+        self.reads.reset(ResponseCode.NOT_LEADER, "leadership changed")
         self.quorum.reset(res.first_index)
         self.dispatchers = {p: EntryDispatcher(self, p) for p in m.others}
         if self.cfg.flush == "async" or self.store.durable_index >= res.last_index:
@@ -613,6 +619,8 @@ class Node:
         if was_leader:
             log.info("%s/%s: steps down in term %d: %s", m.group, m.self_id, m.term, reason)
             self.quorum.fail_all(ResponseCode.TERM_CHANGED, f"leader stepped down: {reason}")
+            # reads change nothing: the client asks the next leader
+            self.reads.reset(ResponseCode.NOT_LEADER, f"leader stepped down before the read was confirmed: {reason}")
         self.handler.on_leader_change()
 
     # --- request dispatch -----------------------------------------------------
@@ -634,13 +642,17 @@ class Node:
             self._handle_append(msg, token)
         elif code == RequestCode.GET:
             assert isinstance(msg, GetRequest)
-            self._handle_read(code, msg.index, 1, 1 << 30, False, msg.local, token)
+            self._handle_read(code, msg.index, 1, 1 << 30, False, msg.local, msg.consistency, token)
         elif code == READ:
             assert isinstance(msg, ReadRequest)
-            self._handle_read(code, msg.from_index, msg.max_entries, msg.max_bytes, msg.only_normal, msg.local, token)
+            self._handle_read(code, msg.from_index, msg.max_entries, msg.max_bytes, msg.only_normal, msg.local,
+                              msg.consistency, token)
         elif code == RequestCode.METADATA:
             assert isinstance(msg, MetadataRequest)
-            self.reply(token, code, self.metadata())
+            if msg.consistency:  # a confirmed leader's view
+                self._when_confirmed(code, msg.consistency, token, lambda _: self.reply(token, code, self.metadata()))
+            else:
+                self.reply(token, code, self.metadata())
         elif code == RequestCode.LEADERSHIP_TRANSFER:
             assert isinstance(msg, LeadershipTransferRequest)
             self.elector.handle_transfer(msg, token)
@@ -744,12 +756,46 @@ class Node:
         self.reply(token, RequestCode.APPEND, msg)
 
     def _handle_read(self, code: int, start: int, max_entries: int, max_bytes: int, only_normal: bool,
-                     local: bool, token: Any) -> None:
+                     local: bool, consistency: str, token: Any) -> None:
         """Committed entries only, from the leader unless the reader asked for this member's
-        own copy (`local`), whose commit index may lag: an append acknowledged to one client
-        is then readable by every other client at once (read-your-writes across clients)."""
-        if not local:
-            self._check_read_leader()
+        own copy (`local`), whose commit index may lag. From the leader an append acknowledged
+        to one client is readable by every other client at once; `linearizable` and `lease`
+        also rule out a deposed leader that does not know it yet (see read_index)."""
+        if local:
+            self._answer_read(code, start, max_entries, max_bytes, only_normal, True, token)
+            return
+        self._when_confirmed(code, consistency, token, lambda _: self._answer_read(
+            code, start, max_entries, max_bytes, only_normal, False, token))
+
+    def _when_confirmed(self, code: int, consistency: str, token: Any, serve: Callable[[int], None]) -> None:
+        """Run `serve(read_index)` on the leader once `consistency` allows: at once for
+        `leader`, after a confirming heartbeat round (or within the lease) otherwise. Errors
+        raised by `serve` later become the request's answer."""
+        if consistency not in CONSISTENCY or consistency == "local":
+            raise DLedgerError(ResponseCode.UNEXPECTED_ARGUMENT, describe(consistency))
+        self._check_read_leader()
+        if self.elector.transferring and consistency != "leader":
+            raise DLedgerError(ResponseCode.LEADER_TRANSFERRING, "leadership transfer in progress")
+
+        def safely(read_index: int) -> None:
+            try:
+                serve(read_index)
+            except CorruptEntryError as e:
+                self.reply(token, code, _error_for(code, e.code, self, e.message))
+                self.mark_corrupt(e.index, e.message)
+            except DLedgerError as e:
+                self.reply(token, code, _error_for(code, e.code, self, e.message))
+
+        def fail(err: ResponseCode, message: str) -> None:
+            self.reply(token, code, _error_for(code, err, self, message))
+
+        if consistency == "leader":
+            safely(self.store.committed_index)
+        else:
+            self.reads.read(consistency, self.store.committed_index, safely, fail)
+
+    def _answer_read(self, code: int, start: int, max_entries: int, max_bytes: int, only_normal: bool,
+                     local: bool, token: Any) -> None:
         store = self.store
         committed = store.committed_index
         if start > committed:

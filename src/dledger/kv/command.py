@@ -12,7 +12,7 @@ import sys
 
 import click
 
-from dledger.clitools import PEERS_HELP, UserError, WireInt, make_client, security_options
+from dledger.clitools import PEERS_HELP, UserError, WireInt, consistency_option, make_client, security_options
 from dledger.kv.client import KVClient
 from dledger.kv.commands import Result
 
@@ -61,7 +61,7 @@ def put(ctx: click.Context, key: str, value: str | None, stdin: bool) -> None:
 
 @kv.command()
 @click.argument("key")
-@click.option("--consistency", type=click.Choice(["leader", "local"]), default="leader", show_default=True)
+@consistency_option
 @click.pass_context
 def get(ctx: click.Context, key: str, consistency: str) -> None:
     """Write KEY's value to standard output (exit 1 when there is no such key)."""
@@ -109,7 +109,7 @@ def cas(ctx: click.Context, key: str, value: str | None, stdin: bool, remove: bo
 @kv.command("range")
 @click.argument("prefix", default="")
 @click.option("--limit", type=click.IntRange(1), default=1000, show_default=True)
-@click.option("--consistency", type=click.Choice(["leader", "local"]), default="leader", show_default=True)
+@consistency_option
 @click.pass_context
 def range_(ctx: click.Context, prefix: str, limit: int, consistency: str) -> None:
     """Keys starting with PREFIX in byte order, as `key<TAB>value` lines."""

@@ -331,15 +331,18 @@ class AsyncDLedgerClient:
                                f"{len(resp.results)} results for {len(bodies)} bodies (an older member?)")
         return [ProposeResult(resp.index + k, resp.term, r) for k, r in enumerate(resp.results)]
 
-    async def query(self, request: bytes, consistency: str = "leader", member: str | None = None) -> bytes:
+    async def query(self, request: bytes, consistency: str = "linearizable", member: str | None = None) -> bytes:
         """`StateMachine.query(request)` on the leader, from a state that includes every entry
-        committed when the leader got the request ("leader"), or on `member` from its own
-        applied state ("local", implied by `member`)."""
+        committed before the call began.
+
+        `consistency`: "linearizable" (default; the leader confirms it still leads with a
+        heartbeat round shared by the reads waiting for it), "lease" (no round while the
+        leader's lease holds), "leader" (no confirmation: a leader cut off without knowing it
+        may answer from a stale committed state), "local" (`member`'s own applied state,
+        which may trail; implied by `member`)."""
         if member is not None:
             consistency = "local"
-        if consistency not in CONSISTENCY:
-            raise DLedgerError(ResponseCode.UNEXPECTED_ARGUMENT,
-                               f"consistency {consistency!r}: one of {', '.join(CONSISTENCY)}")
+        _check_consistency(consistency)
         req = QueryRequest(self.group, "", "", bytes(request), consistency)
         if member is not None:
             resp = await self._call_member(member, QUERY, req)
@@ -357,9 +360,11 @@ class AsyncDLedgerClient:
         assert isinstance(resp, SnapshotResponse)
         return resp.snapshot_index
 
-    async def get(self, index: int, member: str | None = None) -> Entry:
-        """The committed entry at `index`, from the leader (or `member`'s own copy)."""
-        req = GetRequest(self.group, "", "", index, member is not None)
+    async def get(self, index: int, member: str | None = None, consistency: str = "linearizable") -> Entry:
+        """The committed entry at `index`, from the leader (or `member`'s own copy).
+        `consistency`: see `query`."""
+        _check_consistency(consistency)
+        req = GetRequest(self.group, "", "", index, member is not None or consistency == "local", consistency)
         if member is None:
             resp = await self._call(RequestCode.GET, req)
         else:
@@ -371,16 +376,19 @@ class AsyncDLedgerClient:
         return Entry(e.index, e.term, e.pos, e.body, e.magic)
 
     async def read(self, from_index: int = 0, max_entries: int = 1000, only_normal: bool = True,
-                   member: str | None = None) -> list[Entry]:
+                   member: str | None = None, consistency: str = "linearizable") -> list[Entry]:
         """Committed entries from `from_index` (NOOP and config entries skipped by default).
 
         By default the leader answers; `member` reads that member's own committed copy.
+        `consistency`: see `query` (each request of a long read is confirmed by itself).
         """
+        _check_consistency(consistency)
+        local = member is not None or consistency == "local"
         out: list[Entry] = []
         index = from_index
         while len(out) < max_entries:
             req = ReadRequest(self.group, "", "", index, min(max_entries - len(out), 1 << 20), 4 << 20, only_normal,
-                              member is not None)
+                              local, consistency)
             try:
                 if member is None:
                     resp = await self._call(READ, req)
@@ -399,9 +407,12 @@ class AsyncDLedgerClient:
             index = resp.next_index
         return out
 
-    async def metadata(self, member: str | None = None) -> Metadata:
-        """The leader's view, or `member`'s own when named."""
-        req = MetadataRequest(self.group, "", member or "")
+    async def metadata(self, member: str | None = None, consistency: str = "") -> Metadata:
+        """The leader's view, or `member`'s own when named. `consistency="linearizable"`: the
+        view of a leader that a heartbeat round confirmed after the call began."""
+        if consistency:
+            _check_consistency(consistency)
+        req = MetadataRequest(self.group, "", member or "", consistency if member is None else "")
         if member is not None:
             resp = await self._call_member(member, RequestCode.METADATA, req)
         else:
@@ -580,6 +591,12 @@ class AsyncDLedgerClient:
         return resp
 
 
+def _check_consistency(consistency: str) -> None:
+    if consistency not in CONSISTENCY:
+        raise DLedgerError(ResponseCode.UNEXPECTED_ARGUMENT,
+                           f"consistency {consistency!r}: one of {', '.join(CONSISTENCY)}")
+
+
 def _error_text(meta: bytes) -> str:
     try:
         obj = msgspec.msgpack.decode(meta)
@@ -622,14 +639,15 @@ class DLedgerClient:
     def append_batch(self, bodies: Sequence[bytes]) -> list[AppendResult]:
         return self._run(self._async.append_batch(bodies))
 
-    def get(self, index: int, member: str | None = None) -> Entry:
-        return self._run(self._async.get(index, member))
+    def get(self, index: int, member: str | None = None, consistency: str = "linearizable") -> Entry:
+        return self._run(self._async.get(index, member, consistency))
 
-    def read(self, from_index: int = 0, max_entries: int = 1000, member: str | None = None) -> list[Entry]:
-        return self._run(self._async.read(from_index, max_entries, member=member))
+    def read(self, from_index: int = 0, max_entries: int = 1000, member: str | None = None,
+             consistency: str = "linearizable") -> list[Entry]:
+        return self._run(self._async.read(from_index, max_entries, member=member, consistency=consistency))
 
-    def metadata(self, member: str | None = None) -> Metadata:
-        return self._run(self._async.metadata(member))
+    def metadata(self, member: str | None = None, consistency: str = "") -> Metadata:
+        return self._run(self._async.metadata(member, consistency))
 
     def propose(self, body: bytes) -> ProposeResult:
         return self._run(self._async.propose(body))
@@ -637,7 +655,7 @@ class DLedgerClient:
     def propose_batch(self, bodies: Sequence[bytes]) -> list[ProposeResult]:
         return self._run(self._async.propose_batch(bodies))
 
-    def query(self, request: bytes, consistency: str = "leader", member: str | None = None) -> bytes:
+    def query(self, request: bytes, consistency: str = "linearizable", member: str | None = None) -> bytes:
         return self._run(self._async.query(request, consistency, member))
 
     def snapshot(self, member: str) -> int:

@@ -80,6 +80,7 @@ class SimCluster:
         self._rid = itertools.count()
         self._outstanding: dict[int, tuple[str, Any]] = {}  # request id -> (sender, ctx)
         self.client_results: dict[int, ClientResult] = {}
+        self.test_answers: dict[Any, Any] = {}  # answers to requests a test sent itself (token ("test", ...))
         self.trace: list[str] = []
         self.leaders_by_term: dict[int, str] = {}
         self.committed: dict[int, tuple[int, int]] = {}  # index -> (term, chain_crc), as first seen committed
@@ -329,6 +330,9 @@ class SimCluster:
                 self._note_acked(member, r.index + len(r.positions) - 1)
             self.client_results[token[1]] = ClientResult(r.code, r.index, r.term)
             self._client_reqs.pop(token[1], None)
+            return
+        if token[0] == "test":  # a test's own request (tests/sim): its answer, whenever it comes
+            self.test_answers[token] = a.msg
             return
         _, src, rid, code = token
         if (member, src) in self.blocked or self.rng.random() < self.net.loss:

@@ -179,7 +179,7 @@ class SimDiskStore(MemoryLedgerStore):
         self.generation += 1
         self.committed_index = min(self.committed_index, self.synced_index)
         if self.end_index > self.synced_index:
-            MemoryLedgerStore.truncate(self, self.synced_index + 1)
+            self._drop_from(self.synced_index + 1)
         self.durable_index = self.end_index
         self.flushing = self.flush_requested = False
         self._flush_listeners.clear()

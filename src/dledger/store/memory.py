@@ -96,6 +96,11 @@ class MemoryLedgerStore(LedgerStore):
     def truncate(self, from_index: int) -> None:
         with self._lock:
             self._check_truncate(from_index)
+            self._drop_from(from_index)
+
+    def _drop_from(self, from_index: int) -> None:
+        """Remove entries from `from_index` on, unchecked (the simulator's power loss uses it)."""
+        with self._lock:
             if from_index > self.end_index:
                 return
             k = from_index - self.begin_index

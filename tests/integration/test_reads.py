@@ -1,0 +1,90 @@
+"""Read consistency on real processes (issue 12): reads sent to a leader paused past an
+election are never stale in `linearizable` or `lease` mode, which confirm leadership (or hold
+a lease) first. (`leader` mode is shielded here too: the resumed member runs its timers,
+whose check-quorum deposes it, before it reads its sockets. Its stale read is shown
+deterministically by the simulator, tests/sim/test_reads.py, in a leadership transfer.)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+
+import pytest
+
+from dledger.codes import DLedgerError, ResponseCode
+from dledger.core.messages import READ, EntriesResponse, ReadRequest, decode_response, encode
+from dledger.runtime.transport import Message, TransportClient
+from integration.harness import MakeCluster, wait_until
+
+pytestmark = pytest.mark.integration
+
+
+async def _read(client: TransportClient, address: str, group: str, member: str, consistency: str) -> object:
+    """READ from 0 at one member: its entries' bodies, or its error code."""
+    req = ReadRequest(group, "", member, 0, 100_000, 4 << 20, True, False, consistency)
+    try:
+        raw = await client.request(address, Message(READ, encode(req)), 30.0)
+    except DLedgerError as e:
+        return e.code
+    resp = decode_response(READ, raw.meta)
+    assert isinstance(resp, EntriesResponse)
+    return [e.body for e in resp.entries] if resp.code == ResponseCode.SUCCESS else ResponseCode(resp.code)
+
+
+def test_reads_sent_to_a_paused_deposed_leader_are_never_stale(make_cluster: MakeCluster) -> None:
+    c = make_cluster(3)
+    client = c.client(timeout=30)
+    before = [f"before-{k}".encode() for k in range(5)]
+    for b in before:
+        client.append(b)
+    c.wait_caught_up()
+    old = c.wait_leader()
+    others = [m for m in c.ids if m != old]
+    address = c.peer_entry(old).split("-", 1)[1]
+    loop = asyncio.new_event_loop()
+    transport = TransportClient()
+    # connected before the pause: the reads wait on an open socket, handled as soon as it resumes
+    assert loop.run_until_complete(_read(transport, address, c.group, old, "leader")) == before
+    c.procs[old].send_signal(signal.SIGSTOP)
+    for m in others:  # nothing of the new term reaches the old leader before the reads do
+        c.ctl.inject_faults(m, [old])
+    try:
+        new = c.wait_leader(others, timeout=60, what="a new leader while the old one is paused")
+        assert new != old
+        after = c.client(c.peers_of(others), timeout=30)
+        after.append(b"after")  # acknowledged before any of the reads below is sent
+
+        async def scenario() -> dict[str, object]:
+            modes = ["linearizable", "lease"]
+            tasks = [asyncio.create_task(_read(transport, address, c.group, old, m)) for m in modes]
+            await asyncio.sleep(1.0)  # sent: they wait in the paused leader's socket
+            c.procs[old].send_signal(signal.SIGCONT)
+            return dict(zip(modes, await asyncio.gather(*tasks), strict=True))
+
+        got = loop.run_until_complete(scenario())
+    finally:
+        c.procs[old].send_signal(signal.SIGCONT)
+        loop.run_until_complete(transport.close())
+        loop.close()
+        for m in others:
+            c.ctl.inject_faults(m, [])
+    for mode in ("linearizable", "lease"):
+        assert got[mode] in (ResponseCode.NOT_LEADER, ResponseCode.LEADER_TRANSFERRING), (mode, got[mode])
+    # through the client (which follows the redirect) both see the acknowledged append
+    for mode in ("linearizable", "lease"):
+        assert [e.body for e in client.read(0, 100, consistency=mode)] == [*before, b"after"]
+    wait_until(lambda: c.agreed_leader() is not None, 60, "the old leader follows again")
+
+
+def test_linearizable_and_lease_reads_serve_on_a_healthy_group(make_cluster: MakeCluster) -> None:
+    c = make_cluster(3)
+    client = c.client(timeout=30)
+    for k in range(20):
+        r = client.append(f"e{k}".encode())
+        for mode in ("linearizable", "lease", "leader"):
+            assert client.get(r.index, consistency=mode).body == f"e{k}".encode()
+    assert client.metadata(consistency="linearizable").role == "leader"
+    with pytest.raises(DLedgerError) as e:
+        client.read(0, consistency="bogus")
+    assert e.value.code == ResponseCode.UNEXPECTED_ARGUMENT

@@ -1,0 +1,101 @@
+"""Read consistency in the simulator (issue 12), deterministic.
+
+A leadership transfer cut off mid-way: the old leader hands over, is partitioned away at
+once, and the new leader commits an append the client saw acknowledged. Until its
+check-quorum deposes it, the old leader still believes it leads: a `leader` read there is
+stale (kept as the proof), while `linearizable` and `lease` reads are never answered with
+that stale state.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import pytest
+
+from dledger.codes import RequestCode, ResponseCode
+from dledger.core.messages import READ, EntriesResponse, LeadershipTransferRequest, ReadRequest, Role
+from dledger.sim.cluster import SimCluster
+
+pytestmark = pytest.mark.sim
+
+_TOKENS = itertools.count()
+
+
+def _send(c: SimCluster, member: str, code: int, msg: Any) -> Any:
+    token = ("test", next(_TOKENS))
+    c._node(member).handle(code, msg, b"", token, c.now)
+    c._flush(member)
+    return token
+
+
+def _answer(c: SimCluster, token: Any, wait_ms: int = 3_000) -> Any:
+    c.run_until(lambda: token in c.test_answers, wait_ms)
+    return c.test_answers.pop(token, None)
+
+
+def _bodies(resp: Any) -> list[bytes]:
+    assert isinstance(resp, EntriesResponse) and resp.code == ResponseCode.SUCCESS, resp
+    return [e.body for e in resp.entries]
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_a_transfer_cut_off_midway_leaves_a_stale_leader_only_leader_mode_reads_from(seed: int) -> None:
+    c = SimCluster(3, seed=seed)
+    assert c.run_until(lambda: c.leader() is not None, 10_000)
+    old = c.leader()
+    assert old is not None
+    target, other = [m for m in c.ids if m != old]
+    c.run(500)
+    ids = [c.append(old, [f"before-{k}".encode()]) for k in range(3)]
+    assert c.run_until(lambda: all(i in c.client_results for i in ids), 10_000)
+    c.run(300)
+    before = _bodies(_answer(c, _send(c, old, READ, ReadRequest(consistency="leader"))))
+
+    # the hand-over is on its way to the target (the simulated network delivers what was sent
+    # before a partition); the old leader is cut off right after sending it
+    _send(c, old, RequestCode.LEADERSHIP_TRANSFER, LeadershipTransferRequest(transferee_id=target))
+    el = c._node(old).elector
+    assert c.run_until(lambda: el.transfer is not None and el.transfer.sent, 5_000)
+    c.partition([old], [target, other])
+    assert c.run_until(lambda: c._node(target).member.role != Role.FOLLOWER, 5_000)
+    assert c.run_until(lambda: c._node(target).member.is_leader, 5_000)
+    after = c.append(target, [b"after"])
+    assert c.run_until(lambda: after in c.client_results, 5_000)
+    assert c.client_results[after].code == ResponseCode.SUCCESS
+    assert c._node(old).member.is_leader  # it does not know yet
+
+    stale = _bodies(_answer(c, _send(c, old, READ, ReadRequest(consistency="leader"))))
+    assert stale == before and b"after" not in stale  # the acknowledged append is missing
+
+    for mode in ("linearizable", "lease"):
+        resp = _answer(c, _send(c, old, READ, ReadRequest(consistency=mode)))
+        assert resp is not None and resp.code != ResponseCode.SUCCESS, (mode, resp)
+    c.heal()
+    assert c.run_until(lambda: c.leader() == target and not c._node(old).member.is_leader, 10_000)
+    fresh = _bodies(_answer(c, _send(c, target, READ, ReadRequest(consistency="linearizable"))))
+    assert fresh == [*before, b"after"]
+    assert not c.violations
+
+
+def test_linearizable_reads_share_one_heartbeat_round_and_lease_reads_need_none() -> None:
+    c = SimCluster(3, seed=7)
+    assert c.run_until(lambda: c.leader() is not None, 10_000)
+    leader = c.leader()
+    assert leader is not None
+    c.run(500)
+    node = c._node(leader)
+    rounds = node.reads.round
+    tokens = [("test", next(_TOKENS)) for _ in range(5)]
+    for t in tokens:  # arriving together (one drain), as reads in one event-loop turn do
+        node.handle(READ, ReadRequest(consistency="linearizable"), b"", t, c.now)
+    c._flush(leader)
+    answers = [_answer(c, t) for t in tokens]
+    assert all(a is not None and a.code == ResponseCode.SUCCESS for a in answers)
+    assert node.reads.reads_confirmed >= 5
+    assert node.reads.round - rounds <= 2  # the five shared one round (a tick may have sent another)
+    assert node.reads.lease_valid()  # that round started a lease
+    lease_reads = node.reads.lease_reads
+    resp = _answer(c, _send(c, leader, READ, ReadRequest(consistency="lease")))
+    assert resp.code == ResponseCode.SUCCESS and node.reads.lease_reads == lease_reads + 1
