@@ -258,14 +258,20 @@ def get(peers: str, group: str, index: int, consistency: str) -> None:
 @click.option("--group", default="default", show_default=True)
 @click.option("--from", "from_index", default=0, show_default=True, type=WireInt(0))
 @click.option("--max", "max_entries", default=1000, show_default=True, type=WireInt(1))
+@click.option("--follow", "-f", is_flag=True,
+              help="Go on printing entries as they commit, until interrupted (like tail -f); --max is ignored.")
 @consistency_option
 @security_options
-def read(peers: str, group: str, from_index: int, max_entries: int, consistency: str) -> None:
+def read(peers: str, group: str, from_index: int, max_entries: int, follow: bool, consistency: str) -> None:
     """Print committed entries as JSON lines {"index","term","body"}."""
     parse_peers(peers)
     with make_client(peers, group) as c:
-        for e in c.read(from_index, max_entries, consistency=consistency):
+        entries = (c.subscribe(from_index, consistency="leader" if consistency == "linearizable" else consistency)
+                   if follow else c.read(from_index, max_entries, consistency=consistency))
+        for e in entries:
             click.echo(json.dumps({"index": e.index, "term": e.term, "body": _body_json(e.body)}))
+            if follow:
+                sys.stdout.flush()
 
 
 def _body_json(body: bytes) -> object:

@@ -165,6 +165,7 @@ class ReadRequest(Msg):
     only_normal: bool = True
     local: bool = False  # answer from the receiver's own committed copy, leader or not
     consistency: Consistency = "linearizable"  # ignored when local
+    wait_ms: Count = 0  # long poll: if from_index is not committed yet, wait up to this long for it
 
 
 class EntryMsg(msgspec.Struct, array_like=True):

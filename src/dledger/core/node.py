@@ -29,6 +29,7 @@ from dledger.config import DLedgerConfig
 from dledger.core.dispatcher import EntryDispatcher
 from dledger.core.elector import LeaderElector
 from dledger.core.handler import EntryHandler
+from dledger.core.long_poll import MAX_WAIT_MS, LongPolls
 from dledger.core.member_state import MemberState
 from dledger.core.messages import (
     CONSISTENCY,
@@ -138,6 +139,7 @@ class Node:
         self.quorum = QuorumAckChecker(self.member, store, self._complete_append)
         self.elector = LeaderElector(self)
         self.reads = ReadIndex(self)
+        self.long_polls = LongPolls()
         self.handler = EntryHandler(self)
         self.dispatchers: dict[str, EntryDispatcher] = {}
         self._pump_needed = False
@@ -444,6 +446,7 @@ class Node:
             self.store_error(e)
         if self.reads.want_round and self.member.is_leader:
             self.elector.heartbeat_now()  # reads wait for a confirming round: no tick's delay
+        self._wake_reads()
         self._feed_applier()
         actions, self.actions = self.actions, []
         return actions
@@ -621,6 +624,9 @@ class Node:
             self.quorum.fail_all(ResponseCode.TERM_CHANGED, f"leader stepped down: {reason}")
             # reads change nothing: the client asks the next leader
             self.reads.reset(ResponseCode.NOT_LEADER, f"leader stepped down before the read was confirmed: {reason}")
+            for r in self.long_polls.take_leader_reads():
+                self.reply(r.token, READ,
+                           _error_for(READ, ResponseCode.NOT_LEADER, self, f"leader stepped down: {reason}"))
         self.handler.on_leader_change()
 
     # --- request dispatch -----------------------------------------------------
@@ -646,7 +652,7 @@ class Node:
         elif code == READ:
             assert isinstance(msg, ReadRequest)
             self._handle_read(code, msg.from_index, msg.max_entries, msg.max_bytes, msg.only_normal, msg.local,
-                              msg.consistency, token)
+                              msg.consistency, token, msg.wait_ms)
         elif code == RequestCode.METADATA:
             assert isinstance(msg, MetadataRequest)
             if msg.consistency:  # a confirmed leader's view
@@ -756,16 +762,51 @@ class Node:
         self.reply(token, RequestCode.APPEND, msg)
 
     def _handle_read(self, code: int, start: int, max_entries: int, max_bytes: int, only_normal: bool,
-                     local: bool, consistency: str, token: Any) -> None:
+                     local: bool, consistency: str, token: Any, wait_ms: int = 0) -> None:
         """Committed entries only, from the leader unless the reader asked for this member's
         own copy (`local`), whose commit index may lag. From the leader an append acknowledged
         to one client is readable by every other client at once; `linearizable` and `lease`
         also rule out a deposed leader that does not know it yet (see read_index)."""
+        def answer() -> None:
+            self._answer_read(code, start, max_entries, max_bytes, only_normal, local, token)
+
+        def answer_or_wait(_: int = -1) -> None:
+            if wait_ms > 0 and start > self.store.committed_index:
+                self._park_read(start, wait_ms, local, answer, token)
+            else:
+                answer()
+
         if local:
-            self._answer_read(code, start, max_entries, max_bytes, only_normal, True, token)
+            answer_or_wait()
+        else:
+            self._when_confirmed(code, consistency, token, answer_or_wait)
+
+    def _park_read(self, start: int, wait_ms: int, local: bool, answer: Callable[[], None], token: Any) -> None:
+        deadline = self.now + min(wait_ms, MAX_WAIT_MS)
+        if not self.long_polls.park(start, deadline, local, answer, token):
+            self._answer_empty(token, start)  # too many waiting: the client asks again
+
+    def _answer_empty(self, token: Any, start: int) -> None:
+        self.reply(token, READ, EntriesResponse(200, self.member.leader_id or "", [], start,
+                                                self.store.committed_index))
+
+    def _wake_reads(self) -> None:
+        """Long-poll READs whose index committed get their entries; those past their wait an
+        empty answer (checked on every drain, and by the tick)."""
+        polls = self.long_polls
+        if not len(polls):
             return
-        self._when_confirmed(code, consistency, token, lambda _: self._answer_read(
-            code, start, max_entries, max_bytes, only_normal, False, token))
+        for r in polls.due(self.store.committed_index):
+            if not r.local and not self.member.is_leader:
+                self.reply(r.token, READ, _error_for(READ, ResponseCode.NOT_LEADER, self,
+                                                     f"leader is {self.member.leader_id or 'unknown'}"))
+                continue
+            try:
+                r.answer()
+            except DLedgerError as e:
+                self.reply(r.token, READ, _error_for(READ, e.code, self, e.message))
+        for r in polls.expired(self.now):
+            self._answer_empty(r.token, r.start)
 
     def _when_confirmed(self, code: int, consistency: str, token: Any, serve: Callable[[int], None]) -> None:
         """Run `serve(read_index)` on the leader once `consistency` allows: at once for

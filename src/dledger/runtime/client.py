@@ -20,11 +20,12 @@ whole call, every attempt and search included.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import ssl
 import threading
 import time
-from collections.abc import Coroutine, Sequence
+from collections.abc import AsyncGenerator, Coroutine, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -70,6 +71,9 @@ _RETRYABLE = {
 _UNANSWERED = {ResponseCode.TIMEOUT, ResponseCode.NETWORK_ERROR}  # raised by the transport: no answer
 # safe to ask again after an unknown outcome
 _IDEMPOTENT = {RequestCode.METADATA, RequestCode.GET, READ, QUERY, SNAPSHOT}
+# a subscriber gives up on these (anything else is retried: leader changes, timeouts, ...)
+_FOLLOW_FATAL = {ResponseCode.UNEXPECTED_ARGUMENT, ResponseCode.UNKNOWN_GROUP, ResponseCode.UNAUTHENTICATED,
+                 ResponseCode.INDEX_LESS_THAN_LOCAL_BEGIN, ResponseCode.UNSUPPORTED}
 _SUSPECT_S = 5.0  # how long a member that did not answer is passed over, unless it answers meanwhile
 
 
@@ -407,6 +411,35 @@ class AsyncDLedgerClient:
             index = resp.next_index
         return out
 
+    async def subscribe(self, from_index: int = 0, *, only_normal: bool = True, max_entries: int = 1000,
+                        wait: float = 10.0, consistency: str = "leader") -> AsyncGenerator[Entry, None]:
+        """Committed entries from `from_index` on, for ever: each as soon as it commits (a
+        long-poll READ waits at the leader up to `wait` seconds for the next one; no busy
+        polling). Leader changes and errors are retried with a back-off, resuming at the next
+        index: no gap, no duplicate. Raises only what retrying cannot mend (a bad argument,
+        a group unknown, a start below the log's begin after retention)."""
+        _check_consistency(consistency)
+        index, delay = from_index, 0.05
+        wait_ms = int(max(0.0, wait) * 1000)
+        while True:
+            req = ReadRequest(self.group, "", "", index, max_entries, 4 << 20, only_normal, consistency == "local",
+                              consistency, wait_ms)
+            try:
+                resp = await self._call(READ, req, timeout=wait + self.timeout,
+                                        request_timeout=wait + self.request_timeout)
+            except DLedgerError as err:
+                if err.code in _FOLLOW_FATAL:
+                    raise
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 1.0)
+                continue
+            delay = 0.05
+            assert isinstance(resp, EntriesResponse)
+            for e in resp.entries:
+                if e.index >= index:
+                    yield Entry(e.index, e.term, e.pos, e.body, e.magic)
+            index = max(index, resp.next_index)
+
     async def metadata(self, member: str | None = None, consistency: str = "") -> Metadata:
         """The leader's view, or `member`'s own when named. `consistency="linearizable"`: the
         view of a leader that a heartbeat round confirmed after the call began."""
@@ -591,6 +624,20 @@ class AsyncDLedgerClient:
         return resp
 
 
+async def _next(agen: AsyncGenerator[T, None]) -> T:
+    return await agen.__anext__()
+
+
+async def _close_agen(agen: AsyncGenerator[Any, None]) -> None:
+    """Close a generator whose step was just cancelled (the cancellation lands a turn later)."""
+    for _ in range(500):
+        if not getattr(agen, "ag_running", False):
+            break
+        await asyncio.sleep(0.01)
+    with contextlib.suppress(RuntimeError, asyncio.CancelledError):
+        await agen.aclose()
+
+
 def _check_consistency(consistency: str) -> None:
     if consistency not in CONSISTENCY:
         raise DLedgerError(ResponseCode.UNEXPECTED_ARGUMENT,
@@ -648,6 +695,27 @@ class DLedgerClient:
 
     def metadata(self, member: str | None = None, consistency: str = "") -> Metadata:
         return self._run(self._async.metadata(member, consistency))
+
+    def subscribe(self, from_index: int = 0, *, only_normal: bool = True, max_entries: int = 1000,
+                  wait: float = 10.0, consistency: str = "leader") -> Iterator[Entry]:
+        """AsyncDLedgerClient.subscribe as a blocking iterator (close it, or leave the loop)."""
+        agen = self._async.subscribe(from_index, only_normal=only_normal, max_entries=max_entries, wait=wait,
+                                     consistency=consistency)
+        pending: concurrent.futures.Future[Entry] | None = None
+        try:
+            while True:
+                pending = asyncio.run_coroutine_threadsafe(_next(agen), self._loop)
+                try:
+                    entry = pending.result()
+                except StopAsyncIteration:
+                    return
+                pending = None
+                yield entry
+        finally:  # left early (break, Ctrl-C): stop the long poll in flight, then close
+            if pending is not None:
+                pending.cancel()
+            if not self._loop.is_closed():
+                self._run(_close_agen(agen))
 
     def propose(self, body: bytes) -> ProposeResult:
         return self._run(self._async.propose(body))
