@@ -164,6 +164,7 @@ class DLedgerConfig:
     state_machine: str = ""
     snapshot_threshold_entries: int = 100_000  # snapshot once this many entries were applied since the last (0: never)
     snapshot_threshold_bytes: int = 256 * MiB  # ... or this many body bytes (0: never)
+    snapshot_margin_entries: int = 10_000  # entries kept behind a snapshot for slow followers (the rest deleted)
     # lease reads: the leader's lease is the heartbeat lease (interval * leak) minus this margin for
     # clocks that run at different rates
     lease_clock_drift_ms: int = 200
@@ -261,7 +262,7 @@ class DLedgerConfig:
         if not isinstance(self.lease_clock_drift_ms, int) or not 0 <= self.lease_clock_drift_ms < lease:
             raise ConfigError(f"lease_clock_drift_ms must be in [0, {lease}) (the heartbeat lease), "
                               f"not {self.lease_clock_drift_ms!r}")
-        for name in ("snapshot_threshold_entries", "snapshot_threshold_bytes"):
+        for name in ("snapshot_threshold_entries", "snapshot_threshold_bytes", "snapshot_margin_entries"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be an integer >= 0 (0: never), not {getattr(self, name)!r}")
         if self.state_machine and self.state_machine != "kv" and ":" not in self.state_machine:

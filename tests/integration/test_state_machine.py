@@ -149,3 +149,32 @@ def test_a_plain_log_refuses_proposals_and_queries_with_a_clear_error(make_clust
     assert c.ctl.snapshot(c.ids[0]) >= 0  # a plain log's snapshot is empty (meta only)
     assert snapshot_dirs(c, c.ids[0])
     shutil.rmtree(c.store_dir(c.ids[1]) / "snapshot", ignore_errors=True)  # nothing depends on it
+
+
+def test_snapshots_compact_the_log_and_a_restart_rebuilds_from_them(make_cluster: MakeCluster,
+                                                                    tmp_path: Path) -> None:
+    toml = tmp_path / "small-files.toml"
+    toml.write_text("data_file_size = 65536\nindex_file_size = 32768\nretention_check_interval_ms = 200\n")
+    c = make_cluster(3, extra=["--config", str(toml), "--state-machine", "kv", "--snapshot-threshold-entries",
+                               "100", "--snapshot-margin-entries", "50"])
+    kv = kv_client(c)
+    for k in range(600):
+        kv.put(f"k{k:04d}", "v" * 200)
+    end = c.wait_caught_up()
+
+    def compacted() -> bool:
+        views = [c.meta(m) for m in c.ids]
+        return all(v is not None and v.applied_index == end and v.ledger_begin_index > 100 for v in views)
+
+    wait_until(compacted, 60, "every member deletes the log its snapshots cover")
+    for m in c.ids:
+        v = c.meta(m)
+        assert v is not None and v.ledger_begin_index <= v.snapshot_index - 50 + 1  # the margin stays
+    x = c.ids[1]
+    c.kill(x)
+    kv.put("late", "x")
+    c.restart(x)
+    end = c.wait_caught_up(timeout=60)
+    wait_until(lambda: c.meta(x) is not None and c.meta(x).applied_index == end, 60,  # type: ignore[union-attr]
+               f"{x} rebuilt its state from its snapshot and the log after it")
+    assert state_of(c, x) == state_of(c, c.ids[0]) and len(state_of(c, x)) == 601

@@ -99,3 +99,44 @@ def test_linearizable_reads_share_one_heartbeat_round_and_lease_reads_need_none(
     lease_reads = node.reads.lease_reads
     resp = _answer(c, _send(c, leader, READ, ReadRequest(consistency="lease")))
     assert resp.code == ResponseCode.SUCCESS and node.reads.lease_reads == lease_reads + 1
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_no_lease_read_after_a_hand_over_was_sent_even_once_the_transfer_timed_out(seed: int) -> None:
+    """Review: the hand-over to the target was slow (past the 3 s transfer timeout), the old
+    leader resumed and renewed its lease from a follower that then voted for the target's
+    transfer campaign (such votes ignore leases): lease reads at the old leader went stale."""
+    c = SimCluster(3, seed=seed)
+    assert c.run_until(lambda: c.leader() is not None, 10_000)
+    old = c.leader()
+    assert old is not None
+    target, _other = [m for m in c.ids if m != old]
+    c.run(500)
+    ids = [c.append(old, [f"before-{k}".encode()]) for k in range(3)]
+    assert c.run_until(lambda: all(i in c.client_results for i in ids), 10_000)
+    c.run(300)
+    arrives: list[int] = []
+    schedule = c._schedule
+
+    def slow_hand_over(at: int, kind: str, args: Any) -> None:
+        if kind == "request" and args[0] == old and args[3] == RequestCode.LEADERSHIP_TRANSFER:
+            at += 3_100
+            arrives.append(at)
+        schedule(at, kind, args)
+
+    c._schedule = slow_hand_over  # type: ignore[method-assign]
+    _send(c, old, RequestCode.LEADERSHIP_TRANSFER, LeadershipTransferRequest(transferee_id=target))
+    el = c._node(old).elector
+    assert c.run_until(lambda: el.transfer is not None and el.transfer.sent, 5_000)
+    assert c.run_until(lambda: el.transfer is None, 5_000)  # timed out: the old leader resumes
+    assert c._node(old).member.is_leader
+    c.run(min(arrives) - 1 - c.now)
+    c.blocked = {(target, old)}  # the target's messages to the old leader are lost
+    assert c.run_until(lambda: c._node(target).member.is_leader, 4_000)
+    after = c.append(target, [b"after"])
+    assert c.run_until(lambda: after in c.client_results, 2_000)
+    assert c.client_results[after].code == ResponseCode.SUCCESS
+    if c._node(old).member.is_leader:  # still believes it leads: it must not serve from its lease
+        resp = _answer(c, _send(c, old, READ, ReadRequest(consistency="lease")))
+        assert resp is None or resp.code != ResponseCode.SUCCESS or b"after" in _bodies(resp), resp
+    assert not c.violations

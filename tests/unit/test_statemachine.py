@@ -62,6 +62,22 @@ def test_proposals_and_queries_wait_for_their_index() -> None:
     assert [q.token for q in a.due_queries()] == ["q2"]
 
 
+def test_a_proposal_spanning_batches_gets_every_result() -> None:
+    """Review: only the last batch's results reached a proposal split over several batches
+    (more than a batch's entries, or a commit index that moved half-way): 4,096 of 5,000 were
+    empty."""
+    store = MemoryLedgerStore()
+    store.append_as_leader([b"x%d" % k for k in range(10)], 1)
+    a = Applier(-1)
+    a.wait_proposal(Proposal("p", 2, 8, 1, [0] * 7))
+    for committed in (4, 9):
+        store.set_committed(committed)
+        batch = a.next_batch(store)
+        assert batch is not None
+        done = list(a.applied([b"r%d" % e.index for e in batch.entries]))
+    assert [(p.token, p.results) for p in done] == [("p", [b"r%d" % i for i in range(2, 9)])]
+
+
 def test_a_wrong_number_of_results_is_refused_and_a_failure_stops_the_applier() -> None:
     store = MemoryLedgerStore()
     store.append_as_leader([b"x", b"y"], 1)
@@ -175,3 +191,46 @@ def test_kv_is_deterministic_and_a_snapshot_restores_it_exactly(tmp_path_factory
     c.restore(found[1])
     whole = encode(Range(b"", 10_000))
     assert decode_range(c.query(whole)) == decode_range(a.query(whole)) == decode_range(b.query(whole))
+
+
+# --- compaction behind a snapshot ----------------------------------------------------------------
+
+
+def test_a_compaction_point_deletes_covered_files_whatever_the_disk_usage(tmp_path: Path) -> None:
+    from dledger.store.file import FileLedgerStore
+
+    store = FileLedgerStore(tmp_path / "s", data_file_size=4096, index_file_size=1024,
+                            retention_check_interval_ms=3_600_000, disk_usage=lambda: (0.01, 1 << 40))
+    try:
+        store.append_as_leader([b"x" * 200] * 100, 1)  # ~20 data files
+        store.flush()
+        store.set_committed(99)
+        store.set_retention_floor(60, "a follower")
+        store.set_compaction_point(80)
+        store.run_retention()  # the disk is nearly empty: only the snapshot makes room
+        assert 40 < store.begin_index <= 60  # whole files before the follower's floor
+        assert store.get(store.begin_index).body == b"x" * 200
+        store.set_retention_floor(None)
+        store.set_compaction_point(80)
+        store.run_retention()
+        assert 60 < store.begin_index <= 81 and store.get(99).index == 99
+    finally:
+        store.close()
+    reopened = FileLedgerStore(tmp_path / "s", data_file_size=4096, index_file_size=1024)
+    try:
+        assert 60 < reopened.begin_index <= 81 and reopened.end_index == 99
+    finally:
+        reopened.close()
+
+
+def test_the_memory_store_drops_what_a_snapshot_covers_at_once() -> None:
+    store = MemoryLedgerStore()
+    store.append_as_leader([b"y"] * 10, 1)
+    store.set_committed(9)
+    store.durable_index = 9
+    store.set_retention_floor(4)
+    store.set_compaction_point(7)
+    assert store.begin_index == 4
+    store.set_retention_floor(None)
+    store.set_compaction_point(7)
+    assert store.begin_index == 8 and store.get(9).body == b"y"

@@ -410,6 +410,7 @@ class LeaderElector:
         d = node.dispatchers.get(t.target)
         if not t.sent and d is not None and d.match_index >= node.store.end_index:
             t.sent = True
+            node.reads.end_leases()  # the hand-over's votes ignore our lease, even after a time-out
             req = LeadershipTransferRequest(m.group, m.self_id, t.target, m.term, m.self_id, t.target)
             node.send(t.target, RequestCode.LEADERSHIP_TRANSFER, req, ("transfer", t.target, m.term))
 

@@ -429,7 +429,11 @@ class Node:
         record does not lower it: the leader's floor already keeps its good copy while we
         report the damage, and a rotten copy the leader no longer holds cannot be repaired
         by anyone — retention dropping it ends the mark (it held the group's retention and
-        our candidacy for ever)."""
+        our candidacy for ever). With a state machine, nothing after our newest snapshot goes:
+        a restart rebuilds the state from that snapshot and the log after it."""
+        a = self.applier
+        if a is not None and (floor < 0 or floor > a.snapshot_index + 1):
+            floor, holder = a.snapshot_index + 1, f"the state machine of {self.member.self_id} (snapshot)"
         self.store.set_retention_floor(floor if floor >= 0 else None, holder)
 
     def drain(self) -> list[Action]:
@@ -460,6 +464,10 @@ class Node:
         if a is None:
             if self._snapshot_waiters and not self._snapshot_pending:
                 self._take_snapshot(self.store.committed_index)  # a plain log: an empty snapshot
+            return
+        if a.stopped is not None:  # its state is half-changed: a snapshot of it would be wrong
+            if self._snapshot_waiters:
+                self._answer_snapshot(ResponseCode.INTERNAL_ERROR, f"state machine stopped: {a.stopped}")
             return
         if a.in_flight is None and not a.snapshotting and (
             self._snapshot_waiters or a.snapshot_due(self.cfg.snapshot_threshold_entries,
@@ -505,6 +513,9 @@ class Node:
             return
         if a is not None:
             a.snapshot_taken(index)
+            # the log the snapshot covers goes, but for a margin a slow follower may still need
+            # (and whatever a follower's floor keeps: there is no snapshot install yet)
+            self.store.set_compaction_point(index - self.cfg.snapshot_margin_entries)
         self.snapshot_index = max(self.snapshot_index, index)
         self._answer_snapshot(ResponseCode.SUCCESS, "", index)
 
@@ -553,6 +564,8 @@ class Node:
             raise DLedgerError(ResponseCode.INTERNAL_ERROR, f"state machine stopped: {a.stopped}")
 
         def run_at(read_index: int) -> None:  # once applied up to the read index
+            if a.stopped is not None:
+                raise DLedgerError(ResponseCode.INTERNAL_ERROR, f"state machine stopped: {a.stopped}")
             a.wait_query(read_index, token, msg.request)
             self._run_due_queries()
 
@@ -750,10 +763,15 @@ class Node:
         m = self.member
         if token in self._proposers:
             self._proposers.discard(token)
-            if code == ResponseCode.SUCCESS and res is not None and self.applier is not None:
+            a = self.applier
+            if code == ResponseCode.SUCCESS and res is not None and a is not None:
+                if a.stopped is not None:  # committed, but no result will ever come from here
+                    msg = AppendResponse(int(ResponseCode.INTERNAL_ERROR), m.self_id, res.term, res.first_index,
+                                         res.positions.tolist(), f"committed; state machine stopped: {a.stopped}")
+                    self.reply(token, RequestCode.APPEND, msg)
+                    return
                 # committed: the answer waits for the results (apply follows commit, never precedes it)
-                self.applier.wait_proposal(Proposal(token, res.first_index, res.last_index, res.term,
-                                                    res.positions.tolist()))
+                a.wait_proposal(Proposal(token, res.first_index, res.last_index, res.term, res.positions.tolist()))
                 return
         if code == ResponseCode.SUCCESS and res is not None:
             msg = AppendResponse(int(code), m.self_id, res.term, res.first_index, res.positions.tolist())

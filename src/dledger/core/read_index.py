@@ -51,6 +51,7 @@ class ReadIndex:
         self.round = 0  # heartbeat rounds this member sent as leader (reset per leadership)
         self.confirmed = 0  # the last round a majority acknowledged
         self.lease_until = -(1 << 62)
+        self._no_lease_term = -1  # a hand-over was sent in this term: leases are off
         self._sent_at: dict[int, int] = {}
         self._acks: dict[str, int] = {}
         self._pending: deque[PendingRead] = deque()
@@ -75,7 +76,16 @@ class ReadIndex:
 
     def lease_valid(self) -> bool:
         node = self.node
-        return node.member.is_leader and not node.elector.transferring and node.now < self.lease_until
+        return (node.member.is_leader and not node.elector.transferring and node.now < self.lease_until
+                and self._no_lease_term != node.member.term)
+
+    def end_leases(self) -> None:
+        """A hand-over (TimeoutNow) was sent in this term: its target may win votes from
+        members that acknowledged our lease, whenever it arrives (even after our transfer timed
+        out and we resumed), so no lease read for the rest of the term (review: stale lease
+        reads after a timed-out transfer)."""
+        self._no_lease_term = self.node.member.term
+        self.lease_until = -(1 << 62)
 
     # --- rounds --------------------------------------------------------------------------------
 
@@ -101,7 +111,7 @@ class ReadIndex:
             return
         self.confirmed = confirmed
         sent = self._sent_at.get(confirmed)
-        if sent is not None:
+        if sent is not None and self._no_lease_term != self.node.member.term:
             lease = self.node.elector.leader_lease_ms - self.node.cfg.lease_clock_drift_ms
             self.lease_until = max(self.lease_until, sent + lease)
         while self._pending and self._pending[0].need_round <= confirmed:

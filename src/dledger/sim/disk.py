@@ -186,6 +186,11 @@ class SimDiskStore(MemoryLedgerStore):
 
     # --- retention ----------------------------------------------------------------------------
 
+    def _drop_covered(self, floor: int) -> None:
+        if self.retention_floor is not None:
+            floor = min(floor, self.retention_floor)
+        self.drop_prefix(min(floor, self.synced_index + 1))
+
     def run_retention(self) -> None:
         """Under disk pressure delete the prefix below the commit index and the floor."""
         self.held_full = False

@@ -100,11 +100,15 @@ class Applier:
         self.bytes_since_snapshot += batch.size
         if not self._proposals:
             return
+        # a proposal may span batches (more than a batch's entries or bytes, or a commit index
+        # that moved half-way): each batch fills its part of the results
         by_index = {e.index: r for e, r in zip(batch.entries, results, strict=True)}
+        for p in self._proposals.values():
+            for i in range(max(p.first, batch.first), min(p.last, batch.last) + 1):
+                if i in by_index:
+                    p.results[i - p.first] = by_index[i]
         for last in sorted(k for k in self._proposals if k <= batch.last):
-            p = self._proposals.pop(last)
-            p.results = [by_index.get(i, b"") for i in range(p.first, p.last + 1)]
-            yield p
+            yield self._proposals.pop(last)
 
     def fail(self, reason: str) -> None:
         """The state machine raised: the state may be half-changed; apply no more."""
@@ -115,7 +119,9 @@ class Applier:
 
     def wait_proposal(self, p: Proposal) -> None:
         """Entries first..last committed; their results come when they are applied. (They are
-        never applied before they commit, so this always comes first.)"""
+        never applied before they commit, so this always comes first.) Entries that are not
+        NORMAL have no result (b"")."""
+        p.results = [b""] * (p.last - p.first + 1)
         self._proposals[p.last] = p
 
     def drop_proposals(self) -> list[Proposal]:

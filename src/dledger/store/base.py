@@ -414,6 +414,21 @@ class LedgerStore(ABC):
         """The holder whose floor kept retention from freeing space under disk pressure, or ""."""
         return ""
 
+    def set_compaction_point(self, index: int) -> None:
+        """A snapshot covers the log through `index`: retention may delete those entries whatever
+        the disk usage (whole files in the file store, on its next pass), though never past the
+        commit or durable index nor the retention floor. The memory store drops them at once."""
+        with self._lock:
+            floor = min(index + 1, self.committed_index + 1, self.durable_index + 1, self.end_index)
+            if self._floor_index is not None:
+                floor = min(floor, self._floor_index)
+            self._drop_covered(floor)
+
+    _floor_index: int | None = None  # the retention floor, where a store keeps it
+
+    def _drop_covered(self, floor: int) -> None:
+        """Delete what lies before `floor` (stores that can; see set_compaction_point)."""
+
     def close(self) -> None:
         """Release resources; further calls fail."""
 

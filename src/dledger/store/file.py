@@ -107,6 +107,7 @@ class FileLedgerStore(LedgerStore):
             self.disk_full = False  # retention found nothing to delete above the force ratio (soft)
             self._no_space = False  # a write failed for want of space (hard)
             self._retention_floor: int | None = None
+            self._compaction_floor = 0  # a snapshot covers the entries before it (set_compaction_point)
             self._retention_holder = ""  # who set the floor
             self._retention_held_by = ""  # set while that floor keeps files disk pressure would delete
             self._failed: BaseException | None = None
@@ -644,6 +645,9 @@ class FileLedgerStore(LedgerStore):
             self._retention_floor = index
             self._retention_holder = holder if index is not None else ""
 
+    def _drop_covered(self, floor: int) -> None:
+        self._compaction_floor = max(self._compaction_floor, floor)  # the flush thread's next pass
+
     @property
     def retention_held_by(self) -> str:
         return self._retention_held_by
@@ -660,8 +664,10 @@ class FileLedgerStore(LedgerStore):
                 floor = min(floor, self._retention_floor)
             plan = self._plan_retention(floor, ratio, total)
             self._note_held_back(floor, committed_floor, plan.delete, ratio, total)
-            if plan.delete:
-                self._drop_first_data_files(plan.delete)
+            # a snapshot covers these whatever the disk usage (floors applied when it was set)
+            covered = len(self._retention_candidates(min(floor, self._compaction_floor)))
+            if max(plan.delete, covered):
+                self._drop_first_data_files(max(plan.delete, covered))
             self.disk_full = plan.disk_full
             if not plan.disk_full:
                 self._no_space = False  # room again: writes may be tried anew

@@ -130,6 +130,13 @@ class MemoryLedgerStore(LedgerStore):
             self.committed_index = max(self.committed_index, begin_index - 1)
             self.durable_index = self.end_index
 
+    def set_retention_floor(self, index: int | None, holder: str = "") -> None:
+        with self._lock:
+            self._floor_index = index
+
+    def _drop_covered(self, floor: int) -> None:
+        self.drop_prefix(floor)
+
     def drop_prefix(self, begin_index: int) -> None:
         """Delete the entries before `begin_index` (retention); the log then begins there."""
         with self._lock:
