@@ -22,25 +22,19 @@ def write_atomic(path: Path, data: bytes, mode: int = 0o644) -> None:
         finally:
             os.close(fd)
         os.replace(tmp, path)
-        fsync_dir(path.parent)
+        fsync_path(path.parent)
     except OSError:
         with contextlib.suppress(OSError):
             tmp.unlink()
         raise
 
 
-def fsync_dir(directory: Path) -> None:
-    """Make the names in `directory` durable (a rename or a new file in it)."""
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def fsync_file(path: Path) -> None:
+def fsync_path(path: Path) -> None:
+    """fsync a file, or a directory (which makes the names in it durable: a rename, a new or
+    deleted file)."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:
         os.close(fd)
+

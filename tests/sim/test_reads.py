@@ -40,8 +40,8 @@ def _bodies(resp: Any) -> list[bytes]:
     return [e.body for e in resp.entries]
 
 
-@pytest.mark.parametrize("seed", range(5))
-def test_a_transfer_cut_off_midway_leaves_a_stale_leader_only_leader_mode_reads_from(seed: int) -> None:
+def _with_three_entries(seed: int) -> tuple[SimCluster, str, str, str]:
+    """A group with a leader and three committed entries: (cluster, leader, one follower, the other)."""
     c = SimCluster(3, seed=seed)
     assert c.run_until(lambda: c.leader() is not None, 10_000)
     old = c.leader()
@@ -51,6 +51,12 @@ def test_a_transfer_cut_off_midway_leaves_a_stale_leader_only_leader_mode_reads_
     ids = [c.append(old, [f"before-{k}".encode()]) for k in range(3)]
     assert c.run_until(lambda: all(i in c.client_results for i in ids), 10_000)
     c.run(300)
+    return c, old, target, other
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_a_transfer_cut_off_midway_leaves_a_stale_leader_only_leader_mode_reads_from(seed: int) -> None:
+    c, old, target, other = _with_three_entries(seed)
     before = _bodies(_answer(c, _send(c, old, READ, ReadRequest(consistency="leader"))))
 
     # the hand-over is on its way to the target (the simulated network delivers what was sent
@@ -106,15 +112,7 @@ def test_no_lease_read_after_a_hand_over_was_sent_even_once_the_transfer_timed_o
     """Review: the hand-over to the target was slow (past the 3 s transfer timeout), the old
     leader resumed and renewed its lease from a follower that then voted for the target's
     transfer campaign (such votes ignore leases): lease reads at the old leader went stale."""
-    c = SimCluster(3, seed=seed)
-    assert c.run_until(lambda: c.leader() is not None, 10_000)
-    old = c.leader()
-    assert old is not None
-    target, _other = [m for m in c.ids if m != old]
-    c.run(500)
-    ids = [c.append(old, [f"before-{k}".encode()]) for k in range(3)]
-    assert c.run_until(lambda: all(i in c.client_results for i in ids), 10_000)
-    c.run(300)
+    c, old, target, _ = _with_three_entries(seed)
     arrives: list[int] = []
     schedule = c._schedule
 

@@ -22,7 +22,7 @@ from typing import BinaryIO
 
 import msgspec
 
-from dledger.fsutil import fsync_dir, fsync_file
+from dledger.fsutil import fsync_path
 from dledger.statemachine.api import DirectoryReader, SnapshotWriter, StateMachine
 
 log = logging.getLogger(__name__)
@@ -93,12 +93,12 @@ class SnapshotStore:
             files = {name: _sealed(tmp / name) for name in writer.names}
             meta = SnapshotMeta(last_index, last_term, chain_crc, members, files, int(time.time() * 1000))
             (tmp / META).write_bytes(msgspec.json.encode(meta))
-            fsync_file(tmp / META)
-            fsync_dir(tmp)
+            fsync_path(tmp / META)
+            fsync_path(tmp)
             if final.exists():  # the same index again (an on-demand snapshot): the new one wins
                 shutil.rmtree(final)
             os.rename(tmp, final)
-            fsync_dir(self.dir)
+            fsync_path(self.dir)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
@@ -161,7 +161,7 @@ def verify(directory: Path) -> tuple[SnapshotMeta, DirectoryReader]:
 
 def _sealed(path: Path) -> FileInfo:
     size, crc = _size_crc(path)
-    fsync_file(path)
+    fsync_path(path)
     return FileInfo(size, crc)
 
 

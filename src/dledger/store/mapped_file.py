@@ -14,6 +14,7 @@ import re
 from pathlib import Path
 
 from dledger.codes import ResponseCode
+from dledger.fsutil import fsync_path
 from dledger.store.base import StoreError, os_error
 
 log = logging.getLogger(__name__)
@@ -157,7 +158,7 @@ class MappedFileList:
             files.insert(0, self._create(files[0].start - self.file_size))
         while start >= files[-1].end:
             files.append(self._create(files[-1].end))
-        _fsync_dir(self.dir)
+        fsync_path(self.dir)
         return self.locate(pos)
 
     def _create(self, start: int) -> MappedFile:
@@ -167,26 +168,19 @@ class MappedFileList:
         """Delete every file that starts after `pos`."""
         while self.files and self.files[-1].start > pos:
             self.files.pop().destroy()
-        _fsync_dir(self.dir)
+        fsync_path(self.dir)
 
     def drop_first(self) -> None:
         self.files.pop(0).destroy()
-        _fsync_dir(self.dir)
+        fsync_path(self.dir)
 
     def drop_all(self) -> None:
         while self.files:
             self.files.pop().destroy()
-        _fsync_dir(self.dir)
+        fsync_path(self.dir)
 
     def close(self) -> None:
         for f in self.files:
             f.close()
 
 
-def _fsync_dir(directory: Path) -> None:
-    """Make creations and deletions of files in `directory` durable."""
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
