@@ -83,6 +83,7 @@ class SimCluster:
         self.test_answers: dict[Any, Any] = {}  # answers to requests a test sent itself (token ("test", ...))
         self.trace: list[str] = []
         self.leaders_by_term: dict[int, str] = {}
+        self.commit_term: dict[int, int] = {}  # index -> the term it was first seen committed in
         self.committed: dict[int, tuple[int, int]] = {}  # index -> (term, chain_crc), as first seen committed
         self.violations: list[str] = []
         self._leader_checked: dict[str, int] = {}
@@ -371,6 +372,7 @@ class SimCluster:
             if c > self.last_commit.get(i, -1):
                 for idx in range(max(self.last_commit.get(i, -1) + 1, store.begin_index), c + 1):
                     tc = store.term_chain(idx)[:2]
+                    self.commit_term.setdefault(idx, m.term)  # the term it was first seen committed in
                     seen = self.committed.setdefault(idx, tc)
                     if seen != tc:
                         self.violations.append(f"{self.now}: {i} committed a different entry at {idx}")
@@ -401,7 +403,10 @@ class SimCluster:
             self.acked_top = None  # report once
 
     def _check_completeness(self, leader: str, store: SimDiskStore) -> None:
-        top = max(self.committed, default=-1)
+        # Leader Completeness covers entries committed in earlier terms: a leader of a lower
+        # term elected (on delayed answers) after a higher term committed need not hold those
+        term = self.nodes[leader].member.term  # type: ignore[union-attr]
+        top = max((i for i, t in self.commit_term.items() if t < term), default=-1)
         if store.end_index < top:
             self.violations.append(f"{self.now}: leader {leader} lacks committed entries {store.end_index + 1}..{top}")
             return
