@@ -42,7 +42,7 @@ class Group:
 
 
 def start_group(data_dir: Path, name: str = "default",
-                config: dict[str, int] | None = None) -> tuple[local_cluster, Group]:
+                config: dict[str, int | str] | None = None) -> tuple[local_cluster, Group]:
     """A local 3-member group; `config` entries go to the members' TOML (e.g. small data files)."""
     peers = make_peers()
     extra: list[str] = []
