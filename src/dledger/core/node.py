@@ -471,7 +471,7 @@ class Node:
             return
         if a.in_flight is None and not a.snapshotting and (
             self._snapshot_waiters or a.snapshot_due(self.cfg.snapshot_threshold_entries,
-                                                     self.cfg.snapshot_threshold_bytes)):
+                                                     self.cfg.snapshot_threshold_bytes) or self._snapshot_frees_disk()):
             self._take_snapshot(a.applied_index)
         try:
             batch = a.next_batch(self.store)
@@ -483,6 +483,13 @@ class Node:
             return
         if batch is not None:
             self.actions.append(Apply(batch))
+
+    def _snapshot_frees_disk(self) -> bool:
+        """The disk is full and retention may not delete past our newest snapshot: a new one
+        (whatever the thresholds) lets it free the log applied since (the simulator found every
+        member full and held back by its state machine, for ever)."""
+        a = self.applier
+        return (a is not None and a.applied_index > a.snapshot_index and self.store.pressure_error() is not None)
 
     def _take_snapshot(self, index: int) -> None:
         store = self.store

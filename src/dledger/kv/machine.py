@@ -104,6 +104,10 @@ class KVStateMachine(StateMachine):
             out.append(Item(key, value, index))
         return RangeResult(out, False)
 
+    def dump(self) -> list[tuple[bytes, bytes, int]]:
+        """The whole state as (key, value, mod index), in key order (to compare copies)."""
+        return [(k, v, i) for k, (v, i) in self._data.items()]
+
     def get(self, key: bytes) -> Item | None:
         """For an embedding program on the member itself (not linearizable: this copy)."""
         found = self._data.get(key)

@@ -27,9 +27,19 @@ from typing import Any
 
 from dledger.codes import RequestCode, ResponseCode
 from dledger.config import DLedgerConfig
-from dledger.core.messages import AppendRequest, AppendResponse, Role, decode_request, decode_response, encode
-from dledger.core.node import Node, Reply, Send
+from dledger.core.messages import (
+    QUERY,
+    AppendRequest,
+    AppendResponse,
+    QueryResponse,
+    Role,
+    decode_request,
+    decode_response,
+    encode,
+)
+from dledger.core.node import Apply, Node, Reply, RunQuery, Send, TakeSnapshot
 from dledger.sim.disk import SimDiskStore
+from dledger.sim.machines import SimMachines
 
 
 @dataclass
@@ -66,6 +76,8 @@ class SimCluster:
                  **cfg_overrides: Any) -> None:
         self.rng = random.Random(seed)
         self.net = net or NetConfig()
+        # state_machines=True: every member applies its log to a KV store (sim.machines)
+        with_machines = bool(cfg_overrides.pop("state_machines", False))
         self.now = 0
         self.tick_ms = tick_ms
         self.ids = [f"n{i}" for i in range(n)]
@@ -94,6 +106,7 @@ class SimCluster:
         self.acked_top: tuple[int, int, int] | None = None  # (index, term, chain) of the highest acked entry
         self.corrupted: set[tuple[str, int]] = set()  # (member, index) records flipped by `corrupt`
         self._corrupt_lead: dict[tuple[str, int], int] = {}  # (leader, term) -> when it knew itself corrupt
+        self.machines = SimMachines(self.ids, random.Random(self.rng.random())) if with_machines else None
         for i in self.ids:
             self.start(i)
 
@@ -102,7 +115,10 @@ class SimCluster:
     def start(self, member: str) -> None:
         store = self.stores[member]
         store.on_request = lambda: self._schedule_fsync(member)
-        node = Node(self.cfgs[member], store, self.now, random.Random(self.rng.random()))
+        applier = self.machines.start(member) if self.machines is not None else None
+        node = Node(self.cfgs[member], store, self.now, random.Random(self.rng.random()), applier=applier)
+        if applier is not None:
+            node.snapshot_index = applier.snapshot_index
         self.nodes[member] = node
         self.last_commit[member] = store.committed_index
         self.trace.append(f"{self.now} start {member} (end {store.end_index}, term {node.member.term})")
@@ -307,7 +323,28 @@ class SimCluster:
                 self._send(member, action)
             elif isinstance(action, Reply):
                 self._reply(member, action)
-            # state machine actions: the simulated members run plain logs (no Applier)
+            elif self.machines is not None:  # Apply, RunQuery, TakeSnapshot: the member's worker, in order
+                self._schedule(self.machines.work_at(member, self.now), "work", (member, node, action))
+
+    def _on_work(self, member: str, node: Node, action: Apply | RunQuery | TakeSnapshot) -> None:
+        m = self.machines
+        if self.nodes[member] is not node or m is None:
+            return  # the member crashed: what its worker had queued is gone
+        if isinstance(action, Apply):
+            node.on_applied(m.apply(member, action.batch.entries), self.now)
+            assert node.applier is not None
+            problem = m.check(member, node.applier.applied_index)
+            if problem is not None:
+                self.violations.append(f"{self.now}: {problem}")
+        elif isinstance(action, RunQuery):
+            resp = QueryResponse(200, node.member.leader_id or "", m.query(member, action.request),
+                                 action.applied_index)
+            self._reply(member, Reply(action.token, QUERY, resp))
+        else:
+            m.snapshot(member, action.index, action.term, action.chain_crc)
+            self.trace.append(f"{self.now} {member} snapshot through {action.index}")
+            node.on_snapshot(action.index, "", self.now)
+        self._flush(member)
 
     def _send(self, src: str, a: Send) -> None:
         rid = next(self._rid)

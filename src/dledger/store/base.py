@@ -419,15 +419,10 @@ class LedgerStore(ABC):
         the disk usage (whole files in the file store, on its next pass), though never past the
         commit or durable index nor the retention floor. The memory store drops them at once."""
         with self._lock:
-            floor = min(index + 1, self.committed_index + 1, self.durable_index + 1, self.end_index)
-            if self._floor_index is not None:
-                floor = min(floor, self._floor_index)
-            self._drop_covered(floor)
-
-    _floor_index: int | None = None  # the retention floor, where a store keeps it
+            self._drop_covered(index + 1)
 
     def _drop_covered(self, floor: int) -> None:
-        """Delete what lies before `floor` (stores that can; see set_compaction_point)."""
+        """Delete what lies before `floor`, now or once the floors allow (see set_compaction_point)."""
 
     def close(self) -> None:
         """Release resources; further calls fail."""

@@ -130,12 +130,25 @@ class MemoryLedgerStore(LedgerStore):
             self.committed_index = max(self.committed_index, begin_index - 1)
             self.durable_index = self.end_index
 
+    _compact_to = -1  # a snapshot covers the log before it (set_compaction_point)
+    _floor_index: int | None = None  # the retention floor
+
     def set_retention_floor(self, index: int | None, holder: str = "") -> None:
         with self._lock:
             self._floor_index = index
+            self._compact()  # the floor may have held compaction back until now
 
     def _drop_covered(self, floor: int) -> None:
-        self.drop_prefix(floor)
+        self._compact_to = max(self._compact_to, floor)
+        self._compact()
+
+    def _compact(self) -> None:
+        """Drop what a snapshot covers, never past the commit or durable index, nor the floor."""
+        floor = min(self._compact_to, self.committed_index + 1, self.durable_index + 1, self.end_index)
+        if self._floor_index is not None:
+            floor = min(floor, self._floor_index)
+        if floor > self.begin_index:
+            self.drop_prefix(floor)
 
     def drop_prefix(self, begin_index: int) -> None:
         """Delete the entries before `begin_index` (retention); the log then begins there."""
