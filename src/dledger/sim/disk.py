@@ -186,23 +186,15 @@ class SimDiskStore(MemoryLedgerStore):
 
     # --- retention ----------------------------------------------------------------------------
 
-    def _drop_covered(self, floor: int) -> None:
-        """Remembered: the floor may hold it back now and let it go later (run_retention)."""
-        self._covered_to = max(self._covered_to, floor)
-        self._compact()
-
-    def _compact(self) -> None:
-        floor = min(self._covered_to, self.committed_index + 1, self.synced_index + 1, self.end_index)
-        if self.retention_floor is not None:
-            floor = min(floor, self.retention_floor)
-        self.drop_prefix(floor)
-
-    _covered_to = -1
+    def _compact_limit(self) -> int:
+        """As the memory store's, with what reached the disk for durable (run_retention retries)."""
+        floor = min(self.committed_index + 1, self.synced_index + 1, self.end_index)
+        return floor if self.retention_floor is None else min(floor, self.retention_floor)
 
     def run_retention(self) -> None:
         """Under disk pressure delete the prefix below the commit index and the floor; and what
         a snapshot covers, whatever the pressure."""
-        if self._covered_to > self.begin_index:
+        if self._compact_to > self.begin_index:
             self._compact()
         self.held_full = False
         if not self.pressure:

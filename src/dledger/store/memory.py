@@ -143,12 +143,15 @@ class MemoryLedgerStore(LedgerStore):
         self._compact()
 
     def _compact(self) -> None:
-        """Drop what a snapshot covers, never past the commit or durable index, nor the floor."""
-        floor = min(self._compact_to, self.committed_index + 1, self.durable_index + 1, self.end_index)
-        if self._floor_index is not None:
-            floor = min(floor, self._floor_index)
+        """Drop what a snapshot covers, as far as `_compact_limit` allows."""
+        floor = min(self._compact_to, self._compact_limit())
         if floor > self.begin_index:
             self.drop_prefix(floor)
+
+    def _compact_limit(self) -> int:
+        """Never past the commit or durable index, the retention floor, nor the last entry."""
+        floor = min(self.committed_index + 1, self.durable_index + 1, self.end_index)
+        return floor if self._floor_index is None else min(floor, self._floor_index)
 
     def drop_prefix(self, begin_index: int) -> None:
         """Delete the entries before `begin_index` (retention); the log then begins there."""
