@@ -117,6 +117,7 @@ class TakeSnapshot:
     index: int
     term: int
     chain_crc: int
+    next_pos: int  # where record index + 1 starts (or would): a follower installing it continues there
 
 
 Action = Send | Reply | Apply | RunQuery | TakeSnapshot
@@ -499,13 +500,14 @@ class Node:
             return
         try:
             term, chain = store.term_at(index), store.chain_at(index)
+            next_pos = store.get(index + 1).pos if index < store.end_index else store.pos_of_next()
         except StoreError as e:
             self._answer_snapshot(e.code, f"cannot snapshot at {index}: {e.message}")
             return
         self._snapshot_pending = True
         if self.applier is not None:
             self.applier.snapshotting = True
-        self.actions.append(TakeSnapshot(index, term, chain))
+        self.actions.append(TakeSnapshot(index, term, chain, next_pos))
 
     def on_snapshot(self, index: int, error: str, now_ms: int) -> None:
         """The worker wrote the snapshot of `index` (or failed: `error`)."""

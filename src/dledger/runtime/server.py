@@ -247,7 +247,7 @@ class GroupRuntime:
             self.node.on_snapshot(s.index, "" if err is None else f"{type(err).__name__}: {err}", now_ms())
             self._execute()
 
-        self.host.submit(self.host.take_snapshot, s.index, s.term, s.chain_crc, self.cfg.peers, done=done)
+        self.host.submit(self.host.take_snapshot, s.index, s.term, s.chain_crc, s.next_pos, self.cfg.peers, done=done)
 
     def _spawn(self, coro: Any) -> None:
         task = self.loop.create_task(coro)

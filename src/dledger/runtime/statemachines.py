@@ -70,8 +70,8 @@ class StateMachineHost:
         fut = self._worker.submit(fn, *args)
         fut.add_done_callback(lambda f: loop.call_soon_threadsafe(done, f))
 
-    def take_snapshot(self, index: int, term: int, chain_crc: int, members: str) -> SnapshotMeta:
-        return self.snapshots.take(self.sm or NullStateMachine(), index, term, chain_crc, members)
+    def take_snapshot(self, index: int, term: int, chain_crc: int, next_pos: int, members: str) -> SnapshotMeta:
+        return self.snapshots.take(self.sm or NullStateMachine(), index, term, chain_crc, members, next_pos)
 
     def close(self) -> None:
         """Let the action running finish (never stop an apply half-way); drop the queued ones."""

@@ -49,6 +49,7 @@ class SnapshotMeta(msgspec.Struct, frozen=True):
     files: dict[str, FileInfo] = {}
     created_ms: int = 0
     version: int = 1
+    next_pos: int = -1  # log position of entry last_index + 1: an installing follower's log begins there
 
     @property
     def size(self) -> int:
@@ -65,7 +66,7 @@ class _Writer(SnapshotWriter):
         self.names: list[str] = []
 
     def open(self, name: str) -> BinaryIO:
-        if not _NAME.match(name) or name == META or name in self.names:
+        if not valid_file_name(name) or name in self.names:
             raise ValueError(f"bad or repeated snapshot file name {name!r}")
         self.names.append(name)
         return (self.dir / name).open("xb")
@@ -82,7 +83,8 @@ class SnapshotStore:
                 log.warning("deleting a snapshot left half-written: %s", p)
                 shutil.rmtree(p, ignore_errors=True)
 
-    def take(self, sm: StateMachine, last_index: int, last_term: int, chain_crc: int, members: str) -> SnapshotMeta:
+    def take(self, sm: StateMachine, last_index: int, last_term: int, chain_crc: int, members: str,
+             next_pos: int = -1) -> SnapshotMeta:
         """Write `sm`'s state (as of `last_index`) as the newest snapshot; prune old ones."""
         final = self.dir / f"{last_index:020d}"
         tmp = self.dir / f".tmp-{last_index:020d}-{os.getpid()}-{time.monotonic_ns()}"
@@ -91,7 +93,8 @@ class SnapshotStore:
             writer = _Writer(tmp)
             sm.snapshot(writer)
             files = {name: _sealed(tmp / name) for name in writer.names}
-            meta = SnapshotMeta(last_index, last_term, chain_crc, members, files, int(time.time() * 1000))
+            meta = SnapshotMeta(last_index, last_term, chain_crc, members, files, int(time.time() * 1000),
+                                next_pos=next_pos)
             (tmp / META).write_bytes(msgspec.json.encode(meta))
             fsync_path(tmp / META)
             fsync_path(tmp)
@@ -102,12 +105,13 @@ class SnapshotStore:
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
-        self._prune()
+        self.prune()
         log.info("snapshot %s: through index %d (term %d), %d files, %d bytes", final, last_index,
                  last_term, len(files), meta.size)
         return meta
 
-    def _prune(self) -> None:
+    def prune(self) -> None:
+        """Keep the KEEP newest snapshots."""
         for p in self._dirs()[KEEP:]:
             shutil.rmtree(p, ignore_errors=True)
 
@@ -147,8 +151,14 @@ def read_meta(directory: Path) -> SnapshotMeta:
 
 def verify(directory: Path) -> tuple[SnapshotMeta, DirectoryReader]:
     meta = read_meta(directory)
+    check_files(directory, meta)
+    return meta, DirectoryReader(directory, meta.files)
+
+
+def check_files(directory: Path, meta: SnapshotMeta) -> None:
+    """Every file `meta` names is in `directory` with its size and CRC (SnapshotError if not)."""
     for name, info in meta.files.items():
-        if not _NAME.match(name) or name == META:
+        if not valid_file_name(name):
             raise SnapshotError(f"bad file name {name!r} in meta")
         try:
             size, crc = _size_crc(directory / name)
@@ -156,7 +166,12 @@ def verify(directory: Path) -> tuple[SnapshotMeta, DirectoryReader]:
             raise SnapshotError(f"{name}: {e}") from e
         if (size, crc) != (info.size, info.crc32):
             raise SnapshotError(f"{name}: {size} bytes, CRC {crc:#010x}; meta says {info.size}, {info.crc32:#010x}")
-    return meta, DirectoryReader(directory, meta.files)
+
+
+def valid_file_name(name: str) -> bool:
+    """A name a snapshot file may have: no path, not the meta's (a meta from the network names
+    the files a follower writes)."""
+    return bool(_NAME.match(name)) and name not in (META, ".", "..")
 
 
 def _sealed(path: Path) -> FileInfo:
