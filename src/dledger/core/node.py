@@ -125,11 +125,13 @@ Action = Send | Reply | Apply | RunQuery | TakeSnapshot
 
 class Node:
     def __init__(self, cfg: DLedgerConfig, store: LedgerStore, now_ms: int, rng: random.Random | None = None,
-                 applier: Applier | None = None) -> None:
+                 applier: Applier | None = None, snapshot_index: int = -1) -> None:
+        """`snapshot_index`: a plain log's newest (empty) snapshot; with a state machine the
+        applier knows its own."""
         self.cfg = cfg
         self.store = store
         self.applier = applier  # None: a plain log, nothing applied
-        self.snapshot_index = applier.snapshot_index if applier is not None else -1
+        self._log_snapshot_index = snapshot_index
         self._proposers: set[Any] = set()  # append tokens that wait for their apply results
         self._snapshot_waiters: list[Any] = []  # on-demand snapshot requests
         self._snapshot_pending = False  # a TakeSnapshot was emitted and not reported yet
@@ -525,8 +527,14 @@ class Node:
             # the log the snapshot covers goes, but for a margin a slow follower may still need
             # (and whatever a follower's floor keeps: there is no snapshot install yet)
             self.store.set_compaction_point(index - self.cfg.snapshot_margin_entries)
-        self.snapshot_index = max(self.snapshot_index, index)
+        else:
+            self._log_snapshot_index = max(self._log_snapshot_index, index)
         self._answer_snapshot(ResponseCode.SUCCESS, "", index)
+
+    @property
+    def snapshot_index(self) -> int:
+        """The last index of this member's newest snapshot (-1: none)."""
+        return self.applier.snapshot_index if self.applier is not None else self._log_snapshot_index
 
     def _answer_snapshot(self, code: ResponseCode, message: str, index: int = -1) -> None:
         waiters, self._snapshot_waiters = self._snapshot_waiters, []
@@ -823,11 +831,8 @@ class Node:
         polls = self.long_polls
         if not len(polls):
             return
+        # (a leader's own parked reads all leave when it steps down: see step_down)
         for r in polls.due(self.store.committed_index):
-            if not r.local and not self.member.is_leader:
-                self.reply(r.token, READ, _error_for(READ, ResponseCode.NOT_LEADER, self,
-                                                     f"leader is {self.member.leader_id or 'unknown'}"))
-                continue
             try:
                 r.answer()
             except DLedgerError as e:

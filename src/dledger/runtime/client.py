@@ -347,11 +347,7 @@ class AsyncDLedgerClient:
         if member is not None:
             consistency = "local"
         _check_consistency(consistency)
-        req = QueryRequest(self.group, "", "", bytes(request), consistency)
-        if member is not None:
-            resp = await self._call_member(member, QUERY, req)
-        else:
-            resp = await self._call(QUERY, req)
+        resp = await self._ask(member, QUERY, QueryRequest(self.group, "", "", bytes(request), consistency))
         assert isinstance(resp, QueryResponse)
         return resp.result
 
@@ -369,10 +365,7 @@ class AsyncDLedgerClient:
         `consistency`: see `query`."""
         _check_consistency(consistency)
         req = GetRequest(self.group, "", "", index, member is not None or consistency == "local", consistency)
-        if member is None:
-            resp = await self._call(RequestCode.GET, req)
-        else:
-            resp = await self._call_member(member, RequestCode.GET, req)
+        resp = await self._ask(member, RequestCode.GET, req)
         assert isinstance(resp, EntriesResponse)
         if not resp.entries:
             raise DLedgerError(ResponseCode.INDEX_OUT_OF_RANGE, f"no committed entry at {index}")
@@ -394,10 +387,7 @@ class AsyncDLedgerClient:
             req = ReadRequest(self.group, "", "", index, min(max_entries - len(out), 1 << 20), 4 << 20, only_normal,
                               local, consistency)
             try:
-                if member is None:
-                    resp = await self._call(READ, req)
-                else:
-                    resp = await self._call_member(member, READ, req)
+                resp = await self._ask(member, READ, req)
             except DLedgerError as e:
                 if e.code == ResponseCode.INDEX_OUT_OF_RANGE and (out or index > from_index):
                     break
@@ -477,6 +467,12 @@ class AsyncDLedgerClient:
         await self._call_member(member, FAULT, req)
 
     # --- plumbing --------------------------------------------------------------------------
+
+    async def _ask(self, member: str | None, code: int, req: msgspec.Struct) -> msgspec.Struct:
+        """`member` itself when named, else the leader (found and followed by `_call`)."""
+        if member is None:
+            return await self._call(code, req)
+        return await self._call_member(member, code, req)
 
     async def _call(self, code: int, req: msgspec.Struct, timeout: float | None = None,
                     request_timeout: float | None = None) -> msgspec.Struct:

@@ -85,16 +85,14 @@ class GroupRuntime:
             self.store.close()
             raise
         applier = None
+        start = snap.last_index if snap is not None else -1
         if state_machine is not None:
-            start = snap.last_index if snap is not None else -1
             if start < self.store.begin_index - 1:
                 log.error("%s/%s: the log begins at %d and no snapshot covers what came before: the state "
                           "machine cannot be rebuilt here (wipe this member's store to reinstall it)",
                           cfg.group, cfg.self_id, self.store.begin_index)
-            applier = Applier(start, snap.last_index if snap is not None else -1)
-        self.node = Node(cfg, self.store, now_ms(), applier=applier)
-        if snap is not None:
-            self.node.snapshot_index = snap.last_index
+            applier = Applier(start, start)
+        self.node = Node(cfg, self.store, now_ms(), applier=applier, snapshot_index=start)
         self.blocked_ids: set[str] = set()
         self._tokens = itertools.count()
         self._waiting: dict[int, Respond] = {}  # token -> how to answer that request

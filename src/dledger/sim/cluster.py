@@ -117,8 +117,6 @@ class SimCluster:
         store.on_request = lambda: self._schedule_fsync(member)
         applier = self.machines.start(member) if self.machines is not None else None
         node = Node(self.cfgs[member], store, self.now, random.Random(self.rng.random()), applier=applier)
-        if applier is not None:
-            node.snapshot_index = applier.snapshot_index
         self.nodes[member] = node
         self.last_commit[member] = store.committed_index
         self.trace.append(f"{self.now} start {member} (end {store.end_index}, term {node.member.term})")

@@ -122,8 +122,7 @@ class FileLedgerStore(LedgerStore):
             try:
                 recover(self)
                 self._flushed_pos = self.write_pos  # recovery fsynced the data files
-                d = self.durable_index
-                if self.recovered_corrupt is None or d < self.begin_index or self.verify(d) is None:
+                if self.recovered_corrupt is None or self._trusted_record_fault() is None:
                     self._write_checkpoint_locked()  # else the old one stays: never trust a rotten header
             except BaseException:
                 self.data.close()
@@ -592,11 +591,9 @@ class FileLedgerStore(LedgerStore):
                 if self._closed:
                     return
                 try:
-                    # the trusted point is read from a record header: never from a damaged one
-                    durable = self.durable_index
-                    reason = self.verify(durable) if durable >= self.begin_index else None
+                    reason = self._trusted_record_fault()
                     if reason is not None:
-                        raise CorruptEntryError(durable, reason)
+                        raise CorruptEntryError(self.durable_index, reason)
                     state, index_files = self._checkpoint_state()
                 except StoreError as e:  # CorruptEntryError too: a rotten header at the trusted point
                     # the previous checkpoint stays valid; the member repairs the record meanwhile
@@ -610,6 +607,12 @@ class FileLedgerStore(LedgerStore):
                     raise
                 # the previous checkpoint stays valid (truncate rewrites its own): retry later
                 log.warning("%s: checkpoint not written: %s", self.dir, err.message)
+
+    def _trusted_record_fault(self) -> str | None:
+        """Why the record a checkpoint would trust (the durable one) fails verification, or
+        None: the trusted point is read from its header, never from a damaged one."""
+        durable = self.durable_index
+        return self.verify(durable) if durable >= self.begin_index else None
 
     def _write_checkpoint_locked(self) -> None:
         self._persist_checkpoint(*self._checkpoint_state())
@@ -664,7 +667,7 @@ class FileLedgerStore(LedgerStore):
                 floor = min(floor, self._retention_floor)
             plan = self._plan_retention(floor, ratio, total)
             self._note_held_back(floor, committed_floor, plan.delete, ratio, total)
-            # a snapshot covers these whatever the disk usage (floors applied when it was set)
+            # a snapshot covers these whatever the disk usage, within the same floors
             covered = len(self._retention_candidates(min(floor, self._compaction_floor)))
             if max(plan.delete, covered):
                 self._drop_first_data_files(max(plan.delete, covered))
