@@ -291,8 +291,9 @@ def _body_json(body: bytes) -> object:
 @click.option("--json", "as_json", is_flag=True, help="One JSON object keyed by member id.")
 @security_options
 def status(peers: str, group: str, as_json: bool) -> None:
-    """Each member's role, term, leader, ledger end and committed index, and what is wrong
-    with it (a store that cannot write, retention held back by a lagging member)."""
+    """Each member's role, term, leader, ledger end and committed index (with a state machine:
+    applied and snapshot index), a snapshot it is installing from the leader, and what is
+    wrong with it (a store that cannot write, retention held back by a lagging member)."""
     members = parse_peers(peers)
     out: dict[str, dict[str, object]] = {}
     with make_client(peers, group, timeout=2.0) as c:
@@ -304,6 +305,9 @@ def status(peers: str, group: str, as_json: bool) -> None:
                 if v.applied_index >= 0 or v.snapshot_index >= 0:
                     out[m]["applied_index"] = v.applied_index
                     out[m]["snapshot_index"] = v.snapshot_index
+                if v.install_index >= 0:
+                    out[m]["installing"] = {"snapshot_index": v.install_index, "bytes": v.install_bytes,
+                                            "total": v.install_total}
                 if v.state_machine_error:
                     out[m]["state_machine_error"] = v.state_machine_error
                 if v.store_error:
@@ -327,6 +331,11 @@ def status(peers: str, group: str, as_json: bool) -> None:
         for m, row in out.items():
             problem = "; ".join(str(row[k]) for k in ("error", "state_machine_error", "store_error",
                                                       "retention_held_by") if k in row)
+            inst = row.get("installing")
+            if isinstance(inst, dict):
+                pct = 100 * inst["bytes"] // max(inst["total"], 1)
+                problem = "; ".join(filter(None, (f"installing snapshot {inst['snapshot_index']} from the leader: "
+                                                  f"{pct}% of {inst['total']} bytes", problem)))
             table.add_row(m, *(str(row.get(k, "")) for k in cols), problem)
         Console().print(table)
     if all(v["role"] == "unreachable" for v in out.values()):

@@ -165,6 +165,7 @@ class DLedgerConfig:
     snapshot_threshold_entries: int = 100_000  # snapshot once this many entries were applied since the last (0: never)
     snapshot_threshold_bytes: int = 256 * MiB  # ... or this many body bytes (0: never)
     snapshot_margin_entries: int = 10_000  # entries kept behind a snapshot for slow followers (the rest deleted)
+    install_chunk_bytes: int = 4 * MiB  # InstallSnapshot: bytes per request, one in flight per follower
     # lease reads: the leader's lease is the heartbeat lease (interval * leak) minus this margin for
     # clocks that run at different rates
     lease_clock_drift_ms: int = 200
@@ -226,11 +227,15 @@ class DLedgerConfig:
             "flush_interval_ms heart_beat_time_interval_ms max_heart_beat_leak "
             "min_vote_interval_ms max_pending_requests max_wait_ack_ms max_push_timeout_ms "
             "peer_push_quota max_batch_push_bytes max_inflight_pushes checkpoint_interval_ms "
-            "leadership_transfer_timeout_ms retention_check_interval_ms retention_hold_ms max_frame_bytes"
+            "leadership_transfer_timeout_ms retention_check_interval_ms retention_hold_ms max_frame_bytes "
+            "install_chunk_bytes"
         )
         for name in positive.split():
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be positive, not {getattr(self, name)}")
+        if self.install_chunk_bytes > self.max_frame_bytes - (64 << 10):
+            raise ConfigError(f"install_chunk_bytes must leave room for the request in a frame "
+                              f"(max_frame_bytes {self.max_frame_bytes} - 64 KiB)")
         if self.max_vote_interval_ms < self.min_vote_interval_ms:
             raise ConfigError("max_vote_interval_ms must be >= min_vote_interval_ms")
         for name in ("disk_space_ratio_to_check_expired", "disk_space_ratio_to_force_clean"):

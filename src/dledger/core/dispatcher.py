@@ -26,7 +26,10 @@ drops the follower's entries past it, APPEND streams records. Improvements:
   (`corrupt_index`) gets our verified copies in REPAIR pushes, beside replication;
 - a follower whose answers show a log ending below what it had acknowledged (its
   store wiped, its unsynced tail lost) is matched again at once (`lost_match`), even
-  when nothing new is appended, and no longer counts toward the commit.
+  when nothing new is appended, and no longer counts toward the commit;
+- INSTALL (Raft §7): a follower that needs entries before our log begin (compacted
+  behind a snapshot, deleted by retention, or a new empty member) gets our newest
+  snapshot (core.install_snapshot), then is matched from its last entry as usual.
 """
 
 from __future__ import annotations
@@ -39,7 +42,8 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from dledger.codes import DISK_FAULTS, PushType, RequestCode, ResponseCode
-from dledger.core.messages import PushRequest, PushResponse
+from dledger.core.install_snapshot import SnapshotSender
+from dledger.core.messages import InstallSnapshotResponse, PushRequest, PushResponse
 from dledger.entry import HEADER, scan
 from dledger.ratelog import RateLimitedLog
 
@@ -57,6 +61,7 @@ class State(IntEnum):
     COMPARE = PushType.COMPARE
     TRUNCATE = PushType.TRUNCATE
     APPEND = PushType.APPEND
+    INSTALL = PushType.INSTALL_SNAPSHOT
 
 
 class EntryDispatcher:
@@ -80,6 +85,7 @@ class EntryDispatcher:
         self.paused_until = 0  # its disk failed: retry from then
         self.disk_fault = False  # logged once per episode
         self.needs_snapshot = False  # it needs entries below our log begin (metric, logged once)
+        self.sender = SnapshotSender(node, peer)  # INSTALL state: our snapshot, chunk by chunk
         self.repair_index = -1  # the follower's first corrupt record, to send again (-1: none)
         self.repair_busy = False  # a REPAIR push is in flight
         self.repair_paused_until = 0
@@ -95,6 +101,7 @@ class EntryDispatcher:
         self.inflight.clear()
         self.early.clear()
         self.busy = False
+        self.sender.stop()
         self.compare_floor = self.match_index
         self.compare_index = max(min(compare_at, self.node.store.end_index), self.match_index)
 
@@ -114,8 +121,16 @@ class EntryDispatcher:
             self._send_appends()
             if not self.inflight and not self.busy and self.follower_commit < node.store.committed_index:
                 self._send(PushType.COMMIT, self.match_index)
+        elif self.state == State.INSTALL:
+            if not self.sender.active and not self.sender.start():
+                self._stranded()
+                return
+            self.sender.pump(self.epoch)
         elif not self.busy:
             at = self.compare_index if self.state == State.COMPARE else self.compare_floor
+            if at < node.store.begin_index - 1:  # compaction passed it meanwhile
+                self._install()
+                return
             self._send(PushType(self.state), at)
 
     def _send(self, kind: PushType, prev_index: int, first: int = 0, count: int = 0,
@@ -142,6 +157,9 @@ class EntryDispatcher:
         store = node.store
         cfg = node.cfg
         while len(self.inflight) < cfg.max_inflight_pushes and self.next_index <= store.end_index:
+            if self.next_index < store.begin_index:  # compaction passed it while it lagged
+                self._install()
+                return
             if not self._quota_allows():
                 return
             raw = store.read_raw(self.next_index, cfg.max_batch_push_bytes)
@@ -259,6 +277,9 @@ class EntryDispatcher:
                 self.node.quorum.match[self.peer] = -1
             nxt = self._next_compare(i, resp)
             if nxt > self.compare_floor:
+                if nxt < self.node.store.begin_index - 1:  # the search goes where our log was deleted
+                    self._install()
+                    return
                 self.compare_index = nxt
                 return
         # the highest shared index is compare_floor
@@ -268,6 +289,9 @@ class EntryDispatcher:
             self._start_append()
 
     def _start_append(self) -> None:
+        if self.compare_floor + 1 < self.node.store.begin_index:  # matched below our log (e.g. both empty
+            self._install()  # at -1), but what it needs next is deleted here
+            return
         self.state = State.APPEND
         self.next_index = self.compare_floor + 1
 
@@ -279,17 +303,61 @@ class EntryDispatcher:
         else:
             last = self._last_index_of_term(resp.x_term, i - 1)
             nxt = last if last >= resp.x_index else resp.x_index - 1
-        if nxt < store.begin_index - 1:
-            # it needs entries retention deleted (it was silent for longer than retention_hold_ms):
-            # only a snapshot install could help; ask again now and then, not in a tight loop
-            if not self.needs_snapshot:
-                log.error("follower %s needs entries before our log begin %d (no snapshot install yet); "
-                          "asking again every %d ms", self.peer, store.begin_index, STRANDED_RETRY_MS)
-            self.needs_snapshot = True
-            self.paused_until = self.node.now + STRANDED_RETRY_MS
-            return store.begin_index - 1
-        self.needs_snapshot = False
+        if nxt >= store.begin_index - 1:
+            self.needs_snapshot = False
         return max(nxt, -1)
+
+    # --- INSTALL -------------------------------------------------------------------------------
+
+    def _install(self) -> None:
+        """It needs entries before our log begin: send our snapshot instead."""
+        self.needs_snapshot = True
+        self.reset(self.match_index, "it needs entries before our log begin")  # a new epoch, nothing in flight
+        if self.sender.start():
+            self.state = State.INSTALL
+        else:
+            self._stranded()
+
+    def _stranded(self) -> None:
+        """No snapshot reaches our log begin (a state machine whose log was lost before its
+        first snapshot): ask again now and then, not in a tight loop."""
+        self.state = State.COMPARE
+        self.compare_index = max(self.node.store.begin_index - 1, self.match_index)
+        self.paused_until = self.node.now + STRANDED_RETRY_MS
+
+    def note_apply_needs(self, index: int) -> None:
+        """The follower's state machine needs entry `index`, which its log lacks (a rotten record
+        beyond repair): if we no longer hold it either, our snapshot is what can unblock it."""
+        if 0 <= index < self.node.store.begin_index and self.state != State.INSTALL:
+            self._install()
+            self.node.request_pump()
+
+    def on_chunk_read(self, ctx: Any, data: bytes, crc: int, error: str) -> None:
+        epoch, last_index, offset = ctx
+        s = self.sender
+        if epoch != self.epoch or self.state != State.INSTALL or s.meta is None or \
+                (s.meta.last_index, s.offset) != (last_index, offset):
+            return
+        s.on_chunk(epoch, data, crc, error)
+        self.node.request_pump()
+
+    def on_install_response(self, ctx: Any, resp: InstallSnapshotResponse | None) -> None:
+        _, _, epoch, term, last_index, _ = ctx
+        node = self.node
+        if epoch != self.epoch or term != node.member.term or not node.member.is_leader or \
+                self.state != State.INSTALL:
+            return
+        if resp is not None:
+            if node.elector.observe_term(resp.term):
+                return
+            if resp.term == node.member.term:
+                self.note_durable(resp.durable_index)
+        if self.sender.on_response(resp):
+            # it holds our log through last_index now: match from there (its end may be higher)
+            self.needs_snapshot = False
+            self._matched(last_index)
+            self.reset(resp.end_index if resp is not None else last_index, f"snapshot {last_index} installed")
+        node.request_pump()
 
     def _last_index_of_term(self, term: int, upto: int) -> int:
         """Highest j <= upto whose term is `term` in our log, or -1."""
@@ -380,6 +448,8 @@ class EntryDispatcher:
                        "begins at %d): it cannot be repaired; told it so", self.peer, i, store.begin_index)
             self.repair_paused_until = node.now + STRANDED_RETRY_MS
             self._send_repair(store.begin_index, 0, b"")  # no record: "our log begins at first_index"
+            if node.applier is not None and self.state != State.INSTALL:
+                self._install()  # its state machine may need that record: our snapshot replaces it
             return
         if i > store.end_index:  # not an entry of ours: replication truncates it
             self.repair_paused_until = node.now + hb

@@ -141,9 +141,10 @@ class LeaderElector:
 
     def _campaign(self) -> None:
         """Start a pre-vote round, unless our store cannot write: then wait another timeout."""
-        if self.node.unwritable() is not None or self.node.corrupt is not None:
+        why = self.node.unfit_to_lead()
+        if why:
             if self.node.member.role == Role.CANDIDATE:
-                self.node.step_down("its store cannot write" if self.node.corrupt is None else "a record is corrupt")
+                self.node.step_down(why)
             self.election_deadline = self.node.now + self._election_timeout()
             return
         self.start_round(pre_vote=True)
@@ -296,8 +297,10 @@ class LeaderElector:
             self.node.handler.update_commit(req.committed_index)
             self.node.follow_retention_floor(req.retention_floor, req.retention_holder)
         code = ResponseCode.SUCCESS if err is None else err
-        resp = HeartBeatResponse(int(code), m.term, m.leader_id or "", self.node.handler.durable_match(),
-                                 self.node.full() is not None, self.node.store.end_index, self.node.corrupt_index)
+        node = self.node
+        resp = HeartBeatResponse(int(code), m.term, m.leader_id or "", node.handler.durable_match(),
+                                 node.full() is not None, node.store.end_index, node.corrupt_index,
+                                 node.apply_needs())
         self.node.reply(token, RequestCode.HEART_BEAT, resp)
 
     def heartbeat_now(self) -> None:
@@ -335,6 +338,7 @@ class LeaderElector:
                     d.lost_match(resp.end_index, matched)  # wiped, or lost its tail: catch it up now
                 d.note_durable(resp.durable_index)  # how a follower's fsync after a COMPARE reaches the commit
                 d.note_corrupt(resp.corrupt_index)
+                d.note_apply_needs(resp.apply_needs)
 
     def ack(self, peer: str) -> None:
         """Any successful answer from a follower proves it still follows us."""
@@ -360,9 +364,7 @@ class LeaderElector:
                 code = ResponseCode.EXPIRED_TERM if req.term < m.term else ResponseCode.INCONSISTENT_LEADER
                 node.reply(token, RequestCode.LEADERSHIP_TRANSFER, SimpleResponse(int(code), m.term))
                 return
-            fault = node.unwritable()  # we would win and fail the NOOP, or serve a damaged record
-            why = fault.message if fault is not None else (
-                f"{m.self_id} holds a corrupt record at index {node.corrupt[0]}" if node.corrupt is not None else "")
+            why = node.unfit_to_lead()  # we would win and fail the NOOP, or serve a damaged record
             if why:
                 refusal = SimpleResponse(int(ResponseCode.TAKE_LEADERSHIP_FAILED), m.term, m.leader_id or "", why)
                 node.reply(token, RequestCode.LEADERSHIP_TRANSFER, refusal)

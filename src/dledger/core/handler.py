@@ -81,6 +81,18 @@ class EntryHandler:
     def _match(self, index: int) -> None:
         self._matched = (self.node.member.term, max(self.matched_index, index))
 
+    def note_match(self, index: int, leader_commit: int) -> None:
+        """Our log is known equal to the leader's through `index` (an InstallSnapshot found
+        or put its last entry here)."""
+        self._match(index)
+        if leader_commit >= 0:
+            self.update_commit(leader_commit)
+
+    def after_reset(self, end: int) -> None:
+        """The store was reset to end at `end` (a snapshot installed): answers waiting for the
+        fsync of entries past it fail; pushes parked for a gap wait on (or time out)."""
+        self._fail_unsynced(end)
+
     def durable_match(self) -> int:
         """The prefix both fsynced here and known equal to the leader's log."""
         return min(self.node.store.durable_index, self.matched_index)

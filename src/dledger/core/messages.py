@@ -98,6 +98,7 @@ class HeartBeatResponse(msgspec.Struct, array_like=True):
     store_full: bool = False  # receiver refuses client appends (disk full): no leadership handed to it
     end_index: int | None = None  # receiver's ledger end (None: an older peer that does not say)
     corrupt_index: int = -1  # receiver's first record known corrupt (-1: none): the leader repairs it
+    apply_needs: int = -1  # the entry receiver's state machine needs and its log cannot give (-1: none)
 
 
 class PushRequest(Msg):
@@ -208,6 +209,9 @@ class MetadataResponse(msgspec.Struct, array_like=True):
     applied_index: int = -1  # state machine: the last index applied (-1: none, or no state machine)
     snapshot_index: int = -1  # the last index of this member's newest snapshot (-1: none)
     state_machine_error: str = ""  # why this member's state machine stopped applying
+    install_index: int = -1  # a snapshot being received from the leader: its last index (-1: none)
+    install_bytes: int = 0  # ... bytes of it received so far
+    install_total: int = 0  # ... its size
 
 
 class LeadershipTransferRequest(Msg):
@@ -265,6 +269,43 @@ class SnapshotResponse(msgspec.Struct, array_like=True):
     snapshot_index: int = -1
     message: str = ""
 
+
+Crc = Annotated[int, msgspec.Meta(ge=0, lt=1 << 32)]
+FileName = Annotated[str, msgspec.Meta(max_length=128)]
+MAX_SNAPSHOT_FILES = 4096
+
+
+class SnapshotFile(msgspec.Struct, array_like=True, frozen=True):
+    size: Position
+    crc32: Crc
+
+
+class InstallSnapshotRequest(Msg):
+    """One chunk of the leader's snapshot (core.install_snapshot). The snapshot's files travel
+    as one stream in name order; every chunk names the whole snapshot, so a follower that lost
+    its partial copy (a restart) learns to start again from 0."""
+
+    term: Term = 0
+    last_index: Index = -1  # the snapshot covers the log through here
+    last_term: Term = -1
+    chain_crc: Crc = 0  # of entry last_index: the log after it continues the chain from here
+    next_pos: Position = 0  # where entry last_index + 1 starts
+    members: Annotated[str, msgspec.Meta(max_length=1 << 16)] = ""
+    files: Annotated[dict[FileName, SnapshotFile], msgspec.Meta(max_length=MAX_SNAPSHOT_FILES)] = {}
+    offset: Position = 0  # of this chunk (`data`) in the stream
+    crc: Crc = 0  # CRC32 of this chunk
+    committed_index: Index = -1
+
+
+class InstallSnapshotResponse(msgspec.Struct, array_like=True):
+    code: int
+    term: int
+    next_offset: int = 0  # where the next chunk must start (a refused chunk leaves it unchanged)
+    done: bool = False  # the snapshot is installed (or the receiver already held its last entry)
+    end_index: int = -1  # receiver's ledger end
+    durable_index: int = -1
+    reason: str = ""
+
 REQUEST_TYPES: dict[int, type[Msg]] = {
     RequestCode.VOTE: VoteRequest,
     RequestCode.HEART_BEAT: HeartBeatRequest,
@@ -277,6 +318,7 @@ REQUEST_TYPES: dict[int, type[Msg]] = {
     FAULT: FaultRequest,
     QUERY: QueryRequest,
     SNAPSHOT: SnapshotRequest,
+    RequestCode.INSTALL_SNAPSHOT: InstallSnapshotRequest,
 }
 
 RESPONSE_TYPES: dict[int, type[msgspec.Struct]] = {
@@ -291,6 +333,7 @@ RESPONSE_TYPES: dict[int, type[msgspec.Struct]] = {
     FAULT: SimpleResponse,
     QUERY: QueryResponse,
     SNAPSHOT: SnapshotResponse,
+    RequestCode.INSTALL_SNAPSHOT: InstallSnapshotResponse,
 }
 
 _encoder = msgspec.msgpack.Encoder()
@@ -305,11 +348,11 @@ def encode(msg: msgspec.Struct) -> bytes:
 DECODE_ERRORS = (msgspec.DecodeError, UnicodeDecodeError)  # invalid UTF-8 is not a DecodeError
 
 
-_MEMBER_CODES = frozenset((RequestCode.VOTE, RequestCode.HEART_BEAT, RequestCode.PUSH))
+_MEMBER_CODES = frozenset((RequestCode.VOTE, RequestCode.HEART_BEAT, RequestCode.PUSH, RequestCode.INSTALL_SNAPSHOT))
 
 
 def is_member_message(code: int, msg: Msg) -> bool:
-    """Only a member may send it (votes, heartbeats, pushes, a leader's hand-over to its
+    """Only a member may send it (votes, heartbeats, pushes, snapshot installs, a leader's hand-over to its
     successor): its sender is `leader_id`, which must be checked against who sent it."""
     return code in _MEMBER_CODES or (isinstance(msg, LeadershipTransferRequest) and bool(msg.transfer_id))
 

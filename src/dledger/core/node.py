@@ -8,10 +8,12 @@ idle ticks, a push) marks itself corrupt (`corrupt`): it hands leadership over, 
 not campaign, and reports the index until the leader's REPAIR push restored it.
 Outputs: `drain()` returns the actions to execute: `Send` a request to a peer,
 `Reply` to a request; with a state machine (an `Applier`) also `Apply` a batch of
-committed entries, `RunQuery`, `TakeSnapshot` — the runtime runs those three, in the
-order given, on one worker thread and reports back (`on_applied`, `on_apply_failed`,
-`on_snapshot`). The node reads no clock and does no I/O besides its LedgerStore,
-whose appends only touch memory or the page cache.
+committed entries, `RunQuery`, `TakeSnapshot`, and for InstallSnapshot (core.install_snapshot)
+`InstallChunk`, `RestoreSnapshot` — the runtime runs those, in the order given, on one
+worker thread and reports back (`on_applied`, `on_apply_failed`, `on_snapshot`,
+`on_chunk_installed`, `on_restored`); `ReadChunk` (a leader's snapshot chunk for a follower)
+runs beside them (`on_chunk_read`). The node reads no clock and does no I/O besides its
+LedgerStore, whose appends only touch memory or the page cache.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from dledger.config import DLedgerConfig
 from dledger.core.dispatcher import EntryDispatcher
 from dledger.core.elector import LeaderElector
 from dledger.core.handler import EntryHandler
+from dledger.core.install_snapshot import SnapshotReceiver, holds
 from dledger.core.long_poll import MAX_WAIT_MS, LongPolls
 from dledger.core.member_state import MemberState
 from dledger.core.messages import (
@@ -42,6 +45,8 @@ from dledger.core.messages import (
     EntryMsg,
     GetRequest,
     HeartBeatRequest,
+    InstallSnapshotRequest,
+    InstallSnapshotResponse,
     LeadershipTransferRequest,
     MetadataRequest,
     MetadataResponse,
@@ -60,6 +65,7 @@ from dledger.core.quorum import QuorumAckChecker
 from dledger.core.read_index import ReadIndex, describe
 from dledger.entry import MAGIC_NORMAL
 from dledger.statemachine.applier import Applier, ApplyBatch, Proposal
+from dledger.statemachine.snapshot import SnapshotMeta
 from dledger.store.base import AppendResult, CorruptEntryError, LedgerStore, StoreError
 
 log = logging.getLogger(__name__)
@@ -120,18 +126,53 @@ class TakeSnapshot:
     next_pos: int  # where record index + 1 starts (or would): a follower installing it continues there
 
 
-Action = Send | Reply | Apply | RunQuery | TakeSnapshot
+@dataclass(slots=True)
+class ReadChunk:
+    """Read `max_bytes` of snapshot `meta`'s stream from `offset` (off the event loop), then
+    call `on_chunk_read(peer, ctx, data, crc32, error)`."""
+
+    peer: str
+    meta: SnapshotMeta
+    offset: int
+    max_bytes: int
+    ctx: Any
+
+
+@dataclass(slots=True)
+class InstallChunk:
+    """Write a chunk of the leader's snapshot `meta` (statemachine.install.InstallSink; a new
+    meta starts a new one), then call `on_chunk_installed(token, meta, next_offset, done,
+    error)`; `done`: the snapshot is whole, verified and in place (not yet restored)."""
+
+    token: Any
+    meta: SnapshotMeta
+    offset: int
+    data: bytes
+    crc: int
+
+
+@dataclass(slots=True)
+class RestoreSnapshot:
+    """Replace the state machine's state with installed snapshot `meta`, then `on_restored`."""
+
+    meta: SnapshotMeta
+
+
+Action = Send | Reply | Apply | RunQuery | TakeSnapshot | ReadChunk | InstallChunk | RestoreSnapshot
 
 
 class Node:
     def __init__(self, cfg: DLedgerConfig, store: LedgerStore, now_ms: int, rng: random.Random | None = None,
-                 applier: Applier | None = None, snapshot_index: int = -1) -> None:
-        """`snapshot_index`: a plain log's newest (empty) snapshot; with a state machine the
-        applier knows its own."""
+                 applier: Applier | None = None, snapshot: SnapshotMeta | None = None) -> None:
+        """`snapshot`: this member's newest snapshot (restored into the applier's state machine;
+        a plain log's is empty)."""
         self.cfg = cfg
         self.store = store
         self.applier = applier  # None: a plain log, nothing applied
-        self._log_snapshot_index = snapshot_index
+        self.snapshot_meta = snapshot  # what a follower needing our deleted prefix gets
+        self._log_snapshot_index = snapshot.last_index if snapshot is not None else -1
+        if applier is not None and snapshot is not None:
+            self._align_with_snapshot(snapshot)
         self._proposers: set[Any] = set()  # append tokens that wait for their apply results
         self._snapshot_waiters: list[Any] = []  # on-demand snapshot requests
         self._snapshot_pending = False  # a TakeSnapshot was emitted and not reported yet
@@ -144,6 +185,9 @@ class Node:
         self.reads = ReadIndex(self)
         self.long_polls = LongPolls()
         self.handler = EntryHandler(self)
+        self.receiver = SnapshotReceiver(self)
+        self.installs_sent = 0  # snapshots followers installed from us (metrics)
+        self.install_bytes_sent = 0
         self.dispatchers: dict[str, EntryDispatcher] = {}
         self._pump_needed = False
         self._appends: list[tuple[Any, list[bytes]]] = []  # client appends taken since the last drain
@@ -204,6 +248,10 @@ class Node:
                 d.on_response(ctx, resp)
         elif kind == "transfer":
             self.elector.on_transfer_response(ctx, resp)
+        elif kind == "install":
+            d = self.dispatchers.get(ctx[1])
+            if d is not None:
+                d.on_install_response(ctx, resp if isinstance(resp, InstallSnapshotResponse) else None)
 
     def tick(self, now_ms: int) -> None:
         self.now = now_ms
@@ -217,6 +265,9 @@ class Node:
                 # no healthy follower took over in time (or none could): leave anyway; after
                 # the elector's tick, so a transfer that just timed out is not replaced
                 self.step_down(f"corrupt record at index {self.corrupt[0]}")
+            if self.member.is_leader and self.apply_needs() >= 0 and not self.elector.transferring:
+                self._hand_over(f"our state machine needs entry {self.apply_needs()}, which no member holds any "
+                                "more: a follower's snapshot can rebuild it, not the leader's own log")
             if self.member.is_leader:
                 self.quorum.expire(now_ms)
                 for d in self.dispatchers.values():
@@ -263,6 +314,19 @@ class Node:
         else:
             self.store_failed(e)
 
+    def unfit_to_lead(self) -> str:
+        """Why this member must neither campaign nor take a hand-over ("" if it may lead): a store
+        that cannot write (it would fail the NOOP), a corrupt record (it could serve it), a state
+        machine that cannot advance (it could answer no proposal)."""
+        fault = self.unwritable()
+        if fault is not None:
+            return f"its store cannot write: {fault.message}"
+        if self.corrupt is not None:
+            return f"{self.member.self_id} holds a corrupt record at index {self.corrupt[0]}"
+        if self.apply_needs() >= 0:
+            return f"{self.member.self_id}'s state machine needs entry {self.apply_needs()}, deleted everywhere"
+        return ""
+
     # --- corrupt records ---------------------------------------------------------------------
 
     @property
@@ -284,24 +348,24 @@ class Node:
                   "until it is repaired from the leader's copy", m.group, m.self_id, index,
                   self.store.committed_index, reason)
         if m.is_leader:
-            self._hand_over_corrupt()
+            self._hand_over(f"corrupt record at index {index}")
         elif m.role == Role.CANDIDATE:
             self.step_down(f"corrupt record at index {index}")
 
-    def _hand_over_corrupt(self) -> None:
-        """A corrupt leader hands leadership to a live, healthy follower that already holds our
-        whole log (it needs nothing from us, the bad record included: no election gap); with
-        none, it steps down at once, and at the latest when the transfer times out."""
+    def _hand_over(self, why: str) -> None:
+        """A leader unfit to lead (a corrupt record, a state machine stuck) hands leadership to a
+        live, healthy follower that already holds our whole log (it needs nothing from us, the
+        bad record included: no election gap); with none, it steps down at once, and at the
+        latest when the transfer times out."""
         el = self.elector
         if el.transferring:
             return
         target = next((p for p, d in self._caught_up_followers() if not d.disk_fault), None)
         if target is None:
-            self.step_down(f"corrupt record at index {self.corrupt_index}")
+            self.step_down(why)
             return
-        log.warning("%s/%s: corrupt record at index %d; handing leadership to %s (it holds our whole log, "
-                    "up to %d)", self.member.group, self.member.self_id, self.corrupt_index, target,
-                    self.store.end_index)
+        log.warning("%s/%s: %s; handing leadership to %s (it holds our whole log, up to %d)", self.member.group,
+                    self.member.self_id, why, target, self.store.end_index)
         el.begin_transfer(target, None)
 
     def _caught_up_followers(self) -> Iterator[tuple[str, EntryDispatcher]]:
@@ -411,17 +475,21 @@ class Node:
 
     def retention_floor(self) -> tuple[int, str]:
         """The first entry this leader or a live follower still needs, and whose: retention keeps
-        it (there is no snapshot install yet: a follower needing a deleted prefix could never
-        catch up). A follower silent for longer than `retention_hold_ms` no longer holds it.
-        Heartbeats carry it, so followers keep the same entries and whoever leads next can
-        serve them."""
+        it. A follower silent for longer than `retention_hold_ms` no longer holds it (it gets
+        an empty snapshot at our log begin, losing what retention deleted everywhere). With a
+        state machine a lagging follower holds nothing back at all (compaction keeps a margin;
+        behind it the follower installs our snapshot), but one installing a snapshot keeps what
+        follows it. Heartbeats carry the floor, so followers keep the same entries and whoever
+        leads next can serve them."""
         # fsynced prefixes, not matches: a power loss takes the rest back (ours too)
         floor, holder = self.store.durable_index + 1, f"leader {self.member.self_id}"
         for p, d in self.dispatchers.items():
+            if d.sender.meta is not None and d.sender.meta.last_index + 1 < floor:
+                floor, holder = d.sender.meta.last_index + 1, f"follower {p} (installing a snapshot)"
             heard = self.elector.last_ack.get(p, self.elector.leader_since)
             if self.now - heard >= self.cfg.retention_hold_ms:
                 continue  # silent too long: it holds nothing back (nor a repair)
-            if d.durable + 1 < floor:
+            if d.durable + 1 < floor and self.applier is None:
                 floor, holder = d.durable + 1, f"follower {p}"
             if 0 <= d.repair_index < floor:  # our copy is what can repair its record
                 floor, holder = d.repair_index, f"follower {p} (repairing record {d.repair_index})"
@@ -472,7 +540,7 @@ class Node:
             if self._snapshot_waiters:
                 self._answer_snapshot(ResponseCode.INTERNAL_ERROR, f"state machine stopped: {a.stopped}")
             return
-        if a.in_flight is None and not a.snapshotting and (
+        if a.in_flight is None and not a.snapshotting and not a.installing and (
             self._snapshot_waiters or a.snapshot_due(self.cfg.snapshot_threshold_entries,
                                                      self.cfg.snapshot_threshold_bytes) or self._snapshot_frees_disk()):
             self._take_snapshot(a.applied_index)
@@ -502,7 +570,7 @@ class Node:
             return
         try:
             term, chain = store.term_at(index), store.chain_at(index)
-            next_pos = store.get(index + 1).pos if index < store.end_index else store.pos_of_next()
+            next_pos = self._pos_of(index + 1)
         except StoreError as e:
             self._answer_snapshot(e.code, f"cannot snapshot at {index}: {e.message}")
             return
@@ -511,9 +579,11 @@ class Node:
             self.applier.snapshotting = True
         self.actions.append(TakeSnapshot(index, term, chain, next_pos))
 
-    def on_snapshot(self, index: int, error: str, now_ms: int) -> None:
-        """The worker wrote the snapshot of `index` (or failed: `error`)."""
+    def on_snapshot(self, index: int, error: str, now_ms: int, meta: SnapshotMeta | None = None) -> None:
+        """The worker wrote the snapshot of `index` (`meta`; or failed: `error`)."""
         self.now = now_ms
+        if meta is not None:
+            self.note_snapshot(meta)
         self._snapshot_pending = False
         a = self.applier
         if error:
@@ -525,7 +595,7 @@ class Node:
         if a is not None:
             a.snapshot_taken(index)
             # the log the snapshot covers goes, but for a margin a slow follower may still need
-            # (and whatever a follower's floor keeps: there is no snapshot install yet)
+            # (behind it, it installs our snapshot)
             self.store.set_compaction_point(index - self.cfg.snapshot_margin_entries)
         else:
             self._log_snapshot_index = max(self._log_snapshot_index, index)
@@ -535,6 +605,117 @@ class Node:
     def snapshot_index(self) -> int:
         """The last index of this member's newest snapshot (-1: none)."""
         return self.applier.snapshot_index if self.applier is not None else self._log_snapshot_index
+
+    def note_snapshot(self, meta: SnapshotMeta) -> None:
+        """A snapshot now on our disk (taken or installed): the newest is what we send."""
+        if self.snapshot_meta is None or meta.last_index >= self.snapshot_meta.last_index:
+            self.snapshot_meta = meta
+        if self.applier is None:
+            self._log_snapshot_index = max(self._log_snapshot_index, meta.last_index)
+
+    # --- InstallSnapshot (core.install_snapshot) -------------------------------------------------
+
+    def snapshot_to_send(self) -> SnapshotMeta | None:
+        """What a follower needing entries before our log begin gets: our newest snapshot (it
+        reaches our log: compaction never passes it); a plain log's is empty, at begin - 1."""
+        store = self.store
+        if self.applier is None:
+            b = store.begin_index
+            return SnapshotMeta(b - 1, store.begin_term, store.begin_chain_crc, self.cfg.peers,
+                                next_pos=self._pos_of(b))
+        meta = self.snapshot_meta
+        if meta is None or meta.last_index < store.begin_index - 1 or meta.next_pos < 0:
+            log.error("%s/%s: no snapshot reaches our log begin %d (newest: %s); a follower that needs what "
+                      "came before cannot catch up", self.member.group, self.member.self_id, store.begin_index,
+                      meta.last_index if meta is not None else "none")
+            return None
+        return meta
+
+    def _pos_of(self, index: int) -> int:
+        """Where the record of `index` starts (or would: the log's next position)."""
+        store = self.store
+        return store.get(index).pos if index <= store.end_index else store.pos_of_next()
+
+    def read_chunk(self, peer: str, meta: SnapshotMeta, offset: int, max_bytes: int, ctx: Any) -> None:
+        self.actions.append(ReadChunk(peer, meta, offset, max_bytes, ctx))
+
+    def on_chunk_read(self, peer: str, ctx: Any, data: bytes, crc: int, error: str, now_ms: int) -> None:
+        self.now = now_ms
+        d = self.dispatchers.get(peer)
+        if d is not None and self.member.is_leader:
+            d.on_chunk_read(ctx, data, crc, error)
+
+    def install_chunk(self, token: Any, meta: SnapshotMeta, offset: int, data: bytes, crc: int) -> None:
+        self.actions.append(InstallChunk(token, meta, offset, data, crc))
+
+    def on_chunk_installed(self, token: Any, meta: SnapshotMeta, next_offset: int, done: bool, error: str,
+                           now_ms: int) -> None:
+        self.now = now_ms
+        self.receiver.on_chunk_installed(token, meta, next_offset, done, error)
+
+    def reset_log_to(self, meta: SnapshotMeta) -> None:
+        """Our log is replaced by installed snapshot `meta`: it begins after it, empty; the state
+        machine is restored from it before anything more is applied."""
+        L = meta.last_index
+        self.store.reset(L + 1, meta.last_term, meta.chain_crc, meta.next_pos)
+        self.handler.after_reset(L)
+        self._scrub_next = self.store.begin_index
+        if self.applier is not None:
+            self.restore_from(meta)
+
+    def restore_from(self, meta: SnapshotMeta) -> None:
+        """The state machine's state becomes installed snapshot `meta`'s, nothing applied before."""
+        assert self.applier is not None
+        self.applier.installing = True
+        self.actions.append(RestoreSnapshot(meta))
+
+    def apply_needs(self) -> int:
+        """The entry our state machine needs next if our log cannot give it (-1: none)."""
+        a = self.applier
+        return a.handed_index + 1 if a is not None and self.apply_stuck_below(1 << 62) else -1
+
+    def apply_stuck_below(self, index: int) -> bool:
+        """Our state machine needs an entry before `index` that our log cannot give: deleted, or
+        rotten and beyond repair (the leader no longer holds it). A snapshot through `index`
+        unblocks it, even when the log itself matches the leader's."""
+        a = self.applier
+        if a is None or a.handed_index >= index:
+            return False
+        nxt = a.handed_index + 1
+        return nxt < self.store.begin_index or nxt < self._beyond_repair
+
+    def on_restored(self, meta: SnapshotMeta, error: str, now_ms: int) -> None:
+        """The worker restored the state machine from installed snapshot `meta` (or failed)."""
+        self.now = now_ms
+        a = self.applier
+        assert a is not None
+        if error:
+            a.installing = False
+            self._stop_applier(f"restoring installed snapshot {meta.last_index}: {error}")
+            return
+        msg = (f"committed; its result is lost: {self.member.self_id}'s state was replaced by snapshot "
+               f"{meta.last_index}")
+        for p in a.installed(meta.last_index):
+            self.reply(p.token, RequestCode.APPEND, AppendResponse(int(ResponseCode.INTERNAL_ERROR), message=msg))
+        self._run_due_queries()
+
+    def _align_with_snapshot(self, meta: SnapshotMeta) -> None:
+        """At start: a state machine restored from `meta` needs a log that holds its last entry
+        (or begins after it). A crash between installing a snapshot and resetting the log, or
+        a power loss that took the log's unsynced tail, leaves one that does not: it is reset to
+        begin after the snapshot (every entry it drops is covered by it, or was never committed).
+        Not needed for safety (the leader would send the log, or the snapshot, again), only to
+        spare a second install."""
+        store = self.store
+        if meta.next_pos < 0 or holds(store, meta.last_index, meta.last_term, meta.chain_crc):
+            return
+        log.warning("%s/%s: the log (%d..%d) does not hold the last entry %d of our newest snapshot; "
+                    "it begins after the snapshot now", self.cfg.group, self.cfg.self_id,
+                    store.begin_index, store.end_index, meta.last_index)
+        try:
+            store.reset(meta.last_index + 1, meta.last_term, meta.chain_crc, meta.next_pos)
+        except StoreError as e:  # only saves a second install: the leader re-sends what the log lacks
+            log.warning("%s/%s: could not reset the log to the snapshot: %s", self.cfg.group, self.cfg.self_id, e)
 
     def _answer_snapshot(self, code: ResponseCode, message: str, index: int = -1) -> None:
         waiters, self._snapshot_waiters = self._snapshot_waiters, []
@@ -557,9 +738,14 @@ class Node:
         self.now = now_ms
         a = self.applier
         assert a is not None
-        log.error("%s/%s: state machine failed applying entries %s: %s; nothing more is applied until "
-                  "a restart", self.member.group, self.member.self_id,
-                  f"{a.in_flight.first}..{a.in_flight.last}" if a.in_flight else "?", reason)
+        self._stop_applier(f"failed applying entries "
+                           f"{f'{a.in_flight.first}..{a.in_flight.last}' if a.in_flight else '?'}: {reason}")
+
+    def _stop_applier(self, reason: str) -> None:
+        a = self.applier
+        assert a is not None
+        log.error("%s/%s: state machine %s; nothing more is applied until a restart", self.member.group,
+                  self.member.self_id, reason)
         a.fail(reason)
         msg = f"state machine failed on {self.member.self_id}: {reason}"
         for p in a.drop_proposals():
@@ -697,6 +883,10 @@ class Node:
             self._handle_query(msg, token)
         elif code == SNAPSHOT:
             self._handle_snapshot(token)
+        elif code == RequestCode.INSTALL_SNAPSHOT:
+            assert isinstance(msg, InstallSnapshotRequest)
+            self._active = True
+            self.receiver.handle(msg, data, token)
         else:
             raise DLedgerError(ResponseCode.UNSUPPORTED, f"request code {code}")
 
@@ -921,6 +1111,7 @@ class Node:
 
     def metadata(self) -> MetadataResponse:
         m, s = self.member, self.store
+        install_index, install_bytes, install_total = self.receiver.progress()
         err = self.full()
         problems = [err.message] if err is not None else []
         if self.corrupt is not None:
@@ -933,6 +1124,7 @@ class Node:
             applied_index=self.applier.applied_index if self.applier is not None else -1,
             snapshot_index=self.snapshot_index,
             state_machine_error=(self.applier.stopped or "") if self.applier is not None else "",
+            install_index=install_index, install_bytes=install_bytes, install_total=install_total,
         )
 
 
@@ -964,6 +1156,8 @@ def _error_for(code: int, err: ResponseCode, node: Node, message: str = "") -> m
         return QueryResponse(int(err), leader, message=message)
     if code == SNAPSHOT:
         return SnapshotResponse(int(err), message=message)
+    if code == RequestCode.INSTALL_SNAPSHOT:
+        return InstallSnapshotResponse(int(err), m.term, end_index=node.store.end_index, reason=message[:512])
     from dledger.core.messages import HeartBeatResponse, PushResponse, VoteResponse
 
     if code == RequestCode.PUSH:

@@ -147,6 +147,9 @@ class Metadata:
     applied_index: int = -1  # state machine: last index applied (-1: none, or a plain log)
     snapshot_index: int = -1  # last index of this member's newest snapshot (-1: none)
     state_machine_error: str = ""  # why this member's state machine stopped applying
+    install_index: int = -1  # a snapshot being received from the leader: its last index (-1: none)
+    install_bytes: int = 0  # ... bytes received so far
+    install_total: int = 0  # ... of this many
 
 
 class _Answers:
@@ -449,7 +452,7 @@ class AsyncDLedgerClient:
         return Metadata(resp.leader_id or None, resp.term, list(parse_peers(resp.peers)), resp.ledger_end_index,
                         resp.committed_index, resp.role, resp.self_id, resp.ledger_begin_index,
                         resp.store_error, resp.retention_held_by, resp.applied_index, resp.snapshot_index,
-                        resp.state_machine_error)
+                        resp.state_machine_error, resp.install_index, resp.install_bytes, resp.install_total)
 
     async def transfer_leadership(self, target: str) -> None:
         if target not in self.peers:

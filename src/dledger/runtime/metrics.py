@@ -77,7 +77,8 @@ class _StateCollector(Collector):
         lag = GaugeMetricFamily("dledger_replication_lag_entries", "Leader end minus follower match",
                                 labels=[*lab, "follower"])
         stranded = GaugeMetricFamily("dledger_follower_needs_snapshot",
-                                     "1 while a follower needs entries retention deleted (leader's view)",
+                                     "1 while a follower needs entries before the leader's log begin: it gets a "
+                                     "snapshot (leader's view)",
                                      labels=[*lab, "follower"])
         elections = CounterMetricFamily("dledger_elections", "Elections this member started", labels=lab)
         found = CounterMetricFamily("dledger_corrupt_records_found",
@@ -88,6 +89,16 @@ class _StateCollector(Collector):
         repairing = GaugeMetricFamily("dledger_follower_corrupt",
                                       "1 while a follower reports a corrupt record the leader is repairing "
                                       "(leader's view)", labels=[*lab, "follower"])
+        installed = CounterMetricFamily("dledger_snapshots_installed",
+                                        "Snapshots this member installed from a leader (InstallSnapshot)", labels=lab)
+        install_in = CounterMetricFamily("dledger_snapshot_install_received_bytes",
+                                         "Snapshot bytes this member received from leaders", labels=lab)
+        sent = CounterMetricFamily("dledger_snapshots_sent",
+                                   "Snapshots followers installed from this member as leader", labels=lab)
+        install_out = CounterMetricFamily("dledger_snapshot_install_sent_bytes",
+                                          "Snapshot bytes this member sent to followers", labels=lab)
+        installing = GaugeMetricFamily("dledger_snapshot_installing",
+                                       "1 while this member receives a snapshot from the leader", labels=lab)
         for n in self.nodes:
             m, s = n.member, n.store
             v = [m.group, m.self_id]
@@ -106,6 +117,11 @@ class _StateCollector(Collector):
             elections.add_metric(v, n.elector.elections)
             found.add_metric(v, n.corruptions_found)
             repaired.add_metric(v, n.records_repaired)
+            installed.add_metric(v, n.receiver.installs)
+            install_in.add_metric(v, n.receiver.bytes)
+            sent.add_metric(v, n.installs_sent)
+            install_out.add_metric(v, n.install_bytes_sent)
+            installing.add_metric(v, 1 if n.receiver.meta is not None else 0)
             for peer, d in n.dispatchers.items():
                 lag.add_metric([*v, peer], s.end_index - d.match_index)
                 stranded.add_metric([*v, peer], 1 if d.needs_snapshot else 0)
@@ -117,3 +133,8 @@ class _StateCollector(Collector):
         yield elections
         yield found
         yield repaired
+        yield installed
+        yield install_in
+        yield sent
+        yield install_out
+        yield installing

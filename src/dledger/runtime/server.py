@@ -35,7 +35,17 @@ from dledger.core.messages import (
     encode,
     is_member_message,
 )
-from dledger.core.node import Apply, Node, Reply, RunQuery, Send, TakeSnapshot
+from dledger.core.node import (
+    Apply,
+    InstallChunk,
+    Node,
+    ReadChunk,
+    Reply,
+    RestoreSnapshot,
+    RunQuery,
+    Send,
+    TakeSnapshot,
+)
 from dledger.ratelog import RateLimitedLog
 from dledger.runtime.metrics import Metrics
 from dledger.runtime.statemachines import StateMachineHost, load_state_machine
@@ -55,6 +65,7 @@ from dledger.runtime.transport import (
 from dledger.security.tls import TlsConfig, check_member_cert, client_context, member_allowed, server_context
 from dledger.statemachine.api import StateMachine
 from dledger.statemachine.applier import Applier, ApplyBatch
+from dledger.statemachine.snapshot import SnapshotError, SnapshotMeta
 from dledger.store import open_store
 
 log = logging.getLogger(__name__)
@@ -92,7 +103,12 @@ class GroupRuntime:
                           "machine cannot be rebuilt here (wipe this member's store to reinstall it)",
                           cfg.group, cfg.self_id, self.store.begin_index)
             applier = Applier(start, start)
-        self.node = Node(cfg, self.store, now_ms(), applier=applier, snapshot_index=start)
+        try:
+            self.node = Node(cfg, self.store, now_ms(), applier=applier, snapshot=snap)
+        except BaseException:
+            self.host.close()
+            self.store.close()
+            raise
         self.blocked_ids: set[str] = set()
         self._tokens = itertools.count()
         self._waiting: dict[int, Respond] = {}  # token -> how to answer that request
@@ -191,8 +207,17 @@ class GroupRuntime:
                 self.host.submit(self._apply, action.batch, done=self._applied)
             elif isinstance(action, RunQuery):
                 self.host.submit(self._query, action, done=functools.partial(self._answer_query, action))
-            else:
+            elif isinstance(action, TakeSnapshot):
                 self._take_snapshot(action)
+            elif isinstance(action, ReadChunk):
+                self.host.submit_read(self.host.read_chunk, action.meta, action.offset, action.max_bytes,
+                                      done=functools.partial(self._chunk_read, action))
+            elif isinstance(action, InstallChunk):
+                self.host.submit(self.host.install_chunk, action.meta, action.offset, action.data, action.crc,
+                                 done=functools.partial(self._chunk_installed, action))
+            else:
+                self.host.submit(self.host.restore_installed, action.meta,
+                                 done=functools.partial(self._restored, action))
 
     # --- the state machine (on the worker thread, one action at a time, in order) --------------
 
@@ -236,16 +261,47 @@ class GroupRuntime:
         respond(Message(msg.code, encode(msg)))
 
     def _take_snapshot(self, s: TakeSnapshot) -> None:
-        def done(fut: Future[Any]) -> None:
+        def done(fut: Future[SnapshotMeta]) -> None:
             if fut.cancelled():
                 return
             err = fut.exception()
-            if err is not None and not isinstance(err, OSError):
-                log.error("%s/%s: snapshot failed", self.cfg.group, self.cfg.self_id, exc_info=err)
-            self.node.on_snapshot(s.index, "" if err is None else f"{type(err).__name__}: {err}", now_ms())
+            self.node.on_snapshot(s.index, self._failure(err, "snapshot"), now_ms(),
+                                  fut.result() if err is None else None)
             self._execute()
 
         self.host.submit(self.host.take_snapshot, s.index, s.term, s.chain_crc, s.next_pos, self.cfg.peers, done=done)
+
+    def _failure(self, err: BaseException | None, what: str) -> str:
+        """"" for no error; else what to tell the node (a traceback in the log unless the disk
+        or the snapshot itself failed)."""
+        if err is None:
+            return ""
+        if not isinstance(err, OSError | SnapshotError):
+            log.error("%s/%s: %s failed", self.cfg.group, self.cfg.self_id, what, exc_info=err)
+        return f"{type(err).__name__}: {err}"
+
+    def _chunk_read(self, a: ReadChunk, fut: Future[tuple[bytes, int]]) -> None:
+        if fut.cancelled():
+            return
+        err = fut.exception()
+        data, crc = fut.result() if err is None else (b"", 0)
+        self.node.on_chunk_read(a.peer, a.ctx, data, crc, self._failure(err, "reading a snapshot chunk"), now_ms())
+        self._execute()
+
+    def _chunk_installed(self, a: InstallChunk, fut: Future[tuple[int, bool]]) -> None:
+        if fut.cancelled():
+            return
+        err = fut.exception()
+        nxt, done = fut.result() if err is None else (0, False)
+        self.node.on_chunk_installed(a.token, a.meta, nxt, done, self._failure(err, "installing a snapshot chunk"),
+                                     now_ms())
+        self._execute()
+
+    def _restored(self, a: RestoreSnapshot, fut: Future[None]) -> None:
+        if fut.cancelled():
+            return
+        self.node.on_restored(a.meta, self._failure(fut.exception(), "restoring a snapshot"), now_ms())
+        self._execute()
 
     def _spawn(self, coro: Any) -> None:
         task = self.loop.create_task(coro)

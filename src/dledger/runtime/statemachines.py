@@ -1,5 +1,7 @@
 """Which state machine a group runs, from its config (`state_machine`), and where it lives:
-the worker thread that applies, queries and snapshots it, one action at a time in order."""
+the worker thread that applies, queries, snapshots and installs it, one action at a time in
+order; and the snapshot files a leader streams to a follower (read on another thread: a chunk
+never waits behind applies)."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ import importlib
 import logging
 import shutil
 import tempfile
+import zlib
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -16,7 +19,8 @@ from typing import Any, TypeVar
 from dledger.codes import DLedgerError, ResponseCode
 from dledger.config import DLedgerConfig
 from dledger.statemachine.api import NullStateMachine, StateMachine
-from dledger.statemachine.snapshot import SnapshotMeta, SnapshotStore
+from dledger.statemachine.install import InstallSink, SnapshotSource
+from dledger.statemachine.snapshot import SnapshotError, SnapshotMeta, SnapshotStore, verify
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +56,8 @@ class StateMachineHost:
             snap_dir = Path(self._tmp)
         self.snapshots = SnapshotStore(snap_dir)
         self._worker = ThreadPoolExecutor(1, thread_name_prefix=f"sm-{cfg.group}-{cfg.self_id}")
+        self._reader = ThreadPoolExecutor(1, thread_name_prefix=f"snap-{cfg.group}-{cfg.self_id}")
+        self._sink: InstallSink | None = None  # a snapshot being received (worker thread only)
 
     def restore(self) -> SnapshotMeta | None:
         """Load the newest valid snapshot into the state machine (the empty state without one);
@@ -70,11 +76,54 @@ class StateMachineHost:
         fut = self._worker.submit(fn, *args)
         fut.add_done_callback(lambda f: loop.call_soon_threadsafe(done, f))
 
+    def submit_read(self, fn: Callable[..., T], *args: Any, done: Callable[[Future[T]], None]) -> None:
+        """As `submit`, on the snapshot reader's thread."""
+        loop = asyncio.get_running_loop()
+        fut = self._reader.submit(fn, *args)
+        fut.add_done_callback(lambda f: loop.call_soon_threadsafe(done, f))
+
+    def read_chunk(self, meta: SnapshotMeta, offset: int, max_bytes: int) -> tuple[bytes, int]:
+        """Bytes of snapshot `meta`'s stream from `offset`, and their CRC32 (reader thread)."""
+        data = SnapshotSource(self.snapshots.dir / f"{meta.last_index:020d}", meta).read(offset, max_bytes)
+        return data, zlib.crc32(data)
+
+    def install_chunk(self, meta: SnapshotMeta, offset: int, data: bytes, crc: int) -> tuple[int, bool]:
+        """Write a chunk of a snapshot from the leader (worker thread): the next offset wanted,
+        and whether the snapshot is now whole and in place. A new meta starts over."""
+        sink = self._sink
+        if sink is None or sink.meta != meta:
+            if sink is not None:
+                sink.abort()
+            sink = self._sink = InstallSink(self.snapshots, meta)
+        try:
+            nxt = sink.write(offset, data, crc)
+            if not sink.done:
+                return nxt, False
+            self._sink = None
+            sink.finish()
+        except BaseException:
+            self._sink = None
+            sink.abort()
+            raise
+        return nxt, True
+
+    def restore_installed(self, meta: SnapshotMeta) -> None:
+        """Replace the state with installed snapshot `meta` (worker thread)."""
+        found = verify(self.snapshots.dir / f"{meta.last_index:020d}")
+        if found[0] != meta:
+            raise SnapshotError(f"snapshot {meta.last_index} was replaced before it was restored")
+        if self.sm is not None:
+            self.sm.restore(found[1])
+        log.info("restored installed snapshot through index %d (term %d)", meta.last_index, meta.last_term)
+
     def take_snapshot(self, index: int, term: int, chain_crc: int, next_pos: int, members: str) -> SnapshotMeta:
         return self.snapshots.take(self.sm or NullStateMachine(), index, term, chain_crc, members, next_pos)
 
     def close(self) -> None:
         """Let the action running finish (never stop an apply half-way); drop the queued ones."""
         self._worker.shutdown(wait=True, cancel_futures=True)
+        self._reader.shutdown(wait=True, cancel_futures=True)
+        if self._sink is not None:
+            self._sink.abort()
         if self._tmp is not None:
             shutil.rmtree(self._tmp, ignore_errors=True)

@@ -37,7 +37,17 @@ from dledger.core.messages import (
     decode_response,
     encode,
 )
-from dledger.core.node import Apply, Node, Reply, RunQuery, Send, TakeSnapshot
+from dledger.core.node import (
+    Apply,
+    InstallChunk,
+    Node,
+    ReadChunk,
+    Reply,
+    RestoreSnapshot,
+    RunQuery,
+    Send,
+    TakeSnapshot,
+)
 from dledger.sim.disk import SimDiskStore
 from dledger.sim.machines import SimMachines
 
@@ -106,7 +116,9 @@ class SimCluster:
         self.acked_top: tuple[int, int, int] | None = None  # (index, term, chain) of the highest acked entry
         self.corrupted: set[tuple[str, int]] = set()  # (member, index) records flipped by `corrupt`
         self._corrupt_lead: dict[tuple[str, int], int] = {}  # (leader, term) -> when it knew itself corrupt
-        self.machines = SimMachines(self.ids, random.Random(self.rng.random())) if with_machines else None
+        # (a plain log's worker draws from its own generator: the seeds' schedules stay as they were)
+        self.machines = SimMachines(self.ids, random.Random(self.rng.random() if with_machines else seed),
+                                    kv=with_machines)
         for i in self.ids:
             self.start(i)
 
@@ -115,8 +127,9 @@ class SimCluster:
     def start(self, member: str) -> None:
         store = self.stores[member]
         store.on_request = lambda: self._schedule_fsync(member)
-        applier = self.machines.start(member) if self.machines is not None else None
-        node = Node(self.cfgs[member], store, self.now, random.Random(self.rng.random()), applier=applier)
+        applier, snapshot = self.machines.start(member)
+        node = Node(self.cfgs[member], store, self.now, random.Random(self.rng.random()), applier=applier,
+                    snapshot=snapshot)
         self.nodes[member] = node
         self.last_commit[member] = store.committed_index
         self.trace.append(f"{self.now} start {member} (end {store.end_index}, term {node.member.term})")
@@ -321,12 +334,22 @@ class SimCluster:
                 self._send(member, action)
             elif isinstance(action, Reply):
                 self._reply(member, action)
-            elif self.machines is not None:  # Apply, RunQuery, TakeSnapshot: the member's worker, in order
+            elif isinstance(action, ReadChunk):  # the reader thread: beside the worker
+                self._schedule(self.now + self.rng.randint(0, 2), "read_chunk", (member, node, action))
+            else:  # the member's worker, in order
                 self._schedule(self.machines.work_at(member, self.now), "work", (member, node, action))
 
-    def _on_work(self, member: str, node: Node, action: Apply | RunQuery | TakeSnapshot) -> None:
+    def _on_read_chunk(self, member: str, node: Node, a: ReadChunk) -> None:
+        if self.nodes[member] is not node:
+            return
+        data, crc, error = self.machines.read_chunk(member, a.meta, a.offset, a.max_bytes)
+        node.on_chunk_read(a.peer, a.ctx, data, crc, error, self.now)
+        self._flush(member)
+
+    def _on_work(self, member: str, node: Node, action: Apply | RunQuery | TakeSnapshot | InstallChunk
+                 | RestoreSnapshot) -> None:
         m = self.machines
-        if self.nodes[member] is not node or m is None:
+        if self.nodes[member] is not node:
             return  # the member crashed: what its worker had queued is gone
         if isinstance(action, Apply):
             node.on_applied(m.apply(member, action.batch.entries), self.now)
@@ -338,10 +361,23 @@ class SimCluster:
             resp = QueryResponse(200, node.member.leader_id or "", m.query(member, action.request),
                                  action.applied_index)
             self._reply(member, Reply(action.token, QUERY, resp))
-        else:
-            m.snapshot(member, action.index, action.term, action.chain_crc)
+        elif isinstance(action, TakeSnapshot):
+            meta = m.snapshot(member, action.index, action.term, action.chain_crc, action.next_pos,
+                              node.cfg.peers)
             self.trace.append(f"{self.now} {member} snapshot through {action.index}")
-            node.on_snapshot(action.index, "", self.now)
+            node.on_snapshot(action.index, "", self.now, meta)
+        elif isinstance(action, InstallChunk):
+            nxt, done = m.install_chunk(member, action.meta, action.offset, action.data, action.crc)
+            if done:
+                self.trace.append(f"{self.now} {member} installed snapshot {action.meta.last_index}")
+            node.on_chunk_installed(action.token, action.meta, nxt, done, "", self.now)
+        else:
+            m.restore_installed(member, action.meta)
+            node.on_restored(action.meta, "", self.now)
+            if node.applier is not None:
+                problem = m.check(member, node.applier.applied_index)
+                if problem is not None:
+                    self.violations.append(f"{self.now}: after installing a snapshot: {problem}")
         self._flush(member)
 
     def _send(self, src: str, a: Send) -> None:

@@ -127,6 +127,14 @@ class SimDiskStore(MemoryLedgerStore):
         self.durable_index = min(self.durable_index, self.synced_index)
         self._trunc_floor = min(self._trunc_floor, self.end_index)
 
+    def reset(self, begin_index: int, begin_term: int, begin_chain_crc: int, begin_pos: int) -> None:
+        """An installed snapshot replaces the log: durable at once (the file store writes its
+        checkpoint), like a truncate."""
+        self._check_write()
+        super().reset(begin_index, begin_term, begin_chain_crc, begin_pos)
+        self.synced_index = self.end_index
+        self._trunc_floor = min(self._trunc_floor, self.end_index)
+
     def save_term(self, term: int, voted_for: str | None) -> None:
         if self.full or self.failed is not None:
             raise StoreError(ResponseCode.DISK_FULL if self.full else ResponseCode.DISK_ERROR,

@@ -1,7 +1,10 @@
-"""State machines in the simulator (issue 12): each member's KV store, its worker (the node's
-Apply / RunQuery / TakeSnapshot actions run as events, in order, a few ms each) and its
-snapshots (kept in memory, written whole or not at all: a crash before the worker's event
-loses the snapshot, as a crash before the rename does on disk).
+"""State machines in the simulator (issue 12): each member's KV store (or none: a plain log),
+its worker (the node's Apply / RunQuery / TakeSnapshot / InstallChunk / RestoreSnapshot
+actions run as events, in order, a few ms each) and its snapshots (kept in memory, written
+whole or not at all: a crash before the worker's event loses the snapshot, as a crash before
+the rename does on disk; a snapshot being received from the leader is lost with a crash, as
+the file store deletes a `.tmp-` install at start). A leader's snapshot chunks are read from
+the same memory (ReadChunk).
 
 Invariant: two members that applied up to the same index hold the same state.
 """
@@ -10,6 +13,7 @@ from __future__ import annotations
 
 import io
 import random
+import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import BinaryIO
@@ -17,6 +21,7 @@ from typing import BinaryIO
 from dledger.kv.machine import KVStateMachine
 from dledger.statemachine.api import AppliedEntry, SnapshotReader, SnapshotWriter
 from dledger.statemachine.applier import Applier
+from dledger.statemachine.snapshot import FileInfo, SnapshotMeta
 
 KEEP = 2
 
@@ -53,31 +58,41 @@ class _Reader(SnapshotReader):
 
 @dataclass
 class SimSnapshot:
-    index: int
-    term: int
-    chain_crc: int
+    meta: SnapshotMeta
     files: dict[str, bytes] = field(default_factory=dict)
+
+    def stream(self) -> bytes:
+        return b"".join(self.files[n] for n in sorted(self.files))
 
 
 class SimMachines:
-    """The state machines of a SimCluster's members, and the checks on them."""
+    """The state machines (with `kv`; else plain logs) of a SimCluster's members, their
+    snapshots, and the checks on them."""
 
-    def __init__(self, ids: list[str], rng: random.Random) -> None:
+    def __init__(self, ids: list[str], rng: random.Random, kv: bool = True) -> None:
         self.rng = rng
+        self.kv = kv
         self.sms: dict[str, KVStateMachine] = {}
         self.snapshots: dict[str, list[SimSnapshot]] = {i: [] for i in ids}
         self.worker_free: dict[str, int] = {i: 0 for i in ids}
         self._digests: dict[int, tuple[str, int]] = {}  # applied index -> (member, state digest)
+        self._sinks: dict[str, tuple[SnapshotMeta, bytearray]] = {}  # snapshots being received
+        self.installs = 0  # snapshots adopted from a leader (reports)
 
-    def start(self, member: str) -> Applier:
-        """A (re)started member: its newest snapshot restored, the log after it to apply."""
-        sm = KVStateMachine()
+    def start(self, member: str) -> tuple[Applier | None, SnapshotMeta | None]:
+        """A (re)started member: its newest snapshot restored, the log after it to apply; the
+        snapshot's meta (for the node)."""
+        self._sinks.pop(member, None)
         snaps = self.snapshots[member]
         snap = snaps[-1] if snaps else None
+        meta = snap.meta if snap is not None else None
+        if not self.kv:
+            return None, meta
+        sm = KVStateMachine()
         sm.restore(_Reader(snap.files) if snap is not None else None)
         self.sms[member] = sm
-        start = snap.index if snap is not None else -1
-        return Applier(start, start)
+        start = snap.meta.last_index if snap is not None else -1
+        return Applier(start, start), meta
 
     def work_at(self, member: str, now: int) -> int:
         """When the member's worker runs its next action (after the one before: in order)."""
@@ -91,13 +106,56 @@ class SimMachines:
     def query(self, member: str, request: bytes) -> bytes:
         return self.sms[member].query(request)
 
-    def snapshot(self, member: str, index: int, term: int, chain_crc: int) -> None:
+    def snapshot(self, member: str, index: int, term: int, chain_crc: int, next_pos: int, members: str) -> SnapshotMeta:
         w = _Writer()
-        self.sms[member].snapshot(w)
-        snaps = self.snapshots[member]
-        snaps.append(SimSnapshot(index, term, chain_crc, w.files))
-        snaps.sort(key=lambda s: s.index)
-        del snaps[:-KEEP]
+        if self.kv:
+            self.sms[member].snapshot(w)
+        files = {n: FileInfo(len(b), zlib.crc32(b)) for n, b in w.files.items()}
+        meta = SnapshotMeta(index, term, chain_crc, members, files, next_pos=next_pos)
+        self._keep(member, SimSnapshot(meta, w.files))
+        return meta
+
+    def _keep(self, member: str, snap: SimSnapshot) -> None:
+        snaps = [s for s in self.snapshots[member] if s.meta.last_index != snap.meta.last_index]
+        snaps.append(snap)
+        snaps.sort(key=lambda s: s.meta.last_index)
+        self.snapshots[member] = snaps[-KEEP:]
+
+    # --- InstallSnapshot ---------------------------------------------------------------------
+
+    def read_chunk(self, member: str, meta: SnapshotMeta, offset: int, max_bytes: int) -> tuple[bytes, int, str]:
+        """(data, crc, error) as the runtime's reader thread answers."""
+        snap = next((s for s in self.snapshots[member] if s.meta == meta), None)
+        if snap is None:
+            return b"", 0, f"snapshot {meta.last_index} is gone"
+        data = snap.stream()[offset : offset + max_bytes]
+        return data, zlib.crc32(data), ""
+
+    def install_chunk(self, member: str, meta: SnapshotMeta, offset: int, data: bytes, crc: int) -> tuple[int, bool]:
+        """As the runtime's InstallSink: the next offset wanted, and whether it is whole."""
+        sink = self._sinks.get(member)
+        if sink is None or sink[0] != meta:
+            sink = self._sinks[member] = (meta, bytearray())
+        buf = sink[1]
+        if offset == len(buf) and zlib.crc32(data) == crc and offset + len(data) <= meta.size:
+            buf += data
+        if len(buf) < meta.size:
+            return len(buf), False
+        del self._sinks[member]
+        files, pos = {}, 0
+        for name in sorted(meta.files):
+            info = meta.files[name]
+            files[name] = bytes(buf[pos : pos + info.size])
+            pos += info.size
+            assert zlib.crc32(files[name]) == info.crc32, f"{member}: installed file {name} fails its CRC"
+        self._keep(member, SimSnapshot(meta, files))
+        self.installs += 1
+        return len(buf), True
+
+    def restore_installed(self, member: str, meta: SnapshotMeta) -> None:
+        snap = next(s for s in self.snapshots[member] if s.meta == meta)
+        if self.kv:
+            self.sms[member].restore(_Reader(snap.files))
 
     def check(self, member: str, applied: int) -> str | None:
         """Two members at the same applied index hold the same state; a violation, or None."""

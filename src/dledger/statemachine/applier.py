@@ -57,6 +57,7 @@ class Applier:
         self.in_flight: ApplyBatch | None = None
         self.snapshot_index = snapshot_index  # last index of the newest snapshot taken or restored
         self.snapshotting = False
+        self.installing = False  # a snapshot from the leader replaces the state: nothing is applied meanwhile
         self.bytes_since_snapshot = 0
         self.stopped: str | None = None  # the state machine failed: nothing more is applied
         self._proposals: dict[int, Proposal] = {}  # by last index
@@ -71,7 +72,7 @@ class Applier:
 
     def next_batch(self, store: LedgerStore) -> ApplyBatch | None:
         """The next committed entries to apply, or None (one batch at a time; none pending)."""
-        if self.in_flight is not None or self.stopped is not None:
+        if self.in_flight is not None or self.stopped is not None or self.installing:
             return None
         top = store.committed_index
         first = self.handed_index + 1
@@ -156,3 +157,14 @@ class Applier:
         if last_index > self.snapshot_index:
             self.snapshot_index = last_index
             self.bytes_since_snapshot = 0
+
+    def installed(self, last_index: int) -> Iterator[Proposal]:
+        """The state was replaced by a snapshot through `last_index` (InstallSnapshot): apply
+        from there on. Yields the proposals whose results are lost with the old state (their
+        entries committed; the snapshot holds their effect but not their results)."""
+        self.installing = False
+        self.in_flight = None
+        self.applied_index = self.handed_index = self.snapshot_index = last_index
+        self.bytes_since_snapshot = 0
+        for last in sorted(k for k in self._proposals if k <= last_index):
+            yield self._proposals.pop(last)

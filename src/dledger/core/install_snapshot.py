@@ -1,0 +1,261 @@
+"""InstallSnapshot (Raft §7; DLedger's INSTALL_SNAPSHOT): a follower whose next entry is below
+the leader's log begin gets the leader's newest snapshot instead, then entries as usual.
+
+Leader (`SnapshotSender`, one per follower, driven by its EntryDispatcher): the snapshot's
+files travel as one stream (statemachine.install), `install_chunk_bytes` per request, one in flight:
+the follower's answer paces the next, which is the flow control. The runtime reads a chunk
+off the event loop (`ReadChunk` -> `Node.on_chunk_read`). Every request carries the whole
+meta, its offset and CRC; the follower answers where the next chunk must start, so a timeout
+or a dropped connection resends from the last chunk acknowledged, and a follower that
+restarted (its partial copy deleted) answers 0. Its `done` answer says it holds the log
+through last_index; the dispatcher matches from there. A plain log has no state to send, only
+where its log begins: its snapshot is empty and made up on the spot at begin - 1 (retention
+deleted what came before, on every member in time).
+
+Follower (`SnapshotReceiver`): chunks go to the worker thread in arrival order (`InstallChunk`;
+the runtime's InstallSink writes them under a temporary name and renames the directory into
+place once whole and verified). When it is in, the follower adopts it, unless its log got the
+entry last_index meanwhile (a newer leader sent it): the log is reset to begin after last_index
+(`store.reset`) and the state machine restored from the snapshot (`RestoreSnapshot`), nothing
+applied in between. A crash between the rename and the reset is mended at start (the node
+aligns a log that does not hold the newest snapshot's last entry).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from dledger.codes import DISK_FAULTS, DLedgerError, RequestCode, ResponseCode
+from dledger.core.messages import InstallSnapshotRequest, InstallSnapshotResponse, SnapshotFile
+from dledger.ratelog import RateLimitedLog
+from dledger.statemachine.snapshot import FileInfo, SnapshotMeta
+from dledger.store.base import LedgerStore, StoreError
+
+if TYPE_CHECKING:
+    from dledger.core.node import Node
+
+log = logging.getLogger(__name__)
+
+TIMEOUT_FACTOR = 4  # a chunk may wait behind applies on the follower's worker: more than a push's timeout
+
+
+def holds(store: LedgerStore, last_index: int, last_term: int, chain_crc: int) -> bool:
+    """Whether this log already holds the snapshot's last entry (or compacted past it): then it
+    matches the leader's log through there and needs no install."""
+    if last_index < store.begin_index - 1:
+        return True  # our own snapshot is newer; what we committed there is the leader's
+    if last_index > store.end_index:
+        return False
+    return store.term_at(last_index) == last_term and store.chain_at(last_index) == chain_crc
+
+
+def meta_of(req: InstallSnapshotRequest) -> SnapshotMeta:
+    files = {n: FileInfo(f.size, f.crc32) for n, f in req.files.items()}
+    return SnapshotMeta(req.last_index, req.last_term, req.chain_crc, req.members, files, next_pos=req.next_pos)
+
+
+class SnapshotSender:
+    """The leader's side, for one follower."""
+
+    def __init__(self, node: Node, peer: str) -> None:
+        self.node = node
+        self.peer = peer
+        self.meta: SnapshotMeta | None = None
+        self.offset = 0  # the follower has the stream up to here
+        self.busy = False  # a chunk is being read or is in flight
+        self.paused_until = 0
+        self.started = 0
+        self._warn = RateLimitedLog(log, 10.0, lambda: node.now / 1000).warning
+
+    @property
+    def active(self) -> bool:
+        return self.meta is not None
+
+    def start(self) -> bool:
+        """Begin sending our newest snapshot (False: none reaches our log begin)."""
+        meta = self.node.snapshot_to_send()
+        if meta is None:
+            return False
+        self.meta, self.offset, self.busy, self.started = meta, 0, False, self.node.now
+        log.info("push to %s: it needs entries before our log begin %d; sending snapshot %d (%d bytes)",
+                 self.peer, self.node.store.begin_index, meta.last_index, meta.size)
+        return True
+
+    def stop(self) -> None:
+        self.meta, self.busy = None, False
+
+    def pump(self, epoch: int) -> None:
+        meta = self.meta
+        if meta is None or self.busy or self.node.now < self.paused_until:
+            return
+        self.busy = True
+        if meta.size == 0:
+            self._send(epoch, b"", 0)
+        else:
+            self.node.read_chunk(self.peer, meta, self.offset, self.node.cfg.install_chunk_bytes,
+                                 (epoch, meta.last_index, self.offset))
+
+    def on_chunk(self, epoch: int, data: bytes, crc: int, error: str) -> None:
+        """The runtime read the chunk asked for (or failed: our snapshot went, a newer one
+        replaced it; start again with the newest)."""
+        self.busy = False
+        if error:
+            self._warn("read", "push to %s: reading snapshot %s failed (%s); starting again with our newest",
+                       self.peer, self.meta.last_index if self.meta else "?", error)
+            self.meta = None
+            self.paused_until = self.node.now + self.node.cfg.heart_beat_time_interval_ms
+            return
+        self.busy = True
+        self._send(epoch, data, crc)
+
+    def _send(self, epoch: int, data: bytes, crc: int) -> None:
+        node, m, meta = self.node, self.node.member, self.meta
+        assert meta is not None
+        files = {n: SnapshotFile(f.size, f.crc32) for n, f in meta.files.items()}
+        req = InstallSnapshotRequest(m.group, m.self_id, self.peer, m.term, meta.last_index, meta.last_term,
+                                     meta.chain_crc, max(meta.next_pos, 0), meta.members, files, self.offset, crc,
+                                     node.store.committed_index)
+        node.send(self.peer, RequestCode.INSTALL_SNAPSHOT, req,
+                  ("install", self.peer, epoch, m.term, meta.last_index, self.offset), data,
+                  TIMEOUT_FACTOR * node.cfg.max_push_timeout_ms)
+        node.install_bytes_sent += len(data)
+
+    def on_response(self, resp: InstallSnapshotResponse | None) -> bool:
+        """An answer to our chunk; True once the follower holds the snapshot."""
+        self.busy = False
+        node, meta = self.node, self.meta
+        if meta is None:
+            return False
+        if resp is None:  # timeout or network error: send the same chunk again
+            return False
+        if resp.code != ResponseCode.SUCCESS:
+            self._warn("install", "push to %s: install of snapshot %d refused (%s): %s; retrying every %d ms",
+                       self.peer, meta.last_index, _code_name(resp.code), resp.reason,
+                       node.cfg.heart_beat_time_interval_ms)
+            self.paused_until = node.now + node.cfg.heart_beat_time_interval_ms
+            self.offset = min(max(resp.next_offset, 0), self.offset)
+            return False
+        node.elector.ack(self.peer)
+        if resp.done:
+            node.installs_sent += 1
+            log.info("push to %s: snapshot %d installed (%d bytes in %d ms)", self.peer, meta.last_index,
+                     meta.size, node.now - self.started)
+            self.meta = None
+            return True
+        if not 0 <= resp.next_offset <= meta.size:
+            self._warn("install", "push to %s: it asks for offset %d of a %d-byte snapshot; starting again",
+                       self.peer, resp.next_offset, meta.size)
+            self.offset = 0
+        else:
+            self.offset = resp.next_offset
+        return False
+
+
+class SnapshotReceiver:
+    """The follower's side: at most one snapshot being received, whoever sends it."""
+
+    def __init__(self, node: Node) -> None:
+        self.node = node
+        self.meta: SnapshotMeta | None = None  # the snapshot being received
+        self.received = 0
+        self.finishing = False  # its last chunk is on the worker: the state must not change meanwhile
+        self.installs = 0  # snapshots adopted (metrics)
+        self.bytes = 0  # chunk bytes taken (metrics)
+
+    def handle(self, req: InstallSnapshotRequest, data: memoryview | bytes | bytearray, token: Any) -> None:
+        node = self.node
+        err = node.elector.accept_leader(req.term, req.leader_id)
+        if err is not None:
+            self._answer(token, err)
+            return
+        store = node.store
+        held = holds(store, req.last_index, req.last_term, req.chain_crc)
+        if held and not node.apply_stuck_below(req.last_index):
+            node.handler.note_match(req.last_index, req.committed_index)
+            self._answer(token, ResponseCode.SUCCESS, done=True)
+            return
+        if not held and req.last_index <= store.committed_index:  # a committed entry of ours differs
+            raise DLedgerError(ResponseCode.INCONSISTENT_STATE,
+                               f"snapshot {req.last_index} (term {req.last_term}) differs from our committed entry")
+        a = node.applier
+        if a is not None and a.stopped is not None:
+            raise DLedgerError(ResponseCode.INSTALL_SNAPSHOT_ERROR, f"state machine stopped: {a.stopped}")
+        if self.finishing:
+            raise DLedgerError(ResponseCode.REPEATED_PUSH, "the snapshot's last chunk is being installed")
+        meta = meta_of(req)
+        if meta != self.meta:
+            self.meta, self.received = meta, 0
+            log.info("%s: receiving snapshot %d (term %d, %d bytes) from %s", node.member.self_id, meta.last_index,
+                     meta.last_term, meta.size, req.leader_id)
+        if req.offset + len(data) >= meta.size:  # may complete it: nothing is applied until it is adopted
+            self.finishing = True
+            if a is not None:
+                a.installing = True
+        node.install_chunk(token, meta, req.offset, bytes(data), req.crc)
+
+    def on_chunk_installed(self, token: Any, meta: SnapshotMeta, next_offset: int, done: bool, error: str) -> None:
+        """The worker wrote the chunk (`next_offset`: where the next must start); `done`: the
+        snapshot is whole and in place."""
+        node = self.node
+        self.finishing = False
+        a = node.applier
+        if not done and a is not None:
+            a.installing = False
+        if error:
+            self.meta, self.received = None, 0
+            code = ResponseCode.DISK_FULL if "No space left" in error else ResponseCode.INSTALL_SNAPSHOT_ERROR
+            log.warning("%s: install of snapshot %d failed: %s", node.member.self_id, meta.last_index, error)
+            self._answer(token, code, reason=error)
+            return
+        self.bytes += max(0, next_offset - self.received)
+        self.received = next_offset
+        if done:
+            self.meta, self.received = None, 0
+            try:
+                self._adopt(meta)
+            except StoreError as e:
+                if a is not None:
+                    a.installing = False
+                node.store_error(e)
+                self._answer(token, e.code if e.code in DISK_FAULTS else ResponseCode.INSTALL_SNAPSHOT_ERROR,
+                             reason=e.message)
+                return
+        self._answer(token, ResponseCode.SUCCESS, next_offset=next_offset, done=done)
+
+    def _adopt(self, meta: SnapshotMeta) -> None:
+        """The snapshot is in place: our log begins after it (unless it holds its last entry
+        by now), and the state machine is restored from it."""
+        node, store = self.node, self.node.store
+        node.note_snapshot(meta)
+        self.installs += 1
+        if holds(store, meta.last_index, meta.last_term, meta.chain_crc) or node.member.is_leader:
+            log.info("%s: snapshot %d installed; our log holds its last entry by now: kept as it is",
+                     node.member.self_id, meta.last_index)
+            if node.apply_stuck_below(meta.last_index):  # but our state machine could not read it
+                node.restore_from(meta)
+            elif node.applier is not None:
+                node.applier.installing = False
+            return
+        log.info("%s: snapshot %d installed; the log now begins at %d", node.member.self_id, meta.last_index,
+                 meta.last_index + 1)
+        node.reset_log_to(meta)
+        node.handler.note_match(meta.last_index, -1)
+
+    def progress(self) -> tuple[int, int, int]:
+        """(last index, bytes received, bytes in all) of the snapshot being received, or (-1, 0, 0)."""
+        if self.meta is None:
+            return -1, 0, 0
+        return self.meta.last_index, self.received, self.meta.size
+
+    def _answer(self, token: Any, code: ResponseCode, next_offset: int = 0, done: bool = False,
+                reason: str = "") -> None:
+        node = self.node
+        store = node.store
+        node.reply(token, RequestCode.INSTALL_SNAPSHOT,
+                   InstallSnapshotResponse(int(code), node.member.term, next_offset, done, store.end_index,
+                                           node.handler.durable_match(), reason[:512]))
+
+
+def _code_name(code: int) -> str:
+    return ResponseCode(code).name if code in ResponseCode._value2member_map_ else str(code)
