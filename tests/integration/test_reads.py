@@ -21,8 +21,9 @@ pytestmark = pytest.mark.integration
 
 
 async def _read(client: TransportClient, address: str, group: str, member: str, consistency: str) -> object:
-    """READ from 0 at one member: its entries' bodies, or its error code."""
-    req = ReadRequest(group, "", member, 0, 100_000, 4 << 20, True, False, consistency)
+    """READ from 0 at one member, as sent to whoever leads (not by name: no follower read): its
+    entries' bodies, or its error code."""
+    req = ReadRequest(group, "", "", 0, 100_000, 4 << 20, True, False, consistency)
     try:
         raw = await client.request(address, Message(READ, encode(req)), 30.0)
     except DLedgerError as e:
@@ -88,3 +89,21 @@ def test_linearizable_and_lease_reads_serve_on_a_healthy_group(make_cluster: Mak
     with pytest.raises(DLedgerError) as e:
         client.read(0, consistency="bogus")
     assert e.value.code == ResponseCode.UNEXPECTED_ARGUMENT
+
+
+def test_a_follower_serves_linearizable_reads_with_the_leaders_read_index(make_cluster: MakeCluster) -> None:
+    c = make_cluster(3, extra=["--state-machine", "kv"])
+    from dledger.kv import KVClient
+
+    kv = KVClient("", client=c.client(timeout=30))
+    leader = c.wait_leader()
+    follower = next(m for m in c.ids if m != leader)
+    log = c.client(timeout=30)
+    for k in range(30):  # each read follows the put it must see, at a follower
+        assert kv.put("key", f"v{k}").ok
+        item = kv.get("key", consistency="linearizable", member=follower)
+        assert item is not None and item.value == f"v{k}".encode()
+        r = log.append(f"e{k}".encode())
+        assert log.get(r.index, member=follower, consistency="lease").body == f"e{k}".encode()
+    # a member by name without a consistency reads its own copy (may trail; never an error)
+    assert kv.get("key", member=follower) is not None

@@ -74,6 +74,13 @@ def test_a_transfer_cut_off_midway_leaves_a_stale_leader_only_leader_mode_reads_
 
     stale = _bodies(_answer(c, _send(c, old, READ, ReadRequest(consistency="leader"))))
     assert stale == before and b"after" not in stale  # the acknowledged append is missing
+    # the reads invariant the seeds check (SimCluster.read) flags it too
+    c.read(old, "leader")
+    assert c.run_until(lambda: bool(c.violations), 1_000) and "not committed" in c.violations[0], c.violations
+    c.violations.clear()
+    c.read(old, "linearizable")
+    c.read(target, "lease")
+    c.read(other, "linearizable", addressed=True)
 
     for mode in ("linearizable", "lease"):
         resp = _answer(c, _send(c, old, READ, ReadRequest(consistency=mode)))
@@ -137,4 +144,33 @@ def test_no_lease_read_after_a_hand_over_was_sent_even_once_the_transfer_timed_o
     if c._node(old).member.is_leader:  # still believes it leads: it must not serve from its lease
         resp = _answer(c, _send(c, old, READ, ReadRequest(consistency="lease")))
         assert resp is None or resp.code != ResponseCode.SUCCESS or b"after" in _bodies(resp), resp
+    assert not c.violations
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_follower_read_waits_for_the_leaders_read_index_where_a_local_read_is_stale(seed: int) -> None:
+    """Follower read (thesis §6.4): an append acknowledged by the leader and one follower; the
+    other follower has not heard of it (its link from the leader is cut). Its local copy is
+    stale; a linearizable read addressed to it waits for the leader's read index and times
+    out rather than answer without the entry; once the link heals it answers with it."""
+    c, leader, _, b = _with_three_entries(seed)
+    c.blocked = {(leader, b)}  # b hears nothing from the leader; its requests still go through
+    after = c.append(leader, [b"after"])
+    assert c.run_until(lambda: after in c.client_results, 5_000)
+    assert c.client_results[after].code == ResponseCode.SUCCESS
+    local = _bodies(_answer(c, _send(c, b, READ, ReadRequest(local=True, consistency="local"))))
+    assert b"after" not in local  # its own copy is behind
+    for mode in ("linearizable", "lease"):
+        resp = _answer(c, _send(c, b, READ, ReadRequest(remote_id=b, consistency=mode)), 5_000)
+        # the leader's answer cannot reach b: no answer, or one that says why; never a stale one
+        assert resp is None or resp.code != ResponseCode.SUCCESS or b"after" in _bodies(resp), (mode, resp)
+    c.blocked = set()
+    assert c.run_until(lambda: c._node(b).member.leader_id is not None and c.leader() is not None, 5_000)
+    now_leader = c.leader()
+    token = _send(c, b, READ, ReadRequest(remote_id=b, consistency="linearizable"))
+    assert b"after" in _bodies(_answer(c, token, 5_000))
+    assert c._node(b).follower_reads.served >= 1
+    # one that was not addressed to it by name is redirected to the leader, as before
+    resp = _answer(c, _send(c, b, READ, ReadRequest(consistency="linearizable")))
+    assert resp.code == ResponseCode.NOT_LEADER and resp.leader_id == now_leader
     assert not c.violations

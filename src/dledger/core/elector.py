@@ -281,6 +281,7 @@ class LeaderElector:
             m.leader_id = leader_id
             log.info("%s/%s: follows %s in term %d", m.group, m.self_id, leader_id, term)
             node.handler.on_leader_change()
+            node.forget_beyond_repair()
         elif m.leader_id != leader_id:
             return ResponseCode.INCONSISTENT_LEADER
         self.last_leader_contact = node.now

@@ -241,6 +241,7 @@ READ = 52002
 # 52003 is the transport's AUTH
 QUERY = 52004
 SNAPSHOT = 52005
+READ_INDEX = 52006
 
 CONSISTENCY = ("linearizable", "lease", "leader", "local")
 
@@ -257,6 +258,20 @@ class QueryResponse(msgspec.Struct, array_like=True):
     leader_id: str = ""
     result: bytes = b""
     applied_index: int = -1  # the state answered from includes every entry up to here
+    message: str = ""
+
+
+class ReadIndexRequest(Msg):
+    """A follower asks the leader for a read index (follower read, Raft thesis §6.4): the
+    leader confirms it leads (as `consistency` says) and answers its commit index."""
+
+    consistency: Consistency = "linearizable"
+
+
+class ReadIndexResponse(msgspec.Struct, array_like=True):
+    code: int
+    leader_id: str = ""
+    read_index: int = -1
     message: str = ""
 
 
@@ -319,6 +334,7 @@ REQUEST_TYPES: dict[int, type[Msg]] = {
     QUERY: QueryRequest,
     SNAPSHOT: SnapshotRequest,
     RequestCode.INSTALL_SNAPSHOT: InstallSnapshotRequest,
+    READ_INDEX: ReadIndexRequest,
 }
 
 RESPONSE_TYPES: dict[int, type[msgspec.Struct]] = {
@@ -334,6 +350,7 @@ RESPONSE_TYPES: dict[int, type[msgspec.Struct]] = {
     QUERY: QueryResponse,
     SNAPSHOT: SnapshotResponse,
     RequestCode.INSTALL_SNAPSHOT: InstallSnapshotResponse,
+    READ_INDEX: ReadIndexResponse,
 }
 
 _encoder = msgspec.msgpack.Encoder()
@@ -348,12 +365,14 @@ def encode(msg: msgspec.Struct) -> bytes:
 DECODE_ERRORS = (msgspec.DecodeError, UnicodeDecodeError)  # invalid UTF-8 is not a DecodeError
 
 
-_MEMBER_CODES = frozenset((RequestCode.VOTE, RequestCode.HEART_BEAT, RequestCode.PUSH, RequestCode.INSTALL_SNAPSHOT))
+_MEMBER_CODES = frozenset((RequestCode.VOTE, RequestCode.HEART_BEAT, RequestCode.PUSH, RequestCode.INSTALL_SNAPSHOT,
+                           READ_INDEX))
 
 
 def is_member_message(code: int, msg: Msg) -> bool:
-    """Only a member may send it (votes, heartbeats, pushes, snapshot installs, a leader's hand-over to its
-    successor): its sender is `leader_id`, which must be checked against who sent it."""
+    """Only a member may send it (votes, heartbeats, pushes, snapshot installs, read indexes, a
+    leader's hand-over to its successor): its sender is `leader_id`, which must be checked
+    against who sent it."""
     return code in _MEMBER_CODES or (isinstance(msg, LeadershipTransferRequest) and bool(msg.transfer_id))
 
 

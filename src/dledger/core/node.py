@@ -30,6 +30,7 @@ from dledger.codes import DISK_FAULTS, DLedgerError, PushType, RequestCode, Resp
 from dledger.config import DLedgerConfig
 from dledger.core.dispatcher import EntryDispatcher
 from dledger.core.elector import LeaderElector
+from dledger.core.follower_read import FollowerReads
 from dledger.core.handler import EntryHandler
 from dledger.core.install_snapshot import SnapshotReceiver, holds
 from dledger.core.long_poll import MAX_WAIT_MS, LongPolls
@@ -38,6 +39,7 @@ from dledger.core.messages import (
     CONSISTENCY,
     QUERY,
     READ,
+    READ_INDEX,
     SNAPSHOT,
     AppendRequest,
     AppendResponse,
@@ -54,6 +56,8 @@ from dledger.core.messages import (
     PushRequest,
     QueryRequest,
     QueryResponse,
+    ReadIndexRequest,
+    ReadIndexResponse,
     ReadRequest,
     Role,
     SimpleResponse,
@@ -183,6 +187,7 @@ class Node:
         self.quorum = QuorumAckChecker(self.member, store, self._complete_append)
         self.elector = LeaderElector(self)
         self.reads = ReadIndex(self)
+        self.follower_reads = FollowerReads(self)
         self.long_polls = LongPolls()
         self.handler = EntryHandler(self)
         self.receiver = SnapshotReceiver(self)
@@ -248,6 +253,8 @@ class Node:
                 d.on_response(ctx, resp)
         elif kind == "transfer":
             self.elector.on_transfer_response(ctx, resp)
+        elif kind == "read_index":
+            self.follower_reads.on_response(ctx, resp if isinstance(resp, ReadIndexResponse) else None)
         elif kind == "install":
             d = self.dispatchers.get(ctx[1])
             if d is not None:
@@ -276,6 +283,7 @@ class Node:
                 if self.corrupt is None:
                     self._relieve_pressure()
             self.handler.tick()
+            self.follower_reads.wake()  # (their deadlines)
             self._scrub()
         except StoreError as e:
             self.store_error(e)
@@ -401,6 +409,11 @@ class Node:
             self._clear_corrupt(f"corrupt record {c[0]} is below the leader's log begin {leader_begin}: "
                                 "beyond repair, and needed by no member")
 
+    def forget_beyond_repair(self) -> None:
+        """A new leader may still hold what the last one had deleted: a rotten record of ours
+        below the old leader's log begin is reported (and repaired) again."""
+        self._beyond_repair = -1
+
     def forget_corrupt_above(self, end: int) -> None:
         """A truncate removed our records after `end`: a corrupt one among them is gone."""
         if self.corrupt is not None and self.corrupt[0] > end:
@@ -522,6 +535,7 @@ class Node:
         if self.reads.want_round and self.member.is_leader:
             self.elector.heartbeat_now()  # reads wait for a confirming round: no tick's delay
         self._wake_reads()
+        self.follower_reads.wake()
         self._feed_applier()
         actions, self.actions = self.actions, []
         return actions
@@ -775,7 +789,7 @@ class Node:
         if msg.consistency == "local":
             run_at(self.store.committed_index)  # our own commit index: may trail the leader's
         else:
-            self._when_confirmed(QUERY, msg.consistency, token, run_at)
+            self._when_confirmed(QUERY, msg.consistency, token, run_at, self._addressed(msg))
 
     def _handle_snapshot(self, token: Any) -> None:
         a = self.applier
@@ -864,11 +878,16 @@ class Node:
             self._handle_append(msg, token)
         elif code == RequestCode.GET:
             assert isinstance(msg, GetRequest)
-            self._handle_read(code, msg.index, 1, 1 << 30, False, msg.local, msg.consistency, token)
+            self._handle_read(code, msg.index, 1, 1 << 30, False, msg.local, msg.consistency, token,
+                              addressed=self._addressed(msg))
         elif code == READ:
             assert isinstance(msg, ReadRequest)
             self._handle_read(code, msg.from_index, msg.max_entries, msg.max_bytes, msg.only_normal, msg.local,
-                              msg.consistency, token, msg.wait_ms)
+                              msg.consistency, token, msg.wait_ms, self._addressed(msg))
+        elif code == READ_INDEX:
+            assert isinstance(msg, ReadIndexRequest)
+            self._when_confirmed(code, msg.consistency, token,
+                                 lambda ri: self.reply(token, code, ReadIndexResponse(200, self.member.self_id, ri)))
         elif code == RequestCode.METADATA:
             assert isinstance(msg, MetadataRequest)
             if msg.consistency:  # a confirmed leader's view
@@ -889,6 +908,11 @@ class Node:
             self.receiver.handle(msg, data, token)
         else:
             raise DLedgerError(ResponseCode.UNSUPPORTED, f"request code {code}")
+
+    def _addressed(self, msg: Msg) -> bool:
+        """Sent to this member by name (`member=` with a consistency): a follower serves it as a
+        follower read instead of redirecting to the leader."""
+        return msg.remote_id == self.member.self_id
 
     def _check_addressing(self, code: int, msg: Msg) -> ResponseCode | None:
         """Group, receiver and sender must be ours. Member messages (votes, heartbeats, pushes,
@@ -987,24 +1011,28 @@ class Node:
         self.reply(token, RequestCode.APPEND, msg)
 
     def _handle_read(self, code: int, start: int, max_entries: int, max_bytes: int, only_normal: bool,
-                     local: bool, consistency: str, token: Any, wait_ms: int = 0) -> None:
+                     local: bool, consistency: str, token: Any, wait_ms: int = 0, addressed: bool = False) -> None:
         """Committed entries only, from the leader unless the reader asked for this member's
         own copy (`local`), whose commit index may lag. From the leader an append acknowledged
         to one client is readable by every other client at once; `linearizable` and `lease`
-        also rule out a deposed leader that does not know it yet (see read_index)."""
+        also rule out a deposed leader that does not know it yet (see read_index), and a
+        follower asked by name serves them once it committed the leader's read index."""
+        def own_copy() -> bool:  # a follower's read (local or a follower read) is its own copy
+            return local or not self.member.is_leader
+
         def answer() -> None:
-            self._answer_read(code, start, max_entries, max_bytes, only_normal, local, token)
+            self._answer_read(code, start, max_entries, max_bytes, only_normal, own_copy(), token)
 
         def answer_or_wait(_: int = -1) -> None:
             if wait_ms > 0 and start > self.store.committed_index:
-                self._park_read(start, wait_ms, local, answer, token)
+                self._park_read(start, wait_ms, own_copy(), answer, token)
             else:
                 answer()
 
         if local:
             answer_or_wait()
         else:
-            self._when_confirmed(code, consistency, token, answer_or_wait)
+            self._when_confirmed(code, consistency, token, answer_or_wait, addressed)
 
     def _park_read(self, start: int, wait_ms: int, local: bool, answer: Callable[[], None], token: Any) -> None:
         deadline = self.now + min(wait_ms, MAX_WAIT_MS)
@@ -1030,13 +1058,17 @@ class Node:
         for r in polls.expired(self.now):
             self._answer_empty(r.token, r.start)
 
-    def _when_confirmed(self, code: int, consistency: str, token: Any, serve: Callable[[int], None]) -> None:
+    def _when_confirmed(self, code: int, consistency: str, token: Any, serve: Callable[[int], None],
+                        addressed: bool = False) -> None:
         """Run `serve(read_index)` on the leader once `consistency` allows: at once for
-        `leader`, after a confirming heartbeat round (or within the lease) otherwise. Errors
-        raised by `serve` later become the request's answer."""
+        `leader`, after a confirming heartbeat round (or within the lease) otherwise; on a
+        follower asked by name (`addressed`) once it committed the leader's read index
+        (core.follower_read). Errors raised by `serve` later become the request's answer."""
         if consistency not in CONSISTENCY or consistency == "local":
             raise DLedgerError(ResponseCode.UNEXPECTED_ARGUMENT, describe(consistency))
-        self._check_read_leader()
+        follower_read = addressed and not self.member.is_leader and consistency != "leader"
+        if not follower_read:
+            self._check_read_leader()
         if self.elector.transferring and consistency != "leader":
             raise DLedgerError(ResponseCode.LEADER_TRANSFERRING, "leadership transfer in progress")
 
@@ -1052,7 +1084,9 @@ class Node:
         def fail(err: ResponseCode, message: str) -> None:
             self.reply(token, code, _error_for(code, err, self, message))
 
-        if consistency == "leader":
+        if follower_read:
+            self.follower_reads.read(consistency, safely, fail)
+        elif consistency == "leader":
             safely(self.store.committed_index)
         else:
             self.reads.read(consistency, self.store.committed_index, safely, fail)
@@ -1156,6 +1190,8 @@ def _error_for(code: int, err: ResponseCode, node: Node, message: str = "") -> m
         return QueryResponse(int(err), leader, message=message)
     if code == SNAPSHOT:
         return SnapshotResponse(int(err), message=message)
+    if code == READ_INDEX:
+        return ReadIndexResponse(int(err), leader, message=message)
     if code == RequestCode.INSTALL_SNAPSHOT:
         return InstallSnapshotResponse(int(err), m.term, end_index=node.store.end_index, reason=message[:512])
     from dledger.core.messages import HeartBeatResponse, PushResponse, VoteResponse

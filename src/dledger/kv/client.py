@@ -73,12 +73,13 @@ class AsyncKVClient:
         return await self._propose(Cas(_b(key), None if value is None else _b(value), expect_index,
                                        None if expect_value is None else _b(expect_value)))
 
-    async def get(self, key: bytes | str, consistency: str = "linearizable", member: str | None = None) -> Item | None:
-        """`member`: that member's own applied copy (consistency "local")."""
+    async def get(self, key: bytes | str, consistency: str | None = None, member: str | None = None) -> Item | None:
+        """`member`: that member's own applied copy (consistency "local" unless another is given:
+        "linearizable" there is a follower read, see AsyncDLedgerClient.query)."""
         return decode_item(await self.log.query(encode(Get(_b(key))), consistency, member))
 
     async def range(self, prefix: bytes | str = b"", limit: int = 1000, start_after: bytes | str | None = None,
-                    consistency: str = "linearizable", member: str | None = None) -> RangeResult:
+                    consistency: str | None = None, member: str | None = None) -> RangeResult:
         q = Range(_b(prefix), limit, None if start_after is None else _b(start_after))
         return decode_range(await self.log.query(encode(q), consistency, member))
 
@@ -117,11 +118,11 @@ class KVClient:
             expect_value: bytes | str | None = None) -> Result:
         return self._log._run(self._kv.cas(key, value, expect_index=expect_index, expect_value=expect_value))
 
-    def get(self, key: bytes | str, consistency: str = "linearizable", member: str | None = None) -> Item | None:
+    def get(self, key: bytes | str, consistency: str | None = None, member: str | None = None) -> Item | None:
         return self._log._run(self._kv.get(key, consistency, member))
 
     def range(self, prefix: bytes | str = b"", limit: int = 1000, start_after: bytes | str | None = None,
-              consistency: str = "linearizable", member: str | None = None) -> RangeResult:
+              consistency: str | None = None, member: str | None = None) -> RangeResult:
         return self._log._run(self._kv.range(prefix, limit, start_after, consistency, member))
 
     def snapshot(self, member: str) -> int:

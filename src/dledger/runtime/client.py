@@ -338,19 +338,19 @@ class AsyncDLedgerClient:
                                f"{len(resp.results)} results for {len(bodies)} bodies (an older member?)")
         return [ProposeResult(resp.index + k, resp.term, r) for k, r in enumerate(resp.results)]
 
-    async def query(self, request: bytes, consistency: str = "linearizable", member: str | None = None) -> bytes:
+    async def query(self, request: bytes, consistency: str | None = None, member: str | None = None) -> bytes:
         """`StateMachine.query(request)` on the leader, from a state that includes every entry
         committed before the call began.
 
-        `consistency`: "linearizable" (default; the leader confirms it still leads with a
+        `consistency`: "linearizable" (the default; the leader confirms it still leads with a
         heartbeat round shared by the reads waiting for it), "lease" (no round while the
         leader's lease holds), "leader" (no confirmation: a leader cut off without knowing it
         may answer from a stale committed state), "local" (`member`'s own applied state,
-        which may trail; implied by `member`)."""
-        if member is not None:
-            consistency = "local"
-        _check_consistency(consistency)
-        resp = await self._ask(member, QUERY, QueryRequest(self.group, "", "", bytes(request), consistency))
+        which may trail; the default when `member` is named). `member` with "linearizable" or
+        "lease": a follower read — that member asks the leader for a read index and answers
+        from its own state once it applied that far."""
+        consistency, _, to = _resolve(consistency, member)
+        resp = await self._ask(member, QUERY, QueryRequest(self.group, "", to, bytes(request), consistency))
         assert isinstance(resp, QueryResponse)
         return resp.result
 
@@ -363,11 +363,11 @@ class AsyncDLedgerClient:
         assert isinstance(resp, SnapshotResponse)
         return resp.snapshot_index
 
-    async def get(self, index: int, member: str | None = None, consistency: str = "linearizable") -> Entry:
+    async def get(self, index: int, member: str | None = None, consistency: str | None = None) -> Entry:
         """The committed entry at `index`, from the leader (or `member`'s own copy).
         `consistency`: see `query`."""
-        _check_consistency(consistency)
-        req = GetRequest(self.group, "", "", index, member is not None or consistency == "local", consistency)
+        consistency, local, to = _resolve(consistency, member)
+        req = GetRequest(self.group, "", to, index, local, consistency)
         resp = await self._ask(member, RequestCode.GET, req)
         assert isinstance(resp, EntriesResponse)
         if not resp.entries:
@@ -376,18 +376,17 @@ class AsyncDLedgerClient:
         return Entry(e.index, e.term, e.pos, e.body, e.magic)
 
     async def read(self, from_index: int = 0, max_entries: int = 1000, only_normal: bool = True,
-                   member: str | None = None, consistency: str = "linearizable") -> list[Entry]:
+                   member: str | None = None, consistency: str | None = None) -> list[Entry]:
         """Committed entries from `from_index` (NOOP and config entries skipped by default).
 
         By default the leader answers; `member` reads that member's own committed copy.
         `consistency`: see `query` (each request of a long read is confirmed by itself).
         """
-        _check_consistency(consistency)
-        local = member is not None or consistency == "local"
+        consistency, local, to = _resolve(consistency, member)
         out: list[Entry] = []
         index = from_index
         while len(out) < max_entries:
-            req = ReadRequest(self.group, "", "", index, min(max_entries - len(out), 1 << 20), 4 << 20, only_normal,
+            req = ReadRequest(self.group, "", to, index, min(max_entries - len(out), 1 << 20), 4 << 20, only_normal,
                               local, consistency)
             try:
                 resp = await self._ask(member, READ, req)
@@ -637,6 +636,15 @@ async def _close_agen(agen: AsyncGenerator[Any, None]) -> None:
         await agen.aclose()
 
 
+def _resolve(consistency: str | None, member: str | None) -> tuple[str, bool, str]:
+    """(consistency, local, remote_id) of a read: `member` alone reads its own copy; `member`
+    with a consistency asks that member by name (a follower read when it does not lead)."""
+    if consistency is None:
+        consistency = "local" if member is not None else "linearizable"
+    _check_consistency(consistency)
+    return consistency, consistency == "local", member or ""
+
+
 def _check_consistency(consistency: str) -> None:
     if consistency not in CONSISTENCY:
         raise DLedgerError(ResponseCode.UNEXPECTED_ARGUMENT,
@@ -685,11 +693,11 @@ class DLedgerClient:
     def append_batch(self, bodies: Sequence[bytes]) -> list[AppendResult]:
         return self._run(self._async.append_batch(bodies))
 
-    def get(self, index: int, member: str | None = None, consistency: str = "linearizable") -> Entry:
+    def get(self, index: int, member: str | None = None, consistency: str | None = None) -> Entry:
         return self._run(self._async.get(index, member, consistency))
 
     def read(self, from_index: int = 0, max_entries: int = 1000, member: str | None = None,
-             consistency: str = "linearizable") -> list[Entry]:
+             consistency: str | None = None) -> list[Entry]:
         return self._run(self._async.read(from_index, max_entries, member=member, consistency=consistency))
 
     def metadata(self, member: str | None = None, consistency: str = "") -> Metadata:
@@ -722,7 +730,7 @@ class DLedgerClient:
     def propose_batch(self, bodies: Sequence[bytes]) -> list[ProposeResult]:
         return self._run(self._async.propose_batch(bodies))
 
-    def query(self, request: bytes, consistency: str = "linearizable", member: str | None = None) -> bytes:
+    def query(self, request: bytes, consistency: str | None = None, member: str | None = None) -> bytes:
         return self._run(self._async.query(request, consistency, member))
 
     def snapshot(self, member: str) -> int:

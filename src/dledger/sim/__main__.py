@@ -20,12 +20,13 @@ def main() -> int:
     logging.disable(logging.CRITICAL)  # members log every fault they see; the report says what matters
     t0 = time.monotonic()
     failed = 0
-    acked = faults = installs = 0
+    acked = faults = installs = reads = 0
     for seed in range(args.start, args.start + args.seeds):
         rep = run_seed(seed, args.steps)
         acked += rep.acked
         faults += rep.faults
         installs += rep.installs
+        reads += rep.reads
         if not rep.ok:
             failed += 1
             print(rep.summary())
@@ -34,7 +35,7 @@ def main() -> int:
             if args.trace:
                 print("\n".join("  " + t for t in rep.trace[-60:]))
     print(f"{args.seeds} seeds, {failed} failed, {acked} acknowledged appends checked, {faults} faults, "
-          f"{installs} snapshots installed, "
+          f"{installs} snapshots installed, {reads} linearizable reads checked, "
           f"{time.monotonic() - t0:.1f} s")
     return 1 if failed else 0
 

@@ -29,9 +29,12 @@ from dledger.codes import RequestCode, ResponseCode
 from dledger.config import DLedgerConfig
 from dledger.core.messages import (
     QUERY,
+    READ,
     AppendRequest,
     AppendResponse,
+    EntriesResponse,
     QueryResponse,
+    ReadRequest,
     Role,
     decode_request,
     decode_response,
@@ -100,7 +103,9 @@ class SimCluster:
         self._events: list[_Event] = []
         self._seq = itertools.count()
         self._rid = itertools.count()
-        self._outstanding: dict[int, tuple[str, Any]] = {}  # request id -> (sender, ctx)
+        # request id -> (sender, ctx, the sender's node): an answer reaches only the incarnation
+        # that asked (a restarted process has no pending requests; its ctx numbering restarts)
+        self._outstanding: dict[int, tuple[str, Any, Node | None]] = {}
         self.client_results: dict[int, ClientResult] = {}
         self.test_answers: dict[Any, Any] = {}  # answers to requests a test sent itself (token ("test", ...))
         self.trace: list[str] = []
@@ -114,6 +119,12 @@ class SimCluster:
         self.quorum = n // 2 + 1
         self.fsync_ms: dict[str, tuple[int, int]] = {}  # per member, when its disk is slow
         self.acked_top: tuple[int, int, int] | None = None  # (index, term, chain) of the highest acked entry
+        # reads (the reads invariant): each linearizable or lease read must reflect every append
+        # acknowledged, and every such read answered, before it was sent
+        self.acked_max = -1
+        self.read_max = -1  # the highest commit index a linearizable or lease read was answered from
+        self._reads: dict[int, tuple[int, str, str]] = {}  # read id -> (floor, consistency, member)
+        self.reads_checked = 0
         self.corrupted: set[tuple[str, int]] = set()  # (member, index) records flipped by `corrupt`
         self._corrupt_lead: dict[tuple[str, int], int] = {}  # (leader, term) -> when it knew itself corrupt
         # (a plain log's worker draws from its own generator: the seeds' schedules stay as they were)
@@ -219,6 +230,40 @@ class SimCluster:
         self._schedule(self.now + 1, "client", (member, cid, self._client_reqs[cid][0]))
         return cid
 
+    def read(self, member: str, consistency: str, addressed: bool = False) -> int:
+        """Send a READ to `member` (by name when `addressed`: a follower read) of the entry the
+        reads invariant says it must hold; its answer is checked when it comes (_check_read)."""
+        rid = next(self._rid)
+        floor = max(self.acked_max, self.read_max)
+        msg = ReadRequest(self.cfgs[member].group, "", member if addressed else "", max(floor, 0), 1, 1 << 20,
+                          False, False, consistency)
+        self._reads[rid] = (floor, consistency, member)
+        self._schedule(self.now + 1, "read", (member, rid, encode(msg)))
+        return rid
+
+    def _on_read(self, member: str, rid: int, meta: bytes) -> None:
+        node = self.nodes[member]
+        if node is None:
+            self._reads.pop(rid, None)
+            return
+        node.handle(READ, decode_request(READ, meta), b"", ("read", rid), self.now)
+        self._flush(member)
+
+    def _check_read(self, member: str, rid: int, r: EntriesResponse) -> None:
+        """A linearizable or lease read never goes back in time: it is answered from a commit
+        index at least as high as every acknowledged append and every such read answered before
+        it was sent (a read told that such an index is not committed is stale too)."""
+        floor, consistency, _ = self._reads.pop(rid, (-1, "", member))
+        if r.code == ResponseCode.SUCCESS:
+            self.reads_checked += 1
+            if r.committed_index < floor:
+                self.violations.append(f"{self.now}: {consistency} read at {member} answered from commit index "
+                                       f"{r.committed_index}, below {floor} acknowledged or read before it was sent")
+            self.read_max = max(self.read_max, r.committed_index)
+        elif r.code == ResponseCode.INDEX_OUT_OF_RANGE and floor >= 0:
+            self.violations.append(f"{self.now}: {consistency} read at {member} says {floor} is not committed, "
+                                   f"but it was acknowledged or read before the read was sent")
+
     # --- running ----------------------------------------------------------------------------
 
     def run(self, ms: int) -> None:
@@ -319,7 +364,7 @@ class SimCluster:
     def _on_response(self, dst: str, rid: int, code: int, meta: bytes | None) -> None:
         pending = self._outstanding.pop(rid, None)
         node = self.nodes[dst]
-        if pending is None or node is None or pending[0] != dst:
+        if pending is None or node is None or pending[0] != dst or pending[2] is not node:
             return
         resp = decode_response(code, meta) if meta is not None else None
         node.on_response(pending[1], resp, self.now)
@@ -382,7 +427,7 @@ class SimCluster:
 
     def _send(self, src: str, a: Send) -> None:
         rid = next(self._rid)
-        self._outstanding[rid] = (src, a.ctx)
+        self._outstanding[rid] = (src, a.ctx, self.nodes[src])
         self._schedule(self.now + a.timeout_ms, "response", (src, rid, a.code, None))
         if (src, a.peer) in self.blocked or self.rng.random() < self.net.loss:
             return
@@ -403,6 +448,10 @@ class SimCluster:
             self.client_results[token[1]] = ClientResult(r.code, r.index, r.term)
             self._client_reqs.pop(token[1], None)
             return
+        if token[0] == "read":
+            assert isinstance(a.msg, EntriesResponse)
+            self._check_read(member, token[1], a.msg)
+            return
         if token[0] == "test":  # a test's own request (tests/sim): its answer, whenever it comes
             self.test_answers[token] = a.msg
             return
@@ -416,6 +465,7 @@ class SimCluster:
 
     def _note_acked(self, leader: str, last: int) -> None:
         """An append was acknowledged: remember the highest acknowledged entry as it is."""
+        self.acked_max = max(self.acked_max, last)
         if self.acked_top is None or last > self.acked_top[0]:
             self.acked_top = (last, *self.stores[leader].term_chain(last)[:2])
 

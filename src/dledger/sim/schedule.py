@@ -42,6 +42,7 @@ class SimReport:
     acked: int = 0
     faults: int = 0
     installs: int = 0  # snapshots members installed from a leader
+    reads: int = 0  # linearizable and lease reads answered (and checked)
     sim_ms: int = 0
 
     def summary(self) -> str:
@@ -76,6 +77,8 @@ def run_seed(seed: int, steps: int = 14) -> SimReport:
                 body = [_kv_command(r, b) for b in body]
             cid = c.append(r.choice(c.ids), body)
             bodies[cid] = body[0]
+        for _ in range(r.randint(0, 3)):  # reads: the reads invariant (sim.cluster._check_read)
+            c.read(r.choice(c.ids), r.choice(("linearizable", "lease")), addressed=r.random() < 0.4)
         c.run(r.randint(50, 800))
         if disk_faults and r.random() < 0.3 and _should_be_live(c):
             _commit_within(c, LIVENESS_MS, report, "with a healthy majority")
@@ -85,6 +88,7 @@ def run_seed(seed: int, steps: int = 14) -> SimReport:
     _final_checks(c, bodies, report)
     report.sim_ms = c.now
     report.installs = c.machines.installs
+    report.reads = c.reads_checked
     report.ok = not report.violations
     report.trace = c.trace
     return report

@@ -1,0 +1,89 @@
+"""Follower reads (Raft thesis §6.4): a follower serves a linearizable (or lease) read itself
+by asking the leader for a read index, then waiting until its own commit index reaches it.
+
+The leader answers a READ_INDEX request as it serves its own reads (core.read_index): the
+commit index it holds when the request arrives, once a heartbeat round started after that
+confirmed it still leads (or within its lease). Any entry acknowledged before the read
+began is at or below that index, so once the follower committed up to it (its commit index
+only covers entries known equal to the leader's log) its copy includes them. A query also
+waits until the follower's state machine applied that far (the applier's waiting queries).
+
+Only requests addressed to this member (`remote_id`) are served so; one sent to whoever
+leads is still answered NOT_LEADER, so clients learn the leader. A read index that the
+follower does not commit in time (cut off after the answer) fails with TIMEOUT.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from dledger.codes import ResponseCode
+from dledger.core.messages import READ_INDEX, ReadIndexRequest, ReadIndexResponse
+
+if TYPE_CHECKING:
+    from dledger.core.node import Node
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class _Waiting:
+    read_index: int
+    deadline: int
+    serve: Callable[[int], None]
+    fail: Callable[[ResponseCode, str], None]
+
+
+class FollowerReads:
+    def __init__(self, node: Node) -> None:
+        self.node = node
+        self._ids = itertools.count()
+        self._asked: dict[int, _Waiting] = {}  # READ_INDEX requests in flight (read_index unknown yet)
+        self._waiting: list[_Waiting] = []  # read index known, our commit index not there yet
+        self.served = 0  # metrics
+
+    def read(self, consistency: str, serve: Callable[[int], None], fail: Callable[[ResponseCode, str], None]) -> None:
+        node, m = self.node, self.node.member
+        if m.leader_id is None or m.leader_id == m.self_id:
+            fail(ResponseCode.NOT_LEADER, f"{m.self_id} knows no leader to confirm a read with")
+            return
+        rid = next(self._ids)
+        self._asked[rid] = _Waiting(-1, node.now + node.cfg.max_wait_ack_ms, serve, fail)
+        node.send(m.leader_id, READ_INDEX, ReadIndexRequest(m.group, m.self_id, m.leader_id, consistency),
+                  ("read_index", rid))
+
+    def on_response(self, ctx: Any, resp: ReadIndexResponse | None) -> None:
+        w = self._asked.pop(ctx[1], None)
+        if w is None:
+            return
+        if resp is None:
+            w.fail(ResponseCode.TIMEOUT, "the leader did not answer for a read index")
+        elif resp.code != ResponseCode.SUCCESS:
+            w.fail(ResponseCode(resp.code) if resp.code in ResponseCode._value2member_map_ else
+                   ResponseCode.UNKNOWN, f"the leader refused a read index: {resp.message}")
+        else:
+            w.read_index = resp.read_index
+            self._waiting.append(w)
+            self.wake()
+
+    def wake(self) -> None:
+        """Serve the reads whose read index we committed; fail those past their deadline."""
+        if not self._waiting:
+            return
+        node = self.node
+        committed, now = node.store.committed_index, node.now
+        keep = []
+        for w in self._waiting:
+            if w.read_index <= committed:
+                self.served += 1
+                w.serve(w.read_index)
+            elif now >= w.deadline:
+                w.fail(ResponseCode.TIMEOUT, f"{node.member.self_id} did not commit up to the read index "
+                                             f"{w.read_index} in time (committed {committed})")
+            else:
+                keep.append(w)
+        self._waiting = keep
