@@ -38,6 +38,8 @@ SHORT_RUNS = [
     pytest.param(138, 3, "async", id="seed138-n3-async"),  # torn write, pause leader, leader alone, bridge
     pytest.param(113, 5, "sync", id="seed113-n5-sync"),  # majority ring, leader alone, torn write, slow links
     pytest.param(100, 3, "sync", id="seed100-n3-sync"),  # torn write, transfer, bridge, kill
+    # a transfer cut off mid-way, halves, pause leader, torn write: the reads check's stale window
+    pytest.param(189, 3, "async", id="seed189-n3-async"),
 ]
 
 
@@ -130,6 +132,26 @@ def _clean() -> tuple[list[dict[str, Any]], FinalState]:
 
 def _kinds(hist: list[dict[str, Any]], final: FinalState) -> set[str]:
     return {v.kind for v in check(hist, final).violations}
+
+
+def test_checker_flags_stale_linearizable_reads_and_counts_leader_mode_ones() -> None:
+    hist, final = _clean()
+    read = {"from": 6, "max": 20, "member": None}
+    hist += [
+        # after the append at 6 was acknowledged (complete 4.10): it must be there
+        _op(20, "c0", "read", 4.20, 4.30, {**read, "mode": "leader"}, "ok", {"entries": []}),
+        _op(21, "c1", "read", 4.20, 4.30, {**read, "mode": "linearizable"}, "ok", {"entries": [[6, 2, "d"]]}),
+        # began before that ack: it must have 3, and starts past it (nothing proven)
+        _op(22, "c2", "read", 4.05, 4.30, {**read, "mode": "lease"}, "ok", {"entries": []}),
+    ]
+    result = check(hist, final)
+    assert result.ok, result.violations
+    assert result.stats["stale_leader_mode_reads"] == 1
+    assert result.stats["fresh_reads"] == {"leader": 1, "lease": 1, "linearizable": 1}
+    for mode, member in (("linearizable", None), ("lease", None), ("follower", "n2")):
+        stale = _op(30, "c3", "read", 4.50, 4.60, {**read, "member": member, "mode": mode}, "ok",
+                    {"entries": [[5, 2, "m2"]]})
+        assert _kinds([*hist, stale], final) == {"stale-read"}, mode
 
 
 def test_checker_accepts_a_clean_history() -> None:

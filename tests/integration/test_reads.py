@@ -8,7 +8,11 @@ deterministically by the simulator, tests/sim/test_reads.py, in a leadership tra
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
+import threading
+from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
@@ -107,3 +111,52 @@ def test_a_follower_serves_linearizable_reads_with_the_leaders_read_index(make_c
         assert log.get(r.index, member=follower, consistency="lease").body == f"e{k}".encode()
     # a member by name without a consistency reads its own copy (may trail; never an error)
     assert kv.get("key", member=follower) is not None
+
+
+def test_a_transfer_cut_off_midway_leaves_a_stale_leader_only_leader_mode_reads_from(
+        make_cluster: MakeCluster, tmp_path: Path) -> None:
+    """The stale read `leader` mode has, on real processes: the leader sends its hand-over to
+    the target and is cut off right after (it drops everything else, both ways); the target
+    wins at once (a transfer's votes ignore leases) and commits an acknowledged append, while
+    the old leader, hearing nothing, believes it leads until its check-quorum (a long lease
+    here). A `leader` read there misses the append; `linearizable` and `lease` never answer."""
+    toml = tmp_path / "long-lease.toml"
+    toml.write_text("max_heart_beat_leak = 16\n")  # 4 s before the old leader's check-quorum deposes it
+    c = make_cluster(3, extra=["--config", str(toml)])
+    client = c.client(timeout=30)
+    before = [f"before-{k}".encode() for k in range(3)]
+    for b in before:
+        client.append(b)
+    c.wait_caught_up()
+    old = c.wait_leader()
+    target, other = [m for m in c.ids if m != old]
+    address = c.peer_entry(old).split("-", 1)[1]
+    c.ctl.inject_faults(old, [target, other], spare_handover=True)
+    transfer = threading.Thread(target=lambda: _ignore_errors(lambda: c.client(timeout=10)
+                                                              .transfer_leadership(target)), daemon=True)
+    transfer.start()
+    loop = asyncio.new_event_loop()
+    transport = TransportClient()
+    try:
+        wait_until(lambda: (v := c.meta(target)) is not None and v.role == "leader", 30, f"{target} takes over")
+        client2 = c.client(c.peers_of([target, other]), timeout=30)
+        client2.append(b"after")  # acknowledged by the new leader
+        got = {mode: loop.run_until_complete(_read(transport, address, c.group, old, mode))
+               for mode in ("leader", "linearizable", "lease")}
+        still = c.meta(old)
+    finally:
+        loop.run_until_complete(transport.close())
+        loop.close()
+        c.ctl.inject_faults(old, [])
+    assert still is not None and still.role == "leader", "the old leader stepped down too early to show it"
+    assert got["leader"] == before, got["leader"]  # stale: the acknowledged append is missing
+    for mode in ("linearizable", "lease"):
+        assert isinstance(got[mode], ResponseCode), (mode, got[mode])  # refused, never served stale
+    transfer.join(30)
+    wait_until(lambda: c.agreed_leader() is not None, 60, "the old leader follows again")
+    assert [e.body for e in client.read(0, 100)] == [*before, b"after"]
+
+
+def _ignore_errors(fn: Callable[[], object]) -> None:
+    with contextlib.suppress(DLedgerError):  # the cut-off leader's transfer times out
+        fn()

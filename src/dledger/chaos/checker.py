@@ -13,7 +13,10 @@ Violations (each names the operations or members involved):
 - phantom:      a body nobody sent, or one whose append certainly failed;
 - batch:        a batch appended partly, or not as consecutive indexes in order;
 - changed:      two reads returning different entries for one index;
-- stale-read:   a read returned an entry that is not in the final log (by index and body);
+- stale-read:   a read returned an entry that is not in the final log (by index and body),
+                or a fresh read in `linearizable` or `lease` mode (at the leader or a follower)
+                that misses an append acknowledged before it began (the reads check; the
+                same in `leader` mode is counted, not a violation: that mode may be stale);
 - commit-back:  a member reported a commit index lower than one seen on it before
                 (same process incarnation; a restart legitimately forgets it);
 - unavailable:  no append acknowledged within the bound after the last fault healed;
@@ -138,10 +141,12 @@ def check(history: list[dict[str, Any]], final: FinalState, availability_bound_s
     _check_members_agree(final, ref, ref_member, rep)
     _check_appends(appends, ref, rep)
     _check_reads(ops, ref, rep)
+    fresh = _check_fresh_reads(ops, appends, rep)
     _check_commit_monotonic(history, ops, rep)
     avail = _check_liveness(history, appends, final, availability_bound_s, rep)
     _check_processes(history, rep)
     stats = _stats(history, ops, appends, ref, ref_member, avail)
+    stats.update(fresh)
     return CheckResult(rep.violations, stats, dict(rep.suppressed))
 
 
@@ -258,6 +263,35 @@ def _check_reads(ops: list[dict[str, Any]], ref: dict[int, tuple[int, str]], rep
                 rep.add("stale-read", f"op {op['id']} (client {op['client']}, member {op['request']['member']}, "
                         f"{op['invoke']:.3f}-{op['complete']:.3f} s) read (index {idx}, term {term}, {body!r}) "
                         f"as committed; the final log has {ref.get(idx)!r}")
+
+
+def _check_fresh_reads(ops: list[dict[str, Any]], appends: list[dict[str, Any]], rep: _Report) -> dict[str, Any]:
+    """A read that begins after an append was acknowledged must include it: its entries reach
+    at least that index (a read that starts past it, or is capped by its entry count, proves
+    nothing and is skipped)."""
+    acked = sorted((op["complete"], max(i for i, _ in op["result"])) for op in appends if op["outcome"] == "ok")
+    times = [t for t, _ in acked]
+    tops = list(itertools.accumulate((i for _, i in acked), max))
+    served: Counter[str] = Counter()
+    stale_leader = 0
+    for op in ops:
+        mode = op["request"].get("mode") if op["kind"] == "read" else None
+        if not mode or op["outcome"] != "ok":
+            continue
+        served[mode] += 1
+        k = bisect.bisect_left(times, op["invoke"])
+        must = tops[k - 1] if k else -1
+        entries = op["result"]["entries"]
+        last = max((e[0] for e in entries), default=-1)
+        if must < op["request"]["from"] or last >= must or len(entries) >= op["request"]["max"]:
+            continue  # (a read from past that index, or capped, proves nothing about it)
+        if mode == "leader":
+            stale_leader += 1
+            continue
+        rep.add("stale-read", f"op {op['id']} ({mode} read, client {op['client']}, member {op['request']['member']}, "
+                f"{op['invoke']:.3f}-{op['complete']:.3f} s) reached index {last}; append at {must} was "
+                "acknowledged before it began")
+    return {"fresh_reads": dict(sorted(served.items())), "stale_leader_mode_reads": stale_leader}
 
 
 def _boundaries(history: list[dict[str, Any]]) -> dict[str, list[float]]:
@@ -403,6 +437,8 @@ def format_summary(result: CheckResult, title: str = "", per_kind: int = 5) -> s
         f"  faults injected: {s['faults_total']} ({faults})",
         f"  longest unavailability: {s['longest_unavailability_s']:.1f} s (at {s['longest_unavailability_at']}); "
         f"first ack after the last heal: {s['first_ack_after_heal_s']} s",
+        f"  fresh reads: {s.get('fresh_reads', {})}; stale in leader mode (allowed): "
+        f"{s.get('stale_leader_mode_reads', 0)}",
         f"  violations: {sum(result.count(k) for k in {v.kind for v in result.violations})}",
     ]
     shown: Counter[str] = Counter()

@@ -159,7 +159,7 @@ class Harness:
         m.log_path.parent.mkdir(parents=True, exist_ok=True)
         cmd = [sys.executable, "-m", "dledger", *(["-v"] if self.verbose else []), "server",
                "--group", self.group, "--id", member, "--peers", m.peers,
-               "--store-dir", str(m.store_dir), "--flush", self.flush]
+               "--store-dir", str(m.store_dir), "--flush", self.flush, "--enable-fault-injection"]
         with open(m.log_path, "ab") as out:
             out.write(f"\n=== {time.strftime('%H:%M:%S')} start {member} (incarnation {m.incarnation + 1})\n"
                       .encode())
@@ -304,6 +304,22 @@ class Harness:
 
     def heal_links(self) -> None:
         self.proxies.heal_all()
+
+    def cut_off_but_handover(self, member: str) -> str | None:
+        """`member` drops all member traffic at its own door, except the hand-over of a
+        leadership transfer it sends (a transfer cut off mid-way); None, or the error."""
+        others = [m for m in self.ids if m != member]
+        try:
+            self.ctl.run(self._ctl_client.inject_faults(member, others, spare_handover=True), timeout=10)
+        except (DLedgerError, TimeoutError) as e:
+            return str(e)
+        return None
+
+    def heal_member_faults(self, member: str) -> None:
+        """Undo `cut_off_but_handover` (a member restarted since has none anyway)."""
+        if self.members[member].running and not self.members[member].paused:
+            with contextlib.suppress(DLedgerError, TimeoutError):
+                self.ctl.run(self._ctl_client.inject_faults(member, []), timeout=10)
 
     # --- views ------------------------------------------------------------------------------------------------
 

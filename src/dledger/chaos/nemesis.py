@@ -43,7 +43,8 @@ _ENTRY_MAGICS = (1, 2, 3)
 _BLANK = -1
 
 FAULTS_ANY = ("kill-random", "kill-leader", "pause-random", "pause-leader", "partition-halves",
-              "partition-leader", "bridge", "torn-write", "slow-links", "one-way-leader", "transfer-leader")
+              "partition-leader", "bridge", "torn-write", "slow-links", "one-way-leader", "transfer-leader",
+              "transfer-cut-off")
 FAULTS_5 = ("majority-ring",)
 
 
@@ -300,6 +301,8 @@ class Nemesis:
             f = self._start(kind, [lead, target], leader_known=known)
             error = self.h.transfer(lead, target)
             self._end(f, error=error)
+        elif kind == "transfer-cut-off":
+            self._transfer_cut_off(p)
         elif kind == "slow-links":
             target = self._pick(p, ids)
             f = self._start(kind, [target], delay_s=round(p["delay"], 3), hold_s=round(p["hold"], 3))
@@ -309,6 +312,21 @@ class Nemesis:
             self._end(f)
         else:
             raise ValueError(f"unknown fault {kind!r}")
+
+    def _transfer_cut_off(self, p: dict[str, Any]) -> None:
+        """A leadership transfer cut off mid-way: the leader sends its hand-over and hears
+        nothing more; the target takes over at once, while the old leader believes it leads
+        until its check-quorum (the window where `leader` reads are stale)."""
+        lead, known = self._leader_or_pick(p)
+        target = self._pick(p, [m for m in self.h.ids if m != lead])
+        f = self._start("transfer-cut-off", [lead, target], leader_known=known, hold_s=round(p["hold"], 3))
+        error = self.h.cut_off_but_handover(lead)
+        transfer = threading.Thread(target=self.h.transfer, args=(lead, target), name="chaos-transfer", daemon=True)
+        transfer.start()
+        self._sleep(p["hold"])
+        self.h.heal_member_faults(lead)
+        transfer.join(20)
+        self._end(f, error=error)
 
     def _partition(self, kind: str, sides: list[list[str]], p: dict[str, Any]) -> None:
         allowed = [pair for side in sides for pair in _pairs(side)]
@@ -366,6 +384,7 @@ class Nemesis:
         self.h.heal_links()
         for m in self.h.ids:
             self.h.resume(m)
+            self.h.heal_member_faults(m)
         for m in self.h.ids:
             if not self.h.members[m].running:
                 self.h.start(m)

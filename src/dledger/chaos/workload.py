@@ -47,6 +47,10 @@ DEFINITE_FAILURES = frozenset({
 })
 
 
+# consistency modes of fresh reads: "follower" is a linearizable read served by a named member
+FRESH_MODES = ("linearizable", "lease", "leader", "follower")
+
+
 def outcome_of(code: ResponseCode) -> str:
     """'fail' only for errors that prove the append was not applied; else 'maybe'."""
     return "fail" if code in DEFINITE_FAILURES else "maybe"
@@ -98,7 +102,8 @@ def load_history(path: Path) -> list[dict[str, Any]]:
 class Workload:
     """`clients` concurrent clients on one event loop thread, each with its own
     connections, doing a seeded mix of single appends, batch appends, reads (from the
-    leader or from a named member) and metadata reads, until stopped."""
+    leader or from a named member), fresh reads (of the newest acknowledged append, in a
+    consistency mode, for the checker's reads check) and metadata reads, until stopped."""
 
     def __init__(self, peers: str, group: str, members: list[str], history: History, seed: int,
                  clients: int = 4, pace_s: float = 0.02) -> None:
@@ -113,6 +118,7 @@ class Workload:
         self.last_ok_append = -1.0  # completion time of the latest acknowledged append
         self.counts: dict[str, int] = {}
         self._high = -1  # highest index known committed, to aim reads near the tail
+        self._acked_high = -1  # highest index of an acknowledged append (fresh reads start there)
         self._loop = LoopThread("chaos-workload")
         self._main: concurrent.futures.Future[None] | None = None
 
@@ -156,10 +162,14 @@ class Workload:
                 elif r < 0.75:
                     bodies = [f"s{self.seed}-{name}-{next(seq)}" for _ in range(rng.randint(2, 6))]
                     ok = await self._append(c, name, bodies)
-                elif r < 0.9:
+                elif r < 0.83:
                     member = rng.choice([None, *self.members])
                     back = rng.randint(0, 40) if rng.random() < 0.8 else rng.randint(0, max(0, self._high))
                     ok = await self._read(c, name, max(0, self._high - back), rng.randint(1, 60), member)
+                elif r < 0.92:
+                    mode = rng.choice(FRESH_MODES)
+                    member = rng.choice(self.members) if mode == "follower" else None
+                    ok = await self._read(c, name, max(0, self._acked_high), 20, member, mode)
                 else:
                     ok = await self._meta(c, name, rng.choice(self.members))
                 pause = rng.uniform(0.0, self.pace_s) if ok else rng.uniform(0.05, 0.2)
@@ -192,14 +202,21 @@ class Workload:
         self._op(name, "append", invoke, {"bodies": bodies}, "ok", [[r.index, r.term] for r in res], None)
         self.last_ok_append = self.history.now()
         self._high = max(self._high, res[-1].index)
+        self._acked_high = max(self._acked_high, res[-1].index)
         return True
 
     async def _read(self, c: AsyncDLedgerClient, name: str, start: int, max_entries: int,
-                    member: str | None) -> bool:
+                    member: str | None, mode: str = "") -> bool:
+        """`mode` "": the default (the leader's linearizable read, or `member`'s own copy);
+        else a fresh read in that mode ("follower": linearizable at `member`)."""
         invoke = self.history.now()
-        req = {"from": start, "max": max_entries, "member": member}
+        req: dict[str, Any] = {"from": start, "max": max_entries, "member": member}
+        consistency = None
+        if mode:
+            req["mode"] = mode
+            consistency = "linearizable" if mode == "follower" else mode
         try:
-            entries = await c.read(start, max_entries, member=member)
+            entries = await c.read(start, max_entries, member=member, consistency=consistency)
         except DLedgerError as e:
             self._op(name, "read", invoke, req, "fail", None, e.code.name, e.message)
             return False

@@ -234,6 +234,9 @@ class FaultRequest(Msg):
     """Test hook (code FAULT): make this member drop traffic to and from `blocked` ids."""
 
     blocked: Annotated[list[Name], msgspec.Meta(max_length=64)] = []
+    # a leadership transfer cut off mid-way: the member still sends its hand-over (TimeoutNow)
+    # to the target, and nothing else reaches or leaves it (chaos, tests)
+    spare_handover: bool = False
 
 
 FAULT = 52001

@@ -462,10 +462,12 @@ class AsyncDLedgerClient:
         await self._call(RequestCode.LEADERSHIP_TRANSFER, req, timeout=self.timeout + 5,
                          request_timeout=self.timeout + 5)
 
-    async def inject_faults(self, member: str, blocked: list[str]) -> None:
+    async def inject_faults(self, member: str, blocked: list[str], spare_handover: bool = False) -> None:
         """Test hook: make `member` drop all traffic to and from `blocked` member ids
-        (an empty list heals). A partition needs this on both sides."""
-        req = FaultRequest(self.group, "", member, list(blocked))
+        (an empty list heals). A partition needs this on both sides. `spare_handover`: only
+        `member` drops, and it still sends the hand-over of a leadership transfer (a transfer
+        cut off mid-way)."""
+        req = FaultRequest(self.group, "", member, list(blocked), spare_handover)
         await self._call_member(member, FAULT, req)
 
     # --- plumbing --------------------------------------------------------------------------
@@ -739,8 +741,8 @@ class DLedgerClient:
     def transfer_leadership(self, target: str) -> None:
         self._run(self._async.transfer_leadership(target))
 
-    def inject_faults(self, member: str, blocked: list[str]) -> None:
-        self._run(self._async.inject_faults(member, blocked))
+    def inject_faults(self, member: str, blocked: list[str], spare_handover: bool = False) -> None:
+        self._run(self._async.inject_faults(member, blocked, spare_handover))
 
     @property
     def leader_id(self) -> str | None:

@@ -27,6 +27,7 @@ from dledger.core.messages import (
     FAULT,
     AppendRequest,
     FaultRequest,
+    LeadershipTransferRequest,
     QueryResponse,
     ReadRequest,
     SimpleResponse,
@@ -110,6 +111,7 @@ class GroupRuntime:
             self.store.close()
             raise
         self.blocked_ids: set[str] = set()
+        self.spare_handover = False
         self._tokens = itertools.count()
         self._waiting: dict[int, Respond] = {}  # token -> how to answer that request
         self._tasks: set[asyncio.Task[None]] = set()
@@ -310,7 +312,8 @@ class GroupRuntime:
 
     async def _send(self, a: Send) -> None:
         resp: msgspec.Struct | None = None
-        if a.peer not in self.blocked_ids:
+        handover = isinstance(a.msg, LeadershipTransferRequest) and bool(a.msg.transfer_id)
+        if a.peer not in self.blocked_ids or (self.spare_handover and handover):
             peer = self.peers[a.peer]
             try:
                 raw = await self.client.request(peer.address, Message(a.code, encode(a.msg), a.data),
@@ -324,15 +327,20 @@ class GroupRuntime:
         self.node.on_response(a.ctx, resp, now_ms())
         self._execute()
 
-    def set_faults(self, blocked: list[str]) -> None:
+    def set_faults(self, blocked: list[str], spare_handover: bool = False) -> None:
         """Test hook: drop all traffic to and from these member ids (both directions
-        need the hook on both sides, which the fault tools do)."""
+        need the hook on both sides, which the fault tools do). `spare_handover`: this
+        member alone drops the traffic, at its own door, and still sends its hand-over of a
+        leadership transfer: the transfer is cut off mid-way (the target takes over, this
+        member never hears of it)."""
         self.blocked_ids = set(blocked)
+        self.spare_handover = spare_handover
         self.faults.unblock_all()
         addresses = [self.peers[b].address for b in blocked if b in self.peers]
-        if addresses:
+        if addresses and not spare_handover:
             self.faults.block(addresses)
-        log.warning("%s/%s: fault injection blocks %s", self.cfg.group, self.cfg.self_id, sorted(blocked))
+        log.warning("%s/%s: fault injection blocks %s%s", self.cfg.group, self.cfg.self_id, sorted(blocked),
+                    " (but its hand-overs)" if spare_handover else "")
 
 
 class DLedgerServer:
@@ -452,7 +460,7 @@ class DLedgerServer:
                            g.cfg.group, g.cfg.self_id)
                 respond(_error(ResponseCode.UNSUPPORTED, FAULT_DISABLED))
                 return
-            g.set_faults(req.blocked)
+            g.set_faults(req.blocked, req.spare_handover)
             respond(Message(200, encode(SimpleResponse(200))))
         else:
             g.handle(msg.code, req, msg.data, respond)
