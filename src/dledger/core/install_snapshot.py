@@ -229,13 +229,13 @@ class SnapshotReceiver:
         node, store = self.node, self.node.store
         node.note_snapshot(meta)
         self.installs += 1
+        if node.applier is not None:
+            node.applier.installing = False  # restore_from sets it again until the state is replaced
         if holds(store, meta.last_index, meta.last_term, meta.chain_crc) or node.member.is_leader:
             log.info("%s: snapshot %d installed; our log holds its last entry by now: kept as it is",
                      node.member.self_id, meta.last_index)
             if node.apply_stuck_below(meta.last_index):  # but our state machine could not read it
                 node.restore_from(meta)
-            elif node.applier is not None:
-                node.applier.installing = False
             return
         log.info("%s: snapshot %d installed; the log now begins at %d", node.member.self_id, meta.last_index,
                  meta.last_index + 1)

@@ -693,7 +693,7 @@ class Node:
         rotten and beyond repair (the leader no longer holds it). A snapshot through `index`
         unblocks it, even when the log itself matches the leader's."""
         a = self.applier
-        if a is None or a.handed_index >= index:
+        if a is None or a.handed_index >= index or a.installing:  # (a restore pending fixes it)
             return False
         nxt = a.handed_index + 1
         return nxt < self.store.begin_index or nxt < self._beyond_repair
