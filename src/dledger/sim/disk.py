@@ -207,10 +207,10 @@ class SimDiskStore(MemoryLedgerStore):
         self.held_full = False
         if not self.pressure:
             return
-        floor = self.committed_index + 1
-        if self.retention_floor is not None and self.retention_floor < floor:
-            floor = self.retention_floor
-            self.held_full = floor - self.begin_index < RETENTION_CHUNK
-        floor = min(floor, self.synced_index + 1, self.end_index)  # the log keeps its last entry
+        # the log keeps its last entry; held: the floor keeps what the commit index alone would
+        # let go (as FileLedgerStore._note_held_back: only when it blocks a deletion)
+        could = min(self.committed_index + 1, self.synced_index + 1, self.end_index)
+        floor = could if self.retention_floor is None else min(could, self.retention_floor)
+        self.held_full = could - self.begin_index >= RETENTION_CHUNK > floor - self.begin_index
         if floor - self.begin_index >= RETENTION_CHUNK:
             self.drop_prefix(floor)

@@ -686,8 +686,9 @@ class FileLedgerStore(LedgerStore):
 
     def _note_held_back(self, floor: int, committed_floor: int, deleting: int, ratio: float, total: int) -> None:
         """Record (and log once) when a follower's floor keeps files retention would delete:
-        the leader keeps what a live follower needs rather than strand it (no snapshot install
-        yet), and says so instead of failing silently."""
+        the leader keeps what a live follower needs (a plain log's follower heard from
+        recently, one installing a snapshot, one being repaired), and says so instead of
+        failing silently."""
         held = ""
         if floor < committed_floor and self._plan_retention(committed_floor, ratio, total).delete > deleting:
             held = f"{self._retention_holder} needs index {floor}"
