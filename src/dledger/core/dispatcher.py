@@ -412,6 +412,15 @@ class EntryDispatcher:
             self._warn("rejected", "push to %s: it rejects our record %d (%s), and our copy is damaged: %s",
                        self.peer, i, resp.reason, own)
             self.reset(self.next_index - 1, f"our record {i} is damaged")
+            if node.is_beyond_repair(i):  # no member holds a good copy: only a snapshot past it helps
+                snap, a = node.snapshot_meta, node.applier
+                if a is not None and snap is not None and snap.last_index >= i:
+                    self._install()
+                    return
+                if a is not None and a.applied_index >= i:
+                    node.want_snapshot()  # our state has it: a snapshot now, the install next time
+                self.paused_until = node.now + node.cfg.heart_beat_time_interval_ms  # do not loop
+                return
             node.mark_corrupt(i, own)  # hands leadership over (or steps down)
             return
         hb = node.cfg.heart_beat_time_interval_ms

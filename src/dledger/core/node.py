@@ -179,6 +179,7 @@ class Node:
             self._align_with_snapshot(snapshot)
         self._proposers: set[Any] = set()  # append tokens that wait for their apply results
         self._snapshot_waiters: list[Any] = []  # on-demand snapshot requests
+        self._snapshot_wanted = False  # a follower needs a snapshot newer than ours (see want_snapshot)
         self._snapshot_pending = False  # a TakeSnapshot was emitted and not reported yet
         self.rng = rng or random.Random()
         self.now = now_ms
@@ -409,6 +410,15 @@ class Node:
             self._clear_corrupt(f"corrupt record {c[0]} is below the leader's log begin {leader_begin}: "
                                 "beyond repair, and needed by no member")
 
+    def want_snapshot(self) -> None:
+        """Take a snapshot soon (between batches): a follower needs one past a record of ours
+        that is rotten beyond repair."""
+        self._snapshot_wanted = True
+
+    def is_beyond_repair(self, index: int) -> bool:
+        """A leader told us our record `index` is below what any member still holds."""
+        return index < self._beyond_repair
+
     def forget_beyond_repair(self) -> None:
         """A new leader may still hold what the last one had deleted: a rotten record of ours
         below the old leader's log begin is reported (and repaired) again."""
@@ -555,7 +565,7 @@ class Node:
                 self._answer_snapshot(ResponseCode.INTERNAL_ERROR, f"state machine stopped: {a.stopped}")
             return
         if a.in_flight is None and not a.snapshotting and not a.installing and (
-            self._snapshot_waiters or a.snapshot_due(self.cfg.snapshot_threshold_entries,
+            self._snapshot_waiters or self._snapshot_wanted or a.snapshot_due(self.cfg.snapshot_threshold_entries,
                                                      self.cfg.snapshot_threshold_bytes) or self._snapshot_frees_disk()):
             self._take_snapshot(a.applied_index)
         try:
@@ -589,6 +599,7 @@ class Node:
             self._answer_snapshot(e.code, f"cannot snapshot at {index}: {e.message}")
             return
         self._snapshot_pending = True
+        self._snapshot_wanted = False
         if self.applier is not None:
             self.applier.snapshotting = True
         self.actions.append(TakeSnapshot(index, term, chain, next_pos))
