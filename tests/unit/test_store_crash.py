@@ -738,3 +738,45 @@ def test_check_magics_rebuilds_a_damaged_unit_instead_of_blaming_the_record(tmp_
         assert store.verify(5) is None
     finally:
         store.close()
+
+
+class _Crash(BaseException):
+    """The process dies here (nothing after it runs)."""
+
+
+@pytest.mark.parametrize("where", ["checkpoint", "drop"])
+def test_a_crash_inside_reset_leaves_a_store_that_opens(where: str, tmp_path: Path, no_fsync: None,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Review: reset deleted the files before writing the checkpoint naming the new log; a
+    crash in between left a checkpoint naming a deleted record, and the store refused to open
+    (DISK_ERROR) until wiped by hand. Now the checkpoint comes first: a crash before it keeps
+    the old log, one after it opens the new, empty one."""
+    import dledger.store.file as file_module
+
+    s = open_store(tmp_path)
+    for k in range(60):
+        s.append_as_leader([body_for(k)], 1)
+    s.set_committed(59)
+    s.flush()
+    s.write_checkpoint()
+    if where == "checkpoint":
+        monkeypatch.setattr(file_module, "write_atomic", lambda *a, **kw: (_ for _ in ()).throw(_Crash()))
+    else:
+        monkeypatch.setattr(s.data, "drop_all", lambda: (_ for _ in ()).throw(_Crash()))
+    with pytest.raises(_Crash):
+        s.reset(200, 3, 0x1234, 50 * DATA_FILE_SIZE + 100)
+    monkeypatch.undo()
+    s._flusher.stop()  # the dead process's threads and lock go with it
+    s._dir_lock.release()
+    again = open_store(tmp_path)
+    try:
+        if where == "checkpoint":
+            assert (again.begin_index, again.end_index) == (0, 59)
+            assert again.get(59).body == body_for(59)
+        else:
+            assert (again.begin_index, again.end_index, again.end_term) == (200, 199, 3)
+            assert again.pos_of_next() == 50 * DATA_FILE_SIZE + 100
+            again.append_as_leader([b"after"], 3)
+            assert again.get(200).body == b"after"
+    finally:
+        again.close()

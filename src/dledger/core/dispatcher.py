@@ -86,6 +86,7 @@ class EntryDispatcher:
         self.disk_fault = False  # logged once per episode
         self.needs_snapshot = False  # it needs entries below our log begin (metric, logged once)
         self.sender = SnapshotSender(node, peer)  # INSTALL state: our snapshot, chunk by chunk
+        self.installed_through = -1  # it installed our snapshot through here and is catching up
         self.repair_index = -1  # the follower's first corrupt record, to send again (-1: none)
         self.repair_busy = False  # a REPAIR push is in flight
         self.repair_paused_until = 0
@@ -325,12 +326,33 @@ class EntryDispatcher:
         self.compare_index = max(self.node.store.begin_index - 1, self.match_index)
         self.paused_until = self.node.now + STRANDED_RETRY_MS
 
+    def install_hold(self) -> int:
+        """The first entry retention keeps for this follower's install (-1: none): what follows
+        the snapshot it is receiving, then what it has not matched yet until it caught up
+        once (else compaction could pass it meanwhile and send it back to INSTALL, for ever
+        when installs take longer than compacting)."""
+        if self.sender.meta is not None:
+            return self.sender.meta.last_index + 1
+        if self.installed_through >= 0:
+            if self.match_index >= self.node.store.committed_index:
+                self.installed_through = -1
+                return -1
+            return max(self.installed_through, self.match_index) + 1
+        return -1
+
     def note_apply_needs(self, index: int) -> None:
-        """The follower's state machine needs entry `index`, which its log lacks (a rotten record
-        beyond repair): if we no longer hold it either, our snapshot is what can unblock it."""
-        if 0 <= index < self.node.store.begin_index and self.state != State.INSTALL:
+        """The follower's state machine needs a snapshot through `index` (its log cannot give
+        what comes before: a rotten record beyond repair, its own newer snapshot damaged):
+        send ours if it reaches that far, else take one first if our state does."""
+        node = self.node
+        if index < 0 or self.state == State.INSTALL:
+            return
+        snap, a = node.snapshot_meta, node.applier
+        if snap is not None and snap.last_index >= index:
             self._install()
-            self.node.request_pump()
+            node.request_pump()
+        elif a is not None and a.applied_index >= index:
+            node.want_snapshot()
 
     def on_chunk_read(self, ctx: Any, data: bytes, crc: int, error: str) -> None:
         epoch, last_index, offset = ctx
@@ -355,6 +377,7 @@ class EntryDispatcher:
         if self.sender.on_response(resp):
             # it holds our log through last_index now: match from there (its end may be higher)
             self.needs_snapshot = False
+            self.installed_through = last_index
             self._matched(last_index)
             self.reset(resp.end_index if resp is not None else last_index, f"snapshot {last_index} installed")
         node.request_pump()

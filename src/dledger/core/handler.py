@@ -124,7 +124,9 @@ class EntryHandler:
             # one of our own records fails verification: the answer names it (corrupt_index),
             # and the leader sends it again
             node.mark_corrupt(e.index, e.message)
-            self._answer(token, ResponseCode.INCONSISTENT_STATE, req, reason=e.message)
+            # (named even when beyond repair, which the mark ignores: the leader then sends a
+            # snapshot past it — the simulator found a TRUNCATE after such a record refused for ever)
+            self._answer(token, ResponseCode.INCONSISTENT_STATE, req, reason=e.message, corrupt_index=e.index)
         except DLedgerError as e:
             log.warning("push %s from %s failed: %s", _kind_name(kind), req.leader_id, e)
             self._answer(token, _failure_code(e), req, reason=e.message)
@@ -141,8 +143,12 @@ class EntryHandler:
             self._answer(token, ResponseCode.INCONSISTENT_STATE, req)
             return
         if i < store.begin_index - 1:
-            # below our log: we cannot tell (a snapshot would); match at our begin
-            self._answer(token, ResponseCode.INCONSISTENT_STATE, req, x_index=store.begin_index, x_term=-1)
+            # below our log: compacted behind our snapshot, so committed, and committed entries
+            # are the leader's (the review found a leader walking down below our begin one index
+            # per round trip, then a TRUNCATE there failing for ever); it probes higher next
+            self._match(i)
+            self.update_commit(req.committed_index)
+            self._answer(token, ResponseCode.SUCCESS, req)
             return
         term = store.term_at(i)
         if term == req.prev_term:
@@ -214,6 +220,8 @@ class EntryHandler:
             return
         self._match(end)
         self.update_commit(req.committed_index)
+        if self.node.receiver.meta is not None:  # a leader extends our log: no install is coming back
+            self.node.receiver.drop_partial()
         if self.node.cfg.flush == "sync" and store.durable_index < end:
             self.unsynced.append((end, token))
             store.request_flush()
@@ -349,15 +357,17 @@ class EntryHandler:
     # --- answers ----------------------------------------------------------------------------------
 
     def _response(self, code: ResponseCode, x_index: int = -1, x_term: int = -1, bad_index: int = -1,
-                  reason: str = "") -> PushResponse:
+                  reason: str = "", corrupt_index: int = -1) -> PushResponse:
         node = self.node
         store = node.store
+        corrupt = node.corrupt_index if node.corrupt_index >= 0 else corrupt_index
         return PushResponse(int(code), node.member.term, store.end_index, x_index, x_term, self.durable_match(),
-                            node.corrupt_index, bad_index, reason[:512])
+                            corrupt, bad_index, reason[:512])
 
     def _answer(self, token: Any, code: ResponseCode, req: PushRequest, x_index: int = -1, x_term: int = -1,
-                bad_index: int = -1, reason: str = "") -> None:
-        self.node.reply(token, RequestCode.PUSH, self._response(code, x_index, x_term, bad_index, reason))
+                bad_index: int = -1, reason: str = "", corrupt_index: int = -1) -> None:
+        self.node.reply(token, RequestCode.PUSH,
+                        self._response(code, x_index, x_term, bad_index, reason, corrupt_index))
 
 
 def _kind_name(kind: int) -> str:

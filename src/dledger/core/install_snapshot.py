@@ -47,7 +47,11 @@ def holds(store: LedgerStore, last_index: int, last_term: int, chain_crc: int) -
         return True  # our own snapshot is newer; what we committed there is the leader's
     if last_index > store.end_index:
         return False
-    return store.term_at(last_index) == last_term and store.chain_at(last_index) == chain_crc
+    if store.term_at(last_index) != last_term or store.chain_at(last_index) != chain_crc:
+        return False
+    # a rotten copy of it is not held: one beyond repair (the leader's log begins after it) could
+    # neither be repaired nor truncated after; the install replaces it
+    return last_index < store.begin_index or store.verify(last_index) is None
 
 
 def meta_of(req: InstallSnapshotRequest) -> SnapshotMeta:
@@ -127,14 +131,18 @@ class SnapshotSender:
         node, meta = self.node, self.meta
         if meta is None:
             return False
-        if resp is None:  # timeout or network error: send the same chunk again
+        hb = node.cfg.heart_beat_time_interval_ms
+        if resp is None:  # timeout or network error: the same chunk again, not in a tight loop
+            self.paused_until = node.now + hb  # (a member down fails at once: it spun a core)
             return False
         if resp.code != ResponseCode.SUCCESS:
             self._warn("install", "push to %s: install of snapshot %d refused (%s): %s; retrying every %d ms",
-                       self.peer, meta.last_index, _code_name(resp.code), resp.reason,
-                       node.cfg.heart_beat_time_interval_ms)
-            self.paused_until = node.now + node.cfg.heart_beat_time_interval_ms
-            self.offset = min(max(resp.next_offset, 0), self.offset)
+                       self.peer, meta.last_index, _code_name(resp.code), resp.reason, hb)
+            self.paused_until = node.now + hb
+            if resp.code == ResponseCode.INSTALL_SNAPSHOT_ERROR and node.applier is not None \
+                    and meta == node.snapshot_meta:
+                node.want_snapshot()  # ours may be damaged (or not byte-for-byte reproducible): a new one
+            self.meta = None  # start again with our newest (the follower dropped its partial copy)
             return False
         node.elector.ack(self.peer)
         if resp.done:
@@ -160,8 +168,10 @@ class SnapshotReceiver:
         self.meta: SnapshotMeta | None = None  # the snapshot being received
         self.received = 0
         self.finishing = False  # its last chunk is on the worker: the state must not change meanwhile
+        self.queued = 0  # chunks on the worker (a resent one may be queued behind the last)
         self.installs = 0  # snapshots adopted (metrics)
         self.bytes = 0  # chunk bytes taken (metrics)
+        self._warn = RateLimitedLog(log, 10.0, lambda: node.now / 1000).warning
 
     def handle(self, req: InstallSnapshotRequest, data: memoryview | bytes | bytearray, token: Any) -> None:
         node = self.node
@@ -171,8 +181,9 @@ class SnapshotReceiver:
             return
         store = node.store
         held = holds(store, req.last_index, req.last_term, req.chain_crc)
-        if held and not node.apply_stuck_below(req.last_index):
+        if held and not 0 <= node.apply_needs() <= req.last_index:  # (unless our state machine needs it)
             node.handler.note_match(req.last_index, req.committed_index)
+            self.drop_partial()
             self._answer(token, ResponseCode.SUCCESS, done=True)
             return
         if not held and req.last_index <= store.committed_index:  # a committed entry of ours differs
@@ -192,20 +203,24 @@ class SnapshotReceiver:
             self.finishing = True
             if a is not None:
                 a.installing = True
-        node.install_chunk(token, meta, req.offset, bytes(data), req.crc)
+        self.queued += 1
+        # a frame's data is its own buffer (or a copy): the worker may hold it, no copy of 4 MiB
+        node.install_chunk(token, meta, req.offset, bytes(data) if isinstance(data, bytearray) else data, req.crc)
 
     def on_chunk_installed(self, token: Any, meta: SnapshotMeta, next_offset: int, done: bool, error: str) -> None:
         """The worker wrote the chunk (`next_offset`: where the next must start); `done`: the
         snapshot is whole and in place."""
         node = self.node
-        self.finishing = False
+        self.queued -= 1
         a = node.applier
-        if not done and a is not None:
-            a.installing = False
+        if done or self.queued == 0:
+            self.finishing = False
+            if not done and a is not None and not node.restoring:  # (a resent last chunk that found the
+                a.installing = False  # install done has nothing to hold back; a restore queued does)
         if error:
             self.meta, self.received = None, 0
             code = ResponseCode.DISK_FULL if "No space left" in error else ResponseCode.INSTALL_SNAPSHOT_ERROR
-            log.warning("%s: install of snapshot %d failed: %s", node.member.self_id, meta.last_index, error)
+            self._warn("failed", "%s: install of snapshot %d failed: %s", node.member.self_id, meta.last_index, error)
             self._answer(token, code, reason=error)
             return
         self.bytes += max(0, next_offset - self.received)
@@ -234,13 +249,20 @@ class SnapshotReceiver:
         if holds(store, meta.last_index, meta.last_term, meta.chain_crc) or node.member.is_leader:
             log.info("%s: snapshot %d installed; our log holds its last entry by now: kept as it is",
                      node.member.self_id, meta.last_index)
-            if node.apply_stuck_below(meta.last_index):  # but our state machine could not read it
+            if 0 <= node.apply_needs() <= meta.last_index:  # but our state machine needs it
                 node.restore_from(meta)
             return
         log.info("%s: snapshot %d installed; the log now begins at %d", node.member.self_id, meta.last_index,
                  meta.last_index + 1)
         node.reset_log_to(meta)
         node.handler.note_match(meta.last_index, -1)
+
+    def drop_partial(self) -> None:
+        """An install we no longer need (our log holds its last entry, or a leader extends our
+        log): its partial copy goes, and status no longer shows it."""
+        if self.meta is not None and not self.finishing and not self.queued:
+            self.meta, self.received = None, 0
+            self.node.drop_install()
 
     def progress(self) -> tuple[int, int, int]:
         """(last index, bytes received, bytes in all) of the snapshot being received, or (-1, 0, 0)."""

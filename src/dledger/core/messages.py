@@ -13,6 +13,7 @@ from typing import Annotated
 import msgspec
 
 from dledger.codes import PushType, RequestCode
+from dledger.statemachine.snapshot import MAX_FILES
 
 
 class Role(IntEnum):
@@ -290,7 +291,7 @@ class SnapshotResponse(msgspec.Struct, array_like=True):
 
 Crc = Annotated[int, msgspec.Meta(ge=0, lt=1 << 32)]
 FileName = Annotated[str, msgspec.Meta(max_length=128)]
-MAX_SNAPSHOT_FILES = 4096
+MAX_SNAPSHOT_FILES = MAX_FILES
 
 
 class SnapshotFile(msgspec.Struct, array_like=True, frozen=True):

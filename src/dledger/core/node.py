@@ -128,6 +128,7 @@ class TakeSnapshot:
     term: int
     chain_crc: int
     next_pos: int  # where record index + 1 starts (or would): a follower installing it continues there
+    keep: tuple[int, ...] = ()  # snapshots being sent to followers: not pruned
 
 
 @dataclass(slots=True)
@@ -151,8 +152,13 @@ class InstallChunk:
     token: Any
     meta: SnapshotMeta
     offset: int
-    data: bytes
+    data: bytes | memoryview
     crc: int
+
+
+@dataclass(slots=True)
+class DropInstall:
+    """Delete the partial copy of a snapshot being received (no longer needed)."""
 
 
 @dataclass(slots=True)
@@ -162,7 +168,7 @@ class RestoreSnapshot:
     meta: SnapshotMeta
 
 
-Action = Send | Reply | Apply | RunQuery | TakeSnapshot | ReadChunk | InstallChunk | RestoreSnapshot
+Action = Send | Reply | Apply | RunQuery | TakeSnapshot | ReadChunk | InstallChunk | RestoreSnapshot | DropInstall
 
 
 class Node:
@@ -192,6 +198,7 @@ class Node:
         self.long_polls = LongPolls()
         self.handler = EntryHandler(self)
         self.receiver = SnapshotReceiver(self)
+        self.restoring = False  # a RestoreSnapshot is on the worker: nothing is applied until it is done
         self.installs_sent = 0  # snapshots followers installed from us (metrics)
         self.install_bytes_sent = 0
         self.dispatchers: dict[str, EntryDispatcher] = {}
@@ -274,8 +281,8 @@ class Node:
                 # the elector's tick, so a transfer that just timed out is not replaced
                 self.step_down(f"corrupt record at index {self.corrupt[0]}")
             if self.member.is_leader and self.apply_needs() >= 0 and not self.elector.transferring:
-                self._hand_over(f"our state machine needs entry {self.apply_needs()}, which no member holds any "
-                                "more: a follower's snapshot can rebuild it, not the leader's own log")
+                self._hand_over(f"our state machine needs a snapshot through {self.apply_needs()}, which our log "
+                                "cannot rebuild: a follower can get one from the next leader")
             if self.member.is_leader:
                 self.quorum.expire(now_ms)
                 for d in self.dispatchers.values():
@@ -333,7 +340,8 @@ class Node:
         if self.corrupt is not None:
             return f"{self.member.self_id} holds a corrupt record at index {self.corrupt[0]}"
         if self.apply_needs() >= 0:
-            return f"{self.member.self_id}'s state machine needs entry {self.apply_needs()}, deleted everywhere"
+            return (f"{self.member.self_id}'s state machine needs a snapshot through {self.apply_needs()} (its log "
+                    "cannot give what comes before)")
         return ""
 
     # --- corrupt records ---------------------------------------------------------------------
@@ -507,11 +515,12 @@ class Node:
         # fsynced prefixes, not matches: a power loss takes the rest back (ours too)
         floor, holder = self.store.durable_index + 1, f"leader {self.member.self_id}"
         for p, d in self.dispatchers.items():
-            if d.sender.meta is not None and d.sender.meta.last_index + 1 < floor:
-                floor, holder = d.sender.meta.last_index + 1, f"follower {p} (installing a snapshot)"
             heard = self.elector.last_ack.get(p, self.elector.leader_since)
             if self.now - heard >= self.cfg.retention_hold_ms:
-                continue  # silent too long: it holds nothing back (nor a repair)
+                continue  # silent too long: it holds nothing back (nor a repair, nor an install)
+            hold = d.install_hold()
+            if 0 <= hold < floor:
+                floor, holder = hold, f"follower {p} (installing a snapshot, or catching up after one)"
             if d.durable + 1 < floor and self.applier is None:
                 floor, holder = d.durable + 1, f"follower {p}"
             if 0 <= d.repair_index < floor:  # our copy is what can repair its record
@@ -541,7 +550,10 @@ class Node:
                 for d in self.dispatchers.values():
                     d.pump()
         except StoreError as e:  # a record that cannot be read for a push (damaged disk)
-            self.store_error(e)
+            if e.code == ResponseCode.INDEX_LESS_THAN_LOCAL_BEGIN:
+                self._pump_needed = True  # compaction moved the log begin under us: next drain
+            else:
+                self.store_error(e)
         if self.reads.want_round and self.member.is_leader:
             self.elector.heartbeat_now()  # reads wait for a confirming round: no tick's delay
         self._wake_reads()
@@ -602,7 +614,8 @@ class Node:
         self._snapshot_wanted = False
         if self.applier is not None:
             self.applier.snapshotting = True
-        self.actions.append(TakeSnapshot(index, term, chain, next_pos))
+        sending = tuple(d.sender.meta.last_index for d in self.dispatchers.values() if d.sender.meta is not None)
+        self.actions.append(TakeSnapshot(index, term, chain, next_pos, sending))
 
     def on_snapshot(self, index: int, error: str, now_ms: int, meta: SnapshotMeta | None = None) -> None:
         """The worker wrote the snapshot of `index` (`meta`; or failed: `error`)."""
@@ -670,13 +683,16 @@ class Node:
         if d is not None and self.member.is_leader:
             d.on_chunk_read(ctx, data, crc, error)
 
-    def install_chunk(self, token: Any, meta: SnapshotMeta, offset: int, data: bytes, crc: int) -> None:
+    def install_chunk(self, token: Any, meta: SnapshotMeta, offset: int, data: bytes | memoryview, crc: int) -> None:
         self.actions.append(InstallChunk(token, meta, offset, data, crc))
 
     def on_chunk_installed(self, token: Any, meta: SnapshotMeta, next_offset: int, done: bool, error: str,
                            now_ms: int) -> None:
         self.now = now_ms
         self.receiver.on_chunk_installed(token, meta, next_offset, done, error)
+
+    def drop_install(self) -> None:
+        self.actions.append(DropInstall())
 
     def reset_log_to(self, meta: SnapshotMeta) -> None:
         """Our log is replaced by installed snapshot `meta`: it begins after it, empty; the state
@@ -692,28 +708,26 @@ class Node:
         """The state machine's state becomes installed snapshot `meta`'s, nothing applied before."""
         assert self.applier is not None
         self.applier.installing = True
+        self.restoring = True
         self.actions.append(RestoreSnapshot(meta))
 
     def apply_needs(self) -> int:
-        """The entry our state machine needs next if our log cannot give it (-1: none)."""
+        """The lowest snapshot index that would unblock our state machine when it needs an
+        entry our log cannot give (deleted, or rotten beyond repair); -1 when it is not stuck
+        (or a restore is pending: that fixes it; or it stopped: it applies nothing anyway).
+        After a snapshot through that index it applies on from our own log."""
         a = self.applier
-        return a.handed_index + 1 if a is not None and self.apply_stuck_below(1 << 62) else -1
-
-    def apply_stuck_below(self, index: int) -> bool:
-        """Our state machine needs an entry before `index` that our log cannot give: deleted, or
-        rotten and beyond repair (the leader no longer holds it). A snapshot through `index`
-        unblocks it, even when the log itself matches the leader's."""
-        a = self.applier
-        if a is None or a.handed_index >= index or a.installing:  # (a restore pending fixes it)
-            return False
-        nxt = a.handed_index + 1
-        return nxt < self.store.begin_index or nxt < self._beyond_repair
+        if a is None or a.installing or a.stopped is not None:
+            return -1
+        readable_from = max(self.store.begin_index, self._beyond_repair)
+        return readable_from - 1 if a.handed_index + 1 < readable_from else -1
 
     def on_restored(self, meta: SnapshotMeta, error: str, now_ms: int) -> None:
         """The worker restored the state machine from installed snapshot `meta` (or failed)."""
         self.now = now_ms
         a = self.applier
         assert a is not None
+        self.restoring = False
         if error:
             a.installing = False
             self._stop_applier(f"restoring installed snapshot {meta.last_index}: {error}")

@@ -38,6 +38,7 @@ from dledger.core.messages import (
 )
 from dledger.core.node import (
     Apply,
+    DropInstall,
     InstallChunk,
     Node,
     ReadChunk,
@@ -214,6 +215,8 @@ class GroupRuntime:
             elif isinstance(action, ReadChunk):
                 self.host.submit_read(self.host.read_chunk, action.meta, action.offset, action.max_bytes,
                                       done=functools.partial(self._chunk_read, action))
+            elif isinstance(action, DropInstall):
+                self.host.submit(self.host.drop_install, done=lambda _: None)
             elif isinstance(action, InstallChunk):
                 self.host.submit(self.host.install_chunk, action.meta, action.offset, action.data, action.crc,
                                  done=functools.partial(self._chunk_installed, action))
@@ -271,7 +274,8 @@ class GroupRuntime:
                                   fut.result() if err is None else None)
             self._execute()
 
-        self.host.submit(self.host.take_snapshot, s.index, s.term, s.chain_crc, s.next_pos, self.cfg.peers, done=done)
+        self.host.submit(self.host.take_snapshot, s.index, s.term, s.chain_crc, s.next_pos, self.cfg.peers, s.keep,
+                         done=done)
 
     def _failure(self, err: BaseException | None, what: str) -> str:
         """"" for no error; else what to tell the node (a traceback in the log unless the disk

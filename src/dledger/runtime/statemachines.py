@@ -18,9 +18,9 @@ from typing import Any, TypeVar
 
 from dledger.codes import DLedgerError, ResponseCode
 from dledger.config import DLedgerConfig
-from dledger.statemachine.api import NullStateMachine, StateMachine
+from dledger.statemachine.api import DirectoryReader, NullStateMachine, StateMachine
 from dledger.statemachine.install import InstallSink, SnapshotSource
-from dledger.statemachine.snapshot import SnapshotError, SnapshotMeta, SnapshotStore, verify
+from dledger.statemachine.snapshot import SnapshotError, SnapshotMeta, SnapshotStore, read_meta
 
 log = logging.getLogger(__name__)
 
@@ -73,13 +73,19 @@ class StateMachineHost:
     def submit(self, fn: Callable[..., T], *args: Any, done: Callable[[Future[T]], None]) -> None:
         """Run fn(*args) on the worker; `done(future)` then runs on the event loop."""
         loop = asyncio.get_running_loop()
-        fut = self._worker.submit(fn, *args)
+        try:
+            fut = self._worker.submit(fn, *args)
+        except RuntimeError:  # shut down: the member is stopping
+            return
         fut.add_done_callback(lambda f: loop.call_soon_threadsafe(done, f))
 
     def submit_read(self, fn: Callable[..., T], *args: Any, done: Callable[[Future[T]], None]) -> None:
         """As `submit`, on the snapshot reader's thread."""
         loop = asyncio.get_running_loop()
-        fut = self._reader.submit(fn, *args)
+        try:
+            fut = self._reader.submit(fn, *args)
+        except RuntimeError:  # shut down: the member is stopping
+            return
         fut.add_done_callback(lambda f: loop.call_soon_threadsafe(done, f))
 
     def read_chunk(self, meta: SnapshotMeta, offset: int, max_bytes: int) -> tuple[bytes, int]:
@@ -87,7 +93,7 @@ class StateMachineHost:
         data = SnapshotSource(self.snapshots.dir / f"{meta.last_index:020d}", meta).read(offset, max_bytes)
         return data, zlib.crc32(data)
 
-    def install_chunk(self, meta: SnapshotMeta, offset: int, data: bytes, crc: int) -> tuple[int, bool]:
+    def install_chunk(self, meta: SnapshotMeta, offset: int, data: bytes | memoryview, crc: int) -> tuple[int, bool]:
         """Write a chunk of a snapshot from the leader (worker thread): the next offset wanted,
         and whether the snapshot is now whole and in place. A new meta starts over."""
         sink = self._sink
@@ -107,17 +113,25 @@ class StateMachineHost:
             raise
         return nxt, True
 
+    def drop_install(self) -> None:
+        """Delete a partial snapshot copy no longer needed (worker thread)."""
+        sink, self._sink = self._sink, None
+        if sink is not None:
+            sink.abort()
+
     def restore_installed(self, meta: SnapshotMeta) -> None:
-        """Replace the state with installed snapshot `meta` (worker thread)."""
-        found = verify(self.snapshots.dir / f"{meta.last_index:020d}")
-        if found[0] != meta:
+        """Replace the state with installed snapshot `meta` (worker thread; its files were
+        checked as it was installed, just before this on the same thread)."""
+        directory = self.snapshots.dir / f"{meta.last_index:020d}"
+        if read_meta(directory) != meta:
             raise SnapshotError(f"snapshot {meta.last_index} was replaced before it was restored")
         if self.sm is not None:
-            self.sm.restore(found[1])
+            self.sm.restore(DirectoryReader(directory, meta.files))
         log.info("restored installed snapshot through index %d (term %d)", meta.last_index, meta.last_term)
 
-    def take_snapshot(self, index: int, term: int, chain_crc: int, next_pos: int, members: str) -> SnapshotMeta:
-        return self.snapshots.take(self.sm or NullStateMachine(), index, term, chain_crc, members, next_pos)
+    def take_snapshot(self, index: int, term: int, chain_crc: int, next_pos: int, members: str,
+                      keep: tuple[int, ...] = ()) -> SnapshotMeta:
+        return self.snapshots.take(self.sm or NullStateMachine(), index, term, chain_crc, members, next_pos, keep)
 
     def close(self) -> None:
         """Let the action running finish (never stop an apply half-way); drop the queued ones."""

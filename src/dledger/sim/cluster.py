@@ -42,6 +42,7 @@ from dledger.core.messages import (
 )
 from dledger.core.node import (
     Apply,
+    DropInstall,
     InstallChunk,
     Node,
     ReadChunk,
@@ -392,7 +393,7 @@ class SimCluster:
         self._flush(member)
 
     def _on_work(self, member: str, node: Node, action: Apply | RunQuery | TakeSnapshot | InstallChunk
-                 | RestoreSnapshot) -> None:
+                 | RestoreSnapshot | DropInstall) -> None:
         m = self.machines
         if self.nodes[member] is not node:
             return  # the member crashed: what its worker had queued is gone
@@ -408,9 +409,11 @@ class SimCluster:
             self._reply(member, Reply(action.token, QUERY, resp))
         elif isinstance(action, TakeSnapshot):
             meta = m.snapshot(member, action.index, action.term, action.chain_crc, action.next_pos,
-                              node.cfg.peers)
+                              node.cfg.peers, action.keep)
             self.trace.append(f"{self.now} {member} snapshot through {action.index}")
             node.on_snapshot(action.index, "", self.now, meta)
+        elif isinstance(action, DropInstall):
+            m.drop_install(member)
         elif isinstance(action, InstallChunk):
             nxt, done = m.install_chunk(member, action.meta, action.offset, action.data, action.crc)
             if done:

@@ -106,20 +106,23 @@ class SimMachines:
     def query(self, member: str, request: bytes) -> bytes:
         return self.sms[member].query(request)
 
-    def snapshot(self, member: str, index: int, term: int, chain_crc: int, next_pos: int, members: str) -> SnapshotMeta:
+    def snapshot(self, member: str, index: int, term: int, chain_crc: int, next_pos: int, members: str,
+                 keep: tuple[int, ...] = ()) -> SnapshotMeta:
         w = _Writer()
         if self.kv:
             self.sms[member].snapshot(w)
         files = {n: FileInfo(len(b), zlib.crc32(b)) for n, b in w.files.items()}
         meta = SnapshotMeta(index, term, chain_crc, members, files, next_pos=next_pos)
-        self._keep(member, SimSnapshot(meta, w.files))
+        self._keep(member, SimSnapshot(meta, w.files), keep)
         return meta
 
-    def _keep(self, member: str, snap: SimSnapshot) -> None:
+    def _keep(self, member: str, snap: SimSnapshot, pinned: tuple[int, ...] = ()) -> None:
+        """The KEEP newest, and those pinned (being sent), as SnapshotStore.prune."""
         snaps = [s for s in self.snapshots[member] if s.meta.last_index != snap.meta.last_index]
         snaps.append(snap)
         snaps.sort(key=lambda s: s.meta.last_index)
-        self.snapshots[member] = snaps[-KEEP:]
+        self.snapshots[member] = [s for k, s in enumerate(snaps) if k >= len(snaps) - KEEP
+                                  or s.meta.last_index in pinned]
 
     # --- InstallSnapshot ---------------------------------------------------------------------
 
@@ -131,7 +134,8 @@ class SimMachines:
         data = snap.stream()[offset : offset + max_bytes]
         return data, zlib.crc32(data), ""
 
-    def install_chunk(self, member: str, meta: SnapshotMeta, offset: int, data: bytes, crc: int) -> tuple[int, bool]:
+    def install_chunk(self, member: str, meta: SnapshotMeta, offset: int, data: bytes | memoryview,
+                      crc: int) -> tuple[int, bool]:
         """As the runtime's InstallSink: the next offset wanted, and whether it is whole."""
         sink = self._sinks.get(member)
         if sink is None or sink[0] != meta:
@@ -151,6 +155,9 @@ class SimMachines:
         self._keep(member, SimSnapshot(meta, files))
         self.installs += 1
         return len(buf), True
+
+    def drop_install(self, member: str) -> None:
+        self._sinks.pop(member, None)
 
     def restore_installed(self, member: str, meta: SnapshotMeta) -> None:
         snap = next(s for s in self.snapshots[member] if s.meta == meta)

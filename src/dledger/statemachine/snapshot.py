@@ -17,6 +17,7 @@ import re
 import shutil
 import time
 import zlib
+from collections.abc import Collection
 from pathlib import Path
 from typing import BinaryIO
 
@@ -29,6 +30,7 @@ log = logging.getLogger(__name__)
 
 META = "meta.json"
 KEEP = 2
+MAX_FILES = 4096  # files per snapshot: every InstallSnapshot request names them all
 _NAME = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
 _DIR = re.compile(r"^\d{20}$")
 _CHUNK = 1 << 20
@@ -68,6 +70,8 @@ class _Writer(SnapshotWriter):
     def open(self, name: str) -> BinaryIO:
         if not valid_file_name(name) or name in self.names:
             raise ValueError(f"bad or repeated snapshot file name {name!r}")
+        if len(self.names) >= MAX_FILES:
+            raise ValueError(f"a snapshot holds at most {MAX_FILES} files")
         self.names.append(name)
         return (self.dir / name).open("xb")
 
@@ -84,8 +88,9 @@ class SnapshotStore:
                 shutil.rmtree(p, ignore_errors=True)
 
     def take(self, sm: StateMachine, last_index: int, last_term: int, chain_crc: int, members: str,
-             next_pos: int = -1) -> SnapshotMeta:
-        """Write `sm`'s state (as of `last_index`) as the newest snapshot; prune old ones."""
+             next_pos: int = -1, keep: Collection[int] = ()) -> SnapshotMeta:
+        """Write `sm`'s state (as of `last_index`) as the newest snapshot; prune old ones (but
+        those in `keep`: being sent to a follower)."""
         final = self.dir / f"{last_index:020d}"
         tmp = self.dir / f".tmp-{last_index:020d}-{os.getpid()}-{time.monotonic_ns()}"
         tmp.mkdir()
@@ -105,15 +110,17 @@ class SnapshotStore:
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
-        self.prune()
+        self.prune(keep)
         log.info("snapshot %s: through index %d (term %d), %d files, %d bytes", final, last_index,
                  last_term, len(files), meta.size)
         return meta
 
-    def prune(self) -> None:
-        """Keep the KEEP newest snapshots."""
+    def prune(self, keep: Collection[int] = ()) -> None:
+        """Keep the KEEP newest snapshots, and those in `keep` (a follower is installing them:
+        deleting one restarted its install from 0, for ever under steady writes)."""
         for p in self._dirs()[KEEP:]:
-            shutil.rmtree(p, ignore_errors=True)
+            if int(p.name) not in keep:
+                shutil.rmtree(p, ignore_errors=True)
 
     def _dirs(self) -> list[Path]:
         """Snapshot directories, newest first."""

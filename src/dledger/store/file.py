@@ -529,11 +529,12 @@ class FileLedgerStore(LedgerStore):
         self.index.drop_after(p)
 
     def reset(self, begin_index: int, begin_term: int, begin_chain_crc: int, begin_pos: int) -> None:
+        """The checkpoint naming the new, empty log is written before a file is deleted: after
+        a crash in between, recovery deletes the files before the new begin and cuts at the
+        first record after it that does not chain on (a checkpoint naming a deleted record
+        made the store refuse to open)."""
         with self._ckpt_lock, self._lock:
             self._check_writable()
-            with self._sync_lock:
-                self.data.drop_all()
-                self.index.drop_all()
             self.begin_index = begin_index
             self.begin_term = self.end_term = begin_term
             self.begin_chain_crc = self.end_chain_crc = begin_chain_crc
@@ -541,8 +542,17 @@ class FileLedgerStore(LedgerStore):
             self.end_index = begin_index - 1
             self.committed_index = max(self.committed_index, begin_index - 1)
             self.durable_index = self.end_index
-            self._trunc_floor = min(self._trunc_floor, self.end_index)
-            self._write_checkpoint_locked()
+            # a flush running now must not record its (old log's) position as flushed: indexes
+            # of the two logs say nothing of each other's positions
+            self._trunc_floor = -2
+            try:
+                self._write_checkpoint_locked()
+                with self._sync_lock:
+                    self.data.drop_all()
+                    self.index.drop_all()
+            except (OSError, StoreError) as e:  # memory and disk disagree now: fail the store
+                self.fail(e)
+                raise self._as_store_error(e, "reset") from e
 
     # --- flush, checkpoint, retention (called from the flush thread) -----------
 
