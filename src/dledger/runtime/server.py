@@ -73,6 +73,7 @@ from dledger.store import open_store
 log = logging.getLogger(__name__)
 
 TICK_S = 0.01
+MEMBER_BACKOFF_MAX_S = 0.5
 FAULT_DISABLED = "fault injection is disabled on this member; start it with --enable-fault-injection"
 
 
@@ -396,9 +397,11 @@ class DLedgerServer:
                 check_member_cert(tls, c.self_id)
         token = cfg0.auth_token.encode() or None
         names = {p.address: p.id for c in self.configs for p in c.member_map.values()}
+        # a member that comes back is reached within half a second (a 2 s backoff delayed every
+        # restarted follower's catch-up and snapshot install by up to that much)
         self.client = TransportClient(max_frame_bytes=max_frame, faults=self.faults,
                                       ssl=client_context(tls) if tls else None, server_names=names,
-                                      auth_token=token)
+                                      auth_token=token, backoff_max_s=MEMBER_BACKOFF_MAX_S)
         for cfg in self.configs:
             if cfg.group in self.groups:
                 raise DLedgerError(ResponseCode.UNEXPECTED_ARGUMENT, f"group {cfg.group} configured twice")
