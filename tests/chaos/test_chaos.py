@@ -20,11 +20,15 @@ from typing import Any
 
 import pytest
 
-from dledger.chaos.checker import FinalState, LogEntry, MemberLog, check
+from dledger.chaos.checker import FinalState, LogEntry, MemberLog, check, check_fresh_reads
+from dledger.chaos.harness import Harness
 from dledger.chaos.nemesis import preview, tear, written_range
 from dledger.chaos.proxy import ProxyHub
 from dledger.chaos.runner import RunConfig, run
+from dledger.chaos.workload import History
+from dledger.codes import DLedgerError
 from dledger.ports import free_ports
+from dledger.runtime.client import DLedgerClient
 from dledger.store.file import FileLedgerStore
 
 pytestmark = pytest.mark.chaos
@@ -355,3 +359,76 @@ def test_torn_write_cuts_only_past_the_trusted_point(tmp_path: Path) -> None:
                 reopened.close()
     finally:
         store.close()
+
+
+# --- the reads check on real processes -------------------------------------------------------------------------
+
+
+def test_the_reads_check_finds_the_stale_leader_mode_read_and_none_in_the_others(tmp_path: Path) -> None:
+    """A leadership transfer cut off mid-way (the nemesis's `transfer-cut-off`), the old leader
+    given a long lease so its window is wide: an append acknowledged by the new leader, then
+    fresh reads. The checker finds the stale `leader`-mode read at the old leader, and no stale
+    read in `linearizable`, `lease` or follower reads."""
+    conf = tmp_path / "long-lease.toml"
+    conf.write_text("max_heart_beat_leak = 16\n")  # the old leader's check-quorum waits 4 s
+    history = History(tmp_path / "history.jsonl")
+    h = Harness(3, tmp_path / "run", on_event=history.event, extra_args=["--config", str(conf)])
+    try:
+        h.start_all()
+        old = h.wait_leader(60)
+        assert old is not None
+        target, other = [m for m in h.ids if m != old]
+        with DLedgerClient(h.client_peers, h.group, timeout=30) as c:
+            for k in range(3):
+                _recorded_append(history, c, f"before-{k}")
+        assert h.cut_off_but_handover(old) is None
+        transfer = threading.Thread(target=h.transfer, args=(old, target), daemon=True)
+        transfer.start()
+        deadline = time.monotonic() + 30
+        while (v := h.metadata(target)) is None or v.role != "leader":
+            assert time.monotonic() < deadline, f"{target} did not take over"
+            time.sleep(0.05)
+        peer = {m: f"{m}-{h.members[m].address}" for m in h.ids}
+        with DLedgerClient(f"{peer[target]};{peer[other]}", h.group, timeout=30) as fresh:
+            after = _recorded_append(history, fresh, "after")
+            _recorded_read(history, fresh, after, "follower", other)
+            _recorded_read(history, fresh, after, "linearizable", None)
+        with DLedgerClient(peer[old], h.group, timeout=2) as stale:  # clients that still know the old leader
+            _recorded_read(history, stale, after, "leader", None)
+            still = h.metadata(old)
+            _recorded_read(history, stale, after, "lease", None)  # (refused until the client gives up)
+            _recorded_read(history, stale, after, "linearizable", None)
+        h.heal_member_faults(old)
+        transfer.join(30)
+    finally:
+        h.close()
+        history.close()
+    assert still is not None and still.role == "leader", "the old leader stepped down too early to show it"
+    result = check_fresh_reads(history.records)
+    assert result.stats["stale_leader_mode_reads"] == 1, result.stats
+    assert result.ok, result.violations
+    served = result.stats["fresh_reads"]
+    assert served.get("follower") == 1 and served.get("linearizable") == 1, served  # the new side's
+
+
+def _recorded_append(history: History, c: DLedgerClient, body: str) -> int:
+    invoke = history.now()
+    r = c.append(body.encode())
+    history.add({"client": "t", "kind": "append", "invoke": invoke, "complete": history.now(),
+                 "request": {"bodies": [body]}, "outcome": "ok", "result": [[r.index, r.term]], "error": None})
+    return r.index
+
+
+def _recorded_read(history: History, c: DLedgerClient, start: int, mode: str, member: str | None) -> None:
+    invoke = history.now()
+    request = {"from": start, "max": 20, "member": member, "mode": mode}
+    consistency = "linearizable" if mode == "follower" else mode
+    try:
+        entries = c.read(start, 20, member=member, consistency=consistency)
+    except DLedgerError as e:
+        history.add({"client": "t", "kind": "read", "invoke": invoke, "complete": history.now(), "request": request,
+                     "outcome": "fail", "result": None, "error": e.code.name})
+        return
+    rows = [[e.index, e.term, e.body.decode()] for e in entries]
+    history.add({"client": "t", "kind": "read", "invoke": invoke, "complete": history.now(), "request": request,
+                 "outcome": "ok", "result": {"entries": rows}, "error": None})

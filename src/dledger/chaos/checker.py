@@ -265,6 +265,14 @@ def _check_reads(ops: list[dict[str, Any]], ref: dict[int, tuple[int, str]], rep
                         f"as committed; the final log has {ref.get(idx)!r}")
 
 
+def check_fresh_reads(history: list[dict[str, Any]]) -> CheckResult:
+    """The reads check alone (no final logs needed): for a history of appends and fresh reads."""
+    rep = _Report()
+    ops = [r for r in history if r.get("kind") in ("append", "read")]
+    stats = _check_fresh_reads(ops, [op for op in ops if op["kind"] == "append"], rep)
+    return CheckResult(rep.violations, stats, dict(rep.suppressed))
+
+
 def _check_fresh_reads(ops: list[dict[str, Any]], appends: list[dict[str, Any]], rep: _Report) -> dict[str, Any]:
     """A read that begins after an append was acknowledged must include it: its entries reach
     at least that index (a read that starts past it, or is capped by its entry count, proves

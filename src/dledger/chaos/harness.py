@@ -95,11 +95,13 @@ class Harness:
     """Start, kill, pause, resume and restart members; shape links through the proxies."""
 
     def __init__(self, nodes: int, base_dir: Path, *, flush: str = "async", group: str = "chaos",
-                 verbose: bool = True, on_event: Listener | None = None) -> None:
+                 verbose: bool = True, on_event: Listener | None = None, extra_args: Sequence[str] = ()) -> None:
+        """`extra_args`: more `dledger server` options for every member (e.g. `--config F`)."""
         if nodes < 1:
             raise ValueError("need at least one member")
         self.group = group
         self.flush = flush
+        self.extra_args = list(extra_args)
         self.dir = Path(base_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.verbose = verbose
@@ -159,7 +161,7 @@ class Harness:
         m.log_path.parent.mkdir(parents=True, exist_ok=True)
         cmd = [sys.executable, "-m", "dledger", *(["-v"] if self.verbose else []), "server",
                "--group", self.group, "--id", member, "--peers", m.peers,
-               "--store-dir", str(m.store_dir), "--flush", self.flush, "--enable-fault-injection"]
+               "--store-dir", str(m.store_dir), "--flush", self.flush, "--enable-fault-injection", *self.extra_args]
         with open(m.log_path, "ab") as out:
             out.write(f"\n=== {time.strftime('%H:%M:%S')} start {member} (incarnation {m.incarnation + 1})\n"
                       .encode())
