@@ -86,3 +86,28 @@ def test_a_meta_naming_a_path_is_refused_before_anything_is_written(tmp_path: Pa
     with pytest.raises(SnapshotError, match="bad file names"):
         InstallSink(SnapshotStore(tmp_path / "f"), meta)
     assert not (tmp_path / "escape").exists()
+
+
+def test_the_benchmark_blob_machine_snapshots_restores_and_streams(tmp_path: Path) -> None:
+    """BlobMachine (benchmarks/install_snapshot.py): a tiny entry grows the state; its snapshot
+    is that many bytes in files of at most 256 MiB; it travels as a stream and restores."""
+    from dledger.bench import blob_machine
+    from dledger.bench.blob_machine import BlobMachine
+
+    sm = BlobMachine()
+    sm.apply([AppliedEntry(0, 1, b"grow:%d" % (3 << 20)), AppliedEntry(1, 1, b"junk"),
+              AppliedEntry(2, 1, b"grow:12345")])
+    assert sm.size == (3 << 20) + 12345
+    meta = SnapshotStore(tmp_path / "a").take(sm, 2, 1, 77, "n0-127.0.0.1:1", next_pos=0)
+    assert meta.size == sm.size + len(str(sm.size))
+    src = SnapshotSource(tmp_path / "a" / "snapshot" / f"{2:020d}", meta)
+    sink = InstallSink(SnapshotStore(tmp_path / "b"), meta)
+    offset = 0
+    while offset < meta.size:
+        data = src.read(offset, 1 << 20)
+        offset = sink.write(offset, data, zlib.crc32(data))
+    _, reader = sink.finish()
+    other = BlobMachine()
+    other.restore(reader)
+    assert other.size == sm.size and other.query(b"") == str(sm.size).encode()
+    assert blob_machine.parse_grow(b"grow:-1") == 0

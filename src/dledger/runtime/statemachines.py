@@ -72,21 +72,11 @@ class StateMachineHost:
 
     def submit(self, fn: Callable[..., T], *args: Any, done: Callable[[Future[T]], None]) -> None:
         """Run fn(*args) on the worker; `done(future)` then runs on the event loop."""
-        loop = asyncio.get_running_loop()
-        try:
-            fut = self._worker.submit(fn, *args)
-        except RuntimeError:  # shut down: the member is stopping
-            return
-        fut.add_done_callback(lambda f: loop.call_soon_threadsafe(done, f))
+        _submit(self._worker, fn, args, done)
 
     def submit_read(self, fn: Callable[..., T], *args: Any, done: Callable[[Future[T]], None]) -> None:
         """As `submit`, on the snapshot reader's thread."""
-        loop = asyncio.get_running_loop()
-        try:
-            fut = self._reader.submit(fn, *args)
-        except RuntimeError:  # shut down: the member is stopping
-            return
-        fut.add_done_callback(lambda f: loop.call_soon_threadsafe(done, f))
+        _submit(self._reader, fn, args, done)
 
     def read_chunk(self, meta: SnapshotMeta, offset: int, max_bytes: int) -> tuple[bytes, int]:
         """Bytes of snapshot `meta`'s stream from `offset`, and their CRC32 (reader thread)."""
@@ -141,3 +131,13 @@ class StateMachineHost:
             self._sink.abort()
         if self._tmp is not None:
             shutil.rmtree(self._tmp, ignore_errors=True)
+
+
+def _submit(pool: ThreadPoolExecutor, fn: Callable[..., T], args: tuple[Any, ...],
+            done: Callable[[Future[T]], None]) -> None:
+    loop = asyncio.get_running_loop()
+    try:
+        fut = pool.submit(fn, *args)
+    except RuntimeError:  # shut down: the member is stopping
+        return
+    fut.add_done_callback(lambda f: loop.call_soon_threadsafe(done, f))
