@@ -70,6 +70,7 @@ class SnapshotSender:
         self.busy = False  # a chunk is being read or is in flight
         self.paused_until = 0
         self.started = 0
+        self._last_sent = -1
         self._warn = RateLimitedLog(log, 10.0, lambda: node.now / 1000).warning
 
     @property
@@ -82,8 +83,11 @@ class SnapshotSender:
         if meta is None:
             return False
         self.meta, self.offset, self.busy, self.started = meta, 0, False, self.node.now
-        log.info("push to %s: it needs entries before our log begin %d; sending snapshot %d (%d bytes)",
-                 self.peer, self.node.store.begin_index, meta.last_index, meta.size)
+        # (once per snapshot: a refused install starts over every heartbeat interval)
+        (log.info if meta.last_index != self._last_sent else log.debug)(
+            "push to %s: it needs entries before our log begin %d; sending snapshot %d (%d bytes)",
+            self.peer, self.node.store.begin_index, meta.last_index, meta.size)
+        self._last_sent = meta.last_index
         return True
 
     def stop(self) -> None:
