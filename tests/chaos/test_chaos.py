@@ -152,6 +152,14 @@ def test_checker_flags_stale_linearizable_reads_and_counts_leader_mode_ones() ->
     assert result.ok, result.violations
     assert result.stats["stale_leader_mode_reads"] == 1
     assert result.stats["fresh_reads"] == {"leader": 1, "lease": 1, "linearizable": 1}
+    # what a linearizable read returned, a later one must return too (not only acknowledged appends)
+    # (entry 6 committed before its append's answer reached the client at 4.10)
+    seen_first = _op(40, "c0", "read", 4.00, 4.05, {**read, "from": 5, "mode": "follower", "member": "n2"}, "ok",
+                     {"entries": [[5, 2, "m2"], [6, 2, "d"]]})
+    after_it = _op(41, "c1", "read", 4.06, 4.08, {**read, "from": 5, "mode": "linearizable"}, "ok",
+                   {"entries": [[5, 2, "m2"]]})
+    assert _kinds([*hist, after_it], final) == set()  # alone: nothing acknowledged past 5 before it began
+    assert _kinds([*hist, seen_first, after_it], final) == {"stale-read"}
     for mode, member in (("linearizable", None), ("lease", None), ("follower", "n2")):
         stale = _op(30, "c3", "read", 4.50, 4.60, {**read, "member": member, "mode": mode}, "ok",
                     {"entries": [[5, 2, "m2"]]})

@@ -161,16 +161,44 @@ def test_a_follower_read_waits_for_the_leaders_read_index_where_a_local_read_is_
     local = _bodies(_answer(c, _send(c, b, READ, ReadRequest(local=True, consistency="local"))))
     assert b"after" not in local  # its own copy is behind
     for mode in ("linearizable", "lease"):
-        resp = _answer(c, _send(c, b, READ, ReadRequest(remote_id=b, consistency=mode)), 5_000)
+        resp = _answer(c, _send(c, b, READ, ReadRequest(remote_id=b, consistency=mode, follower_read=True)), 5_000)
         # the leader's answer cannot reach b: no answer, or one that says why; never a stale one
         assert resp is None or resp.code != ResponseCode.SUCCESS or b"after" in _bodies(resp), (mode, resp)
     c.blocked = set()
     assert c.run_until(lambda: c._node(b).member.leader_id is not None and c.leader() is not None, 5_000)
     now_leader = c.leader()
-    token = _send(c, b, READ, ReadRequest(remote_id=b, consistency="linearizable"))
+    token = _send(c, b, READ, ReadRequest(remote_id=b, consistency="linearizable", follower_read=True))
     assert b"after" in _bodies(_answer(c, token, 5_000))
     assert c._node(b).follower_reads.served >= 1
-    # one that was not addressed to it by name is redirected to the leader, as before
-    resp = _answer(c, _send(c, b, READ, ReadRequest(consistency="linearizable")))
+    # one that is not a follower read (even naming b as its receiver) is redirected to the leader
+    resp = _answer(c, _send(c, b, READ, ReadRequest(remote_id=b, consistency="linearizable")))
     assert resp.code == ResponseCode.NOT_LEADER and resp.leader_id == now_leader
+    assert not c.violations
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_lease_reads_hold_with_members_on_different_heartbeat_settings(seed: int) -> None:
+    """Review: each member measured leases with its own heartbeat settings; mid-way through a
+    rolling change (the leader at a 1 s lease, followers at 200 ms) the followers elected a new
+    leader while the old one's lease still held, and its lease read missed an acknowledged
+    append. Heartbeats now carry the leader's lease, and followers wait it out."""
+    import dataclasses
+
+    c = SimCluster(3, seed=seed)
+    for m in ("n1", "n2"):
+        c.cfgs[m] = dataclasses.replace(c.cfgs[m], heart_beat_time_interval_ms=50, lease_clock_drift_ms=50)
+        c.crash(m, lose_unsynced=False)
+        c.start(m)
+    assert c.run_until(lambda: c.leader() is not None, 10_000)
+    if c.leader() != "n0":
+        _send(c, c.leader() or "n1", RequestCode.LEADERSHIP_TRANSFER, LeadershipTransferRequest(transferee_id="n0"))
+        assert c.run_until(lambda: c.leader() == "n0", 5_000)
+    c.run(600)
+    c.partition(["n0"], ["n1", "n2"])
+    assert c.run_until(lambda: any(c._node(m).member.is_leader for m in ("n1", "n2")), 10_000)
+    new = next(m for m in ("n1", "n2") if c._node(m).member.is_leader)
+    cid = c.append(new, [b"after"])
+    assert c.run_until(lambda: cid in c.client_results, 5_000)
+    c.read("n0", "lease")
+    c.run(50)
     assert not c.violations

@@ -274,10 +274,15 @@ def check_fresh_reads(history: list[dict[str, Any]]) -> CheckResult:
 
 
 def _check_fresh_reads(ops: list[dict[str, Any]], appends: list[dict[str, Any]], rep: _Report) -> dict[str, Any]:
-    """A read that begins after an append was acknowledged must include it: its entries reach
-    at least that index (a read that starts past it, or is capped by its entry count, proves
-    nothing and is skipped)."""
-    acked = sorted((op["complete"], max(i for i, _ in op["result"])) for op in appends if op["outcome"] == "ok")
+    """A read that begins after an append was acknowledged, or after a linearizable or lease
+    read returned an entry, must include it: its entries reach at least that index (a read that
+    starts past it, or is capped by its entry count, proves nothing and is skipped)."""
+    seen = [(op["complete"], max(i for i, _ in op["result"])) for op in appends if op["outcome"] == "ok"]
+    # real-time order between reads too: what a linearizable read saw, a later one must see
+    seen += [(op["complete"], max(e[0] for e in op["result"]["entries"])) for op in ops
+             if op["kind"] == "read" and op["outcome"] == "ok" and op["request"].get("mode") not in (None, "leader")
+             and op["result"]["entries"]]
+    acked = sorted(seen)
     times = [t for t, _ in acked]
     tops = list(itertools.accumulate((i for _, i in acked), max))
     served: Counter[str] = Counter()

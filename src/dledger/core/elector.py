@@ -57,6 +57,7 @@ class LeaderElector:
         cfg = node.cfg
         self.hb_ms = cfg.heart_beat_time_interval_ms
         self.leader_lease_ms = cfg.heart_beat_time_interval_ms * cfg.max_heart_beat_leak
+        self.leader_lease_hint = 0  # our leader's lease, from its heartbeats (it may be configured longer)
         self.last_leader_contact = -(1 << 62)
         self.election_deadline = node.now + self._election_timeout()
         self.round = 0
@@ -94,7 +95,8 @@ class LeaderElector:
         if cfg.preferred_leader_ids:
             half = spread // 2
             lo, hi = (0, half) if cfg.self_id in cfg.preferred_leader_ids else (half, spread)
-        return self.leader_lease_ms + self.node.rng.randint(lo, hi)
+        # never before our leader's lease ends, however short ours is (mixed heartbeat settings)
+        return max(self.leader_lease_ms, self.leader_lease_hint) + self.node.rng.randint(lo, hi)
 
     def _revote_delay(self) -> int:
         cfg = self.node.cfg
@@ -104,7 +106,8 @@ class LeaderElector:
         m = self.node.member
         if m.role == Role.LEADER:
             return True
-        return m.leader_id is not None and self.node.now - self.last_leader_contact < self.leader_lease_ms
+        lease = max(self.leader_lease_ms, self.leader_lease_hint)
+        return m.leader_id is not None and self.node.now - self.last_leader_contact < lease
 
     # --- tick -----------------------------------------------------------------------
 
@@ -295,6 +298,9 @@ class LeaderElector:
         err = self.accept_leader(req.term, req.leader_id)
         m = self.node.member
         if err is None:
+            if req.lease_ms != self.leader_lease_hint:
+                self.leader_lease_hint = req.lease_ms
+                self.election_deadline = self.node.now + self._election_timeout()
             self.node.handler.update_commit(req.committed_index)
             self.node.follow_retention_floor(req.retention_floor, req.retention_holder)
         code = ResponseCode.SUCCESS if err is None else err
@@ -314,7 +320,8 @@ class LeaderElector:
         floor, holder = node.retention_floor()
         round_ = node.reads.next_round()  # a majority acknowledging it confirms waiting reads
         for p in m.others:
-            req = HeartBeatRequest(m.group, m.self_id, p, m.term, node.store.committed_index, floor, holder)
+            req = HeartBeatRequest(m.group, m.self_id, p, m.term, node.store.committed_index, floor, holder,
+                                   self.leader_lease_ms)
             d = node.dispatchers.get(p)
             # what it had acknowledged when we asked: its answer must not report less
             matched = d.match_index if d is not None else -1

@@ -8,8 +8,8 @@ began is at or below that index, so once the follower committed up to it (its co
 only covers entries known equal to the leader's log) its copy includes them. A query also
 waits until the follower's state machine applied that far (the applier's waiting queries).
 
-Only requests addressed to this member (`remote_id`) are served so; one sent to whoever
-leads is still answered NOT_LEADER, so clients learn the leader. A read index that the
+Only requests marked `follower_read` (the client's `member=` with a consistency) are served
+so; one sent to whoever leads is still answered NOT_LEADER, so clients learn the leader. A read index that the
 follower does not commit in time (cut off after the answer) fails with TIMEOUT.
 """
 
@@ -28,6 +28,8 @@ if TYPE_CHECKING:
     from dledger.core.node import Node
 
 log = logging.getLogger(__name__)
+
+MAX_WAITING = 10_000  # follower reads waiting here at once (each holds a request's answer)
 
 
 @dataclass(slots=True)
@@ -48,6 +50,9 @@ class FollowerReads:
 
     def read(self, consistency: str, serve: Callable[[int], None], fail: Callable[[ResponseCode, str], None]) -> None:
         node, m = self.node, self.node.member
+        if len(self._asked) + len(self._waiting) >= MAX_WAITING:
+            fail(ResponseCode.LEADER_PENDING_FULL, f"{MAX_WAITING} follower reads wait on {m.self_id}")
+            return
         if m.leader_id is None or m.leader_id == m.self_id:
             fail(ResponseCode.NOT_LEADER, f"{m.self_id} knows no leader to confirm a read with")
             return

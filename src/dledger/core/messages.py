@@ -89,6 +89,9 @@ class HeartBeatRequest(Msg):
     committed_index: Index = -1
     retention_floor: Index = -1  # followers keep entries from here on: a member still needs them (-1: none)
     retention_holder: Name = ""  # which member
+    # the leader's lease (ms): followers refuse votes at least this long after hearing it, whatever
+    # their own heartbeat settings (a rolling restart with new ones made lease reads stale)
+    lease_ms: Annotated[int, msgspec.Meta(ge=0, le=600_000)] = 0
 
 
 class HeartBeatResponse(msgspec.Struct, array_like=True):
@@ -158,6 +161,7 @@ class GetRequest(Msg):
     index: Position = 0
     local: bool = False  # answer from the receiver's own committed copy, leader or not
     consistency: Consistency = "linearizable"  # ignored when local
+    follower_read: bool = False  # a follower serves it (asking the leader for a read index), no redirect
 
 
 class ReadRequest(Msg):
@@ -168,6 +172,7 @@ class ReadRequest(Msg):
     local: bool = False  # answer from the receiver's own committed copy, leader or not
     consistency: Consistency = "linearizable"  # ignored when local
     wait_ms: Count = 0  # long poll: if from_index is not committed yet, wait up to this long for it
+    follower_read: bool = False  # a follower serves it (asking the leader for a read index), no redirect
 
 
 class EntryMsg(msgspec.Struct, array_like=True):
@@ -255,6 +260,7 @@ class QueryRequest(Msg):
 
     request: bytes = b""
     consistency: Consistency = "linearizable"
+    follower_read: bool = False  # a follower serves it (asking the leader for a read index), no redirect
 
 
 class QueryResponse(msgspec.Struct, array_like=True):

@@ -292,6 +292,11 @@ class Node:
                     self._relieve_pressure()
             self.handler.tick()
             self.follower_reads.wake()  # (their deadlines)
+            if self.applier is not None:
+                for q in self.applier.expired_queries(now_ms):
+                    self.reply(q.token, QUERY, QueryResponse(int(ResponseCode.TIMEOUT), self.member.leader_id or "",
+                                                             message="the state machine did not reach the read index "
+                                                                     f"{q.read_index} in time"))
             self._scrub()
         except StoreError as e:
             self.store_error(e)
@@ -808,7 +813,8 @@ class Node:
         def run_at(read_index: int) -> None:  # once applied up to the read index
             if a.stopped is not None:
                 raise DLedgerError(ResponseCode.INTERNAL_ERROR, f"state machine stopped: {a.stopped}")
-            a.wait_query(read_index, token, msg.request)
+            if not a.wait_query(read_index, token, msg.request, self.now + 2 * self.cfg.max_wait_ack_ms):
+                raise DLedgerError(ResponseCode.LEADER_PENDING_FULL, "too many queries wait for the state machine")
             self._run_due_queries()
 
         if msg.consistency == "local":
@@ -934,10 +940,11 @@ class Node:
         else:
             raise DLedgerError(ResponseCode.UNSUPPORTED, f"request code {code}")
 
-    def _addressed(self, msg: Msg) -> bool:
-        """Sent to this member by name (`member=` with a consistency): a follower serves it as a
-        follower read instead of redirecting to the leader."""
-        return msg.remote_id == self.member.self_id
+    def _addressed(self, msg: GetRequest | ReadRequest | QueryRequest) -> bool:
+        """A follower read (the client named this member with a consistency): served here
+        instead of redirected to the leader. (Not `remote_id`: the client names the receiver of
+        every request, the leader it believes in too.)"""
+        return msg.follower_read
 
     def _check_addressing(self, code: int, msg: Msg) -> ResponseCode | None:
         """Group, receiver and sender must be ours. Member messages (votes, heartbeats, pushes,

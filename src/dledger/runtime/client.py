@@ -349,8 +349,8 @@ class AsyncDLedgerClient:
         which may trail; the default when `member` is named). `member` with "linearizable" or
         "lease": a follower read — that member asks the leader for a read index and answers
         from its own state once it applied that far."""
-        consistency, _, to = _resolve(consistency, member)
-        resp = await self._ask(member, QUERY, QueryRequest(self.group, "", to, bytes(request), consistency))
+        consistency, _, follower = _resolve(consistency, member)
+        resp = await self._ask(member, QUERY, QueryRequest(self.group, "", "", bytes(request), consistency, follower))
         assert isinstance(resp, QueryResponse)
         return resp.result
 
@@ -366,8 +366,8 @@ class AsyncDLedgerClient:
     async def get(self, index: int, member: str | None = None, consistency: str | None = None) -> Entry:
         """The committed entry at `index`, from the leader (or `member`'s own copy).
         `consistency`: see `query`."""
-        consistency, local, to = _resolve(consistency, member)
-        req = GetRequest(self.group, "", to, index, local, consistency)
+        consistency, local, follower = _resolve(consistency, member)
+        req = GetRequest(self.group, "", "", index, local, consistency, follower)
         resp = await self._ask(member, RequestCode.GET, req)
         assert isinstance(resp, EntriesResponse)
         if not resp.entries:
@@ -382,12 +382,12 @@ class AsyncDLedgerClient:
         By default the leader answers; `member` reads that member's own committed copy.
         `consistency`: see `query` (each request of a long read is confirmed by itself).
         """
-        consistency, local, to = _resolve(consistency, member)
+        consistency, local, follower = _resolve(consistency, member)
         out: list[Entry] = []
         index = from_index
         while len(out) < max_entries:
-            req = ReadRequest(self.group, "", to, index, min(max_entries - len(out), 1 << 20), 4 << 20, only_normal,
-                              local, consistency)
+            req = ReadRequest(self.group, "", "", index, min(max_entries - len(out), 1 << 20), 4 << 20, only_normal,
+                              local, consistency, follower_read=follower)
             try:
                 resp = await self._ask(member, READ, req)
             except DLedgerError as e:
@@ -638,13 +638,14 @@ async def _close_agen(agen: AsyncGenerator[Any, None]) -> None:
         await agen.aclose()
 
 
-def _resolve(consistency: str | None, member: str | None) -> tuple[str, bool, str]:
-    """(consistency, local, remote_id) of a read: `member` alone reads its own copy; `member`
-    with a consistency asks that member by name (a follower read when it does not lead)."""
+def _resolve(consistency: str | None, member: str | None) -> tuple[str, bool, bool]:
+    """(consistency, local, follower_read) of a read: `member` alone reads its own copy;
+    `member` with linearizable or lease is a follower read there (when it does not lead)."""
     if consistency is None:
         consistency = "local" if member is not None else "linearizable"
     _check_consistency(consistency)
-    return consistency, consistency == "local", member or ""
+    local = consistency == "local"
+    return consistency, local, member is not None and consistency in ("linearizable", "lease")
 
 
 def _check_consistency(consistency: str) -> None:

@@ -236,8 +236,8 @@ class SimCluster:
         reads invariant says it must hold; its answer is checked when it comes (_check_read)."""
         rid = next(self._rid)
         floor = max(self.acked_max, self.read_max)
-        msg = ReadRequest(self.cfgs[member].group, "", member if addressed else "", max(floor, 0), 1, 1 << 20,
-                          False, False, consistency)
+        msg = ReadRequest(self.cfgs[member].group, "", member, max(floor, 0), 1, 1 << 20, False, False, consistency,
+                          follower_read=addressed)
         self._reads[rid] = (floor, consistency, member)
         self._schedule(self.now + 1, "read", (member, rid, encode(msg)))
         return rid

@@ -22,6 +22,7 @@ from dledger.store.base import LedgerStore
 
 APPLY_MAX_ENTRIES = 4096
 APPLY_MAX_BYTES = 4 << 20
+MAX_WAITING_QUERIES = 10_000
 
 
 @dataclass(slots=True)
@@ -48,6 +49,7 @@ class WaitingQuery:
     seq: int
     token: Any = field(compare=False)
     request: bytes = field(compare=False)
+    deadline: int = field(compare=False, default=1 << 62)
 
 
 class Applier:
@@ -129,8 +131,21 @@ class Applier:
         out, self._proposals = list(self._proposals.values()), {}
         return out
 
-    def wait_query(self, read_index: int, token: Any, request: bytes) -> None:
-        heapq.heappush(self._queries, WaitingQuery(read_index, next(self._seq), token, request))
+    def wait_query(self, read_index: int, token: Any, request: bytes, deadline: int = 1 << 62) -> bool:
+        """Run the query once the state includes `read_index`; False when too many wait."""
+        if len(self._queries) >= MAX_WAITING_QUERIES:
+            return False
+        heapq.heappush(self._queries, WaitingQuery(read_index, next(self._seq), token, request, deadline))
+        return True
+
+    def expired_queries(self, now: int) -> list[WaitingQuery]:
+        """Queries past their deadline (a slow or stuck state machine): answered TIMEOUT."""
+        if not self._queries or all(q.deadline > now for q in self._queries):
+            return []
+        out = [q for q in self._queries if q.deadline <= now]
+        self._queries = [q for q in self._queries if q.deadline > now]
+        heapq.heapify(self._queries)
+        return out
 
     def due_queries(self) -> list[WaitingQuery]:
         """Queries whose read index is applied: run them now, before the next batch."""
