@@ -250,7 +250,10 @@ class SnapshotReceiver:
         self.installs += 1
         if node.applier is not None:
             node.applier.installing = False  # restore_from sets it again until the state is replaced
-        if holds(store, meta.last_index, meta.last_term, meta.chain_crc) or node.member.is_leader:
+        # (committed past it meanwhile: the log holds the leader's entries there, maybe a rotten copy
+        # of the last one, which is repaired as usual; a reset would drop committed entries)
+        if holds(store, meta.last_index, meta.last_term, meta.chain_crc) or node.member.is_leader \
+                or meta.last_index < store.committed_index:
             log.info("%s: snapshot %d installed; our log holds its last entry by now: kept as it is",
                      node.member.self_id, meta.last_index)
             if 0 <= node.apply_needs() <= meta.last_index:  # but our state machine needs it

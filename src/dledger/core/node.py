@@ -751,8 +751,9 @@ class Node:
         Not needed for safety (the leader would send the log, or the snapshot, again), only to
         spare a second install."""
         store = self.store
-        if meta.next_pos < 0 or holds(store, meta.last_index, meta.last_term, meta.chain_crc):
-            return
+        if meta.next_pos < 0 or meta.last_index <= store.committed_index or \
+                holds(store, meta.last_index, meta.last_term, meta.chain_crc):
+            return  # (a committed entry there is the snapshot's, even a rotten copy: repaired as usual)
         log.warning("%s/%s: the log (%d..%d) does not hold the last entry %d of our newest snapshot; "
                     "it begins after the snapshot now", self.cfg.group, self.cfg.self_id,
                     store.begin_index, store.end_index, meta.last_index)

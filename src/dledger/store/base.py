@@ -457,6 +457,14 @@ class LedgerStore(ABC):
                 f"index {index} is beyond the ledger end {self.end_index}",
             )
 
+    def _check_reset(self, begin_index: int) -> None:
+        """A reset (an installed snapshot) never drops committed entries: the snapshot covers
+        at least the commit index."""
+        if begin_index - 1 < self.committed_index:
+            raise StoreError(ResponseCode.INCONSISTENT_STATE,
+                             f"refusing to reset the log to begin at {begin_index}: entries up to "
+                             f"{self.committed_index} are committed")
+
     def _check_truncate(self, from_index: int) -> None:
         if not self.begin_index <= from_index <= self.end_index + 1:
             raise StoreError(

@@ -535,6 +535,7 @@ class FileLedgerStore(LedgerStore):
         made the store refuse to open)."""
         with self._ckpt_lock, self._lock:
             self._check_writable()
+            self._check_reset(begin_index)
             self.begin_index = begin_index
             self.begin_term = self.end_term = begin_term
             self.begin_chain_crc = self.end_chain_crc = begin_chain_crc

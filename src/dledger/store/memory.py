@@ -118,6 +118,7 @@ class MemoryLedgerStore(LedgerStore):
 
     def reset(self, begin_index: int, begin_term: int, begin_chain_crc: int, begin_pos: int) -> None:
         with self._lock:
+            self._check_reset(begin_index)
             self._buf = bytearray()
             self._base_pos = begin_pos
             self._offsets = array("q")
