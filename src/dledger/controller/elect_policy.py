@@ -1,0 +1,56 @@
+"""Who becomes master of a broker set (CONTROLLER.md §3, upstream's DefaultElectPolicy).
+
+Candidates are the SyncStateSet's live replicas (with unclean election, then any live
+replica). The old master stays while it is alive (unless an admin names another); an admin's
+preferred id wins only if it is a live candidate — no fallback to another. Otherwise the
+most up-to-date candidate: higher heartbeat epoch, then higher max offset, then the lower
+election priority value, then the lower id (deterministic, where upstream takes HashSet
+order). Offsets are compared as integers: upstream's `(int)(a - b)` overflowed past 2 GiB and
+could pick the less up-to-date replica (#10578).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection
+from dataclasses import dataclass
+
+PRIORITY_DEFAULT = 2**31 - 1  # Integer.MAX_VALUE: no priority set
+
+
+@dataclass(frozen=True, slots=True)
+class LiveInfo:
+    """What a broker's last heartbeat said about it."""
+
+    epoch: int = 0
+    max_offset: int = 0
+    election_priority: int = PRIORITY_DEFAULT
+
+
+def elect(sync_state_set: Collection[int] | None, all_replicas: Collection[int] | None, old_master: int | None,
+          prefer: int | None, alive: Callable[[int], bool],
+          live_info: Callable[[int], LiveInfo | None] | None = None) -> int | None:
+    """The new master, or None when no candidate qualifies. `all_replicas` is given only
+    with unclean election enabled."""
+    m = _try(sync_state_set, old_master, prefer, alive, live_info) if sync_state_set is not None else None
+    if m is None and all_replicas is not None:
+        m = _try(all_replicas, old_master, prefer, alive, live_info)
+    return m
+
+
+def _try(brokers: Collection[int], old_master: int | None, prefer: int | None, alive: Callable[[int], bool],
+         live_info: Callable[[int], LiveInfo | None] | None) -> int | None:
+    candidates = sorted(b for b in brokers if alive(b))
+    if not candidates:
+        return None
+    if old_master in candidates and (prefer is None or prefer == old_master):
+        return old_master
+    if prefer is not None:
+        return prefer if prefer in candidates else None
+    if live_info is None:
+        return candidates[0]
+
+    def rank(b: int) -> tuple[int, int, int, int]:
+        info = live_info(b) or LiveInfo()
+        return (-info.epoch, -info.max_offset, info.election_priority, b)
+
+    return min(candidates, key=rank)

@@ -1,0 +1,195 @@
+"""The controller's replicated state (CONTROLLER.md §2.1) and the events that change it (§2.2).
+
+For every broker set (a broker name): its registered replicas (id -> address, register check
+code), the next id to hand out, the master, the master epoch, the SyncStateSet and its epoch.
+Events are the controller log's entries (msgspec, tagged), applied in log order on every
+controller; `apply` is a pure function of the state and the event, so every controller holds
+the same state at the same index. Liveness is never part of it (heartbeats are not logged:
+the leader takes liveness facts when it decides, and writes the decision into the event).
+
+Upstream quirks kept on purpose (§2.1, §2.2): `next_assign_id` is 1 + the number of ids ever
+added (not max id + 1); a failed election (`ElectMaster(elected=False)`) bumps the master
+epoch and keeps the SyncStateSet; cleaning an id does not bump an epoch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import msgspec
+
+
+class ApplyBrokerId(msgspec.Struct, tag="apply_broker_id", frozen=True):
+    cluster: str
+    broker: str
+    address: str
+    broker_id: int
+    check_code: str
+
+
+class ElectMaster(msgspec.Struct, tag="elect_master", frozen=True):
+    broker: str
+    elected: bool
+    master_id: int = -1  # when elected
+
+
+class AlterSyncStateSet(msgspec.Struct, tag="alter_sync_state_set", frozen=True):
+    broker: str
+    sync_state_set: frozenset[int]
+
+
+class CleanBrokerData(msgspec.Struct, tag="clean_broker_data", frozen=True):
+    broker: str
+    ids: frozenset[int] | None = None  # None or empty: the whole broker set
+
+
+class UpdateBrokerAddress(msgspec.Struct, tag="update_broker_address", frozen=True):
+    cluster: str
+    broker: str
+    broker_id: int
+    address: str
+
+
+Event = ApplyBrokerId | ElectMaster | AlterSyncStateSet | CleanBrokerData | UpdateBrokerAddress
+
+_encoder = msgspec.msgpack.Encoder()
+_decoder: msgspec.msgpack.Decoder[Event] = msgspec.msgpack.Decoder(Event)
+
+
+def encode_event(event: Event) -> bytes:
+    return _encoder.encode(event)
+
+
+def decode_event(body: bytes) -> Event:
+    """An entry's event (msgspec.DecodeError / ValidationError when it is not one)."""
+    return _decoder.decode(body)
+
+
+@dataclass
+class Replica:
+    address: str
+    check_code: str
+
+
+@dataclass
+class BrokerSet:
+    """One broker name's replicas and its SyncStateInfo, as one record."""
+
+    cluster: str
+    name: str
+    next_assign_id: int = 1
+    replicas: dict[int, Replica] = field(default_factory=dict)
+    master_id: int | None = None
+    master_epoch: int = 0
+    sync_state_set: set[int] = field(default_factory=set)
+    sync_state_set_epoch: int = 0
+
+    @property
+    def master_address(self) -> str | None:
+        r = self.replicas.get(self.master_id) if self.master_id is not None else None
+        return r.address if r is not None else None
+
+    @property
+    def first_election(self) -> bool:
+        return self.master_epoch == 0
+
+    def add_replica(self, broker_id: int, address: str, check_code: str) -> None:
+        self.replicas[broker_id] = Replica(address, check_code)
+        self.next_assign_id += 1  # upstream: 1 + ids ever added, whatever the id
+
+    def set_master(self, broker_id: int | None) -> None:
+        self.master_id = broker_id
+        self.master_epoch += 1
+
+    def set_sync_state_set(self, ids: set[int] | frozenset[int]) -> None:
+        self.sync_state_set = set(ids)
+        self.sync_state_set_epoch += 1
+
+
+class ControllerState:
+    """Every broker set the controller knows; changed only by `apply`."""
+
+    def __init__(self) -> None:
+        self.sets: dict[str, BrokerSet] = {}
+
+    def get(self, broker: str) -> BrokerSet | None:
+        return self.sets.get(broker)
+
+    def next_broker_id(self, broker: str) -> int:
+        s = self.sets.get(broker)
+        return s.next_assign_id if s is not None else 1
+
+    def apply(self, event: Event) -> None:
+        """One event, in log order (an event about an unknown broker set changes nothing)."""
+        if isinstance(event, ApplyBrokerId):
+            s = self.sets.get(event.broker)
+            if s is None:
+                s = self.sets[event.broker] = BrokerSet(event.cluster, event.broker)
+            if event.broker_id not in s.replicas:  # a retried apply adds nothing
+                s.add_replica(event.broker_id, event.address, event.check_code)
+            return
+        s = self.sets.get(event.broker)
+        if s is None:
+            return
+        if isinstance(event, ElectMaster):
+            if event.elected:
+                s.set_master(event.master_id)
+                s.set_sync_state_set({event.master_id})
+            else:
+                s.set_master(None)  # no candidate: the epoch moves, the SyncStateSet stays
+        elif isinstance(event, AlterSyncStateSet):
+            s.set_sync_state_set(event.sync_state_set)
+        elif isinstance(event, CleanBrokerData):
+            self._clean(s, event.ids)
+        elif isinstance(event, UpdateBrokerAddress):
+            r = s.replicas.get(event.broker_id)
+            if r is not None:
+                r.address = event.address
+
+    def _clean(self, s: BrokerSet, ids: frozenset[int] | None) -> None:
+        if not ids:
+            del self.sets[s.name]
+            return
+        for i in ids:
+            s.replicas.pop(i, None)
+            s.sync_state_set.discard(i)  # no epoch bump, master kept (upstream)
+        if not s.replicas:
+            del self.sets[s.name]
+
+    # --- snapshots (CONTROLLER.md §2.6 [improve]): the tables, no liveness ---------------------
+
+    def dump(self) -> bytes:
+        return msgspec.json.encode([_SetRecord.of(s) for s in sorted(self.sets.values(), key=lambda s: s.name)])
+
+    def load(self, data: bytes | None) -> None:
+        self.sets = {}
+        for rec in msgspec.json.decode(data, type=list[_SetRecord]) if data else []:
+            self.sets[rec.name] = rec.to_set()
+
+
+class _ReplicaRecord(msgspec.Struct, frozen=True):
+    id: int
+    address: str
+    check_code: str
+
+
+class _SetRecord(msgspec.Struct, frozen=True):
+    cluster: str
+    name: str
+    next_assign_id: int
+    replicas: list[_ReplicaRecord]
+    master_id: int | None
+    master_epoch: int
+    sync_state_set: list[int]
+    sync_state_set_epoch: int
+
+    @classmethod
+    def of(cls, s: BrokerSet) -> _SetRecord:
+        return cls(s.cluster, s.name, s.next_assign_id,
+                   [_ReplicaRecord(i, r.address, r.check_code) for i, r in sorted(s.replicas.items())],
+                   s.master_id, s.master_epoch, sorted(s.sync_state_set), s.sync_state_set_epoch)
+
+    def to_set(self) -> BrokerSet:
+        return BrokerSet(self.cluster, self.name, self.next_assign_id,
+                         {r.id: Replica(r.address, r.check_code) for r in self.replicas}, self.master_id,
+                         self.master_epoch, set(self.sync_state_set), self.sync_state_set_epoch)
