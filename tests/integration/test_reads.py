@@ -18,8 +18,9 @@ import pytest
 
 from dledger.codes import DLedgerError, ResponseCode
 from dledger.core.messages import READ, EntriesResponse, ReadRequest, decode_response, encode
+from dledger.runtime.client import DLedgerClient
 from dledger.runtime.transport import Message, TransportClient
-from integration.harness import MakeCluster, wait_until
+from integration.harness import Cluster, MakeCluster, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -37,16 +38,21 @@ async def _read(client: TransportClient, address: str, group: str, member: str, 
     return [e.body for e in resp.entries] if resp.code == ResponseCode.SUCCESS else ResponseCode(resp.code)
 
 
-def test_reads_sent_to_a_paused_deposed_leader_are_never_stale(make_cluster: MakeCluster) -> None:
-    c = make_cluster(3)
+def _steady(c: Cluster, n: int) -> tuple[DLedgerClient, list[bytes], str, str]:
+    """n entries appended and everywhere: (client, their bodies, the leader, its address)."""
     client = c.client(timeout=30)
-    before = [f"before-{k}".encode() for k in range(5)]
+    before = [f"before-{k}".encode() for k in range(n)]
     for b in before:
         client.append(b)
     c.wait_caught_up()
     old = c.wait_leader()
+    return client, before, old, c.peer_entry(old).split("-", 1)[1]
+
+
+def test_reads_sent_to_a_paused_deposed_leader_are_never_stale(make_cluster: MakeCluster) -> None:
+    c = make_cluster(3)
+    client, before, old, address = _steady(c, 5)
     others = [m for m in c.ids if m != old]
-    address = c.peer_entry(old).split("-", 1)[1]
     loop = asyncio.new_event_loop()
     transport = TransportClient()
     # connected before the pause: the reads wait on an open socket, handled as soon as it resumes
@@ -123,14 +129,8 @@ def test_a_transfer_cut_off_midway_leaves_a_stale_leader_only_leader_mode_reads_
     toml = tmp_path / "long-lease.toml"
     toml.write_text("max_heart_beat_leak = 16\n")  # 4 s before the old leader's check-quorum deposes it
     c = make_cluster(3, extra=["--config", str(toml)])
-    client = c.client(timeout=30)
-    before = [f"before-{k}".encode() for k in range(3)]
-    for b in before:
-        client.append(b)
-    c.wait_caught_up()
-    old = c.wait_leader()
+    client, before, old, address = _steady(c, 3)
     target, other = [m for m in c.ids if m != old]
-    address = c.peer_entry(old).split("-", 1)[1]
     c.ctl.inject_faults(old, [target, other], spare_handover=True)
     transfer = threading.Thread(target=lambda: _ignore_errors(lambda: c.client(timeout=10)
                                                               .transfer_leadership(target)), daemon=True)

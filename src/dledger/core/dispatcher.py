@@ -344,15 +344,21 @@ class EntryDispatcher:
         """The follower's state machine needs a snapshot through `index` (its log cannot give
         what comes before: a rotten record beyond repair, its own newer snapshot damaged):
         send ours if it reaches that far, else take one first if our state does."""
-        node = self.node
-        if index < 0 or self.state == State.INSTALL:
-            return
-        snap, a = node.snapshot_meta, node.applier
+        if index >= 0 and self.state != State.INSTALL and self._install_past(index):
+            self.node.request_pump()
+
+    def _install_past(self, index: int) -> bool:
+        """Send the follower our snapshot if it covers `index` (True); else, if our state machine
+        has applied that far, take one now so the next attempt can."""
+        snap, a = self.node.snapshot_meta, self.node.applier
+        if a is None:
+            return False
         if snap is not None and snap.last_index >= index:
             self._install()
-            node.request_pump()
-        elif a is not None and a.applied_index >= index:
-            node.want_snapshot()
+            return True
+        if a.applied_index >= index:
+            self.node.want_snapshot()
+        return False
 
     def on_chunk_read(self, ctx: Any, data: bytes, crc: int, error: str) -> None:
         epoch, last_index, offset = ctx
@@ -436,13 +442,8 @@ class EntryDispatcher:
                        self.peer, i, resp.reason, own)
             self.reset(self.next_index - 1, f"our record {i} is damaged")
             if node.is_beyond_repair(i):  # no member holds a good copy: only a snapshot past it helps
-                snap, a = node.snapshot_meta, node.applier
-                if a is not None and snap is not None and snap.last_index >= i:
-                    self._install()
-                    return
-                if a is not None and a.applied_index >= i:
-                    node.want_snapshot()  # our state has it: a snapshot now, the install next time
-                self.paused_until = node.now + node.cfg.heart_beat_time_interval_ms  # do not loop
+                if not self._install_past(i):
+                    self.paused_until = node.now + node.cfg.heart_beat_time_interval_ms  # do not loop
                 return
             node.mark_corrupt(i, own)  # hands leadership over (or steps down)
             return

@@ -96,7 +96,7 @@ class LeaderElector:
             half = spread // 2
             lo, hi = (0, half) if cfg.self_id in cfg.preferred_leader_ids else (half, spread)
         # never before our leader's lease ends, however short ours is (mixed heartbeat settings)
-        return max(self.leader_lease_ms, self.leader_lease_hint) + self.node.rng.randint(lo, hi)
+        return self._followed_lease_ms + self.node.rng.randint(lo, hi)
 
     def _revote_delay(self) -> int:
         cfg = self.node.cfg
@@ -106,8 +106,13 @@ class LeaderElector:
         m = self.node.member
         if m.role == Role.LEADER:
             return True
-        lease = max(self.leader_lease_ms, self.leader_lease_hint)
-        return m.leader_id is not None and self.node.now - self.last_leader_contact < lease
+        return m.leader_id is not None and self.node.now - self.last_leader_contact < self._followed_lease_ms
+
+    @property
+    def _followed_lease_ms(self) -> int:
+        """How long a follower stays loyal after hearing its leader: the longer of its own
+        lease and the leader's (they differ during a rolling change of heartbeat settings)."""
+        return max(self.leader_lease_ms, self.leader_lease_hint)
 
     # --- tick -----------------------------------------------------------------------
 

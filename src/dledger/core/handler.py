@@ -142,18 +142,13 @@ class EntryHandler:
         if i > store.end_index:
             self._answer(token, ResponseCode.INCONSISTENT_STATE, req)
             return
-        if i < store.begin_index - 1:
-            # below our log: compacted behind our snapshot, so committed, and committed entries
-            # are the leader's (the review found a leader walking down below our begin one index
-            # per round trip, then a TRUNCATE there failing for ever); it probes higher next
-            self._match(i)
-            self.update_commit(req.committed_index)
-            self._answer(token, ResponseCode.SUCCESS, req)
-            return
-        term = store.term_at(i)
-        if term == req.prev_term:
-            self._match(i)
-            self.update_commit(req.committed_index)
+        # below our log: compacted behind our snapshot, so committed, and committed entries are
+        # the leader's (the review found a leader walking down below our begin one index per
+        # round trip, then a TRUNCATE there failing for ever); it probes higher next
+        below = i < store.begin_index - 1
+        term = -1 if below else store.term_at(i)
+        if below or term == req.prev_term:
+            self.note_match(i, req.committed_index)
             self._answer(token, ResponseCode.SUCCESS, req)
             return
         first = store.first_index_of_term(term)

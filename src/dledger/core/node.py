@@ -180,7 +180,6 @@ class Node:
         self.store = store
         self.applier = applier  # None: a plain log, nothing applied
         self.snapshot_meta = snapshot  # what a follower needing our deleted prefix gets
-        self._log_snapshot_index = snapshot.last_index if snapshot is not None else -1
         if applier is not None and snapshot is not None:
             self._align_with_snapshot(snapshot)
         self._proposers: set[Any] = set()  # append tokens that wait for their apply results
@@ -291,7 +290,6 @@ class Node:
                 if self.corrupt is None:
                     self._relieve_pressure()
             self.handler.tick()
-            self.follower_reads.wake()  # (their deadlines)
             if self.applier is not None:
                 for q in self.applier.expired_queries(now_ms):
                     self.reply(q.token, QUERY, QueryResponse(int(ResponseCode.TIMEOUT), self.member.leader_id or "",
@@ -640,21 +638,19 @@ class Node:
             # the log the snapshot covers goes, but for a margin a slow follower may still need
             # (behind it, it installs our snapshot)
             self.store.set_compaction_point(index - self.cfg.snapshot_margin_entries)
-        else:
-            self._log_snapshot_index = max(self._log_snapshot_index, index)
         self._answer_snapshot(ResponseCode.SUCCESS, "", index)
 
     @property
     def snapshot_index(self) -> int:
         """The last index of this member's newest snapshot (-1: none)."""
-        return self.applier.snapshot_index if self.applier is not None else self._log_snapshot_index
+        if self.applier is not None:
+            return self.applier.snapshot_index
+        return self.snapshot_meta.last_index if self.snapshot_meta is not None else -1
 
     def note_snapshot(self, meta: SnapshotMeta) -> None:
         """A snapshot now on our disk (taken or installed): the newest is what we send."""
         if self.snapshot_meta is None or meta.last_index >= self.snapshot_meta.last_index:
             self.snapshot_meta = meta
-        if self.applier is None:
-            self._log_snapshot_index = max(self._log_snapshot_index, meta.last_index)
 
     # --- InstallSnapshot (core.install_snapshot) -------------------------------------------------
 
@@ -821,7 +817,7 @@ class Node:
         if msg.consistency == "local":
             run_at(self.store.committed_index)  # our own commit index: may trail the leader's
         else:
-            self._when_confirmed(QUERY, msg.consistency, token, run_at, self._addressed(msg))
+            self._when_confirmed(QUERY, msg.consistency, token, run_at, msg.follower_read)
 
     def _handle_snapshot(self, token: Any) -> None:
         a = self.applier
@@ -911,11 +907,11 @@ class Node:
         elif code == RequestCode.GET:
             assert isinstance(msg, GetRequest)
             self._handle_read(code, msg.index, 1, 1 << 30, False, msg.local, msg.consistency, token,
-                              addressed=self._addressed(msg))
+                              addressed=msg.follower_read)
         elif code == READ:
             assert isinstance(msg, ReadRequest)
             self._handle_read(code, msg.from_index, msg.max_entries, msg.max_bytes, msg.only_normal, msg.local,
-                              msg.consistency, token, msg.wait_ms, self._addressed(msg))
+                              msg.consistency, token, msg.wait_ms, msg.follower_read)
         elif code == READ_INDEX:
             assert isinstance(msg, ReadIndexRequest)
             self._when_confirmed(code, msg.consistency, token,
@@ -940,12 +936,6 @@ class Node:
             self.receiver.handle(msg, data, token)
         else:
             raise DLedgerError(ResponseCode.UNSUPPORTED, f"request code {code}")
-
-    def _addressed(self, msg: GetRequest | ReadRequest | QueryRequest) -> bool:
-        """A follower read (the client named this member with a consistency): served here
-        instead of redirected to the leader. (Not `remote_id`: the client names the receiver of
-        every request, the leader it believes in too.)"""
-        return msg.follower_read
 
     def _check_addressing(self, code: int, msg: Msg) -> ResponseCode | None:
         """Group, receiver and sender must be ours. Member messages (votes, heartbeats, pushes,
@@ -1049,7 +1039,7 @@ class Node:
         own copy (`local`), whose commit index may lag. From the leader an append acknowledged
         to one client is readable by every other client at once; `linearizable` and `lease`
         also rule out a deposed leader that does not know it yet (see read_index), and a
-        follower asked by name serves them once it committed the leader's read index."""
+        follower serves a follower read (`follower_read`) once it committed the leader's read index."""
         def own_copy() -> bool:  # a follower's read (local or a follower read) is its own copy
             return local or not self.member.is_leader
 
@@ -1095,7 +1085,7 @@ class Node:
                         addressed: bool = False) -> None:
         """Run `serve(read_index)` on the leader once `consistency` allows: at once for
         `leader`, after a confirming heartbeat round (or within the lease) otherwise; on a
-        follower asked by name (`addressed`) once it committed the leader's read index
+        follower for a follower read (`addressed`) once it committed the leader's read index
         (core.follower_read). Errors raised by `serve` later become the request's answer."""
         if consistency not in CONSISTENCY or consistency == "local":
             raise DLedgerError(ResponseCode.UNEXPECTED_ARGUMENT, describe(consistency))
