@@ -45,13 +45,18 @@ def holds(store: LedgerStore, last_index: int, last_term: int, chain_crc: int) -
     matches the leader's log through there and needs no install."""
     if last_index < store.begin_index - 1:
         return True  # our own snapshot is newer; what we committed there is the leader's
-    if last_index > store.end_index:
-        return False
-    if store.term_at(last_index) != last_term or store.chain_at(last_index) != chain_crc:
+    if not _same_entry(store, last_index, last_term, chain_crc):
         return False
     # a rotten copy of it is not held: one beyond repair (the leader's log begins after it) could
     # neither be repaired nor truncated after; the install replaces it
     return last_index < store.begin_index or store.verify(last_index) is None
+
+
+def _same_entry(store: LedgerStore, index: int, term: int, chain_crc: int) -> bool:
+    """Our entry `index` (or the one our log begins after) is that one, by its header."""
+    if not store.begin_index - 1 <= index <= store.end_index:
+        return False
+    return store.term_at(index) == term and store.chain_at(index) == chain_crc
 
 
 def meta_of(req: InstallSnapshotRequest) -> SnapshotMeta:
@@ -190,7 +195,9 @@ class SnapshotReceiver:
             self.drop_partial()
             self._answer(token, ResponseCode.SUCCESS, done=True)
             return
-        if not held and req.last_index <= store.committed_index:  # a committed entry of ours differs
+        # a committed entry of ours that differs (a rotten copy of the same entry is replaced)
+        if not held and req.last_index <= store.committed_index and \
+                not _same_entry(store, req.last_index, req.last_term, req.chain_crc):
             raise DLedgerError(ResponseCode.INCONSISTENT_STATE,
                                f"snapshot {req.last_index} (term {req.last_term}) differs from our committed entry")
         a = node.applier
