@@ -8,13 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import errno
 import json
 import logging
 import os
-import re
 import signal
-import socket
 import sys
 import time
 from collections.abc import Iterator
@@ -26,8 +23,10 @@ from dledger.clitools import (
     PEERS_HELP,
     UserError,
     WireInt,
+    check_store_dir,
     consistency_option,
     make_client,
+    member_os_error,
     security,
     security_options,
 )
@@ -96,23 +95,8 @@ def server(config_file: str | None, group: str | None, self_id: str | None, peer
         data["store_dir"] = str(Path("data") / str(data.get("group", "default")) / str(data["self_id"]))
     cfg = DLedgerConfig.from_dict(data)
     if cfg.store_type == "file":
-        _check_store_dir(Path(cfg.store_dir))
+        check_store_dir(Path(cfg.store_dir))
     _run_member(cfg)
-
-
-def _check_store_dir(store_dir: Path) -> None:
-    """Refuse a store directory the member could not create or write, naming it."""
-    if store_dir.exists() and not store_dir.is_dir():
-        raise UserError(f"store directory {store_dir} is not a directory")
-    existing = next((p for p in (store_dir, *store_dir.parents) if p.exists()), Path("."))
-    if not existing.is_dir():
-        raise UserError(f"cannot create store directory {store_dir}: {existing} is not a directory")
-    if not os.access(existing, os.W_OK | os.X_OK):  # root may write anyway: then it passes
-        what = "is not writable" if existing == store_dir else f"cannot be created: {existing} is not writable"
-        raise UserError(f"store directory {store_dir} {what}")
-
-
-_BIND_ADDRESS = re.compile(r"address \('?([^',]*)'?, (\d+)")
 
 
 def _run_member(cfg: DLedgerConfig) -> None:
@@ -131,23 +115,7 @@ def _run_member(cfg: DLedgerConfig) -> None:
     try:
         asyncio.run(main())
     except OSError as e:
-        raise UserError(_member_os_error(cfg, e)) from e
-
-
-def _member_os_error(cfg: DLedgerConfig, e: OSError) -> str:
-    """One line for an OSError a member's start failed with: a port it cannot listen on
-    (asyncio names the address; prometheus' metrics server does not), else the file."""
-    reason = (os.strerror(e.errno) if isinstance(e.errno, int) and e.errno > 0 else e.strerror or str(e)).lower()
-    m = _BIND_ADDRESS.search(str(e))
-    if m is not None:
-        return f"cannot listen on {m[1]}:{m[2]}: {reason}"
-    if isinstance(e, socket.gaierror):  # a host name that does not resolve
-        return f"cannot listen on {cfg.peer_map[cfg.self_id].address}: {reason}"
-    if e.errno == errno.EADDRINUSE and cfg.metrics_port:
-        return f"cannot serve metrics on port {cfg.metrics_port}: {reason}"
-    if e.filename is not None:
-        return f"{e.filename}: {reason}"
-    return f"cannot start member {cfg.self_id}: {reason}"
+        raise UserError(member_os_error(cfg, e)) from e
 
 
 @cli.command()
@@ -440,10 +408,13 @@ def snapshot(peers: str, group: str, member: str | None) -> None:
 
 def _register_extra_commands() -> None:
     from dledger.bench.command import bench
+    from dledger.controller.command import admin, controller
     from dledger.kv.command import kv
     from dledger.security.certs_command import certs
 
+    cli.add_command(admin)
     cli.add_command(bench)
+    cli.add_command(controller)
     cli.add_command(certs)
     cli.add_command(kv)
 

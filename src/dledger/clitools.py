@@ -3,7 +3,12 @@ user errors, wire-bounded integers, the security options and a client built from
 
 from __future__ import annotations
 
+import errno
+import os
+import re
+import socket
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
@@ -11,6 +16,7 @@ import click
 from dledger.core.messages import LIMIT
 
 if TYPE_CHECKING:
+    from dledger.config import DLedgerConfig
     from dledger.runtime.client import DLedgerClient
 
 PEERS_HELP = "Members, as 'n0-127.0.0.1:20911;n1-127.0.0.1:20912;…'."
@@ -84,6 +90,37 @@ def make_client(peers: str, group: str, timeout: float = 5.0) -> DLedgerClient:
     return DLedgerClient(peers, group, timeout, tls=tls, auth_token=sec.get("auth_token"))
 
 
+
+
+def check_store_dir(store_dir: Path) -> None:
+    """Refuse a store directory the member could not create or write, naming it."""
+    if store_dir.exists() and not store_dir.is_dir():
+        raise UserError(f"store directory {store_dir} is not a directory")
+    existing = next((p for p in (store_dir, *store_dir.parents) if p.exists()), Path("."))
+    if not existing.is_dir():
+        raise UserError(f"cannot create store directory {store_dir}: {existing} is not a directory")
+    if not os.access(existing, os.W_OK | os.X_OK):  # root may write anyway: then it passes
+        what = "is not writable" if existing == store_dir else f"cannot be created: {existing} is not writable"
+        raise UserError(f"store directory {store_dir} {what}")
+
+
+_BIND_ADDRESS = re.compile(r"address \('?([^',]*)'?, (\d+)")
+
+
+def member_os_error(cfg: DLedgerConfig, e: OSError) -> str:
+    """One line for an OSError a member's start failed with: a port it cannot listen on
+    (asyncio names the address; prometheus' metrics server does not), else the file."""
+    reason = (os.strerror(e.errno) if isinstance(e.errno, int) and e.errno > 0 else e.strerror or str(e)).lower()
+    m = _BIND_ADDRESS.search(str(e))
+    if m is not None:
+        return f"cannot listen on {m[1]}:{m[2]}: {reason}"
+    if isinstance(e, socket.gaierror):  # a host name that does not resolve
+        return f"cannot listen on {cfg.peer_map[cfg.self_id].address}: {reason}"
+    if e.errno == errno.EADDRINUSE and cfg.metrics_port:
+        return f"cannot serve metrics on port {cfg.metrics_port}: {reason}"
+    if e.filename is not None:
+        return f"{e.filename}: {reason}"
+    return f"cannot start member {cfg.self_id}: {reason}"
 
 
 def consistency_option(f: F) -> F:

@@ -12,14 +12,15 @@ could pick the less up-to-date replica (#10578).
 from __future__ import annotations
 
 from collections.abc import Callable, Collection
-from dataclasses import dataclass
+
+import msgspec
 
 PRIORITY_DEFAULT = 2**31 - 1  # Integer.MAX_VALUE: no priority set
 
 
-@dataclass(frozen=True, slots=True)
-class LiveInfo:
-    """What a broker's last heartbeat said about it."""
+class LiveInfo(msgspec.Struct, frozen=True, array_like=True):
+    """What a broker's last heartbeat said about it (written into the controller's log entries:
+    the leader's liveness facts, so apply stays deterministic)."""
 
     epoch: int = 0
     max_offset: int = 0

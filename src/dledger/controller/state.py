@@ -2,13 +2,13 @@
 
 For every broker set (a broker name): its registered replicas (id -> address, register check
 code), the next id to hand out, the master, the master epoch, the SyncStateSet and its epoch.
-Events are the controller log's entries (msgspec, tagged), applied in log order on every
-controller; `apply` is a pure function of the state and the event, so every controller holds
-the same state at the same index. Liveness is never part of it (heartbeats are not logged:
-the leader takes liveness facts when it decides, and writes the decision into the event).
+Events are what applying a logged request makes (controller.processor), applied in log order
+on every controller; `apply` is a pure function of the state and the event, so every
+controller holds the same state at the same index. Liveness is never part of it (heartbeats
+are not logged: the leader writes the liveness facts a request needs into its log entry).
 
 Upstream quirks kept on purpose (§2.1, §2.2): `next_assign_id` is 1 + the number of ids ever
-added (not max id + 1); a failed election (`ElectMaster(elected=False)`) bumps the master
+added (not max id + 1); a failed election (`ElectMasterEvent(elected=False)`) bumps the master
 epoch and keeps the SyncStateSet; cleaning an id does not bump an epoch.
 """
 
@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import msgspec
 
 
-class ApplyBrokerId(msgspec.Struct, tag="apply_broker_id", frozen=True):
+class ApplyBrokerIdEvent(msgspec.Struct, frozen=True):
     cluster: str
     broker: str
     address: str
@@ -27,43 +27,30 @@ class ApplyBrokerId(msgspec.Struct, tag="apply_broker_id", frozen=True):
     check_code: str
 
 
-class ElectMaster(msgspec.Struct, tag="elect_master", frozen=True):
+class ElectMasterEvent(msgspec.Struct, frozen=True):
     broker: str
     elected: bool
     master_id: int = -1  # when elected
 
 
-class AlterSyncStateSet(msgspec.Struct, tag="alter_sync_state_set", frozen=True):
+class AlterSyncStateSetEvent(msgspec.Struct, frozen=True):
     broker: str
     sync_state_set: frozenset[int]
 
 
-class CleanBrokerData(msgspec.Struct, tag="clean_broker_data", frozen=True):
+class CleanBrokerDataEvent(msgspec.Struct, frozen=True):
     broker: str
     ids: frozenset[int] | None = None  # None or empty: the whole broker set
 
 
-class UpdateBrokerAddress(msgspec.Struct, tag="update_broker_address", frozen=True):
+class UpdateBrokerAddressEvent(msgspec.Struct, frozen=True):
     cluster: str
     broker: str
     broker_id: int
     address: str
 
 
-Event = ApplyBrokerId | ElectMaster | AlterSyncStateSet | CleanBrokerData | UpdateBrokerAddress
-
-_encoder = msgspec.msgpack.Encoder()
-_decoder: msgspec.msgpack.Decoder[Event] = msgspec.msgpack.Decoder(Event)
-
-
-def encode_event(event: Event) -> bytes:
-    return _encoder.encode(event)
-
-
-def decode_event(body: bytes) -> Event:
-    """An entry's event (msgspec.DecodeError / ValidationError when it is not one)."""
-    return _decoder.decode(body)
-
+Event = ApplyBrokerIdEvent | ElectMasterEvent | AlterSyncStateSetEvent | CleanBrokerDataEvent | UpdateBrokerAddressEvent
 
 @dataclass
 class Replica:
@@ -121,7 +108,7 @@ class ControllerState:
 
     def apply(self, event: Event) -> None:
         """One event, in log order (an event about an unknown broker set changes nothing)."""
-        if isinstance(event, ApplyBrokerId):
+        if isinstance(event, ApplyBrokerIdEvent):
             s = self.sets.get(event.broker)
             if s is None:
                 s = self.sets[event.broker] = BrokerSet(event.cluster, event.broker)
@@ -131,17 +118,17 @@ class ControllerState:
         s = self.sets.get(event.broker)
         if s is None:
             return
-        if isinstance(event, ElectMaster):
+        if isinstance(event, ElectMasterEvent):
             if event.elected:
                 s.set_master(event.master_id)
                 s.set_sync_state_set({event.master_id})
             else:
                 s.set_master(None)  # no candidate: the epoch moves, the SyncStateSet stays
-        elif isinstance(event, AlterSyncStateSet):
+        elif isinstance(event, AlterSyncStateSetEvent):
             s.set_sync_state_set(event.sync_state_set)
-        elif isinstance(event, CleanBrokerData):
+        elif isinstance(event, CleanBrokerDataEvent):
             self._clean(s, event.ids)
-        elif isinstance(event, UpdateBrokerAddress):
+        elif isinstance(event, UpdateBrokerAddressEvent):
             r = s.replicas.get(event.broker_id)
             if r is not None:
                 r.address = event.address

@@ -15,6 +15,7 @@ import itertools
 import logging
 import resource
 import time
+from collections.abc import Callable
 from concurrent.futures import CancelledError, Future
 from typing import Any
 
@@ -56,6 +57,7 @@ from dledger.runtime.transport import (
     LISTENER_CLIENT,
     LISTENER_MEMBER,
     Caller,
+    DirectHandler,
     FaultInjector,
     Limits,
     Message,
@@ -374,6 +376,10 @@ class DLedgerServer:
         port = next((c.metrics_port for c in self.configs if c.metrics_port), 0)
         self.metrics = Metrics() if port else None
         self.metrics_port = port
+        # request codes another service answers on this port (the controller's, say)
+        self.services: dict[int, DirectHandler] = {}
+        self.sealed_groups: set[str] = set()  # groups whose log only this process writes: no client appends
+        self.on_connection_lost: Callable[[Caller], None] | None = None
 
     async def start(self) -> None:
         """Open every group and listen. If a step fails (a store directory another process
@@ -414,6 +420,7 @@ class DLedgerServer:
                         frame_memory_bytes=cfg0.frame_memory_bytes)
         self.server = TransportServer(direct=self._handle, max_frame_bytes=max_frame,
                                       ssl=server_context(tls) if tls else None, auth_token=token, limits=limits)
+        self.server.on_connection_lost = self.on_connection_lost
         split = self.member_address != self.address
         await self._listen(self.address, LISTENER_CLIENT if split else LISTENER_BOTH)
         if split:
@@ -444,6 +451,10 @@ class DLedgerServer:
         return self.groups[group].node
 
     def _handle(self, msg: Message, respond: Respond, caller: Caller) -> None:
+        service = self.services.get(msg.code)
+        if service is not None:
+            service(msg, respond, caller)
+            return
         try:
             req = decode_request(msg.code, msg.meta)
         except KeyError:
@@ -458,6 +469,8 @@ class DLedgerServer:
             respond(_error(ResponseCode.UNKNOWN_GROUP, f"no group {req.group!r} here"))
         elif refusal is not None:
             respond(refusal)
+        elif msg.code == RequestCode.APPEND and req.group in self.sealed_groups:
+            respond(_error(ResponseCode.UNSUPPORTED, f"group {req.group!r} is written by its members only"))
         elif msg.code == FAULT:
             # any client can send FAULT: obeying it lets anyone partition the group, so
             # only a member started for tests or chaos runs does

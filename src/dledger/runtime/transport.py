@@ -775,6 +775,8 @@ class _ServerConnection(_FrameProtocol, Caller):
 
     def _lost(self, reason: str) -> None:
         self._server._connections.discard(self)
+        if self._server.on_connection_lost is not None:
+            self._server.on_connection_lost(self)
 
     def _respond(self, request_id: int, request_code: int, response: Message) -> None:
         """Queue the response at once: no task, no await per request. Responses may leave in
@@ -868,6 +870,8 @@ class TransportServer:
         self._sweeper: asyncio.Task[None] | None = None
         self.turn_cost = 0  # work started in this loop turn (see _TURN_BUDGET)
         self._turn_reset_scheduled = False
+        # told when a connection is gone (the controller's liveness: a broker's connection closed)
+        self.on_connection_lost: Callable[[Caller], None] | None = None
 
     def charge(self, cost: int) -> None:
         self.turn_cost += cost

@@ -1,0 +1,144 @@
+"""A client of the controller: what brokers and the admin commands use.
+
+Requests go to the leader ("active controller"): a CONTROLLER_NOT_LEADER answer names it and
+the request follows; an unreachable controller is skipped. Heartbeats go to every controller
+(each keeps its own liveness table), on connections kept open: a broker whose process dies
+closes them, and the controllers see it at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+
+from dledger.codes import ControllerResponseCode as RC
+from dledger.codes import DLedgerError, ResponseCode
+from dledger.config import ConfigError, parse_peers
+from dledger.controller import messages as m
+from dledger.runtime.transport import Message, TransportClient
+from dledger.security.tls import TlsConfig, client_context
+
+RETRY_PAUSE_S = 0.1
+
+
+def parse_controllers(text: str) -> list[str]:
+    """'host:port;host:port', or a peers string ('n0-host:port;...'), as addresses."""
+    parts = [p.strip() for p in text.replace(",", ";").split(";") if p.strip()]
+    if not parts:
+        raise ConfigError("no controller address given")
+    if all("-" in p.split(":")[0] for p in parts):
+        return [p.address for p in parse_peers(";".join(parts)).values()]
+    for p in parts:
+        host, sep, port = p.rpartition(":")
+        if not sep or not host or not port.isdigit():
+            raise ConfigError(f"controller address {p!r} is not host:port")
+    return parts
+
+
+class ControllerClient:
+    def __init__(self, controllers: str | Sequence[str], timeout: float = 5.0, tls: TlsConfig | None = None,
+                 auth_token: str | None = None) -> None:
+        self.addresses = parse_controllers(controllers) if isinstance(controllers, str) else list(controllers)
+        self.timeout = timeout
+        self._transport = TransportClient(ssl=client_context(tls) if tls else None,
+                                          auth_token=auth_token.encode() if auth_token else None,
+                                          backoff_max_s=0.5)
+        self._leader: str | None = None
+
+    async def close(self) -> None:
+        await self._transport.close()
+
+    async def __aenter__(self) -> ControllerClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def call_at(self, address: str, req: m.Request, timeout: float | None = None) -> m.Response:
+        """One request to one controller (raises DLedgerError NETWORK_ERROR / TIMEOUT)."""
+        code = int(req.__struct_config__.tag)  # type: ignore[arg-type]
+        raw = await self._transport.request(address, Message(code, m.encode(req)), timeout or self.timeout)
+        try:
+            return m.decode_response(raw.meta)
+        except m.DECODE_ERRORS:
+            return m.Response(int(RC.REQUEST_CODE_NOT_SUPPORTED), f"{address} answered {raw.code}: not a controller")
+
+    async def call(self, req: m.Request) -> m.Response:
+        """A request to the leader, following redirects and skipping dead controllers until
+        the timeout; the last answer (or DLedgerError when none came)."""
+        deadline = time.monotonic() + self.timeout
+        last: m.Response | None = None
+        error: DLedgerError | None = None
+        while True:
+            order = ([self._leader] if self._leader else []) + [a for a in self.addresses if a != self._leader]
+            for address in order:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                try:
+                    resp = await self.call_at(address, req, left)
+                except DLedgerError as e:
+                    error = e
+                    continue
+                if resp.code != RC.CONTROLLER_NOT_LEADER:
+                    self._leader = address
+                    return resp
+                last = resp
+                if resp.leader_address and resp.leader_address != address:
+                    self._leader = resp.leader_address
+                    break  # go to the named leader first
+            if time.monotonic() + RETRY_PAUSE_S >= deadline:
+                if last is not None:
+                    return last
+                raise error or DLedgerError(ResponseCode.TIMEOUT, "no controller answered")
+            await asyncio.sleep(RETRY_PAUSE_S)
+
+    async def heartbeat(self, hb: m.BrokerHeartbeat) -> int:
+        """Send a heartbeat to every controller; how many took it."""
+        results = await asyncio.gather(*(self.call_at(a, hb) for a in self.addresses), return_exceptions=True)
+        return sum(1 for r in results if isinstance(r, m.Response) and r.code == RC.SUCCESS)
+
+    async def metadata(self) -> dict[str, m.MetadataInfo | str]:
+        """Every controller's own view (GET_METADATA_INFO), or why it did not answer."""
+        async def one(address: str) -> m.MetadataInfo | str:
+            try:
+                resp = await self.call_at(address, m.GetMetadataInfo())
+            except DLedgerError as e:
+                return e.message
+            return resp.metadata if resp.metadata is not None else resp.remark or f"code {resp.code}"
+
+        values = await asyncio.gather(*(one(a) for a in self.addresses))
+        return dict(zip(self.addresses, values, strict=True))
+
+    # --- the requests of CONTROLLER.md §2.3 ---------------------------------------------------
+
+    async def get_next_broker_id(self, cluster: str, broker: str) -> m.Response:
+        return await self.call(m.GetNextBrokerId(cluster, broker))
+
+    async def apply_broker_id(self, cluster: str, broker: str, broker_id: int, check_code: str) -> m.Response:
+        return await self.call(m.ApplyBrokerId(cluster, broker, broker_id, check_code))
+
+    async def register_broker(self, cluster: str, broker: str, broker_id: int, address: str) -> m.Response:
+        return await self.call(m.RegisterBroker(cluster, broker, broker_id, address))
+
+    async def elect_master(self, broker: str, broker_id: int = m.NO_ID, *, cluster: str = "",
+                           designate: bool = False) -> m.Response:
+        """Broker-triggered (its own id), controller-triggered (NO_ID) or an admin's (designate)."""
+        return await self.call(m.ElectMaster(cluster, broker, broker_id, designate, int(time.time() * 1000)))
+
+    async def alter_sync_state_set(self, broker: str, master_id: int, master_epoch: int, new_set: Sequence[int],
+                                   sync_state_set_epoch: int) -> m.Response:
+        return await self.call(m.AlterSyncStateSet(broker, master_id, master_epoch, sorted(new_set),
+                                                   sync_state_set_epoch))
+
+    async def get_replica_info(self, broker: str) -> m.Response:
+        return await self.call(m.GetReplicaInfo(broker))
+
+    async def get_sync_state_data(self, brokers: Sequence[str]) -> m.Response:
+        return await self.call(m.GetSyncStateData(list(brokers)))
+
+    async def clean_broker_data(self, broker: str, ids: Sequence[int] = (), *, cluster: str = "",
+                                clean_living_broker: bool = False) -> m.Response:
+        return await self.call(m.CleanBrokerData(cluster, broker, ";".join(map(str, ids)), clean_living_broker))
+

@@ -1,0 +1,206 @@
+"""`dledger controller` (run a controller member) and `dledger admin` (ask the controller)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+import msgspec
+
+from dledger.clitools import PEERS_HELP, UserError, check_store_dir, member_os_error, security, security_options
+from dledger.codes import ControllerResponseCode as RC
+from dledger.codes import DLedgerError
+from dledger.config import ConfigError, DLedgerConfig
+from dledger.controller import messages as m
+from dledger.controller.client import ControllerClient
+from dledger.controller.config import ControllerConfig, load_controller_toml, member_config
+
+T = TypeVar("T")
+
+CONTROLLER_HELP = "Controllers: 'host:port;host:port' or their peers string."
+
+
+@click.command("controller")
+@click.option("--config", "config_file", type=click.Path(dir_okay=False),
+              help="TOML file: member keys, and controller keys in a [controller] table.")
+@click.option("--group", default=None, help="Raft group name [controller].")
+@click.option("--id", "self_id", default=None, help="This controller's id, e.g. n0.")
+@click.option("--peers", default=None, help=PEERS_HELP)
+@click.option("--store-dir", default=None, help="Directory of this controller's log and snapshots.")
+@click.option("--peer-listen", default=None, help="Member-only addresses, peers format.")
+@click.option("--metrics-port", type=int, default=None, help="Serve Prometheus metrics on this port.")
+@click.option("--enable-elect-unclean-master", "unclean", is_flag=True, default=None,
+              help="Elect a replica outside the SyncStateSet when none in it lives (may lose acknowledged data).")
+@click.option("--enable-fault-injection", "fault_injection", is_flag=True, help="Obey FAULT requests (tests only).")
+@security_options
+def controller(config_file: str | None, group: str | None, self_id: str | None, peers: str | None,
+               store_dir: str | None, peer_listen: str | None, metrics_port: int | None, unclean: bool | None,
+               fault_injection: bool) -> None:
+    """Run one controller member (a Raft group electing masters for broker sets) until SIGINT/SIGTERM."""
+    data: dict[str, Any] = {}
+    ccfg = ControllerConfig()
+    if config_file:
+        data, ccfg = load_controller_toml(config_file)
+    overrides = {"group": group, "self_id": self_id, "peers": peers, "store_dir": store_dir,
+                 "peer_listen": peer_listen, "metrics_port": metrics_port, **security()}
+    data.update({k: v for k, v in overrides.items() if v is not None})
+    if fault_injection:
+        data["enable_fault_injection"] = True
+    if unclean:
+        ccfg.enable_elect_unclean_master = True
+    if "peers" not in data or "self_id" not in data:
+        raise click.UsageError("give --config, or --id and --peers")
+    data.setdefault("store_dir", str(Path("data") / str(data.get("group", "controller")) / str(data["self_id"])))
+    cfg = member_config(data)
+    if cfg.store_type == "file":
+        check_store_dir(Path(cfg.store_dir))
+    _run(cfg, ccfg)
+
+
+def _run(cfg: DLedgerConfig, ccfg: ControllerConfig) -> None:
+    from dledger.controller.machine import ControllerStateMachine
+    from dledger.controller.service import ControllerService
+    from dledger.runtime.server import DLedgerServer
+    from dledger.runtime.transport import install_uvloop
+
+    install_uvloop()
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        machine = ControllerStateMachine()
+        server = DLedgerServer(cfg, {cfg.group: machine})
+        service = ControllerService(server, cfg.group, ccfg, machine)
+        await server.start()
+        await service.start()
+        try:
+            await stop.wait()
+        finally:
+            await service.stop()
+            await server.stop()
+
+    try:
+        asyncio.run(main())
+    except OSError as e:
+        raise UserError(member_os_error(cfg, e)) from e
+
+
+# --- admin -------------------------------------------------------------------------------------
+
+
+@click.group()
+def admin() -> None:
+    """Ask the controller about broker sets, and steer them."""
+
+
+def _ask(controllers: str, call: Callable[[ControllerClient], Awaitable[T]]) -> T:
+    sec = security()
+    paths = [sec.get(k, "") for k in ("tls_ca", "tls_cert", "tls_key")]
+    if any(paths) and not all(paths):
+        raise click.UsageError("--tls-cert, --tls-key and --tls-ca go together")
+    from dledger.security.tls import TlsConfig
+
+    async def run() -> T:
+        async with ControllerClient(controllers, tls=TlsConfig(*paths) if all(paths) else None,
+                                    auth_token=sec.get("auth_token")) as c:
+            return await call(c)
+
+    try:
+        return asyncio.run(run())
+    except ConfigError as e:
+        raise click.UsageError(str(e)) from e
+    except DLedgerError as e:
+        raise UserError(f"no controller answered: {e.message}") from e
+
+
+def _checked(resp: m.Response, ok: tuple[int, ...] = (RC.SUCCESS,)) -> m.Response:
+    if resp.code not in ok:
+        name = RC(resp.code).name if resp.code in RC._value2member_map_ else str(resp.code)
+        raise UserError(f"{name} ({resp.code}): {resp.remark}")
+    return resp
+
+
+def _echo_json(obj: Any) -> None:
+    click.echo(json.dumps(msgspec.to_builtins(obj), indent=2, sort_keys=True))
+
+
+@admin.command("controller-status")
+@click.option("--controller", "controllers", required=True, help=CONTROLLER_HELP)
+@click.option("--json", "as_json", is_flag=True)
+@security_options
+def controller_status(controllers: str, as_json: bool) -> None:
+    """Every controller's view: who leads, its term and applied index."""
+    views = _ask(controllers, lambda c: c.metadata())
+    if as_json:
+        _echo_json(views)
+        return
+    for address, v in views.items():
+        if isinstance(v, str):
+            click.echo(f"{address}  unreachable: {v}")
+        else:
+            role = "LEADER" if v.is_leader else "follower"
+            click.echo(f"{address}  {v.self_id:<6} {role:<9} term {v.term:<5} leader {v.controller_leader_id or '-':<6}"
+                       f" committed {v.committed_index:<8} applied {v.applied_index}")
+
+
+@admin.command("sync-state-set")
+@click.option("--controller", "controllers", required=True, help=CONTROLLER_HELP)
+@click.option("--broker", required=True, help="Broker set (broker name).")
+@click.option("--json", "as_json", is_flag=True)
+@security_options
+def sync_state_set(controllers: str, broker: str, as_json: bool) -> None:
+    """A broker set's master, epochs, in-sync and out-of-sync replicas with liveness."""
+    resp = _checked(_ask(controllers, lambda c: c.get_sync_state_data([broker])))
+    info = (resp.replicas_info or {}).get(broker)
+    if info is None:
+        raise UserError(f"CONTROLLER_BROKER_METADATA_NOT_EXIST ({int(RC.CONTROLLER_BROKER_METADATA_NOT_EXIST)}): "
+                        f"no broker set {broker!r}")
+    if as_json:
+        _echo_json(info)
+        return
+    click.echo(f"broker set {broker}: master {info.master_broker_id} at {info.master_address or '-'}, "
+               f"master epoch {info.master_epoch}, SyncStateSet epoch {info.sync_state_set_epoch}")
+    for label, replicas in (("in sync", info.in_sync_replicas), ("not in sync", info.not_in_sync_replicas)):
+        for r in replicas:
+            click.echo(f"  {label:<12} id {r.broker_id:<4} {r.broker_address:<24} {'alive' if r.alive else 'DEAD'}")
+
+
+@admin.command("elect-master")
+@click.option("--controller", "controllers", required=True, help=CONTROLLER_HELP)
+@click.option("--broker", required=True, help="Broker set (broker name).")
+@click.option("--id", "broker_id", type=click.IntRange(1), default=None,
+              help="Make this replica master (it must be alive and in the SyncStateSet).")
+@security_options
+def elect_master(controllers: str, broker: str, broker_id: int | None) -> None:
+    """Elect a master for a broker set now (the best live in-sync replica, or --id)."""
+    if broker_id is None:
+        resp = _ask(controllers, lambda c: c.elect_master(broker))
+    else:
+        resp = _ask(controllers, lambda c: c.elect_master(broker, broker_id, designate=True))
+    _checked(resp, (RC.SUCCESS, RC.CONTROLLER_MASTER_STILL_EXIST))
+    what = "elected" if resp.code == RC.SUCCESS else "still master"
+    click.echo(f"broker set {broker}: {what} {resp.master_broker_id} at {resp.master_address}, "
+               f"master epoch {resp.master_epoch}, SyncStateSet {resp.sync_state_set}")
+
+
+@admin.command("clean-broker")
+@click.option("--controller", "controllers", required=True, help=CONTROLLER_HELP)
+@click.option("--broker", required=True, help="Broker set (broker name).")
+@click.option("--ids", default="", help="Replica ids to forget, e.g. 2,3 (default: the whole broker set).")
+@click.option("--clean-living-broker", is_flag=True, help="Also forget replicas that are alive.")
+@security_options
+def clean_broker(controllers: str, broker: str, ids: str, clean_living_broker: bool) -> None:
+    """Forget dead replicas of a broker set, or the whole set."""
+    try:
+        id_list = [int(p) for p in ids.replace(";", ",").split(",") if p.strip()]
+    except ValueError:
+        raise click.BadParameter(f"{ids!r}: give ids as 1,2,3", param_hint="--ids") from None
+    _checked(_ask(controllers, lambda c: c.clean_broker_data(broker, id_list, clean_living_broker=clean_living_broker)))
+    click.echo(f"broker set {broker}: {'replicas ' + ','.join(map(str, id_list)) if id_list else 'all'} cleaned")
