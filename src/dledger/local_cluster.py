@@ -1,4 +1,4 @@
-"""A local group of member processes (`dledger server` each) for the `cluster` command,
+"""A local group of member processes (`dledger server` or `dledger controller` each) for the `cluster` command,
 the demos, the benchmarks and the tests.
 
 It lives below the CLI, not in it, so the modules the CLI imports (bench, demos) can
@@ -37,7 +37,8 @@ class local_cluster:
 
     def __init__(self, peers: str, group: str, data_dir: Path, flush: str = "async", store_type: str = "file",
                  metrics_base_port: int = 0, extra: list[str] | None = None, *, tls_dir: Path | None = None,
-                 auth_token: str | None = None) -> None:
+                 auth_token: str | None = None, command: str = "server") -> None:
+        self.command = command  # "server", or "controller": a controller group (controller.command)
         self.tls_dir = tls_dir
         self.auth_token = auth_token
         self.peers = peers
@@ -51,7 +52,7 @@ class local_cluster:
 
     def start_member(self, member: str) -> subprocess.Popen[bytes]:
         k = list(parse_peers(self.peers)).index(member)
-        cmd = [sys.executable, "-m", "dledger", "server", "--group", self.group, "--id", member,
+        cmd = [sys.executable, "-m", "dledger", self.command, "--group", self.group, "--id", member,
                "--peers", self.peers, "--store-dir", str(self.data_dir / self.group / member),
                "--flush", self.flush, "--store", self.store_type, *self.extra]
         if self.metrics_base_port:

@@ -118,7 +118,7 @@ class Cluster:
 
     def __init__(self, n: int, data_dir: Path, *, group: str = "it", flush: str = "async",
                  extra: Sequence[str] = (), metrics_base_port: int = 0, fault_injection: bool = True,
-                 tls_dir: Path | None = None, auth_token: str | None = None) -> None:
+                 tls_dir: Path | None = None, auth_token: str | None = None, command: str = "server") -> None:
         self.ids = [f"n{k}" for k in range(n)]
         self.group = group
         self.data_dir = data_dir
@@ -129,7 +129,7 @@ class Cluster:
         # members obey FAULT (partition, isolate, heal) only when started with the flag
         args = [*extra, *(["--enable-fault-injection"] if fault_injection else [])]
         self._lc = local_cluster(self.peers, group, data_dir, flush, "file", metrics_base_port, extra=args,
-                                 tls_dir=tls_dir, auth_token=auth_token)
+                                 tls_dir=tls_dir, auth_token=auth_token, command=command)
         self._all_procs: list[subprocess.Popen[bytes]] = []
         self._clients: list[DLedgerClient] = []
         self.down: set[str] = set()

@@ -9,8 +9,9 @@ closes them, and the controllers see it at once.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from dledger.codes import ControllerResponseCode as RC
 from dledger.codes import DLedgerError, ResponseCode
@@ -98,6 +99,17 @@ class ControllerClient:
         """Send a heartbeat to every controller; how many took it."""
         results = await asyncio.gather(*(self.call_at(a, hb) for a in self.addresses), return_exceptions=True)
         return sum(1 for r in results if isinstance(r, m.Response) and r.code == RC.SUCCESS)
+
+    def beat_forever(self, heartbeat: Callable[[], m.BrokerHeartbeat], interval_s: float) -> asyncio.Task[None]:
+        """A task sending `heartbeat()` to every controller every `interval_s` until cancelled
+        (what a broker runs; one slow controller never delays the others' heartbeats)."""
+        async def run() -> None:
+            while True:
+                with contextlib.suppress(DLedgerError, TimeoutError):
+                    await asyncio.wait_for(self.heartbeat(heartbeat()), interval_s * 3)
+                await asyncio.sleep(interval_s)
+
+        return asyncio.get_running_loop().create_task(run())
 
     async def metadata(self) -> dict[str, m.MetadataInfo | str]:
         """Every controller's own view (GET_METADATA_INFO), or why it did not answer."""

@@ -213,8 +213,8 @@ class ControllerService:
         try:
             return await asyncio.wait_for(fut, self.config.request_timeout_ms / 1000)
         except TimeoutError:
-            raise _Failed(m.Response(int(RC.SYSTEM_ERROR), "timed out waiting for the controller log "
-                                     f"({self.config.request_timeout_ms} ms)")) from None
+            raise _Failed(m.Response(int(RC.SYSTEM_ERROR), f"not applied within {self.config.request_timeout_ms} "
+                                     "ms (no quorum of controllers?): it may still take effect")) from None
 
     # --- liveness and elections --------------------------------------------------------------
 
