@@ -9,7 +9,6 @@ closes them, and the controllers see it at once.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import Callable, Sequence
 
@@ -95,9 +94,10 @@ class ControllerClient:
                 raise error or DLedgerError(ResponseCode.TIMEOUT, "no controller answered")
             await asyncio.sleep(RETRY_PAUSE_S)
 
-    async def heartbeat(self, hb: m.BrokerHeartbeat) -> int:
+    async def heartbeat(self, hb: m.BrokerHeartbeat, timeout: float | None = None) -> int:
         """Send a heartbeat to every controller; how many took it."""
-        results = await asyncio.gather(*(self.call_at(a, hb) for a in self.addresses), return_exceptions=True)
+        results = await asyncio.gather(*(self.call_at(a, hb, timeout) for a in self.addresses),
+                                       return_exceptions=True)
         return sum(1 for r in results if isinstance(r, m.Response) and r.code == RC.SUCCESS)
 
     def beat_forever(self, heartbeat: Callable[[], m.BrokerHeartbeat], interval_s: float) -> asyncio.Task[None]:
@@ -105,8 +105,7 @@ class ControllerClient:
         (what a broker runs; one slow controller never delays the others' heartbeats)."""
         async def run() -> None:
             while True:
-                with contextlib.suppress(DLedgerError, TimeoutError):
-                    await asyncio.wait_for(self.heartbeat(heartbeat()), interval_s * 3)
+                await self.heartbeat(heartbeat(), timeout=interval_s * 3)
                 await asyncio.sleep(interval_s)
 
         return asyncio.get_running_loop().create_task(run())

@@ -33,28 +33,38 @@ class BrokerLive:
         return self.last_ms + self.timeout_ms >= now_ms
 
 
+MAX_BROKERS = 65_536  # live brokers one controller tracks (a heartbeat flood cannot grow it further)
+MAX_PER_SET = 1024  # ... per broker name (a log entry carries one set's live replicas)
+
+
 class HeartbeatTable:
     def __init__(self, default_timeout_ms: int) -> None:
         self.default_timeout_ms = default_timeout_ms
         self.brokers: dict[Key, BrokerLive] = {}
+        self._sets: dict[str, dict[int, BrokerLive]] = {}  # the same entries, by broker name
 
     def beat(self, cluster: str, name: str, broker_id: int, address: str, now_ms: int, *, timeout_ms: int = 0,
              epoch: int = -1, max_offset: int = -1, confirm_offset: int = -1, priority: int = PRIORITY_DEFAULT,
-             conn: Hashable | None = None) -> None:
-        """Record a heartbeat. (epoch, max offset) only move forward: a late heartbeat from
-        before a truncation must not make a replica look more up to date than it is."""
+             conn: Hashable | None = None) -> bool:
+        """Record a heartbeat (False: refused, the table is full). (epoch, max offset) only
+        move forward: a late heartbeat from before a truncation must not make a replica look
+        more up to date than it is."""
         timeout = timeout_ms or self.default_timeout_ms
         old = self.brokers.get((name, broker_id))
         if old is None:
-            self.brokers[(name, broker_id)] = BrokerLive(cluster, address, now_ms, timeout,
-                                                         LiveInfo(epoch, max_offset, priority), confirm_offset, conn)
-            return
+            if self._full(name):  # the leader's scan expires dead entries every scan interval
+                return False
+            b = BrokerLive(cluster, address, now_ms, timeout, LiveInfo(epoch, max_offset, priority), confirm_offset,
+                           conn)
+            self.brokers[(name, broker_id)] = self._sets.setdefault(name, {})[broker_id] = b
+            return True
         old.cluster, old.address, old.last_ms, old.timeout_ms, old.conn = cluster, address, now_ms, timeout, conn
         if epoch > old.info.epoch or (epoch == old.info.epoch and max_offset > old.info.max_offset):
             old.info = LiveInfo(epoch, max_offset, priority)
             old.confirm_offset = confirm_offset
         else:
             old.info = LiveInfo(old.info.epoch, old.info.max_offset, priority)
+        return True
 
     def alive(self, name: str, broker_id: int, now_ms: int) -> bool:
         b = self.brokers.get((name, broker_id))
@@ -62,21 +72,30 @@ class HeartbeatTable:
 
     def live_infos(self, name: str, now_ms: int) -> dict[int, LiveInfo]:
         """The live replicas of one broker set, as the leader writes them into a command."""
-        return {i: b.info for (n, i), b in self.brokers.items() if n == name and b.alive(now_ms)}
+        return {i: b.info for i, b in self._sets.get(name, {}).items() if b.alive(now_ms)}
 
     def expire(self, now_ms: int) -> list[Key]:
         """Drop the brokers whose heartbeats stopped; they are returned (onBrokerInactive)."""
         dead = [k for k, b in self.brokers.items() if not b.alive(now_ms)]
-        for k in dead:
-            del self.brokers[k]
+        self._drop(dead)
         return dead
 
     def connection_closed(self, conn: Hashable) -> list[Key]:
         """A connection closed: the brokers whose *last* heartbeat came on it are gone."""
         gone = [k for k, b in self.brokers.items() if b.conn is not None and b.conn == conn]
-        for k in gone:
-            del self.brokers[k]
+        self._drop(gone)
         return gone
+
+    def _drop(self, keys: list[Key]) -> None:
+        for k in keys:
+            del self.brokers[k]
+            members = self._sets[k[0]]
+            del members[k[1]]
+            if not members:
+                del self._sets[k[0]]
+
+    def _full(self, name: str) -> bool:
+        return len(self.brokers) >= MAX_BROKERS or len(self._sets.get(name, ())) >= MAX_PER_SET
 
     @property
     def max_timeout_ms(self) -> int:

@@ -39,7 +39,8 @@ class BrokerHeartbeat(Request, tag=int(Code.BROKER_HEARTBEAT)):
     epoch: Epoch = -1  # the broker's last epoch
     max_offset: Offset = -1
     confirm_offset: Offset = -1
-    heartbeat_timeout_ms: Annotated[int, msgspec.Meta(ge=0, le=3_600_000)] = 0  # 0: the controller's default
+    # 0: the controller's default; at most a minute (a new leader waits the longest one before electing)
+    heartbeat_timeout_ms: Annotated[int, msgspec.Meta(ge=0, le=60_000)] = 0
     election_priority: Annotated[int, msgspec.Meta(ge=0, le=PRIORITY_DEFAULT)] = PRIORITY_DEFAULT
 
 

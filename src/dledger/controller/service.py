@@ -125,9 +125,10 @@ class ControllerService:
     def _heartbeat(self, req: m.BrokerHeartbeat, caller: Caller) -> m.Response:
         if req.broker_id is None:
             return m.Response(int(RC.CONTROLLER_INVALID_REQUEST), "a heartbeat must name its broker id")
-        self.table.beat(req.cluster_name, req.broker_name, req.broker_id, req.broker_addr, now_ms(),
-                        timeout_ms=req.heartbeat_timeout_ms, epoch=req.epoch, max_offset=req.max_offset,
-                        confirm_offset=req.confirm_offset, priority=req.election_priority, conn=caller)
+        if not self.table.beat(req.cluster_name, req.broker_name, req.broker_id, req.broker_addr, now_ms(),
+                               timeout_ms=req.heartbeat_timeout_ms, epoch=req.epoch, max_offset=req.max_offset,
+                               confirm_offset=req.confirm_offset, priority=req.election_priority, conn=caller):
+            return m.Response(int(RC.CONTROLLER_INVALID_REQUEST), "too many live brokers (or replicas of this set)")
         return m.Response()
 
     def _update_config(self, properties: str) -> m.Response:
@@ -211,7 +212,8 @@ class ControllerService:
 
         self.runtime.handle(code, req, b"", respond)
         try:
-            return await asyncio.wait_for(fut, self.config.request_timeout_ms / 1000)
+            async with asyncio.timeout(self.config.request_timeout_ms / 1000):
+                return await fut
         except TimeoutError:
             raise _Failed(m.Response(int(RC.SYSTEM_ERROR), f"not applied within {self.config.request_timeout_ms} "
                                      "ms (no quorum of controllers?): it may still take effect")) from None
@@ -225,9 +227,15 @@ class ControllerService:
             self._wake.set()
 
     async def _scan_forever(self) -> None:
+        loop = asyncio.get_running_loop()
         while True:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self.config.scan_interval_ms / 1000)
+            # a timer, not wait_for: on 3.11 a cancel that meets wait_for's own timeout is lost
+            # (the TimeoutError is raised instead) and the scan would never stop
+            timer = loop.call_later(self.config.scan_interval_ms / 1000, self._wake.set)
+            try:
+                await self._wake.wait()
+            finally:
+                timer.cancel()
             self._wake.clear()
             try:
                 await self._scan()
