@@ -7,6 +7,8 @@ import time
 from pathlib import Path
 
 from dledger import AsyncDLedgerClient, DLedgerConfig, DLedgerError, DLedgerServer, ResponseCode
+from dledger.kv.commands import Put, encode
+from dledger.kv.machine import KVStateMachine
 from dledger.ports import free_ports
 from dledger.store import FileLedgerStore
 
@@ -109,5 +111,28 @@ def test_a_leader_whose_disk_fills_steps_down_and_the_group_goes_on(tmp_path: Pa
             await client.close()
             for s in servers.values():
                 await s.stop()
+
+    asyncio.run(main())
+
+
+def test_an_embedded_state_machine_is_applied_even_when_empty(tmp_path: Path) -> None:
+    """`DLedgerServer(cfg, {group: machine})` with no `state_machine` in the config: an empty KV
+    store (falsy: it has a length) was once taken for 'none given' and the group ran as a plain log."""
+    port = free_ports(1)[0]
+    peers = f"n0-127.0.0.1:{port}"
+    machine = KVStateMachine()
+
+    async def main() -> None:
+        server = DLedgerServer(DLedgerConfig(self_id="n0", peers=peers, store_dir=str(tmp_path / "n0")),
+                               {"default": machine})
+        await server.start()
+        client = AsyncDLedgerClient(peers, timeout=10.0)
+        try:
+            await _wait_leader(client)
+            await client.propose(encode(Put(b"k", b"v")))
+            assert machine.get(b"k") is not None
+        finally:
+            await client.close()
+            await server.stop()
 
     asyncio.run(main())

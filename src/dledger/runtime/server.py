@@ -411,7 +411,8 @@ class DLedgerServer:
         for cfg in self.configs:
             if cfg.group in self.groups:
                 raise DLedgerError(ResponseCode.UNEXPECTED_ARGUMENT, f"group {cfg.group} configured twice")
-            sm = self.state_machines.get(cfg.group) or load_state_machine(cfg.state_machine)
+            sm = self.state_machines[cfg.group] if cfg.group in self.state_machines \
+                else load_state_machine(cfg.state_machine)
             self.groups[cfg.group] = GroupRuntime(cfg, self.client, self.faults, self.metrics, sm)
         for g in self.groups.values():
             await g.start()
