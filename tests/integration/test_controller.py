@@ -435,3 +435,18 @@ def test_a_follower_and_a_bad_request(controllers: Callable[..., Cluster]) -> No
     run(scenario())
     with pytest.raises(Exception, match=r"written by its members only|UNSUPPORTED"):
         c.ctl.append(b"forged")
+
+
+@pytest.mark.parametrize(("toml", "expected"), [
+    ("[controller]\nscan_interval_ms = 0\n", "controller.scan_interval_ms must be a positive integer"),
+    ("[controller]\nbogus = 1\n", "unknown controller configuration keys: bogus"),
+    ("controller = 3\n", "[controller] must be a table"),
+    ("[controller]\nenable_elect_unclean_master = \"yes\"\n", "must be true or false"),
+])
+def test_controller_config_errors_are_one_line(tmp_path: Path, toml: str, expected: str) -> None:
+    f = tmp_path / "controller.toml"
+    f.write_text(f'peers = "n0-127.0.0.1:{free_ports(1)[0]}"\nself_id = "n0"\nstore_dir = "{tmp_path}/s"\n{toml}')
+    p = subprocess.run([sys.executable, "-m", "dledger", "controller", "--config", str(f)], capture_output=True,
+                       text=True, timeout=60)
+    assert p.returncode == 1 and expected in p.stderr and "Traceback" not in p.stderr, p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1
