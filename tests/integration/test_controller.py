@@ -89,6 +89,7 @@ class Broker:
     epoch: int = 0
     offset: int = 0
     beating: asyncio.Task[None] | None = None
+    dead: bool = False
 
     def heartbeat(self) -> m.BrokerHeartbeat:
         return m.BrokerHeartbeat("c", self.address, SET, self.broker_id, self.epoch, self.offset,
@@ -99,6 +100,9 @@ class Broker:
 
     async def die(self) -> None:
         """Stop heartbeats and close the connections (a broker process gone)."""
+        if self.dead:
+            return
+        self.dead = True
         if self.beating is not None:
             self.beating.cancel()
         await self.client.close()
@@ -160,23 +164,29 @@ def run(coro: Awaitable[None]) -> None:
     asyncio.run(asyncio.wait_for(coro, 240))
 
 
-def test_a_dead_master_is_replaced_and_the_replicas_are_told(controllers: Callable[..., Cluster]) -> None:
-    """DLedgerControllerTest.testElectMaster / ControllerManagerTest.testSomeApi: the master's
-    heartbeats stop, the controller elects another in-sync replica (epoch 2) and pushes it."""
+@pytest.mark.parametrize("death", ["crash", "hang"])
+def test_a_dead_master_is_replaced_and_the_replicas_are_told(controllers: Callable[..., Cluster], death: str) -> None:
+    """DLedgerControllerTest.testElectMaster / ControllerManagerTest.testSomeApi: the master dies
+    (its connections close) or hangs (its heartbeats stop, its connections stay open: the
+    heartbeat timeout decides); the controller elects another in-sync replica (epoch 2) and
+    pushes it to the live replicas."""
     c = controllers()
     ctl = addresses(c)
 
     async def scenario() -> None:
         brokers = await register(ctl, 3, free_ports(3))
         await elected_one_with_all_in_sync(ctl, brokers)
-        await brokers[0].die()
+        if death == "crash":
+            await brokers[0].die()
+        elif brokers[0].beating is not None:
+            brokers[0].beating.cancel()
         admin = brokers[1].client
         info = await until(lambda: _master_other_than(admin, 1), "a new master")
         assert info.master_broker_id in (2, 3) and info.master_epoch == 2 and info.sync_state_set_epoch == 3
         assert info.sync_state_set == [info.master_broker_id]
         got = await until(lambda: _notes(brokers[1:], 2), "NOTIFY_BROKER_ROLE_CHANGED at both live replicas")
         assert all(n.master_broker_id == info.master_broker_id and n.master_epoch == 2 for n in got)
-        for b in brokers[1:]:
+        for b in brokers:
             await b.die()
 
     run(scenario())
