@@ -59,6 +59,7 @@ bench-compare: venv
 # Long runs: thousands of simulation seeds, then the slow suites.
 soak: venv
 	$(BIN)/python -m dledger.sim --seeds $${SIM_SEEDS:-5000} --start 100000
+	$(BIN)/python -m dledger.sim --controller --seeds $${SIM_SEEDS:-5000} --start 200000
 	$(BIN)/python -m pytest -q -m "slow"
 
 clean:

@@ -32,6 +32,8 @@ from dledger.runtime.transport import Message, TransportServer
 
 from .harness import Cluster, wait_until
 
+pytestmark = pytest.mark.integration
+
 T = TypeVar("T")
 TIMEOUT_MS = 3000
 BEAT_S = 0.3

@@ -1,4 +1,5 @@
-"""`python -m dledger.sim --seeds N [--start S] [--steps K] [--trace]`: run simulation seeds."""
+"""`python -m dledger.sim --seeds N [--start S] [--steps K] [--trace] [--controller]`: run simulation
+seeds (--controller: every member runs the controller's state machine, sim.controller)."""
 
 from __future__ import annotations
 
@@ -16,13 +17,14 @@ def main() -> int:
     ap.add_argument("--start", type=int, default=0)
     ap.add_argument("--steps", type=int, default=14)
     ap.add_argument("--trace", action="store_true", help="print the trace of every failing seed")
+    ap.add_argument("--controller", action="store_true", help="members run the controller (CONTROLLER.md §2.7)")
     args = ap.parse_args()
     logging.disable(logging.CRITICAL)  # members log every fault they see; the report says what matters
     t0 = time.monotonic()
     failed = 0
     acked = faults = installs = reads = 0
     for seed in range(args.start, args.start + args.seeds):
-        rep = run_seed(seed, args.steps)
+        rep = run_seed(seed, args.steps, "controller" if args.controller else "kv")
         acked += rep.acked
         faults += rep.faults
         installs += rep.installs

@@ -53,7 +53,7 @@ from dledger.core.node import (
     TakeSnapshot,
 )
 from dledger.sim.disk import SimDiskStore
-from dledger.sim.machines import SimMachines
+from dledger.sim.machines import SimMachines, kv_machine
 
 
 @dataclass
@@ -90,8 +90,11 @@ class SimCluster:
                  **cfg_overrides: Any) -> None:
         self.rng = random.Random(seed)
         self.net = net or NetConfig()
-        # state_machines=True: every member applies its log to a KV store (sim.machines)
-        with_machines = bool(cfg_overrides.pop("state_machines", False))
+        # state_machines=True: every member applies its log to a KV store (sim.machines); or a
+        # factory of another state machine (the controller's: sim.controller)
+        machines = cfg_overrides.pop("state_machines", False)
+        with_machines = bool(machines)
+        factory = (kv_machine if machines is True else machines) if with_machines else None
         self.now = 0
         self.tick_ms = tick_ms
         self.ids = [f"n{i}" for i in range(n)]
@@ -129,8 +132,7 @@ class SimCluster:
         self.corrupted: set[tuple[str, int]] = set()  # (member, index) records flipped by `corrupt`
         self._corrupt_lead: dict[tuple[str, int], int] = {}  # (leader, term) -> when it knew itself corrupt
         # (a plain log's worker draws from its own generator: the seeds' schedules stay as they were)
-        self.machines = SimMachines(self.ids, random.Random(self.rng.random() if with_machines else seed),
-                                    kv=with_machines)
+        self.machines = SimMachines(self.ids, random.Random(self.rng.random() if with_machines else seed), factory)
         for i in self.ids:
             self.start(i)
 

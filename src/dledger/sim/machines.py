@@ -14,12 +14,12 @@ from __future__ import annotations
 import io
 import random
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import BinaryIO
 
 from dledger.kv.machine import KVStateMachine
-from dledger.statemachine.api import AppliedEntry, SnapshotReader, SnapshotWriter
+from dledger.statemachine.api import AppliedEntry, SnapshotReader, SnapshotWriter, StateMachine
 from dledger.statemachine.applier import Applier
 from dledger.statemachine.snapshot import FileInfo, SnapshotMeta
 
@@ -65,14 +65,31 @@ class SimSnapshot:
         return b"".join(self.files[n] for n in sorted(self.files))
 
 
-class SimMachines:
-    """The state machines (with `kv`; else plain logs) of a SimCluster's members, their
-    snapshots, and the checks on them."""
+MachineFactory = Callable[[], StateMachine]
 
-    def __init__(self, ids: list[str], rng: random.Random, kv: bool = True) -> None:
+
+def kv_machine() -> StateMachine:
+    return KVStateMachine()
+
+
+def state_digest(sm: StateMachine) -> int:
+    """The whole state as one number (to compare members at the same applied index)."""
+    if isinstance(sm, KVStateMachine):
+        return hash(tuple(sm.dump()))
+    dump = getattr(sm, "dump", None)
+    if dump is None:
+        raise TypeError(f"{type(sm).__name__} has no dump() to compare members by")
+    return hash(dump())
+
+
+class SimMachines:
+    """The state machines (made by `factory`; without one, plain logs) of a SimCluster's
+    members, their snapshots, and the checks on them."""
+
+    def __init__(self, ids: list[str], rng: random.Random, factory: MachineFactory | None = kv_machine) -> None:
         self.rng = rng
-        self.kv = kv
-        self.sms: dict[str, KVStateMachine] = {}
+        self.factory = factory
+        self.sms: dict[str, StateMachine] = {}
         self.snapshots: dict[str, list[SimSnapshot]] = {i: [] for i in ids}
         self.worker_free: dict[str, int] = {i: 0 for i in ids}
         self._digests: dict[int, tuple[str, int]] = {}  # applied index -> (member, state digest)
@@ -86,9 +103,9 @@ class SimMachines:
         snaps = self.snapshots[member]
         snap = snaps[-1] if snaps else None
         meta = snap.meta if snap is not None else None
-        if not self.kv:
+        if self.factory is None:
             return None, meta
-        sm = KVStateMachine()
+        sm = self.factory()
         sm.restore(_Reader(snap.files) if snap is not None else None)
         self.sms[member] = sm
         start = snap.meta.last_index if snap is not None else -1
@@ -109,7 +126,7 @@ class SimMachines:
     def snapshot(self, member: str, index: int, term: int, chain_crc: int, next_pos: int, members: str,
                  keep: tuple[int, ...] = ()) -> SnapshotMeta:
         w = _Writer()
-        if self.kv:
+        if self.factory is not None:
             self.sms[member].snapshot(w)
         files = {n: FileInfo(len(b), zlib.crc32(b)) for n, b in w.files.items()}
         meta = SnapshotMeta(index, term, chain_crc, members, files, next_pos=next_pos)
@@ -161,16 +178,21 @@ class SimMachines:
 
     def restore_installed(self, member: str, meta: SnapshotMeta) -> None:
         snap = next(s for s in self.snapshots[member] if s.meta == meta)
-        if self.kv:
+        if self.factory is not None:
             self.sms[member].restore(_Reader(snap.files))
+
+    def digest(self, member: str) -> int:
+        return state_digest(self.sms[member])
 
     def check(self, member: str, applied: int) -> str | None:
         """Two members at the same applied index hold the same state; a violation, or None."""
-        digest = hash(tuple(self.sms[member].dump()))
-        seen = self._digests.setdefault(applied, (member, digest))
-        if seen[1] != digest:
+        d = state_digest(self.sms[member])
+        seen = self._digests.setdefault(applied, (member, d))
+        if seen[1] != d:
             return f"{member} and {seen[0]} hold different states at applied index {applied}"
         return None
 
-    def size(self, member: str) -> int:
-        return len(self.sms[member])
+    @property
+    def kv(self) -> bool:
+        """Members apply their logs to state machines (not only plain logs)."""
+        return self.factory is not None

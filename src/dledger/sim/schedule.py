@@ -23,9 +23,11 @@ import random
 from dataclasses import dataclass, field
 
 from dledger.codes import ResponseCode
+from dledger.controller.machine import ControllerStateMachine
 from dledger.entry import Entry
 from dledger.kv.commands import Cas, Delete, Put, encode
 from dledger.sim.cluster import NetConfig, SimCluster
+from dledger.sim.controller import Referee, command
 from dledger.store.base import CorruptEntryError, LedgerStore
 
 LIVENESS_MS = 15_000
@@ -51,16 +53,20 @@ class SimReport:
                 f"{self.faults} faults, {self.sim_ms} ms simulated)")
 
 
-def run_seed(seed: int, steps: int = 14) -> SimReport:
+def run_seed(seed: int, steps: int = 14, machine: str = "kv") -> SimReport:
+    """`machine`: "kv" (a third of the seeds apply the log to a KV store, the rest are plain
+    logs) or "controller" (every seed's members run the controller: sim.controller)."""
     r = random.Random(seed)
     n = r.choice((3, 5))
     flush = r.choice(("sync", "async"))
     net = NetConfig(1, r.choice((3, 10, 30)), loss=r.choice((0.0, 0.02, 0.1)), duplicate=r.choice((0.0, 0.05)))
     # a third of the seeds apply the log to a KV store, snapshot often and compact behind it
-    machines = r.random() < 0.35
+    machines = r.random() < 0.35 or machine == "controller"
+    referee = Referee() if machine == "controller" else None
+    unclean = r.random() < 0.3 if referee is not None else False
     # small install chunks: a snapshot takes several, so installs are cut off and resumed
-    extra = dict(state_machines=True, snapshot_threshold_entries=r.choice((5, 20, 60)),
-                 snapshot_margin_entries=r.choice((0, 5, 30)),
+    extra = dict(state_machines=referee.machine if referee is not None else True,
+                 snapshot_threshold_entries=r.choice((5, 20, 60)), snapshot_margin_entries=r.choice((0, 5, 30)),
                  install_chunk_bytes=r.choice((16, 64, 1024))) if machines else {}
     c = SimCluster(n, seed=seed, net=net, tick_ms=20, flush=flush, **extra)
     report = SimReport(seed, n, flush, True)
@@ -73,7 +79,9 @@ def run_seed(seed: int, steps: int = 14) -> SimReport:
             report.faults += _disk_fault(c, r, n, flush, down)
         for k in range(r.randint(1, 6)):
             body = [f"{seed}-{step}-{k}-{j}".encode() for j in range(r.randint(1, 3))]
-            if machines:  # KV commands: a few keys, overwritten and deleted
+            if referee is not None:  # controller commands, made from some member's applied state
+                body = [command(r, _view(c, r), unclean) for _ in range(r.randint(1, 8))]
+            elif machines:  # KV commands: a few keys, overwritten and deleted
                 body = [_kv_command(r, b) for b in body]
             cid = c.append(r.choice(c.ids), body)
             bodies[cid] = body[0]
@@ -86,6 +94,8 @@ def run_seed(seed: int, steps: int = 14) -> SimReport:
                 break
     _settle(c, down, report)
     _final_checks(c, bodies, report)
+    if referee is not None:
+        report.violations.extend(referee.violations)
     report.sim_ms = c.now
     report.installs = c.machines.installs
     report.reads = c.reads_checked
@@ -164,6 +174,13 @@ def _check_applied(c: SimCluster, report: SimReport) -> None:
         state = {i: (n.applier.applied_index if n.applier else None, c.stores[i].committed_index,
                      n.applier.stopped if n.applier else None) for i, n in c.nodes.items() if n is not None}
         report.violations.append(f"state machines did not apply up to the commit index: {state}")
+
+
+def _view(c: SimCluster, r: random.Random) -> ControllerStateMachine | None:
+    """A running member's controller state, as a broker or a leader might have seen it."""
+    up = [i for i in c.ids if c.nodes[i] is not None and i in c.machines.sms]
+    sm = c.machines.sms[r.choice(up)] if up else None
+    return sm if isinstance(sm, ControllerStateMachine) else None
 
 
 def _kv_command(r: random.Random, value: bytes) -> bytes:
