@@ -6,7 +6,6 @@ one line on stderr and a non-zero exit code, never a traceback.
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import json
 import logging
@@ -26,7 +25,7 @@ from dledger.clitools import (
     check_store_dir,
     consistency_option,
     make_client,
-    member_os_error,
+    run_member,
     security,
     security_options,
 )
@@ -101,21 +100,8 @@ def server(config_file: str | None, group: str | None, self_id: str | None, peer
 
 def _run_member(cfg: DLedgerConfig) -> None:
     from dledger.runtime.server import serve_forever
-    from dledger.runtime.transport import install_uvloop
 
-    install_uvloop()
-
-    async def main() -> None:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
-        await serve_forever(cfg, stop)
-
-    try:
-        asyncio.run(main())
-    except OSError as e:
-        raise UserError(member_os_error(cfg, e)) from e
+    run_member(cfg, lambda stop: serve_forever(cfg, stop))
 
 
 @cli.command()

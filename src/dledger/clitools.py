@@ -3,11 +3,13 @@ user errors, wire-bounded integers, the security options and a client built from
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import os
 import re
+import signal
 import socket
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -121,6 +123,26 @@ def member_os_error(cfg: DLedgerConfig, e: OSError) -> str:
     if e.filename is not None:
         return f"{e.filename}: {reason}"
     return f"cannot start member {cfg.self_id}: {reason}"
+
+
+def run_member(cfg: DLedgerConfig, serve: Callable[[asyncio.Event], Awaitable[None]]) -> None:
+    """Run `serve(stop)` on uvloop until SIGINT/SIGTERM sets `stop`; a port or file the member
+    cannot use ends the command with one line (UserError)."""
+    from dledger.runtime.transport import install_uvloop
+
+    install_uvloop()
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        await serve(stop)
+
+    try:
+        asyncio.run(main())
+    except OSError as e:
+        raise UserError(member_os_error(cfg, e)) from e
 
 
 def consistency_option(f: F) -> F:

@@ -299,11 +299,15 @@ class DLedgerConfig:
 
     @classmethod
     def from_toml(cls, path: str | Path) -> DLedgerConfig:
-        try:
-            with open(path, "rb") as f:
-                data = tomllib.load(f)
-        except FileNotFoundError as e:
-            raise ConfigError(f"config file {path} not found") from e
-        except tomllib.TOMLDecodeError as e:
-            raise ConfigError(f"config file {path}: {e}") from e
-        return cls.from_dict(data)
+        return cls.from_dict(read_toml(path))
+
+
+def read_toml(path: str | Path) -> dict[str, Any]:
+    """A TOML file's keys (ConfigError naming the file when it is missing or malformed)."""
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except FileNotFoundError as e:
+        raise ConfigError(f"config file {path} not found") from e
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"config file {path}: {e}") from e

@@ -5,9 +5,6 @@ are checked after every step."""
 
 from __future__ import annotations
 
-import io
-from typing import BinaryIO
-
 import pytest
 
 from dledger.codes import ControllerResponseCode as RC
@@ -15,7 +12,7 @@ from dledger.controller import messages as m
 from dledger.controller.elect_policy import LiveInfo
 from dledger.controller.machine import ControllerStateMachine
 from dledger.controller.state import ElectMasterEvent
-from dledger.statemachine.api import AppliedEntry, SnapshotReader, SnapshotWriter
+from dledger.statemachine.api import AppliedEntry, MemoryReader, MemoryWriter
 
 B = "broker-a"
 
@@ -294,42 +291,14 @@ def test_reads(c: Controller) -> None:
         c.sm.query(m.encode(m.Command(m.ElectMaster(broker_name=B))))
 
 
-class _Keep(io.BytesIO):
-    kept = b""
-
-    def close(self) -> None:
-        self.kept = self.getvalue()
-        super().close()
-
-
-class _Writer(SnapshotWriter):
-    def __init__(self) -> None:
-        self.files: dict[str, _Keep] = {}
-
-    def open(self, name: str) -> BinaryIO:
-        buf = self.files[name] = _Keep()
-        return buf
-
-
-class _Reader(SnapshotReader):
-    def __init__(self, files: dict[str, bytes]) -> None:
-        self.files = files
-
-    def names(self) -> list[str]:
-        return sorted(self.files)
-
-    def open(self, name: str) -> BinaryIO:
-        return io.BytesIO(self.files[name])
-
-
 def test_serialize_and_a_bad_entry(c: Controller) -> None:
     """testSerialize, through the state machine's snapshot; an entry that is not a command is
     a code-1 result and changes nothing."""
     mock_meta_data(c)
-    w = _Writer()
+    w = MemoryWriter()
     c.sm.snapshot(w)
     other = ControllerStateMachine()
-    other.restore(_Reader({n: f.kept for n, f in w.files.items()}))
+    other.restore(MemoryReader(w.files))
     assert other.state.dump() == c.sm.state.dump() and other.state.get(B) == c.sm.state.get(B)
     other.restore(None)
     assert other.state.sets == {}

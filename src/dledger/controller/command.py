@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import signal
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -12,7 +11,7 @@ from typing import Any, TypeVar
 import click
 import msgspec
 
-from dledger.clitools import PEERS_HELP, UserError, check_store_dir, member_os_error, security, security_options
+from dledger.clitools import PEERS_HELP, UserError, check_store_dir, run_member, security, security_options
 from dledger.codes import ControllerResponseCode as RC
 from dledger.codes import DLedgerError
 from dledger.config import ConfigError, DLedgerConfig
@@ -69,30 +68,20 @@ def _run(cfg: DLedgerConfig, ccfg: ControllerConfig) -> None:
     from dledger.controller.machine import ControllerStateMachine
     from dledger.controller.service import ControllerService
     from dledger.runtime.server import DLedgerServer
-    from dledger.runtime.transport import install_uvloop
 
-    install_uvloop()
-
-    async def main() -> None:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
+    async def serve(stop: asyncio.Event) -> None:
         machine = ControllerStateMachine()
         server = DLedgerServer(cfg, {cfg.group: machine})
         service = ControllerService(server, cfg.group, ccfg, machine)
         await server.start()
-        await service.start()
         try:
+            await service.start()
             await stop.wait()
         finally:
             await service.stop()
             await server.stop()
 
-    try:
-        asyncio.run(main())
-    except OSError as e:
-        raise UserError(member_os_error(cfg, e)) from e
+    run_member(cfg, serve)
 
 
 # --- admin -------------------------------------------------------------------------------------

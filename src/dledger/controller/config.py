@@ -8,12 +8,11 @@ after 1.5 s without one; the leader scans every 250 ms (upstream: 1 s, 10 s and 
 from __future__ import annotations
 
 import dataclasses
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dledger.config import ConfigError, DLedgerConfig
+from dledger.config import ConfigError, DLedgerConfig, read_toml
 
 # keys UPDATE_CONTROLLER_CONFIG may never change (upstream's configBlackList, and ours: what
 # the state or the Raft group depends on)
@@ -85,13 +84,7 @@ CONTROLLER_GROUP_DEFAULTS: dict[str, Any] = {"group": "controller", "snapshot_th
 
 def load_controller_toml(path: str | Path) -> tuple[dict[str, Any], ControllerConfig]:
     """(member keys, controller config) of a controller's TOML file."""
-    try:
-        with open(path, "rb") as f:
-            data = tomllib.load(f)
-    except FileNotFoundError as e:
-        raise ConfigError(f"config file {path} not found") from e
-    except tomllib.TOMLDecodeError as e:
-        raise ConfigError(f"config file {path}: {e}") from e
+    data = read_toml(path)
     table = data.pop("controller", {})
     if not isinstance(table, dict):
         raise ConfigError("[controller] must be a table")

@@ -11,49 +11,17 @@ Invariant: two members that applied up to the same index hold the same state.
 
 from __future__ import annotations
 
-import io
 import random
 import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import BinaryIO
 
 from dledger.kv.machine import KVStateMachine
-from dledger.statemachine.api import AppliedEntry, SnapshotReader, SnapshotWriter, StateMachine
+from dledger.statemachine.api import AppliedEntry, MemoryReader, MemoryWriter, StateMachine
 from dledger.statemachine.applier import Applier
 from dledger.statemachine.snapshot import FileInfo, SnapshotMeta
 
 KEEP = 2
-
-
-class _Buffer(io.BytesIO):
-    def __init__(self, files: dict[str, bytes], name: str) -> None:
-        super().__init__()
-        self._files, self._name = files, name
-
-    def close(self) -> None:
-        if not self.closed:
-            self._files[self._name] = self.getvalue()
-        super().close()
-
-
-class _Writer(SnapshotWriter):
-    def __init__(self) -> None:
-        self.files: dict[str, bytes] = {}
-
-    def open(self, name: str) -> BinaryIO:
-        return _Buffer(self.files, name)
-
-
-class _Reader(SnapshotReader):
-    def __init__(self, files: dict[str, bytes]) -> None:
-        self.files = files
-
-    def names(self) -> list[str]:
-        return sorted(self.files)
-
-    def open(self, name: str) -> BinaryIO:
-        return io.BytesIO(self.files[name])
 
 
 @dataclass
@@ -106,7 +74,7 @@ class SimMachines:
         if self.factory is None:
             return None, meta
         sm = self.factory()
-        sm.restore(_Reader(snap.files) if snap is not None else None)
+        sm.restore(MemoryReader(snap.files) if snap is not None else None)
         self.sms[member] = sm
         start = snap.meta.last_index if snap is not None else -1
         return Applier(start, start), meta
@@ -125,7 +93,7 @@ class SimMachines:
 
     def snapshot(self, member: str, index: int, term: int, chain_crc: int, next_pos: int, members: str,
                  keep: tuple[int, ...] = ()) -> SnapshotMeta:
-        w = _Writer()
+        w = MemoryWriter()
         if self.factory is not None:
             self.sms[member].snapshot(w)
         files = {n: FileInfo(len(b), zlib.crc32(b)) for n, b in w.files.items()}
@@ -179,7 +147,7 @@ class SimMachines:
     def restore_installed(self, member: str, meta: SnapshotMeta) -> None:
         snap = next(s for s in self.snapshots[member] if s.meta == meta)
         if self.factory is not None:
-            self.sms[member].restore(_Reader(snap.files))
+            self.sms[member].restore(MemoryReader(snap.files))
 
     def digest(self, member: str) -> int:
         return state_digest(self.sms[member])

@@ -11,6 +11,7 @@ deterministic (the same entries give the same state and results on every member)
 
 from __future__ import annotations
 
+import io
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -96,3 +97,38 @@ class DirectoryReader(SnapshotReader):
         if name not in self._names:
             raise FileNotFoundError(f"{name} is not a file of the snapshot in {self.dir}")
         return (self.dir / name).open("rb")
+
+
+class MemoryWriter(SnapshotWriter):
+    """A snapshot kept in memory (`files`: name -> bytes, each set when its file is closed):
+    for the simulator, and for testing a state machine's snapshot without a disk."""
+
+    def __init__(self) -> None:
+        self.files: dict[str, bytes] = {}
+
+    def open(self, name: str) -> BinaryIO:
+        return _MemoryFile(self.files, name)
+
+
+class _MemoryFile(io.BytesIO):
+    def __init__(self, files: dict[str, bytes], name: str) -> None:
+        super().__init__()
+        self._files, self._name = files, name
+
+    def close(self) -> None:
+        if not self.closed:
+            self._files[self._name] = self.getvalue()
+        super().close()
+
+
+class MemoryReader(SnapshotReader):
+    """The files of a snapshot held in memory (as MemoryWriter.files)."""
+
+    def __init__(self, files: dict[str, bytes]) -> None:
+        self.files = files
+
+    def names(self) -> list[str]:
+        return sorted(self.files)
+
+    def open(self, name: str) -> BinaryIO:
+        return io.BytesIO(self.files[name])
