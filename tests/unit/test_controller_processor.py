@@ -9,6 +9,7 @@ import pytest
 
 from dledger.codes import ControllerResponseCode as RC
 from dledger.controller import messages as m
+from dledger.controller import processor
 from dledger.controller.elect_policy import LiveInfo
 from dledger.controller.machine import ControllerStateMachine
 from dledger.controller.state import ElectMasterEvent
@@ -305,3 +306,15 @@ def test_serialize_and_a_bad_entry(c: Controller) -> None:
     before = c.sm.state.dump()
     (raw,) = c.sm.apply([AppliedEntry(99, 1, b"\xc1 not a command")])
     assert m.decode_response(raw).code == RC.SYSTEM_ERROR and c.sm.state.dump() == before
+
+
+def test_the_state_is_bounded(c: Controller, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Any client may apply for ids: broker sets and replicas per set are bounded."""
+    monkeypatch.setattr(processor, "MAX_BROKER_SETS", 2)
+    monkeypatch.setattr(m, "MAX_SET", 2)
+    for name in ("s1", "s2"):
+        assert c(m.ApplyBrokerId("cluster", name, 1, "h;1")).code == RC.SUCCESS
+    assert c(m.ApplyBrokerId("cluster", "s3", 1, "h;1")).code == RC.CONTROLLER_BROKER_ID_INVALID
+    assert c(m.ApplyBrokerId("cluster", "s1", 2, "h;2")).code == RC.SUCCESS
+    assert c(m.ApplyBrokerId("cluster", "s1", 3, "h;3")).code == RC.CONTROLLER_BROKER_ID_INVALID
+    assert c(m.ApplyBrokerId("cluster", "s1", 2, "h;2")).code == RC.SUCCESS  # a retry still is

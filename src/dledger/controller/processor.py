@@ -33,6 +33,7 @@ from dledger.controller.state import (
 )
 
 Outcome = tuple[m.Response, list[Event]]
+MAX_BROKER_SETS = 10_000  # any client may apply for ids: the state (and every snapshot) stays bounded
 
 
 def process(state: ControllerState, cmd: m.Command) -> Outcome:
@@ -67,12 +68,17 @@ def _apply_broker_id(state: ControllerState, req: m.ApplyBrokerId) -> Outcome:
                                req.applied_broker_id, req.register_check_code)
     ok = m.Response(cluster_name=req.cluster_name, broker_name=req.broker_name)
     if s is None:
+        if len(state.sets) >= MAX_BROKER_SETS:
+            return _refuse(RC.CONTROLLER_BROKER_ID_INVALID, f"the controller holds {MAX_BROKER_SETS} broker sets: "
+                           "clean one before adding another")
         if req.applied_broker_id == 1:
             return ok, [event]
         return _refuse(RC.CONTROLLER_BROKER_ID_INVALID,
                        f"Broker-set {req.broker_name} hasn't been registered in controller, but broker try to "
                        f"apply brokerId: {req.applied_broker_id}")
     known = s.replicas.get(req.applied_broker_id)
+    if known is None and len(s.replicas) >= m.MAX_SET:
+        return _refuse(RC.CONTROLLER_BROKER_ID_INVALID, f"broker set {req.broker_name} has {m.MAX_SET} replicas")
     if known is None or known.check_code == req.register_check_code:  # a retry after a lost answer
         return ok, [event]
     return _refuse(RC.CONTROLLER_BROKER_ID_INVALID,

@@ -39,6 +39,7 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 NOTIFY_TIMEOUT_S = 3.0
+MAX_SERVING = 4096  # leader-only requests in flight (upstream's event queue holds 1024)
 NOTIFY_CODE = int(ControllerRequestCode.NOTIFY_BROKER_ROLE_CHANGED)
 
 
@@ -79,6 +80,7 @@ class ControllerService:
         self._wake = asyncio.Event()
         self._scanner: asyncio.Task[None] | None = None
         self.elections = 0  # controller-triggered elections won (tests, status)
+        self._serving = 0  # leader-only requests in flight
 
     @property
     def runtime(self) -> GroupRuntime:
@@ -119,7 +121,11 @@ class ControllerService:
             respond(_reply(m.Response(int(RC.REQUEST_CODE_NOT_SUPPORTED), "brokers, not controllers, take this")))
         elif not self.runtime.node.member.is_leader:
             respond(_reply(self._not_leader()))
+        elif self._serving >= MAX_SERVING:
+            respond(_reply(m.Response(int(RC.SYSTEM_ERROR), f"the controller is busy ({MAX_SERVING} requests "
+                                      "in flight): retry")))
         else:
+            self._serving += 1
             self._spawn(self._serve(req, respond))
 
     def _heartbeat(self, req: m.BrokerHeartbeat, caller: Caller) -> m.Response:
@@ -162,6 +168,11 @@ class ControllerService:
             resp = await self.submit(req)
         except _Failed as e:
             resp = e.response
+        except Exception as e:  # a bug: the caller still gets an answer, not a timeout
+            log.exception("controller request %s failed", type(req).__name__)
+            resp = m.Response(int(RC.SYSTEM_ERROR), f"{type(e).__name__}: {e}")
+        finally:
+            self._serving -= 1
         respond(_reply(resp))
 
     async def submit(self, req: m.AnyRequest) -> m.Response:
