@@ -6,11 +6,11 @@ one line on stderr and a non-zero exit code, never a traceback.
 
 from __future__ import annotations
 
-import base64
 import json
 import logging
 import os
 import signal
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -22,6 +22,7 @@ from dledger.clitools import (
     PEERS_HELP,
     UserError,
     WireInt,
+    body_json,
     check_store_dir,
     consistency_option,
     make_client,
@@ -105,6 +106,8 @@ def _run_member(cfg: DLedgerConfig) -> None:
 
 
 @cli.command()
+@click.option("--mode", type=click.Choice(["raft", "controller"]), default="raft", show_default=True,
+              help="raft: one Raft group; controller: controllers and broker sets (AutoSwitch HA).")
 @click.option("--nodes", default=3, show_default=True, type=click.IntRange(1, 9))
 @click.option("--group", default="default", show_default=True)
 @click.option("--base-port", default=20911, show_default=True, type=click.IntRange(1024, 65000))
@@ -114,9 +117,19 @@ def _run_member(cfg: DLedgerConfig) -> None:
 @click.option("--metrics-base-port", type=int, default=0, help="Member nK serves metrics on this port + K.")
 @click.option("--tls", is_flag=True, help="Mutual TLS: certificates from DATA_DIR/certs (made there if missing).")
 @click.option("--state-machine", default="", help="Every member applies entries to it ('kv', or module:factory).")
-def cluster(nodes: int, group: str, base_port: int, data_dir: str, flush: str, store_type: str,
-            metrics_base_port: int, tls: bool, state_machine: str) -> None:
-    """Run a local group as N member processes until SIGINT/SIGTERM."""
+@click.option("--controllers", default=3, show_default=True, type=click.IntRange(1, 9), help="Controller mode.")
+@click.option("--broker-sets", default=2, show_default=True, type=click.IntRange(1, 20), help="Controller mode.")
+@click.option("--replicas", default=2, show_default=True, type=click.IntRange(1, 9), help="Controller mode.")
+@click.option("--all-ack-in-sync-state-set", "all_ack", is_flag=True,
+              help="Controller mode: brokers acknowledge a send once every SyncStateSet member has it.")
+def cluster(mode: str, nodes: int, group: str, base_port: int, data_dir: str, flush: str, store_type: str,
+            metrics_base_port: int, tls: bool, state_machine: str, controllers: int, broker_sets: int,
+            replicas: int, all_ack: bool) -> None:
+    """Run a local group as N member processes (or, --mode controller, controllers and broker
+    sets) until SIGINT/SIGTERM."""
+    if mode == "controller":
+        _controller_cluster(Path(data_dir), base_port, controllers, broker_sets, replicas, all_ack)
+        return
     members = [f"n{k}" for k in range(nodes)]
     peers = format_peers({m: Peer(m, "127.0.0.1", base_port + k) for k, m in enumerate(members)})
     busy = busy_ports(peers, metrics_base_port)  # before any member starts (local_cluster checks too)
@@ -131,20 +144,45 @@ def cluster(nodes: int, group: str, base_port: int, data_dir: str, flush: str, s
             click.echo(f"clients: --tls-cert {tls_dir}/client.pem --tls-key {tls_dir}/client-key.pem "
                        f"--tls-ca {tls_dir}/ca.pem")
         sys.stdout.flush()
-        stop = {"flag": False}
+        _watch(procs)
 
-        def on_signal(signum: int, frame: object) -> None:
-            stop["flag"] = True
 
-        signal.signal(signal.SIGINT, on_signal)
-        signal.signal(signal.SIGTERM, on_signal)
-        while not stop["flag"]:
-            for member, p in procs.items():
-                if p.poll() is not None:
-                    click.echo(f"member {member} exited with code {p.returncode}", err=True)
-                    procs.pop(member)
-                    break
-            time.sleep(0.2)
+def _watch(procs: dict[str, subprocess.Popen[bytes]]) -> None:
+    """Until SIGINT/SIGTERM; a process that exits is reported."""
+    stop = {"flag": False}
+
+    def on_signal(signum: int, frame: object) -> None:
+        stop["flag"] = True
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    while not stop["flag"]:
+        for member, p in procs.items():
+            if p.poll() is not None:
+                click.echo(f"{member} exited with code {p.returncode}", err=True)
+                procs.pop(member)
+                break
+        time.sleep(0.2)
+
+
+def _controller_cluster(data_dir: Path, base_port: int, controllers: int, broker_sets: int, replicas: int,
+                        all_ack: bool) -> None:
+    from dledger.broker.local import local_broker_cluster
+
+    args = ["--all-ack-in-sync-state-set"] if all_ack else []
+    deployment = local_broker_cluster(data_dir, controllers, broker_sets, replicas, base_port, args)
+    busy = deployment.busy_ports()
+    if busy:
+        raise UserError(f"cannot start the cluster: ports already in use on 127.0.0.1: {', '.join(busy)}")
+    with deployment:
+        click.echo(f"controllers: {deployment.controller}")
+        click.echo(f"controller peers: {deployment.peers}")
+        for key, spec in deployment.specs.items():
+            info = deployment.info(key)
+            click.echo(f"broker {key}: {spec.address} (HA 127.0.0.1:{spec.ha_port}) id {info.broker_id} {info.role}")
+        click.echo(f"try: dledger send --controller '{deployment.controller}' --broker b0 hello")
+        sys.stdout.flush()
+        _watch({**deployment.controllers.procs, **deployment.brokers})
 
 
 def _local_certs(tls_dir: Path, members: list[str]) -> Path:
@@ -212,31 +250,37 @@ def get(peers: str, group: str, index: int, consistency: str) -> None:
 
 
 @cli.command()
-@click.option("--peers", required=True, help=PEERS_HELP)
+@click.option("--peers", default=None, help=PEERS_HELP + " (or --controller and --broker)")
 @click.option("--group", default="default", show_default=True)
+@click.option("--controller", default=None, help="Read a broker set: its controllers, 'host:port;host:port'.")
+@click.option("--broker", "broker_name", default=None, help="Read a broker set: its name (with --controller).")
 @click.option("--from", "from_index", default=0, show_default=True, type=WireInt(0))
 @click.option("--max", "max_entries", default=1000, show_default=True, type=WireInt(1))
 @click.option("--follow", "-f", is_flag=True,
               help="Go on printing entries as they commit, until interrupted (like tail -f); --max is ignored.")
 @consistency_option
 @security_options
-def read(peers: str, group: str, from_index: int, max_entries: int, follow: bool, consistency: str) -> None:
-    """Print committed entries as JSON lines {"index","term","body"}."""
+def read(peers: str | None, group: str, controller: str | None, broker_name: str | None, from_index: int,
+         max_entries: int, follow: bool, consistency: str) -> None:
+    """Print committed entries as JSON lines {"index","term","body"} (of a broker set: its
+    confirmed records, {"index","offset","epoch","body"}; --from is a queue offset)."""
+    if controller or broker_name:
+        if not (controller and broker_name) or peers:
+            raise click.UsageError("a broker set is read with --controller and --broker (and no --peers)")
+        from dledger.broker.command import read_broker
+
+        read_broker(controller, broker_name, from_index, max_entries, follow)
+        return
+    if not peers:
+        raise click.UsageError("give --peers (or --controller and --broker)")
     parse_peers(peers)
     with make_client(peers, group) as c:
         entries = (c.subscribe(from_index, consistency="leader" if consistency == "linearizable" else consistency)
                    if follow else c.read(from_index, max_entries, consistency=consistency))
         for e in entries:
-            click.echo(json.dumps({"index": e.index, "term": e.term, "body": _body_json(e.body)}))
+            click.echo(json.dumps({"index": e.index, "term": e.term, "body": body_json(e.body)}))
             if follow:
                 sys.stdout.flush()
-
-
-def _body_json(body: bytes) -> object:
-    try:
-        return body.decode("utf-8")
-    except UnicodeDecodeError:
-        return {"b64": base64.b64encode(body).decode()}
 
 
 @cli.command()
@@ -394,12 +438,15 @@ def snapshot(peers: str, group: str, member: str | None) -> None:
 
 def _register_extra_commands() -> None:
     from dledger.bench.command import bench
+    from dledger.broker.command import broker, send
     from dledger.controller.command import admin, controller
     from dledger.kv.command import kv
     from dledger.security.certs_command import certs
 
     cli.add_command(admin)
     cli.add_command(bench)
+    cli.add_command(broker)
+    cli.add_command(send)
     cli.add_command(controller)
     cli.add_command(certs)
     cli.add_command(kv)

@@ -4,6 +4,7 @@ user errors, wire-bounded integers, the security options and a client built from
 from __future__ import annotations
 
 import asyncio
+import base64
 import errno
 import os
 import re
@@ -128,6 +129,13 @@ def member_os_error(cfg: DLedgerConfig, e: OSError) -> str:
 def run_member(cfg: DLedgerConfig, serve: Callable[[asyncio.Event], Awaitable[None]]) -> None:
     """Run `serve(stop)` on uvloop until SIGINT/SIGTERM sets `stop`; a port or file the member
     cannot use ends the command with one line (UserError)."""
+    run_process(serve, lambda e: member_os_error(cfg, e))
+
+
+def run_process(serve: Callable[[asyncio.Event], Awaitable[None]],
+                os_error: Callable[[OSError], str] | None = None) -> None:
+    """Run `serve(stop)` on uvloop until SIGINT/SIGTERM sets `stop`; an OSError (a port in
+    use, a file) ends the command with the one line `os_error` makes of it (UserError)."""
     from dledger.runtime.transport import install_uvloop
 
     install_uvloop()
@@ -142,7 +150,24 @@ def run_member(cfg: DLedgerConfig, serve: Callable[[asyncio.Event], Awaitable[No
     try:
         asyncio.run(main())
     except OSError as e:
-        raise UserError(member_os_error(cfg, e)) from e
+        raise UserError((os_error or socket_os_error)(e)) from e
+
+
+def socket_os_error(e: OSError) -> str:
+    """One line for an OSError of a process's start: the address it cannot listen on, else the file."""
+    reason = (os.strerror(e.errno) if isinstance(e.errno, int) and e.errno > 0 else e.strerror or str(e)).lower()
+    m = _BIND_ADDRESS.search(str(e))
+    if m is not None:
+        return f"cannot listen on {m[1]}:{m[2]}: {reason}"
+    return f"{e.filename}: {reason}" if e.filename is not None else reason
+
+
+def body_json(body: bytes) -> object:
+    """A body for a JSON line: its text, or {"b64": ...} when it is not UTF-8."""
+    try:
+        return body.decode("utf-8")
+    except UnicodeDecodeError:
+        return {"b64": base64.b64encode(body).decode()}
 
 
 def consistency_option(f: F) -> F:

@@ -57,8 +57,15 @@ class ResponseCode(IntEnum):
     LEADER_TRANSFERRING = 506
     LOAD_SNAPSHOT_ERROR = 507
     INSTALL_SNAPSHOT_ERROR = 508
+    # a broker set's (RocketMQ's ResponseCode numbers: a send in controller mode)
+    FLUSH_DISK_TIMEOUT = 10
+    SLAVE_NOT_AVAILABLE = 11
+    FLUSH_SLAVE_TIMEOUT = 12  # written on the master, not acknowledged by enough replicas in time
+    SERVICE_NOT_AVAILABLE = 14  # not the master (a slave, fenced, lease expired): try the master
     # ours, beyond DLedger's list
     UNAUTHENTICATED = 430  # no valid client certificate / auth token, or not a member's certificate
+    # upstream answers SYSTEM_ERROR with the remark "in-sync replicas not enough": a code of its own
+    IN_SYNC_REPLICAS_NOT_ENOUGH = 431
 
 
 class ControllerRequestCode(IntEnum):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from dledger.codes import ControllerResponseCode as RC
 from dledger.codes import DLedgerError, ResponseCode
@@ -138,7 +138,7 @@ class ControllerClient:
         """Broker-triggered (its own id), controller-triggered (NO_ID) or an admin's (designate)."""
         return await self.call(m.ElectMaster(cluster, broker, broker_id, designate, int(time.time() * 1000)))
 
-    async def alter_sync_state_set(self, broker: str, master_id: int, master_epoch: int, new_set: Sequence[int],
+    async def alter_sync_state_set(self, broker: str, master_id: int, master_epoch: int, new_set: Iterable[int],
                                    sync_state_set_epoch: int) -> m.Response:
         return await self.call(m.AlterSyncStateSet(broker, master_id, master_epoch, sorted(new_set),
                                                    sync_state_set_epoch))

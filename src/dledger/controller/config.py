@@ -23,6 +23,9 @@ BLACK_LIST = frozenset({"config_black_list", "config_store_path", "rocketmq_home
 class ControllerConfig:
     broker_heartbeat_interval_ms: int = 300  # what brokers are told to use (the broker client's default)
     broker_heartbeat_timeout_ms: int = 1500  # a broker whose heartbeat does not say its own timeout
+    # a master lease is granted only if lease + this margin fits in the heartbeat timeout (a new
+    # controller leader waits that long before electing, so no lease it never saw is still held)
+    broker_lease_drift_ms: int = 200
     scan_interval_ms: int = 250  # the leader looks for dead masters this often
     enable_elect_unclean_master: bool = False  # may lose acknowledged data: off unless you accept that
     notify_broker_role_changed: bool = True  # push NOTIFY_BROKER_ROLE_CHANGED to the broker set's replicas

@@ -6,6 +6,10 @@ connection a heartbeat came on is rebound on every heartbeat, and a closed conne
 a broker only if it is still the one its last heartbeat used (#11045: upstream never rebound,
 so a stale channel's close evicted a healthy broker and triggered an election).
 
+A broker that holds a master lease (its heartbeat says `lease_ms`) stays alive for at least
+lease + drift after its last heartbeat, even when its connection closes: until then it may
+still acknowledge writes, and electing another master would make two.
+
 Sans-I/O: time is passed in (ms), so the simulator and the tests drive it.
 """
 
@@ -28,6 +32,7 @@ class BrokerLive:
     info: LiveInfo
     confirm_offset: int = -1
     conn: Hashable | None = None
+    lease_ms: int = 0
 
     def alive(self, now_ms: int) -> bool:
         return self.last_ms + self.timeout_ms >= now_ms
@@ -38,27 +43,31 @@ MAX_PER_SET = 1024  # ... per broker name (a log entry carries one set's live re
 
 
 class HeartbeatTable:
-    def __init__(self, default_timeout_ms: int) -> None:
+    def __init__(self, default_timeout_ms: int, lease_drift_ms: int = 0) -> None:
         self.default_timeout_ms = default_timeout_ms
+        self.lease_drift_ms = lease_drift_ms
         self.brokers: dict[Key, BrokerLive] = {}
         self._sets: dict[str, dict[int, BrokerLive]] = {}  # the same entries, by broker name
 
     def beat(self, cluster: str, name: str, broker_id: int, address: str, now_ms: int, *, timeout_ms: int = 0,
              epoch: int = -1, max_offset: int = -1, confirm_offset: int = -1, priority: int = PRIORITY_DEFAULT,
-             conn: Hashable | None = None) -> bool:
+             conn: Hashable | None = None, lease_ms: int = 0) -> bool:
         """Record a heartbeat (False: refused, the table is full). (epoch, max offset) only
         move forward: a late heartbeat from before a truncation must not make a replica look
         more up to date than it is."""
         timeout = timeout_ms or self.default_timeout_ms
+        if lease_ms:
+            timeout = max(timeout, lease_ms + self.lease_drift_ms)
         old = self.brokers.get((name, broker_id))
         if old is None:
             if self._full(name):  # the leader's scan expires dead entries every scan interval
                 return False
             b = BrokerLive(cluster, address, now_ms, timeout, LiveInfo(epoch, max_offset, priority), confirm_offset,
-                           conn)
+                           conn, lease_ms)
             self.brokers[(name, broker_id)] = self._sets.setdefault(name, {})[broker_id] = b
             return True
         old.cluster, old.address, old.last_ms, old.timeout_ms, old.conn = cluster, address, now_ms, timeout, conn
+        old.lease_ms = lease_ms
         if epoch > old.info.epoch or (epoch == old.info.epoch and max_offset > old.info.max_offset):
             old.info = LiveInfo(epoch, max_offset, priority)
             old.confirm_offset = confirm_offset
@@ -81,8 +90,13 @@ class HeartbeatTable:
         return dead
 
     def connection_closed(self, conn: Hashable) -> list[Key]:
-        """A connection closed: the brokers whose *last* heartbeat came on it are gone."""
+        """A connection closed: the brokers whose *last* heartbeat came on it are gone (one
+        holding a lease: once the lease and the drift margin have passed)."""
         gone = [k for k, b in self.brokers.items() if b.conn is not None and b.conn == conn]
+        for k in [k for k in gone if self.brokers[k].lease_ms]:
+            b = self.brokers[k]
+            b.conn, b.timeout_ms = None, b.lease_ms + self.lease_drift_ms
+            gone.remove(k)
         self._drop(gone)
         return gone
 

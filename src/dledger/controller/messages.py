@@ -27,6 +27,14 @@ IdSet = Annotated[list[BrokerId], msgspec.Meta(max_length=MAX_SET)]
 NO_ID = -1  # ElectMasterRequestHeader's brokerId of a controller-triggered election
 
 
+HA_SEPARATOR = "|"  # a broker's address may carry its HA address: "host:port|host:haport"
+
+
+def client_address(broker_address: str) -> str:
+    """Where a broker takes requests (NOTIFY, clients), from its registered address."""
+    return broker_address.partition(HA_SEPARATOR)[0]
+
+
 class Request(msgspec.Struct, omit_defaults=True, tag_field="code"):
     """Every controller request (its tag is its request code)."""
 
@@ -42,6 +50,11 @@ class BrokerHeartbeat(Request, tag=int(Code.BROKER_HEARTBEAT)):
     # 0: the controller's default; at most a minute (a new leader waits the longest one before electing)
     heartbeat_timeout_ms: Annotated[int, msgspec.Meta(ge=0, le=60_000)] = 0
     election_priority: Annotated[int, msgspec.Meta(ge=0, le=PRIORITY_DEFAULT)] = PRIORITY_DEFAULT
+    # ours: a master's lease (0: none, upstream's behaviour). The leader's answer grants it
+    # (`lease_granted`); the broker is then counted alive for at least lease + drift after
+    # this heartbeat, even if its connection closes, so no replacement is elected while the
+    # master may still acknowledge writes (#7017, #6662)
+    lease_ms: Annotated[int, msgspec.Meta(ge=0, le=60_000)] = 0
 
 
 class AlterSyncStateSet(Request, tag=int(Code.CONTROLLER_ALTER_SYNC_STATE_SET)):
@@ -146,6 +159,7 @@ class Response(msgspec.Struct, omit_defaults=True):
     remark: str = ""
     leader_id: str = ""  # CONTROLLER_NOT_LEADER: who is (when known)
     leader_address: str = ""
+    lease_granted: bool = False  # a heartbeat's: the leader renewed the master's lease
     # headers (CONTROLLER.md §2.3)
     cluster_name: str = ""
     broker_name: str = ""

@@ -146,6 +146,18 @@ class LedgerStore(ABC):
         if reason is not None:
             raise CorruptEntryError(index, f"entry {index} still fails verification after its repair: {reason}")
 
+    def slot(self, index: int) -> tuple[int, int, int]:
+        """(pos, size, term) of a stored entry, from the index: what byte-offset replication
+        (a broker set's HA offsets) maps positions with."""
+        with self._lock:
+            self._check_readable(index)
+            pos, size, term, _ = self._record_slot(index)
+            return pos, size, term
+
+    def first_pos(self) -> int:
+        """The position of entry begin_index (where an empty log's next entry goes)."""
+        raise StoreError(ResponseCode.UNSUPPORTED, f"{type(self).__name__} has no positions")
+
     def _record_slot(self, index: int) -> tuple[int, int, int, int | None]:
         """(pos, size, term, magic or None) of `index` as the index knows it, without trusting
         the record's own header."""

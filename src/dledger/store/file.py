@@ -145,6 +145,9 @@ class FileLedgerStore(LedgerStore):
     def pos_of_next(self) -> int:
         return self.write_pos
 
+    def first_pos(self) -> int:
+        return self.begin_pos
+
     def append_as_leader(
         self, bodies: Sequence[bytes], term: int, magic: int = MAGIC_NORMAL
     ) -> AppendResult:

@@ -36,6 +36,9 @@ class MemoryLedgerStore(LedgerStore):
     def pos_of_next(self) -> int:
         return self._base_pos + len(self._buf)
 
+    def first_pos(self) -> int:
+        return self._base_pos
+
     def append_as_leader(
         self, bodies: Sequence[bytes], term: int, magic: int = MAGIC_NORMAL
     ) -> AppendResult:

@@ -1,0 +1,275 @@
+"""Clients of a broker set: `AsyncBrokerClient` and the blocking `BrokerClient`.
+
+The master comes from the controllers (replica info); a send refused before it was written
+(SERVICE_NOT_AVAILABLE: not the master, fenced, lease expired) or that never left this
+process is retried at the master the controllers name next, until the timeout. A send that
+may have been written (FLUSH_SLAVE_TIMEOUT, a connection lost mid-request) is not retried:
+the caller decides (at-least-once if it resends). Reads return confirmed records only, from
+the master or, when it is unreachable, any replica. Offsets of reads are queue offsets: the
+record's index in the broker set's log (a send's `offset` is its byte position).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import threading
+import time
+from collections.abc import AsyncGenerator, Coroutine, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import msgspec
+
+from dledger.broker import messages as bm
+from dledger.broker.config import split_address
+from dledger.codes import ControllerResponseCode as RC
+from dledger.codes import DLedgerError, ResponseCode
+from dledger.controller.client import ControllerClient
+from dledger.runtime.client import _close_agen, _error_text, _never_sent, _next
+from dledger.runtime.transport import Message, TransportClient
+
+T = TypeVar("T")
+RETRY_S = 0.05
+_RETRY = frozenset((ResponseCode.SERVICE_NOT_AVAILABLE,))
+
+
+@dataclass(frozen=True)
+class SendResult:
+    offset: int  # byte position of the record in the set's log
+    index: int  # its queue offset
+    epoch: int  # the master epoch it was written in
+
+
+@dataclass(frozen=True)
+class BrokerRecord:
+    index: int
+    offset: int
+    epoch: int
+    body: bytes
+
+
+class AsyncBrokerClient:
+    def __init__(self, controller: str, broker: str, timeout: float = 10.0) -> None:
+        self.broker, self.timeout = broker, timeout
+        self.controllers = ControllerClient(controller, timeout=min(timeout, 3.0))
+        self._transport = TransportClient(backoff_max_s=0.5)
+        self._master: str | None = None  # client address
+        self._replicas: list[str] = []
+
+    async def close(self) -> None:
+        await self._transport.close()
+        await self.controllers.close()
+
+    async def __aenter__(self) -> AsyncBrokerClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # --- where the replicas are ----------------------------------------------------------------
+
+    async def master(self, refresh: bool = False) -> str | None:
+        """The master's client address as the controllers know it (None: no master now)."""
+        if self._master is None or refresh:
+            resp = await self.controllers.get_replica_info(self.broker)
+            if resp.code == RC.CONTROLLER_BROKER_METADATA_NOT_EXIST:
+                raise DLedgerError(ResponseCode.UNEXPECTED_ARGUMENT, f"no broker set named {self.broker!r}")
+            self._master = split_address(resp.master_address)[0] if resp.master_address else None
+        return self._master
+
+    async def replicas(self) -> list[str]:
+        """Every replica's client address (the master first)."""
+        resp = await self.controllers.get_sync_state_data([self.broker])
+        info = (resp.replicas_info or {}).get(self.broker)
+        if info is None:
+            return self._replicas
+        ids = sorted([*info.in_sync_replicas, *info.not_in_sync_replicas],
+                     key=lambda r: r.broker_id != info.master_broker_id)
+        self._replicas = [split_address(r.broker_address)[0] for r in ids]
+        return self._replicas
+
+    # --- sends ---------------------------------------------------------------------------------
+
+    async def send(self, body: bytes) -> SendResult:
+        return (await self.send_batch([body]))[0]
+
+    async def send_batch(self, bodies: Sequence[bytes]) -> list[SendResult]:
+        """Append `bodies` as one batch at the master; acknowledged per its ack settings."""
+        if not bodies:
+            return []
+        meta = bm.encode(bm.SendRequest(self.broker, list(bodies)))
+        resp = await self._call_master(Message(int(bm.BrokerRequestCode.SEND_MESSAGE), meta))
+        r = bm.send_response.decode(resp.meta)
+        return [SendResult(off, r.first_index + i, r.epoch) for i, off in enumerate(r.offsets)]
+
+    async def _call_master(self, msg: Message) -> Message:
+        deadline = time.monotonic() + self.timeout
+        refresh = False
+        last: DLedgerError | None = None
+        while time.monotonic() < deadline:
+            try:
+                address = await self.master(refresh)
+            except DLedgerError as e:
+                if e.code == ResponseCode.UNEXPECTED_ARGUMENT:
+                    raise
+                address, last = None, e
+            if address is None:
+                refresh = True
+                await asyncio.sleep(RETRY_S)
+                continue
+            try:
+                reply = await self._transport.request(address, msg, max(0.1, deadline - time.monotonic()))
+            except DLedgerError as e:
+                if not _never_sent(e):
+                    raise
+                last, refresh = e, True
+                await asyncio.sleep(RETRY_S)
+                continue
+            if reply.code == ResponseCode.SUCCESS:
+                return reply
+            err = _as_error(reply)
+            if err.code not in _RETRY:
+                raise err
+            last, refresh = err, True
+            await asyncio.sleep(RETRY_S)
+        raise last or DLedgerError(ResponseCode.TIMEOUT, f"no master of {self.broker} within {self.timeout} s")
+
+    # --- reads ---------------------------------------------------------------------------------
+
+    async def read(self, from_offset: int = 0, max_entries: int = 1000, *, wait: float = 0.0) -> list[BrokerRecord]:
+        """Confirmed records from queue offset `from_offset` (at most `max_entries`)."""
+        req = bm.PullRequest(self.broker, from_offset, max_entries, int(wait * 1000))
+        msg = Message(int(bm.BrokerRequestCode.PULL_MESSAGE), bm.encode(req))
+        last: DLedgerError | None = None
+        master = await self._quiet_master()
+        for address in ([master] if master else []) + [a for a in await self._quiet_replicas() if a != master]:
+            try:
+                reply = await self._transport.request(address, msg, wait + self.timeout)
+            except DLedgerError as e:
+                last = e
+                continue
+            if reply.code != ResponseCode.SUCCESS:
+                raise _as_error(reply)
+            r = bm.pull_response.decode(reply.meta)
+            return [BrokerRecord(e.index, e.offset, e.epoch, e.body) for e in r.entries]
+        raise last or DLedgerError(ResponseCode.NETWORK_ERROR, f"no replica of {self.broker} is known")
+
+    async def _quiet_master(self) -> str | None:
+        try:
+            return await self.master(refresh=self._master is None)
+        except DLedgerError as e:
+            if e.code == ResponseCode.UNEXPECTED_ARGUMENT:
+                raise
+            return self._master
+
+    async def _quiet_replicas(self) -> list[str]:
+        try:
+            return await self.replicas()
+        except DLedgerError:
+            return self._replicas
+
+    async def subscribe(self, from_offset: int = 0, *, max_entries: int = 1000,
+                        wait: float = 10.0) -> AsyncGenerator[BrokerRecord, None]:
+        """Confirmed records from `from_offset` on, for ever, each once (long polls; master
+        changes and errors are retried with a back-off from the next offset)."""
+        offset, delay = from_offset, RETRY_S
+        while True:
+            try:
+                records = await self.read(offset, max_entries, wait=wait)
+            except DLedgerError as e:
+                if e.code in (ResponseCode.UNEXPECTED_ARGUMENT, ResponseCode.INDEX_LESS_THAN_LOCAL_BEGIN):
+                    raise
+                self._master = None
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 1.0)
+                continue
+            delay = RETRY_S
+            for r in records:
+                if r.index >= offset:
+                    yield r
+                    offset = r.index + 1
+
+    async def info(self, address: str | None = None) -> bm.RuntimeInfo:
+        """A broker's runtime info (the master's by default)."""
+        target = address or await self.master(refresh=True)
+        if target is None:
+            raise DLedgerError(ResponseCode.SERVICE_NOT_AVAILABLE, f"broker set {self.broker} has no master")
+        msg = Message(int(bm.BrokerRequestCode.GET_BROKER_RUNTIME_INFO), bm.encode(bm.RuntimeInfoRequest()))
+        reply = await self._transport.request(target, msg, self.timeout)
+        if reply.code != ResponseCode.SUCCESS:
+            raise _as_error(reply)
+        return bm.runtime_info.decode(reply.meta)
+
+
+def _as_error(reply: Message) -> DLedgerError:
+    try:
+        code = ResponseCode(reply.code)
+    except ValueError:
+        code = ResponseCode.UNKNOWN
+    try:
+        text = _error_text(bytes(reply.meta))
+    except msgspec.DecodeError:
+        text = ""
+    return DLedgerError(code, text)
+
+
+class BrokerClient:
+    """Blocking twin of AsyncBrokerClient (its own event-loop thread: works inside notebooks
+    and Spark tasks)."""
+
+    def __init__(self, controller: str, broker: str, timeout: float = 10.0) -> None:
+        self._async = AsyncBrokerClient(controller, broker, timeout)
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="dledger-broker-client", daemon=True)
+        self._thread.start()
+
+    def _run(self, coro: Coroutine[Any, Any, T]) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    def send(self, body: bytes) -> SendResult:
+        return self._run(self._async.send(body))
+
+    def send_batch(self, bodies: Sequence[bytes]) -> list[SendResult]:
+        return self._run(self._async.send_batch(bodies))
+
+    def read(self, from_offset: int = 0, max_entries: int = 1000, *, wait: float = 0.0) -> list[BrokerRecord]:
+        return self._run(self._async.read(from_offset, max_entries, wait=wait))
+
+    def info(self, address: str | None = None) -> bm.RuntimeInfo:
+        return self._run(self._async.info(address))
+
+    def master(self, refresh: bool = True) -> str | None:
+        return self._run(self._async.master(refresh))
+
+    def subscribe(self, from_offset: int = 0, *, max_entries: int = 1000, wait: float = 10.0) -> Iterator[BrokerRecord]:
+        agen = self._async.subscribe(from_offset, max_entries=max_entries, wait=wait)
+        pending: concurrent.futures.Future[BrokerRecord] | None = None
+        try:
+            while True:
+                pending = asyncio.run_coroutine_threadsafe(_next(agen), self._loop)
+                try:
+                    record = pending.result()
+                except StopAsyncIteration:
+                    return
+                pending = None
+                yield record
+        finally:
+            if pending is not None:
+                pending.cancel()
+            if not self._loop.is_closed():
+                self._run(_close_agen(agen))
+
+    def close(self) -> None:
+        if self._loop.is_closed():
+            return
+        self._run(self._async.close())
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=5)
+        self._loop.close()
+
+    def __enter__(self) -> BrokerClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

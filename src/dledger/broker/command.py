@@ -1,0 +1,118 @@
+"""`dledger broker` (run a replica of a broker set) and `dledger send` (to a broker set)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import click
+
+from dledger.broker.config import BrokerConfig, load_broker_toml
+from dledger.clitools import UserError, check_store_dir
+
+log = logging.getLogger(__name__)
+
+CONTROLLER_HELP = "Controllers: 'host:port;host:port' or their peers string."
+
+
+@click.command("broker")
+@click.option("--config", "config_file", type=click.Path(dir_okay=False),
+              help="TOML file with the same keys (top level or a [broker] table).")
+@click.option("--cluster", default=None, help="Cluster name.")
+@click.option("--name", default=None, help="Broker set name, e.g. b0 (its replicas share it).")
+@click.option("--controller", default=None, help=CONTROLLER_HELP)
+@click.option("--listen", default=None, help="Client address host:port.")
+@click.option("--ha-listen", default=None, help="HA (replication) address host:port.")
+@click.option("--store-dir", default=None, help="Directory of this replica's log, epoch file and identity.")
+@click.option("--in-sync-replicas", type=click.IntRange(1), default=None,
+              help="Copies a send waits for, the master counting [1].")
+@click.option("--min-in-sync-replicas", type=click.IntRange(1), default=None,
+              help="Refuse sends while the SyncStateSet is smaller [1].")
+@click.option("--all-ack-in-sync-state-set", "all_ack", is_flag=True, default=None,
+              help="A send waits for every SyncStateSet member.")
+@click.option("--flush", type=click.Choice(["async", "sync"]), default=None,
+              help="sync: a send also waits for its fsync on the master [async].")
+@click.option("--election-priority", type=click.IntRange(0), default=None, help="Lower is preferred.")
+def broker(config_file: str | None, **options: Any) -> None:
+    """Run one replica of a broker set until SIGINT/SIGTERM (its master is elected by the controllers)."""
+    data: dict[str, Any] = load_broker_toml(config_file) if config_file else {}
+    options["all_ack_in_sync_state_set"] = options.pop("all_ack")
+    data.update({k: v for k, v in options.items() if v is not None})
+    cfg = BrokerConfig.from_dict(data)
+    check_store_dir(Path(cfg.store_dir))
+    _run(cfg)
+
+
+def _run(cfg: BrokerConfig) -> None:
+    from dledger.broker.server import BrokerServer
+    from dledger.clitools import run_process, socket_os_error
+
+    async def serve(stop: asyncio.Event) -> None:
+        server = BrokerServer(cfg)
+        await server.start()
+        try:
+            await stop.wait()
+        finally:
+            await server.stop()
+
+    run_process(serve, socket_os_error)
+
+
+@click.command("send")
+@click.option("--controller", required=True, help=CONTROLLER_HELP)
+@click.option("--broker", "broker_name", required=True, help="Broker set name.")
+@click.option("--batch", default=1, show_default=True, type=click.IntRange(1, 10000),
+              help="Send stdin lines in batches of this many records.")
+@click.option("--timeout", default=10.0, show_default=True, type=click.FloatRange(0.1))
+@click.argument("bodies", nargs=-1)
+def send(controller: str, broker_name: str, batch: int, timeout: float, bodies: tuple[str, ...]) -> None:
+    """Send one record per BODY, or per stdin line, to a broker set's master; print
+    {"offset","index","epoch"} per record once acknowledged."""
+    from dledger.broker.client import BrokerClient
+
+    source: Iterator[bytes] = (os.fsencode(b) for b in bodies) if bodies else _stdin_lines()
+    with BrokerClient(controller, broker_name, timeout) as c:
+        chunk: list[bytes] = []
+        for body in source:
+            chunk.append(body)
+            if len(chunk) >= batch:
+                _send_chunk(c, chunk)
+                chunk = []
+        if chunk:
+            _send_chunk(c, chunk)
+
+
+def _stdin_lines() -> Iterator[bytes]:
+    import sys
+
+    for line in sys.stdin.buffer:
+        yield line[:-1] if line.endswith(b"\n") else line
+
+
+def _send_chunk(c: Any, chunk: list[bytes]) -> None:
+    for r in c.send_batch(chunk):
+        click.echo(json.dumps({"offset": r.offset, "index": r.index, "epoch": r.epoch}))
+
+
+def read_broker(controller: str, broker_name: str, from_offset: int, max_entries: int, follow: bool) -> None:
+    """`dledger read --controller P --broker b0`: confirmed records as JSON lines."""
+    from dledger.broker.client import BrokerClient
+    from dledger.clitools import body_json
+
+    with BrokerClient(controller, broker_name) as c:
+        records = c.subscribe(from_offset) if follow else c.read(from_offset, max_entries)
+        for r in records:
+            click.echo(json.dumps({"index": r.index, "offset": r.offset, "epoch": r.epoch, "body": body_json(r.body)}),
+                       nl=True)
+            if follow:
+                import sys
+
+                sys.stdout.flush()
+
+
+__all__ = ["UserError", "broker", "read_broker", "send"]

@@ -1,0 +1,127 @@
+"""A broker's settings: the `dledger broker` options and the same keys in TOML (`[broker]` table
+or top level). Defaults aim at a 2 s failover (upstream's add up to 15 s, CONTROLLER.md §7).
+
+A broker's advertised address carries both its ports, `host:port|host:haport`, so the
+master's HA address travels in the controller's metadata (upstream took it from NameServer).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dledger.broker.ha_master import HAConfig
+from dledger.broker.ha_service import AckSettings
+from dledger.config import ConfigError, read_toml
+from dledger.controller.messages import HA_SEPARATOR
+
+
+def broker_address(listen: str, ha_listen: str) -> str:
+    return f"{listen}{HA_SEPARATOR}{ha_listen}"
+
+
+def split_address(address: str) -> tuple[str, str]:
+    """(client address, HA address) of an advertised broker address (a bare one: no HA)."""
+    client, _, ha = address.partition(HA_SEPARATOR)
+    return client, ha
+
+
+def check_host_port(what: str, value: str) -> str:
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(f"{what} must be host:port, not {value!r}")
+    return value
+
+
+@dataclass
+class BrokerConfig:
+    cluster: str
+    name: str
+    controller: str  # controller addresses, ';'-separated (or a peers string)
+    listen: str
+    ha_listen: str
+    store_dir: str
+    in_sync_replicas: int = 1
+    min_in_sync_replicas: int = 1
+    all_ack_in_sync_state_set: bool = False
+    election_priority: int = 2**31 - 1  # lower is preferred
+    heartbeat_interval_ms: int = 300  # to every controller
+    lease_ms: int = 1000  # a master acknowledges sends only this long after its lease was renewed
+    sync_metadata_ms: int = 1000  # replica info poll (NOTIFY is the fast path)
+    check_sync_state_set_ms: int = 1000
+    slave_timeout_ms: int = 3000  # a send waits this long for its copies (then FLUSH_SLAVE_TIMEOUT)
+    ha_heartbeat_ms: int = 1000
+    ha_housekeeping_ms: int = 5000
+    ha_max_time_slave_not_catchup_ms: int = 5000
+    ha_transfer_batch_bytes: int = 256 << 10
+    flush: str = "async"  # async | sync (a send waits for its fsync too)
+    data_file_size: int = 64 << 20
+    advertise: str = ""  # the client address others use (default: listen)
+    ha_advertise: str = ""
+
+    def __post_init__(self) -> None:
+        for key in ("cluster", "name", "controller", "store_dir"):
+            if not isinstance(getattr(self, key), str) or not getattr(self, key):
+                raise ConfigError(f"broker.{key} is required")
+        for key in ("cluster", "name"):
+            if any(c in getattr(self, key) for c in "#;|\n"):
+                raise ConfigError(f"broker.{key} may not contain '#', ';', '|' or a newline")
+        check_host_port("--listen", self.listen)
+        check_host_port("--ha-listen", self.ha_listen)
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.type == "int" and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+                raise ConfigError(f"broker.{f.name} must be a positive integer, not {value!r}")
+            if f.type == "bool" and not isinstance(value, bool):
+                raise ConfigError(f"broker.{f.name} must be true or false, not {value!r}")
+        if self.min_in_sync_replicas > self.in_sync_replicas and not self.all_ack_in_sync_state_set:
+            raise ConfigError(f"min-in-sync-replicas ({self.min_in_sync_replicas}) is more than in-sync-replicas "
+                              f"({self.in_sync_replicas})")
+        if self.flush not in ("async", "sync"):
+            raise ConfigError(f"broker.flush must be 'async' or 'sync', not {self.flush!r}")
+        if self.data_file_size < 1 << 20:
+            raise ConfigError("broker.data_file_size must be at least 1 MiB")
+
+    @property
+    def address(self) -> str:
+        return broker_address(self.advertise or self.listen, self.ha_advertise or self.ha_listen)
+
+    @property
+    def ha(self) -> HAConfig:
+        return HAConfig(heartbeat_ms=self.ha_heartbeat_ms, housekeeping_ms=self.ha_housekeeping_ms,
+                        transfer_batch_bytes=self.ha_transfer_batch_bytes,
+                        max_not_catchup_ms=self.ha_max_time_slave_not_catchup_ms)
+
+    @property
+    def acks(self) -> AckSettings:
+        return AckSettings(self.in_sync_replicas, self.min_in_sync_replicas, self.all_ack_in_sync_state_set)
+
+    @property
+    def store_path(self) -> Path:
+        return Path(self.store_dir)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> BrokerConfig:
+        data = {k.replace("-", "_"): v for k, v in data.items()}
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ConfigError(f"unknown broker configuration keys: {', '.join(unknown)}")
+        missing = sorted(f.name for f in dataclasses.fields(cls)
+                         if f.default is dataclasses.MISSING and f.name not in data)
+        if missing:
+            raise ConfigError(f"broker configuration lacks {', '.join(missing)}")
+        return cls(**data)
+
+
+def load_broker_toml(path: str | Path) -> dict[str, Any]:
+    """A broker TOML file's keys (a `[broker]` table or top-level keys)."""
+    data = read_toml(path)
+    table = data.pop("broker", None)
+    if table is None:
+        return data
+    if not isinstance(table, dict):
+        raise ConfigError("[broker] must be a table")
+    return {**data, **table}

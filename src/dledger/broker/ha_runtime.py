@@ -1,0 +1,182 @@
+"""AutoSwitch HA on asyncio streams: the master's listener and the slave's connection loop.
+
+All protocol decisions are in the sans-I/O classes (ha_master, ha_slave, ha_service); this
+module only moves bytes and time. The master writes to a slave from one task per
+connection, woken when the log grows or the confirm offset moves, and waits for the socket
+to drain before reading more of the log (flow control: a slow slave holds one buffer, not
+the log).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import ssl
+import time
+from collections.abc import Callable
+
+from dledger.broker.ha_master import HAProtocolError
+from dledger.broker.ha_packets import PacketError
+from dledger.broker.ha_service import MasterHA
+from dledger.broker.ha_slave import SlaveClient
+from dledger.codes import DLedgerError
+
+log = logging.getLogger(__name__)
+
+READ_BYTES = 4 << 20
+WRITE_BYTES = 1 << 20  # transfer body per wake-up before draining
+RETRY_S = 0.2
+HA_ERRORS = (HAProtocolError, PacketError, DLedgerError, OSError, ConnectionError)
+
+
+def now_ms() -> int:
+    return time.monotonic_ns() // 1_000_000
+
+
+def _host_port(address: str) -> tuple[str, int]:
+    host, _, port = address.rpartition(":")
+    return host, int(port)
+
+
+class HAListener:
+    """The master's HA port. `master()` is the current MasterHA (None: not master, refuse);
+    `on_proposal` takes a SyncStateSet to propose, `on_ack` runs after every slave ack."""
+
+    def __init__(self, master: Callable[[], MasterHA | None], on_proposal: Callable[[frozenset[int]], None],
+                 on_ack: Callable[[], None], ssl_context: ssl.SSLContext | None = None) -> None:
+        self._master, self._on_proposal, self._on_ack = master, on_proposal, on_ack
+        self._ssl = ssl_context
+        self._server: asyncio.Server | None = None
+        self._wakers: set[asyncio.Event] = set()
+        self._writers: set[asyncio.StreamWriter] = set()
+
+    async def start(self, address: str) -> None:
+        host, port = _host_port(address)
+        self._server = await asyncio.start_server(self._serve, host, port, ssl=self._ssl)
+
+    async def close(self) -> None:
+        self.reset()
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+
+    def wake(self) -> None:
+        """The log grew or the confirm offset moved: writers look again."""
+        for w in self._wakers:
+            w.set()
+
+    def reset(self) -> None:
+        """Close every slave connection (an epoch or role change: they handshake again, #9689)."""
+        for w in list(self._writers):
+            w.close()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        ha = self._master()
+        if ha is None:
+            writer.close()
+            return
+        key, wake = object(), asyncio.Event()
+        ha.opened(key, now_ms())
+        self._wakers.add(wake)
+        self._writers.add(writer)
+        sender = asyncio.get_running_loop().create_task(self._write_loop(ha, key, writer, wake))
+        peer = writer.get_extra_info("peername")
+        try:
+            await self._read_loop(ha, key, reader, wake)
+        except HA_ERRORS as e:
+            log.warning("HA connection from %s closed: %s", peer, e)
+        finally:
+            sender.cancel()
+            with contextlib.suppress(asyncio.CancelledError, *HA_ERRORS):
+                await sender
+            self._wakers.discard(wake)
+            self._writers.discard(writer)
+            writer.close()
+            proposal = ha.closed(key)
+            if proposal is not None and ha is self._master():
+                self._on_proposal(proposal)
+
+    async def _read_loop(self, ha: MasterHA, key: object, reader: asyncio.StreamReader, wake: asyncio.Event) -> None:
+        while True:
+            try:
+                async with asyncio.timeout(ha.config.housekeeping_ms / 1000):
+                    data = await reader.read(READ_BYTES)
+            except TimeoutError:
+                raise HAProtocolError("the slave was silent for the housekeeping interval") from None
+            if not data or ha is not self._master():
+                return
+            proposal = ha.on_data(key, data, now_ms())
+            if proposal is not None:
+                self._on_proposal(proposal)
+            self._on_ack()
+            wake.set()
+
+    async def _write_loop(self, ha: MasterHA, key: object, writer: asyncio.StreamWriter, wake: asyncio.Event) -> None:
+        while True:
+            conn = ha.connections.get(key)
+            if conn is None:
+                return
+            frames = conn.output(now_ms(), ha.confirm_offset, WRITE_BYTES)
+            if frames:
+                writer.writelines(frames)
+                await writer.drain()
+            if not conn.pending or not frames:
+                wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(ha.config.heartbeat_ms / 2000):
+                        await wake.wait()
+
+
+class SlaveRunner:
+    """A slave's connection to its master's HA port, reconnecting until cancelled;
+    `on_progress` runs after every frame that changed the log or the confirm offset."""
+
+    def __init__(self, client: SlaveClient, master_ha_address: str, on_progress: Callable[[], None],
+                 ssl_context: ssl.SSLContext | None = None) -> None:
+        self.client, self.address, self._on_progress, self._ssl = client, master_ha_address, on_progress, ssl_context
+        self.connected = False
+
+    async def run(self) -> None:
+        host, port = _host_port(self.address)
+        while True:
+            try:
+                async with asyncio.timeout(2.0):
+                    reader, writer = await asyncio.open_connection(host, port, ssl=self._ssl)
+            except (OSError, TimeoutError) as e:
+                log.debug("HA connect to %s failed: %s", self.address, e)
+                await asyncio.sleep(RETRY_S)
+                continue
+            self.connected = True
+            try:
+                await self._session(reader, writer)
+            except HA_ERRORS as e:
+                log.warning("HA connection to master %s closed: %s", self.address, e)
+            finally:
+                self.connected = False
+                self.client.disconnected()
+                writer.close()
+            await asyncio.sleep(RETRY_S)
+
+    async def _session(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        c = self.client
+        writer.writelines(c.connected(now_ms()))
+        await writer.drain()
+        tick_s = min(c.config.heartbeat_ms, c.config.handshake_retry_ms) / 2000
+        while True:
+            data = b""
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(tick_s):
+                    data = await reader.read(READ_BYTES)
+                    if not data:
+                        return  # the master closed it
+            now = now_ms()
+            before = (c.log.max_offset, c.confirm_offset)
+            out = (c.receive(data, now) if data else []) + c.tick(now)
+            if c.expired(now):
+                raise HAProtocolError("the master was silent for the housekeeping interval")
+            if out:
+                writer.writelines(out)
+                await writer.drain()
+            if (c.log.max_offset, c.confirm_offset) != before:
+                self._on_progress()

@@ -1,0 +1,130 @@
+"""The master's HA service (CONTROLLER.md §4.9-§4.11, AutoSwitchHAService), sans-I/O: its slaves'
+connections, the SyncStateSet, the confirm offset and the producer-ack rule.
+
+Connections are keyed by whatever the runtime uses for them. Proposals to change the
+SyncStateSet come back from `on_data`, `closed` and `shrink` for the runtime to send to the
+controller; `set_sync_state_set` is what the controller confirmed. The confirm offset here is
+always the least ack of the set's members (upstream used the master's max offset unless
+all-ack was on: readers saw records that a failover could still lose).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from dataclasses import dataclass
+
+from dledger.broker.epoch_file import EpochFileCache
+from dledger.broker.ha_master import HAConfig, MasterConnection
+from dledger.broker.log import BrokerLog
+from dledger.broker.sync_state import SyncStateTracker
+
+ALL_ACK = -1  # MixAll.ALL_ACK_IN_SYNC_STATE_SET
+
+
+@dataclass(frozen=True)
+class AckSettings:
+    """§4.11: how many copies a send waits for (the master counts)."""
+
+    in_sync_replicas: int = 1
+    min_in_sync_replicas: int = 1
+    all_ack: bool = False  # allAckInSyncStateSet
+
+    @property
+    def need(self) -> int:
+        return ALL_ACK if self.all_ack else self.in_sync_replicas
+
+
+class MasterHA:
+    def __init__(self, broker_id: int, log: BrokerLog, epochs: EpochFileCache, config: HAConfig,
+                 sync_state_set: frozenset[int] | set[int] = frozenset(), confirm_offset: int = -1) -> None:
+        self.broker_id, self.log, self.epochs, self.config = broker_id, log, epochs, config
+        self.tracker = SyncStateTracker(broker_id, frozenset(sync_state_set))
+        self.connections: dict[Hashable, MasterConnection] = {}
+        self.confirm_offset = min(confirm_offset, log.max_offset)  # what this broker confirmed before
+        self.recompute_confirm()
+
+    # --- connections -------------------------------------------------------------------------
+
+    def opened(self, key: Hashable, now_ms: int) -> MasterConnection:
+        conn = self.connections[key] = MasterConnection(self.log, self.epochs, now_ms, self.config)
+        return conn
+
+    def on_data(self, key: Hashable, data: bytes, now_ms: int) -> frozenset[int] | None:
+        """Bytes from a slave; a SyncStateSet to propose, or None."""
+        conn = self.connections[key]
+        proposal = None
+        for ack in conn.receive(data, now_ms):
+            if conn.async_learner:
+                continue
+            self.tracker.on_ack(conn.slave_id, ack, self.log.max_offset, conn.last_master_max, conn.last_transfer_ms,
+                                now_ms)
+            start = self.epochs.entries[-1].start if self.epochs.entries else 0
+            proposal = self.tracker.maybe_expand(conn.slave_id, ack, self.confirm_offset, start) or proposal
+            self.recompute_confirm()
+        return proposal
+
+    def closed(self, key: Hashable) -> frozenset[int] | None:
+        """A connection is gone; its slave is proposed out of the set (removeConnection)."""
+        conn = self.connections.pop(key, None)
+        if conn is None or conn.slave_id == -1 or self._connected(conn.slave_id):
+            return None
+        return self.tracker.connection_closed(conn.slave_id)
+
+    def _connected(self, slave_id: int) -> bool:
+        return any(c.slave_id == slave_id for c in self.connections.values())
+
+    def expired(self, now_ms: int) -> list[Hashable]:
+        return [k for k, c in self.connections.items() if c.expired(now_ms)]
+
+    # --- the SyncStateSet ----------------------------------------------------------------------
+
+    def shrink(self, now_ms: int) -> frozenset[int] | None:
+        return self.tracker.maybe_shrink(now_ms, self.config.max_not_catchup_ms)
+
+    def set_sync_state_set(self, members: frozenset[int] | set[int]) -> None:
+        self.tracker.confirmed(members)
+        self.recompute_confirm()
+
+    def proposal_failed(self) -> None:
+        """The controller refused the proposal: the confirmed set stands (and is re-proposed
+        by the next check if still wanted)."""
+        self.tracker.proposed = None
+        self.recompute_confirm()
+
+    # --- confirm offset and acks ---------------------------------------------------------------
+
+    def _acks(self) -> dict[int, int]:
+        acks: dict[int, int] = {}
+        for c in self.connections.values():
+            if c.slave_id != -1 and not c.async_learner:
+                acks[c.slave_id] = max(acks.get(c.slave_id, -1), c.ack_offset)
+        return acks
+
+    def recompute_confirm(self) -> int:
+        """The confirm offset only grows (a connection that re-handshakes acks less at first)."""
+        c = self.tracker.confirm_offset(self._acks(), self.log.max_offset, self.confirm_offset)
+        self.confirm_offset = max(self.confirm_offset, c)
+        return self.confirm_offset
+
+    def refuse_reason(self, acks: AckSettings) -> str | None:
+        """Why a send is refused before it is written (IN_SYNC_REPLICAS_NOT_ENOUGH), or None."""
+        n = self.tracker.in_sync_replicas
+        if n < acks.min_in_sync_replicas:
+            return f"in-sync replicas not enough: {n} in the SyncStateSet, min-in-sync-replicas is " \
+                   f"{acks.min_in_sync_replicas}"
+        return None
+
+    def acked(self, next_offset: int, need: int) -> bool:
+        """GroupTransferService: are the bytes up to `next_offset` on enough replicas?"""
+        if need in (0, 1):
+            return True
+        if need == ALL_ACK:
+            members = self.tracker.effective
+            if len(members) <= 1:
+                return True
+            acks = self._acks()
+            return 1 + sum(1 for i in members if i != self.broker_id and acks.get(i, -1) >= next_offset) >= len(members)
+        # upstream counted any connection here, a learner's or a non-member's too ([finding]): members only
+        acks = self._acks()
+        members = self.tracker.effective
+        return 1 + sum(1 for i, a in acks.items() if i in members and a >= next_offset) >= need

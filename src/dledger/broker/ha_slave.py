@@ -1,0 +1,137 @@
+"""A slave's HA client (CONTROLLER.md §4.7, AutoSwitchHAClient), sans-I/O.
+
+READY -> (connected) HANDSHAKE -> (answer: truncate at the consistent point) TRANSFER.
+The slave computes where its log stops agreeing with the master's (`find_consistent_point`
+over both epoch lists), cuts its log there (the store zeroes and fsyncs what it cuts, before
+anything is acked: #10666) and then appends the master's records verbatim, one epoch per
+frame. Acks go out after every append and, when idle, every heartbeat interval; an empty
+slave acks at once (upstream waited a heartbeat interval).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from dledger.broker.epoch_file import EpochFileCache, find_consistent_point
+from dledger.broker.ha_master import HAConfig, HAProtocolError
+from dledger.broker.ha_packets import Ack, Handshake, HandshakeAnswer, HAState, MasterPacketReader, Transfer
+from dledger.broker.log import BrokerLog
+from dledger.entry import HEADER
+from dledger.store.base import StoreError
+
+log = logging.getLogger(__name__)
+
+
+class SlaveClient:
+    def __init__(self, broker_id: int, log_: BrokerLog, epochs: EpochFileCache, config: HAConfig) -> None:
+        self.broker_id, self.log, self.epochs, self.config = broker_id, log_, epochs, config
+        self.state = HAState.READY
+        self.confirm_offset = -1
+        self.reported = -1  # currentReportedOffset
+        self.received_epoch = -1  # currentReceivedEpoch
+        self.truncated_at: int | None = None  # the last handshake's cut, when it removed bytes
+        self.last_read_ms = 0
+        self.last_write_ms = 0
+        self._handshake_ms = 0
+        self._reader = MasterPacketReader()
+
+    def connected(self, now_ms: int) -> list[bytes]:
+        self.state, self.received_epoch = HAState.HANDSHAKE, -1
+        self._reader = MasterPacketReader()
+        self.last_read_ms = now_ms
+        return [self._handshake(now_ms)]
+
+    def disconnected(self) -> None:
+        self.state = HAState.READY
+
+    def _handshake(self, now_ms: int) -> bytes:
+        self._handshake_ms = self.last_write_ms = now_ms
+        return Handshake(self.broker_id).encode()
+
+    def expired(self, now_ms: int) -> bool:
+        return self.state != HAState.READY and now_ms - self.last_read_ms > self.config.housekeeping_ms
+
+    def tick(self, now_ms: int) -> list[bytes]:
+        """Packets due by time: a repeated handshake, an idle heartbeat ack."""
+        if self.state == HAState.HANDSHAKE and now_ms - self._handshake_ms >= self.config.handshake_retry_ms:
+            return [self._handshake(now_ms)]
+        if self.state == HAState.TRANSFER and now_ms - self.last_write_ms >= self.config.heartbeat_ms:
+            return [self._ack(now_ms)]
+        return []
+
+    def _ack(self, now_ms: int) -> bytes:
+        self.reported = self.log.max_offset
+        self.last_write_ms = now_ms
+        return Ack(self.reported).encode()
+
+    def receive(self, data: bytes, now_ms: int) -> list[bytes]:
+        """What the master sent; the acks to write (HAProtocolError, PacketError or
+        StoreError: close the connection and start over)."""
+        self.last_read_ms = now_ms
+        grew = False
+        for p in self._reader.feed(data):
+            if isinstance(p, HandshakeAnswer):
+                if self.state != HAState.HANDSHAKE:
+                    continue  # an answer to a repeated handshake: the first one was acted on
+                self._truncate(p)
+                self.state = HAState.TRANSFER
+                grew = True  # ack at once, even an empty log: the master starts from it
+            else:
+                assert isinstance(p, Transfer)
+                grew |= self._on_transfer(p)
+        return [self._ack(now_ms)] if grew else []
+
+    def _truncate(self, answer: HandshakeAnswer) -> None:
+        """doTruncate: cut the log where it stops agreeing with the master's."""
+        local_max = self.log.max_offset
+        if not self.epochs.entries:
+            cut = self.log.min_offset  # a new replica (or records of no known epoch: fetch them again)
+        else:
+            master = EpochFileCache()
+            for e in answer.entries:
+                master.append_entry(e.epoch, e.start)
+            cut = find_consistent_point(self.epochs.with_last_end(local_max), master.with_last_end(answer.max_offset))
+            if cut < 0:
+                raise HAProtocolError(f"no consistent point with the master (local epochs {self.epochs.entries}, "
+                                      f"the master's {list(answer.entries)}): an operator must act")
+        if cut < local_max:
+            self.log.truncate_to(cut)
+            self.truncated_at = cut
+            log.warning("slave %d: truncated its log from %d to %d (not on the master)", self.broker_id,
+                        local_max, self.log.max_offset)
+        # epochs that wrote nothing we keep (an old master's empty last epoch) go too
+        self.epochs.truncate_suffix_by_offset(self.log.max_offset)
+        self.confirm_offset = min(self.confirm_offset, self.log.max_offset)
+
+    def _on_transfer(self, t: Transfer) -> bool:
+        if self.state != HAState.TRANSFER:
+            raise HAProtocolError("a transfer frame before the handshake answer")
+        if t.body:
+            if t.offset < self.log.max_offset:
+                raise HAProtocolError(f"a frame at {t.offset} overlaps the log ending at {self.log.max_offset}")
+            if t.epoch < 0 or t.epoch < self.epochs.last_epoch:
+                raise HAProtocolError(f"a frame of epoch {t.epoch} after epoch {self.epochs.last_epoch}")
+            _check_terms(t.body, t.epoch)
+            if t.epoch != self.received_epoch:
+                self.epochs.append_entry(t.epoch, t.epoch_start)  # refused (not newer) when we have it
+                self.received_epoch = t.epoch
+            if self.epochs.last_epoch != t.epoch:
+                raise HAProtocolError(f"a frame of epoch {t.epoch} our epoch file cannot take")
+            try:
+                self.log.append_records(t.body)
+            except StoreError as e:
+                raise HAProtocolError(f"records at {t.offset} do not follow our log: {e.message}") from e
+        self.confirm_offset = max(self.confirm_offset, min(t.confirm_offset, self.log.max_offset))
+        return bool(t.body)
+
+
+def _check_terms(body: bytes, epoch: int) -> None:
+    """Every record of a frame was written in the frame's epoch (a record's term is its epoch)."""
+    off, n = 0, len(body)
+    while off + HEADER.size <= n:
+        _, size, _, term, *_ = HEADER.unpack_from(body, off)
+        if term != epoch:
+            raise HAProtocolError(f"a record of epoch {term} in a frame of epoch {epoch}")
+        if size < HEADER.size:
+            raise HAProtocolError(f"a record of {size} bytes")
+        off += size

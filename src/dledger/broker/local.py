@@ -1,0 +1,142 @@
+"""A local controller mode deployment: a controller group and broker sets as processes, for
+`dledger cluster --mode controller`, the demo, the benchmarks and the tests."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from dledger.broker import messages as bm
+from dledger.broker.client import BrokerClient
+from dledger.codes import DLedgerError, ResponseCode
+from dledger.config import Peer, format_peers
+from dledger.local_cluster import local_cluster, stop_processes
+from dledger.ports import port_free
+
+log = logging.getLogger(__name__)
+
+CLUSTER = "DefaultCluster"
+
+
+@dataclass(frozen=True)
+class BrokerSpec:
+    name: str  # the broker set
+    replica: int  # 0.. within the set
+    port: int
+    ha_port: int
+    store_dir: Path
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def key(self) -> str:
+        return f"{self.name}/r{self.replica}"
+
+
+class local_broker_cluster:
+    """Controllers on base_port.., brokers from base_port + 100 (client port, HA port + 1)."""
+
+    def __init__(self, data_dir: Path, controllers: int = 3, broker_sets: int = 2, replicas: int = 2,
+                 base_port: int = 30911, broker_args: list[str] | None = None,
+                 controller_args: list[str] | None = None) -> None:
+        self.data_dir = data_dir
+        self.peers = format_peers({f"c{k}": Peer(f"c{k}", "127.0.0.1", base_port + k) for k in range(controllers)})
+        self.controller_ports = [base_port + k for k in range(controllers)]
+        self.controller = ";".join(f"127.0.0.1:{p}" for p in self.controller_ports)
+        self.broker_args = broker_args or []
+        self.specs: dict[str, BrokerSpec] = {}
+        port = base_port + 100
+        for s in range(broker_sets):
+            for r in range(replicas):
+                spec = BrokerSpec(f"b{s}", r, port, port + 1, data_dir / "brokers" / f"b{s}" / f"r{r}")
+                self.specs[spec.key] = spec
+                port += 2
+        self.controllers = local_cluster(self.peers, "controller", data_dir / "controllers",
+                                         extra=controller_args or [], command="controller")
+        self.brokers: dict[str, subprocess.Popen[bytes]] = {}
+
+    @property
+    def broker_names(self) -> list[str]:
+        return sorted({s.name for s in self.specs.values()})
+
+    def busy_ports(self) -> list[str]:
+        busy = [f"{p} (controller c{k})" for k, p in enumerate(self.controller_ports) if not port_free(p)]
+        for s in self.specs.values():
+            busy += [f"{port} ({s.key})" for port in (s.port, s.ha_port) if not port_free(port)]
+        return busy
+
+    def start_broker(self, key: str, extra: list[str] | None = None) -> subprocess.Popen[bytes]:
+        s = self.specs[key]
+        cmd = [sys.executable, "-m", "dledger", "broker", "--cluster", CLUSTER, "--name", s.name,
+               "--controller", self.controller, "--listen", s.address, "--ha-listen", f"127.0.0.1:{s.ha_port}",
+               "--store-dir", str(s.store_dir), *self.broker_args, *(extra or [])]
+        p = subprocess.Popen(cmd)
+        self.brokers[key] = p
+        return p
+
+    def kill_broker(self, key: str) -> None:
+        """SIGKILL: no shutdown code runs (a crash)."""
+        p = self.brokers.pop(key)
+        p.send_signal(signal.SIGKILL)
+        p.wait()
+
+    def stop_broker(self, key: str) -> None:
+        stop_processes([self.brokers.pop(key)])
+
+    def __enter__(self) -> local_broker_cluster:
+        self.controllers.__enter__()
+        try:
+            for key in self.specs:
+                self.start_broker(key)
+            self.wait_masters(60.0)
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        stop_processes(self.brokers.values())
+        self.brokers.clear()
+        self.controllers.__exit__()
+
+    def client(self, broker: str, timeout: float = 10.0) -> BrokerClient:
+        return BrokerClient(self.controller, broker, timeout)
+
+    def info(self, key: str) -> bm.RuntimeInfo:
+        with self.client(self.specs[key].name, timeout=2.0) as c:
+            return c.info(self.specs[key].address)
+
+    def master_of(self, broker: str) -> str | None:
+        """The key of the broker set's master, as the replicas themselves say."""
+        for key, s in self.specs.items():
+            if s.name == broker and key in self.brokers:
+                try:
+                    if self.info(key).role == "MASTER":
+                        return key
+                except DLedgerError:
+                    continue
+        return None
+
+    def wait_masters(self, timeout: float) -> None:
+        """Until every broker set has a master and every running replica has its role."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for key, p in self.brokers.items():
+                if p.poll() is not None:
+                    raise DLedgerError(ResponseCode.NETWORK_ERROR, f"broker {key} exited with code {p.returncode}")
+            try:
+                roles = {key: self.info(key).role for key in self.brokers}
+            except DLedgerError:
+                roles = {}
+            if roles and "FENCED" not in roles.values() and all(
+                    any(roles.get(k) == "MASTER" for k in roles if k.startswith(f"{n}/")) for n in self.broker_names):
+                return
+            time.sleep(0.2)
+        raise DLedgerError(ResponseCode.TIMEOUT, f"broker sets did not get their masters in {timeout:.0f} s")

@@ -1,0 +1,88 @@
+"""What clients send a broker and what it answers: msgspec structs as msgpack in the frame's meta
+(SPEC §3 framing). Request codes are RocketMQ's where it has one (SEND_MESSAGE 10,
+PULL_MESSAGE 11, GET_BROKER_RUNTIME_INFO 28); the controller's NOTIFY_BROKER_ROLE_CHANGED
+(1008) arrives on the same listener. Bounds are checked on decode.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+from typing import Annotated
+
+import msgspec
+
+MAX_BATCH = 10_000
+
+
+class BrokerRequestCode(IntEnum):
+    SEND_MESSAGE = 10
+    PULL_MESSAGE = 11
+    GET_BROKER_RUNTIME_INFO = 28
+
+
+class SendRequest(msgspec.Struct, omit_defaults=True):
+    broker_name: str = ""  # checked: a client that found the wrong broker learns it
+    bodies: Annotated[list[bytes], msgspec.Meta(min_length=1, max_length=MAX_BATCH)] = []
+
+
+class SendResponse(msgspec.Struct, omit_defaults=True):
+    epoch: int
+    first_index: int
+    offsets: list[int]  # each body's offset (record position)
+
+
+class PullRequest(msgspec.Struct, omit_defaults=True):
+    broker_name: str = ""
+    from_index: Annotated[int, msgspec.Meta(ge=0)] = 0
+    max_entries: Annotated[int, msgspec.Meta(ge=1, le=MAX_BATCH)] = 1000
+    wait_ms: Annotated[int, msgspec.Meta(ge=0, le=60_000)] = 0  # long poll: wait for something new
+
+
+class PulledEntry(msgspec.Struct, array_like=True):
+    index: int
+    offset: int
+    epoch: int
+    body: bytes
+
+
+class PullResponse(msgspec.Struct, omit_defaults=True):
+    entries: list[PulledEntry] = []
+    next_index: int = 0
+    begin_index: int = 0
+    confirm_offset: int = -1
+
+
+class RuntimeInfoRequest(msgspec.Struct, omit_defaults=True):
+    pass
+
+
+class RuntimeInfo(msgspec.Struct, omit_defaults=True):
+    cluster: str
+    broker_name: str
+    broker_id: int
+    role: str  # FENCED | MASTER | SLAVE
+    master_epoch: int
+    master_id: int | None
+    master_address: str | None
+    sync_state_set: list[int]
+    sync_state_set_epoch: int
+    max_offset: int
+    confirm_offset: int
+    end_index: int
+    lease_ms_left: int
+    truncated_at: int | None = None  # the last truncation of an unconfirmed tail (slave handshake)
+    registered: bool = False
+
+
+_enc = msgspec.msgpack.Encoder()
+DECODE_ERRORS = (msgspec.DecodeError, UnicodeDecodeError)
+
+
+def encode(msg: msgspec.Struct) -> bytes:
+    return _enc.encode(msg)
+
+send_request = msgspec.msgpack.Decoder(SendRequest)
+send_response = msgspec.msgpack.Decoder(SendResponse)
+pull_request = msgspec.msgpack.Decoder(PullRequest)
+pull_response = msgspec.msgpack.Decoder(PullResponse)
+runtime_info = msgspec.msgpack.Decoder(RuntimeInfo)

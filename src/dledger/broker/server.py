@@ -1,0 +1,516 @@
+"""A broker of a broker set (`dledger broker`): registration, roles, HA, sends and reads.
+
+Startup (CONTROLLER.md §1.4): fenced (no writes) until registered with a persistent id;
+then the role comes from the controller (register answer, an election it asks for, NOTIFY,
+or the replica-info poll). Role changes (§6) run one at a time and only for a higher
+master epoch. A master appends its epoch to the epoch file before writing in it and closes
+every HA connection on any epoch change (#9689).
+
+Master lease (beyond upstream, #7017/#6662): every heartbeat asks for `lease_ms`; the
+controller leader grants it only to the master at its epoch, and counts the master alive for
+lease + drift after its last heartbeat (even when its connection closes). A master answers a
+send only while its lease (from the heartbeat's send time) holds, so it has stopped
+acknowledging before any replacement can be elected.
+
+Acks (§4.11): a send is refused before it is written when fewer than min-in-sync-replicas
+are in the SyncStateSet (IN_SYNC_REPLICAS_NOT_ENOUGH); after the write it waits until
+in-sync-replicas copies (or every SyncStateSet member with all-ack) have it, at most
+slave_timeout_ms (then FLUSH_SLAVE_TIMEOUT: written, not acknowledged). Reads return only
+records up to the confirm offset.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import deque
+from collections.abc import Coroutine
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+from dledger.broker import messages as bm
+from dledger.broker.config import BrokerConfig, split_address
+from dledger.broker.epoch_file import EpochFileCache
+from dledger.broker.ha_runtime import HAListener, SlaveRunner, now_ms
+from dledger.broker.ha_service import MasterHA
+from dledger.broker.ha_slave import SlaveClient
+from dledger.broker.identity import Registration
+from dledger.broker.log import BrokerLog
+from dledger.codes import ControllerRequestCode, DLedgerError, ResponseCode
+from dledger.codes import ControllerResponseCode as RC
+from dledger.controller import messages as cm
+from dledger.controller.client import ControllerClient
+from dledger.fsutil import write_atomic
+from dledger.runtime.transport import Caller, Message, Respond, TransportServer, encode_error
+from dledger.store.durability import DurabilityWaiter
+from dledger.store.file import FileLedgerStore
+
+log = logging.getLogger(__name__)
+
+NOTIFY = int(ControllerRequestCode.NOTIFY_BROKER_ROLE_CHANGED)
+EPOCH_FILE = "epochFileCheckpoint"
+CONFIRM_FILE = "confirmOffset"
+HOUSEKEEPING_S = 0.1
+STARTUP_RETRY_S = 0.5  # upstream: 5 s
+
+
+class Role(Enum):
+    FENCED = "FENCED"
+    MASTER = "MASTER"
+    SLAVE = "SLAVE"
+
+
+@dataclass
+class _Waiter:
+    next_offset: int
+    deadline_ms: int
+    future: asyncio.Future[None]
+
+
+def _error(code: ResponseCode, text: str) -> Message:
+    return Message(int(code), encode_error(text))
+
+
+class BrokerServer:
+    def __init__(self, config: BrokerConfig) -> None:
+        self.config = config
+        root = config.store_path
+        root.mkdir(parents=True, exist_ok=True)
+        self.store = FileLedgerStore(root / "commitlog", data_file_size=config.data_file_size, flush=config.flush)
+        self.log = BrokerLog(self.store)
+        self.epochs = EpochFileCache(root / EPOCH_FILE)
+        # epochs that begin past what recovery kept wrote nothing we have
+        self.epochs.truncate_suffix_by_offset(self.log.max_offset + 1)
+        self.registration = Registration(root, config.cluster, config.name, config.address)
+        self.controller = ControllerClient(config.controller, timeout=3.0)
+        self.role = Role.FENCED
+        self.master_epoch = 0
+        self.master_id: int | None = None
+        self.master_address: str | None = None
+        self.sync_state_set: frozenset[int] = frozenset()
+        self.sync_state_set_epoch = 0
+        self.master_ha: MasterHA | None = None
+        self.slave: SlaveClient | None = None
+        self.truncated_at: int | None = None
+        self._slave_task: asyncio.Task[None] | None = None
+        self._confirm = self._load_confirm()
+        self._saved_confirm = self._confirm
+        self.lease_until_ms = 0
+        self._waiters: deque[_Waiter] = deque()
+        self._progress = asyncio.Event()  # the confirm offset moved (long-polling readers)
+        self._role_lock = asyncio.Lock()
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._durable: DurabilityWaiter | None = None
+        self.transport = TransportServer(direct=self._handle)
+        self.ha = HAListener(lambda: self.master_ha, self._propose, self._on_slave_ack)
+
+    # --- lifecycle -------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        host, _, port = self.config.listen.rpartition(":")
+        await self.transport.start(host, int(port))
+        await self.ha.start(self.config.ha_listen)
+        self._durable = DurabilityWaiter(self.store)
+        for coro in (self._startup(), self._beat_forever(), self._housekeep_forever()):
+            self._spawn(coro)
+
+    async def stop(self) -> None:
+        for t in list(self._tasks) + ([self._slave_task] if self._slave_task else []):
+            t.cancel()
+        for t in list(self._tasks) + ([self._slave_task] if self._slave_task else []):
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+        await self.ha.close()
+        await self.transport.close()
+        await self.controller.close()
+        self._save_confirm()
+        self.store.close()
+
+    def _spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    # --- the confirm offset ------------------------------------------------------------------
+
+    def _load_confirm(self) -> int:
+        try:
+            value = int((self.config.store_path / CONFIRM_FILE).read_text())
+        except (FileNotFoundError, ValueError):
+            return -1
+        return max(min(value, self.log.max_offset), -1)  # recovery may have cut the log below it
+
+    def _save_confirm(self) -> None:
+        value = self.confirm_offset
+        if value != self._saved_confirm:
+            write_atomic(self.config.store_path / CONFIRM_FILE, str(value).encode())
+            self._saved_confirm = value
+
+    @property
+    def confirm_offset(self) -> int:
+        if self.master_ha is not None:
+            self._confirm = max(self._confirm, self.master_ha.confirm_offset)
+        elif self.slave is not None:
+            self._confirm = max(self._confirm, min(self.slave.confirm_offset, self.log.max_offset))
+        return min(self._confirm, self.log.max_offset)
+
+    # --- registration and roles (§1.3, §1.4, §6) ---------------------------------------------
+
+    async def _startup(self) -> None:
+        """Register, learn (or ask for) the master, then poll replica info forever."""
+        while self.role == Role.FENCED:
+            try:
+                if await self._register_and_take_role():
+                    break
+            except DLedgerError as e:
+                log.info("broker %s: controller not reachable yet: %s", self.config.name, e.message)
+            await asyncio.sleep(STARTUP_RETRY_S)
+        while True:
+            await asyncio.sleep(self.config.sync_metadata_ms / 1000)
+            with contextlib.suppress(DLedgerError):
+                await self._sync_metadata()
+
+    async def _register_and_take_role(self) -> bool:
+        if not await self.registration.register(self.controller):
+            return False
+        log.info("broker %s registered as id %d", self.config.name, self.registration.broker_id)
+        await self._heartbeat()
+        resp = self.registration.response
+        if resp is None or resp.master_broker_id is None or resp.master_address is None:
+            resp = await self.controller.elect_master(self.config.name, self.registration.broker_id,
+                                                      cluster=self.config.cluster)
+            if resp.code not in (RC.SUCCESS, RC.CONTROLLER_MASTER_STILL_EXIST):
+                log.info("broker %s: no master yet (%s)", self.config.name, resp.remark or resp.code)
+                return False
+        return await self._apply_replica_info(resp)
+
+    async def _sync_metadata(self) -> None:
+        """schedulingSyncBrokerMetadata: the controller's view of our set."""
+        resp = await self.controller.get_replica_info(self.config.name)
+        if resp.code == RC.CONTROLLER_BROKER_METADATA_NOT_EXIST:
+            await self.registration.register(self.controller)
+            return
+        if resp.code != RC.SUCCESS or resp.master_epoch is None:
+            return
+        if resp.master_epoch > self.master_epoch:
+            if resp.master_broker_id is None:
+                await self.controller.elect_master(self.config.name, self.registration.broker_id,
+                                                   cluster=self.config.cluster)
+                return
+            await self._apply_replica_info(resp)
+        elif resp.master_epoch == self.master_epoch and self.role == Role.MASTER:
+            await self._change_sync_state_set(set(resp.sync_state_set or ()), resp.sync_state_set_epoch or 0)
+
+    async def _apply_replica_info(self, resp: cm.Response) -> bool:
+        if resp.master_broker_id is None or resp.master_address is None or resp.master_epoch is None:
+            return False
+        await self.change_role(resp.master_broker_id, resp.master_address, resp.master_epoch,
+                               resp.sync_state_set_epoch or 0, set(resp.sync_state_set or ()))
+        return self.role != Role.FENCED
+
+    async def change_role(self, master_id: int, master_address: str, master_epoch: int, sss_epoch: int,
+                          sss: set[int]) -> None:
+        """changeBrokerRole: only a higher master epoch changes anything."""
+        async with self._role_lock:
+            if master_epoch <= self.master_epoch:
+                if master_epoch == self.master_epoch and self.role == Role.MASTER:
+                    await self._change_sync_state_set(sss, sss_epoch)
+                return
+            if master_epoch < self.epochs.last_epoch:
+                log.error("broker %s: refusing master epoch %d below our last epoch %d", self.config.name,
+                          master_epoch, self.epochs.last_epoch)
+                return
+            if master_id == self.registration.broker_id:
+                self._to_master(master_epoch, sss_epoch, sss)
+            else:
+                await self._to_slave(master_id, master_address, master_epoch)
+
+    def _to_master(self, epoch: int, sss_epoch: int, sss: set[int]) -> None:
+        """changeToMaster (§6.1): the log is kept as it is (its valid unconfirmed tail becomes
+        part of the new epoch, as upstream and Raft leaders do); a new epoch entry begins at
+        the log's end."""
+        self._stop_slave()
+        self.ha.reset()
+        self._fail_waiters(ResponseCode.FLUSH_SLAVE_TIMEOUT, "the master changed before the send was acknowledged")
+        confirm = self.confirm_offset
+        self.master_epoch, self.master_id = epoch, self.registration.broker_id
+        self.master_address = self.config.address
+        self.sync_state_set, self.sync_state_set_epoch = frozenset(sss), sss_epoch
+        self.epochs.append_entry(epoch, self.log.max_offset)
+        self.lease_until_ms = 0  # a new lease, for this epoch
+        self.master_ha = MasterHA(self.registration.broker_id, self.log, self.epochs, self.config.ha, sss, confirm)
+        self.role = Role.MASTER
+        log.warning("broker %s id %d: MASTER at epoch %d (log ends at %d, confirmed %d)", self.config.name,
+                    self.master_id, epoch, self.log.max_offset, self.master_ha.confirm_offset)
+        self._spawn(self._heartbeat())  # the lease, now
+
+    async def _to_slave(self, master_id: int, master_address: str, epoch: int) -> None:
+        """changeToSlave (§6.2): connect to the master's HA address (from the controller)."""
+        was_master = self.master_ha is not None
+        self.master_ha = None
+        self.ha.reset()
+        self._fail_waiters(ResponseCode.FLUSH_SLAVE_TIMEOUT, "the broker became a slave before the send was "
+                           "acknowledged (it may be kept or truncated)")
+        self.master_epoch, self.master_id, self.master_address = epoch, master_id, master_address
+        self.lease_until_ms = 0
+        _, ha_address = split_address(master_address)
+        self._stop_slave()
+        self.slave = SlaveClient(self.registration.broker_id, self.log, self.epochs, self.config.ha)
+        self.slave.confirm_offset = self._confirm
+        if ha_address:
+            runner = SlaveRunner(self.slave, ha_address, self._on_slave_progress)
+            self._slave_task = asyncio.get_running_loop().create_task(runner.run())
+        self.role = Role.SLAVE
+        log.warning("broker %s id %d: SLAVE of %d at epoch %d%s", self.config.name, self.registration.broker_id,
+                    master_id, epoch, " (was master)" if was_master else "")
+
+    def _stop_slave(self) -> None:
+        if self._slave_task is not None:
+            self._slave_task.cancel()
+            self._slave_task = None
+        if self.slave is not None:
+            self._confirm = max(self._confirm, min(self.slave.confirm_offset, self.log.max_offset))
+            self.truncated_at = self.slave.truncated_at if self.slave.truncated_at is not None else self.truncated_at
+        self.slave = None
+
+    def _on_slave_progress(self) -> None:
+        if self.slave is not None and self.slave.truncated_at is not None:
+            self.truncated_at = self.slave.truncated_at
+        self._progress.set()
+
+    async def _change_sync_state_set(self, sss: set[int], epoch: int) -> None:
+        """changeSyncStateSet: a newer set the controller confirmed."""
+        if epoch > self.sync_state_set_epoch and self.master_ha is not None:
+            self.sync_state_set, self.sync_state_set_epoch = frozenset(sss), epoch
+            self.master_ha.set_sync_state_set(sss)
+            self._after_confirm_change()
+
+    # --- SyncStateSet proposals (§4.9, §6.4) --------------------------------------------------
+
+    def _propose(self, proposal: frozenset[int]) -> None:
+        self._spawn(self._alter(proposal))
+
+    async def _alter(self, proposal: frozenset[int]) -> None:
+        async with self._role_lock:
+            ha = self.master_ha
+            if ha is None or ha.tracker.proposed != proposal:
+                return  # superseded
+            try:
+                resp = await self.controller.alter_sync_state_set(self.config.name, self.registration.broker_id,
+                                                                  self.master_epoch, proposal,
+                                                                  self.sync_state_set_epoch)
+            except DLedgerError as e:
+                # no answer: it may have been applied (#5663); the union rule holds until a
+                # metadata sync tells us the set the controller has
+                log.warning("broker %s: SyncStateSet %s not confirmed: %s", self.config.name, sorted(proposal),
+                            e.message)
+                return
+            if resp.code == RC.SUCCESS and resp.new_sync_state_set_epoch is not None:
+                self.sync_state_set = frozenset(resp.sync_state_set or proposal)
+                self.sync_state_set_epoch = resp.new_sync_state_set_epoch
+                ha.set_sync_state_set(self.sync_state_set)
+                log.info("broker %s: SyncStateSet %s (epoch %d)", self.config.name, sorted(self.sync_state_set),
+                         self.sync_state_set_epoch)
+            else:
+                log.warning("broker %s: SyncStateSet %s refused: %s", self.config.name, sorted(proposal),
+                            resp.remark or resp.code)
+                ha.proposal_failed()
+            self._after_confirm_change()
+
+    # --- heartbeats and the lease (§1.5) -----------------------------------------------------
+
+    async def _beat_forever(self) -> None:
+        while True:
+            if self.registration.broker_id != -1:
+                await self._heartbeat()
+            await asyncio.sleep(self.config.heartbeat_interval_ms / 1000)
+
+    async def _heartbeat(self) -> None:
+        master = self.role == Role.MASTER
+        hb = cm.BrokerHeartbeat(self.config.cluster, self.config.address, self.config.name,
+                                self.registration.broker_id, self.epochs.last_epoch, self.log.max_offset,
+                                self.confirm_offset, election_priority=self.config.election_priority,
+                                lease_ms=self.config.lease_ms if master else 0)
+        sent, epoch = now_ms(), self.master_epoch
+        timeout = self.config.heartbeat_interval_ms * 3 / 1000
+        results = await asyncio.gather(*(self.controller.call_at(a, hb, timeout) for a in self.controller.addresses),
+                                       return_exceptions=True)
+        granted = any(isinstance(r, cm.Response) and r.lease_granted for r in results)
+        if granted and master and self.master_epoch == epoch and self.role == Role.MASTER:
+            self.lease_until_ms = max(self.lease_until_ms, sent + self.config.lease_ms)
+        elif master:
+            remark = next((r.remark for r in results if isinstance(r, cm.Response) and r.remark), "")
+            if remark:
+                log.warning("broker %s: %s", self.config.name, remark)
+
+    def lease_valid(self) -> bool:
+        return self.role == Role.MASTER and now_ms() < self.lease_until_ms
+
+    # --- housekeeping --------------------------------------------------------------------------
+
+    async def _housekeep_forever(self) -> None:
+        last_check = last_save = now_ms()
+        while True:
+            await asyncio.sleep(HOUSEKEEPING_S)
+            now = now_ms()
+            self._expire_waiters(now)
+            ha = self.master_ha
+            if ha is not None and now - last_check >= self.config.check_sync_state_set_ms:
+                last_check = now
+                proposal = ha.shrink(now)
+                if proposal is not None:
+                    self._propose(proposal)
+            if now - last_save >= 1000:
+                last_save = now
+                with contextlib.suppress(OSError):
+                    await asyncio.to_thread(self._save_confirm)
+
+    # --- client requests ---------------------------------------------------------------------
+
+    def _handle(self, msg: Message, respond: Respond, caller: Caller) -> None:
+        code = msg.code
+        if code == bm.BrokerRequestCode.SEND_MESSAGE:
+            self._spawn(self._answer(self._send(msg), respond))
+        elif code == bm.BrokerRequestCode.PULL_MESSAGE:
+            self._spawn(self._answer(self._pull(msg), respond))
+        elif code == bm.BrokerRequestCode.GET_BROKER_RUNTIME_INFO:
+            respond(Message(int(ResponseCode.SUCCESS), bm.encode(self.runtime_info())))
+        elif code == NOTIFY:
+            respond(self._notify(msg))
+        else:
+            respond(_error(ResponseCode.UNSUPPORTED, f"a broker does not serve request code {code}"))
+
+    async def _answer(self, work: Coroutine[Any, Any, Message], respond: Respond) -> None:
+        try:
+            reply = await work
+        except DLedgerError as e:
+            reply = _error(e.code, e.message)
+        except Exception as e:  # a bug: the client gets an answer, not a timeout
+            log.exception("broker request failed")
+            reply = _error(ResponseCode.INTERNAL_ERROR, f"{type(e).__name__}: {e}")
+        respond(reply)
+
+    def _notify(self, msg: Message) -> Message:
+        try:
+            req = cm.decode_request(msg.code, msg.meta)
+        except cm.DECODE_ERRORS as e:
+            return _error(ResponseCode.UNEXPECTED_ARGUMENT, f"malformed NOTIFY_BROKER_ROLE_CHANGED: {e}")
+        assert isinstance(req, cm.NotifyBrokerRoleChanged)
+        if req.broker_name not in ("", self.config.name):
+            return _error(ResponseCode.UNEXPECTED_ARGUMENT, f"this is broker {self.config.name}, not {req.broker_name}")
+        if req.master_broker_id is not None and req.master_address and self.registration.broker_id != -1:
+            self._spawn(self.change_role(req.master_broker_id, req.master_address, req.master_epoch,
+                                         req.sync_state_set_epoch, set(req.sync_state_set)))
+        return Message(int(ResponseCode.SUCCESS), cm.encode(cm.Response()))
+
+    def _not_master(self) -> DLedgerError:
+        if self.role == Role.MASTER:
+            return DLedgerError(ResponseCode.SERVICE_NOT_AVAILABLE,
+                                f"broker {self.config.name}: the master's lease has expired (the controllers are "
+                                "not reachable): not accepting sends")
+        hint = f"; the master is {self.master_id} at {self.master_address}" if self.master_address else ""
+        return DLedgerError(ResponseCode.SERVICE_NOT_AVAILABLE,
+                            f"broker {self.config.name} id {self.registration.broker_id} is {self.role.value}{hint}")
+
+    async def _send(self, msg: Message) -> Message:
+        try:
+            req = bm.send_request.decode(msg.meta)
+        except bm.DECODE_ERRORS as e:
+            raise DLedgerError(ResponseCode.UNEXPECTED_ARGUMENT, f"malformed send: {e}") from None
+        if req.broker_name and req.broker_name != self.config.name:
+            raise DLedgerError(ResponseCode.UNEXPECTED_ARGUMENT, f"this is broker {self.config.name}, "
+                               f"not {req.broker_name}")
+        ha = self.master_ha
+        if ha is None or not self.lease_valid():
+            raise self._not_master()
+        refused = ha.refuse_reason(self.config.acks)
+        if refused is not None:
+            raise DLedgerError(ResponseCode.IN_SYNC_REPLICAS_NOT_ENOUGH, refused)
+        epoch = self.master_epoch
+        result = self.log.append(req.bodies, epoch)
+        next_offset = self.log.max_offset
+        self.ha.wake()
+        self._after_confirm_change()
+        if self.config.flush == "sync" and self._durable is not None:
+            await self._durable.wait(result.first_index + len(req.bodies) - 1)
+        await self._wait_acks(ha, next_offset)
+        if self.master_ha is not ha or self.master_epoch != epoch or not self.lease_valid():
+            raise DLedgerError(ResponseCode.FLUSH_SLAVE_TIMEOUT, "written, but mastership or lease was lost before "
+                               "the send was acknowledged: it may or may not be kept")
+        return Message(int(ResponseCode.SUCCESS), bm.encode(bm.SendResponse(epoch, result.first_index,
+                                                                            list(result.positions))))
+
+    async def _wait_acks(self, ha: MasterHA, next_offset: int) -> None:
+        if ha.acked(next_offset, self.config.acks.need):
+            return
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append(_Waiter(next_offset, now_ms() + self.config.slave_timeout_ms, fut))
+        await fut
+
+    def _on_slave_ack(self) -> None:
+        self._after_confirm_change()
+        ha = self.master_ha
+        if ha is None:
+            return
+        need = self.config.acks.need
+        while self._waiters and ha.acked(self._waiters[0].next_offset, need):
+            w = self._waiters.popleft()
+            if not w.future.done():
+                w.future.set_result(None)
+
+    def _expire_waiters(self, now: int) -> None:
+        self._on_slave_ack()  # a SyncStateSet change may have released some
+        while self._waiters and self._waiters[0].deadline_ms <= now:
+            w = self._waiters.popleft()
+            if not w.future.done():
+                w.future.set_exception(DLedgerError(
+                    ResponseCode.FLUSH_SLAVE_TIMEOUT, f"written on master {self.config.name} but not acknowledged by "
+                    f"enough replicas within {self.config.slave_timeout_ms} ms"))
+
+    def _fail_waiters(self, code: ResponseCode, text: str) -> None:
+        while self._waiters:
+            w = self._waiters.popleft()
+            if not w.future.done():
+                w.future.set_exception(DLedgerError(code, text))
+
+    def _after_confirm_change(self) -> None:
+        if self.master_ha is not None:
+            before = self.master_ha.confirm_offset
+            if self.master_ha.recompute_confirm() != before:
+                self.ha.wake()
+                self._progress.set()
+
+    async def _pull(self, msg: Message) -> Message:
+        try:
+            req = bm.pull_request.decode(msg.meta)
+        except bm.DECODE_ERRORS as e:
+            raise DLedgerError(ResponseCode.UNEXPECTED_ARGUMENT, f"malformed pull: {e}") from None
+        if req.from_index < self.store.begin_index:
+            raise DLedgerError(ResponseCode.INDEX_LESS_THAN_LOCAL_BEGIN,
+                               f"index {req.from_index} is below the log begin {self.store.begin_index}")
+        deadline = now_ms() + req.wait_ms
+        while True:
+            self._progress.clear()
+            confirm = self.confirm_offset
+            entries = self.log.entries(req.from_index, req.max_entries, confirm)
+            left = deadline - now_ms()
+            if entries or left <= 0:
+                break
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(min(left, 500) / 1000):
+                    await self._progress.wait()
+        out = [bm.PulledEntry(e.index, e.pos, e.term, e.body) for e in entries]
+        nxt = out[-1].index + 1 if out else req.from_index
+        return Message(int(ResponseCode.SUCCESS), bm.encode(bm.PullResponse(out, nxt, self.store.begin_index, confirm)))
+
+    def runtime_info(self) -> bm.RuntimeInfo:
+        left = max(0, self.lease_until_ms - now_ms()) if self.role == Role.MASTER else 0
+        sss = self.master_ha.tracker.effective if self.master_ha is not None else self.sync_state_set
+        return bm.RuntimeInfo(self.config.cluster, self.config.name, self.registration.broker_id, self.role.value,
+                              self.master_epoch, self.master_id, self.master_address, sorted(sss),
+                              self.sync_state_set_epoch, self.log.max_offset, self.confirm_offset,
+                              self.store.end_index, left, self.truncated_at,
+                              self.registration.broker_id != -1 and self.role != Role.FENCED)
