@@ -43,6 +43,7 @@ def test_confirm_offset() -> None:
     t = SyncStateTracker(1, frozenset({1, 2, 3}))
     assert t.confirm_offset({2: 500}, master_max=800, current=300) == 300  # 3 not connected (#6662)
     assert t.confirm_offset({2: 500, 3: 650}, master_max=800, current=300) == 500
-    assert t.confirm_offset({2: -1, 3: 650}, master_max=800, current=300) == 650  # -1 is no ack (#6728)
+    # a fresh connection's -1 is no ack: nothing new is confirmed, and never -1 (#6728)
+    assert t.confirm_offset({2: -1, 3: 650}, master_max=800, current=300) == 300
     assert t.confirm_offset({2: 700, 3: 650, 4: 10}, master_max=800, current=300) == 650  # 4 is not in the set
     assert SyncStateTracker(1).confirm_offset({}, master_max=800, current=0) == 800  # alone: all is confirmed

@@ -137,13 +137,17 @@ class AsyncBrokerClient:
 
     # --- reads ---------------------------------------------------------------------------------
 
-    async def read(self, from_offset: int = 0, max_entries: int = 1000, *, wait: float = 0.0) -> list[BrokerRecord]:
-        """Confirmed records from queue offset `from_offset` (at most `max_entries`)."""
+    async def read(self, from_offset: int = 0, max_entries: int = 1000, *, wait: float = 0.0,
+                   replica: str | None = None) -> list[BrokerRecord]:
+        """Confirmed records from queue offset `from_offset` (at most `max_entries`), from the
+        master or, when it does not answer, another replica (or only from `replica`, an
+        address: what that replica has confirmed)."""
         req = bm.PullRequest(self.broker, from_offset, max_entries, int(wait * 1000))
         msg = Message(int(bm.BrokerRequestCode.PULL_MESSAGE), bm.encode(req))
         last: DLedgerError | None = None
-        master = await self._quiet_master()
-        for address in ([master] if master else []) + [a for a in await self._quiet_replicas() if a != master]:
+        master = await self._quiet_master() if replica is None else replica
+        others = [a for a in await self._quiet_replicas() if a != master] if replica is None else []
+        for address in ([master] if master else []) + others:
             try:
                 reply = await self._transport.request(address, msg, wait + self.timeout)
             except DLedgerError as e:
@@ -190,6 +194,11 @@ class AsyncBrokerClient:
                     yield r
                     offset = r.index + 1
 
+    async def inject_faults(self, address: str, blocked: Sequence[str] = (), ha_paused: bool = False) -> None:
+        """Tests: make the broker at `address` (started with --enable-fault-injection) cut its
+        requests to `blocked` and, with `ha_paused`, stop replicating; no arguments heal it."""
+        await _inject(self._transport, address, blocked, ha_paused, self.timeout)
+
     async def info(self, address: str | None = None) -> bm.RuntimeInfo:
         """A broker's runtime info (the master's by default)."""
         target = address or await self.master(refresh=True)
@@ -200,6 +209,14 @@ class AsyncBrokerClient:
         if reply.code != ResponseCode.SUCCESS:
             raise _as_error(reply)
         return bm.runtime_info.decode(reply.meta)
+
+
+async def _inject(transport: TransportClient, address: str, blocked: Sequence[str], ha_paused: bool,
+                  timeout: float) -> None:
+    msg = Message(int(bm.BrokerRequestCode.FAULT), bm.encode(bm.FaultRequest(list(blocked), ha_paused)))
+    reply = await transport.request(address, msg, timeout)
+    if reply.code != ResponseCode.SUCCESS:
+        raise _as_error(reply)
 
 
 def _as_error(reply: Message) -> DLedgerError:
@@ -233,11 +250,15 @@ class BrokerClient:
     def send_batch(self, bodies: Sequence[bytes]) -> list[SendResult]:
         return self._run(self._async.send_batch(bodies))
 
-    def read(self, from_offset: int = 0, max_entries: int = 1000, *, wait: float = 0.0) -> list[BrokerRecord]:
-        return self._run(self._async.read(from_offset, max_entries, wait=wait))
+    def read(self, from_offset: int = 0, max_entries: int = 1000, *, wait: float = 0.0,
+             replica: str | None = None) -> list[BrokerRecord]:
+        return self._run(self._async.read(from_offset, max_entries, wait=wait, replica=replica))
 
     def info(self, address: str | None = None) -> bm.RuntimeInfo:
         return self._run(self._async.info(address))
+
+    def inject_faults(self, address: str, blocked: Sequence[str] = (), ha_paused: bool = False) -> None:
+        self._run(self._async.inject_faults(address, blocked, ha_paused))
 
     def master(self, refresh: bool = True) -> str | None:
         return self._run(self._async.master(refresh))

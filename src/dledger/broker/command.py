@@ -38,10 +38,13 @@ CONTROLLER_HELP = "Controllers: 'host:port;host:port' or their peers string."
 @click.option("--flush", type=click.Choice(["async", "sync"]), default=None,
               help="sync: a send also waits for its fsync on the master [async].")
 @click.option("--election-priority", type=click.IntRange(0), default=None, help="Lower is preferred.")
+@click.option("--enable-fault-injection", "fault_injection", is_flag=True, default=None,
+              help="Obey FAULT requests (isolate from controllers, pause HA): tests and chaos runs only.")
 def broker(config_file: str | None, **options: Any) -> None:
     """Run one replica of a broker set until SIGINT/SIGTERM (its master is elected by the controllers)."""
     data: dict[str, Any] = load_broker_toml(config_file) if config_file else {}
     options["all_ack_in_sync_state_set"] = options.pop("all_ack")
+    options["enable_fault_injection"] = options.pop("fault_injection")
     data.update({k: v for k, v in options.items() if v is not None})
     cfg = BrokerConfig.from_dict(data)
     check_store_dir(Path(cfg.store_dir))

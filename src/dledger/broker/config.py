@@ -58,6 +58,7 @@ class BrokerConfig:
     ha_transfer_batch_bytes: int = 256 << 10
     flush: str = "async"  # async | sync (a send waits for its fsync too)
     data_file_size: int = 64 << 20
+    enable_fault_injection: bool = False  # obey FAULT requests (tests and chaos runs only)
     advertise: str = ""  # the client address others use (default: listen)
     ha_advertise: str = ""
 

@@ -50,6 +50,7 @@ class HAListener:
         self._server: asyncio.Server | None = None
         self._wakers: set[asyncio.Event] = set()
         self._writers: set[asyncio.StreamWriter] = set()
+        self.paused = False  # fault injection: send nothing to the slaves
 
     async def start(self, address: str) -> None:
         host, port = _host_port(address)
@@ -117,7 +118,7 @@ class HAListener:
             conn = ha.connections.get(key)
             if conn is None:
                 return
-            frames = conn.output(now_ms(), ha.confirm_offset, WRITE_BYTES)
+            frames = [] if self.paused else conn.output(now_ms(), ha.confirm_offset, WRITE_BYTES)
             if frames:
                 writer.writelines(frames)
                 await writer.drain()

@@ -41,7 +41,7 @@ class BrokerSpec:
 
 
 class local_broker_cluster:
-    """Controllers on base_port.., brokers from base_port + 100 (client port, HA port + 1)."""
+    """Controllers on base_port.., then each broker's client port and HA port."""
 
     def __init__(self, data_dir: Path, controllers: int = 3, broker_sets: int = 2, replicas: int = 2,
                  base_port: int = 30911, broker_args: list[str] | None = None,
@@ -52,7 +52,7 @@ class local_broker_cluster:
         self.controller = ";".join(f"127.0.0.1:{p}" for p in self.controller_ports)
         self.broker_args = broker_args or []
         self.specs: dict[str, BrokerSpec] = {}
-        port = base_port + 100
+        port = base_port + controllers
         for s in range(broker_sets):
             for r in range(replicas):
                 spec = BrokerSpec(f"b{s}", r, port, port + 1, data_dir / "brokers" / f"b{s}" / f"r{r}")
@@ -61,6 +61,14 @@ class local_broker_cluster:
         self.controllers = local_cluster(self.peers, "controller", data_dir / "controllers",
                                          extra=controller_args or [], command="controller")
         self.brokers: dict[str, subprocess.Popen[bytes]] = {}
+        self._clients: dict[str, BrokerClient] = {}
+
+    def add_replica(self, name: str, port: int, ha_port: int) -> str:
+        """One more replica of `name` (start it with start_broker); its key."""
+        replica = sum(1 for s in self.specs.values() if s.name == name)
+        spec = BrokerSpec(name, replica, port, ha_port, self.data_dir / "brokers" / name / f"r{replica}")
+        self.specs[spec.key] = spec
+        return spec.key
 
     @property
     def broker_names(self) -> list[str]:
@@ -102,16 +110,25 @@ class local_broker_cluster:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        for c in self._clients.values():
+            c.close()
+        self._clients.clear()
         stop_processes(self.brokers.values())
         self.brokers.clear()
         self.controllers.__exit__()
 
     def client(self, broker: str, timeout: float = 10.0) -> BrokerClient:
+        """A new client of a broker set (the caller closes it)."""
         return BrokerClient(self.controller, broker, timeout)
 
+    def _shared(self, broker: str) -> BrokerClient:
+        if broker not in self._clients:
+            self._clients[broker] = self.client(broker, timeout=2.0)
+        return self._clients[broker]
+
     def info(self, key: str) -> bm.RuntimeInfo:
-        with self.client(self.specs[key].name, timeout=2.0) as c:
-            return c.info(self.specs[key].address)
+        """A running replica's own view (role, epochs, offsets)."""
+        return self._shared(self.specs[key].name).info(self.specs[key].address)
 
     def master_of(self, broker: str) -> str | None:
         """The key of the broker set's master, as the replicas themselves say."""

@@ -18,6 +18,7 @@ class BrokerRequestCode(IntEnum):
     SEND_MESSAGE = 10
     PULL_MESSAGE = 11
     GET_BROKER_RUNTIME_INFO = 28
+    FAULT = 52101  # ours, tests only: obeyed with --enable-fault-injection
 
 
 class SendRequest(msgspec.Struct, omit_defaults=True):
@@ -50,6 +51,15 @@ class PullResponse(msgspec.Struct, omit_defaults=True):
     next_index: int = 0
     begin_index: int = 0
     confirm_offset: int = -1
+
+
+class FaultRequest(msgspec.Struct, omit_defaults=True):
+    """Cut this broker's requests to `blocked` addresses (the controllers: a master isolated
+    from them) and, with `ha_paused`, stop sending to its slaves (records written on the
+    master only). An empty request heals."""
+
+    blocked: Annotated[list[str], msgspec.Meta(max_length=64)] = []
+    ha_paused: bool = False
 
 
 class RuntimeInfoRequest(msgspec.Struct, omit_defaults=True):
@@ -86,3 +96,4 @@ send_response = msgspec.msgpack.Decoder(SendResponse)
 pull_request = msgspec.msgpack.Decoder(PullRequest)
 pull_response = msgspec.msgpack.Decoder(PullResponse)
 runtime_info = msgspec.msgpack.Decoder(RuntimeInfo)
+fault_request = msgspec.msgpack.Decoder(FaultRequest)

@@ -43,7 +43,7 @@ from dledger.codes import ControllerResponseCode as RC
 from dledger.controller import messages as cm
 from dledger.controller.client import ControllerClient
 from dledger.fsutil import write_atomic
-from dledger.runtime.transport import Caller, Message, Respond, TransportServer, encode_error
+from dledger.runtime.transport import Caller, FaultInjector, Message, Respond, TransportServer, encode_error
 from dledger.store.durability import DurabilityWaiter
 from dledger.store.file import FileLedgerStore
 
@@ -84,7 +84,8 @@ class BrokerServer:
         # epochs that begin past what recovery kept wrote nothing we have
         self.epochs.truncate_suffix_by_offset(self.log.max_offset + 1)
         self.registration = Registration(root, config.cluster, config.name, config.address)
-        self.controller = ControllerClient(config.controller, timeout=3.0)
+        self.faults = FaultInjector()
+        self.controller = ControllerClient(config.controller, timeout=3.0, faults=self.faults)
         self.role = Role.FENCED
         self.master_epoch = 0
         self.master_id: int | None = None
@@ -380,6 +381,8 @@ class BrokerServer:
             respond(Message(int(ResponseCode.SUCCESS), bm.encode(self.runtime_info())))
         elif code == NOTIFY:
             respond(self._notify(msg))
+        elif code == bm.BrokerRequestCode.FAULT:
+            respond(self._fault(msg))
         else:
             respond(_error(ResponseCode.UNSUPPORTED, f"a broker does not serve request code {code}"))
 
@@ -405,6 +408,20 @@ class BrokerServer:
             self._spawn(self.change_role(req.master_broker_id, req.master_address, req.master_epoch,
                                          req.sync_state_set_epoch, set(req.sync_state_set)))
         return Message(int(ResponseCode.SUCCESS), cm.encode(cm.Response()))
+
+    def _fault(self, msg: Message) -> Message:
+        if not self.config.enable_fault_injection:
+            return _error(ResponseCode.UNSUPPORTED, "fault injection is off (--enable-fault-injection)")
+        try:
+            req = bm.fault_request.decode(msg.meta)
+        except bm.DECODE_ERRORS as e:
+            return _error(ResponseCode.UNEXPECTED_ARGUMENT, f"malformed FAULT: {e}")
+        self.faults.unblock_all()
+        if req.blocked:
+            self.faults.block(req.blocked)
+        self.ha.paused = req.ha_paused
+        log.warning("broker %s: faults: blocked %s, HA paused %s", self.config.name, req.blocked, req.ha_paused)
+        return Message(int(ResponseCode.SUCCESS), b"")
 
     def _not_master(self) -> DLedgerError:
         if self.role == Role.MASTER:

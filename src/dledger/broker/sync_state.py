@@ -9,8 +9,9 @@ controller (alter-sync-state-set).
   not caught up for `max_not_catchup_ms`, never connected, or whose connection closed is
   proposed out (shrink). The master itself is always in.
 - The confirm offset (the high watermark readers see) is the least ack of the connected
-  members of the set; it does not move while a member of the set is not connected (#6662),
-  and acks <= 0 of a fresh connection are not counted (#6728).
+  members of the set; it does not move while a member of the set is not connected (#6662)
+  or has not acked yet on its connection (#6728: upstream skipped such a member's -1, and
+  so confirmed bytes that member might not have; we wait for its first ack instead).
 """
 
 from __future__ import annotations
@@ -87,10 +88,6 @@ class SyncStateTracker:
     def confirm_offset(self, acks: Mapping[int, int], master_max: int, current: int) -> int:
         """computeConfirmOffset: `acks` are the connected slaves' acked offsets."""
         members = self.effective
-        if any(i != self.local_id and i not in acks for i in members):
-            return current  # a member is not connected: nothing new is confirmed (#6662)
-        c = master_max
-        for slave, ack in acks.items():
-            if slave in members and ack > 0:  # a fresh connection's -1 is no ack (#6728)
-                c = min(c, ack)
-        return c
+        if any(i != self.local_id and acks.get(i, -1) < 0 for i in members):
+            return current  # a member is not connected, or has not acked yet (#6662, #6728)
+        return min([master_max, *(a for i, a in acks.items() if i in members)])

@@ -16,7 +16,7 @@ from dledger.codes import ControllerResponseCode as RC
 from dledger.codes import DLedgerError, ResponseCode
 from dledger.config import ConfigError, parse_peers
 from dledger.controller import messages as m
-from dledger.runtime.transport import Message, TransportClient
+from dledger.runtime.transport import FaultInjector, Message, TransportClient
 from dledger.security.tls import TlsConfig, client_context
 
 RETRY_PAUSE_S = 0.1
@@ -38,12 +38,12 @@ def parse_controllers(text: str) -> list[str]:
 
 class ControllerClient:
     def __init__(self, controllers: str | Sequence[str], timeout: float = 5.0, tls: TlsConfig | None = None,
-                 auth_token: str | None = None) -> None:
+                 auth_token: str | None = None, faults: FaultInjector | None = None) -> None:
         self.addresses = parse_controllers(controllers) if isinstance(controllers, str) else list(controllers)
         self.timeout = timeout
         self._transport = TransportClient(ssl=client_context(tls) if tls else None,
                                           auth_token=auth_token.encode() if auth_token else None,
-                                          backoff_max_s=0.5)
+                                          backoff_max_s=0.5, faults=faults)
         self._leader: str | None = None
 
     async def close(self) -> None:
