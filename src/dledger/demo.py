@@ -100,7 +100,7 @@ def storage_demo(base: Path, target: int = 20_000) -> bool:
 
 
 def spark_demo(base: Path) -> bool:
-    console.rule("[bold]4. Spark: a streaming pipeline restarted from its checkpoint, exactly once")
+    console.rule("[bold]6. Spark: a streaming pipeline restarted from its checkpoint, exactly once")
     if shutil.which("java") is None:
         console.print("[red]java not found[/red]: Spark needs Java 17 (apt-get install openjdk-17-jre-headless)")
         return False
@@ -122,6 +122,9 @@ def run_demo() -> int:
         from dledger.demo_kv import kv_demo
 
         ok = kv_demo(base) and ok
+        from dledger.demo_broker import broker_demo
+
+        ok = broker_demo(base) and ok
         ok = spark_demo(base) and ok
     finally:
         shutil.rmtree(base, ignore_errors=True)
