@@ -95,6 +95,17 @@ class BrokerLog:
         if index <= self.store.end_index:
             self.store.truncate(index)
 
+    def last_index_within(self, offset: int) -> int:
+        """The last entry ending at or before `offset` (begin_index - 1 when none does)."""
+        lo, hi = self.store.begin_index - 1, self.store.end_index
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if self.end_of(mid) <= offset:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
+
     def entries(self, from_index: int, max_entries: int, up_to_offset: int) -> list[Entry]:
         """Entries from `from_index` that end at or before `up_to_offset` (the confirm offset)."""
         s = self.store
@@ -102,14 +113,7 @@ class BrokerLog:
             return []
         last = min(s.end_index, from_index + max_entries - 1)
         if self.end_of(last) > up_to_offset:
-            lo, hi = from_index - 1, last  # the last entry ending within the confirm offset
-            while lo < hi:
-                mid = (lo + hi + 1) // 2
-                if self.end_of(mid) <= up_to_offset:
-                    lo = mid
-                else:
-                    hi = mid - 1
-            last = lo
+            last = self.last_index_within(up_to_offset)
         if last < from_index:
             return []
         return s.read(from_index, last - from_index + 1)

@@ -82,6 +82,8 @@ class RuntimeInfo(msgspec.Struct, omit_defaults=True):
     lease_ms_left: int
     truncated_at: int | None = None  # the last truncation of an unconfirmed tail (slave handshake)
     registered: bool = False
+    begin_index: int = 0
+    confirmed_index: int = -1  # the last record readers may see (it ends within the confirm offset)
 
 
 _enc = msgspec.msgpack.Encoder()

@@ -526,8 +526,10 @@ class BrokerServer:
     def runtime_info(self) -> bm.RuntimeInfo:
         left = max(0, self.lease_until_ms - now_ms()) if self.role == Role.MASTER else 0
         sss = self.master_ha.tracker.effective if self.master_ha is not None else self.sync_state_set
+        confirm = self.confirm_offset
         return bm.RuntimeInfo(self.config.cluster, self.config.name, self.registration.broker_id, self.role.value,
                               self.master_epoch, self.master_id, self.master_address, sorted(sss),
-                              self.sync_state_set_epoch, self.log.max_offset, self.confirm_offset,
+                              self.sync_state_set_epoch, self.log.max_offset, confirm,
                               self.store.end_index, left, self.truncated_at,
-                              self.registration.broker_id != -1 and self.role != Role.FENCED)
+                              self.registration.broker_id != -1 and self.role != Role.FENCED,
+                              self.store.begin_index, self.log.last_index_within(confirm))

@@ -83,6 +83,7 @@ class RangeReadSpec:
     fail_on_data_loss: bool
     timeout: float
     client: ClientOptions
+    broker: bool = False  # `group` is a broker set and `peers` its controllers
 
 
 def _member_covering(client: DLedgerClient, spec: RangeReadSpec, deadline: float) -> str:

@@ -151,6 +151,31 @@ def parse_groups(options: Mapping[str, str]) -> dict[str, str]:
     return out
 
 
+def parse_brokers(options: Mapping[str, str]) -> dict[str, str] | None:
+    """{broker set: controllers} from `controller` + `brokers` (names, comma-separated or a
+    JSON list); None when the options name Raft groups instead."""
+    controller, names = get_str(options, "controller"), get_str(options, "brokers")
+    if controller is None and names is None:
+        return None
+    if controller is None or names is None:
+        raise OptionError("broker sets are read and written with both `controller` and `brokers`")
+    if get_str(options, "peers") is not None or get_str(options, "groups") is not None:
+        raise OptionError("give either `controller`/`brokers` (broker sets) or `peers`/`groups` (Raft groups)")
+    if names.lstrip().startswith("["):
+        try:
+            listed = json.loads(names)
+        except json.JSONDecodeError as e:
+            raise OptionError(f"option brokers: not JSON ({e}); expected [\"b0\", ...] or b0,b1") from None
+        if not isinstance(listed, list) or not all(isinstance(n, str) for n in listed):
+            raise OptionError('option brokers: expected a JSON list of names ["b0", ...]')
+    else:
+        listed = names.split(",")
+    out = {n.strip(): controller for n in listed if n.strip()}
+    if not out:
+        raise OptionError("option brokers: no broker set named")
+    return out
+
+
 def parse_index_spec(raw: str | None, name: str, groups: Mapping[str, str], default: int) -> dict[str, int]:
     """`earliest` | `latest` | JSON {"group": index} into {group: index or EARLIEST/LATEST}.
 

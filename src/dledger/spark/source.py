@@ -6,6 +6,10 @@ partitions depend only on its (start, end) offsets, so a batch replayed after
 a failure reads the same rows. The end of what may be read is the leader's
 committed index + 1: uncommitted entries are never seen.
 
+Broker sets (options `controller` and `brokers`) read the same way: the "group" is the
+broker set, `term` its master epoch, `pos` the record's offset, and the end is the last
+record within the master's confirm offset. Writes to a broker set go through BrokerClient.
+
 Writes append the `body` column in batches to the leader. A task that fails
 after some of its batches were acknowledged is retried whole by Spark, so
 rows may be appended twice: at-least-once, like Kafka's sink.
@@ -36,8 +40,10 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import BinaryType, StringType, StructType
 
+from dledger.broker.client import BrokerClient
 from dledger.codes import DLedgerError
-from dledger.runtime.client import DLedgerClient, Metadata
+from dledger.runtime.client import DLedgerClient
+from dledger.spark.broker_online import broker_bounds, broker_client, read_broker_range, send_bodies
 from dledger.spark.online import DataLossError, RangeReadSpec, describe, read_range, wait_leader_view
 from dledger.spark.options import (
     DEFAULT_BATCH_SIZE,
@@ -53,6 +59,7 @@ from dledger.spark.options import (
     get_float,
     get_int,
     get_str,
+    parse_brokers,
     parse_groups,
     parse_index_spec,
     resolve,
@@ -77,10 +84,12 @@ class ReadConfig:
     entries_per_partition: int
     timeout: float
     client: ClientOptions
+    brokers: bool = False  # `groups` are broker sets -> their controllers
 
     @classmethod
     def from_options(cls, options: Mapping[str, str], streaming: bool) -> ReadConfig:
-        groups = parse_groups(options)
+        brokers = parse_brokers(options)
+        groups = brokers or parse_groups(options)
         # Kafka's defaults: a batch reads everything, a new stream starts at the end
         starting = parse_index_spec(get_str(options, "startingIndex"), "startingIndex", groups,
                                     LATEST if streaming else EARLIEST)
@@ -105,11 +114,43 @@ class ReadConfig:
             entries_per_partition=get_int(options, "entriesPerPartition", DEFAULT_ENTRIES_PER_PARTITION) or 1,
             timeout=get_float(options, "timeoutSeconds", DEFAULT_TIMEOUT_S),
             client=ClientOptions.from_options(options),
+            brokers=brokers is not None,
         )
 
     def spec(self, group: str, start: int, end: int) -> RangeReadSpec:
         return RangeReadSpec(group, self.groups[group], start, end, self.fail_on_data_loss, self.timeout,
-                             self.client)
+                             self.client, self.brokers)
+
+
+class Bounds:
+    """Each log's (begin index, readable end index) from its leader (a Raft group: committed
+    index + 1) or master (a broker set: the last confirmed record + 1); one client per log,
+    kept until `close`."""
+
+    def __init__(self, cfg: ReadConfig) -> None:
+        self.cfg = cfg
+        self._clients: dict[str, DLedgerClient | BrokerClient] = {}
+
+    def __call__(self, name: str) -> tuple[int, int]:
+        cfg, c = self.cfg, self._clients.get(name)
+        if cfg.brokers:
+            if c is None:
+                c = self._clients[name] = broker_client(cfg.groups[name], name, cfg.client)
+            assert isinstance(c, BrokerClient)
+            return broker_bounds(c, name, cfg.timeout)
+        if c is None:
+            c = self._clients[name] = cfg.client.client(cfg.groups[name], name)
+        assert isinstance(c, DLedgerClient)
+        m = wait_leader_view(c, name, cfg.timeout)
+        return m.ledger_begin_index, m.committed_index + 1
+
+    def close(self) -> None:
+        for c in self._clients.values():
+            try:
+                c.close()
+            except Exception:  # closing is best effort when the query ends
+                log.debug("closing a client failed", exc_info=True)
+        self._clients.clear()
 
 
 @dataclass
@@ -123,16 +164,17 @@ class RangePartition(InputPartition):
     fail_on_data_loss: bool
     timeout: float
     client: ClientOptions
+    broker: bool = False
 
     def spec(self) -> RangeReadSpec:
         return RangeReadSpec(self.group, self.peers, self.start, self.end, self.fail_on_data_loss, self.timeout,
-                             self.client)
+                             self.client, self.broker)
 
 
 def _partitions(cfg: ReadConfig, group: str, start: int, end: int) -> list[RangePartition]:
     return [
         RangePartition(r.group, cfg.groups[group], r.start, r.end, cfg.fail_on_data_loss, cfg.timeout,
-                       cfg.client)
+                       cfg.client, cfg.brokers)
         for r in split_range(group, start, end, cfg.entries_per_partition)
     ]
 
@@ -140,7 +182,8 @@ def _partitions(cfg: ReadConfig, group: str, start: int, end: int) -> list[Range
 def _read_partition(partition: InputPartition) -> Iterator[pa.RecordBatch]:
     # Spark substitutes a placeholder partition when a plan has none
     if isinstance(partition, RangePartition):
-        yield from read_range(partition.spec())
+        spec = partition.spec()
+        yield from (read_broker_range(spec) if spec.broker else read_range(spec))
 
 
 class DLedgerBatchReader(DataSourceReader):
@@ -151,28 +194,32 @@ class DLedgerBatchReader(DataSourceReader):
 
     def partitions(self) -> list[InputPartition]:
         out: list[InputPartition] = []
-        for group, peers in self.cfg.groups.items():
-            with self.cfg.client.client(peers, group) as c:
-                m = wait_leader_view(c, group, self.cfg.timeout)
-            begin, end = m.ledger_begin_index, m.committed_index + 1
-            start = resolve(self.cfg.starting[group], begin, end)
-            stop = resolve(self.cfg.ending[group], begin, end)
-            if stop > end:
-                log.warning("group %s: endingIndex %d is beyond the committed entries; reading up to %d",
-                            group, stop, end)
-                stop = end
-            if start < begin:
-                msg = (f"group {group}: startingIndex {start} is below the log begin {begin} "
-                       "(older entries were deleted)")
-                if self.cfg.fail_on_data_loss:
-                    raise DataLossError(msg + "; set failOnDataLoss=false to start at the log begin")
-                log.warning("%s; starting at %d", msg, begin)
-                start = begin
-            if start > stop:
-                raise OptionError(f"group {group}: startingIndex {start} is after endingIndex {stop}")
-            log.info("group %s: batch read of [%d, %d) (leader %s, term %d)", group, start, stop, m.self_id, m.term)
-            out.extend(_partitions(self.cfg, group, start, stop))
+        bounds = Bounds(self.cfg)
+        try:
+            for group in self.cfg.groups:
+                out.extend(self._plan(group, *bounds(group)))
+        finally:
+            bounds.close()
         return out
+
+    def _plan(self, group: str, begin: int, end: int) -> list[RangePartition]:
+        start = resolve(self.cfg.starting[group], begin, end)
+        stop = resolve(self.cfg.ending[group], begin, end)
+        if stop > end:
+            log.warning("group %s: endingIndex %d is beyond the committed entries; reading up to %d",
+                        group, stop, end)
+            stop = end
+        if start < begin:
+            msg = (f"group {group}: startingIndex {start} is below the log begin {begin} "
+                   "(older entries were deleted)")
+            if self.cfg.fail_on_data_loss:
+                raise DataLossError(msg + "; set failOnDataLoss=false to start at the log begin")
+            log.warning("%s; starting at %d", msg, begin)
+            start = begin
+        if start > stop:
+            raise OptionError(f"group {group}: startingIndex {start} is after endingIndex {stop}")
+        log.info("%s: batch read of [%d, %d)", group, start, stop)
+        return _partitions(self.cfg, group, start, stop)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         return _read_partition(partition)
@@ -187,26 +234,25 @@ class DLedgerStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def __init__(self, cfg: ReadConfig) -> None:
         self.cfg = cfg
-        self._clients: dict[str, DLedgerClient] = {}
+        self._bounds: Bounds | None = None
         self._target: dict[str, int] | None = None  # Trigger.AvailableNow: never read past this
         self._latest: dict[str, int] | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        state["_clients"] = {}
+        state["_bounds"] = None
         return state
 
-    def _view(self, group: str) -> Metadata:
-        c = self._clients.get(group)
-        if c is None:
-            c = self._clients[group] = self.cfg.client.client(self.cfg.groups[group], group)
-        return wait_leader_view(c, group, self.cfg.timeout)
+    def _view(self, group: str) -> tuple[int, int]:
+        """(begin, readable end) of a log."""
+        if self._bounds is None:
+            self._bounds = Bounds(self.cfg)
+        return self._bounds(group)
 
     def initialOffset(self) -> dict[str, int]:
         out: dict[str, int] = {}
         for group in self.cfg.groups:
-            m = self._view(group)
-            out[group] = resolve(self.cfg.starting[group], m.ledger_begin_index, m.committed_index + 1)
+            out[group] = resolve(self.cfg.starting[group], *self._view(group))
         log.info("initial offsets %s", out)
         return out
 
@@ -215,7 +261,7 @@ class DLedgerStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return ReadMaxRows(n) if n else ReadAllAvailable()
 
     def prepareForTriggerAvailableNow(self) -> None:
-        self._target = {g: self._view(g).committed_index + 1 for g in self.cfg.groups}
+        self._target = {g: self._view(g)[1] for g in self.cfg.groups}
         log.info("Trigger.AvailableNow: reading up to %s", self._target)
 
     def latestOffset(self, start: dict[str, int], limit: ReadLimit) -> dict[str, int]:
@@ -223,8 +269,8 @@ class DLedgerStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         available: dict[str, int] = {}
         latest: dict[str, int] = {}
         for group in self.cfg.groups:
-            m = self._view(group)
-            begin, end = m.ledger_begin_index, m.committed_index + 1
+            begin, end = self._view(group)
+            readable = end
             if self._target is not None:
                 end = min(end, self._target[group])
             latest[group] = end
@@ -239,9 +285,9 @@ class DLedgerStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     raise DataLossError(msg + "; set failOnDataLoss=false to skip them")
                 log.warning("%s; skipping them", msg)
                 s = begin
-            if m.committed_index + 1 < s:
+            if readable < s:
                 msg = (f"group {group}: the query is at index {s} but the group has committed only up to "
-                       f"{m.committed_index} (was the log reset?)")
+                       f"{readable - 1} (was the log reset?)")
                 if self.cfg.fail_on_data_loss:
                     raise DataLossError(msg + "; set failOnDataLoss=false to wait for it")
                 log.warning("%s; waiting", msg)
@@ -279,12 +325,9 @@ class DLedgerStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         log.debug("committed offsets %s", end)
 
     def stop(self) -> None:
-        for c in self._clients.values():
-            try:
-                c.close()
-            except Exception:  # closing is best effort when the query ends
-                log.debug("closing a client failed", exc_info=True)
-        self._clients.clear()
+        if self._bounds is not None:
+            self._bounds.close()
+            self._bounds = None
 
 
 # --- writes -------------------------------------------------------------------------------
@@ -302,22 +345,27 @@ class AppendCommitMessage(WriterCommitMessage):
 @dataclass(frozen=True, slots=True)
 class WriteConfig:
     group: str
-    peers: str
+    peers: str  # a broker set's: its controllers
     batch_size: int
     client: ClientOptions
+    broker: bool = False
 
     @classmethod
     def from_options(cls, options: Mapping[str, str], schema: StructType) -> WriteConfig:
+        brokers = parse_brokers(options)
+        if brokers is not None and len(brokers) != 1:
+            raise OptionError(f"a write goes to one broker set: `brokers` names {len(brokers)}")
         if get_str(options, "groups") is not None:
             raise OptionError("a write goes to one group: give `peers` and `group`, not `groups`")
-        ((group, peers),) = parse_groups(options).items()
+        ((group, peers),) = (brokers or parse_groups(options)).items()
         body = _body_field(schema)
         if body is None:
             raise OptionError(f"writing to dledger needs a `body` column (binary or string); columns are "
                               f"{', '.join(schema.fieldNames())}")
         if not isinstance(schema[body].dataType, (BinaryType, StringType)):
             raise OptionError(f"column `body` must be binary or string, not {schema[body].dataType.simpleString()}")
-        return cls(group, peers, get_batch_size(options, DEFAULT_BATCH_SIZE), ClientOptions.from_options(options))
+        return cls(group, peers, get_batch_size(options, DEFAULT_BATCH_SIZE), ClientOptions.from_options(options),
+                   brokers is not None)
 
 
 def _body_field(schema: StructType) -> str | None:
@@ -338,18 +386,22 @@ def append_batches(cfg: WriteConfig, batches: Iterator[pa.RecordBatch]) -> Appen
     rows, first, last = 0, -1, -1
     pending: list[bytes] = []
     pending_bytes = 0
-    client = cfg.client.client(cfg.peers, cfg.group)
+    client = broker_client(cfg.peers, cfg.group, cfg.client) if cfg.broker else cfg.client.client(cfg.peers, cfg.group)
 
     def flush() -> None:
         nonlocal rows, first, last, pending, pending_bytes
-        try:
-            results = client.append_batch(pending)
-        except DLedgerError as e:
-            raise RuntimeError(f"dledger: append of {len(pending)} entries to group {cfg.group} failed "
-                               f"({rows} rows of this task were appended before): {describe(e)}") from e
+        if isinstance(client, BrokerClient):
+            lo, hi = send_bodies(client, cfg.group, pending)
+        else:
+            try:
+                results = client.append_batch(pending)
+            except DLedgerError as e:
+                raise RuntimeError(f"dledger: append of {len(pending)} entries to group {cfg.group} failed "
+                                   f"({rows} rows of this task were appended before): {describe(e)}") from e
+            lo, hi = results[0].index, results[-1].index
         if first < 0:
-            first = results[0].index
-        last = results[-1].index
+            first = lo
+        last = hi
         rows += len(pending)
         pending, pending_bytes = [], 0
 
