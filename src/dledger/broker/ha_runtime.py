@@ -14,7 +14,7 @@ import contextlib
 import logging
 import ssl
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from dledger.broker.ha_master import HAProtocolError
 from dledger.broker.ha_packets import PacketError
@@ -134,8 +134,10 @@ class SlaveRunner:
     `on_progress` runs after every frame that changed the log or the confirm offset."""
 
     def __init__(self, client: SlaveClient, master_ha_address: str, on_progress: Callable[[], None],
-                 ssl_context: ssl.SSLContext | None = None) -> None:
+                 ssl_context: ssl.SSLContext | None = None,
+                 durable: Callable[[int], Awaitable[None]] | None = None) -> None:
         self.client, self.address, self._on_progress, self._ssl = client, master_ha_address, on_progress, ssl_context
+        self._durable = durable  # waits until an entry is fsynced (acks of durable bytes only)
         self.connected = False
 
     async def run(self) -> None:
@@ -174,6 +176,9 @@ class SlaveRunner:
             now = now_ms()
             before = (c.log.max_offset, c.confirm_offset)
             out = (c.receive(data, now) if data else []) + c.tick(now)
+            if self._durable is not None and c.log.durable_offset < c.log.max_offset:
+                await self._durable(c.log.end_index)
+                out += c.ack_if_grew(now_ms())
             if c.expired(now):
                 raise HAProtocolError("the master was silent for the housekeeping interval")
             if out:

@@ -23,8 +23,12 @@ log = logging.getLogger(__name__)
 
 
 class SlaveClient:
-    def __init__(self, broker_id: int, log_: BrokerLog, epochs: EpochFileCache, config: HAConfig) -> None:
+    def __init__(self, broker_id: int, log_: BrokerLog, epochs: EpochFileCache, config: HAConfig,
+                 ack_durable: bool = False) -> None:
         self.broker_id, self.log, self.epochs, self.config = broker_id, log_, epochs, config
+        # acks name only fsynced bytes (a broker with flush=sync: a master counting this copy
+        # must not lose it to the slave's power loss); the runtime acks again once they are
+        self.ack_durable = ack_durable
         self.state = HAState.READY
         self.confirm_offset = -1
         self.reported = -1  # currentReportedOffset
@@ -60,9 +64,14 @@ class SlaveClient:
         return []
 
     def _ack(self, now_ms: int) -> bytes:
-        self.reported = self.log.max_offset
+        self.reported = self.log.durable_offset if self.ack_durable else self.log.max_offset
         self.last_write_ms = now_ms
         return Ack(self.reported).encode()
+
+    def ack_if_grew(self, now_ms: int) -> list[bytes]:
+        """An ack when more bytes became ackable (durable) since the last one."""
+        ackable = self.log.durable_offset if self.ack_durable else self.log.max_offset
+        return [self._ack(now_ms)] if self.state == HAState.TRANSFER and ackable > self.reported else []
 
     def receive(self, data: bytes, now_ms: int) -> list[bytes]:
         """What the master sent; the acks to write (HAProtocolError, PacketError or

@@ -27,6 +27,12 @@ class BrokerLog:
         return self.store.pos_of_next()
 
     @property
+    def durable_offset(self) -> int:
+        """The end of the records fsynced so far (a memory store: all of them)."""
+        s = self.store
+        return self.max_offset if s.durable_index >= s.end_index else self.end_of(s.durable_index)
+
+    @property
     def min_offset(self) -> int:
         return self.store.first_pos()
 

@@ -27,17 +27,15 @@ import logging
 from collections import deque
 from collections.abc import Coroutine
 from dataclasses import dataclass
-from enum import Enum
 from typing import Any
 
 from dledger.broker import messages as bm
 from dledger.broker.config import BrokerConfig, split_address
 from dledger.broker.epoch_file import EpochFileCache
 from dledger.broker.ha_runtime import HAListener, SlaveRunner, now_ms
-from dledger.broker.ha_service import MasterHA
-from dledger.broker.ha_slave import SlaveClient
 from dledger.broker.identity import Registration
 from dledger.broker.log import BrokerLog
+from dledger.broker.replica import Change, ReplicaState, Role
 from dledger.codes import ControllerRequestCode, DLedgerError, ResponseCode
 from dledger.codes import ControllerResponseCode as RC
 from dledger.controller import messages as cm
@@ -54,12 +52,6 @@ EPOCH_FILE = "epochFileCheckpoint"
 CONFIRM_FILE = "confirmOffset"
 HOUSEKEEPING_S = 0.1
 STARTUP_RETRY_S = 0.5  # upstream: 5 s
-
-
-class Role(Enum):
-    FENCED = "FENCED"
-    MASTER = "MASTER"
-    SLAVE = "SLAVE"
 
 
 @dataclass
@@ -86,26 +78,17 @@ class BrokerServer:
         self.registration = Registration(root, config.cluster, config.name, config.address)
         self.faults = FaultInjector()
         self.controller = ControllerClient(config.controller, timeout=3.0, faults=self.faults)
-        self.role = Role.FENCED
-        self.master_epoch = 0
-        self.master_id: int | None = None
-        self.master_address: str | None = None
-        self.sync_state_set: frozenset[int] = frozenset()
-        self.sync_state_set_epoch = 0
-        self.master_ha: MasterHA | None = None
-        self.slave: SlaveClient | None = None
-        self.truncated_at: int | None = None
+        self.replica = ReplicaState(config.name, self.log, self.epochs, config.ha, config.acks, config.lease_ms,
+                                    ack_durable=config.flush == "sync", confirm_offset=self._load_confirm())
+        self._saved_confirm = self.replica.confirm_offset
         self._slave_task: asyncio.Task[None] | None = None
-        self._confirm = self._load_confirm()
-        self._saved_confirm = self._confirm
-        self.lease_until_ms = 0
         self._waiters: deque[_Waiter] = deque()
         self._progress = asyncio.Event()  # the confirm offset moved (long-polling readers)
         self._role_lock = asyncio.Lock()
         self._tasks: set[asyncio.Task[Any]] = set()
         self._durable: DurabilityWaiter | None = None
         self.transport = TransportServer(direct=self._handle)
-        self.ha = HAListener(lambda: self.master_ha, self._propose, self._on_slave_ack)
+        self.ha = HAListener(lambda: self.replica.master_ha, self._propose, self._on_slave_ack)
 
     # --- lifecycle -------------------------------------------------------------------------
 
@@ -145,18 +128,14 @@ class BrokerServer:
         return max(min(value, self.log.max_offset), -1)  # recovery may have cut the log below it
 
     def _save_confirm(self) -> None:
-        value = self.confirm_offset
+        value = self.replica.confirm_offset
         if value != self._saved_confirm:
             write_atomic(self.config.store_path / CONFIRM_FILE, str(value).encode())
             self._saved_confirm = value
 
     @property
-    def confirm_offset(self) -> int:
-        if self.master_ha is not None:
-            self._confirm = max(self._confirm, self.master_ha.confirm_offset)
-        elif self.slave is not None:
-            self._confirm = max(self._confirm, min(self.slave.confirm_offset, self.log.max_offset))
-        return min(self._confirm, self.log.max_offset)
+    def role(self) -> Role:
+        return self.replica.role
 
     # --- registration and roles (§1.3, §1.4, §6) ---------------------------------------------
 
@@ -196,14 +175,14 @@ class BrokerServer:
             return
         if resp.code != RC.SUCCESS or resp.master_epoch is None:
             return
-        if resp.master_epoch > self.master_epoch:
+        if resp.master_epoch > self.replica.master_epoch:
             if resp.master_broker_id is None:
                 await self.controller.elect_master(self.config.name, self.registration.broker_id,
                                                    cluster=self.config.cluster)
                 return
             await self._apply_replica_info(resp)
-        elif resp.master_epoch == self.master_epoch and self.role == Role.MASTER:
-            await self._change_sync_state_set(set(resp.sync_state_set or ()), resp.sync_state_set_epoch or 0)
+        elif resp.master_epoch == self.replica.master_epoch and self.role == Role.MASTER:
+            self._sync_state_set_confirmed(set(resp.sync_state_set or ()), resp.sync_state_set_epoch or 0)
 
     async def _apply_replica_info(self, resp: cm.Response) -> bool:
         if resp.master_broker_id is None or resp.master_address is None or resp.master_epoch is None:
@@ -214,79 +193,36 @@ class BrokerServer:
 
     async def change_role(self, master_id: int, master_address: str, master_epoch: int, sss_epoch: int,
                           sss: set[int]) -> None:
-        """changeBrokerRole: only a higher master epoch changes anything."""
+        """changeBrokerRole, then the I/O the change needs."""
         async with self._role_lock:
-            if master_epoch <= self.master_epoch:
-                if master_epoch == self.master_epoch and self.role == Role.MASTER:
-                    await self._change_sync_state_set(sss, sss_epoch)
+            self.replica.broker_id = self.registration.broker_id
+            change = self.replica.change_role(master_id, master_address, master_epoch, sss_epoch, sss,
+                                              self.config.address)
+            if change == Change.NONE:
+                self._after_confirm_change()
                 return
-            if master_epoch < self.epochs.last_epoch:
-                log.error("broker %s: refusing master epoch %d below our last epoch %d", self.config.name,
-                          master_epoch, self.epochs.last_epoch)
+            self.ha.reset()  # every epoch change re-handshakes every slave (#9689)
+            self._fail_waiters(ResponseCode.FLUSH_SLAVE_TIMEOUT, "the role changed before the send was "
+                               "acknowledged (it may be kept or truncated)")
+            if self._slave_task is not None:
+                self._slave_task.cancel()
+                self._slave_task = None
+            if change == Change.MASTER:
+                self._spawn(self._heartbeat())  # the lease, now
                 return
-            if master_id == self.registration.broker_id:
-                self._to_master(master_epoch, sss_epoch, sss)
-            else:
-                await self._to_slave(master_id, master_address, master_epoch)
-
-    def _to_master(self, epoch: int, sss_epoch: int, sss: set[int]) -> None:
-        """changeToMaster (§6.1): the log is kept as it is (its valid unconfirmed tail becomes
-        part of the new epoch, as upstream and Raft leaders do); a new epoch entry begins at
-        the log's end."""
-        self._stop_slave()
-        self.ha.reset()
-        self._fail_waiters(ResponseCode.FLUSH_SLAVE_TIMEOUT, "the master changed before the send was acknowledged")
-        confirm = self.confirm_offset
-        self.master_epoch, self.master_id = epoch, self.registration.broker_id
-        self.master_address = self.config.address
-        self.sync_state_set, self.sync_state_set_epoch = frozenset(sss), sss_epoch
-        self.epochs.append_entry(epoch, self.log.max_offset)
-        self.lease_until_ms = 0  # a new lease, for this epoch
-        self.master_ha = MasterHA(self.registration.broker_id, self.log, self.epochs, self.config.ha, sss, confirm)
-        self.role = Role.MASTER
-        log.warning("broker %s id %d: MASTER at epoch %d (log ends at %d, confirmed %d)", self.config.name,
-                    self.master_id, epoch, self.log.max_offset, self.master_ha.confirm_offset)
-        self._spawn(self._heartbeat())  # the lease, now
-
-    async def _to_slave(self, master_id: int, master_address: str, epoch: int) -> None:
-        """changeToSlave (§6.2): connect to the master's HA address (from the controller)."""
-        was_master = self.master_ha is not None
-        self.master_ha = None
-        self.ha.reset()
-        self._fail_waiters(ResponseCode.FLUSH_SLAVE_TIMEOUT, "the broker became a slave before the send was "
-                           "acknowledged (it may be kept or truncated)")
-        self.master_epoch, self.master_id, self.master_address = epoch, master_id, master_address
-        self.lease_until_ms = 0
-        _, ha_address = split_address(master_address)
-        self._stop_slave()
-        self.slave = SlaveClient(self.registration.broker_id, self.log, self.epochs, self.config.ha)
-        self.slave.confirm_offset = self._confirm
-        if ha_address:
-            runner = SlaveRunner(self.slave, ha_address, self._on_slave_progress)
-            self._slave_task = asyncio.get_running_loop().create_task(runner.run())
-        self.role = Role.SLAVE
-        log.warning("broker %s id %d: SLAVE of %d at epoch %d%s", self.config.name, self.registration.broker_id,
-                    master_id, epoch, " (was master)" if was_master else "")
-
-    def _stop_slave(self) -> None:
-        if self._slave_task is not None:
-            self._slave_task.cancel()
-            self._slave_task = None
-        if self.slave is not None:
-            self._confirm = max(self._confirm, min(self.slave.confirm_offset, self.log.max_offset))
-            self.truncated_at = self.slave.truncated_at if self.slave.truncated_at is not None else self.truncated_at
-        self.slave = None
+            _, ha_address = split_address(master_address)
+            slave = self.replica.slave
+            if ha_address and slave is not None:
+                durable = self._durable.wait if slave.ack_durable and self._durable is not None else None
+                runner = SlaveRunner(slave, ha_address, self._on_slave_progress, durable=durable)
+                self._slave_task = asyncio.get_running_loop().create_task(runner.run())
 
     def _on_slave_progress(self) -> None:
-        if self.slave is not None and self.slave.truncated_at is not None:
-            self.truncated_at = self.slave.truncated_at
+        self.replica.sync_slave_truncation()
         self._progress.set()
 
-    async def _change_sync_state_set(self, sss: set[int], epoch: int) -> None:
-        """changeSyncStateSet: a newer set the controller confirmed."""
-        if epoch > self.sync_state_set_epoch and self.master_ha is not None:
-            self.sync_state_set, self.sync_state_set_epoch = frozenset(sss), epoch
-            self.master_ha.set_sync_state_set(sss)
+    def _sync_state_set_confirmed(self, sss: set[int], epoch: int) -> None:
+        if self.replica.sync_state_set_confirmed(sss, epoch):
             self._after_confirm_change()
 
     # --- SyncStateSet proposals (§4.9, §6.4) --------------------------------------------------
@@ -296,13 +232,13 @@ class BrokerServer:
 
     async def _alter(self, proposal: frozenset[int]) -> None:
         async with self._role_lock:
-            ha = self.master_ha
+            r = self.replica
+            ha = r.master_ha
             if ha is None or ha.tracker.proposed != proposal:
                 return  # superseded
             try:
-                resp = await self.controller.alter_sync_state_set(self.config.name, self.registration.broker_id,
-                                                                  self.master_epoch, proposal,
-                                                                  self.sync_state_set_epoch)
+                resp = await self.controller.alter_sync_state_set(self.config.name, r.broker_id, r.master_epoch,
+                                                                  proposal, r.sync_state_set_epoch)
             except DLedgerError as e:
                 # no answer: it may have been applied (#5663); the union rule holds until a
                 # metadata sync tells us the set the controller has
@@ -310,11 +246,9 @@ class BrokerServer:
                             e.message)
                 return
             if resp.code == RC.SUCCESS and resp.new_sync_state_set_epoch is not None:
-                self.sync_state_set = frozenset(resp.sync_state_set or proposal)
-                self.sync_state_set_epoch = resp.new_sync_state_set_epoch
-                ha.set_sync_state_set(self.sync_state_set)
-                log.info("broker %s: SyncStateSet %s (epoch %d)", self.config.name, sorted(self.sync_state_set),
-                         self.sync_state_set_epoch)
+                r.sync_state_set_confirmed(set(resp.sync_state_set or proposal), resp.new_sync_state_set_epoch)
+                log.info("broker %s: SyncStateSet %s (epoch %d)", self.config.name, sorted(r.sync_state_set),
+                         r.sync_state_set_epoch)
             else:
                 log.warning("broker %s: SyncStateSet %s refused: %s", self.config.name, sorted(proposal),
                             resp.remark or resp.code)
@@ -330,25 +264,21 @@ class BrokerServer:
             await asyncio.sleep(self.config.heartbeat_interval_ms / 1000)
 
     async def _heartbeat(self) -> None:
-        master = self.role == Role.MASTER
+        r = self.replica
+        lease = r.heartbeat_lease_ms
         hb = cm.BrokerHeartbeat(self.config.cluster, self.config.address, self.config.name,
                                 self.registration.broker_id, self.epochs.last_epoch, self.log.max_offset,
-                                self.confirm_offset, election_priority=self.config.election_priority,
-                                lease_ms=self.config.lease_ms if master else 0)
-        sent, epoch = now_ms(), self.master_epoch
+                                r.confirm_offset, election_priority=self.config.election_priority, lease_ms=lease)
+        sent, epoch = now_ms(), r.master_epoch
         timeout = self.config.heartbeat_interval_ms * 3 / 1000
         results = await asyncio.gather(*(self.controller.call_at(a, hb, timeout) for a in self.controller.addresses),
                                        return_exceptions=True)
-        granted = any(isinstance(r, cm.Response) and r.lease_granted for r in results)
-        if granted and master and self.master_epoch == epoch and self.role == Role.MASTER:
-            self.lease_until_ms = max(self.lease_until_ms, sent + self.config.lease_ms)
-        elif master:
-            remark = next((r.remark for r in results if isinstance(r, cm.Response) and r.remark), "")
+        if any(isinstance(x, cm.Response) and x.lease_granted for x in results):
+            r.lease_granted(sent, epoch)
+        elif lease:
+            remark = next((x.remark for x in results if isinstance(x, cm.Response) and x.remark), "")
             if remark:
                 log.warning("broker %s: %s", self.config.name, remark)
-
-    def lease_valid(self) -> bool:
-        return self.role == Role.MASTER and now_ms() < self.lease_until_ms
 
     # --- housekeeping --------------------------------------------------------------------------
 
@@ -358,7 +288,7 @@ class BrokerServer:
             await asyncio.sleep(HOUSEKEEPING_S)
             now = now_ms()
             self._expire_waiters(now)
-            ha = self.master_ha
+            ha = self.replica.master_ha
             if ha is not None and now - last_check >= self.config.check_sync_state_set_ms:
                 last_check = now
                 proposal = ha.shrink(now)
@@ -423,15 +353,6 @@ class BrokerServer:
         log.warning("broker %s: faults: blocked %s, HA paused %s", self.config.name, req.blocked, req.ha_paused)
         return Message(int(ResponseCode.SUCCESS), b"")
 
-    def _not_master(self) -> DLedgerError:
-        if self.role == Role.MASTER:
-            return DLedgerError(ResponseCode.SERVICE_NOT_AVAILABLE,
-                                f"broker {self.config.name}: the master's lease has expired (the controllers are "
-                                "not reachable): not accepting sends")
-        hint = f"; the master is {self.master_id} at {self.master_address}" if self.master_address else ""
-        return DLedgerError(ResponseCode.SERVICE_NOT_AVAILABLE,
-                            f"broker {self.config.name} id {self.registration.broker_id} is {self.role.value}{hint}")
-
     async def _send(self, msg: Message) -> Message:
         try:
             req = bm.send_request.decode(msg.meta)
@@ -440,28 +361,26 @@ class BrokerServer:
         if req.broker_name and req.broker_name != self.config.name:
             raise DLedgerError(ResponseCode.UNEXPECTED_ARGUMENT, f"this is broker {self.config.name}, "
                                f"not {req.broker_name}")
-        ha = self.master_ha
-        if ha is None or not self.lease_valid():
-            raise self._not_master()
-        refused = ha.refuse_reason(self.config.acks)
-        if refused is not None:
-            raise DLedgerError(ResponseCode.IN_SYNC_REPLICAS_NOT_ENOUGH, refused)
-        epoch = self.master_epoch
-        result = self.log.append(req.bodies, epoch)
+        r = self.replica
+        refusal = r.send_refusal(now_ms())
+        if refusal is not None:
+            raise refusal
+        ha, epoch = r.master_ha, r.master_epoch
+        result = r.append(req.bodies)
         next_offset = self.log.max_offset
         self.ha.wake()
         self._after_confirm_change()
         if self.config.flush == "sync" and self._durable is not None:
             await self._durable.wait(result.first_index + len(req.bodies) - 1)
-        await self._wait_acks(ha, next_offset)
-        if self.master_ha is not ha or self.master_epoch != epoch or not self.lease_valid():
+        await self._wait_acks(next_offset)
+        if r.master_ha is not ha or r.master_epoch != epoch or not r.lease_valid(now_ms()):
             raise DLedgerError(ResponseCode.FLUSH_SLAVE_TIMEOUT, "written, but mastership or lease was lost before "
                                "the send was acknowledged: it may or may not be kept")
         return Message(int(ResponseCode.SUCCESS), bm.encode(bm.SendResponse(epoch, result.first_index,
                                                                             list(result.positions))))
 
-    async def _wait_acks(self, ha: MasterHA, next_offset: int) -> None:
-        if ha.acked(next_offset, self.config.acks.need):
+    async def _wait_acks(self, next_offset: int) -> None:
+        if self.replica.acked(next_offset):
             return
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiters.append(_Waiter(next_offset, now_ms() + self.config.slave_timeout_ms, fut))
@@ -469,11 +388,7 @@ class BrokerServer:
 
     def _on_slave_ack(self) -> None:
         self._after_confirm_change()
-        ha = self.master_ha
-        if ha is None:
-            return
-        need = self.config.acks.need
-        while self._waiters and ha.acked(self._waiters[0].next_offset, need):
+        while self._waiters and self.replica.acked(self._waiters[0].next_offset):
             w = self._waiters.popleft()
             if not w.future.done():
                 w.future.set_result(None)
@@ -494,9 +409,10 @@ class BrokerServer:
                 w.future.set_exception(DLedgerError(code, text))
 
     def _after_confirm_change(self) -> None:
-        if self.master_ha is not None:
-            before = self.master_ha.confirm_offset
-            if self.master_ha.recompute_confirm() != before:
+        ha = self.replica.master_ha
+        if ha is not None:
+            before = ha.confirm_offset
+            if ha.recompute_confirm() != before:
                 self.ha.wake()
                 self._progress.set()
 
@@ -511,7 +427,7 @@ class BrokerServer:
         deadline = now_ms() + req.wait_ms
         while True:
             self._progress.clear()
-            confirm = self.confirm_offset
+            confirm = self.replica.confirm_offset
             entries = self.log.entries(req.from_index, req.max_entries, confirm)
             left = deadline - now_ms()
             if entries or left <= 0:
@@ -524,12 +440,13 @@ class BrokerServer:
         return Message(int(ResponseCode.SUCCESS), bm.encode(bm.PullResponse(out, nxt, self.store.begin_index, confirm)))
 
     def runtime_info(self) -> bm.RuntimeInfo:
-        left = max(0, self.lease_until_ms - now_ms()) if self.role == Role.MASTER else 0
-        sss = self.master_ha.tracker.effective if self.master_ha is not None else self.sync_state_set
-        confirm = self.confirm_offset
+        r = self.replica
+        left = max(0, r.lease_until_ms - now_ms()) if self.role == Role.MASTER else 0
+        sss = r.master_ha.tracker.effective if r.master_ha is not None else r.sync_state_set
+        confirm = r.confirm_offset
         return bm.RuntimeInfo(self.config.cluster, self.config.name, self.registration.broker_id, self.role.value,
-                              self.master_epoch, self.master_id, self.master_address, sorted(sss),
-                              self.sync_state_set_epoch, self.log.max_offset, confirm,
-                              self.store.end_index, left, self.truncated_at,
+                              r.master_epoch, r.master_id, r.master_address, sorted(sss),
+                              r.sync_state_set_epoch, self.log.max_offset, confirm,
+                              self.store.end_index, left, r.truncated_at,
                               self.registration.broker_id != -1 and self.role != Role.FENCED,
                               self.store.begin_index, self.log.last_index_within(confirm))

@@ -1,0 +1,166 @@
+"""A broker replica's role, lease and confirm offset (CONTROLLER.md §6, ReplicasManager), sans-I/O.
+
+The runtime (broker.server) and the simulator (sim.brokers) drive the same object: they tell
+it what the controller said (`change_role`, `sync_state_set_confirmed`, `lease_granted`)
+and ask it what it may do (`send_refusal`, `acked`); it says which role change happened so
+they can do the I/O (reset HA connections, connect to the new master). Time is passed in.
+
+Role changes happen only for a higher master epoch. A new master keeps its log (its valid
+unconfirmed tail becomes part of the new epoch, as upstream and Raft leaders do) and starts
+its epoch at the log's end. A master acknowledges only while its lease holds: from the send
+time of a heartbeat the controller leader answered with a grant for this epoch, for
+`lease_ms`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from enum import Enum
+
+from dledger.broker.epoch_file import EpochFileCache
+from dledger.broker.ha_master import HAConfig
+from dledger.broker.ha_service import AckSettings, MasterHA
+from dledger.broker.ha_slave import SlaveClient
+from dledger.broker.log import BrokerLog
+from dledger.codes import DLedgerError, ResponseCode
+from dledger.store.base import AppendResult
+
+log = logging.getLogger(__name__)
+
+
+class Role(Enum):
+    FENCED = "FENCED"
+    MASTER = "MASTER"
+    SLAVE = "SLAVE"
+
+
+class Change(Enum):
+    NONE = 0
+    MASTER = 1  # became master: reset HA connections, heartbeat for the lease now
+    SLAVE = 2  # became (another master's) slave: reset HA connections, connect to the master
+
+
+class ReplicaState:
+    def __init__(self, name: str, log_: BrokerLog, epochs: EpochFileCache, ha: HAConfig, acks: AckSettings,
+                 lease_ms: int, ack_durable: bool = False, confirm_offset: int = -1) -> None:
+        self.name, self.log, self.epochs, self.ha_config, self.acks = name, log_, epochs, ha, acks
+        self.lease_ms, self.ack_durable = lease_ms, ack_durable
+        self.broker_id = -1  # until registered
+        self.role = Role.FENCED
+        self.master_epoch = 0
+        self.master_id: int | None = None
+        self.master_address: str | None = None
+        self.sync_state_set: frozenset[int] = frozenset()
+        self.sync_state_set_epoch = 0
+        self.master_ha: MasterHA | None = None
+        self.slave: SlaveClient | None = None
+        self.lease_until_ms = 0
+        self.truncated_at: int | None = None  # the last cut of an unconfirmed tail (a slave's handshake)
+        self._confirm = max(min(confirm_offset, log_.max_offset), -1)
+
+    # --- what the controller says ----------------------------------------------------------
+
+    def change_role(self, master_id: int, master_address: str, master_epoch: int, sss_epoch: int,
+                    sss: set[int] | frozenset[int], my_address: str) -> Change:
+        """changeBrokerRole: only a higher master epoch changes the role (the same epoch may
+        bring a newer SyncStateSet to a master)."""
+        if master_epoch <= self.master_epoch:
+            if master_epoch == self.master_epoch and self.role == Role.MASTER:
+                self.sync_state_set_confirmed(sss, sss_epoch)
+            return Change.NONE
+        if master_epoch < self.epochs.last_epoch:
+            log.error("broker %s: refusing master epoch %d below our last epoch %d (controller data lost? see "
+                      "docs/controller.md)", self.name, master_epoch, self.epochs.last_epoch)
+            return Change.NONE
+        confirm = self.confirm_offset
+        self._stop_slave()
+        self.master_epoch, self.master_id, self.master_address = master_epoch, master_id, master_address
+        self.lease_until_ms = 0  # a lease is for one epoch
+        if master_id == self.broker_id:
+            self.master_address = my_address
+            self.sync_state_set, self.sync_state_set_epoch = frozenset(sss), sss_epoch
+            self.epochs.append_entry(master_epoch, self.log.max_offset)
+            self.master_ha = MasterHA(self.broker_id, self.log, self.epochs, self.ha_config, sss, confirm)
+            self.role = Role.MASTER
+            log.warning("broker %s id %d: MASTER at epoch %d (log ends at %d, confirmed %d)", self.name,
+                        self.broker_id, master_epoch, self.log.max_offset, self.master_ha.confirm_offset)
+            return Change.MASTER
+        was_master = self.master_ha is not None
+        self.master_ha = None
+        self.slave = SlaveClient(self.broker_id, self.log, self.epochs, self.ha_config, self.ack_durable)
+        self.slave.confirm_offset = confirm
+        self.role = Role.SLAVE
+        log.warning("broker %s id %d: SLAVE of %d at epoch %d%s", self.name, self.broker_id, master_id, master_epoch,
+                    " (was master)" if was_master else "")
+        return Change.SLAVE
+
+    def _stop_slave(self) -> None:
+        if self.slave is not None:
+            self._confirm = max(self._confirm, min(self.slave.confirm_offset, self.log.max_offset))
+            if self.slave.truncated_at is not None:
+                self.truncated_at = self.slave.truncated_at
+        self.slave = None
+
+    def sync_state_set_confirmed(self, sss: set[int] | frozenset[int], epoch: int) -> bool:
+        """changeSyncStateSet: a newer set the controller confirmed (alter, metadata sync)."""
+        if epoch <= self.sync_state_set_epoch or self.master_ha is None:
+            return False
+        self.sync_state_set, self.sync_state_set_epoch = frozenset(sss), epoch
+        self.master_ha.set_sync_state_set(sss)
+        return True
+
+    def lease_granted(self, sent_ms: int, epoch: int) -> None:
+        """The controller leader granted the lease asked for by a heartbeat sent at `sent_ms`
+        while we were master at `epoch`."""
+        if self.role == Role.MASTER and epoch == self.master_epoch:
+            self.lease_until_ms = max(self.lease_until_ms, sent_ms + self.lease_ms)
+
+    def lease_valid(self, now_ms: int) -> bool:
+        return self.role == Role.MASTER and now_ms < self.lease_until_ms
+
+    @property
+    def heartbeat_lease_ms(self) -> int:
+        return self.lease_ms if self.role == Role.MASTER else 0
+
+    # --- the confirm offset ----------------------------------------------------------------
+
+    @property
+    def confirm_offset(self) -> int:
+        """What readers may see; it never goes back while the log keeps it."""
+        if self.master_ha is not None:
+            self._confirm = max(self._confirm, self.master_ha.confirm_offset)
+        elif self.slave is not None:
+            self._confirm = max(self._confirm, min(self.slave.confirm_offset, self.log.max_offset))
+        return min(self._confirm, self.log.max_offset)
+
+    def sync_slave_truncation(self) -> None:
+        if self.slave is not None and self.slave.truncated_at is not None:
+            self.truncated_at = self.slave.truncated_at
+
+    # --- sends -----------------------------------------------------------------------------
+
+    def send_refusal(self, now_ms: int) -> DLedgerError | None:
+        """Why a send is refused before anything is written, or None."""
+        if self.master_ha is None:
+            hint = f"; the master is {self.master_id} at {self.master_address}" if self.master_address else ""
+            return DLedgerError(ResponseCode.SERVICE_NOT_AVAILABLE,
+                                f"broker {self.name} id {self.broker_id} is {self.role.value}{hint}")
+        if not self.lease_valid(now_ms):
+            return DLedgerError(ResponseCode.SERVICE_NOT_AVAILABLE,
+                                f"broker {self.name}: the master's lease has expired (the controller leader is not "
+                                "reachable): not accepting sends")
+        reason = self.master_ha.refuse_reason(self.acks)
+        if reason is not None:
+            return DLedgerError(ResponseCode.IN_SYNC_REPLICAS_NOT_ENOUGH, reason)
+        return None
+
+    def append(self, bodies: Sequence[bytes]) -> AppendResult:
+        """Write as master (after `send_refusal` said None); the confirm offset follows."""
+        result = self.log.append(bodies, self.master_epoch)
+        if self.master_ha is not None:
+            self.master_ha.recompute_confirm()
+        return result
+
+    def acked(self, next_offset: int) -> bool:
+        return self.master_ha is not None and self.master_ha.acked(next_offset, self.acks.need)
