@@ -30,7 +30,8 @@ from dledger.config import ConfigError
 from dledger.controller import messages as m
 from dledger.controller.config import ControllerConfig
 from dledger.controller.heartbeats import HeartbeatTable
-from dledger.controller.machine import BrokerSetBrief, ControllerStateMachine
+from dledger.controller.liveness import Liveness
+from dledger.controller.machine import ControllerStateMachine
 from dledger.core.messages import QUERY, AppendRequest, QueryRequest, decode_response
 from dledger.runtime.server import DLedgerServer, GroupRuntime
 from dledger.runtime.transport import LISTENER_MEMBER, Caller, Message, Respond
@@ -68,12 +69,11 @@ class ControllerService:
         self.group = group
         self.config = config
         self.machine = machine
-        self.table = HeartbeatTable(config.broker_heartbeat_timeout_ms, config.broker_lease_drift_ms)
+        self.liveness = Liveness(config)
         server.services.update({code: self.handle for code in m.CODES})
         server.sealed_groups.add(group)
         server.on_connection_lost = self._connection_lost
         self._leader_term = -1
-        self._leader_since = 0
         self._electing: set[str] = set()
         self._notifying: dict[str, tuple[int, asyncio.Task[None]]] = {}  # address -> (master epoch, task)
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -81,14 +81,6 @@ class ControllerService:
         self._scanner: asyncio.Task[None] | None = None
         self.elections = 0  # controller-triggered elections won (tests, status)
         self._serving = 0  # leader-only requests in flight
-        # master leases: broker name -> when the last one granted in it ends (plus the drift),
-        # and the names whose leases are being revoked for an admin's election
-        self._lease_ends: dict[str, int] = {}
-        self._revoking: set[str] = set()
-        # the leader's view of each set's master (the scan's copy of the state, and elections'
-        # answers at once), and the sets with an election in flight: no lease is granted in them
-        self._masters: dict[str, tuple[int | None, int]] = {}
-        self._elections_in_flight: dict[str, int] = {}
 
     @property
     def runtime(self) -> GroupRuntime:
@@ -136,41 +128,16 @@ class ControllerService:
             self._serving += 1
             self._spawn(self._serve(req, respond))
 
-    def _heartbeat(self, req: m.BrokerHeartbeat, caller: Caller) -> m.Response:
-        if req.broker_id is None:
-            return m.Response(int(RC.CONTROLLER_INVALID_REQUEST), "a heartbeat must name its broker id")
-        now = now_ms()
-        if not self.table.beat(req.cluster_name, req.broker_name, req.broker_id, req.broker_addr, now,
-                               timeout_ms=req.heartbeat_timeout_ms, epoch=req.epoch, max_offset=req.max_offset,
-                               confirm_offset=req.confirm_offset, priority=req.election_priority, conn=caller,
-                               lease_ms=req.lease_ms):
-            return m.Response(int(RC.CONTROLLER_INVALID_REQUEST), "too many live brokers (or replicas of this set)")
-        return self._grant(req, now) if req.lease_ms else m.Response()
+    @property
+    def table(self) -> HeartbeatTable:
+        return self.liveness.table
 
-    def _grant(self, req: m.BrokerHeartbeat, now: int) -> m.Response:
-        """Renew a master lease: only a leader sure of its leadership (its own Raft lease: no
-        other controller can lead before that ends) grants, and only leases that end within
-        the heartbeat timeout a new leader waits before electing."""
-        drift = self.config.broker_lease_drift_ms
-        if req.lease_ms + drift > self.config.broker_heartbeat_timeout_ms:
-            return m.Response(remark=f"lease of {req.lease_ms} ms not granted: lease + drift ({drift} ms) must "
-                                     f"be within controller.broker_heartbeat_timeout_ms "
-                                     f"({self.config.broker_heartbeat_timeout_ms})")
+    def _heartbeat(self, req: m.BrokerHeartbeat, caller: Caller) -> m.Response:
         node = self.runtime.node
-        name = req.broker_name
-        if (not node.member.is_leader or not node.reads.lease_valid() or name in self._revoking
-                or name in self._elections_in_flight or self._masters.get(name) != (req.broker_id, req.epoch)):
-            return m.Response()  # not (or no longer) the master at that epoch: an old master gets no lease
-        end = now + req.lease_ms + drift
-        self._lease_ends[req.broker_name] = max(self._lease_ends.get(req.broker_name, 0), end)
-        return m.Response(lease_granted=True)
+        return self.liveness.heartbeat(req, now_ms(), caller, node.member.is_leader and node.reads.lease_valid())
 
     async def _revoke_leases(self, name: str) -> None:
-        """Before an admin's election: grant no lease in the set and wait out the last one (the
-        old master may acknowledge writes until then; a failover needs no wait, the master's
-        heartbeats have stopped for longer than its lease)."""
-        self._revoking.add(name)
-        wait = self._lease_ends.get(name, 0) - now_ms()
+        wait = self.liveness.revoke(name, now_ms())
         if wait > 0:
             log.info("broker set %s: waiting %d ms for the master's lease before electing", name, wait)
             await asyncio.sleep(wait / 1000)
@@ -182,7 +149,7 @@ class ControllerService:
             return m.Response(int(RC.NO_PERMISSION), str(e))
         except ConfigError as e:
             return m.Response(int(RC.SYSTEM_ERROR), str(e))
-        self.table.default_timeout_ms = self.config.broker_heartbeat_timeout_ms
+        self.liveness.set_config(self.config)
         log.warning("controller config updated: %s", properties.strip().replace("\n", "; "))
         return m.Response()
 
@@ -215,7 +182,7 @@ class ControllerService:
         finally:
             self._serving -= 1
             if admin:
-                self._revoking.discard(req.broker_name)  # type: ignore[union-attr]
+                self.liveness.end_revoke(req.broker_name)  # type: ignore[union-attr]
         respond(_reply(resp))
 
     async def submit(self, req: m.AnyRequest) -> m.Response:
@@ -232,25 +199,15 @@ class ControllerService:
         if not isinstance(req, m.ElectMaster):
             return m.decode_response(await self._propose(body))
         name = req.broker_name
-        self._elections_in_flight[name] = self._elections_in_flight.get(name, 0) + 1
+        self.liveness.election_started(name)
+        resp: m.Response | None = None
         try:
             resp = m.decode_response(await self._propose(body))
-            if resp.master_epoch is not None:
-                self._note_master(name, resp.master_broker_id, resp.master_epoch)
         finally:
-            left = self._elections_in_flight.pop(name) - 1
-            if left:
-                self._elections_in_flight[name] = left
+            self.liveness.election_ended(name, resp)
         if resp.code == RC.SUCCESS:
             self._notify(name, resp)
         return resp
-
-    def _note_master(self, name: str, master_id: int | None, epoch: int) -> None:
-        """The leader's view of a set's master only moves to newer epochs (a scan's copy may be
-        older than an election's answer)."""
-        old = self._masters.get(name)
-        if old is None or epoch >= old[1]:
-            self._masters[name] = (master_id, epoch)
 
     async def _propose(self, body: bytes) -> bytes:
         g = self.runtime
@@ -319,29 +276,21 @@ class ControllerService:
         self.table.expire(now)
         member = self.runtime.node.member
         if not member.is_leader:
-            self._leader_term = -1
-            self._masters.clear()
+            self.liveness.leading(None, now)
             return
         if member.term != self._leader_term:
-            self._leader_term, self._leader_since = member.term, now
+            self._leader_term = member.term
             log.info("controller leader at term %d: elections wait one heartbeat timeout", member.term)
+        may_elect = self.liveness.leading(member.term, now)  # #5712: not before one heartbeat timeout
         briefs = await self._on_worker(self.machine.brief)
         for s in briefs:
-            self._note_master(s.name, s.master_id, s.master_epoch)
-        if now < self._leader_since + max(self.table.max_timeout_ms, self.config.broker_heartbeat_timeout_ms):
-            return  # #5712: brokers not heard from yet are not dead yet
+            self.liveness.note_master(s.name, s.master_id, s.master_epoch)
+        if not may_elect:
+            return
         for s in briefs:
-            if s.name not in self._electing and self._needs_election(s, now):
+            if s.name not in self._electing and self.liveness.needs_election(s, now):
                 self._electing.add(s.name)
                 self._spawn(self._controller_elect(s.name))
-
-    def _needs_election(self, s: BrokerSetBrief, now: int) -> bool:
-        live = self.table.live_infos(s.name, now)
-        if s.master_id is not None:  # a dead master while a replica lives (scanInactiveMasterAndTriggerReelect)
-            return s.master_id not in live and bool(live)
-        # no master after a failed election: retry once a candidate lives (upstream waited for a broker)
-        candidates = s.replicas if self.config.enable_elect_unclean_master else s.sync_state_set
-        return s.master_epoch > 0 and any(i in live for i in candidates)
 
     async def _controller_elect(self, name: str) -> None:
         try:

@@ -1,0 +1,116 @@
+"""One controller's view of broker liveness and master leases (CONTROLLER.md §1.5), sans-I/O.
+
+The service (controller.service) and the simulator (sim.brokers) drive it; time is passed in.
+
+- Heartbeats go into the HeartbeatTable; a master's heartbeat asks for its lease.
+- A lease is granted only by a leader sure of its leadership (its own Raft lease holds: no
+  other controller can lead before that ends), only to the broker the leader knows as the
+  master at the heartbeat's epoch, never while an election of its set is in flight or an
+  admin's election revokes it, and only if lease + drift fits in the heartbeat timeout (what
+  a new leader waits before electing).
+- A new leader elects nothing before it has led for one heartbeat timeout (#5712).
+- A set needs an election when its master is not alive but a replica is
+  (scanInactiveMasterAndTriggerReelect), or when it has no master and a candidate lives.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+
+from dledger.codes import ControllerResponseCode as RC
+from dledger.controller import messages as m
+from dledger.controller.config import ControllerConfig
+from dledger.controller.heartbeats import HeartbeatTable
+from dledger.controller.machine import BrokerSetBrief
+
+
+class Liveness:
+    def __init__(self, config: ControllerConfig) -> None:
+        self.config = config
+        self.table = HeartbeatTable(config.broker_heartbeat_timeout_ms, config.broker_lease_drift_ms)
+        self._lease_ends: dict[str, int] = {}  # broker set -> when its last granted lease surely ended
+        self._revoking: set[str] = set()
+        self._masters: dict[str, tuple[int | None, int]] = {}  # broker set -> (master id, master epoch)
+        self._in_flight: dict[str, int] = {}  # broker set -> elections in flight
+        self._leader_term = -1
+        self._leader_since = 0
+
+    def set_config(self, config: ControllerConfig) -> None:
+        self.config = config
+        self.table.default_timeout_ms = config.broker_heartbeat_timeout_ms
+        self.table.lease_drift_ms = config.broker_lease_drift_ms
+
+    # --- heartbeats and leases -----------------------------------------------------------------
+
+    def heartbeat(self, req: m.BrokerHeartbeat, now_ms: int, conn: Hashable | None, leader_sure: bool) -> m.Response:
+        if req.broker_id is None:
+            return m.Response(int(RC.CONTROLLER_INVALID_REQUEST), "a heartbeat must name its broker id")
+        if not self.table.beat(req.cluster_name, req.broker_name, req.broker_id, req.broker_addr, now_ms,
+                               timeout_ms=req.heartbeat_timeout_ms, epoch=req.epoch, max_offset=req.max_offset,
+                               confirm_offset=req.confirm_offset, priority=req.election_priority, conn=conn,
+                               lease_ms=req.lease_ms):
+            return m.Response(int(RC.CONTROLLER_INVALID_REQUEST), "too many live brokers (or replicas of this set)")
+        return self._grant(req, now_ms, leader_sure) if req.lease_ms else m.Response()
+
+    def _grant(self, req: m.BrokerHeartbeat, now_ms: int, leader_sure: bool) -> m.Response:
+        drift, timeout = self.config.broker_lease_drift_ms, self.config.broker_heartbeat_timeout_ms
+        if req.lease_ms + drift > timeout:
+            return m.Response(remark=f"lease of {req.lease_ms} ms not granted: lease + drift ({drift} ms) must "
+                                     f"be within controller.broker_heartbeat_timeout_ms ({timeout})")
+        name = req.broker_name
+        if (not leader_sure or name in self._revoking or name in self._in_flight
+                or self._masters.get(name) != (req.broker_id, req.epoch)):
+            return m.Response()  # not (or no longer) the master at that epoch: an old master gets no lease
+        self._lease_ends[name] = max(self._lease_ends.get(name, 0), now_ms + req.lease_ms + drift)
+        return m.Response(lease_granted=True)
+
+    def revoke(self, name: str, now_ms: int) -> int:
+        """Before an admin's election: no more leases in the set; the ms to wait until the last
+        one has surely ended (a failover needs no wait: the master's heartbeats have stopped
+        for longer than its lease)."""
+        self._revoking.add(name)
+        return max(0, self._lease_ends.get(name, 0) - now_ms)
+
+    def end_revoke(self, name: str) -> None:
+        self._revoking.discard(name)
+
+    # --- the leader's view of masters --------------------------------------------------------
+
+    def election_started(self, name: str) -> None:
+        self._in_flight[name] = self._in_flight.get(name, 0) + 1
+
+    def election_ended(self, name: str, resp: m.Response | None) -> None:
+        if resp is not None and resp.master_epoch is not None:
+            self.note_master(name, resp.master_broker_id, resp.master_epoch)
+        left = self._in_flight.pop(name, 1) - 1
+        if left:
+            self._in_flight[name] = left
+
+    def note_master(self, name: str, master_id: int | None, epoch: int) -> None:
+        """Only newer epochs replace what is known (a scan's copy may be older than an
+        election's answer)."""
+        old = self._masters.get(name)
+        if old is None or epoch >= old[1]:
+            self._masters[name] = (master_id, epoch)
+
+    # --- scans -------------------------------------------------------------------------------
+
+    def leading(self, term: int | None, now_ms: int) -> bool:
+        """Called at every scan with the leader's term (None: not leader). True once elections
+        may run: the leader has led for one heartbeat timeout."""
+        if term is None:
+            self._leader_term = -1
+            self._masters.clear()
+            return False
+        if term != self._leader_term:
+            self._leader_term, self._leader_since = term, now_ms
+        wait = max(self.table.max_timeout_ms, self.config.broker_heartbeat_timeout_ms)
+        return now_ms >= self._leader_since + wait
+
+    def needs_election(self, s: BrokerSetBrief, now_ms: int) -> bool:
+        live = self.table.live_infos(s.name, now_ms)
+        if s.master_id is not None:  # a dead master while a replica lives
+            return s.master_id not in live and bool(live)
+        # no master after a failed election: retry once a candidate lives (upstream waited for a broker)
+        candidates = s.replicas if self.config.enable_elect_unclean_master else s.sync_state_set
+        return s.master_epoch > 0 and any(i in live for i in candidates)
