@@ -9,23 +9,24 @@ def test_expand_counts_the_union_until_the_controller_confirms() -> None:
     """#5663: while {1,2} is proposed, acks are counted over local | proposed."""
     t = SyncStateTracker(1)
     assert t.effective == frozenset({1}) and t.in_sync_replicas == 1
-    assert t.maybe_expand(2, ack=90, confirm_offset=100, epoch_start=0) is None  # not caught up
-    assert t.maybe_expand(2, ack=100, confirm_offset=100, epoch_start=120) is None  # not in this epoch
-    assert t.maybe_expand(2, ack=130, confirm_offset=100, epoch_start=120) == frozenset({1, 2})
+    assert t.maybe_expand(2, ack=90, floor=100, epoch_start=0) is None  # lacks acknowledged bytes
+    assert t.maybe_expand(2, ack=100, floor=100, epoch_start=120) is None  # nothing of this epoch
+    assert t.maybe_expand(2, ack=130, floor=100, epoch_start=120) == frozenset({1, 2})
     assert t.effective == frozenset({1, 2}) and t.in_sync_replicas == 2 and t.local == frozenset({1})
-    assert t.maybe_expand(2, ack=140, confirm_offset=100, epoch_start=120) is None  # already asked
+    assert t.maybe_expand(2, ack=140, floor=100, epoch_start=120) is None  # already asked
     t.confirmed({1, 2})
     assert t.local == frozenset({1, 2}) and t.proposed is None
 
 
 def test_shrink_after_not_catching_up_or_never_connecting() -> None:
     t = SyncStateTracker(1, frozenset({1, 2, 3}))
-    t.on_ack(2, ack=500, master_max=500, last_transfer_max=500, last_transfer_ms=900, now_ms=1000)
+    t.on_ack(2, caught_up_at=1000)
     assert t.caught_up_ms == {2: 1000}
     assert t.maybe_shrink(now_ms=2000, max_not_catchup_ms=15_000) == frozenset({1, 2})  # 3 never connected
     t.confirmed({1, 2})
-    t.on_ack(2, ack=600, master_max=700, last_transfer_max=600, last_transfer_ms=5000, now_ms=5100)
-    assert t.caught_up_ms[2] == 5000  # caught up as of the last transfer, not now
+    t.on_ack(2, caught_up_at=5000)
+    t.on_ack(2, caught_up_at=None)  # an ack that does not show it caught up changes nothing
+    assert t.caught_up_ms[2] == 5000
     assert t.maybe_shrink(now_ms=20_000, max_not_catchup_ms=15_000) is None
     assert t.maybe_shrink(now_ms=20_001, max_not_catchup_ms=15_000) == frozenset({1})
     assert t.connection_closed(2) is None  # already proposed out

@@ -10,6 +10,7 @@ cannot mislabel bytes, #9689; the master also resets its connections on an epoch
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass
 
 from dledger.broker.epoch_file import INFINITY, EpochFileCache
@@ -41,8 +42,9 @@ class MasterConnection:
         self.request_offset = -1  # the slave's first ack: where transfer starts
         self.ack_offset = -1
         self.next_offset = -1  # nextTransferFromWhere
-        self.last_master_max = -1  # the master's max offset at the last transfer
-        self.last_transfer_ms = 0
+        # (frame end, the master's max offset, time) of recent transfers: an ack reaching a
+        # frame that ended at the master's max shows the slave caught up as of that frame
+        self._tails: deque[tuple[int, int, int]] = deque(maxlen=256)
         self.last_write_ms = now_ms
         self.last_read_ms = now_ms
         self._answer_due = False
@@ -74,6 +76,17 @@ class MasterConnection:
             self.request_offset = p.max_offset
         self.ack_offset = p.max_offset
         acks.append(p.max_offset)
+
+    def caught_up_at(self, ack: int, now_ms: int) -> int | None:
+        """When the slave, acking `ack`, last had everything the master had (None: unknown)."""
+        if ack >= self.log.max_offset:
+            return now_ms
+        last = None
+        while self._tails and self._tails[0][0] <= ack:
+            last = self._tails.popleft()
+        if last is not None and last[1] <= ack:
+            return last[2]
+        return None
 
     def expired(self, now_ms: int) -> bool:
         """Silent for the housekeeping interval: close it."""
@@ -116,9 +129,9 @@ class MasterConnection:
                     self.next_offset = entry.end  # the epoch's bytes are all sent: on to the next one
                     continue
                 break
-            self.last_master_max, self.last_transfer_ms = self.log.max_offset, now_ms
             frames.append(Transfer(pos, entry.epoch, entry.start, confirm_offset, body).encode())
             self.next_offset = pos + len(body)
+            self._tails.append((self.next_offset, self.log.max_offset, now_ms))
             sent += len(body)
         return frames
 

@@ -36,11 +36,18 @@ class AckSettings:
 
 class MasterHA:
     def __init__(self, broker_id: int, log: BrokerLog, epochs: EpochFileCache, config: HAConfig,
-                 sync_state_set: frozenset[int] | set[int] = frozenset(), confirm_offset: int = -1) -> None:
+                 sync_state_set: frozenset[int] | set[int] = frozenset(), confirm_offset: int = -1,
+                 durable_only: bool = False) -> None:
         self.broker_id, self.log, self.epochs, self.config = broker_id, log, epochs, config
+        # flush=sync: the master's own copy counts for the confirm offset only once fsynced (a
+        # power loss must not take back what readers saw)
+        self.durable_only = durable_only
         self.tracker = SyncStateTracker(broker_id, frozenset(sync_state_set))
         self.connections: dict[Hashable, MasterConnection] = {}
         self.confirm_offset = min(confirm_offset, log.max_offset)  # what this broker confirmed before
+        # the end of what may have been acknowledged to producers: all of the log at takeover
+        # (a restarted master does not know what it acknowledged), then every ack's end
+        self.acked_offset = log.max_offset
         self.recompute_confirm()
 
     # --- connections -------------------------------------------------------------------------
@@ -56,10 +63,10 @@ class MasterHA:
         for ack in conn.receive(data, now_ms):
             if conn.async_learner:
                 continue
-            self.tracker.on_ack(conn.slave_id, ack, self.log.max_offset, conn.last_master_max, conn.last_transfer_ms,
-                                now_ms)
+            self.tracker.on_ack(conn.slave_id, conn.caught_up_at(ack, now_ms))
             start = self.epochs.entries[-1].start if self.epochs.entries else 0
-            proposal = self.tracker.maybe_expand(conn.slave_id, ack, self.confirm_offset, start) or proposal
+            floor = max(self.confirm_offset, self.acked_offset)
+            proposal = self.tracker.maybe_expand(conn.slave_id, ack, floor, start) or proposal
             self.recompute_confirm()
         return proposal
 
@@ -85,10 +92,9 @@ class MasterHA:
         self.tracker.confirmed(members)
         self.recompute_confirm()
 
-    def proposal_failed(self) -> None:
-        """The controller refused the proposal: the confirmed set stands (and is re-proposed
-        by the next check if still wanted)."""
-        self.tracker.proposed = None
+    def sync_state_set_read(self, members: frozenset[int] | set[int], newer: bool) -> None:
+        """The controller's set, read after a proposal failed or went unanswered."""
+        self.tracker.truth(members, newer)
         self.recompute_confirm()
 
     # --- confirm offset and acks ---------------------------------------------------------------
@@ -102,7 +108,8 @@ class MasterHA:
 
     def recompute_confirm(self) -> int:
         """The confirm offset only grows (a connection that re-handshakes acks less at first)."""
-        c = self.tracker.confirm_offset(self._acks(), self.log.max_offset, self.confirm_offset)
+        mine = self.log.durable_offset if self.durable_only else self.log.max_offset
+        c = self.tracker.confirm_offset(self._acks(), mine, self.confirm_offset)
         self.confirm_offset = max(self.confirm_offset, c)
         return self.confirm_offset
 
@@ -115,7 +122,14 @@ class MasterHA:
         return None
 
     def acked(self, next_offset: int, need: int) -> bool:
-        """GroupTransferService: are the bytes up to `next_offset` on enough replicas?"""
+        """GroupTransferService: are the bytes up to `next_offset` on enough replicas? (True:
+        the caller acknowledges them, so they count as acknowledged from now on.)"""
+        ok = self._acked(next_offset, need)
+        if ok:
+            self.acked_offset = max(self.acked_offset, next_offset)
+        return ok
+
+    def _acked(self, next_offset: int, need: int) -> bool:
         if need in (0, 1):
             return True
         if need == ALL_ACK:

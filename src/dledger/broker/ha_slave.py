@@ -37,10 +37,11 @@ class SlaveClient:
         self.last_read_ms = 0
         self.last_write_ms = 0
         self._handshake_ms = 0
+        self._started = False  # the first ack (where transfer starts) went out
         self._reader = MasterPacketReader()
 
     def connected(self, now_ms: int) -> list[bytes]:
-        self.state, self.received_epoch = HAState.HANDSHAKE, -1
+        self.state, self.received_epoch, self._started = HAState.HANDSHAKE, -1, False
         self._reader = MasterPacketReader()
         self.last_read_ms = now_ms
         return [self._handshake(now_ms)]
@@ -60,18 +61,27 @@ class SlaveClient:
         if self.state == HAState.HANDSHAKE and now_ms - self._handshake_ms >= self.config.handshake_retry_ms:
             return [self._handshake(now_ms)]
         if self.state == HAState.TRANSFER and now_ms - self.last_write_ms >= self.config.heartbeat_ms:
-            return [self._ack(now_ms)]
+            return self._ack(now_ms)
         return []
 
-    def _ack(self, now_ms: int) -> bytes:
-        self.reported = self.log.durable_offset if self.ack_durable else self.log.max_offset
+    def _ack(self, now_ms: int) -> list[bytes]:
+        """An ack of what we hold (with ack_durable: of what is fsynced). The first ack of a
+        connection says where the transfer starts, so it waits until all we hold is fsynced
+        (else the master would send again bytes we have)."""
+        ackable = self.log.durable_offset if self.ack_durable else self.log.max_offset
+        if not self._started and ackable < self.log.max_offset:
+            return []
+        self._started = True
+        self.reported = ackable
         self.last_write_ms = now_ms
-        return Ack(self.reported).encode()
+        return [Ack(ackable).encode()]
 
     def ack_if_grew(self, now_ms: int) -> list[bytes]:
         """An ack when more bytes became ackable (durable) since the last one."""
         ackable = self.log.durable_offset if self.ack_durable else self.log.max_offset
-        return [self._ack(now_ms)] if self.state == HAState.TRANSFER and ackable > self.reported else []
+        if self.state != HAState.TRANSFER or (self._started and ackable <= self.reported):
+            return []
+        return self._ack(now_ms)
 
     def receive(self, data: bytes, now_ms: int) -> list[bytes]:
         """What the master sent; the acks to write (HAProtocolError, PacketError or
@@ -88,7 +98,7 @@ class SlaveClient:
             else:
                 assert isinstance(p, Transfer)
                 grew |= self._on_transfer(p)
-        return [self._ack(now_ms)] if grew else []
+        return self._ack(now_ms) if grew else []
 
     def _truncate(self, answer: HandshakeAnswer) -> None:
         """doTruncate: cut the log where it stops agreeing with the master's."""

@@ -23,7 +23,9 @@ from dledger.broker.ha_master import HAConfig
 from dledger.broker.ha_service import AckSettings, MasterHA
 from dledger.broker.ha_slave import SlaveClient
 from dledger.broker.log import BrokerLog
+from dledger.codes import ControllerResponseCode as RC
 from dledger.codes import DLedgerError, ResponseCode
+from dledger.controller import messages as m
 from dledger.store.base import AppendResult
 
 log = logging.getLogger(__name__)
@@ -57,6 +59,8 @@ class ReplicaState:
         self.slave: SlaveClient | None = None
         self.lease_until_ms = 0
         self.truncated_at: int | None = None  # the last cut of an unconfirmed tail (a slave's handshake)
+        self._resend: m.AlterSyncStateSet | None = None  # sent, no answer: send it again
+        self.unresolved = False  # refused: read the controller's set before the next proposal
         self._confirm = max(min(confirm_offset, log_.max_offset), -1)
 
     # --- what the controller says ----------------------------------------------------------
@@ -67,7 +71,7 @@ class ReplicaState:
         bring a newer SyncStateSet to a master)."""
         if master_epoch <= self.master_epoch:
             if master_epoch == self.master_epoch and self.role == Role.MASTER:
-                self.sync_state_set_confirmed(sss, sss_epoch)
+                self.sync_state_set_read(master_epoch, sss, sss_epoch)
             return Change.NONE
         if master_epoch < self.epochs.last_epoch:
             log.error("broker %s: refusing master epoch %d below our last epoch %d (controller data lost? see "
@@ -81,7 +85,8 @@ class ReplicaState:
             self.master_address = my_address
             self.sync_state_set, self.sync_state_set_epoch = frozenset(sss), sss_epoch
             self.epochs.append_entry(master_epoch, self.log.max_offset)
-            self.master_ha = MasterHA(self.broker_id, self.log, self.epochs, self.ha_config, sss, confirm)
+            self.master_ha = MasterHA(self.broker_id, self.log, self.epochs, self.ha_config, sss, confirm,
+                                      durable_only=self.ack_durable)
             self.role = Role.MASTER
             log.warning("broker %s id %d: MASTER at epoch %d (log ends at %d, confirmed %d)", self.name,
                         self.broker_id, master_epoch, self.log.max_offset, self.master_ha.confirm_offset)
@@ -103,12 +108,60 @@ class ReplicaState:
         self.slave = None
 
     def sync_state_set_confirmed(self, sss: set[int] | frozenset[int], epoch: int) -> bool:
-        """changeSyncStateSet: a newer set the controller confirmed (alter, metadata sync)."""
+        """changeSyncStateSet: a newer set the controller confirmed (an alter's success)."""
         if epoch <= self.sync_state_set_epoch or self.master_ha is None:
             return False
         self.sync_state_set, self.sync_state_set_epoch = frozenset(sss), epoch
         self.master_ha.set_sync_state_set(sss)
         return True
+
+    # --- SyncStateSet changes, one at a time (§4.9, §6.4) ----------------------------------
+
+    def next_alter(self) -> m.AlterSyncStateSet | None:
+        """The alter-sync-state-set request to send now, or None. An unanswered one is sent
+        again as it was (if it was applied, the copy is refused as fenced and the read that
+        follows tells); no new one goes out while one is unresolved."""
+        ha = self.master_ha
+        if ha is None:
+            return None
+        if self._resend is not None:
+            req, self._resend = self._resend, None
+            return req
+        if self.unresolved:
+            return None
+        proposal = ha.tracker.take_proposal()
+        if proposal is None:
+            return None
+        return m.AlterSyncStateSet(self.name, self.broker_id, self.master_epoch, sorted(proposal),
+                                   self.sync_state_set_epoch)
+
+    def alter_answered(self, req: m.AlterSyncStateSet, resp: m.Response | None) -> None:
+        """The answer to `req` (None: none came). After a refusal `unresolved` is set: the
+        runtime reads the controller's set (`sync_state_set_read`)."""
+        if self.master_ha is None or req.master_epoch != self.master_epoch:
+            return  # an old mastership's: its tracker is gone
+        if resp is None:
+            self._resend = req
+        elif resp.code == RC.SUCCESS and resp.new_sync_state_set_epoch is not None:
+            self.sync_state_set_confirmed(set(resp.sync_state_set or req.sync_state_set), resp.new_sync_state_set_epoch)
+        else:
+            log.info("broker %s: SyncStateSet %s refused (%s): reading the controller's", self.name,
+                     req.sync_state_set, resp.remark or resp.code)
+            self.unresolved = True
+
+    def sync_state_set_read(self, master_epoch: int, sss: set[int] | frozenset[int], epoch: int) -> None:
+        """The controller's set at `master_epoch`, read (replica info) after a refusal or as
+        the periodic metadata sync."""
+        ha = self.master_ha
+        if ha is None or master_epoch != self.master_epoch:
+            return
+        if epoch > self.sync_state_set_epoch:
+            self.sync_state_set, self.sync_state_set_epoch = frozenset(sss), epoch
+            ha.sync_state_set_read(sss, newer=True)
+            self._resend = None
+        elif self.unresolved and self._resend is None:
+            ha.sync_state_set_read(sss, newer=False)  # the refused proposal was not applied
+        self.unresolved = False
 
     def lease_granted(self, sent_ms: int, epoch: int) -> None:
         """The controller leader granted the lease asked for by a heartbeat sent at `sent_ms`

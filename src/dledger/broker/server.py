@@ -85,6 +85,7 @@ class BrokerServer:
         self._waiters: deque[_Waiter] = deque()
         self._progress = asyncio.Event()  # the confirm offset moved (long-polling readers)
         self._role_lock = asyncio.Lock()
+        self._altering = False
         self._tasks: set[asyncio.Task[Any]] = set()
         self._durable: DurabilityWaiter | None = None
         self.transport = TransportServer(direct=self._handle)
@@ -182,7 +183,10 @@ class BrokerServer:
                 return
             await self._apply_replica_info(resp)
         elif resp.master_epoch == self.replica.master_epoch and self.role == Role.MASTER:
-            self._sync_state_set_confirmed(set(resp.sync_state_set or ()), resp.sync_state_set_epoch or 0)
+            self.replica.sync_state_set_read(resp.master_epoch, set(resp.sync_state_set or ()),
+                                             resp.sync_state_set_epoch or 0)
+            self._after_confirm_change()
+            self._propose()
 
     async def _apply_replica_info(self, resp: cm.Response) -> bool:
         if resp.master_broker_id is None or resp.master_address is None or resp.master_epoch is None:
@@ -221,39 +225,44 @@ class BrokerServer:
         self.replica.sync_slave_truncation()
         self._progress.set()
 
-    def _sync_state_set_confirmed(self, sss: set[int], epoch: int) -> None:
-        if self.replica.sync_state_set_confirmed(sss, epoch):
-            self._after_confirm_change()
-
     # --- SyncStateSet proposals (§4.9, §6.4) --------------------------------------------------
 
-    def _propose(self, proposal: frozenset[int]) -> None:
-        self._spawn(self._alter(proposal))
+    def _propose(self, proposal: frozenset[int] | None = None) -> None:
+        """A SyncStateSet change is wanted: run the alter loop unless it runs."""
+        if not self._altering:
+            self._altering = True
+            self._spawn(self._alter_loop())
 
-    async def _alter(self, proposal: frozenset[int]) -> None:
-        async with self._role_lock:
-            r = self.replica
-            ha = r.master_ha
-            if ha is None or ha.tracker.proposed != proposal:
-                return  # superseded
-            try:
-                resp = await self.controller.alter_sync_state_set(self.config.name, r.broker_id, r.master_epoch,
-                                                                  proposal, r.sync_state_set_epoch)
-            except DLedgerError as e:
-                # no answer: it may have been applied (#5663); the union rule holds until a
-                # metadata sync tells us the set the controller has
-                log.warning("broker %s: SyncStateSet %s not confirmed: %s", self.config.name, sorted(proposal),
-                            e.message)
-                return
-            if resp.code == RC.SUCCESS and resp.new_sync_state_set_epoch is not None:
-                r.sync_state_set_confirmed(set(resp.sync_state_set or proposal), resp.new_sync_state_set_epoch)
-                log.info("broker %s: SyncStateSet %s (epoch %d)", self.config.name, sorted(r.sync_state_set),
-                         r.sync_state_set_epoch)
-            else:
-                log.warning("broker %s: SyncStateSet %s refused: %s", self.config.name, sorted(proposal),
-                            resp.remark or resp.code)
-                ha.proposal_failed()
-            self._after_confirm_change()
+    async def _alter_loop(self) -> None:
+        """Send the wanted changes one at a time; resolve a refused one by reading the
+        controller's set; send an unanswered one again after a pause."""
+        r = self.replica
+        try:
+            while (req := r.next_alter()) is not None:
+                try:
+                    resp: cm.Response | None = await self.controller.call(req)
+                except DLedgerError as e:
+                    log.warning("broker %s: SyncStateSet %s: no answer (%s); sending it again", self.config.name,
+                                req.sync_state_set, e.message)
+                    resp = None
+                r.alter_answered(req, resp)
+                if r.unresolved:
+                    with contextlib.suppress(DLedgerError):
+                        info = await self.controller.get_replica_info(self.config.name)
+                        if info.code == RC.SUCCESS and info.master_epoch is not None:
+                            r.sync_state_set_read(info.master_epoch, set(info.sync_state_set or ()),
+                                                  info.sync_state_set_epoch or 0)
+                    if r.unresolved:
+                        await asyncio.sleep(0.5)
+                elif resp is None:
+                    await asyncio.sleep(0.5)
+                else:
+                    log.info("broker %s: SyncStateSet %s (epoch %d)", self.config.name, sorted(r.sync_state_set),
+                             r.sync_state_set_epoch)
+                self._after_confirm_change()
+                self._on_slave_ack()
+        finally:
+            self._altering = False
 
     # --- heartbeats and the lease (§1.5) -----------------------------------------------------
 

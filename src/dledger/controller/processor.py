@@ -29,6 +29,7 @@ from dledger.controller.state import (
     ControllerState,
     ElectMasterEvent,
     Event,
+    MasterRestartedEvent,
     UpdateBrokerAddressEvent,
 )
 
@@ -92,11 +93,17 @@ def _register_broker(state: ControllerState, req: m.RegisterBroker, alive: dict[
                        f"BrokerId: {req.broker_id} hasn't been registered in broker-set: {req.broker_name}")
     resp = m.Response(cluster_name=req.cluster_name, broker_name=req.broker_name,
                       sync_state_set=sorted(s.sync_state_set), sync_state_set_epoch=s.sync_state_set_epoch)
+    events: list[Event] = []
+    epoch = s.master_epoch
+    if req.broker_id == s.master_id:  # the master restarted: a new epoch (MasterRestartedEvent)
+        events.append(MasterRestartedEvent(req.broker_name))
+        epoch += 1
     if s.master_id is not None and s.master_id in alive:  # #5631: a dead master is not named
         resp.master_broker_id, resp.master_address = s.master_id, s.master_address
-        resp.master_epoch = s.master_epoch
-    events: list[Event] = []
+        resp.master_epoch = epoch
     if s.replicas[req.broker_id].address != req.broker_address:
+        if resp.master_broker_id == req.broker_id:
+            resp.master_address = req.broker_address
         events.append(UpdateBrokerAddressEvent(req.cluster_name, req.broker_name, req.broker_id, req.broker_address))
     return resp, events
 

@@ -43,6 +43,14 @@ class CleanBrokerDataEvent(msgspec.Struct, frozen=True):
     ids: frozenset[int] | None = None  # None or empty: the whole broker set
 
 
+class MasterRestartedEvent(msgspec.Struct, frozen=True):
+    """Ours: the master registered again (it restarted). Its epoch moves on, master and
+    SyncStateSet kept: an epoch is never continued after a restart, whose lost unflushed tail
+    other replicas may hold, so the slaves' truncation point stays exact (#7689)."""
+
+    broker: str
+
+
 class UpdateBrokerAddressEvent(msgspec.Struct, frozen=True):
     cluster: str
     broker: str
@@ -50,7 +58,8 @@ class UpdateBrokerAddressEvent(msgspec.Struct, frozen=True):
     address: str
 
 
-Event = ApplyBrokerIdEvent | ElectMasterEvent | AlterSyncStateSetEvent | CleanBrokerDataEvent | UpdateBrokerAddressEvent
+Event = (ApplyBrokerIdEvent | ElectMasterEvent | AlterSyncStateSetEvent | CleanBrokerDataEvent
+         | UpdateBrokerAddressEvent | MasterRestartedEvent)
 
 @dataclass
 class Replica:
@@ -126,6 +135,8 @@ class ControllerState:
                 s.set_master(None)  # no candidate: the epoch moves, the SyncStateSet stays
         elif isinstance(event, AlterSyncStateSetEvent):
             s.set_sync_state_set(event.sync_state_set)
+        elif isinstance(event, MasterRestartedEvent):
+            s.master_epoch += 1
         elif isinstance(event, CleanBrokerDataEvent):
             self._clean(s, event.ids)
         elif isinstance(event, UpdateBrokerAddressEvent):
