@@ -65,8 +65,10 @@ def broker_demo(base: Path) -> bool:
     d = local_broker_cluster(base / "brokers", controllers=3, broker_sets=1, replicas=2, base_port=port,
                              broker_args=["--all-ack-in-sync-state-set", "--enable-fault-injection"])
     with d:
-        master = d.master_of("b0")
-        assert master is not None
+        master = None
+        while master is None:  # the lease comes with the master's next heartbeat
+            time.sleep(0.1)
+            master = d.master_of("b0")
         slave = next(k for k in d.brokers if k != master)
         console.print(f"controllers {d.controller}; master {master} (id {d.info(master).broker_id}), "
                       f"slave {slave}; every send waits for both copies")

@@ -194,10 +194,16 @@ class AsyncBrokerClient:
                     yield r
                     offset = r.index + 1
 
-    async def inject_faults(self, address: str, blocked: Sequence[str] = (), ha_paused: bool = False) -> None:
+    async def inject_faults(self, address: str, blocked: Sequence[str] = (), ha_paused: bool = False,
+                            ha_cut: bool = False) -> None:
         """Tests: make the broker at `address` (started with --enable-fault-injection) cut its
-        requests to `blocked` and, with `ha_paused`, stop replicating; no arguments heal it."""
-        await _inject(self._transport, address, blocked, ha_paused, self.timeout)
+        requests to `blocked`, stop sending to its slaves (`ha_paused`) or, a slave, drop its
+        master (`ha_cut`); no arguments heal it."""
+        req = bm.FaultRequest(list(blocked), ha_paused, ha_cut)
+        reply = await self._transport.request(address, Message(int(bm.BrokerRequestCode.FAULT), bm.encode(req)),
+                                              self.timeout)
+        if reply.code != ResponseCode.SUCCESS:
+            raise _as_error(reply)
 
     async def info(self, address: str | None = None) -> bm.RuntimeInfo:
         """A broker's runtime info (the master's by default)."""
@@ -209,14 +215,6 @@ class AsyncBrokerClient:
         if reply.code != ResponseCode.SUCCESS:
             raise _as_error(reply)
         return bm.runtime_info.decode(reply.meta)
-
-
-async def _inject(transport: TransportClient, address: str, blocked: Sequence[str], ha_paused: bool,
-                  timeout: float) -> None:
-    msg = Message(int(bm.BrokerRequestCode.FAULT), bm.encode(bm.FaultRequest(list(blocked), ha_paused)))
-    reply = await transport.request(address, msg, timeout)
-    if reply.code != ResponseCode.SUCCESS:
-        raise _as_error(reply)
 
 
 def _as_error(reply: Message) -> DLedgerError:
@@ -257,8 +255,9 @@ class BrokerClient:
     def info(self, address: str | None = None) -> bm.RuntimeInfo:
         return self._run(self._async.info(address))
 
-    def inject_faults(self, address: str, blocked: Sequence[str] = (), ha_paused: bool = False) -> None:
-        self._run(self._async.inject_faults(address, blocked, ha_paused))
+    def inject_faults(self, address: str, blocked: Sequence[str] = (), ha_paused: bool = False,
+                      ha_cut: bool = False) -> None:
+        self._run(self._async.inject_faults(address, blocked, ha_paused, ha_cut))
 
     def master(self, refresh: bool = True) -> str | None:
         return self._run(self._async.master(refresh))

@@ -135,14 +135,19 @@ class SlaveRunner:
 
     def __init__(self, client: SlaveClient, master_ha_address: str, on_progress: Callable[[], None],
                  ssl_context: ssl.SSLContext | None = None,
-                 durable: Callable[[int], Awaitable[None]] | None = None) -> None:
+                 durable: Callable[[int], Awaitable[None]] | None = None,
+                 cut: Callable[[], bool] = lambda: False) -> None:
         self.client, self.address, self._on_progress, self._ssl = client, master_ha_address, on_progress, ssl_context
         self._durable = durable  # waits until an entry is fsynced (acks of durable bytes only)
+        self._cut = cut  # fault injection: no connection to the master while it says so
         self.connected = False
 
     async def run(self) -> None:
         host, port = _host_port(self.address)
         while True:
+            if self._cut():
+                await asyncio.sleep(RETRY_S)
+                continue
             try:
                 async with asyncio.timeout(2.0):
                     reader, writer = await asyncio.open_connection(host, port, ssl=self._ssl)
@@ -173,6 +178,8 @@ class SlaveRunner:
                     data = await reader.read(READ_BYTES)
                     if not data:
                         return  # the master closed it
+            if self._cut():
+                raise HAProtocolError("cut off from the master (fault injection)")
             now = now_ms()
             before = (c.log.max_offset, c.confirm_offset)
             out = (c.receive(data, now) if data else []) + c.tick(now)

@@ -131,14 +131,17 @@ class local_broker_cluster:
         return self._shared(self.specs[key].name).info(self.specs[key].address)
 
     def master_of(self, broker: str) -> str | None:
-        """The key of the broker set's master, as the replicas themselves say."""
+        """The key of the broker set's acknowledging master: a replica that says it is master
+        and holds its lease (a deposed master cut off from the controllers may still think it
+        is master until it hears of the new one, but it acknowledges nothing)."""
         for key, s in self.specs.items():
             if s.name == broker and key in self.brokers:
                 try:
-                    if self.info(key).role == "MASTER":
-                        return key
+                    info = self.info(key)
                 except DLedgerError:
                     continue
+                if info.role == "MASTER" and info.lease_ms_left > 0:
+                    return key
         return None
 
     def wait_masters(self, timeout: float) -> None:

@@ -55,11 +55,12 @@ class PullResponse(msgspec.Struct, omit_defaults=True):
 
 class FaultRequest(msgspec.Struct, omit_defaults=True):
     """Cut this broker's requests to `blocked` addresses (the controllers: a master isolated
-    from them) and, with `ha_paused`, stop sending to its slaves (records written on the
-    master only). An empty request heals."""
+    from them); with `ha_paused`, stop sending to its slaves (records written on the master
+    only); with `ha_cut`, a slave cut off from its master. An empty request heals."""
 
     blocked: Annotated[list[str], msgspec.Meta(max_length=64)] = []
     ha_paused: bool = False
+    ha_cut: bool = False  # a slave: drop its connection to the master and make none
 
 
 class RuntimeInfoRequest(msgspec.Struct, omit_defaults=True):

@@ -73,6 +73,13 @@ class ReplicaState:
             if master_epoch == self.master_epoch and self.role == Role.MASTER:
                 self.sync_state_set_read(master_epoch, sss, sss_epoch)
             return Change.NONE
+        if master_id == self.broker_id and master_epoch <= self.epochs.last_epoch:
+            # we wrote in that epoch before a restart (and may have lost its unflushed tail,
+            # which a slave may hold): a master only ever writes in a fresh epoch, which
+            # registering again gets from the controller (MasterRestartedEvent)
+            log.warning("broker %s: not continuing epoch %d as master after a restart: registering again",
+                        self.name, master_epoch)
+            return Change.NONE
         if master_epoch < self.epochs.last_epoch:
             log.error("broker %s: refusing master epoch %d below our last epoch %d (controller data lost? see "
                       "docs/controller.md)", self.name, master_epoch, self.epochs.last_epoch)

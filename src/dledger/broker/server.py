@@ -31,6 +31,7 @@ from typing import Any
 
 from dledger.broker import messages as bm
 from dledger.broker.config import BrokerConfig, split_address
+from dledger.broker.confirm_file import read_confirm, write_confirm
 from dledger.broker.epoch_file import EpochFileCache
 from dledger.broker.ha_runtime import HAListener, SlaveRunner, now_ms
 from dledger.broker.identity import Registration
@@ -40,7 +41,6 @@ from dledger.codes import ControllerRequestCode, DLedgerError, ResponseCode
 from dledger.codes import ControllerResponseCode as RC
 from dledger.controller import messages as cm
 from dledger.controller.client import ControllerClient
-from dledger.fsutil import write_atomic
 from dledger.runtime.transport import Caller, FaultInjector, Message, Respond, TransportServer, encode_error
 from dledger.store.durability import DurabilityWaiter
 from dledger.store.file import FileLedgerStore
@@ -49,7 +49,6 @@ log = logging.getLogger(__name__)
 
 NOTIFY = int(ControllerRequestCode.NOTIFY_BROKER_ROLE_CHANGED)
 EPOCH_FILE = "epochFileCheckpoint"
-CONFIRM_FILE = "confirmOffset"
 HOUSEKEEPING_S = 0.1
 STARTUP_RETRY_S = 0.5  # upstream: 5 s
 
@@ -86,6 +85,7 @@ class BrokerServer:
         self._progress = asyncio.Event()  # the confirm offset moved (long-polling readers)
         self._role_lock = asyncio.Lock()
         self._altering = False
+        self.ha_cut = False  # fault injection: this slave is cut off from its master
         self._tasks: set[asyncio.Task[Any]] = set()
         self._durable: DurabilityWaiter | None = None
         self.transport = TransportServer(direct=self._handle)
@@ -122,16 +122,13 @@ class BrokerServer:
     # --- the confirm offset ------------------------------------------------------------------
 
     def _load_confirm(self) -> int:
-        try:
-            value = int((self.config.store_path / CONFIRM_FILE).read_text())
-        except (FileNotFoundError, ValueError):
-            return -1
+        value, _ = read_confirm(self.config.store_path)
         return max(min(value, self.log.max_offset), -1)  # recovery may have cut the log below it
 
     def _save_confirm(self) -> None:
         value = self.replica.confirm_offset
         if value != self._saved_confirm:
-            write_atomic(self.config.store_path / CONFIRM_FILE, str(value).encode())
+            write_confirm(self.config.store_path, value, self.log.last_index_within(value))
             self._saved_confirm = value
 
     @property
@@ -218,7 +215,8 @@ class BrokerServer:
             slave = self.replica.slave
             if ha_address and slave is not None:
                 durable = self._durable.wait if slave.ack_durable and self._durable is not None else None
-                runner = SlaveRunner(slave, ha_address, self._on_slave_progress, durable=durable)
+                runner = SlaveRunner(slave, ha_address, self._on_slave_progress, durable=durable,
+                                     cut=lambda: self.ha_cut)
                 self._slave_task = asyncio.get_running_loop().create_task(runner.run())
 
     def _on_slave_progress(self) -> None:
@@ -358,8 +356,9 @@ class BrokerServer:
         self.faults.unblock_all()
         if req.blocked:
             self.faults.block(req.blocked)
-        self.ha.paused = req.ha_paused
-        log.warning("broker %s: faults: blocked %s, HA paused %s", self.config.name, req.blocked, req.ha_paused)
+        self.ha.paused, self.ha_cut = req.ha_paused, req.ha_cut
+        log.warning("broker %s: faults: blocked %s, HA paused %s, HA cut %s", self.config.name, req.blocked,
+                    req.ha_paused, req.ha_cut)
         return Message(int(ResponseCode.SUCCESS), b"")
 
     async def _send(self, msg: Message) -> Message:

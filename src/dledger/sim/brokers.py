@@ -127,6 +127,7 @@ class Broker:
         self.pipes: list[Pipe] = []
         self.waiters: list[Waiter] = []
         self.altering = False
+        self.registered = False
         self.last_confirm = -1
 
     def _fresh(self) -> ReplicaState:
@@ -150,8 +151,15 @@ class Broker:
         self.replica = self._fresh()
         self.last_confirm = self.replica.confirm_offset
         self.sim.trace(f"b{self.id} up (log {self.log.max_offset}, epochs {self.epochs.entries})")
-        self.sim.call_controller(self, m.RegisterBroker(CLUSTER, NAME, self.id, self.address), self._registered)
+        self.registered = False
+        self._register(self.incarnation)
         self._tick(self.incarnation)
+
+    def _register(self, inc: int) -> None:
+        """Until the controller answers (as the server's startup loop)."""
+        if self.up and inc == self.incarnation and not self.registered:
+            self.sim.call_controller(self, m.RegisterBroker(CLUSTER, NAME, self.id, self.address), self._registered)
+            self.sim.after(500, self._register, inc)
 
     def stop(self, power_loss: bool) -> None:
         self.up = False
@@ -166,9 +174,12 @@ class Broker:
         self.sim.trace(f"b{self.id} {'power loss' if power_loss else 'killed'} (log {self.log.max_offset})")
 
     def _registered(self, resp: m.Response) -> None:
+        if resp.code != RC.SUCCESS or self.registered:
+            return
+        self.registered = True
         if resp.master_broker_id is not None and resp.master_address and resp.master_epoch is not None:
             self.change_role(resp)
-        elif resp.code == RC.SUCCESS:
+        else:
             self.sim.call_controller(self, m.ElectMaster(CLUSTER, NAME, self.id), self._elect_answer)
 
     def _elect_answer(self, resp: m.Response) -> None:
@@ -202,7 +213,7 @@ class Broker:
         r = self.replica
         if now % HEARTBEAT_MS < 100:
             self.heartbeat()
-        if now % 1000 < 100:
+        if now % 1000 < 100 and self.registered:
             self.saved_confirm = r.confirm_offset
             self.sim.call_controller(self, m.GetReplicaInfo(NAME), self._replica_info)
             if r.master_ha is not None:
@@ -273,7 +284,7 @@ class Broker:
         answered = {"done": False}
 
         def answer(resp: m.Response | None) -> None:
-            if answered["done"] or r is not self.replica:
+            if answered["done"] or r is not self.replica or not self.up:
                 return
             answered["done"] = True
             self.altering = False
@@ -308,6 +319,8 @@ class Broker:
 
     def settle(self) -> None:
         """Acknowledge the sends that are on every copy they need, while the lease holds."""
+        if not self.up:
+            return
         r, now = self.replica, self.sim.now
         if r.master_ha is not None:
             r.master_ha.recompute_confirm()

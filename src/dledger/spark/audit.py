@@ -155,7 +155,7 @@ def main_audit(dirs: Sequence[str], master: str, include_uncommitted: bool) -> i
 
     paths = [Path(d) for d in dirs]
     for p in paths:
-        if not (p / "data").is_dir():
+        if not (p / "data").is_dir() and not (p / "commitlog" / "data").is_dir():
             raise ValueError(f"{p} is not a dledger store directory (no data/ in it)")
     # executors must run this interpreter, the one that has dledger installed
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)

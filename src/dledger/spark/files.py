@@ -42,6 +42,7 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from pyspark.sql.types import StructType
 
+from dledger.broker.confirm_file import read_confirm
 from dledger.entry import (
     BLANK,
     ENTRY_MAGICS,
@@ -126,7 +127,13 @@ def _int(data: Mapping[str, object], key: str, default: int) -> int:
 
 
 def layout(store_dir: Path, group: str | None = None, member: str | None = None) -> StoreLayout:
-    """What the driver learns from the directory listing and the checkpoint."""
+    """What the driver learns from the directory listing and the checkpoint (a broker
+    replica's directory: its commitlog/, committed up to its confirmed index)."""
+    confirmed: int | None = None
+    if (store_dir / "commitlog").is_dir():
+        member, group = member or store_dir.resolve().name, group or store_dir.resolve().parent.name
+        confirmed = read_confirm(store_dir)[1]
+        store_dir = store_dir / "commitlog"
     data_dir = store_dir / "data"
     if not data_dir.is_dir():
         raise OptionError(f"{store_dir} is not a dledger store directory (no data/ in it)")
@@ -143,7 +150,7 @@ def layout(store_dir: Path, group: str | None = None, member: str | None = None)
     return StoreLayout(
         member=member or store_dir.resolve().name,
         group=group or store_dir.resolve().parent.name,
-        committed_index=_int(ckpt, "committed_index", -1),
+        committed_index=confirmed if confirmed is not None else _int(ckpt, "committed_index", -1),
         begin_index=_int(ckpt, "begin_index", 0),
         begin_pos=_int(ckpt, "begin_pos", files[0][1] if files else 0),
         begin_chain_crc=int(begin_chain) if isinstance(begin_chain, int) else None,
