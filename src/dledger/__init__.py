@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dledger.broker.client import AsyncBrokerClient, BrokerClient, BrokerRecord, SendResult
 from dledger.codes import DLedgerError, ResponseCode
 from dledger.config import DLedgerConfig
 from dledger.runtime.client import AppendResult, AsyncDLedgerClient, DLedgerClient, Entry, Metadata, ProposeResult
@@ -12,7 +13,10 @@ from dledger.statemachine.api import AppliedEntry, SnapshotReader, SnapshotWrite
 __all__ = [
     "AppendResult",
     "AppliedEntry",
+    "AsyncBrokerClient",
     "AsyncDLedgerClient",
+    "BrokerClient",
+    "BrokerRecord",
     "DLedgerClient",
     "DLedgerConfig",
     "DLedgerError",
@@ -21,6 +25,7 @@ __all__ = [
     "Metadata",
     "ProposeResult",
     "ResponseCode",
+    "SendResult",
     "SnapshotReader",
     "SnapshotWriter",
     "StateMachine",
