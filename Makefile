@@ -60,6 +60,7 @@ bench-compare: venv
 soak: venv
 	$(BIN)/python -m dledger.sim --seeds $${SIM_SEEDS:-5000} --start 100000
 	$(BIN)/python -m dledger.sim --controller --seeds $${SIM_SEEDS:-5000} --start 200000
+	$(BIN)/python -m dledger.sim --brokers --seeds $${SIM_SEEDS:-5000} --start 300000
 	$(BIN)/python -m pytest -q -m "slow"
 
 clean:
