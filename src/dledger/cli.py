@@ -13,7 +13,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import click
@@ -22,6 +21,7 @@ from dledger.clitools import (
     PEERS_HELP,
     UserError,
     WireInt,
+    body_chunks,
     body_json,
     check_store_dir,
     consistency_option,
@@ -211,27 +211,10 @@ def append(peers: str, group: str, batch: int, bodies: tuple[str, ...]) -> None:
     UTF-8 or not.
     """
     parse_peers(peers)
-    # click hands over non-UTF-8 argv as surrogate escapes: fsencode gives back the bytes
-    source: Iterator[bytes] = (os.fsencode(b) for b in bodies) if bodies else _stdin_lines()
     with make_client(peers, group) as c:
-        chunk: list[bytes] = []
-        for body in source:
-            chunk.append(body)
-            if len(chunk) >= batch:
-                _append_chunk(c, chunk)
-                chunk = []
-        if chunk:
-            _append_chunk(c, chunk)
-
-
-def _stdin_lines() -> Iterator[bytes]:
-    for line in sys.stdin.buffer:
-        yield line[:-1] if line.endswith(b"\n") else line
-
-
-def _append_chunk(c: object, chunk: list[bytes]) -> None:
-    for r in c.append_batch(chunk):  # type: ignore[attr-defined]
-        click.echo(json.dumps({"index": r.index, "term": r.term, "pos": r.pos}))
+        for chunk in body_chunks(bodies, batch):
+            for r in c.append_batch(chunk):
+                click.echo(json.dumps({"index": r.index, "term": r.term, "pos": r.pos}))
 
 
 @cli.command()

@@ -10,7 +10,8 @@ import os
 import re
 import signal
 import socket
-from collections.abc import Awaitable, Callable
+import sys
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -160,6 +161,26 @@ def socket_os_error(e: OSError) -> str:
     if m is not None:
         return f"cannot listen on {m[1]}:{m[2]}: {reason}"
     return f"{e.filename}: {reason}" if e.filename is not None else reason
+
+
+def body_chunks(bodies: tuple[str, ...], batch: int) -> Iterator[list[bytes]]:
+    """The BODY arguments, or else stdin's lines (without their b"\n"), as bytes in lists of
+    at most `batch`: an argument or a line is sent as given, UTF-8 or not (click hands over
+    non-UTF-8 argv as surrogate escapes: fsencode gives back the bytes)."""
+    source: Iterable[bytes] = (os.fsencode(b) for b in bodies) if bodies else _stdin_lines()
+    chunk: list[bytes] = []
+    for body in source:
+        chunk.append(body)
+        if len(chunk) >= batch:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+def _stdin_lines() -> Iterator[bytes]:
+    for line in sys.stdin.buffer:
+        yield line[:-1] if line.endswith(b"\n") else line
 
 
 def body_json(body: bytes) -> object:

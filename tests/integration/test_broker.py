@@ -200,3 +200,25 @@ def test_add_a_replica_that_catches_up_from_zero(tmp_path: Path) -> None:
         d.start_broker(key)
         wait_until(lambda: d.info(key).role == "SLAVE", 30, "back on new ports")
         assert d.info(key).broker_id == broker_id
+
+
+def test_send_and_read_from_the_command_line(pair: local_broker_cluster) -> None:
+    import json
+    import subprocess
+    import sys
+
+    d = pair
+    the_master(d)
+    cmd = [sys.executable, "-m", "dledger"]
+    sent = subprocess.run([*cmd, "send", "--controller", d.controller, "--broker", "b0", "one", "two"],
+                          capture_output=True, text=True, timeout=60)
+    assert sent.returncode == 0, sent.stderr
+    acks = [json.loads(line) for line in sent.stdout.splitlines()]
+    assert [a["index"] for a in acks] == [0, 1] and acks[1]["offset"] > acks[0]["offset"]
+    read = subprocess.run([*cmd, "read", "--controller", d.controller, "--broker", "b0", "--from", "1"],
+                          capture_output=True, text=True, timeout=60)
+    assert read.returncode == 0, read.stderr
+    assert [json.loads(line)["body"] for line in read.stdout.splitlines()] == ["two"]
+    bad = subprocess.run([*cmd, "send", "--controller", d.controller, "--broker", "nope", "x"],
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 1 and "no broker set named 'nope'" in bad.stderr and "Traceback" not in bad.stderr

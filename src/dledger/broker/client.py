@@ -12,12 +12,10 @@ record's index in the broker set's log (a send's `offset` is its byte position).
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
-import threading
 import time
-from collections.abc import AsyncGenerator, Coroutine, Iterator, Sequence
+from collections.abc import AsyncGenerator, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import msgspec
 
@@ -26,7 +24,8 @@ from dledger.broker.config import split_address
 from dledger.codes import ControllerResponseCode as RC
 from dledger.codes import DLedgerError, ResponseCode
 from dledger.controller.client import ControllerClient
-from dledger.runtime.client import _close_agen, _error_text, _never_sent, _next
+from dledger.runtime.blocking import LoopThread
+from dledger.runtime.client import error_text, never_sent
 from dledger.runtime.transport import Message, TransportClient
 
 T = TypeVar("T")
@@ -121,7 +120,7 @@ class AsyncBrokerClient:
             try:
                 reply = await self._transport.request(address, msg, max(0.1, deadline - time.monotonic()))
             except DLedgerError as e:
-                if not _never_sent(e):
+                if not never_sent(e):
                     raise
                 last, refresh = e, True
                 await asyncio.sleep(RETRY_S)
@@ -223,7 +222,7 @@ def _as_error(reply: Message) -> DLedgerError:
     except ValueError:
         code = ResponseCode.UNKNOWN
     try:
-        text = _error_text(bytes(reply.meta))
+        text = error_text(bytes(reply.meta))
     except msgspec.DecodeError:
         text = ""
     return DLedgerError(code, text)
@@ -235,12 +234,8 @@ class BrokerClient:
 
     def __init__(self, controller: str, broker: str, timeout: float = 10.0) -> None:
         self._async = AsyncBrokerClient(controller, broker, timeout)
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="dledger-broker-client", daemon=True)
-        self._thread.start()
-
-    def _run(self, coro: Coroutine[Any, Any, T]) -> T:
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+        self._loop = LoopThread("dledger-broker-client")
+        self._run = self._loop.run
 
     def send(self, body: bytes) -> SendResult:
         return self._run(self._async.send(body))
@@ -263,30 +258,10 @@ class BrokerClient:
         return self._run(self._async.master(refresh))
 
     def subscribe(self, from_offset: int = 0, *, max_entries: int = 1000, wait: float = 10.0) -> Iterator[BrokerRecord]:
-        agen = self._async.subscribe(from_offset, max_entries=max_entries, wait=wait)
-        pending: concurrent.futures.Future[BrokerRecord] | None = None
-        try:
-            while True:
-                pending = asyncio.run_coroutine_threadsafe(_next(agen), self._loop)
-                try:
-                    record = pending.result()
-                except StopAsyncIteration:
-                    return
-                pending = None
-                yield record
-        finally:
-            if pending is not None:
-                pending.cancel()
-            if not self._loop.is_closed():
-                self._run(_close_agen(agen))
+        return self._loop.iterate(self._async.subscribe(from_offset, max_entries=max_entries, wait=wait))
 
     def close(self) -> None:
-        if self._loop.is_closed():
-            return
-        self._run(self._async.close())
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(timeout=5)
-        self._loop.close()
+        self._loop.close(self._async.close)
 
     def __enter__(self) -> BrokerClient:
         return self

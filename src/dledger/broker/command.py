@@ -5,15 +5,13 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import click
 
 from dledger.broker.config import BrokerConfig, load_broker_toml
-from dledger.clitools import UserError, check_store_dir
+from dledger.clitools import check_store_dir
 
 log = logging.getLogger(__name__)
 
@@ -77,29 +75,12 @@ def send(controller: str, broker_name: str, batch: int, timeout: float, bodies: 
     """Send one record per BODY, or per stdin line, to a broker set's master; print
     {"offset","index","epoch"} per record once acknowledged."""
     from dledger.broker.client import BrokerClient
+    from dledger.clitools import body_chunks
 
-    source: Iterator[bytes] = (os.fsencode(b) for b in bodies) if bodies else _stdin_lines()
     with BrokerClient(controller, broker_name, timeout) as c:
-        chunk: list[bytes] = []
-        for body in source:
-            chunk.append(body)
-            if len(chunk) >= batch:
-                _send_chunk(c, chunk)
-                chunk = []
-        if chunk:
-            _send_chunk(c, chunk)
-
-
-def _stdin_lines() -> Iterator[bytes]:
-    import sys
-
-    for line in sys.stdin.buffer:
-        yield line[:-1] if line.endswith(b"\n") else line
-
-
-def _send_chunk(c: Any, chunk: list[bytes]) -> None:
-    for r in c.send_batch(chunk):
-        click.echo(json.dumps({"offset": r.offset, "index": r.index, "epoch": r.epoch}))
+        for chunk in body_chunks(bodies, batch):
+            for r in c.send_batch(chunk):
+                click.echo(json.dumps({"offset": r.offset, "index": r.index, "epoch": r.epoch}))
 
 
 def read_broker(controller: str, broker_name: str, from_offset: int, max_entries: int, follow: bool) -> None:
@@ -118,4 +99,4 @@ def read_broker(controller: str, broker_name: str, from_offset: int, max_entries
                 sys.stdout.flush()
 
 
-__all__ = ["UserError", "broker", "read_broker", "send"]
+__all__ = ["broker", "read_broker", "send"]

@@ -20,14 +20,12 @@ whole call, every attempt and search included.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 import ssl
-import threading
 import time
-from collections.abc import AsyncGenerator, Coroutine, Iterator, Sequence
+from collections.abc import AsyncGenerator, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import msgspec
 
@@ -57,6 +55,7 @@ from dledger.core.messages import (
     decode_response,
     encode,
 )
+from dledger.runtime.blocking import LoopThread
 from dledger.runtime.transport import Message, TransportClient
 from dledger.security.tls import TlsConfig, client_context
 
@@ -513,7 +512,7 @@ class AsyncDLedgerClient:
         if e.code in _UNANSWERED:
             if self.leader_id == target:
                 self.leader_id = None  # this call (if it may retry) and the next ones search again
-            return _never_sent(e) or code in _IDEMPOTENT
+            return never_sent(e) or code in _IDEMPOTENT
         return False
 
     def _hint(self, e: DLedgerError, target: str) -> str | None:
@@ -614,7 +613,7 @@ class AsyncDLedgerClient:
             resp = None
         if raw.code != ResponseCode.SUCCESS or resp is None or getattr(resp, "code", 200) != 200:
             err_code = raw.code if raw.code != ResponseCode.SUCCESS else getattr(resp, "code", ResponseCode.UNKNOWN)
-            text = getattr(resp, "message", "") or _error_text(raw.meta)
+            text = getattr(resp, "message", "") or error_text(raw.meta)
             err = DLedgerError(ResponseCode(err_code) if err_code in ResponseCode._value2member_map_
                                else ResponseCode.UNKNOWN, f"{member}: {text or ResponseCode(err_code).name}")
             err.leader_hint = getattr(resp, "leader_id", "") or None  # type: ignore[attr-defined]
@@ -622,20 +621,6 @@ class AsyncDLedgerClient:
         if isinstance(resp, (AppendResponse, EntriesResponse, QueryResponse)) and resp.leader_id in self.peers:
             self.leader_id = resp.leader_id
         return resp
-
-
-async def _next(agen: AsyncGenerator[T, None]) -> T:
-    return await agen.__anext__()
-
-
-async def _close_agen(agen: AsyncGenerator[Any, None]) -> None:
-    """Close a generator whose step was just cancelled (the cancellation lands a turn later)."""
-    for _ in range(500):
-        if not getattr(agen, "ag_running", False):
-            break
-        await asyncio.sleep(0.01)
-    with contextlib.suppress(RuntimeError, asyncio.CancelledError):
-        await agen.aclose()
 
 
 def _resolve(consistency: str | None, member: str | None) -> tuple[str, bool, bool]:
@@ -654,7 +639,7 @@ def _check_consistency(consistency: str) -> None:
                            f"consistency {consistency!r}: one of {', '.join(CONSISTENCY)}")
 
 
-def _error_text(meta: bytes) -> str:
+def error_text(meta: bytes) -> str:
     try:
         obj = msgspec.msgpack.decode(meta)
     except msgspec.DecodeError:
@@ -666,7 +651,7 @@ def _error_text(meta: bytes) -> str:
     return ""
 
 
-def _never_sent(e: DLedgerError) -> bool:
+def never_sent(e: DLedgerError) -> bool:
     """The transport could not connect (or is backing off): the request never left.
 
     Only the transport's own connect-failure messages count: "connection with X lost"
@@ -683,12 +668,8 @@ class DLedgerClient:
     def __init__(self, peers: str, group: str = "default", timeout: float = 5.0, coalesce: bool = True,
                  tls: TlsConfig | ssl.SSLContext | None = None, auth_token: str | None = None) -> None:
         self._async = AsyncDLedgerClient(peers, group, timeout, coalesce=coalesce, tls=tls, auth_token=auth_token)
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="dledger-client", daemon=True)
-        self._thread.start()
-
-    def _run(self, coro: Coroutine[Any, Any, T]) -> T:
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+        self._loop = LoopThread("dledger-client")
+        self._run = self._loop.run
 
     def append(self, body: bytes) -> AppendResult:
         return self._run(self._async.append(body))
@@ -711,21 +692,7 @@ class DLedgerClient:
         """AsyncDLedgerClient.subscribe as a blocking iterator (close it, or leave the loop)."""
         agen = self._async.subscribe(from_index, only_normal=only_normal, max_entries=max_entries, wait=wait,
                                      consistency=consistency)
-        pending: concurrent.futures.Future[Entry] | None = None
-        try:
-            while True:
-                pending = asyncio.run_coroutine_threadsafe(_next(agen), self._loop)
-                try:
-                    entry = pending.result()
-                except StopAsyncIteration:
-                    return
-                pending = None
-                yield entry
-        finally:  # left early (break, Ctrl-C): stop the long poll in flight, then close
-            if pending is not None:
-                pending.cancel()
-            if not self._loop.is_closed():
-                self._run(_close_agen(agen))
+        return self._loop.iterate(agen)
 
     def propose(self, body: bytes) -> ProposeResult:
         return self._run(self._async.propose(body))
@@ -750,12 +717,7 @@ class DLedgerClient:
         return self._async.leader_id
 
     def close(self) -> None:
-        if self._loop.is_closed():
-            return
-        self._run(self._async.close())
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(timeout=5)
-        self._loop.close()
+        self._loop.close(self._async.close)
 
     def __enter__(self) -> DLedgerClient:
         return self
