@@ -228,3 +228,49 @@ def test_no_consistent_point_is_an_error() -> None:
     key = connect(ha, c)
     with pytest.raises(HAProtocolError, match="no consistent point"):
         pump(ha, key, c, 0)
+
+
+def test_forged_connections_are_refused() -> None:
+    """The master's own id, acks beyond what was sent, and a second connection of one slave
+    (the older one is dropped: one slave, one ack count)."""
+    m = Replica(1)
+    ha = m.become_master(1, {1, 2})
+    m.write(1, b"a" * 100)
+    key = object()
+    ha.opened(key, 0)
+    with pytest.raises(HAProtocolError, match="not a slave"):
+        ha.on_data(key, Handshake(1).encode(), 0)
+    s = Replica(2)
+    c = SlaveClient(2, s.log, s.epochs, CFG)
+    real = connect(ha, c)
+    pump(ha, real, c, 0)
+    forged = object()
+    ha.opened(forged, 0)
+    ha.on_data(forged, Handshake(2).encode() + Ack(0).encode(), 0)
+    assert real not in ha.connections  # replaced
+    m.write(1, b"b")
+    ha.connections[forged].output(0, ha.confirm_offset, 1 << 20)  # sends from 0: everything
+    with pytest.raises(HAProtocolError, match="beyond"):
+        ha.on_data(forged, Ack(m.log.max_offset + 1).encode(), 0)
+
+
+def test_slave_refuses_frames_of_a_future_epoch() -> None:
+    m = Replica(1)
+    ha = m.become_master(3, {1})
+    m.write(3, b"x")
+    s = Replica(2)
+    c = SlaveClient(2, s.log, s.epochs, CFG, master_epoch=2)  # the controller said epoch 2
+    key = connect(ha, c)
+    with pytest.raises(HAProtocolError, match="epoch 3"):
+        pump(ha, key, c, 0)
+    assert s.epochs.entries == [] and s.log.max_offset == 0
+
+
+def test_an_unreadable_epoch_file_is_an_error(tmp_path: Path) -> None:
+    from dledger.broker.epoch_file import EpochFileError
+
+    path = tmp_path / "epochFileCheckpoint"
+    EpochFileCache(path).append_entry(1, 0)
+    path.write_bytes(b"2\n123\n1-0\n")  # count and CRC do not match
+    with pytest.raises(EpochFileError, match="cannot be read"):
+        EpochFileCache(path)

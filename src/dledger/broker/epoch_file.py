@@ -23,6 +23,7 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
+from dledger.codes import DLedgerError, ResponseCode
 from dledger.fsutil import write_atomic
 
 log = logging.getLogger(__name__)
@@ -30,8 +31,11 @@ log = logging.getLogger(__name__)
 INFINITY = 2**63 - 1  # Long.MAX_VALUE: the last epoch's end
 
 
-class EpochFileError(Exception):
+class EpochFileError(DLedgerError):
     """The file (and its `.bak`) cannot be read: a count or CRC mismatch, or bad lines."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(ResponseCode.INCONSISTENT_STATE, message)
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +86,7 @@ class EpochFileCache:
     def _load(self) -> list[EpochEntry]:
         assert self.path is not None
         bak = self.path.with_name(self.path.name + ".bak")
+        damaged: list[str] = []
         for candidate in (self.path, bak):
             try:
                 entries = decode(candidate.read_bytes())
@@ -89,8 +94,12 @@ class EpochFileCache:
                 continue
             except EpochFileError as e:
                 log.warning("%s: %s; trying %s", candidate, e, bak)
+                damaged.append(f"{candidate}: {e.message}")
                 continue
             return entries
+        if damaged:  # §5: an error, not an empty file (the replica would lose its epochs)
+            raise EpochFileError(f"the epoch file cannot be read ({'; '.join(damaged)}): restore it, or move the "
+                                 "store directory away and let the replica copy its log again")
         return []
 
     def _flush(self) -> None:

@@ -34,8 +34,9 @@ class HAProtocolError(Exception):
 
 
 class MasterConnection:
-    def __init__(self, log: BrokerLog, epochs: EpochFileCache, now_ms: int, config: HAConfig) -> None:
-        self.log, self.epochs, self.config = log, epochs, config
+    def __init__(self, log: BrokerLog, epochs: EpochFileCache, now_ms: int, config: HAConfig,
+                 master_id: int = -1) -> None:
+        self.log, self.epochs, self.config, self.master_id = log, epochs, config, master_id
         self.state = HAState.HANDSHAKE
         self.slave_id = -1
         self.async_learner = False
@@ -56,6 +57,8 @@ class MasterConnection:
         acks: list[int] = []
         for p in self._reader.feed(data):
             if isinstance(p, Handshake):
+                if p.broker_id < 1 or p.broker_id == self.master_id:
+                    raise HAProtocolError(f"a handshake as broker {p.broker_id}: not a slave of this master")
                 if self.slave_id not in (-1, p.broker_id):
                     raise HAProtocolError(f"slave {self.slave_id} handshook again as {p.broker_id}")
                 self.slave_id, self.async_learner = p.broker_id, p.async_learner
@@ -71,6 +74,9 @@ class MasterConnection:
         if p.max_offset < 0 or p.max_offset > self.log.max_offset:
             raise HAProtocolError(f"slave {self.slave_id} acked {p.max_offset}, beyond the master's "
                                   f"{self.log.max_offset}: not our log")
+        if self.next_offset != -1 and p.max_offset > self.next_offset:
+            raise HAProtocolError(f"slave {self.slave_id} acked {p.max_offset}, beyond the {self.next_offset} "
+                                  "bytes sent to it")
         self.state = HAState.TRANSFER
         if self.request_offset == -1:
             self.request_offset = p.max_offset

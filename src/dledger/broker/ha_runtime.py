@@ -25,6 +25,8 @@ from dledger.codes import DLedgerError
 log = logging.getLogger(__name__)
 
 READ_BYTES = 4 << 20
+MAX_CONNECTIONS = 64  # slaves of one master; more is a flood
+HANDSHAKE_S = 5.0  # a connection that has not handshaken by then is closed
 WRITE_BYTES = 1 << 20  # transfer body per wake-up before draining
 RETRY_S = 0.2
 HA_ERRORS = (HAProtocolError, PacketError, DLedgerError, OSError, ConnectionError)
@@ -74,7 +76,7 @@ class HAListener:
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         ha = self._master()
-        if ha is None:
+        if ha is None or len(self._writers) >= MAX_CONNECTIONS:
             writer.close()
             return
         key, wake = object(), asyncio.Event()
@@ -99,12 +101,16 @@ class HAListener:
                 self._on_proposal(proposal)
 
     async def _read_loop(self, ha: MasterHA, key: object, reader: asyncio.StreamReader, wake: asyncio.Event) -> None:
+        deadline = asyncio.get_running_loop().time() + HANDSHAKE_S
         while True:
             try:
                 async with asyncio.timeout(ha.config.housekeeping_ms / 1000):
                     data = await reader.read(READ_BYTES)
             except TimeoutError:
                 raise HAProtocolError("the slave was silent for the housekeeping interval") from None
+            conn = ha.connections.get(key)
+            if conn is not None and conn.slave_id == -1 and asyncio.get_running_loop().time() > deadline:
+                raise HAProtocolError(f"no handshake within {HANDSHAKE_S:.0f} s")
             if not data or ha is not self._master():
                 return
             proposal = ha.on_data(key, data, now_ms())

@@ -14,7 +14,7 @@ from collections.abc import Hashable
 from dataclasses import dataclass
 
 from dledger.broker.epoch_file import EpochFileCache
-from dledger.broker.ha_master import HAConfig, MasterConnection
+from dledger.broker.ha_master import HAConfig, HAProtocolError, MasterConnection
 from dledger.broker.log import BrokerLog
 from dledger.broker.sync_state import SyncStateTracker
 
@@ -53,21 +53,30 @@ class MasterHA:
     # --- connections -------------------------------------------------------------------------
 
     def opened(self, key: Hashable, now_ms: int) -> MasterConnection:
-        conn = self.connections[key] = MasterConnection(self.log, self.epochs, now_ms, self.config)
+        conn = self.connections[key] = MasterConnection(self.log, self.epochs, now_ms, self.config, self.broker_id)
         return conn
 
     def on_data(self, key: Hashable, data: bytes, now_ms: int) -> frozenset[int] | None:
-        """Bytes from a slave; a SyncStateSet to propose, or None."""
-        conn = self.connections[key]
-        proposal = None
-        for ack in conn.receive(data, now_ms):
-            if conn.async_learner:
-                continue
-            self.tracker.on_ack(conn.slave_id, conn.caught_up_at(ack, now_ms))
-            start = self.epochs.entries[-1].start if self.epochs.entries else 0
-            floor = max(self.confirm_offset, self.acked_offset)
-            proposal = self.tracker.maybe_expand(conn.slave_id, ack, floor, start) or proposal
-            self.recompute_confirm()
+        """Bytes from a slave; a SyncStateSet to propose, or None. A connection that handshakes
+        as a slave already connected replaces the older one (which is dropped: its runtime
+        finds it gone); of a read's acks only the last counts (a flood costs one update)."""
+        conn = self.connections.get(key)
+        if conn is None:
+            raise HAProtocolError("the connection was replaced by a newer one of the same slave")
+        before = conn.slave_id
+        acks = conn.receive(data, now_ms)
+        if before == -1 and conn.slave_id != -1:
+            for k, other in list(self.connections.items()):
+                if k != key and other.slave_id == conn.slave_id:
+                    del self.connections[k]
+        if not acks or conn.async_learner:
+            return None
+        ack = acks[-1]
+        self.tracker.on_ack(conn.slave_id, conn.caught_up_at(ack, now_ms))
+        start = self.epochs.entries[-1].start if self.epochs.entries else 0
+        floor = max(self.confirm_offset, self.acked_offset)
+        proposal = self.tracker.maybe_expand(conn.slave_id, ack, floor, start)
+        self.recompute_confirm()
         return proposal
 
     def closed(self, key: Hashable) -> frozenset[int] | None:

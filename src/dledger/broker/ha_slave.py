@@ -24,11 +24,13 @@ log = logging.getLogger(__name__)
 
 class SlaveClient:
     def __init__(self, broker_id: int, log_: BrokerLog, epochs: EpochFileCache, config: HAConfig,
-                 ack_durable: bool = False) -> None:
+                 ack_durable: bool = False, master_epoch: int = 1 << 31) -> None:
         self.broker_id, self.log, self.epochs, self.config = broker_id, log_, epochs, config
         # acks name only fsynced bytes (a broker with flush=sync: a master counting this copy
         # must not lose it to the slave's power loss); the runtime acks again once they are
         self.ack_durable = ack_durable
+        self.master_epoch = master_epoch  # the controller's: no frame of a later epoch is believed
+        self.cuts = 0  # truncations of bytes we held
         self.state = HAState.READY
         self.confirm_offset = -1
         self.reported = -1  # currentReportedOffset
@@ -116,6 +118,7 @@ class SlaveClient:
         if cut < local_max:
             self.log.truncate_to(cut)
             self.truncated_at = cut
+            self.cuts += 1
             log.warning("slave %d: truncated its log from %d to %d (not on the master)", self.broker_id,
                         local_max, self.log.max_offset)
         # epochs that wrote nothing we keep (an old master's empty last epoch) go too
@@ -128,17 +131,22 @@ class SlaveClient:
         if t.body:
             if t.offset < self.log.max_offset:
                 raise HAProtocolError(f"a frame at {t.offset} overlaps the log ending at {self.log.max_offset}")
-            if t.epoch < 0 or t.epoch < self.epochs.last_epoch:
-                raise HAProtocolError(f"a frame of epoch {t.epoch} after epoch {self.epochs.last_epoch}")
+            if t.epoch < 0 or t.epoch < self.epochs.last_epoch or t.epoch > self.master_epoch:
+                raise HAProtocolError(f"a frame of epoch {t.epoch} (our last {self.epochs.last_epoch}, the "
+                                      f"master's {self.master_epoch})")
+            last_start = self.epochs.entries[-1].start if self.epochs.entries else 0
+            if not last_start <= t.epoch_start <= t.offset:
+                raise HAProtocolError(f"a frame at {t.offset} says its epoch {t.epoch} began at {t.epoch_start}")
             _check_terms(t.body, t.epoch)
-            if t.epoch != self.received_epoch:
-                self.epochs.append_entry(t.epoch, t.epoch_start)  # refused (not newer) when we have it
-                self.received_epoch = t.epoch
+            added = t.epoch != self.epochs.last_epoch and self.epochs.append_entry(t.epoch, t.epoch_start)
+            self.received_epoch = t.epoch
             if self.epochs.last_epoch != t.epoch:
                 raise HAProtocolError(f"a frame of epoch {t.epoch} our epoch file cannot take")
             try:
                 self.log.append_records(t.body)
             except StoreError as e:
+                if added:  # the epoch wrote nothing here: forget it again
+                    self.epochs.truncate_suffix_by_epoch(t.epoch)
                 raise HAProtocolError(f"records at {t.offset} do not follow our log: {e.message}") from e
         self.confirm_offset = max(self.confirm_offset, min(t.confirm_offset, self.log.max_offset))
         return bool(t.body)

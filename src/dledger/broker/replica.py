@@ -62,6 +62,7 @@ class ReplicaState:
         self._resend: m.AlterSyncStateSet | None = None  # sent, no answer: send it again
         self.unresolved = False  # refused: read the controller's set before the next proposal
         self._confirm = max(min(confirm_offset, log_.max_offset), -1)
+        self._seen_cuts = 0
 
     # --- what the controller says ----------------------------------------------------------
 
@@ -84,6 +85,11 @@ class ReplicaState:
             log.error("broker %s: refusing master epoch %d below our last epoch %d (controller data lost? see "
                       "docs/controller.md)", self.name, master_epoch, self.epochs.last_epoch)
             return Change.NONE
+        if master_id == self.broker_id:
+            # the epoch begins at the log's end: its records durable first, then the entry,
+            # before anything changes (a write error leaves the replica as it was)
+            self.log.store.flush()
+            self.epochs.append_entry(master_epoch, self.log.max_offset)
         confirm = self.confirm_offset
         self._stop_slave()
         self.master_epoch, self.master_id, self.master_address = master_epoch, master_id, master_address
@@ -91,7 +97,6 @@ class ReplicaState:
         if master_id == self.broker_id:
             self.master_address = my_address
             self.sync_state_set, self.sync_state_set_epoch = frozenset(sss), sss_epoch
-            self.epochs.append_entry(master_epoch, self.log.max_offset)
             self.master_ha = MasterHA(self.broker_id, self.log, self.epochs, self.ha_config, sss, confirm,
                                       durable_only=self.ack_durable)
             self.role = Role.MASTER
@@ -100,8 +105,9 @@ class ReplicaState:
             return Change.MASTER
         was_master = self.master_ha is not None
         self.master_ha = None
-        self.slave = SlaveClient(self.broker_id, self.log, self.epochs, self.ha_config, self.ack_durable)
+        self.slave = SlaveClient(self.broker_id, self.log, self.epochs, self.ha_config, self.ack_durable, master_epoch)
         self.slave.confirm_offset = confirm
+        self._seen_cuts = 0
         self.role = Role.SLAVE
         log.warning("broker %s id %d: SLAVE of %d at epoch %d%s", self.name, self.broker_id, master_id, master_epoch,
                     " (was master)" if was_master else "")
@@ -191,6 +197,9 @@ class ReplicaState:
         if self.master_ha is not None:
             self._confirm = max(self._confirm, self.master_ha.confirm_offset)
         elif self.slave is not None:
+            if self.slave.cuts != self._seen_cuts:  # bytes we held were cut: so was what we confirmed
+                self._seen_cuts = self.slave.cuts
+                self._confirm = min(self._confirm, self.log.max_offset)
             self._confirm = max(self._confirm, min(self.slave.confirm_offset, self.log.max_offset))
         return min(self._confirm, self.log.max_offset)
 

@@ -145,11 +145,17 @@ class BrokerServer:
                     break
             except DLedgerError as e:
                 log.info("broker %s: controller not reachable yet: %s", self.config.name, e.message)
+            except OSError as e:  # the epoch file or the store could not be written: stay fenced, retry
+                log.error("broker %s: taking a role failed: %s", self.config.name, e)
             await asyncio.sleep(STARTUP_RETRY_S)
         while True:
             await asyncio.sleep(self.config.sync_metadata_ms / 1000)
-            with contextlib.suppress(DLedgerError):
+            try:
                 await self._sync_metadata()
+            except DLedgerError:
+                pass
+            except OSError as e:
+                log.error("broker %s: a role change failed: %s", self.config.name, e)
 
     async def _register_and_take_role(self) -> bool:
         if not await self.registration.register(self.controller):
@@ -218,6 +224,14 @@ class BrokerServer:
                 runner = SlaveRunner(slave, ha_address, self._on_slave_progress, durable=durable,
                                      cut=lambda: self.ha_cut)
                 self._slave_task = asyncio.get_running_loop().create_task(runner.run())
+
+    async def _change_role_logged(self, master_id: int, master_address: str, master_epoch: int, sss_epoch: int,
+                                  sss: set[int]) -> None:
+        """A pushed role change (the poll catches up on a failure)."""
+        try:
+            await self.change_role(master_id, master_address, master_epoch, sss_epoch, sss)
+        except OSError as e:
+            log.error("broker %s: a role change failed: %s", self.config.name, e)
 
     def _on_slave_progress(self) -> None:
         self.replica.sync_slave_truncation()
@@ -342,7 +356,7 @@ class BrokerServer:
         if req.broker_name not in ("", self.config.name):
             return _error(ResponseCode.UNEXPECTED_ARGUMENT, f"this is broker {self.config.name}, not {req.broker_name}")
         if req.master_broker_id is not None and req.master_address and self.registration.broker_id != -1:
-            self._spawn(self.change_role(req.master_broker_id, req.master_address, req.master_epoch,
+            self._spawn(self._change_role_logged(req.master_broker_id, req.master_address, req.master_epoch,
                                          req.sync_state_set_epoch, set(req.sync_state_set)))
         return Message(int(ResponseCode.SUCCESS), cm.encode(cm.Response()))
 

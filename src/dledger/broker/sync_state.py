@@ -120,4 +120,4 @@ class SyncStateTracker:
         members = self.effective
         if any(i != self.local_id and acks.get(i, -1) < 0 for i in members):
             return current  # a member is not connected, or has not acked yet (#6662, #6728)
-        return min([master_max, *(a for i, a in acks.items() if i in members)])
+        return min([master_max, *(a for i, a in acks.items() if i in members and i != self.local_id)])

@@ -74,6 +74,11 @@ class Cut(SimDiskStore):
         self.cuts += 1
         super().crash()
 
+    def flush(self) -> int:
+        """A blocking fsync of everything written (a new master's, before its epoch entry)."""
+        self.sync_all()
+        return self.durable_index
+
     def bytes_at(self, start: int, end: int) -> bytes:
         return bytes(self._buf[start - self._base_pos : end - self._base_pos])
 
