@@ -22,6 +22,7 @@ from dledger.core.messages import LIMIT
 if TYPE_CHECKING:
     from dledger.config import DLedgerConfig
     from dledger.runtime.client import DLedgerClient
+    from dledger.security.tls import TlsConfig
 
 PEERS_HELP = "Members, as 'n0-127.0.0.1:20911;n1-127.0.0.1:20912;…'."
 
@@ -81,17 +82,22 @@ def security() -> dict[str, str]:
     return dict(click.get_current_context().meta.get("dledger.security", {}))
 
 
-def make_client(peers: str, group: str, timeout: float = 5.0) -> DLedgerClient:
-    """A client with the security options given to this command."""
-    from dledger.runtime.client import DLedgerClient
+def client_tls() -> TlsConfig | None:
+    """The TLS settings of this command's --tls-* options (None without them)."""
     from dledger.security.tls import TlsConfig
 
     sec = security()
     paths = [sec.get(k, "") for k in ("tls_ca", "tls_cert", "tls_key")]
     if any(paths) and not all(paths):
         raise click.UsageError("--tls-cert, --tls-key and --tls-ca go together")
-    tls = TlsConfig(*paths) if all(paths) else None
-    return DLedgerClient(peers, group, timeout, tls=tls, auth_token=sec.get("auth_token"))
+    return TlsConfig(*paths) if all(paths) else None
+
+
+def make_client(peers: str, group: str, timeout: float = 5.0) -> DLedgerClient:
+    """A client with the security options given to this command."""
+    from dledger.runtime.client import DLedgerClient
+
+    return DLedgerClient(peers, group, timeout, tls=client_tls(), auth_token=security().get("auth_token"))
 
 
 

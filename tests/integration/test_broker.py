@@ -222,3 +222,25 @@ def test_send_and_read_from_the_command_line(pair: local_broker_cluster) -> None
     bad = subprocess.run([*cmd, "send", "--controller", d.controller, "--broker", "nope", "x"],
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 1 and "no broker set named 'nope'" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_a_deployment_with_mutual_tls(tmp_path: Path) -> None:
+    """Controllers, brokers, the HA port and clients all on mutual TLS: replication and a
+    failover work; a client without a certificate gets nowhere."""
+    from dledger.broker.client import BrokerClient
+    from dledger.security.certs import make_certs
+
+    certs = tmp_path / "certs"
+    make_certs(certs, ["c0", "c1", "c2", "broker"])
+    d = local_broker_cluster(tmp_path / "run", controllers=3, broker_sets=1, replicas=2,
+                             base_port=free_port_run(7), broker_args=ALL_ACK, tls_dir=certs)
+    with d, d.client("b0") as c:
+        master, slave = the_master(d), the_slave(d)
+        wait_until(lambda: in_sync(d, 2), 30, "SyncStateSet of 2")
+        assert c.send(b"secret").index == 0
+        wait_until(lambda: bodies_at(c, d.specs[slave].address) == [b"secret"], 30, "replicated over TLS")
+        d.kill_broker(master)
+        wait_until(lambda: d.info(slave).role == "MASTER", 30, "failover")
+        assert c.send(b"after").index == 1
+        with BrokerClient(d.controller, "b0", timeout=2.0) as plain, pytest.raises(DLedgerError):
+            plain.send(b"no certificate")

@@ -27,6 +27,7 @@ from dledger.controller.client import ControllerClient
 from dledger.runtime.blocking import LoopThread
 from dledger.runtime.client import error_text, never_sent
 from dledger.runtime.transport import Message, TransportClient
+from dledger.security.tls import TlsConfig, client_context
 
 T = TypeVar("T")
 RETRY_S = 0.05
@@ -49,10 +50,12 @@ class BrokerRecord:
 
 
 class AsyncBrokerClient:
-    def __init__(self, controller: str, broker: str, timeout: float = 10.0) -> None:
+    """`tls`: the certificate a deployment run with TLS wants (brokers and controllers)."""
+
+    def __init__(self, controller: str, broker: str, timeout: float = 10.0, tls: TlsConfig | None = None) -> None:
         self.broker, self.timeout = broker, timeout
-        self.controllers = ControllerClient(controller, timeout=min(timeout, 3.0))
-        self._transport = TransportClient(backoff_max_s=0.5)
+        self.controllers = ControllerClient(controller, timeout=min(timeout, 3.0), tls=tls)
+        self._transport = TransportClient(backoff_max_s=0.5, ssl=client_context(tls) if tls else None)
         self._master: str | None = None  # client address
         self._replicas: list[str] = []
 
@@ -232,8 +235,8 @@ class BrokerClient:
     """Blocking twin of AsyncBrokerClient (its own event-loop thread: works inside notebooks
     and Spark tasks)."""
 
-    def __init__(self, controller: str, broker: str, timeout: float = 10.0) -> None:
-        self._async = AsyncBrokerClient(controller, broker, timeout)
+    def __init__(self, controller: str, broker: str, timeout: float = 10.0, tls: TlsConfig | None = None) -> None:
+        self._async = AsyncBrokerClient(controller, broker, timeout, tls)
         self._loop = LoopThread("dledger-broker-client")
         self._run = self._loop.run
 

@@ -11,7 +11,7 @@ from typing import Any
 import click
 
 from dledger.broker.config import BrokerConfig, load_broker_toml
-from dledger.clitools import check_store_dir
+from dledger.clitools import check_store_dir, client_tls, security, security_options
 
 log = logging.getLogger(__name__)
 
@@ -38,11 +38,16 @@ CONTROLLER_HELP = "Controllers: 'host:port;host:port' or their peers string."
 @click.option("--election-priority", type=click.IntRange(0), default=None, help="Lower is preferred.")
 @click.option("--enable-fault-injection", "fault_injection", is_flag=True, default=None,
               help="Obey FAULT requests (isolate from controllers, pause HA): tests and chaos runs only.")
+@security_options
 def broker(config_file: str | None, **options: Any) -> None:
     """Run one replica of a broker set until SIGINT/SIGTERM (its master is elected by the controllers)."""
     data: dict[str, Any] = load_broker_toml(config_file) if config_file else {}
     options["all_ack_in_sync_state_set"] = options.pop("all_ack")
     options["enable_fault_injection"] = options.pop("fault_injection")
+    sec = security()
+    if sec.pop("auth_token", None):
+        raise click.UsageError("brokers take TLS (--tls-cert/--tls-key/--tls-ca), not --auth-token")
+    options.update(sec)
     data.update({k: v for k, v in options.items() if v is not None})
     cfg = BrokerConfig.from_dict(data)
     check_store_dir(Path(cfg.store_dir))
@@ -71,13 +76,14 @@ def _run(cfg: BrokerConfig) -> None:
               help="Send stdin lines in batches of this many records.")
 @click.option("--timeout", default=10.0, show_default=True, type=click.FloatRange(0.1))
 @click.argument("bodies", nargs=-1)
+@security_options
 def send(controller: str, broker_name: str, batch: int, timeout: float, bodies: tuple[str, ...]) -> None:
     """Send one record per BODY, or per stdin line, to a broker set's master; print
     {"offset","index","epoch"} per record once acknowledged."""
     from dledger.broker.client import BrokerClient
     from dledger.clitools import body_chunks
 
-    with BrokerClient(controller, broker_name, timeout) as c:
+    with BrokerClient(controller, broker_name, timeout, tls=client_tls()) as c:
         for chunk in body_chunks(bodies, batch):
             for r in c.send_batch(chunk):
                 click.echo(json.dumps({"offset": r.offset, "index": r.index, "epoch": r.epoch}))
@@ -88,7 +94,7 @@ def read_broker(controller: str, broker_name: str, from_offset: int, max_entries
     from dledger.broker.client import BrokerClient
     from dledger.clitools import body_json
 
-    with BrokerClient(controller, broker_name) as c:
+    with BrokerClient(controller, broker_name, tls=client_tls()) as c:
         records = c.subscribe(from_offset) if follow else c.read(from_offset, max_entries)
         for r in records:
             click.echo(json.dumps({"index": r.index, "offset": r.offset, "epoch": r.epoch, "body": body_json(r.body)}),

@@ -16,6 +16,7 @@ from dledger.broker.ha_master import HAConfig
 from dledger.broker.ha_service import AckSettings
 from dledger.config import ConfigError, read_toml
 from dledger.controller.messages import HA_SEPARATOR
+from dledger.security.tls import TlsConfig
 
 
 def broker_address(listen: str, ha_listen: str) -> str:
@@ -59,6 +60,9 @@ class BrokerConfig:
     flush: str = "async"  # async | sync (a send waits for its fsync too)
     data_file_size: int = 64 << 20
     enable_fault_injection: bool = False  # obey FAULT requests (tests and chaos runs only)
+    tls_cert: str = ""  # with tls_key and tls_ca: mutual TLS on the client and HA ports, and to the controllers
+    tls_key: str = ""
+    tls_ca: str = ""
     advertise: str = ""  # the client address others use (default: listen)
     ha_advertise: str = ""
 
@@ -82,6 +86,9 @@ class BrokerConfig:
                               f"({self.in_sync_replicas})")
         if self.flush not in ("async", "sync"):
             raise ConfigError(f"broker.flush must be 'async' or 'sync', not {self.flush!r}")
+        given = [k for k in ("tls_cert", "tls_key", "tls_ca") if getattr(self, k)]
+        if given and len(given) != 3:
+            raise ConfigError("broker.tls_cert, tls_key and tls_ca go together")
         if self.data_file_size < 1 << 20:
             raise ConfigError("broker.data_file_size must be at least 1 MiB")
 
@@ -98,6 +105,10 @@ class BrokerConfig:
     @property
     def acks(self) -> AckSettings:
         return AckSettings(self.in_sync_replicas, self.min_in_sync_replicas, self.all_ack_in_sync_state_set)
+
+    @property
+    def tls(self) -> TlsConfig | None:
+        return TlsConfig(self.tls_ca, self.tls_cert, self.tls_key) if self.tls_cert else None
 
     @property
     def store_path(self) -> Path:

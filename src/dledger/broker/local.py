@@ -15,7 +15,7 @@ from dledger.broker import messages as bm
 from dledger.broker.client import BrokerClient
 from dledger.codes import DLedgerError, ResponseCode
 from dledger.config import Peer, format_peers
-from dledger.local_cluster import local_cluster, stop_processes
+from dledger.local_cluster import client_tls, local_cluster, stop_processes
 from dledger.ports import port_free
 
 log = logging.getLogger(__name__)
@@ -45,8 +45,13 @@ class local_broker_cluster:
 
     def __init__(self, data_dir: Path, controllers: int = 3, broker_sets: int = 2, replicas: int = 2,
                  base_port: int = 30911, broker_args: list[str] | None = None,
-                 controller_args: list[str] | None = None) -> None:
+                 controller_args: list[str] | None = None, tls_dir: Path | None = None) -> None:
+        """`tls_dir`: what `dledger certs` made for members c0.. and `broker` (controllers use
+        cK.pem, brokers broker.pem: they serve, so they need a member's certificate; clients use
+        client.pem)."""
         self.data_dir = data_dir
+        self.tls = client_tls(tls_dir)
+        self.broker_tls = client_tls(tls_dir, "broker")
         self.peers = format_peers({f"c{k}": Peer(f"c{k}", "127.0.0.1", base_port + k) for k in range(controllers)})
         self.controller_ports = [base_port + k for k in range(controllers)]
         self.controller = ";".join(f"127.0.0.1:{p}" for p in self.controller_ports)
@@ -59,7 +64,7 @@ class local_broker_cluster:
                 self.specs[spec.key] = spec
                 port += 2
         self.controllers = local_cluster(self.peers, "controller", data_dir / "controllers",
-                                         extra=controller_args or [], command="controller")
+                                         extra=controller_args or [], command="controller", tls_dir=tls_dir)
         self.brokers: dict[str, subprocess.Popen[bytes]] = {}
         self._clients: dict[str, BrokerClient] = {}
 
@@ -85,6 +90,9 @@ class local_broker_cluster:
         cmd = [sys.executable, "-m", "dledger", "broker", "--cluster", CLUSTER, "--name", s.name,
                "--controller", self.controller, "--listen", s.address, "--ha-listen", f"127.0.0.1:{s.ha_port}",
                "--store-dir", str(s.store_dir), *self.broker_args, *(extra or [])]
+        if self.broker_tls is not None:
+            t = self.broker_tls
+            cmd += ["--tls-cert", t.cert, "--tls-key", t.key, "--tls-ca", t.ca]
         p = subprocess.Popen(cmd)
         self.brokers[key] = p
         return p
@@ -119,7 +127,7 @@ class local_broker_cluster:
 
     def client(self, broker: str, timeout: float = 10.0) -> BrokerClient:
         """A new client of a broker set (the caller closes it)."""
-        return BrokerClient(self.controller, broker, timeout)
+        return BrokerClient(self.controller, broker, timeout, tls=self.tls)
 
     def _shared(self, broker: str) -> BrokerClient:
         if broker not in self._clients:

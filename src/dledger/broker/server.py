@@ -42,6 +42,7 @@ from dledger.codes import ControllerResponseCode as RC
 from dledger.controller import messages as cm
 from dledger.controller.client import ControllerClient
 from dledger.runtime.transport import Caller, FaultInjector, Message, Respond, TransportServer, encode_error
+from dledger.security.tls import client_context, server_context
 from dledger.store.durability import DurabilityWaiter
 from dledger.store.file import FileLedgerStore
 
@@ -76,7 +77,10 @@ class BrokerServer:
         self.epochs.truncate_suffix_by_offset(self.log.max_offset + 1)
         self.registration = Registration(root, config.cluster, config.name, config.address)
         self.faults = FaultInjector()
-        self.controller = ControllerClient(config.controller, timeout=3.0, faults=self.faults)
+        tls = config.tls
+        self._client_ssl = client_context(tls) if tls is not None else None
+        server_ssl = server_context(tls) if tls is not None else None
+        self.controller = ControllerClient(config.controller, timeout=3.0, tls=tls, faults=self.faults)
         self.replica = ReplicaState(config.name, self.log, self.epochs, config.ha, config.acks, config.lease_ms,
                                     ack_durable=config.flush == "sync", confirm_offset=self._load_confirm())
         self._saved_confirm = self.replica.confirm_offset
@@ -88,8 +92,8 @@ class BrokerServer:
         self.ha_cut = False  # fault injection: this slave is cut off from its master
         self._tasks: set[asyncio.Task[Any]] = set()
         self._durable: DurabilityWaiter | None = None
-        self.transport = TransportServer(direct=self._handle)
-        self.ha = HAListener(lambda: self.replica.master_ha, self._propose, self._on_slave_ack)
+        self.transport = TransportServer(direct=self._handle, ssl=server_ssl)
+        self.ha = HAListener(lambda: self.replica.master_ha, self._propose, self._on_slave_ack, server_ssl)
 
     # --- lifecycle -------------------------------------------------------------------------
 
@@ -221,7 +225,7 @@ class BrokerServer:
             slave = self.replica.slave
             if ha_address and slave is not None:
                 durable = self._durable.wait if slave.ack_durable and self._durable is not None else None
-                runner = SlaveRunner(slave, ha_address, self._on_slave_progress, durable=durable,
+                runner = SlaveRunner(slave, ha_address, self._on_slave_progress, self._client_ssl, durable=durable,
                                      cut=lambda: self.ha_cut)
                 self._slave_task = asyncio.get_running_loop().create_task(runner.run())
 

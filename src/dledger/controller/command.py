@@ -11,7 +11,15 @@ from typing import Any, TypeVar
 import click
 import msgspec
 
-from dledger.clitools import PEERS_HELP, UserError, check_store_dir, run_member, security, security_options
+from dledger.clitools import (
+    PEERS_HELP,
+    UserError,
+    check_store_dir,
+    client_tls,
+    run_member,
+    security,
+    security_options,
+)
 from dledger.codes import ControllerResponseCode as RC
 from dledger.codes import DLedgerError
 from dledger.config import ConfigError, DLedgerConfig
@@ -93,15 +101,10 @@ def admin() -> None:
 
 
 def _ask(controllers: str, call: Callable[[ControllerClient], Awaitable[T]]) -> T:
-    sec = security()
-    paths = [sec.get(k, "") for k in ("tls_ca", "tls_cert", "tls_key")]
-    if any(paths) and not all(paths):
-        raise click.UsageError("--tls-cert, --tls-key and --tls-ca go together")
-    from dledger.security.tls import TlsConfig
+    tls, token = client_tls(), security().get("auth_token")
 
     async def run() -> T:
-        async with ControllerClient(controllers, tls=TlsConfig(*paths) if all(paths) else None,
-                                    auth_token=sec.get("auth_token")) as c:
+        async with ControllerClient(controllers, tls=tls, auth_token=token) as c:
             return await call(c)
 
     try:
