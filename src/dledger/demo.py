@@ -100,7 +100,7 @@ def storage_demo(base: Path, target: int = 20_000) -> bool:
 
 
 def spark_demo(base: Path) -> bool:
-    console.rule("[bold]6. Spark: a streaming pipeline restarted from its checkpoint, exactly once")
+    console.rule("[bold]5. Spark: a streaming pipeline restarted from its checkpoint, exactly once")
     if shutil.which("java") is None:
         console.print("[red]java not found[/red]: Spark needs Java 17 (apt-get install openjdk-17-jre-headless)")
         return False

@@ -60,7 +60,7 @@ class Load:
 
 
 def broker_demo(base: Path) -> bool:
-    console.rule("[bold]5. controller mode: a 2-replica broker set, all-ack, SIGKILL the master under load")
+    console.rule("[bold]4. controller mode: a 2-replica broker set, all-ack, SIGKILL the master under load")
     port = free_port_run(3 + 4)
     d = local_broker_cluster(base / "brokers", controllers=3, broker_sets=1, replicas=2, base_port=port,
                              broker_args=["--all-ack-in-sync-state-set", "--enable-fault-injection"])
