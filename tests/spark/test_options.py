@@ -118,3 +118,13 @@ def test_partitions_cover_the_range_exactly(monkeypatch: pytest.MonkeyPatch) -> 
     ranges = [(p.start, p.end) for p in parts if isinstance(p, RangePartition)]
     assert ranges == [(1500, 2000), (2000, 3000), (3000, 4000), (4000, 4200)]
     assert r.partitions({"default": 7}, {"default": 7}) == []
+
+
+def test_unknown_option_names_fail_with_a_hint() -> None:
+    from dledger.spark.options import READ_OPTIONS, check_names
+
+    check_names({"peers": P1, "startingIndex": "earliest", "path": "x", "spark.foo": "1"}, READ_OPTIONS, "dledger")
+    with pytest.raises(OptionError, match=r"'startingOffsets' \(did you mean startingIndex\?\)"):
+        check_names({"peers": P1, "startingOffsets": "earliest"}, READ_OPTIONS, "dledger")
+    with pytest.raises(OptionError, match=r"valid options are .*startingIndex"):
+        check_names({"peers": P1, "nonsense": "1"}, READ_OPTIONS, "dledger")

@@ -82,3 +82,14 @@ def test_several_groups(spark: SparkSession, filled: Group, second: Group, tmp_p
     rows = _rows(df)
     assert sorted(r for r in rows if r[0] == second.name) == _expected(second)
     assert sorted(r for r in rows if r[0] == filled.name) == _expected(filled, 600)
+
+
+def test_unknown_options_fail_at_load(spark: SparkSession, group: Group) -> None:
+    """Spark ignores option names a source does not read; ours refuses them at load(), for
+    streams too (not after start())."""
+    with pytest.raises(Exception, match="did you mean startingIndex"):
+        spark.read.format("dledger").option("peers", group.peers).option("startingOffsets", "earliest").load()
+    with pytest.raises(Exception, match="did you mean startingIndex"):
+        spark.readStream.format("dledger").option("peers", group.peers).option("startingOffsets", "x").load()
+    with pytest.raises(Exception, match="maxEntriesPerTrigger"):
+        spark.readStream.format("dledger").option("peers", group.peers).option("maxEntriesPerTrigger", "-1").load()

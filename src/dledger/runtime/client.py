@@ -30,7 +30,7 @@ from typing import TypeVar
 import msgspec
 
 from dledger.codes import DLedgerError, RequestCode, ResponseCode
-from dledger.config import parse_peers
+from dledger.config import Peer, parse_peers
 from dledger.core.messages import (
     CONSISTENCY,
     DECODE_ERRORS,
@@ -715,6 +715,10 @@ class DLedgerClient:
     @property
     def leader_id(self) -> str | None:
         return self._async.leader_id
+
+    @property
+    def peers(self) -> dict[str, Peer]:
+        return self._async.peers
 
     def close(self) -> None:
         self._loop.close(self._async.close)

@@ -52,7 +52,7 @@ from dledger.entry import (
     MAGIC_NORMAL,
     chain_crc,
 )
-from dledger.spark.options import OptionError, get_bool, get_str
+from dledger.spark.options import FILES_OPTIONS, OptionError, check_names, get_bool, get_str
 from dledger.spark.schema import ARROW_RECORD_SCHEMA, ENTRY_SCHEMA, RECORD_SCHEMA, entry_batch
 
 log = logging.getLogger(__name__)
@@ -461,6 +461,7 @@ class DLedgerFilesDataSource(DataSource):
         return mode == "records"
 
     def schema(self) -> str:
+        check_names(self.options, FILES_OPTIONS, "dledger-files")
         return RECORD_SCHEMA if self._mode() else ENTRY_SCHEMA
 
     def reader(self, schema: StructType) -> DataSourceReader:

@@ -67,8 +67,9 @@ def wait_leader_view(client: DLedgerClient, group: str, timeout: float) -> Metad
             return leader_view(client)
         except DLedgerError as e:
             if e.code not in _TRANSIENT or time.monotonic() >= deadline:
-                raise DLedgerError(e.code, f"group {group}: no leader answered within {timeout:.0f} s: "
-                                           f"{describe(e)}") from e
+                tried = ", ".join(f"{m} at {p.address}" for m, p in client.peers.items())
+                raise DLedgerError(e.code, f"group {group}: no leader answered within {timeout:.0f} s "
+                                           f"(tried {tried}): {describe(e)}") from e
             log.info("group %s: waiting for a leader (%s)", group, describe(e))
         time.sleep(delay)
         delay = min(delay * 2, 1.0)

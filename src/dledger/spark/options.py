@@ -25,12 +25,40 @@ LATEST = -1
 
 DEFAULT_ENTRIES_PER_PARTITION = 10_000
 DEFAULT_BATCH_SIZE = 500
-DEFAULT_TIMEOUT_S = 60.0
+DEFAULT_TIMEOUT_S = 10.0
 DEFAULT_CLIENT_TIMEOUT_S = 5.0
 
 
 class OptionError(ValueError):
     """A bad option value; the message names the option."""
+
+
+_CONNECTION = frozenset({"peers", "group", "groups", "controller", "brokers", "clientTimeoutSeconds", "tlsCa",
+                         "tlsCert", "tlsKey", "authToken"})
+READ_OPTIONS = _CONNECTION | {"startingIndex", "endingIndex", "maxEntriesPerTrigger", "failOnDataLoss",
+                              "entriesPerPartition", "timeoutSeconds"}
+WRITE_OPTIONS = _CONNECTION | {"batchSize"}
+FILES_OPTIONS = frozenset({"path", "includeUncommitted", "group", "mode", "member"})
+# what Spark itself may hand a source or sink along with the user's options
+_SPARK_OWN = frozenset({"path", "paths", "checkpointLocation", "queryName"})
+# names users bring from Kafka's source
+_HINTS = {"startingOffsets": "startingIndex", "endingOffsets": "endingIndex",
+          "maxOffsetsPerTrigger": "maxEntriesPerTrigger", "minPartitions": "entriesPerPartition",
+          "kafka.bootstrap.servers": "peers", "subscribe": "group (or groups)", "topic": "group",
+          "startingOffsetsByTimestamp": "startingIndex", "offset": "startingIndex"}
+
+
+def check_names(options: Mapping[str, str], known: frozenset[str], fmt: str) -> None:
+    """Refuse option names the format does not know (Spark would silently ignore them: a
+    Kafka name like startingOffsets then reads from the default position)."""
+    lowered = {k.lower(): k for k in known | _SPARK_OWN}
+    unknown = sorted(k for k in options if k.lower() not in lowered and not k.lower().startswith("spark."))
+    if not unknown:
+        return
+    hints = {k: _HINTS.get(k) or next((v for h, v in _HINTS.items() if h.lower() == k.lower()), None)
+             for k in unknown}
+    said = "; ".join(f"{k!r}" + (f" (did you mean {hints[k]}?)" if hints[k] else "") for k in unknown)
+    raise OptionError(f"format {fmt!r}: unknown option(s) {said}; valid options are {', '.join(sorted(known))}")
 
 
 def _get(options: Mapping[str, str], name: str) -> str | None:

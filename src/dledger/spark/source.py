@@ -51,9 +51,12 @@ from dledger.spark.options import (
     DEFAULT_TIMEOUT_S,
     EARLIEST,
     LATEST,
+    READ_OPTIONS,
+    WRITE_OPTIONS,
     ClientOptions,
     OptionError,
     allocate,
+    check_names,
     get_batch_size,
     get_bool,
     get_float,
@@ -467,18 +470,27 @@ class DLedgerDataSource(DataSource):
         return "dledger"
 
     def schema(self) -> str:
+        """Called at load(): option names and values are checked here, so a stream's bad
+        option fails before start()."""
+        check_names(self.options, READ_OPTIONS | WRITE_OPTIONS, "dledger")
+        if not (set(map(str.lower, self.options)) & {k.lower() for k in WRITE_OPTIONS - READ_OPTIONS}):
+            ReadConfig.from_options(self.options, streaming=get_str(self.options, "endingIndex") is None)
         return ENTRY_SCHEMA
 
     def reader(self, schema: StructType) -> DataSourceReader:
+        check_names(self.options, READ_OPTIONS, "dledger")
         return DLedgerBatchReader(ReadConfig.from_options(self.options, streaming=False))
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        check_names(self.options, READ_OPTIONS, "dledger")
         return DLedgerStreamReader(ReadConfig.from_options(self.options, streaming=True))
 
     def writer(self, schema: StructType, overwrite: bool) -> DLedgerWriter:
+        check_names(self.options, WRITE_OPTIONS, "dledger")
         if overwrite:
             raise OptionError("a dledger log is append-only: use mode('append'), not overwrite")
         return DLedgerWriter(WriteConfig.from_options(self.options, schema))
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DLedgerStreamWriter:
+        check_names(self.options, WRITE_OPTIONS, "dledger")
         return DLedgerStreamWriter(WriteConfig.from_options(self.options, schema))
