@@ -17,8 +17,6 @@ from collections.abc import AsyncGenerator, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
-import msgspec
-
 from dledger.broker import messages as bm
 from dledger.broker.config import split_address
 from dledger.codes import ControllerResponseCode as RC
@@ -147,9 +145,18 @@ class AsyncBrokerClient:
         req = bm.PullRequest(self.broker, from_offset, max_entries, int(wait * 1000))
         msg = Message(int(bm.BrokerRequestCode.PULL_MESSAGE), bm.encode(req))
         last: DLedgerError | None = None
-        master = await self._quiet_master() if replica is None else replica
-        others = [a for a in await self._quiet_replicas() if a != master] if replica is None else []
-        for address in ([master] if master else []) + others:
+        first = await self._quiet_master() if replica is None else replica
+        candidates = [first] if first else []
+        asked = replica is not None  # for the other replicas: only once the master did not answer
+        k = 0
+        while True:
+            if k == len(candidates) and not asked:
+                asked = True
+                candidates += [a for a in await self._quiet_replicas() if a not in candidates]
+            if k == len(candidates):
+                break
+            address = candidates[k]
+            k += 1
             try:
                 reply = await self._transport.request(address, msg, wait + self.timeout)
             except DLedgerError as e:
@@ -224,11 +231,7 @@ def _as_error(reply: Message) -> DLedgerError:
         code = ResponseCode(reply.code)
     except ValueError:
         code = ResponseCode.UNKNOWN
-    try:
-        text = error_text(bytes(reply.meta))
-    except msgspec.DecodeError:
-        text = ""
-    return DLedgerError(code, text)
+    return DLedgerError(code, error_text(bytes(reply.meta)))  # "" when the meta says nothing
 
 
 class BrokerClient:

@@ -146,7 +146,6 @@ class SlaveRunner:
         self.client, self.address, self._on_progress, self._ssl = client, master_ha_address, on_progress, ssl_context
         self._durable = durable  # waits until an entry is fsynced (acks of durable bytes only)
         self._cut = cut  # fault injection: no connection to the master while it says so
-        self.connected = False
 
     async def run(self) -> None:
         host, port = _host_port(self.address)
@@ -161,13 +160,11 @@ class SlaveRunner:
                 log.debug("HA connect to %s failed: %s", self.address, e)
                 await asyncio.sleep(RETRY_S)
                 continue
-            self.connected = True
             try:
                 await self._session(reader, writer)
             except HA_ERRORS as e:
                 log.warning("HA connection to master %s closed: %s", self.address, e)
             finally:
-                self.connected = False
                 self.client.disconnected()
                 writer.close()
             await asyncio.sleep(RETRY_S)

@@ -81,16 +81,10 @@ class MasterHA:
 
     def closed(self, key: Hashable) -> frozenset[int] | None:
         """A connection is gone; its slave is proposed out of the set (removeConnection)."""
-        conn = self.connections.pop(key, None)
-        if conn is None or conn.slave_id == -1 or self._connected(conn.slave_id):
+        conn = self.connections.pop(key, None)  # (a replaced one is gone already: no proposal)
+        if conn is None or conn.slave_id == -1:
             return None
         return self.tracker.connection_closed(conn.slave_id)
-
-    def _connected(self, slave_id: int) -> bool:
-        return any(c.slave_id == slave_id for c in self.connections.values())
-
-    def expired(self, now_ms: int) -> list[Hashable]:
-        return [k for k, c in self.connections.items() if c.expired(now_ms)]
 
     # --- the SyncStateSet ----------------------------------------------------------------------
 
@@ -109,11 +103,9 @@ class MasterHA:
     # --- confirm offset and acks ---------------------------------------------------------------
 
     def _acks(self) -> dict[int, int]:
-        acks: dict[int, int] = {}
-        for c in self.connections.values():
-            if c.slave_id != -1 and not c.async_learner:
-                acks[c.slave_id] = max(acks.get(c.slave_id, -1), c.ack_offset)
-        return acks
+        """Each connected slave's ack (one connection per slave: on_data keeps the newest)."""
+        return {c.slave_id: c.ack_offset for c in self.connections.values()
+                if c.slave_id != -1 and not c.async_learner}
 
     def recompute_confirm(self) -> int:
         """The confirm offset only grows (a connection that re-handshakes acks less at first)."""

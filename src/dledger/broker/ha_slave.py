@@ -34,7 +34,6 @@ class SlaveClient:
         self.state = HAState.READY
         self.confirm_offset = -1
         self.reported = -1  # currentReportedOffset
-        self.received_epoch = -1  # currentReceivedEpoch
         self.truncated_at: int | None = None  # the last handshake's cut, when it removed bytes
         self.last_read_ms = 0
         self.last_write_ms = 0
@@ -43,7 +42,7 @@ class SlaveClient:
         self._reader = MasterPacketReader()
 
     def connected(self, now_ms: int) -> list[bytes]:
-        self.state, self.received_epoch, self._started = HAState.HANDSHAKE, -1, False
+        self.state, self._started = HAState.HANDSHAKE, False
         self._reader = MasterPacketReader()
         self.last_read_ms = now_ms
         return [self._handshake(now_ms)]
@@ -138,8 +137,8 @@ class SlaveClient:
             if not last_start <= t.epoch_start <= t.offset:
                 raise HAProtocolError(f"a frame at {t.offset} says its epoch {t.epoch} began at {t.epoch_start}")
             _check_terms(t.body, t.epoch)
+            # (upstream's currentReceivedEpoch: the epoch file's last epoch says the same)
             added = t.epoch != self.epochs.last_epoch and self.epochs.append_entry(t.epoch, t.epoch_start)
-            self.received_epoch = t.epoch
             if self.epochs.last_epoch != t.epoch:
                 raise HAProtocolError(f"a frame of epoch {t.epoch} our epoch file cannot take")
             try:

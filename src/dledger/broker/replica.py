@@ -1,7 +1,7 @@
 """A broker replica's role, lease and confirm offset (CONTROLLER.md §6, ReplicasManager), sans-I/O.
 
 The runtime (broker.server) and the simulator (sim.brokers) drive the same object: they tell
-it what the controller said (`change_role`, `sync_state_set_confirmed`, `lease_granted`)
+it what the controller said (`change_role`, `alter_answered`, `sync_state_set_read`, `lease_granted`)
 and ask it what it may do (`send_refusal`, `acked`); it says which role change happened so
 they can do the I/O (reset HA connections, connect to the new master). Time is passed in.
 
@@ -61,8 +61,10 @@ class ReplicaState:
         self.truncated_at: int | None = None  # the last cut of an unconfirmed tail (a slave's handshake)
         self._resend: m.AlterSyncStateSet | None = None  # sent, no answer: send it again
         self.unresolved = False  # refused: read the controller's set before the next proposal
-        self._confirm = max(min(confirm_offset, log_.max_offset), -1)
+        self._confirm = max(min(confirm_offset, log_.max_offset), -1)  # recovery may have cut the log
         self._seen_cuts = 0
+        # a (re)started replica: epochs that begin past what recovery kept wrote nothing it has
+        epochs.truncate_suffix_by_offset(log_.max_offset + 1)
 
     # --- what the controller says ----------------------------------------------------------
 
@@ -114,19 +116,9 @@ class ReplicaState:
         return Change.SLAVE
 
     def _stop_slave(self) -> None:
-        if self.slave is not None:
-            self._confirm = max(self._confirm, min(self.slave.confirm_offset, self.log.max_offset))
-            if self.slave.truncated_at is not None:
-                self.truncated_at = self.slave.truncated_at
+        """(The caller read `confirm_offset` first, which took in the slave's.)"""
+        self.sync_slave_truncation()
         self.slave = None
-
-    def sync_state_set_confirmed(self, sss: set[int] | frozenset[int], epoch: int) -> bool:
-        """changeSyncStateSet: a newer set the controller confirmed (an alter's success)."""
-        if epoch <= self.sync_state_set_epoch or self.master_ha is None:
-            return False
-        self.sync_state_set, self.sync_state_set_epoch = frozenset(sss), epoch
-        self.master_ha.set_sync_state_set(sss)
-        return True
 
     # --- SyncStateSet changes, one at a time (§4.9, §6.4) ----------------------------------
 
@@ -156,15 +148,16 @@ class ReplicaState:
         if resp is None:
             self._resend = req
         elif resp.code == RC.SUCCESS and resp.new_sync_state_set_epoch is not None:
-            self.sync_state_set_confirmed(set(resp.sync_state_set or req.sync_state_set), resp.new_sync_state_set_epoch)
+            self.sync_state_set_read(req.master_epoch, set(resp.sync_state_set or req.sync_state_set),
+                                     resp.new_sync_state_set_epoch)
         else:
             log.info("broker %s: SyncStateSet %s refused (%s): reading the controller's", self.name,
                      req.sync_state_set, resp.remark or resp.code)
             self.unresolved = True
 
     def sync_state_set_read(self, master_epoch: int, sss: set[int] | frozenset[int], epoch: int) -> None:
-        """The controller's set at `master_epoch`, read (replica info) after a refusal or as
-        the periodic metadata sync."""
+        """The controller's set at `master_epoch`: an alter's success, or read (replica info)
+        after a refusal or by the periodic metadata sync (changeSyncStateSet)."""
         ha = self.master_ha
         if ha is None or master_epoch != self.master_epoch:
             return

@@ -73,8 +73,6 @@ class BrokerServer:
         self.store = FileLedgerStore(root / "commitlog", data_file_size=config.data_file_size, flush=config.flush)
         self.log = BrokerLog(self.store)
         self.epochs = EpochFileCache(root / EPOCH_FILE)
-        # epochs that begin past what recovery kept wrote nothing we have
-        self.epochs.truncate_suffix_by_offset(self.log.max_offset + 1)
         self.registration = Registration(root, config.cluster, config.name, config.address)
         self.faults = FaultInjector()
         tls = config.tls
@@ -82,7 +80,7 @@ class BrokerServer:
         server_ssl = server_context(tls) if tls is not None else None
         self.controller = ControllerClient(config.controller, timeout=3.0, tls=tls, faults=self.faults)
         self.replica = ReplicaState(config.name, self.log, self.epochs, config.ha, config.acks, config.lease_ms,
-                                    ack_durable=config.flush == "sync", confirm_offset=self._load_confirm())
+                                    ack_durable=config.flush == "sync", confirm_offset=read_confirm(root)[0])
         self._saved_confirm = self.replica.confirm_offset
         self._slave_task: asyncio.Task[None] | None = None
         self._waiters: deque[_Waiter] = deque()
@@ -106,9 +104,10 @@ class BrokerServer:
             self._spawn(coro)
 
     async def stop(self) -> None:
-        for t in list(self._tasks) + ([self._slave_task] if self._slave_task else []):
+        tasks = [*self._tasks, *([self._slave_task] if self._slave_task else [])]
+        for t in tasks:
             t.cancel()
-        for t in list(self._tasks) + ([self._slave_task] if self._slave_task else []):
+        for t in tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
         await self.ha.close()
@@ -124,10 +123,6 @@ class BrokerServer:
         return task
 
     # --- the confirm offset ------------------------------------------------------------------
-
-    def _load_confirm(self) -> int:
-        value, _ = read_confirm(self.config.store_path)
-        return max(min(value, self.log.max_offset), -1)  # recovery may have cut the log below it
 
     def _save_confirm(self) -> None:
         value = self.replica.confirm_offset
@@ -295,13 +290,11 @@ class BrokerServer:
                                 self.registration.broker_id, self.epochs.last_epoch, self.log.max_offset,
                                 r.confirm_offset, election_priority=self.config.election_priority, lease_ms=lease)
         sent, epoch = now_ms(), r.master_epoch
-        timeout = self.config.heartbeat_interval_ms * 3 / 1000
-        results = await asyncio.gather(*(self.controller.call_at(a, hb, timeout) for a in self.controller.addresses),
-                                       return_exceptions=True)
-        if any(isinstance(x, cm.Response) and x.lease_granted for x in results):
+        answers = await self.controller.heartbeat(hb, timeout=self.config.heartbeat_interval_ms * 3 / 1000)
+        if any(x.lease_granted for x in answers):
             r.lease_granted(sent, epoch)
         elif lease:
-            remark = next((x.remark for x in results if isinstance(x, cm.Response) and x.remark), "")
+            remark = next((x.remark for x in answers if x.remark), "")
             if remark:
                 log.warning("broker %s: %s", self.config.name, remark)
 

@@ -94,11 +94,12 @@ class ControllerClient:
                 raise error or DLedgerError(ResponseCode.TIMEOUT, "no controller answered")
             await asyncio.sleep(RETRY_PAUSE_S)
 
-    async def heartbeat(self, hb: m.BrokerHeartbeat, timeout: float | None = None) -> int:
-        """Send a heartbeat to every controller; how many took it."""
+    async def heartbeat(self, hb: m.BrokerHeartbeat, timeout: float | None = None) -> list[m.Response]:
+        """Send a heartbeat to every controller; the answers that came (the leader's may grant
+        a master lease)."""
         results = await asyncio.gather(*(self.call_at(a, hb, timeout) for a in self.addresses),
                                        return_exceptions=True)
-        return sum(1 for r in results if isinstance(r, m.Response) and r.code == RC.SUCCESS)
+        return [r for r in results if isinstance(r, m.Response)]
 
     def beat_forever(self, heartbeat: Callable[[], m.BrokerHeartbeat], interval_s: float) -> asyncio.Task[None]:
         """A task sending `heartbeat()` to every controller every `interval_s` until cancelled

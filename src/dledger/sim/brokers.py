@@ -152,7 +152,6 @@ class Broker:
         if self.up:
             return  # the heal restarted it before its own restart came
         self.up, self.incarnation = True, self.incarnation + 1
-        self.epochs.truncate_suffix_by_offset(self.log.max_offset + 1)
         self.replica = self._fresh()
         self.last_confirm = self.replica.confirm_offset
         self.sim.trace(f"b{self.id} up (log {self.log.max_offset}, epochs {self.epochs.entries})")
@@ -228,7 +227,7 @@ class Broker:
             self._slave_tick(now)
         if r.master_ha is not None:
             for p in list(self.pipes):
-                if r.master_ha.connections.get(p.key) is not None and r.master_ha.connections[p.key].expired(now):
+                if (conn := r.master_ha.connections.get(p.key)) is not None and conn.expired(now):
                     self.sim.close(p, "housekeeping")
             self.pump()
         self.settle()

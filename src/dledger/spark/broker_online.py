@@ -17,17 +17,12 @@ import pyarrow as pa
 from dledger.broker.client import BrokerClient
 from dledger.codes import DLedgerError, ResponseCode
 from dledger.spark.online import DataLossError, RangeReadSpec, describe
-from dledger.spark.options import ClientOptions
 from dledger.spark.schema import entry_batch
 
 log = logging.getLogger(__name__)
 
 READ_CHUNK = 2000
 _TRANSIENT = {ResponseCode.TIMEOUT, ResponseCode.NETWORK_ERROR, ResponseCode.SERVICE_NOT_AVAILABLE}
-
-
-def broker_client(controller: str, broker: str, options: ClientOptions) -> BrokerClient:
-    return BrokerClient(controller, broker, options.timeout)
 
 
 def broker_bounds(client: BrokerClient, broker: str, timeout: float) -> tuple[int, int]:
@@ -56,7 +51,7 @@ def read_broker_range(spec: RangeReadSpec) -> Iterator[pa.RecordBatch]:
     if spec.end <= spec.start:
         return
     deadline = time.monotonic() + spec.timeout
-    client = broker_client(spec.peers, spec.group, spec.client)
+    client = spec.client.broker_client(spec.peers, spec.group)
     try:
         index = spec.start
         while index < spec.end:

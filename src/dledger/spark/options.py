@@ -12,6 +12,7 @@ import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from dledger.broker.client import BrokerClient
 from dledger.config import ConfigError, parse_peers
 from dledger.core.messages import MAX_APPEND_BODIES
 from dledger.runtime.client import DLedgerClient
@@ -138,6 +139,15 @@ class ClientOptions:
         try:
             return DLedgerClient(peers, group, self.timeout, tls=self.tls, auth_token=self.auth_token)
         except ConfigError as e:  # a TLS file that is missing or bad on this machine
+            raise OptionError(f"options tlsCa/tlsCert/tlsKey: {e.message}") from None
+
+    def broker_client(self, controller: str, broker: str) -> BrokerClient:
+        """A broker set's client (brokers take TLS, not a token)."""
+        if self.auth_token:
+            raise OptionError("option authToken: broker sets take TLS (tlsCa/tlsCert/tlsKey), not a token")
+        try:
+            return BrokerClient(controller, broker, self.timeout, tls=self.tls)
+        except ConfigError as e:
             raise OptionError(f"options tlsCa/tlsCert/tlsKey: {e.message}") from None
 
 

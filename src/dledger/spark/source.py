@@ -43,7 +43,7 @@ from pyspark.sql.types import BinaryType, StringType, StructType
 from dledger.broker.client import BrokerClient
 from dledger.codes import DLedgerError
 from dledger.runtime.client import DLedgerClient
-from dledger.spark.broker_online import broker_bounds, broker_client, read_broker_range, send_bodies
+from dledger.spark.broker_online import broker_bounds, read_broker_range, send_bodies
 from dledger.spark.online import DataLossError, RangeReadSpec, describe, read_range, wait_leader_view
 from dledger.spark.options import (
     DEFAULT_BATCH_SIZE,
@@ -138,7 +138,7 @@ class Bounds:
         cfg, c = self.cfg, self._clients.get(name)
         if cfg.brokers:
             if c is None:
-                c = self._clients[name] = broker_client(cfg.groups[name], name, cfg.client)
+                c = self._clients[name] = cfg.client.broker_client(cfg.groups[name], name)
             assert isinstance(c, BrokerClient)
             return broker_bounds(c, name, cfg.timeout)
         if c is None:
@@ -389,7 +389,7 @@ def append_batches(cfg: WriteConfig, batches: Iterator[pa.RecordBatch]) -> Appen
     rows, first, last = 0, -1, -1
     pending: list[bytes] = []
     pending_bytes = 0
-    client = broker_client(cfg.peers, cfg.group, cfg.client) if cfg.broker else cfg.client.client(cfg.peers, cfg.group)
+    client = cfg.client.broker_client(cfg.peers, cfg.group) if cfg.broker else cfg.client.client(cfg.peers, cfg.group)
 
     def flush() -> None:
         nonlocal rows, first, last, pending, pending_bytes
