@@ -69,12 +69,16 @@ def cli(verbose: int) -> None:
               help="... or after this many applied body bytes [256 MiB; 0: never].")
 @click.option("--snapshot-margin-entries", type=click.IntRange(0), default=None,
               help="Log entries kept behind a snapshot for slow followers; older ones are deleted [10000].")
+@click.option("--producer-expiry-ms", type=click.IntRange(1), default=None,
+              help="Forget an idempotent producer after this long without an append [86400000: a day].")
+@click.option("--max-producers", type=click.IntRange(1), default=None,
+              help="Idempotent producers remembered; the least recently used beyond are forgotten [100000].")
 @security_options
 def server(config_file: str | None, group: str | None, self_id: str | None, peers: str | None,
            store_dir: str | None, flush: str | None, store_type: str | None, metrics_port: int | None,
            preferred: str | None, fault_injection: bool, peer_listen: str | None, state_machine: str | None,
            snapshot_threshold_entries: int | None, snapshot_threshold_bytes: int | None,
-           snapshot_margin_entries: int | None) -> None:
+           snapshot_margin_entries: int | None, producer_expiry_ms: int | None, max_producers: int | None) -> None:
     """Run one member until SIGINT/SIGTERM."""
     data: dict[str, object] = {}
     if config_file:
@@ -83,7 +87,8 @@ def server(config_file: str | None, group: str | None, self_id: str | None, peer
                  "store_type": store_type, "metrics_port": metrics_port, "peer_listen": peer_listen,
                  "state_machine": state_machine, "snapshot_threshold_entries": snapshot_threshold_entries,
                  "snapshot_threshold_bytes": snapshot_threshold_bytes,
-                 "snapshot_margin_entries": snapshot_margin_entries, **security()}
+                 "snapshot_margin_entries": snapshot_margin_entries, "producer_expiry_ms": producer_expiry_ms,
+                 "max_producers": max_producers, **security()}
     data.update({k: v for k, v in overrides.items() if v is not None})
     if preferred is not None:
         data["preferred_leader_ids"] = [p for p in preferred.split(",") if p]

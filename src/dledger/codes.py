@@ -66,6 +66,11 @@ class ResponseCode(IntEnum):
     UNAUTHENTICATED = 430  # no valid client certificate / auth token, or not a member's certificate
     # upstream answers SYSTEM_ERROR with the remark "in-sync replicas not enough": a code of its own
     IN_SYNC_REPLICAS_NOT_ENOUGH = 431
+    # an idempotent producer's append (core.producers): a sequence gap (an earlier append of
+    # this producer is missing), or a producer the leader does not know (new, or expired)
+    # sending a sequence other than 0 (Kafka's OUT_OF_ORDER_SEQUENCE_NUMBER, UNKNOWN_PRODUCER_ID)
+    OUT_OF_ORDER_SEQUENCE = 432
+    UNKNOWN_PRODUCER = 433
 
 
 class ControllerRequestCode(IntEnum):

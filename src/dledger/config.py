@@ -165,6 +165,10 @@ class DLedgerConfig:
     snapshot_threshold_entries: int = 100_000  # snapshot once this many entries were applied since the last (0: never)
     snapshot_threshold_bytes: int = 256 * MiB  # ... or this many body bytes (0: never)
     snapshot_margin_entries: int = 10_000  # entries kept behind a snapshot for slow followers (the rest deleted)
+    # idempotent producers (core.producers): forgotten after this long without an append (by the
+    # leaders' wall clocks, as written in the log), and the least recently used beyond the cap
+    producer_expiry_ms: int = 24 * 3600 * 1000
+    max_producers: int = 100_000
     install_chunk_bytes: int = 4 * MiB  # InstallSnapshot: bytes per request, one in flight per follower
     # lease reads: the leader's lease is the heartbeat lease (interval * leak) minus this margin for
     # clocks that run at different rates
@@ -274,7 +278,7 @@ class DLedgerConfig:
             raise ConfigError(f"state_machine must be \"\", \"kv\" or \"package.module:factory\", "
                               f"not {self.state_machine!r}")
         for name in ("max_connections", "idle_timeout_ms", "frame_timeout_ms", "max_read_bytes",
-                     "frame_memory_bytes"):
+                     "frame_memory_bytes", "producer_expiry_ms", "max_producers"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be a positive integer, not {getattr(self, name)!r}")
 

@@ -32,8 +32,11 @@ _CHAIN = struct.Struct(">qqI")
 MAGIC_NORMAL = 1
 MAGIC_NOOP = 2
 MAGIC_CONFIG_CHANGE = 3
+# ours: an idempotent producer's session marker, just before the NORMAL entries it describes
+# (core.producers); readers of NORMAL entries skip it like a NOOP
+MAGIC_SESSION = 4
 MAGIC_BLANK = -1  # 0xFFFFFFFF read as a signed int
-ENTRY_MAGICS = frozenset((MAGIC_NORMAL, MAGIC_NOOP, MAGIC_CONFIG_CHANGE))
+ENTRY_MAGICS = frozenset((MAGIC_NORMAL, MAGIC_NOOP, MAGIC_CONFIG_CHANGE, MAGIC_SESSION))
 
 assert HEADER_SIZE == 48 and INDEX_UNIT_SIZE == 32
 

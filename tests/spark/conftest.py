@@ -54,7 +54,7 @@ def spark() -> Iterator[SparkSession]:
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     from pyspark.sql import SparkSession
 
-    from dledger.spark import register
+    from dledger.spark import PUSHDOWN_CONF, register
 
     session = (
         SparkSession.builder.master("local[2]")
@@ -64,6 +64,7 @@ def spark() -> Iterator[SparkSession]:
         .getOrCreate()
     )
     session.sparkContext.setLogLevel("ERROR")
+    session.conf.set(PUSHDOWN_CONF, "true")  # opt in (dledger.spark._pushdown says why it is not the default)
     register(session)
     yield session
     session.stop()

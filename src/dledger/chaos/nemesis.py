@@ -39,7 +39,7 @@ log = logging.getLogger(__name__)
 Record = Callable[[dict[str, Any]], None]
 
 _HEADER = struct.Struct(">iiqqqiIIi")  # SPEC §2: magic, size, index, term, pos, channel, chain, body crc, body size
-_ENTRY_MAGICS = (1, 2, 3)
+_ENTRY_MAGICS = (1, 2, 3, 4)
 _BLANK = -1
 
 FAULTS_ANY = ("kill-random", "kill-leader", "pause-random", "pause-leader", "partition-halves",

@@ -139,6 +139,9 @@ class PushResponse(msgspec.Struct, array_like=True):
 class AppendRequest(Msg):
     bodies: Bodies = []
     want_results: bool = False  # propose: answer once applied, with the state machine's results
+    # an idempotent producer's (core.producers): the bodies carry sequences sequence, sequence + 1, …
+    producer: Name = ""
+    sequence: Position = 0
 
 
 class AppendResponse(msgspec.Struct, array_like=True):
@@ -149,6 +152,11 @@ class AppendResponse(msgspec.Struct, array_like=True):
     positions: list[int] = []
     message: str = ""
     results: list[bytes] = []  # want_results: one per body, the state machine's
+    # an idempotent append that found some of its bodies in the log already (`duplicates`,
+    # the first ones): each body's index and term (-1: older than the leader remembers)
+    indexes: list[int] = []
+    terms: list[int] = []
+    duplicates: int = 0
 
 
 # how fresh a read must be (core.read_index): linearizable (a heartbeat round confirms the
@@ -173,6 +181,7 @@ class ReadRequest(Msg):
     consistency: Consistency = "linearizable"  # ignored when local
     wait_ms: Count = 0  # long poll: if from_index is not committed yet, wait up to this long for it
     follower_read: bool = False  # a follower serves it (asking the leader for a read index), no redirect
+    bodies: bool = True  # False: every entry comes with an empty body (a reader of indexes and terms only)
 
 
 class EntryMsg(msgspec.Struct, array_like=True):

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import random
+from array import array
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeGuard
@@ -65,9 +66,10 @@ from dledger.core.messages import (
     VoteRequest,
     is_member_message,
 )
+from dledger.core.producers import Decision, Producer, ProducerTable, Run, marker_body
 from dledger.core.quorum import QuorumAckChecker
 from dledger.core.read_index import ReadIndex, describe
-from dledger.entry import MAGIC_NORMAL
+from dledger.entry import MAGIC_NOOP, MAGIC_NORMAL, MAGIC_SESSION
 from dledger.statemachine.applier import Applier, ApplyBatch, Proposal
 from dledger.statemachine.snapshot import SnapshotMeta
 from dledger.store.base import AppendResult, CorruptEntryError, LedgerStore, StoreError
@@ -83,6 +85,18 @@ SCRUB_ENTRIES = 16
 SCRUB_BYTES = 256 << 10
 SCRUB_PAUSE_MS = 10_000
 SCRUB_BUSY_EVERY = 10  # ticks: a member never idle still verifies one record this often
+PRODUCERS_SAVE_ENTRIES = 10_000  # a plain log's producer table is saved after this many entries folded,
+PRODUCERS_SAVE_MS = 30_000  # or this long after it changed
+
+
+@dataclass(slots=True, frozen=True)
+class _Append:
+    """A client append taken, stored at the next drain."""
+
+    token: Any
+    bodies: list[bytes]
+    producer: str = ""  # an idempotent producer's (core.producers)
+    sequence: int = 0
 
 
 @dataclass(slots=True)
@@ -129,6 +143,7 @@ class TakeSnapshot:
     chain_crc: int
     next_pos: int  # where record index + 1 starts (or would): a follower installing it continues there
     keep: tuple[int, ...] = ()  # snapshots being sent to followers: not pruned
+    producers: bytes = b""  # the producer table (core.producers): the snapshot's PRODUCERS_FILE
 
 
 @dataclass(slots=True)
@@ -173,11 +188,22 @@ Action = Send | Reply | Apply | RunQuery | TakeSnapshot | ReadChunk | InstallChu
 
 class Node:
     def __init__(self, cfg: DLedgerConfig, store: LedgerStore, now_ms: int, rng: random.Random | None = None,
-                 applier: Applier | None = None, snapshot: SnapshotMeta | None = None) -> None:
+                 applier: Applier | None = None, snapshot: SnapshotMeta | None = None,
+                 producers: bytes | None = None) -> None:
         """`snapshot`: this member's newest snapshot (restored into the applier's state machine;
-        a plain log's is empty)."""
+        a plain log's is empty); `producers`: its PRODUCERS_FILE (else the table is folded
+        from the log's begin)."""
         self.cfg = cfg
         self.store = store
+        self.producers = ProducerTable(cfg.producer_expiry_ms, cfg.max_producers, store.begin_index - 1)
+        if producers:
+            self._load_producers(producers, "our snapshot")
+        # a plain log saves its table in a snapshot of its own (a restart cannot fold markers
+        # retention deleted): through here, and when (now_ms), and the one being written
+        self._producers_saved = (self.producers.folded if producers else -1, now_ms)
+        self._producers_saving = -1
+        self.wall_offset_ms = 0  # wall clock minus the `now_ms` clock (the runtime's is monotonic)
+        self._duplicates: dict[Any, tuple[list[int], int]] = {}  # token -> (each body's index, duplicates)
         self.applier = applier  # None: a plain log, nothing applied
         self.snapshot_meta = snapshot  # what a follower needing our deleted prefix gets
         if applier is not None and snapshot is not None:
@@ -202,12 +228,14 @@ class Node:
         self.install_bytes_sent = 0
         self.dispatchers: dict[str, EntryDispatcher] = {}
         self._pump_needed = False
-        self._appends: list[tuple[Any, list[bytes]]] = []  # client appends taken since the last drain
+        self._appends: list[_Append] = []  # client appends taken since the last drain
         # a write that failed although the store did not report itself failed: no campaign until then
         self._store_fault: tuple[StoreError, int] | None = None
         # (index, reason) of our first record known to fail verification: no leading, no campaign
         self.corrupt: tuple[int, str] | None = None
         self.corruptions_found = 0  # records found corrupt here (metrics)
+        self.entries_read = 0  # entries sent in GET/READ answers (metrics)
+        self.read_body_bytes = 0  # ... and their body bytes (a READ without bodies sends none)
         self.records_repaired = 0  # records rewritten from the leader's copy (metrics)
         self.scrub_entries = SCRUB_ENTRIES  # per idle tick (0: no scrub)
         self._scrub_next = store.begin_index
@@ -296,6 +324,7 @@ class Node:
                                                              message="the state machine did not reach the read index "
                                                                      f"{q.read_index} in time"))
             self._scrub()
+            self._save_producers()
         except StoreError as e:
             self.store_error(e)
 
@@ -540,6 +569,9 @@ class Node:
         a = self.applier
         if a is not None and (floor < 0 or floor > a.snapshot_index + 1):
             floor, holder = a.snapshot_index + 1, f"the state machine of {self.member.self_id} (snapshot)"
+        saved = self._producers_saved[0]
+        if a is None and not self.producers.empty and (floor < 0 or floor > saved + 1):
+            floor, holder = saved + 1, f"the producer table of {self.member.self_id} (saved through {saved})"
         self.store.set_retention_floor(floor if floor >= 0 else None, holder)
 
     def drain(self) -> list[Action]:
@@ -561,9 +593,53 @@ class Node:
             self.elector.heartbeat_now()  # reads wait for a confirming round: no tick's delay
         self._wake_reads()
         self.follower_reads.wake()
+        self._fold_producers()
         self._feed_applier()
         actions, self.actions = self.actions, []
         return actions
+
+    # --- idempotent producers (core.producers) --------------------------------------------------
+
+    def _fold_producers(self) -> None:
+        table, store = self.producers, self.store
+        if store.committed_index <= table.folded:
+            return
+        try:
+            if not table.fold(store, store.committed_index):
+                self._active = True  # a long log (a restart): the rest at the next drains
+        except CorruptEntryError as e:
+            self.mark_corrupt(e.index, e.message)
+        except StoreError as e:
+            log.warning("%s/%s: folding the producer table: %s", self.member.group, self.member.self_id, e)
+
+    def _save_producers(self) -> None:
+        """A plain log snapshots its producer table (an empty log snapshot with the table's
+        file) every PRODUCERS_SAVE_ENTRIES folded entries, or PRODUCERS_SAVE_MS after a change,
+        or at once when the disk is under pressure: retention deletes nothing after the last
+        saved table."""
+        t, (saved, at) = self.producers, self._producers_saved
+        if self.applier is not None or self._snapshot_pending or t.empty or t.folded <= saved:
+            return
+        if (t.folded - saved >= PRODUCERS_SAVE_ENTRIES or self.now - at >= PRODUCERS_SAVE_MS
+                or self.store.pressure_error() is not None):
+            self._take_snapshot(self.store.committed_index)
+            if self._snapshot_pending:
+                self._producers_saving = t.folded
+
+    def _load_producers(self, data: bytes, where: str) -> None:
+        try:
+            self.producers.load(data)
+        except (msgspec.DecodeError, ValueError) as e:
+            log.error("%s/%s: the producer table of %s is unreadable (%s): folded from the log instead",
+                      self.cfg.group, self.cfg.self_id, where, e)
+
+    def _check_producers_ready(self) -> None:
+        """A new leader answers for producers once every entry of earlier terms is committed and
+        folded: until its NOOP commits, its log may hold entries it does not know the fate of."""
+        start = self.quorum.term_start
+        if self.store.committed_index < start or self.producers.folded < start - 1:
+            raise DLedgerError(ResponseCode.LEADER_NOT_READY,
+                               f"term {self.member.term}: the producer table is not caught up yet")
 
     # --- the state machine ---------------------------------------------------------------------
 
@@ -618,7 +694,10 @@ class Node:
         if self.applier is not None:
             self.applier.snapshotting = True
         sending = tuple(d.sender.meta.last_index for d in self.dispatchers.values() if d.sender.meta is not None)
-        self.actions.append(TakeSnapshot(index, term, chain, next_pos, sending))
+        # the table is folded through the commit index, at or past `index`: entries between are
+        # committed, so every log that continues the snapshot holds them as folded
+        self.actions.append(TakeSnapshot(index, term, chain, next_pos, sending, self.producers.encode()
+                                         if not self.producers.empty else b""))
 
     def on_snapshot(self, index: int, error: str, now_ms: int, meta: SnapshotMeta | None = None) -> None:
         """The worker wrote the snapshot of `index` (`meta`; or failed: `error`)."""
@@ -631,8 +710,11 @@ class Node:
             log.error("%s/%s: snapshot at %d failed: %s", self.member.group, self.member.self_id, index, error)
             if a is not None:
                 a.snapshotting = False
+            self._producers_saving = -1
             self._answer_snapshot(ResponseCode.DISK_ERROR, f"snapshot at {index} failed: {error}")
             return
+        if self._producers_saving >= 0:
+            self._producers_saved, self._producers_saving = (self._producers_saving, now_ms), -1
         if a is not None:
             a.snapshot_taken(index)
             # the log the snapshot covers goes, but for a margin a slow follower may still need
@@ -704,6 +786,8 @@ class Node:
         self._scrub_next = self.store.begin_index
         if self.applier is not None:
             self.restore_from(meta)
+        else:
+            self.producers.skip_to(L)  # a plain log's snapshot is empty: no table comes with it
 
     def restore_from(self, meta: SnapshotMeta) -> None:
         """The state machine's state becomes installed snapshot `meta`'s, nothing applied before."""
@@ -723,8 +807,9 @@ class Node:
         readable_from = max(self.store.begin_index, self._beyond_repair)
         return readable_from - 1 if a.handed_index + 1 < readable_from else -1
 
-    def on_restored(self, meta: SnapshotMeta, error: str, now_ms: int) -> None:
-        """The worker restored the state machine from installed snapshot `meta` (or failed)."""
+    def on_restored(self, meta: SnapshotMeta, error: str, now_ms: int, producers: bytes | None = None) -> None:
+        """The worker restored the state machine from installed snapshot `meta` (or failed);
+        `producers`: the snapshot's PRODUCERS_FILE."""
         self.now = now_ms
         a = self.applier
         assert a is not None
@@ -733,6 +818,10 @@ class Node:
             a.installing = False
             self._stop_applier(f"restoring installed snapshot {meta.last_index}: {error}")
             return
+        if producers:
+            self._load_producers(producers, f"installed snapshot {meta.last_index}")
+        else:  # a snapshot without the file: no producer was known at its index
+            self.producers.clear(meta.last_index)
         msg = (f"committed; its result is lost: {self.member.self_id}'s state was replaced by snapshot "
                f"{meta.last_index}")
         for p in a.installed(meta.last_index):
@@ -851,10 +940,11 @@ class Node:
             return False
         # A NOOP of the new term lets entries of earlier terms commit (Raft §5.4.2).
         try:
-            res = self.store.append_as_leader([b""], m.term, magic=2)
+            res = self.store.append_as_leader([b""], m.term, magic=MAGIC_NOOP)
         except StoreError as e:
             self.store_failed(e)
             return False
+        self.producers.drop_overlay()
         m.role = Role.LEADER
         m.leader_id = m.self_id
         self.reads.reset(ResponseCode.NOT_LEADER, "leadership changed")
@@ -880,6 +970,7 @@ class Node:
         if was_leader:
             log.info("%s/%s: steps down in term %d: %s", m.group, m.self_id, m.term, reason)
             self.quorum.fail_all(ResponseCode.TERM_CHANGED, f"leader stepped down: {reason}")
+            self.producers.drop_overlay()
             # reads change nothing: the client asks the next leader
             self.reads.reset(ResponseCode.NOT_LEADER, f"leader stepped down before the read was confirmed: {reason}")
             for r in self.long_polls.take_leader_reads():
@@ -911,7 +1002,7 @@ class Node:
         elif code == READ:
             assert isinstance(msg, ReadRequest)
             self._handle_read(code, msg.from_index, msg.max_entries, msg.max_bytes, msg.only_normal, msg.local,
-                              msg.consistency, token, msg.wait_ms, msg.follower_read)
+                              msg.consistency, token, msg.wait_ms, msg.follower_read, msg.bodies)
         elif code == READ_INDEX:
             assert isinstance(msg, ReadIndexRequest)
             self._when_confirmed(code, msg.consistency, token,
@@ -969,13 +1060,17 @@ class Node:
         if full is not None:
             raise full
         self.store.check_bodies(msg.bodies, m.term)  # a bad request fails alone, before the batch
+        if msg.producer:
+            if msg.want_results:
+                raise DLedgerError(ResponseCode.UNEXPECTED_ARGUMENT, "an idempotent producer cannot propose")
+            self._check_producers_ready()
         if msg.want_results:
             if self.applier is None:
                 raise DLedgerError(ResponseCode.UNSUPPORTED, f"group {m.group} has no state machine to propose to")
             if self.applier.stopped is not None:
                 raise DLedgerError(ResponseCode.INTERNAL_ERROR, f"state machine stopped: {self.applier.stopped}")
             self._proposers.add(token)
-        self._appends.append((token, msg.bodies))
+        self._appends.append(_Append(token, msg.bodies, msg.producer, msg.sequence))
         self._active = True
 
     def _store_appends(self) -> None:
@@ -985,36 +1080,119 @@ class Node:
         m = self.member
         if not m.is_leader or self.elector.transferring:  # changed since they were taken: not stored
             code = ResponseCode.NOT_LEADER if not m.is_leader else ResponseCode.LEADER_TRANSFERRING
-            for token, _ in batch:
-                self._complete_append(token, code, None, "leadership changed before the append was stored")
+            for a in batch:
+                self._complete_append(a.token, code, None, "leadership changed before the append was stored")
             return
-        bodies = batch[0][1] if len(batch) == 1 else [b for _, bs in batch for b in bs]
+        if any(a.producer for a in batch):
+            self._store_idempotent(batch)
+            return
+        bodies = batch[0].bodies if len(batch) == 1 else [b for a in batch for b in a.bodies]
         try:
             res = self.store.append_as_leader(bodies, m.term, MAGIC_NORMAL)
         except DLedgerError as e:
-            for token, _ in batch:
-                self._complete_append(token, e.code, None, e.message)
-            if self._hard_fault(e):
-                self.store_failed(e)
+            self._fail_write(batch, e)
             return
         deadline = self.now + self.cfg.max_wait_ack_ms
         if len(batch) == 1:
-            self.quorum.add(batch[0][0], res, deadline)
+            self.quorum.add(batch[0].token, res, deadline)
         else:
             off = 0
-            for token, bs in batch:
-                n = len(bs)
-                self.quorum.add(token, AppendResult(res.first_index + off, res.term, res.positions[off : off + n]),
+            for a in batch:
+                n = len(a.bodies)
+                self.quorum.add(a.token, AppendResult(res.first_index + off, res.term, res.positions[off : off + n]),
                                 deadline)
                 off += n
+        self._written(res)
+
+    def _fail_write(self, batch: list[_Append], e: DLedgerError) -> None:
+        for a in batch:
+            self._complete_append(a.token, e.code, None, e.message)
+        if self._hard_fault(e):
+            self.store_failed(e)
+
+    def _written(self, res: AppendResult) -> None:
+        """Entries through res are stored: the leader counts itself once they are durable enough."""
         if self.cfg.flush == "async" or self.store.durable_index >= res.last_index:
             self.quorum.ack_self(res.last_index)
         else:
             self.store.request_flush()
         self._pump_needed = True
 
+    def _store_idempotent(self, batch: list[_Append]) -> None:
+        """A write with idempotent appends (core.producers): what the log holds already is
+        answered from the producer table; the rest is stored after a session marker naming
+        each entry's producer and sequence, in order."""
+        table, term = self.producers, self.member.term
+        first = self.store.end_index + 2  # the marker takes end + 1
+        ts = self.now + self.wall_offset_ms
+        views: dict[str, Producer] = {}  # producers as they will be after this write
+        runs: list[Run] = []
+        bodies: list[bytes] = []
+        taken: list[tuple[_Append, Decision, int, int]] = []  # (append, decision, first new index, new count)
+        for a in batch:
+            d = Decision(0)
+            if a.producer:
+                view = views.get(a.producer) or table.lookup(a.producer)
+                try:
+                    d = table.decide(view, a.producer, a.sequence, len(a.bodies))
+                except DLedgerError as e:
+                    self._complete_append(a.token, e.code, None, e.message)
+                    continue
+            new = a.bodies[d.duplicates:]
+            at = first + len(bodies)
+            if new:
+                seq = a.sequence + d.duplicates if a.producer else 0
+                if a.producer:
+                    view = view.copy() if view is not None else Producer()
+                    view.add(seq, at, len(new), ts)
+                    views[a.producer] = view
+                _add_run(runs, Run(a.producer, seq, len(new)))
+                bodies.extend(new)
+            taken.append((a, d, at, len(new)))
+        res = None
+        if bodies:
+            res = self._write_marked(marker_body(ts, runs), bodies, [a for a, *_ in taken])
+            if res is None:
+                return
+            table.note_own(views.items())
+        deadline = self.now + self.cfg.max_wait_ack_ms
+        for a, d, at, n in taken:
+            k = at - res.first_index if res is not None else 0
+            result = AppendResult(at, term, res.positions[k : k + n] if res is not None else array("q"))
+            if not d.duplicates:
+                self.quorum.add(a.token, result, deadline)
+                continue
+            self._duplicates[a.token] = (d.indexes + list(range(at, at + n)), d.duplicates)
+            wait = max(d.wait_index, at + n - 1) if n else d.wait_index
+            if wait <= self.store.committed_index:
+                self._complete_append(a.token, ResponseCode.SUCCESS, result, "")
+            else:
+                self.quorum.add(a.token, result, deadline, wait)
+        if res is not None:
+            self._written(res)
+
+    def _write_marked(self, marker: bytes, bodies: list[bytes], batch: list[_Append]) -> AppendResult | None:
+        """Store the session marker, then the bodies: both or neither (a marker must never be
+        followed by entries it does not describe). None: failed, the appends answered."""
+        store, term = self.store, self.member.term
+        try:
+            mres = store.append_as_leader([marker], term, MAGIC_SESSION)
+        except DLedgerError as e:
+            self._fail_write(batch, e)
+            return None
+        try:
+            return store.append_as_leader(bodies, term, MAGIC_NORMAL)
+        except DLedgerError as e:
+            try:
+                store.truncate(mres.first_index)  # not pushed yet: nobody else has seen it
+            except StoreError as te:
+                self.store_failed(te)  # a leader that cannot drop it must not write after it
+            self._fail_write(batch, e)
+            return None
+
     def _complete_append(self, token: Any, code: ResponseCode, res: AppendResult | None, message: str) -> None:
         m = self.member
+        dup = self._duplicates.pop(token, None)
         if token in self._proposers:
             self._proposers.discard(token)
             a = self.applier
@@ -1027,14 +1205,30 @@ class Node:
                 # committed: the answer waits for the results (apply follows commit, never precedes it)
                 a.wait_proposal(Proposal(token, res.first_index, res.last_index, res.term, res.positions.tolist()))
                 return
-        if code == ResponseCode.SUCCESS and res is not None:
+        if code == ResponseCode.SUCCESS and dup is not None:
+            msg = self._duplicate_answer(*dup)
+        elif code == ResponseCode.SUCCESS and res is not None:
             msg = AppendResponse(int(code), m.self_id, res.term, res.first_index, res.positions.tolist())
         else:
             msg = AppendResponse(int(code), m.leader_id or "", m.term, message=message)
         self.reply(token, RequestCode.APPEND, msg)
 
+    def _duplicate_answer(self, indexes: list[int], duplicates: int) -> AppendResponse:
+        """Each body's index, term and position, the duplicates' from where the log holds them."""
+        terms, positions = [], []
+        for i in indexes:
+            try:
+                pos, _, term = self.store.slot(i) if i >= 0 else (-1, 0, -1)
+            except StoreError:
+                pos, term = -1, -1
+            terms.append(term)
+            positions.append(pos)
+        return AppendResponse(int(ResponseCode.SUCCESS), self.member.self_id, self.member.term, indexes[0], positions,
+                              indexes=indexes, terms=terms, duplicates=duplicates)
+
     def _handle_read(self, code: int, start: int, max_entries: int, max_bytes: int, only_normal: bool,
-                     local: bool, consistency: str, token: Any, wait_ms: int = 0, addressed: bool = False) -> None:
+                     local: bool, consistency: str, token: Any, wait_ms: int = 0, addressed: bool = False,
+                     bodies: bool = True) -> None:
         """Committed entries only, from the leader unless the reader asked for this member's
         own copy (`local`), whose commit index may lag. From the leader an append acknowledged
         to one client is readable by every other client at once; `linearizable` and `lease`
@@ -1044,7 +1238,7 @@ class Node:
             return local or not self.member.is_leader
 
         def answer() -> None:
-            self._answer_read(code, start, max_entries, max_bytes, only_normal, own_copy(), token)
+            self._answer_read(code, start, max_entries, max_bytes, only_normal, own_copy(), token, bodies)
 
         def answer_or_wait(_: int = -1) -> None:
             if wait_ms > 0 and start > self.store.committed_index:
@@ -1115,7 +1309,9 @@ class Node:
             self.reads.read(consistency, self.store.committed_index, safely, fail)
 
     def _answer_read(self, code: int, start: int, max_entries: int, max_bytes: int, only_normal: bool,
-                     local: bool, token: Any) -> None:
+                     local: bool, token: Any, bodies: bool = True) -> None:
+        """Without `bodies` every entry goes with an empty body (a reader that needs only the
+        indexes and terms); the size of the bodies still bounds the answer, as the store reads them."""
         store = self.store
         committed = store.committed_index
         if start > committed:
@@ -1143,7 +1339,9 @@ class Node:
                 index = e.index + 1
                 size += len(e.body) + _ENTRY_OVERHEAD
                 if not only_normal or e.magic == MAGIC_NORMAL:
-                    out.append(EntryMsg(e.index, e.term, e.pos, e.magic, e.body, e.chain_crc))
+                    out.append(EntryMsg(e.index, e.term, e.pos, e.magic, e.body if bodies else b"", e.chain_crc))
+                    self.read_body_bytes += len(out[-1].body)
+        self.entries_read += len(out)
         self.reply(token, code, EntriesResponse(200, self.member.leader_id or "", out, index, committed))
 
     def _read_hit_corrupt(self, e: CorruptEntryError, local: bool) -> None:
@@ -1183,6 +1381,16 @@ class Node:
             state_machine_error=(self.applier.stopped or "") if self.applier is not None else "",
             install_index=install_index, install_bytes=install_bytes, install_total=install_total,
         )
+
+
+def _add_run(runs: list[Run], run: Run) -> None:
+    """Append `run`, merged into the last one when it continues it (plain appends, mostly)."""
+    last = runs[-1] if runs else None
+    if last is not None and last.producer == run.producer and (
+            not run.producer or last.first_seq + last.count == run.first_seq):
+        runs[-1] = Run(run.producer, last.first_seq, last.count + run.count)
+    else:
+        runs.append(run)
 
 
 def _ranges(indexes: list[int]) -> str:

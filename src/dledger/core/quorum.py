@@ -46,10 +46,11 @@ class QuorumAckChecker:
         self.leader_index = -1
         self.term_start = term_start
 
-    def add(self, token: Any, result: AppendResult, deadline_ms: int) -> None:
+    def add(self, token: Any, result: AppendResult, deadline_ms: int, wait_index: int | None = None) -> None:
+        """Answer `token` once `wait_index` (default: the result's last index) is committed."""
         seq = next(self._seq)
         self._items[seq] = (token, result)
-        heapq.heappush(self._by_index, (result.last_index, seq))
+        heapq.heappush(self._by_index, (result.last_index if wait_index is None else wait_index, seq))
         self._by_deadline.append((deadline_ms, seq))
 
     def ack(self, peer: str, index: int) -> bool:

@@ -15,6 +15,10 @@ stops asking it first and its redirects to it are not followed. When no leader i
 who leads, with a short timeout, and takes a member's own word that it leads: followers
 go on naming a hung leader until they elect another. The per-call `timeout` bounds the
 whole call, every attempt and search included.
+
+An idempotent client (`idempotent=True`: a producer id and per-body sequence numbers,
+runtime.producer and core.producers) retries appends with an unknown outcome too: the
+leader recognises what it already holds, so nothing is stored twice.
 """
 
 from __future__ import annotations
@@ -56,6 +60,7 @@ from dledger.core.messages import (
     encode,
 )
 from dledger.runtime.blocking import LoopThread
+from dledger.runtime.producer import UNKNOWN_OUTCOME, IdempotentProducer
 from dledger.runtime.transport import Message, TransportClient
 from dledger.security.tls import TlsConfig, client_context
 
@@ -196,9 +201,12 @@ class AsyncDLedgerClient:
     def __init__(self, peers: str, group: str = "default", timeout: float = 5.0,
                  request_timeout: float = 3.0, coalesce: bool = True,
                  max_coalesced_bytes: int = 1 << 20, discover_timeout: float = 1.0,
-                 tls: TlsConfig | ssl.SSLContext | None = None, auth_token: str | None = None) -> None:
+                 tls: TlsConfig | ssl.SSLContext | None = None, auth_token: str | None = None,
+                 idempotent: bool = False, producer_id: str | None = None) -> None:
         """`tls`: the CA plus a client certificate (TlsConfig) or a ready client SSLContext, for a
-        group started with TLS; `auth_token`: the group's shared token (docs/security.md)."""
+        group started with TLS; `auth_token`: the group's shared token (docs/security.md).
+        `idempotent`: appends go as a producer (`producer_id`, else a random one) whose bodies
+        are numbered, and are retried after an unknown outcome: each body is stored once."""
         self.peers = parse_peers(peers)
         self._ssl = client_context(tls) if isinstance(tls, TlsConfig) else tls
         self._auth_token = auth_token.encode() if auth_token else None
@@ -214,6 +222,9 @@ class AsyncDLedgerClient:
         self._sending: set[asyncio.Task[None]] = set()
         self._suspects: dict[str, float] = {}  # member -> monotonic time its suspicion ends
         self._search: asyncio.Task[str | DLedgerError | None] | None = None  # shared by concurrent callers
+        if producer_id is not None and not idempotent:
+            raise DLedgerError(ResponseCode.UNEXPECTED_ARGUMENT, "producer_id needs idempotent=True")
+        self.producer = IdempotentProducer(producer_id) if idempotent else None
 
     def _transport(self) -> TransportClient:
         if self._client is None:
@@ -313,10 +324,35 @@ class AsyncDLedgerClient:
         if len(bodies) > MAX_APPEND_BODIES:
             raise DLedgerError(ResponseCode.UNEXPECTED_ARGUMENT,
                                f"append_batch of {len(bodies)} bodies: at most {MAX_APPEND_BODIES} per request")
+        if self.producer is not None:
+            return await self._append_idempotent(bodies)
         req = AppendRequest(self.group, "", "", bodies)
         resp = await self._call(RequestCode.APPEND, req)
         assert isinstance(resp, AppendResponse)
         return [AppendResult(resp.index + k, resp.term, p) for k, p in enumerate(resp.positions)]
+
+    async def _append_idempotent(self, bodies: list[bytes]) -> list[AppendResult]:
+        """One request at a time per producer; an unknown outcome is sent again, same sequence."""
+        p = self.producer
+        assert p is not None
+        async with p.lock():
+            for _ in range(2):
+                req = AppendRequest(self.group, "", "", bodies, producer=p.id, sequence=p.begin(bodies))
+                try:
+                    resp = await self._call(RequestCode.APPEND, req, safe=True)
+                except DLedgerError as e:
+                    if e.code == ResponseCode.UNKNOWN_PRODUCER and not p.chosen:
+                        p.renew()  # forgotten while idle (nothing was stored): start afresh
+                        continue
+                    p.failed(bodies, e)
+                    raise
+                assert isinstance(resp, AppendResponse)
+                p.settled(len(bodies), resp.duplicates)
+                if resp.indexes:
+                    return [AppendResult(i, t, pos) for i, t, pos in zip(resp.indexes, resp.terms, resp.positions,
+                                                                          strict=True)]
+                return [AppendResult(resp.index + k, resp.term, pos) for k, pos in enumerate(resp.positions)]
+        raise DLedgerError(ResponseCode.UNKNOWN_PRODUCER, f"producer {p.id!r} was refused twice as unknown")
 
     async def propose(self, body: bytes) -> ProposeResult:
         """Append `body` and wait until the group's state machine applied it: one round trip,
@@ -375,18 +411,20 @@ class AsyncDLedgerClient:
         return Entry(e.index, e.term, e.pos, e.body, e.magic)
 
     async def read(self, from_index: int = 0, max_entries: int = 1000, only_normal: bool = True,
-                   member: str | None = None, consistency: str | None = None) -> list[Entry]:
+                   member: str | None = None, consistency: str | None = None, *, bodies: bool = True) -> list[Entry]:
         """Committed entries from `from_index` (NOOP and config entries skipped by default).
 
         By default the leader answers; `member` reads that member's own committed copy.
         `consistency`: see `query` (each request of a long read is confirmed by itself).
+        `bodies=False`: every entry comes with an empty body, and no body crosses the network
+        (a member older than this option sends them anyway).
         """
         consistency, local, follower = _resolve(consistency, member)
         out: list[Entry] = []
         index = from_index
         while len(out) < max_entries:
             req = ReadRequest(self.group, "", "", index, min(max_entries - len(out), 1 << 20), 4 << 20, only_normal,
-                              local, consistency, follower_read=follower)
+                              local, consistency, follower_read=follower, bodies=bodies)
             try:
                 resp = await self._ask(member, READ, req)
             except DLedgerError as e:
@@ -478,9 +516,10 @@ class AsyncDLedgerClient:
         return await self._call_member(member, code, req)
 
     async def _call(self, code: int, req: msgspec.Struct, timeout: float | None = None,
-                    request_timeout: float | None = None) -> msgspec.Struct:
+                    request_timeout: float | None = None, safe: bool = False) -> msgspec.Struct:
         """Ask the leader, within `timeout` in all: follow redirects, pass over members that
-        do not answer, and send again only what certainly did not take effect (or a read)."""
+        do not answer, and send again only what certainly did not take effect (or a read, or
+        what is `safe` to repeat: an idempotent producer's append)."""
         deadline = time.monotonic() + (timeout or self.timeout)
         per_request = request_timeout or self.request_timeout
         last: DLedgerError | None = None
@@ -493,7 +532,7 @@ class AsyncDLedgerClient:
                     return await self._call_member(target, code, req, min(per_request, left))
                 except DLedgerError as e:
                     last = e
-                    if not self._may_retry(target, code, e):
+                    if not self._may_retry(target, code, e, safe):
                         raise
                     if e.code == ResponseCode.NOT_LEADER and self.leader_id:
                         continue  # redirected: go at once
@@ -501,7 +540,7 @@ class AsyncDLedgerClient:
             delay = min(delay * 2, 0.5)
         raise last or DLedgerError(ResponseCode.TIMEOUT, "no member said it leads in time")
 
-    def _may_retry(self, target: str, code: int, e: DLedgerError) -> bool:
+    def _may_retry(self, target: str, code: int, e: DLedgerError, safe: bool = False) -> bool:
         """Whether the request may be sent again after `e` from `target`; updates who leads."""
         if e.code == ResponseCode.NOT_LEADER:
             self.leader_id = self._hint(e, target)
@@ -512,7 +551,10 @@ class AsyncDLedgerClient:
         if e.code in _UNANSWERED:
             if self.leader_id == target:
                 self.leader_id = None  # this call (if it may retry) and the next ones search again
-            return never_sent(e) or code in _IDEMPOTENT
+            return never_sent(e) or code in _IDEMPOTENT or safe
+        if safe and e.code in UNKNOWN_OUTCOME:  # TERM_CHANGED, WAIT_QUORUM_ACK_TIMEOUT: ask the leader again
+            self.leader_id = None
+            return True
         return False
 
     def _hint(self, e: DLedgerError, target: str) -> str | None:
@@ -666,8 +708,10 @@ class DLedgerClient:
     so it also works where a loop is already running (notebooks, Spark tasks)."""
 
     def __init__(self, peers: str, group: str = "default", timeout: float = 5.0, coalesce: bool = True,
-                 tls: TlsConfig | ssl.SSLContext | None = None, auth_token: str | None = None) -> None:
-        self._async = AsyncDLedgerClient(peers, group, timeout, coalesce=coalesce, tls=tls, auth_token=auth_token)
+                 tls: TlsConfig | ssl.SSLContext | None = None, auth_token: str | None = None,
+                 idempotent: bool = False, producer_id: str | None = None) -> None:
+        self._async = AsyncDLedgerClient(peers, group, timeout, coalesce=coalesce, tls=tls, auth_token=auth_token,
+                                         idempotent=idempotent, producer_id=producer_id)
         self._loop = LoopThread("dledger-client")
         self._run = self._loop.run
 
@@ -681,8 +725,9 @@ class DLedgerClient:
         return self._run(self._async.get(index, member, consistency))
 
     def read(self, from_index: int = 0, max_entries: int = 1000, member: str | None = None,
-             consistency: str | None = None) -> list[Entry]:
-        return self._run(self._async.read(from_index, max_entries, member=member, consistency=consistency))
+             consistency: str | None = None, *, bodies: bool = True) -> list[Entry]:
+        return self._run(self._async.read(from_index, max_entries, member=member, consistency=consistency,
+                                          bodies=bodies))
 
     def metadata(self, member: str | None = None, consistency: str = "") -> Metadata:
         return self._run(self._async.metadata(member, consistency))
@@ -715,6 +760,11 @@ class DLedgerClient:
     @property
     def leader_id(self) -> str | None:
         return self._async.leader_id
+
+    @property
+    def producer(self) -> IdempotentProducer | None:
+        """An idempotent client's producer (its id, next sequence, duplicates seen)."""
+        return self._async.producer
 
     @property
     def peers(self) -> dict[str, Peer]:

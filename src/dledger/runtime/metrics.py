@@ -97,6 +97,10 @@ class _StateCollector(Collector):
                                    "Snapshots followers installed from this member as leader", labels=lab)
         install_out = CounterMetricFamily("dledger_snapshot_install_sent_bytes",
                                           "Snapshot bytes this member sent to followers", labels=lab)
+        read_entries = CounterMetricFamily("dledger_read_entries",
+                                           "Entries this member sent in answers to clients' GET and READ", labels=lab)
+        read_bytes = CounterMetricFamily("dledger_read_body_bytes",
+                                         "Body bytes in those answers (a READ without bodies sends none)", labels=lab)
         installing = GaugeMetricFamily("dledger_snapshot_installing",
                                        "1 while this member receives a snapshot from the leader", labels=lab)
         for n in self.nodes:
@@ -122,6 +126,8 @@ class _StateCollector(Collector):
             sent.add_metric(v, n.installs_sent)
             install_out.add_metric(v, n.install_bytes_sent)
             installing.add_metric(v, 1 if n.receiver.meta is not None else 0)
+            read_entries.add_metric(v, n.entries_read)
+            read_bytes.add_metric(v, n.read_body_bytes)
             for peer, d in n.dispatchers.items():
                 lag.add_metric([*v, peer], s.end_index - d.match_index)
                 stranded.add_metric([*v, peer], 1 if d.needs_snapshot else 0)
@@ -138,3 +144,5 @@ class _StateCollector(Collector):
         yield sent
         yield install_out
         yield installing
+        yield read_entries
+        yield read_bytes

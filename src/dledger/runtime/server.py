@@ -96,11 +96,12 @@ class GroupRuntime:
         self.store = open_store(cfg)
         try:
             self.host = StateMachineHost(cfg, state_machine)
-            snap = self.host.restore()
+            restored = self.host.restore()
         except BaseException:
             self.store.close()
             raise
         applier = None
+        snap, producers = restored if restored is not None else (None, None)
         start = snap.last_index if snap is not None else -1
         if state_machine is not None:
             if start < self.store.begin_index - 1:
@@ -109,7 +110,8 @@ class GroupRuntime:
                           cfg.group, cfg.self_id, self.store.begin_index)
             applier = Applier(start, start)
         try:
-            self.node = Node(cfg, self.store, now_ms(), applier=applier, snapshot=snap)
+            self.node = Node(cfg, self.store, now_ms(), applier=applier, snapshot=snap, producers=producers)
+            self.node.wall_offset_ms = int(time.time() * 1000) - now_ms()
         except BaseException:
             self.host.close()
             self.store.close()
@@ -278,7 +280,7 @@ class GroupRuntime:
             self._execute()
 
         self.host.submit(self.host.take_snapshot, s.index, s.term, s.chain_crc, s.next_pos, self.cfg.peers, s.keep,
-                         done=done)
+                         s.producers, done=done)
 
     def _failure(self, err: BaseException | None, what: str) -> str:
         """"" for no error; else what to tell the node (a traceback in the log unless the disk
@@ -306,10 +308,12 @@ class GroupRuntime:
                                      now_ms())
         self._execute()
 
-    def _restored(self, a: RestoreSnapshot, fut: Future[None]) -> None:
+    def _restored(self, a: RestoreSnapshot, fut: Future[bytes | None]) -> None:
         if fut.cancelled():
             return
-        self.node.on_restored(a.meta, self._failure(fut.exception(), "restoring a snapshot"), now_ms())
+        err = fut.exception()
+        self.node.on_restored(a.meta, self._failure(err, "restoring a snapshot"), now_ms(),
+                              fut.result() if err is None else None)
         self._execute()
 
     def _spawn(self, coro: Any) -> None:

@@ -20,7 +20,7 @@ from dledger.codes import DLedgerError, ResponseCode
 from dledger.config import DLedgerConfig
 from dledger.statemachine.api import DirectoryReader, NullStateMachine, StateMachine
 from dledger.statemachine.install import InstallSink, SnapshotSource
-from dledger.statemachine.snapshot import SnapshotError, SnapshotMeta, SnapshotStore, read_meta
+from dledger.statemachine.snapshot import SnapshotError, SnapshotMeta, SnapshotStore, read_meta, read_producers
 
 log = logging.getLogger(__name__)
 
@@ -59,16 +59,18 @@ class StateMachineHost:
         self._reader = ThreadPoolExecutor(1, thread_name_prefix=f"snap-{cfg.group}-{cfg.self_id}")
         self._sink: InstallSink | None = None  # a snapshot being received (worker thread only)
 
-    def restore(self) -> SnapshotMeta | None:
+    def restore(self) -> tuple[SnapshotMeta, bytes | None] | None:
         """Load the newest valid snapshot into the state machine (the empty state without one);
-        its meta, or None."""
+        its meta and producer table, or None."""
         found = self.snapshots.newest()
         if self.sm is not None:
             self.sm.restore(found[1] if found is not None else None)
-        if found is not None:
-            log.info("restored snapshot through index %d (term %d) from %s", found[0].last_index,
-                     found[0].last_term, self.snapshots.dir)
-        return found[0] if found is not None else None
+        if found is None:
+            return None
+        meta = found[0]
+        log.info("restored snapshot through index %d (term %d) from %s", meta.last_index, meta.last_term,
+                 self.snapshots.dir)
+        return meta, read_producers(self.snapshots.dir / f"{meta.last_index:020d}", meta)
 
     def submit(self, fn: Callable[..., T], *args: Any, done: Callable[[Future[T]], None]) -> None:
         """Run fn(*args) on the worker; `done(future)` then runs on the event loop."""
@@ -109,19 +111,21 @@ class StateMachineHost:
         if sink is not None:
             sink.abort()
 
-    def restore_installed(self, meta: SnapshotMeta) -> None:
+    def restore_installed(self, meta: SnapshotMeta) -> bytes | None:
         """Replace the state with installed snapshot `meta` (worker thread; its files were
-        checked as it was installed, just before this on the same thread)."""
+        checked as it was installed, just before this on the same thread); its producer table."""
         directory = self.snapshots.dir / f"{meta.last_index:020d}"
         if read_meta(directory) != meta:
             raise SnapshotError(f"snapshot {meta.last_index} was replaced before it was restored")
         if self.sm is not None:
             self.sm.restore(DirectoryReader(directory, meta.files))
         log.info("restored installed snapshot through index %d (term %d)", meta.last_index, meta.last_term)
+        return read_producers(directory, meta)
 
     def take_snapshot(self, index: int, term: int, chain_crc: int, next_pos: int, members: str,
-                      keep: tuple[int, ...] = ()) -> SnapshotMeta:
-        return self.snapshots.take(self.sm or NullStateMachine(), index, term, chain_crc, members, next_pos, keep)
+                      keep: tuple[int, ...] = (), producers: bytes = b"") -> SnapshotMeta:
+        return self.snapshots.take(self.sm or NullStateMachine(), index, term, chain_crc, members, next_pos, keep,
+                                   producers)
 
     def close(self) -> None:
         """Let the action running finish (never stop an apply half-way); drop the queued ones."""

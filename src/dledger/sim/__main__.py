@@ -1,4 +1,4 @@
-"""`python -m dledger.sim --seeds N [--start S] [--steps K] [--trace] [--controller | --brokers]`: run
+"""`python -m dledger.sim --seeds N [--start S] [--steps K] [--trace] [--controller | --brokers | --idempotent]`: run
 simulation seeds (--controller: every member runs the controller's state machine, sim.controller;
 --brokers: controllers and a broker set, sim.brokers)."""
 
@@ -20,6 +20,8 @@ def main() -> int:
     ap.add_argument("--trace", action="store_true", help="print the trace of every failing seed")
     ap.add_argument("--controller", action="store_true", help="members run the controller (CONTROLLER.md §2.7)")
     ap.add_argument("--brokers", action="store_true", help="controllers and a broker set (AutoSwitch HA, sim.brokers)")
+    ap.add_argument("--idempotent", action="store_true",
+                    help="appends from idempotent producers, checked for bodies stored twice (sim.producers)")
     args = ap.parse_args()
     logging.disable(logging.CRITICAL)  # members log every fault they see; the report says what matters
     if args.brokers:
@@ -28,7 +30,7 @@ def main() -> int:
     failed = 0
     acked = faults = installs = reads = 0
     for seed in range(args.start, args.start + args.seeds):
-        rep = run_seed(seed, args.steps, "controller" if args.controller else "kv")
+        rep = run_seed(seed, args.steps, "controller" if args.controller else "kv", args.idempotent)
         acked += rep.acked
         faults += rep.faults
         installs += rep.installs

@@ -111,6 +111,7 @@ class SimCluster:
         # that asked (a restarted process has no pending requests; its ctx numbering restarts)
         self._outstanding: dict[int, tuple[str, Any, Node | None]] = {}
         self.client_results: dict[int, ClientResult] = {}
+        self.answers: dict[int, AppendResponse] = {}  # successful appends' whole answers
         self.test_answers: dict[Any, Any] = {}  # answers to requests a test sent itself (token ("test", ...))
         self.trace: list[str] = []
         self.leaders_by_term: dict[int, str] = {}
@@ -141,9 +142,9 @@ class SimCluster:
     def start(self, member: str) -> None:
         store = self.stores[member]
         store.on_request = lambda: self._schedule_fsync(member)
-        applier, snapshot = self.machines.start(member)
+        applier, snapshot, producers = self.machines.start(member)
         node = Node(self.cfgs[member], store, self.now, random.Random(self.rng.random()), applier=applier,
-                    snapshot=snapshot)
+                    snapshot=snapshot, producers=producers)
         self.nodes[member] = node
         self.last_commit[member] = store.committed_index
         self.trace.append(f"{self.now} start {member} (end {store.end_index}, term {node.member.term})")
@@ -225,10 +226,12 @@ class SimCluster:
 
     # --- client ----------------------------------------------------------------------------
 
-    def append(self, member: str, bodies: list[bytes]) -> int:
-        """Submit an append to `member`; its answer lands in client_results[id]."""
+    def append(self, member: str, bodies: list[bytes], producer: str = "", sequence: int = 0) -> int:
+        """Submit an append to `member` (as `producer`'s bodies from `sequence`: idempotent);
+        its answer lands in client_results[id]."""
         cid = next(self._rid)
-        msg = AppendRequest(self.cfgs[member].group, "", "", bodies)  # unaddressed: it may be redirected
+        # unaddressed: it may be redirected
+        msg = AppendRequest(self.cfgs[member].group, "", "", bodies, producer=producer, sequence=sequence)
         self._client_reqs[cid] = (encode(msg), 0)
         self._schedule(self.now + 1, "client", (member, cid, self._client_reqs[cid][0]))
         return cid
@@ -411,7 +414,7 @@ class SimCluster:
             self._reply(member, Reply(action.token, QUERY, resp))
         elif isinstance(action, TakeSnapshot):
             meta = m.snapshot(member, action.index, action.term, action.chain_crc, action.next_pos,
-                              node.cfg.peers, action.keep)
+                              node.cfg.peers, action.keep, action.producers)
             self.trace.append(f"{self.now} {member} snapshot through {action.index}")
             node.on_snapshot(action.index, "", self.now, meta)
         elif isinstance(action, DropInstall):
@@ -422,8 +425,7 @@ class SimCluster:
                 self.trace.append(f"{self.now} {member} installed snapshot {action.meta.last_index}")
             node.on_chunk_installed(action.token, action.meta, nxt, done, "", self.now)
         else:
-            m.restore_installed(member, action.meta)
-            node.on_restored(action.meta, "", self.now)
+            node.on_restored(action.meta, "", self.now, m.restore_installed(member, action.meta))
             if node.applier is not None:
                 problem = m.check(member, node.applier.applied_index)
                 if problem is not None:
@@ -449,7 +451,8 @@ class SimCluster:
             if r.code in _CLIENT_RETRY and self._client_retry(token[1], r.leader_id or None):
                 return
             if r.code == ResponseCode.SUCCESS:
-                self._note_acked(member, r.index + len(r.positions) - 1)
+                self._note_acked(member, max(r.indexes) if r.indexes else r.index + len(r.positions) - 1)
+                self.answers[token[1]] = r
             self.client_results[token[1]] = ClientResult(r.code, r.index, r.term)
             self._client_reqs.pop(token[1], None)
             return

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from dledger.kv.machine import KVStateMachine
 from dledger.statemachine.api import AppliedEntry, MemoryReader, MemoryWriter, StateMachine
 from dledger.statemachine.applier import Applier
-from dledger.statemachine.snapshot import FileInfo, SnapshotMeta
+from dledger.statemachine.snapshot import PRODUCERS_FILE, FileInfo, SnapshotMeta
 
 KEEP = 2
 
@@ -64,20 +64,21 @@ class SimMachines:
         self._sinks: dict[str, tuple[SnapshotMeta, bytearray]] = {}  # snapshots being received
         self.installs = 0  # snapshots adopted from a leader (reports)
 
-    def start(self, member: str) -> tuple[Applier | None, SnapshotMeta | None]:
+    def start(self, member: str) -> tuple[Applier | None, SnapshotMeta | None, bytes | None]:
         """A (re)started member: its newest snapshot restored, the log after it to apply; the
-        snapshot's meta (for the node)."""
+        snapshot's meta and producer table (for the node)."""
         self._sinks.pop(member, None)
         snaps = self.snapshots[member]
         snap = snaps[-1] if snaps else None
         meta = snap.meta if snap is not None else None
+        producers = snap.files.get(PRODUCERS_FILE) if snap is not None else None
         if self.factory is None:
-            return None, meta
+            return None, meta, producers
         sm = self.factory()
         sm.restore(MemoryReader(snap.files) if snap is not None else None)
         self.sms[member] = sm
         start = snap.meta.last_index if snap is not None else -1
-        return Applier(start, start), meta
+        return Applier(start, start), meta, producers
 
     def work_at(self, member: str, now: int) -> int:
         """When the member's worker runs its next action (after the one before: in order)."""
@@ -92,10 +93,12 @@ class SimMachines:
         return self.sms[member].query(request)
 
     def snapshot(self, member: str, index: int, term: int, chain_crc: int, next_pos: int, members: str,
-                 keep: tuple[int, ...] = ()) -> SnapshotMeta:
+                 keep: tuple[int, ...] = (), producers: bytes = b"") -> SnapshotMeta:
         w = MemoryWriter()
         if self.factory is not None:
             self.sms[member].snapshot(w)
+        if producers:
+            w.files[PRODUCERS_FILE] = producers
         files = {n: FileInfo(len(b), zlib.crc32(b)) for n, b in w.files.items()}
         meta = SnapshotMeta(index, term, chain_crc, members, files, next_pos=next_pos)
         self._keep(member, SimSnapshot(meta, w.files), keep)
@@ -144,10 +147,12 @@ class SimMachines:
     def drop_install(self, member: str) -> None:
         self._sinks.pop(member, None)
 
-    def restore_installed(self, member: str, meta: SnapshotMeta) -> None:
+    def restore_installed(self, member: str, meta: SnapshotMeta) -> bytes | None:
+        """Restore the state machine; the snapshot's producer table."""
         snap = next(s for s in self.snapshots[member] if s.meta == meta)
         if self.factory is not None:
             self.sms[member].restore(MemoryReader(snap.files))
+        return snap.files.get(PRODUCERS_FILE)
 
     def digest(self, member: str) -> int:
         return state_digest(self.sms[member])

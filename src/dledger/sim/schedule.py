@@ -28,6 +28,7 @@ from dledger.entry import Entry
 from dledger.kv.commands import Cas, Delete, Put, encode
 from dledger.sim.cluster import NetConfig, SimCluster
 from dledger.sim.controller import Referee, command
+from dledger.sim.producers import SimProducers
 from dledger.store.base import CorruptEntryError, LedgerStore
 
 LIVENESS_MS = 15_000
@@ -53,9 +54,11 @@ class SimReport:
                 f"{self.faults} faults, {self.sim_ms} ms simulated)")
 
 
-def run_seed(seed: int, steps: int = 14, machine: str = "kv") -> SimReport:
+def run_seed(seed: int, steps: int = 14, machine: str = "kv", idempotent: bool = False) -> SimReport:
     """`machine`: "kv" (a third of the seeds apply the log to a KV store, the rest are plain
-    logs) or "controller" (every seed's members run the controller: sim.controller)."""
+    logs) or "controller" (every seed's members run the controller: sim.controller).
+    `idempotent`: the appends come from idempotent producers (sim.producers), checked for
+    bodies stored twice."""
     r = random.Random(seed)
     n = r.choice((3, 5))
     flush = r.choice(("sync", "async"))
@@ -73,11 +76,19 @@ def run_seed(seed: int, steps: int = 14, machine: str = "kv") -> SimReport:
     disk_faults = r.random() < 0.5
     bodies: dict[int, bytes] = {}
     down: list[str] = []
+    producers = SimProducers(c, random.Random(seed * 7 + 1)) if idempotent and referee is None else None
+
+    def produced(name: str, seq: int, count: int) -> list[bytes]:
+        out = [f"{seed}-{name}-{seq + j}".encode() for j in range(count)]
+        return [encode(Put(f"k{r.randint(0, 12)}".encode(), b)) for b in out] if machines else out  # unique
+
     for step in range(steps):
         report.faults += _fault(c, r, n, flush, down)
         if disk_faults:
             report.faults += _disk_fault(c, r, n, flush, down)
-        for k in range(r.randint(1, 6)):
+        if producers is not None:
+            producers.step(produced)
+        for k in range(r.randint(1, 6) if producers is None else 0):
             body = [f"{seed}-{step}-{k}-{j}".encode() for j in range(r.randint(1, 3))]
             if referee is not None:  # controller commands, made from some member's applied state
                 body = [command(r, _view(c, r), unclean) for _ in range(r.randint(1, 8))]
@@ -93,7 +104,13 @@ def run_seed(seed: int, steps: int = 14, machine: str = "kv") -> SimReport:
             if report.violations:
                 break
     _settle(c, down, report)
+    if producers is not None:
+        producers.finish()
     _final_checks(c, bodies, report)
+    if producers is not None and (leader := c.leader()) is not None:
+        report.violations.extend(producers.check(leader))
+        report.acked += len(producers.acked)
+        report.faults += sum(p.resent for p in producers.producers)
     if referee is not None:
         report.violations.extend(referee.violations)
     report.sim_ms = c.now

@@ -85,6 +85,7 @@ class RangeReadSpec:
     timeout: float
     client: ClientOptions
     broker: bool = False  # `group` is a broker set and `peers` its controllers
+    bodies: bool = True  # False: the members send empty bodies (the query has no `body` column)
 
 
 def _member_covering(client: DLedgerClient, spec: RangeReadSpec, deadline: float) -> str:
@@ -129,7 +130,7 @@ def _read_range(client: DLedgerClient, spec: RangeReadSpec, deadline: float) -> 
             member = _member_covering(client, spec, deadline)
         want = min(spec.end - index, chunk)
         try:
-            entries = client.read(index, want, member=member)
+            entries = client.read(index, want, member=member, bodies=spec.bodies)
         except DLedgerError as e:
             if e.code == ResponseCode.INDEX_LESS_THAN_LOCAL_BEGIN:
                 index = _skip_lost(client, spec, member, index)

@@ -38,8 +38,9 @@ _CONNECTION = frozenset({"peers", "group", "groups", "controller", "brokers", "c
                          "tlsCert", "tlsKey", "authToken"})
 READ_OPTIONS = _CONNECTION | {"startingIndex", "endingIndex", "maxEntriesPerTrigger", "failOnDataLoss",
                               "entriesPerPartition", "timeoutSeconds"}
-WRITE_OPTIONS = _CONNECTION | {"batchSize"}
-FILES_OPTIONS = frozenset({"path", "includeUncommitted", "group", "mode", "member"})
+WRITE_OPTIONS = _CONNECTION | {"batchSize", "idempotent", "writeId", "writeTimeoutSeconds"}
+FILES_OPTIONS = frozenset({"path", "includeUncommitted", "group", "mode", "member", "bytesPerPartition",
+                           "verifyBodies"})
 # what Spark itself may hand a source or sink along with the user's options
 _SPARK_OWN = frozenset({"path", "paths", "checkpointLocation", "queryName"})
 # names users bring from Kafka's source
@@ -135,9 +136,11 @@ class ClientOptions:
         return cls(get_float(options, "clientTimeoutSeconds", DEFAULT_CLIENT_TIMEOUT_S), tls,
                    get_str(options, "authToken"))
 
-    def client(self, peers: str, group: str) -> DLedgerClient:
+    def client(self, peers: str, group: str, producer_id: str | None = None) -> DLedgerClient:
+        """A client; with `producer_id`, an idempotent producer of that id."""
         try:
-            return DLedgerClient(peers, group, self.timeout, tls=self.tls, auth_token=self.auth_token)
+            return DLedgerClient(peers, group, self.timeout, tls=self.tls, auth_token=self.auth_token,
+                                 idempotent=producer_id is not None, producer_id=producer_id)
         except ConfigError as e:  # a TLS file that is missing or bad on this machine
             raise OptionError(f"options tlsCa/tlsCert/tlsKey: {e.message}") from None
 

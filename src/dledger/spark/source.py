@@ -10,27 +10,29 @@ Broker sets (options `controller` and `brokers`) read the same way: the "group" 
 broker set, `term` its master epoch, `pos` the record's offset, and the end is the last
 record within the master's confirm offset. Writes to a broker set go through BrokerClient.
 
-Writes append the `body` column in batches to the leader. A task that fails
-after some of its batches were acknowledged is retried whole by Spark, so
-rows may be appended twice: at-least-once, like Kafka's sink.
+Writes (spark.sink) append the `body` column, each task as an idempotent producer: a
+retried task or micro-batch appends each row once.
+
+Batch reads take filters on `index`, `term` and `group` (spark.pushdown): an index bound
+narrows the planned ranges like startingIndex/endingIndex, a group filter drops groups. A
+declared schema may name any of the columns, in any order; without `body` the members send
+no bodies (PySpark has no column pruning hook for Python sources: the declared schema is it).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import pyarrow as pa
 from pyspark.sql.datasource import (
     DataSource,
-    DataSourceArrowWriter,
     DataSourceReader,
-    DataSourceStreamArrowWriter,
     DataSourceStreamReader,
+    Filter,
     InputPartition,
-    WriterCommitMessage,
 )
 from pyspark.sql.streaming.datasource import (
     ReadAllAvailable,
@@ -38,15 +40,13 @@ from pyspark.sql.streaming.datasource import (
     ReadMaxRows,
     SupportsTriggerAvailableNow,
 )
-from pyspark.sql.types import BinaryType, StringType, StructType
+from pyspark.sql.types import BinaryType, DataType, LongType, StringType, StructType
 
 from dledger.broker.client import BrokerClient
-from dledger.codes import DLedgerError
 from dledger.runtime.client import DLedgerClient
-from dledger.spark.broker_online import broker_bounds, read_broker_range, send_bodies
-from dledger.spark.online import DataLossError, RangeReadSpec, describe, read_range, wait_leader_view
+from dledger.spark.broker_online import broker_bounds, read_broker_range
+from dledger.spark.online import DataLossError, RangeReadSpec, read_range, wait_leader_view
 from dledger.spark.options import (
-    DEFAULT_BATCH_SIZE,
     DEFAULT_ENTRIES_PER_PARTITION,
     DEFAULT_TIMEOUT_S,
     EARLIEST,
@@ -57,7 +57,6 @@ from dledger.spark.options import (
     OptionError,
     allocate,
     check_names,
-    get_batch_size,
     get_bool,
     get_float,
     get_int,
@@ -68,13 +67,12 @@ from dledger.spark.options import (
     resolve,
     split_range,
 )
-from dledger.spark.schema import ENTRY_SCHEMA
+from dledger.spark.pushdown import Pushed, push
+from dledger.spark.schema import ARROW_ENTRY_SCHEMA, ENTRY_SCHEMA
+from dledger.spark.sink import DLedgerStreamWriter, DLedgerWriter, WriteConfig
 
 log = logging.getLogger(__name__)
 
-# Appends are sent once this many body bytes are pending, whatever `batchSize`
-# says: one request stays far below the server's frame limit (64 MiB).
-MAX_BATCH_BYTES = 8 << 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,6 +123,56 @@ class ReadConfig:
                              self.client, self.brokers)
 
 
+_COLUMN_TYPES: dict[str, DataType] = {"group": StringType(), "index": LongType(), "term": LongType(),
+                                      "pos": LongType(), "body": BinaryType()}
+
+
+@dataclass(frozen=True, slots=True)
+class Columns:
+    """The columns a read returns: those of its schema, the full one or a declared one naming
+    any of ENTRY_SCHEMA's columns (with their types) in any order."""
+
+    names: tuple[str, ...]
+    arrow: pa.Schema  # what Spark checks every batch against
+
+    @classmethod
+    def of(cls, schema: StructType | None) -> Columns:
+        """Refuses unknown columns and wrong types, naming the valid columns. Spark shows a
+        declared schema to the source only when it plans the read (the first action), not at
+        load(), so that is where this fails."""
+        if schema is None:
+            return cls(tuple(ARROW_ENTRY_SCHEMA.names), ARROW_ENTRY_SCHEMA)
+        from pyspark.sql.pandas.types import to_arrow_schema
+
+        problems: list[str] = []
+        seen: set[str] = set()
+        for f in schema.fields:
+            want = _COLUMN_TYPES.get(f.name)
+            if want is None:
+                problems.append(f"unknown column {f.name!r}")
+            elif f.dataType != want:
+                problems.append(f"column {f.name!r} is {f.dataType.simpleString()}, not {want.simpleString()}")
+            elif f.name in seen:
+                problems.append(f"column {f.name!r} twice")
+            seen.add(f.name)
+        if not schema.fields:
+            problems.append("no column")
+        if problems:
+            raise OptionError(f'format("dledger"): the declared schema has {"; ".join(problems)}; valid columns are '
+                              f"{ENTRY_SCHEMA} (any of them, in any order)")
+        return cls(tuple(schema.fieldNames()), to_arrow_schema(schema, timezone="UTC"))
+
+    @property
+    def bodies(self) -> bool:
+        return "body" in self.names
+
+    def project(self, batch: pa.RecordBatch) -> pa.RecordBatch:
+        """An entry batch (ARROW_ENTRY_SCHEMA) cut down to these columns, in their order."""
+        if self.arrow.equals(batch.schema):
+            return batch
+        return pa.RecordBatch.from_arrays([batch.column(n) for n in self.names], schema=self.arrow)
+
+
 class Bounds:
     """Each log's (begin index, readable end index) from its leader (a Raft group: committed
     index + 1) or master (a broker set: the last confirmed record + 1); one client per log,
@@ -169,9 +217,9 @@ class RangePartition(InputPartition):
     client: ClientOptions
     broker: bool = False
 
-    def spec(self) -> RangeReadSpec:
+    def spec(self, bodies: bool = True) -> RangeReadSpec:
         return RangeReadSpec(self.group, self.peers, self.start, self.end, self.fail_on_data_loss, self.timeout,
-                             self.client, self.broker)
+                             self.client, self.broker, bodies)
 
 
 def _partitions(cfg: ReadConfig, group: str, start: int, end: int) -> list[RangePartition]:
@@ -182,25 +230,42 @@ def _partitions(cfg: ReadConfig, group: str, start: int, end: int) -> list[Range
     ]
 
 
-def _read_partition(partition: InputPartition) -> Iterator[pa.RecordBatch]:
+def _read_partition(partition: InputPartition, columns: Columns, pushed: Pushed) -> Iterator[pa.RecordBatch]:
     # Spark substitutes a placeholder partition when a plan has none
     if isinstance(partition, RangePartition):
-        spec = partition.spec()
-        yield from (read_broker_range(spec) if spec.broker else read_range(spec))
+        spec = partition.spec(bodies=columns.bodies)  # a broker set sends bodies anyway
+        for batch in read_broker_range(spec) if spec.broker else read_range(spec):
+            batch = pushed.mask(batch)
+            if batch.num_rows:
+                yield columns.project(batch)
 
 
 class DLedgerBatchReader(DataSourceReader):
     """Plans on the driver from each group's leader view; tasks read the ranges."""
 
-    def __init__(self, cfg: ReadConfig) -> None:
+    def __init__(self, cfg: ReadConfig, columns: Columns | None = None) -> None:
         self.cfg = cfg
+        self.columns = columns or Columns.of(None)
+        self.pushed = Pushed()
+
+    def pushFilters(self, filters: list[Filter]) -> Iterable[Filter]:
+        """Take what spark.pushdown applies exactly; Spark evaluates the rest after the scan.
+        Called on the driver before partitions(), on this same object."""
+        self.pushed, rest = push(filters, self.columns.names)
+        log.info("pushed %s; left to Spark: %s", self.pushed, rest)
+        return rest
 
     def partitions(self) -> list[InputPartition]:
         out: list[InputPartition] = []
+        if self.pushed.empty:
+            log.info("the filters rule out every row: nothing to read")
+            return out
+        wanted = self.pushed.groups
         bounds = Bounds(self.cfg)
         try:
             for group in self.cfg.groups:
-                out.extend(self._plan(group, *bounds(group)))
+                if wanted is None or group in wanted:
+                    out.extend(self._plan(group, *bounds(group)))
         finally:
             bounds.close()
         return out
@@ -221,11 +286,20 @@ class DLedgerBatchReader(DataSourceReader):
             start = begin
         if start > stop:
             raise OptionError(f"group {group}: startingIndex {start} is after endingIndex {stop}")
+        start, stop = self.pushed.index_range(start, stop)
         log.info("%s: batch read of [%d, %d)", group, start, stop)
         return _partitions(self.cfg, group, start, stop)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        return _read_partition(partition)
+        return _read_partition(partition, self.columns, self.pushed)
+
+
+class DLedgerBatchReaderNoPushdown(DLedgerBatchReader):
+    """For a session with `spark.sql.python.filterPushdown.enabled` false: PySpark refuses to
+    plan a reader that overrides pushFilters there (DATA_SOURCE_PUSHDOWN_DISABLED); it tells by
+    the method's function being DataSourceReader's own, so this puts that one back."""
+
+    pushFilters = DataSourceReader.pushFilters
 
 
 class DLedgerStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -235,8 +309,9 @@ class DLedgerStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     group); copies are pickled to the executors, without the clients.
     """
 
-    def __init__(self, cfg: ReadConfig) -> None:
+    def __init__(self, cfg: ReadConfig, columns: Columns | None = None) -> None:
         self.cfg = cfg
+        self.columns = columns or Columns.of(None)
         self._bounds: Bounds | None = None
         self._target: dict[str, int] | None = None  # Trigger.AvailableNow: never read past this
         self._latest: dict[str, int] | None = None
@@ -322,7 +397,7 @@ class DLedgerStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return out
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        return _read_partition(partition)
+        return _read_partition(partition, self.columns, Pushed())  # PySpark pushes no filter into a stream
 
     def commit(self, end: dict[str, int]) -> None:
         log.debug("committed offsets %s", end)
@@ -336,134 +411,12 @@ class DLedgerStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 # --- writes -------------------------------------------------------------------------------
 
 
-@dataclass
-class AppendCommitMessage(WriterCommitMessage):
-    """What one task appended: `rows` entries, indexes first_index..last_index (-1 if none)."""
-
-    rows: int
-    first_index: int
-    last_index: int
-
-
-@dataclass(frozen=True, slots=True)
-class WriteConfig:
-    group: str
-    peers: str  # a broker set's: its controllers
-    batch_size: int
-    client: ClientOptions
-    broker: bool = False
-
-    @classmethod
-    def from_options(cls, options: Mapping[str, str], schema: StructType) -> WriteConfig:
-        brokers = parse_brokers(options)
-        if brokers is not None and len(brokers) != 1:
-            raise OptionError(f"a write goes to one broker set: `brokers` names {len(brokers)}")
-        if get_str(options, "groups") is not None:
-            raise OptionError("a write goes to one group: give `peers` and `group`, not `groups`")
-        ((group, peers),) = (brokers or parse_groups(options)).items()
-        body = _body_field(schema)
-        if body is None:
-            raise OptionError(f"writing to dledger needs a `body` column (binary or string); columns are "
-                              f"{', '.join(schema.fieldNames())}")
-        if not isinstance(schema[body].dataType, (BinaryType, StringType)):
-            raise OptionError(f"column `body` must be binary or string, not {schema[body].dataType.simpleString()}")
-        return cls(group, peers, get_batch_size(options, DEFAULT_BATCH_SIZE), ClientOptions.from_options(options),
-                   brokers is not None)
-
-
-def _body_field(schema: StructType) -> str | None:
-    names = schema.fieldNames()
-    if "body" in names:
-        return "body"
-    return next((n for n in names if n.lower() == "body"), None)
-
-
-def _body_column(batch: pa.RecordBatch) -> pa.Array:
-    names = batch.schema.names
-    name = "body" if "body" in names else next(n for n in names if n.lower() == "body")
-    return batch.column(name)
-
-
-def append_batches(cfg: WriteConfig, batches: Iterator[pa.RecordBatch]) -> AppendCommitMessage:
-    """Append every row's body, `batch_size` bodies (or 8 MiB) per request, in row order."""
-    rows, first, last = 0, -1, -1
-    pending: list[bytes] = []
-    pending_bytes = 0
-    client = cfg.client.broker_client(cfg.peers, cfg.group) if cfg.broker else cfg.client.client(cfg.peers, cfg.group)
-
-    def flush() -> None:
-        nonlocal rows, first, last, pending, pending_bytes
-        if isinstance(client, BrokerClient):
-            lo, hi = send_bodies(client, cfg.group, pending)
-        else:
-            try:
-                results = client.append_batch(pending)
-            except DLedgerError as e:
-                raise RuntimeError(f"dledger: append of {len(pending)} entries to group {cfg.group} failed "
-                                   f"({rows} rows of this task were appended before): {describe(e)}") from e
-            lo, hi = results[0].index, results[-1].index
-        if first < 0:
-            first = lo
-        last = hi
-        rows += len(pending)
-        pending, pending_bytes = [], 0
-
-    try:
-        for batch in batches:
-            col = _body_column(batch)
-            is_text = pa.types.is_string(col.type) or pa.types.is_large_string(col.type)
-            for value in col.to_pylist():
-                if value is None:
-                    raise ValueError(f"dledger: a row has a null body (after {rows + len(pending)} rows); "
-                                     "filter nulls out or give an empty body")
-                body = value.encode() if is_text else bytes(value)
-                pending.append(body)
-                pending_bytes += len(body)
-                if len(pending) >= cfg.batch_size or pending_bytes >= MAX_BATCH_BYTES:
-                    flush()
-        if pending:
-            flush()
-    finally:
-        client.close()
-    return AppendCommitMessage(rows, first, last)
-
-
-class DLedgerWriter(DataSourceArrowWriter):
-    def __init__(self, cfg: WriteConfig) -> None:
-        self.cfg = cfg
-
-    def write(self, iterator: Iterator[pa.RecordBatch]) -> AppendCommitMessage:
-        return append_batches(self.cfg, iterator)
-
-    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
-        n = sum(m.rows for m in messages if isinstance(m, AppendCommitMessage))
-        log.info("group %s: appended %d entries", self.cfg.group, n)
-
-    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
-        n = sum(m.rows for m in messages if isinstance(m, AppendCommitMessage))
-        log.warning("group %s: write aborted; %d entries appended by finished tasks stay in the log "
-                    "(at-least-once)", self.cfg.group, n)
-
-
-class DLedgerStreamWriter(DataSourceStreamArrowWriter):
-    def __init__(self, cfg: WriteConfig) -> None:
-        self.cfg = cfg
-
-    def write(self, iterator: Iterator[pa.RecordBatch]) -> AppendCommitMessage:
-        return append_batches(self.cfg, iterator)
-
-    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
-        n = sum(m.rows for m in messages if isinstance(m, AppendCommitMessage))
-        log.info("group %s: micro-batch %d appended %d entries", self.cfg.group, batchId, n)
-
-    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
-        n = sum(m.rows for m in messages if isinstance(m, AppendCommitMessage))
-        log.warning("group %s: micro-batch %d aborted; %d entries already appended stay in the log and will be "
-                    "appended again when the batch is retried (at-least-once)", self.cfg.group, batchId, n)
-
-
 class DLedgerDataSource(DataSource):
     """`spark.read/readStream/write/writeStream.format("dledger")`."""
+
+    # False in the subclass register() puts in place of this one where the session turned
+    # Python filter pushdown off: batch reads then plan without pushFilters
+    pushdown: ClassVar[bool] = True
 
     @classmethod
     def name(cls) -> str:
@@ -479,11 +432,12 @@ class DLedgerDataSource(DataSource):
 
     def reader(self, schema: StructType) -> DataSourceReader:
         check_names(self.options, READ_OPTIONS, "dledger")
-        return DLedgerBatchReader(ReadConfig.from_options(self.options, streaming=False))
+        cls = DLedgerBatchReader if self.pushdown else DLedgerBatchReaderNoPushdown
+        return cls(ReadConfig.from_options(self.options, streaming=False), Columns.of(schema))
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         check_names(self.options, READ_OPTIONS, "dledger")
-        return DLedgerStreamReader(ReadConfig.from_options(self.options, streaming=True))
+        return DLedgerStreamReader(ReadConfig.from_options(self.options, streaming=True), Columns.of(schema))
 
     def writer(self, schema: StructType, overwrite: bool) -> DLedgerWriter:
         check_names(self.options, WRITE_OPTIONS, "dledger")

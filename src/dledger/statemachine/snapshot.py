@@ -29,6 +29,7 @@ from dledger.statemachine.api import DirectoryReader, SnapshotWriter, StateMachi
 log = logging.getLogger(__name__)
 
 META = "meta.json"
+PRODUCERS_FILE = "dledger-producers"  # the producer table (core.producers), beside the state machine's files
 KEEP = 2
 MAX_FILES = 4096  # files per snapshot: every InstallSnapshot request names them all
 _NAME = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
@@ -68,8 +69,8 @@ class _Writer(SnapshotWriter):
         self.names: list[str] = []
 
     def open(self, name: str) -> BinaryIO:
-        if not valid_file_name(name) or name in self.names:
-            raise ValueError(f"bad or repeated snapshot file name {name!r}")
+        if not valid_file_name(name) or name in self.names or name == PRODUCERS_FILE:
+            raise ValueError(f"bad, reserved or repeated snapshot file name {name!r}")
         if len(self.names) >= MAX_FILES:
             raise ValueError(f"a snapshot holds at most {MAX_FILES} files")
         self.names.append(name)
@@ -88,16 +89,20 @@ class SnapshotStore:
                 shutil.rmtree(p, ignore_errors=True)
 
     def take(self, sm: StateMachine, last_index: int, last_term: int, chain_crc: int, members: str,
-             next_pos: int = -1, keep: Collection[int] = ()) -> SnapshotMeta:
-        """Write `sm`'s state (as of `last_index`) as the newest snapshot; prune old ones (but
-        those in `keep`: being sent to a follower)."""
+             next_pos: int = -1, keep: Collection[int] = (), producers: bytes = b"") -> SnapshotMeta:
+        """Write `sm`'s state (as of `last_index`) as the newest snapshot, with the producer
+        table; prune old ones (but those in `keep`: being sent to a follower)."""
         final = self.dir / f"{last_index:020d}"
         tmp = self.dir / f".tmp-{last_index:020d}-{os.getpid()}-{time.monotonic_ns()}"
         tmp.mkdir()
         try:
             writer = _Writer(tmp)
             sm.snapshot(writer)
-            files = {name: _sealed(tmp / name) for name in writer.names}
+            names = list(writer.names)
+            if producers:
+                (tmp / PRODUCERS_FILE).write_bytes(producers)
+                names.append(PRODUCERS_FILE)
+            files = {name: _sealed(tmp / name) for name in names}
             meta = SnapshotMeta(last_index, last_term, chain_crc, members, files, int(time.time() * 1000),
                                 next_pos=next_pos)
             (tmp / META).write_bytes(msgspec.json.encode(meta))
@@ -194,3 +199,8 @@ def _size_crc(path: Path) -> tuple[int, int]:
             crc = zlib.crc32(chunk, crc)
             size += len(chunk)
     return size, crc
+
+
+def read_producers(directory: Path, meta: SnapshotMeta) -> bytes | None:
+    """The producer table a snapshot holds (verified with the snapshot), or None."""
+    return (directory / PRODUCERS_FILE).read_bytes() if PRODUCERS_FILE in meta.files else None

@@ -265,6 +265,13 @@ class LedgerStore(ABC):
                 raise CorruptEntryError(index, f"record of entry {index} says magic {magic}; the index {want}")
             off += max(size, HEADER_SIZE)
 
+    def indexes_with_magic(self, first: int, last: int, magic: int) -> list[int]:
+        """Indexes in [first, last] whose index entry holds `magic` (rare markers among many
+        NORMAL entries: the stores override this with a scan that builds no object per entry).
+        Candidates only: a caller reads the record itself before trusting one."""
+        return [i for i in range(max(first, self.begin_index), min(last, self.end_index) + 1)
+                if self._index_magic(i) == magic]
+
     def _index_magic(self, index: int) -> int:
         """The magic the index holds for `index` (not covered by the chain CRC)."""
         magic = self._record_slot(index)[3]
@@ -506,6 +513,20 @@ class LedgerStore(ABC):
                 f"push starts at index {index}, expected {self.end_index + 1}",
             )
         return index
+
+
+def positions_of(values: array[int], value: int, lo: int, hi: int) -> list[int]:
+    """Where `value` occurs in values[lo:hi] (array.index runs in C)."""
+    out: list[int] = []
+    k = lo
+    while k < hi:
+        try:
+            k = values.index(value, k, hi)
+        except ValueError:
+            break
+        out.append(k)
+        k += 1
+    return out
 
 
 def os_error(e: OSError, what: str) -> StoreError:

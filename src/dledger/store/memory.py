@@ -19,6 +19,7 @@ from dledger.store.base import (
     RawRange,
     StoreError,
     TermVote,
+    positions_of,
     push_error,
 )
 
@@ -185,6 +186,12 @@ class MemoryLedgerStore(LedgerStore):
             # a copy: a view would pin the bytearray and forbid appends
             return RawRange(memoryview(bytes(self._buf[start:end])), from_index, m - k)
 
+    def indexes_with_magic(self, first: int, last: int, magic: int) -> list[int]:
+        with self._lock:
+            b = self.begin_index
+            lo, hi = max(first, b) - b, min(last, self.end_index) - b + 1
+            return [b + k for k in positions_of(self._magics, magic, lo, hi)]
+
     def _record_slot(self, index: int) -> tuple[int, int, int, int | None]:
         k = index - self.begin_index
         start = self._offsets[k]
@@ -216,3 +223,4 @@ class MemoryLedgerStore(LedgerStore):
 
     def load_term(self) -> TermVote:
         return self._term_vote
+

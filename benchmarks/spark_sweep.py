@@ -1,0 +1,121 @@
+"""The Spark connectors' defaults, measured (issue 15): rows/s over a sweep of each knob.
+
+`python benchmarks/spark_sweep.py [--rows 200000] [--repeat 2] [--json]`
+
+One 3-member group (file store, flush=async) and one local[2] SparkSession on this machine,
+each configuration run `--repeat` times (the best counts), side by side in one run:
+
+- batch write: `batchSize` 500 … 10,000 (idempotent, the default), and 5,000 with
+  `idempotent=false` (what the producer sessions cost);
+- batch read: `entriesPerPartition` 10,000 … 250,000, and the best one with a declared
+  schema without `body` (pruning);
+- streaming read (AvailableNow into the `noop` sink): the same `entriesPerPartition` values;
+- `dledger-files` on the leader's store: `bytesPerPartition` 4 MiB … one task per file.
+Bodies are 100 bytes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from dledger.config import Peer, format_peers
+from dledger.local_cluster import local_cluster
+from dledger.ports import free_ports
+from dledger.runtime.client import DLedgerClient
+
+MiB = 1 << 20
+
+
+def best_rate(rows: int, repeat: int, run: Callable[[], Any]) -> float:
+    best = float("inf")
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        run()
+        best = min(best, time.perf_counter() - t0)
+    return rows / best
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--rows", type=int, default=200_000)
+    ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    from pyspark.sql import SparkSession
+
+    from dledger.spark import register
+
+    spark = (SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false")
+             .config("spark.sql.shuffle.partitions", "2").getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
+    register(spark)
+    out: dict[str, dict[str, float]] = {"write": {}, "read": {}, "stream": {}, "files": {}}
+    with tempfile.TemporaryDirectory() as tmp:
+        peers = format_peers({f"n{k}": Peer(f"n{k}", "127.0.0.1", p) for k, p in enumerate(free_ports(3))})
+        with local_cluster(peers, "sweep", Path(tmp), "async", "file"):
+            client = DLedgerClient(peers, "sweep")
+            n = args.rows
+            df = spark.range(n).selectExpr("rpad(cast(id as string), 100, 'x') as body").repartition(2).cache()
+            df.count()
+
+            def write(opts: dict[str, str]) -> Callable[[], None]:
+                w = df.write.format("dledger").mode("append").option("peers", peers).option("group", "sweep")
+                for k, v in opts.items():
+                    w = w.option(k, v)
+                return w.save
+
+            for bs in (500, 1000, 2000, 5000, 10000):
+                out["write"][f"batchSize={bs}"] = best_rate(n, args.repeat, write({"batchSize": str(bs)}))
+            out["write"]["batchSize=5000 idempotent=false"] = best_rate(
+                n, args.repeat, write({"batchSize": "5000", "idempotent": "false"}))
+            total = client.metadata().committed_index + 1  # every entry the reads below see (NOOPs, markers too)
+
+            def read(epp: int, schema: str | None = None, stream: bool = False) -> Callable[[], None]:
+                def run() -> None:
+                    r = spark.readStream if stream else spark.read
+                    r = r.format("dledger").option("peers", peers).option("group", "sweep") \
+                        .option("entriesPerPartition", str(epp))
+                    if schema:
+                        r = r.schema(schema)
+                    if stream:
+                        q = r.option("startingIndex", "earliest").load().writeStream.format("noop") \
+                            .option("checkpointLocation", tempfile.mkdtemp(dir=tmp)).trigger(availableNow=True).start()
+                        q.awaitTermination()
+                    else:
+                        r.load().count()
+                return run
+
+            for epp in (10_000, 50_000, 100_000, 250_000):
+                out["read"][f"entriesPerPartition={epp}"] = best_rate(total, args.repeat, read(epp))
+                out["stream"][f"entriesPerPartition={epp}"] = best_rate(total, args.repeat, read(epp, stream=True))
+            top = max(out["read"], key=out["read"].__getitem__).split("=")[1]
+            out["read"][f"entriesPerPartition={top} schema without body"] = best_rate(
+                total, args.repeat, read(int(top), "index long, term long"))
+            client.close()
+            store = Path(tmp) / "sweep" / "n0"
+            for bpp in (4 * MiB, 16 * MiB, 64 * MiB, 1 << 30):
+                name = f"bytesPerPartition={bpp // MiB}MiB"
+                out["files"][name] = best_rate(total, args.repeat, lambda bpp=bpp: spark.read.format("dledger-files")
+                                               .option("bytesPerPartition", str(bpp)).load(str(store)).count())
+    spark.stop()
+    if args.json:
+        print(json.dumps(out, indent=2))
+    else:
+        for part, rates in out.items():
+            base = next(iter(rates.values()))
+            for k, v in rates.items():
+                print(f"{part:7s} {k:48s} {v:10,.0f} rows/s  ({v / base:.2f}x)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,287 @@
+"""Idempotent producers: exactly-once appends across retries and leader changes.
+
+Raft thesis §6.3 (client sessions) and Kafka's idempotent producer. A producer (an id the
+client chooses) numbers its bodies 0, 1, 2, … A leader store write that holds idempotent
+appends is a session marker (MAGIC_SESSION) followed by the write's NORMAL entries; the
+marker's runs say which producer and sequence numbers those entries carry, in order.
+
+The producer table (per producer: the last sequence in the log and where its recent entries
+are) is a function of the committed log: every member folds committed markers into it
+(`fold`), so a new leader knows every producer without being told, and snapshots carry it
+(`encode` / `decode`).
+
+Partial writes: a leader crash may leave only a prefix of a write in the next leader's log
+(Raft truncates suffixes). A marker's entries are those right after it that still carry its
+term, up to its run total (terms never decrease along a log, and a new leader's first entry
+has a higher term); the table counts exactly those, so a retry of the whole batch is answered
+with the surviving prefix's indexes and appends only the rest.
+
+The leader's own appends not committed yet live in an overlay (its log only grows while it
+leads). It takes idempotent appends only once every entry of earlier terms is committed and
+folded (its NOOP committed): overlay over table is then its whole log.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Annotated
+
+import msgspec
+
+from dledger.codes import DLedgerError, ResponseCode
+from dledger.entry import MAGIC_SESSION
+from dledger.store.base import LedgerStore
+
+log = logging.getLogger(__name__)
+
+SPANS = 8  # recent runs of entries kept per producer: what a duplicate is answered with
+FOLD_CHUNK = 1 << 20  # entries folded per call: a long log (a restart) is folded over several drains
+
+ProducerId = Annotated[str, msgspec.Meta(max_length=128)]
+
+
+class Run(msgspec.Struct, array_like=True, frozen=True):
+    """`count` entries of `producer` from sequence `first_seq` ("" : not an idempotent append)."""
+
+    producer: ProducerId
+    first_seq: int
+    count: int
+
+
+class SessionMarker(msgspec.Struct, array_like=True, frozen=True):
+    ts_ms: int  # the leader's wall clock: producers idle longer than the expiry are dropped
+    runs: list[Run]
+
+    @property
+    def total(self) -> int:
+        return sum(r.count for r in self.runs)
+
+
+_encode_marker = msgspec.msgpack.Encoder().encode
+_decode_marker = msgspec.msgpack.Decoder(SessionMarker).decode
+
+
+def marker_body(ts_ms: int, runs: list[Run]) -> bytes:
+    return _encode_marker(SessionMarker(ts_ms, runs))
+
+
+class Producer:
+    """One producer's place in the log: its last sequence and its recent entries' indexes."""
+
+    __slots__ = ("last_seq", "spans", "ts_ms")
+
+    def __init__(self, last_seq: int = -1, ts_ms: int = 0, spans: list[list[int]] | None = None) -> None:
+        self.last_seq = last_seq
+        self.ts_ms = ts_ms
+        self.spans: list[list[int]] = spans or []  # [first_seq, first_index, count], oldest first
+
+    @property
+    def last_index(self) -> int:
+        s = self.spans[-1] if self.spans else None
+        return s[1] + s[2] - 1 if s is not None else -1
+
+    def copy(self) -> Producer:
+        return Producer(self.last_seq, self.ts_ms, [list(s) for s in self.spans])
+
+    def index_of(self, seq: int) -> int:
+        """The index of sequence `seq`, or -1 when it is older than the spans kept."""
+        for first_seq, first_index, count in reversed(self.spans):
+            if first_seq <= seq < first_seq + count:
+                return first_index + seq - first_seq
+        return -1
+
+    def add(self, seq: int, index: int, count: int, ts_ms: int) -> None:
+        if seq != self.last_seq + 1:  # the leader checks this before writing: a log that says otherwise is old
+            log.warning("producer sequence %d follows %d in the log", seq, self.last_seq)
+        last = self.spans[-1] if self.spans else None
+        if last is not None and last[0] + last[2] == seq and last[1] + last[2] == index:
+            last[2] += count  # contiguous in sequence and in the log: one span
+        else:
+            self.spans.append([seq, index, count])
+            del self.spans[:-SPANS]
+        self.last_seq = seq + count - 1
+        self.ts_ms = max(self.ts_ms, ts_ms)
+
+
+@dataclass(slots=True)
+class _OpenRun:
+    """A folded marker whose entries are not all folded yet (committed later, or cut short)."""
+
+    index: int  # the marker's
+    term: int
+    marker: SessionMarker
+    next: int  # the next entry to fold
+
+    @property
+    def end(self) -> int:
+        return self.index + self.marker.total
+
+
+class _Saved(msgspec.Struct, array_like=True):
+    folded: int
+    open: tuple[int, int, int, SessionMarker] | None
+    producers: list[tuple[str, int, int, list[list[int]]]]  # id, last_seq, ts_ms, spans; oldest first
+
+
+@dataclass(slots=True)
+class Decision:
+    """How a leader handles one idempotent append: the first `duplicates` bodies are in the
+    log already (their indexes, -1 where older than the spans kept); the rest go in."""
+
+    duplicates: int
+    indexes: list[int] = field(default_factory=list)
+    wait_index: int = -1  # the answer waits until this index is committed
+
+
+class ProducerTable:
+    def __init__(self, expiry_ms: int, max_producers: int, folded: int = -1) -> None:
+        self.expiry_ms = expiry_ms
+        self.max_producers = max_producers
+        self.producers: OrderedDict[str, Producer] = OrderedDict()  # committed; least recently used first
+        self.folded = folded  # the committed log is folded through this index
+        self.open: _OpenRun | None = None
+        self.overlay: dict[str, Producer] = {}  # a leader's own appends, not committed yet
+
+    # --- the leader ------------------------------------------------------------------------
+
+    def lookup(self, producer: str) -> Producer | None:
+        return self.overlay.get(producer) or self.producers.get(producer)
+
+    def decide(self, view: Producer | None, producer: str, first_seq: int, n: int) -> Decision:
+        """Check an append of `n` bodies from `first_seq` against `view` (the producer as the
+        log holds it, with the writes planned before this one); DLedgerError when refused."""
+        if view is None:
+            if first_seq != 0:
+                raise DLedgerError(ResponseCode.UNKNOWN_PRODUCER,
+                                   f"producer {producer!r} is unknown here (new, or expired after being idle): "
+                                   f"its first sequence must be 0, not {first_seq}")
+            return Decision(0)
+        if first_seq > view.last_seq + 1:
+            raise DLedgerError(ResponseCode.OUT_OF_ORDER_SEQUENCE,
+                               f"producer {producer!r}: sequence {first_seq} does not follow {view.last_seq} "
+                               f"(an earlier append of this producer is missing)")
+        dup = min(n, view.last_seq - first_seq + 1)
+        if dup <= 0:
+            return Decision(0)
+        indexes = [view.index_of(s) for s in range(first_seq, first_seq + dup)]
+        wait = view.last_index if -1 in indexes else max(indexes)
+        return Decision(dup, indexes, wait)
+
+    def note_own(self, written: Iterable[tuple[str, Producer]]) -> None:
+        """The leader wrote these producers' entries (views planned by `decide` and updated)."""
+        self.overlay.update(written)
+
+    def drop_overlay(self) -> None:
+        """Leadership ended: what it had not committed is the next leader's to say."""
+        self.overlay.clear()
+
+    # --- every member: folding the committed log ---------------------------------------------
+
+    def fold(self, store: LedgerStore, upto: int) -> bool:
+        """Fold committed entries through `upto` (at most FOLD_CHUNK of them); whether done."""
+        if self.folded < store.begin_index - 1:
+            log.warning("producer table folded through %d, the log begins at %d: producers of the entries "
+                        "between are forgotten", self.folded, store.begin_index)
+            self.folded, self.open = store.begin_index - 1, None
+        hi = min(upto, self.folded + FOLD_CHUNK)
+        if hi <= self.folded:
+            return True
+        for m in store.indexes_with_magic(self.folded + 1, hi, MAGIC_SESSION):
+            self._advance(store, m - 1)
+            entry = store.get(m)
+            if entry.magic != MAGIC_SESSION:
+                continue  # the index said so, the record does not: not a marker
+            try:
+                marker = _decode_marker(entry.body)
+            except msgspec.DecodeError as e:
+                log.error("session marker at %d is unreadable (%s): skipped", m, e)
+                continue
+            self.open = _OpenRun(m, entry.term, marker, m + 1)
+        self._advance(store, hi)
+        self.folded = hi
+        for pid in [p for p, v in self.overlay.items() if v.last_index <= hi]:
+            del self.overlay[pid]
+        return hi >= upto
+
+    def _advance(self, store: LedgerStore, lim: int) -> None:
+        """Fold the open run's entries through `lim` (those still carrying its term)."""
+        run = self.open
+        if run is None:
+            return
+        lim = min(lim, run.end)
+        if lim < run.next:
+            return
+        last, cut = lim, False
+        if store.term_at(lim) != run.term:  # cut short by a later leader: find where
+            lo, hi = run.next - 1, lim  # term_at(lo) == run.term
+            while hi - lo > 1:
+                mid = (lo + hi) // 2
+                if store.term_at(mid) == run.term:
+                    lo = mid
+                else:
+                    hi = mid
+            last, cut = lo, True
+        self._credit(run, run.next, last)
+        run.next = last + 1
+        if cut or last == run.end:
+            self.open = None
+
+    def _credit(self, run: _OpenRun, a: int, b: int) -> None:
+        """Entries a..b of `run` are in the committed log: their producers move on."""
+        base, off = run.index + 1, 0
+        for r in run.marker.runs:
+            s0, s1 = max(off, a - base), min(off + r.count, b - base + 1)
+            if s0 < s1 and r.producer:
+                p = self.producers.get(r.producer)
+                if p is None:
+                    p = self.producers[r.producer] = Producer()
+                else:
+                    self.producers.move_to_end(r.producer)
+                p.add(r.first_seq + s0 - off, base + s0, s1 - s0, run.marker.ts_ms)
+            off += r.count
+        self._expire(run.marker.ts_ms)
+
+    def _expire(self, now_ms: int) -> None:
+        """Drop producers idle longer than the expiry (by the log's own clock, so every member
+        drops the same ones), and the least recently used beyond max_producers."""
+        cutoff = now_ms - self.expiry_ms
+        ps = self.producers
+        while ps:
+            pid, p = next(iter(ps.items()))
+            if p.ts_ms >= cutoff and len(ps) <= self.max_producers:
+                break
+            del ps[pid]
+
+    @property
+    def empty(self) -> bool:
+        """Nothing to carry in a snapshot (snapshots then have no producer file)."""
+        return not self.producers and self.open is None
+
+    def clear(self, folded: int) -> None:
+        """The committed table becomes an empty one folded through `folded`."""
+        self.producers.clear()
+        self.folded, self.open = folded, None
+
+    def skip_to(self, index: int) -> None:
+        """The log now begins after `index` (a plain log's installed snapshot): entries before
+        it will never be folded here."""
+        if index > self.folded:
+            self.folded, self.open = index, None
+
+    # --- snapshots ---------------------------------------------------------------------------
+
+    def encode(self) -> bytes:
+        o = self.open
+        saved = _Saved(self.folded, (o.index, o.term, o.next, o.marker) if o is not None else None,
+                       [(pid, p.last_seq, p.ts_ms, p.spans) for pid, p in self.producers.items()])
+        return msgspec.msgpack.encode(saved)
+
+    def load(self, data: bytes) -> None:
+        """Replace the committed table with a snapshot's (the overlay stays: the leader's own)."""
+        saved = msgspec.msgpack.decode(data, type=_Saved)
+        self.folded = saved.folded
+        self.open = _OpenRun(saved.open[0], saved.open[1], saved.open[3], saved.open[2]) if saved.open else None
+        self.producers = OrderedDict((pid, Producer(last, ts, spans)) for pid, last, ts, spans in saved.producers)

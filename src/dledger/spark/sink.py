@@ -1,0 +1,255 @@
+"""Writes of `format("dledger")`: batch and streaming, exactly once per row (docs/spark.md).
+
+Each task appends its rows as an idempotent producer (core.producers) whose id does not
+depend on the attempt: `<writeId>/p<partition>` for a batch write (writeId: the option, or
+one drawn when the write is planned, so every attempt of a task shares it) and
+`<queryId>/b<batchId>/p<partition>` for a micro-batch (the query id survives restarts from
+the checkpoint). Rows are numbered in the order the task sees them, so a retried task, or a
+micro-batch run again after a driver crash or a stop, sends the same numbers: what the log
+holds already is answered with its original index and only the rest is appended. This
+needs the retried task to see the same rows in the same order (Spark's replay of a
+deterministic plan and of a replayable source, as Kafka's and ours).
+
+Within a task an append whose outcome is unknown (the leader died) is sent again by the
+client, and again here until `writeTimeoutSeconds`: no task fails for a failover.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+
+import pyarrow as pa
+from pyspark import TaskContext
+from pyspark.sql.datasource import (
+    DataSourceArrowWriter,
+    DataSourceStreamArrowWriter,
+    WriterCommitMessage,
+)
+from pyspark.sql.types import BinaryType, StringType, StructType
+
+from dledger.broker.client import BrokerClient
+from dledger.codes import DLedgerError, ResponseCode
+from dledger.runtime.client import DLedgerClient
+from dledger.spark.broker_online import send_bodies
+from dledger.spark.online import describe
+from dledger.spark.options import (
+    DEFAULT_BATCH_SIZE,
+    ClientOptions,
+    OptionError,
+    get_batch_size,
+    get_bool,
+    get_float,
+    get_str,
+    parse_brokers,
+    parse_groups,
+)
+
+log = logging.getLogger(__name__)
+
+# Appends are sent once this many body bytes are pending, whatever `batchSize` says: one
+# request stays far below the server's frame limit (64 MiB).
+MAX_BATCH_BYTES = 8 << 20
+DEFAULT_WRITE_TIMEOUT_S = 120.0
+MAX_WRITE_ID = 80  # the producer id adds the partition (and a batch): 128 characters in all
+# what retrying cannot mend: a bad request or a broken producer sequence
+_FATAL = {ResponseCode.UNEXPECTED_ARGUMENT, ResponseCode.UNKNOWN_GROUP, ResponseCode.UNAUTHENTICATED,
+          ResponseCode.OUT_OF_ORDER_SEQUENCE, ResponseCode.UNKNOWN_PRODUCER, ResponseCode.UNSUPPORTED,
+          ResponseCode.REQUEST_WITH_EMPTY_BODYS}
+
+
+class AppendCommitMessage(WriterCommitMessage):
+    """What one task appended: `rows` entries, indexes first_index..last_index (-1 if none);
+    `duplicates` of them were in the log already (an earlier attempt had appended them)."""
+
+    def __init__(self, rows: int, first_index: int, last_index: int, duplicates: int = 0) -> None:
+        self.rows, self.first_index, self.last_index, self.duplicates = rows, first_index, last_index, duplicates
+
+
+@dataclass(frozen=True, slots=True)
+class WriteConfig:
+    group: str
+    peers: str  # a broker set's: its controllers
+    batch_size: int
+    client: ClientOptions
+    broker: bool = False
+    idempotent: bool = True
+    write_id: str = ""  # a batch write's: the producer ids' prefix
+    write_timeout: float = DEFAULT_WRITE_TIMEOUT_S
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, str], schema: StructType) -> WriteConfig:
+        brokers = parse_brokers(options)
+        if brokers is not None and len(brokers) != 1:
+            raise OptionError(f"a write goes to one broker set: `brokers` names {len(brokers)}")
+        if get_str(options, "groups") is not None:
+            raise OptionError("a write goes to one group: give `peers` and `group`, not `groups`")
+        ((group, peers),) = (brokers or parse_groups(options)).items()
+        body = _body_field(schema)
+        if body is None:
+            raise OptionError(f"writing to dledger needs a `body` column (binary or string); columns are "
+                              f"{', '.join(schema.fieldNames())}")
+        if not isinstance(schema[body].dataType, (BinaryType, StringType)):
+            raise OptionError(f"column `body` must be binary or string, not {schema[body].dataType.simpleString()}")
+        write_id = get_str(options, "writeId") or uuid.uuid4().hex
+        if len(write_id) > MAX_WRITE_ID:
+            raise OptionError(f"option writeId: at most {MAX_WRITE_ID} characters, got {len(write_id)}")
+        timeout = get_float(options, "writeTimeoutSeconds", DEFAULT_WRITE_TIMEOUT_S)
+        if timeout <= 0:
+            raise OptionError(f"option writeTimeoutSeconds must be > 0, got {timeout}")
+        idempotent = get_bool(options, "idempotent", True)
+        if brokers is not None and get_str(options, "idempotent") is not None and idempotent:
+            raise OptionError("option idempotent: broker sets take plain sends (at-least-once); leave it out")
+        return cls(group, peers, get_batch_size(options, DEFAULT_BATCH_SIZE), ClientOptions.from_options(options),
+                   brokers is not None, idempotent and brokers is None, write_id, timeout)
+
+    def producer_id(self, streaming: bool) -> str | None:
+        """This task's producer id (None: plain appends), the same for every attempt."""
+        if not self.idempotent:
+            return None
+        tc = TaskContext.get()
+        if tc is None:  # not in a Spark task (a direct call): a producer of its own
+            return uuid.uuid4().hex
+        if streaming:
+            query, batch = tc.getLocalProperty("sql.streaming.queryId"), tc.getLocalProperty("streaming.sql.batchId")
+            if not query or batch is None:
+                raise RuntimeError("dledger: a micro-batch task without its query and batch id (Spark changed?)")
+            return f"{query}/b{batch}/p{tc.partitionId()}"
+        return f"{self.write_id}/p{tc.partitionId()}"
+
+
+def _body_field(schema: StructType) -> str | None:
+    names = schema.fieldNames()
+    if "body" in names:
+        return "body"
+    return next((n for n in names if n.lower() == "body"), None)
+
+
+def _bodies(batch: pa.RecordBatch, seen: int) -> list[bytes]:
+    """The batch's bodies, checked whole before any is sent (a null fails the task first)."""
+    names = batch.schema.names
+    col = batch.column("body" if "body" in names else next(n for n in names if n.lower() == "body"))
+    if col.null_count:
+        at = seen + col.is_null().index(True).as_py()
+        raise ValueError(f"dledger: row {at} of this task has a null body; filter nulls out or give an empty body")
+    if pa.types.is_string(col.type) or pa.types.is_large_string(col.type):
+        return [v.encode() for v in col.to_pylist()]
+    return [bytes(v) for v in col.to_pylist()]
+
+
+class _Appender:
+    """One task's appends: bodies gathered into requests of `batch_size` (or 8 MiB)."""
+
+    def __init__(self, cfg: WriteConfig, producer_id: str | None) -> None:
+        self.cfg = cfg
+        self.client: DLedgerClient | BrokerClient = (
+            cfg.client.broker_client(cfg.peers, cfg.group) if cfg.broker
+            else cfg.client.client(cfg.peers, cfg.group, producer_id))
+        self.rows = self.duplicates = 0
+        self.first = self.last = -1
+        self.pending: list[bytes] = []
+        self.pending_bytes = 0
+
+    def add(self, bodies: list[bytes]) -> None:
+        for body in bodies:
+            self.pending.append(body)
+            self.pending_bytes += len(body)
+            if len(self.pending) >= self.cfg.batch_size or self.pending_bytes >= MAX_BATCH_BYTES:
+                self.flush()
+
+    def flush(self) -> None:
+        if not self.pending:
+            return
+        client = self.client
+        if isinstance(client, BrokerClient):
+            lo, hi = send_bodies(client, self.cfg.group, self.pending)
+        else:
+            lo, hi = self._append(client)
+        if self.first < 0:
+            self.first = lo
+        self.last = hi
+        self.rows += len(self.pending)
+        self.pending, self.pending_bytes = [], 0
+
+    def _append(self, client: DLedgerClient) -> tuple[int, int]:
+        """Send the pending bodies until they are in; an idempotent producer resends the same
+        bodies after any failure that retrying can mend (they are stored once)."""
+        deadline = time.monotonic() + self.cfg.write_timeout
+        producer = client.producer
+        while True:
+            try:
+                before = producer.duplicates if producer is not None else 0
+                results = client.append_batch(self.pending)
+                self.duplicates += (producer.duplicates - before) if producer is not None else 0
+                return results[0].index, results[-1].index
+            except DLedgerError as e:
+                if producer is None or e.code in _FATAL or time.monotonic() >= deadline:
+                    raise RuntimeError(
+                        f"dledger: append of {len(self.pending)} entries to group {self.cfg.group} failed "
+                        f"({self.rows} rows of this task were appended before): {describe(e)}") from e
+                log.warning("group %s: append of %d entries failed (%s); sending them again", self.cfg.group,
+                            len(self.pending), describe(e))
+                time.sleep(0.2)
+
+    def close(self) -> None:
+        self.client.close()
+
+
+def append_batches(cfg: WriteConfig, batches: Iterator[pa.RecordBatch], producer_id: str | None = None
+                   ) -> AppendCommitMessage:
+    """Append every row's body, in row order, as producer `producer_id` (None: plain appends)."""
+    appender = _Appender(cfg, producer_id)
+    try:
+        for batch in batches:
+            appender.add(_bodies(batch, appender.rows + len(appender.pending)))
+        appender.flush()
+    finally:
+        appender.close()
+    return AppendCommitMessage(appender.rows, appender.first, appender.last, appender.duplicates)
+
+
+def _summary(messages: list[WriterCommitMessage | None]) -> tuple[int, int]:
+    done = [m for m in messages if isinstance(m, AppendCommitMessage)]
+    return sum(m.rows for m in done), sum(m.duplicates for m in done)
+
+
+class DLedgerWriter(DataSourceArrowWriter):
+    def __init__(self, cfg: WriteConfig) -> None:
+        self.cfg = cfg
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> AppendCommitMessage:
+        return append_batches(self.cfg, iterator, self.cfg.producer_id(streaming=False))
+
+    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
+        rows, dups = _summary(messages)
+        log.info("group %s: write %s appended %d entries (%d were in the log already)", self.cfg.group,
+                 self.cfg.write_id, rows, dups)
+
+    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
+        rows, _ = _summary(messages)
+        how = (f"run it again with option writeId={self.cfg.write_id} and the same rows to append each row "
+               f"once" if self.cfg.idempotent else "(at-least-once: idempotent=false)")
+        log.warning("group %s: write aborted; %d entries appended by finished tasks stay in the log: %s",
+                    self.cfg.group, rows, how)
+
+
+class DLedgerStreamWriter(DataSourceStreamArrowWriter):
+    def __init__(self, cfg: WriteConfig) -> None:
+        self.cfg = cfg
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> AppendCommitMessage:
+        return append_batches(self.cfg, iterator, self.cfg.producer_id(streaming=True))
+
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        rows, dups = _summary(messages)
+        log.info("group %s: micro-batch %d appended %d entries (%d were in the log already)", self.cfg.group,
+                 batchId, rows, dups)
+
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        rows, _ = _summary(messages)
+        log.warning("group %s: micro-batch %d aborted; %d entries appended stay in the log (the batch run again "
+                    "appends only the rest)", self.cfg.group, batchId, rows)
+

@@ -1,0 +1,160 @@
+"""Idempotent producers on real member processes: each body is stored once, whatever is retried.
+
+A producer's appends are numbered; the leader answers a repeated sequence with the original
+index (core.producers). The faults are real: SIGKILL of the leader while a producer appends,
+and the whole group restarted."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from typing import TypeVar
+
+import pytest
+
+from dledger.codes import DLedgerError, ResponseCode
+from dledger.runtime.client import DLedgerClient
+
+from .harness import Cluster, MakeCluster, read_all, wait_until
+
+pytestmark = pytest.mark.integration
+T = TypeVar("T")
+
+
+def producer(cluster: Cluster, producer_id: str | None = None, timeout: float = 30.0) -> DLedgerClient:
+    c = DLedgerClient(cluster.peers, cluster.group, timeout=timeout, idempotent=True, producer_id=producer_id)
+    cluster._clients.append(c)
+    return c
+
+
+def bodies_in_log(cluster: Cluster) -> Counter[bytes]:
+    return Counter(body for _, body in read_all(cluster.ctl).values())
+
+
+def test_a_producer_sending_again_gets_the_original_indexes(make_cluster: MakeCluster) -> None:
+    cluster = make_cluster(3)
+    first = producer(cluster, "job-1-part-0")
+    bodies = [f"row-{k}".encode() for k in range(50)]
+    original = first.append_batch(bodies[:30]) + first.append_batch(bodies[30:])
+    # a retried task: a new client under the same id sends the same rows from sequence 0, in
+    # other batches, and more rows after them
+    again = producer(cluster, "job-1-part-0")
+    resent = again.append_batch(bodies[:20]) + again.append_batch(bodies[20:45])
+    assert [r.index for r in resent] == [r.index for r in original[:45]]
+    assert [r.pos for r in resent] == [r.pos for r in original[:45]]
+    more = again.append_batch([*bodies[45:], b"row-50"])  # five duplicates, one new
+    assert [r.index for r in more[:5]] == [r.index for r in original[45:]]
+    assert more[5].index > original[-1].index
+    assert again._async.producer is not None and again._async.producer.duplicates == 50
+    counts = bodies_in_log(cluster)
+    assert all(counts[b] == 1 for b in [*bodies, b"row-50"]), counts.most_common(3)
+
+
+def test_gaps_and_unknown_producers_are_refused(make_cluster: MakeCluster) -> None:
+    cluster = make_cluster(3)
+    c = producer(cluster, "p-gap")
+    c.append_batch([b"a", b"b"])
+    p = c._async.producer
+    assert p is not None
+    p.next_seq = 5  # as if sequences 2..4 had been lost
+    with pytest.raises(DLedgerError) as e:
+        c.append(b"c")
+    assert e.value.code == ResponseCode.OUT_OF_ORDER_SEQUENCE
+    stranger = producer(cluster, "p-never-seen")
+    q = stranger._async.producer
+    assert q is not None
+    q.next_seq = 3
+    with pytest.raises(DLedgerError) as e:
+        stranger.append(b"x")
+    assert e.value.code == ResponseCode.UNKNOWN_PRODUCER
+    assert bodies_in_log(cluster)[b"c"] == 0 and bodies_in_log(cluster)[b"x"] == 0
+
+
+def test_an_expired_producer_is_unknown_and_a_random_id_starts_afresh(make_cluster: MakeCluster) -> None:
+    cluster = make_cluster(3, extra=["--producer-expiry-ms", "1"])  # forgotten at the next other append
+    chosen, auto, other = producer(cluster, "chosen"), producer(cluster), producer(cluster, "other")
+    chosen.append(b"c0")
+    auto.append(b"a0")
+    time.sleep(0.05)
+    other.append(b"o0")  # its marker is later than theirs by more than the expiry
+    wait_until(lambda: _try(lambda: cluster.ctl.read(0, 100)) and len(cluster.ctl.read(0, 100)) == 3,
+               what="the three appends read back")
+    with pytest.raises(DLedgerError) as e:
+        chosen.append(b"c1")
+    assert e.value.code == ResponseCode.UNKNOWN_PRODUCER
+    p = auto._async.producer
+    assert p is not None
+    old = p.id
+    auto.append(b"a1")  # nothing was stored by the refusal: a fresh id from sequence 0
+    assert p.id != old and p.next_seq == 1
+    assert bodies_in_log(cluster)[b"a1"] == 1 and bodies_in_log(cluster)[b"c1"] == 0
+
+
+def test_leader_killed_while_producers_append_stores_each_body_once(make_cluster: MakeCluster) -> None:
+    cluster = make_cluster(3)
+    acked: dict[bytes, int] = {}
+    failed: list[bytes] = []
+    stop = threading.Event()
+
+    def run(name: str) -> None:
+        c = producer(cluster, f"writer-{name}", timeout=60.0)
+        k = 0
+        while not stop.is_set():
+            batch = [f"{name}-{k + j}".encode() for j in range(20)]
+            try:
+                for body, res in zip(batch, c.append_batch(batch), strict=True):
+                    acked[body] = res.index
+                k += 20
+            except DLedgerError:
+                failed.extend(batch)  # the next call sends the same rows again (deduplicated)
+
+    threads = [threading.Thread(target=run, args=(n,), daemon=True) for n in ("a", "b")]
+    for t in threads:
+        t.start()
+    for _ in range(2):
+        wait_until(lambda: len(acked) >= 400 + len(acked) // 2, what="appends before the kill", timeout=60)
+        leader = cluster.wait_leader()
+        cluster.kill(leader)
+        wait_until(_grown(acked, 200), what="appends after the kill", timeout=90)
+        cluster.restart(leader)
+    stop.set()
+    for t in threads:
+        t.join(timeout=90)
+    cluster.wait_caught_up()
+    log = read_all(cluster.ctl)
+    counts = Counter(body for _, body in log.values())
+    dups = [b for b, n in counts.items() if n > 1]
+    assert not dups, f"stored twice: {dups[:5]}"
+    for body, index in acked.items():
+        assert log[index][1] == body, f"{body!r} acknowledged at {index}, the log holds {log.get(index)}"
+
+
+def test_the_producer_table_survives_a_restart_of_every_member(make_cluster: MakeCluster) -> None:
+    cluster = make_cluster(3)
+    c = producer(cluster, "restarted")
+    bodies = [f"r-{k}".encode() for k in range(10)]
+    original = c.append_batch(bodies)
+    cluster.wait_caught_up()
+    for m in cluster.ids:
+        cluster.kill(m)
+    for m in cluster.ids:
+        cluster.restart(m)
+    cluster.wait_leader()
+    again = producer(cluster, "restarted")
+    resent = wait_until(lambda: _try(lambda: again.append_batch(bodies)), what="the group answers", timeout=60)
+    assert [r.index for r in resent] == [r.index for r in original]
+    assert all(n == 1 for b, n in bodies_in_log(cluster).items() if b in bodies)
+
+
+def _grown(d: dict[bytes, int], by: int) -> Callable[[], bool]:
+    target = len(d) + by
+    return lambda: len(d) > target
+
+
+def _try(fn: Callable[[], T]) -> T | None:
+    try:
+        return fn()
+    except DLedgerError:
+        return None

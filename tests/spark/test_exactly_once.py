@@ -1,0 +1,182 @@
+"""Exactly-once writes (spark.sink): each row once, whatever fails while it is written.
+
+Real faults: the group's leader SIGKILLed in the middle of a batch write, a streaming
+driver SIGKILLed (its whole process group) in the middle of a micro-batch, a query stopped
+in the middle of one; and a task's retry, which runs with the same producer id as the
+attempt before it (a write run again under its writeId is the same thing)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from pyspark.sql import SparkSession
+
+from dledger.local_cluster import local_cluster
+from integration.harness import wait_until
+
+from .helpers import Group, read_all, start_group
+
+pytestmark = pytest.mark.spark
+
+ROWS = 100_000
+
+
+@pytest.fixture
+def own_group(tmp_path: Path) -> Iterator[tuple[local_cluster, Group]]:
+    cluster, g = start_group(tmp_path / "own", "eo")
+    try:
+        yield cluster, g
+    finally:
+        g.client.close()
+        cluster.__exit__()
+
+
+def _committed_rows(g: Group, start: int) -> int:
+    try:
+        return g.client.metadata().committed_index - start
+    except Exception:
+        return -1
+
+
+def _kill_leader(cluster: local_cluster, g: Group) -> str:
+    leader = wait_until(lambda: g.client.metadata().leader_id, 60, "a leader")
+    p = cluster.procs[leader]
+    p.send_signal(signal.SIGKILL)
+    p.wait(timeout=20)
+    return leader
+
+
+def test_leader_killed_twice_during_a_batch_write_appends_each_row_once(
+        spark: SparkSession, own_group: tuple[local_cluster, Group]) -> None:
+    cluster, g = own_group
+    start = g.committed_next()
+    tag = uuid.uuid4().hex[:8]
+    df = spark.range(ROWS).selectExpr(f"concat('{tag}-', cast(id as string)) as body").repartition(4)
+    killed: list[str] = []
+    done = threading.Event()
+
+    def kill_twice() -> None:  # the write runs on the main thread (PySpark's data sources are per thread)
+        for at in (ROWS // 5, ROWS * 3 // 5):  # two points of the write
+            while _committed_rows(g, start) < at:
+                if done.wait(0.05):
+                    return
+            victim = _kill_leader(cluster, g)
+            killed.append(victim)
+            time.sleep(1.0)
+            cluster.start_member(victim)
+
+    killer = threading.Thread(target=kill_twice, daemon=True)
+    killer.start()
+    try:
+        df.write.format("dledger").mode("append").option("peers", g.peers).option("group", g.name) \
+            .option("batchSize", "1000").save()
+    finally:
+        done.set()
+        killer.join(timeout=120)
+    assert len(killed) == 2, f"the write ended after {len(killed)} kills"
+    bodies = Counter(e.body for e in read_all(g.client, start))
+    assert sum(bodies.values()) == ROWS, f"{sum(bodies.values())} rows for {ROWS} ids"
+    assert set(bodies) == {f"{tag}-{i}".encode() for i in range(ROWS)}
+
+
+def test_a_retried_task_appends_only_what_its_attempt_before_did_not(spark: SparkSession, group: Group) -> None:
+    """A task's attempts share its producer id (writeId + partition): the rows an earlier
+    attempt appended are answered, not stored again; a partition written half-way is completed."""
+    start = group.committed_next()
+    write_id = f"retry-{uuid.uuid4().hex}"
+    rows = [(f"{write_id}-{i}",) for i in range(6000)]
+
+    def write(n: int) -> None:
+        spark.createDataFrame(rows[:n], "body string").coalesce(1).write.format("dledger").mode("append") \
+            .option("peers", group.peers).option("writeId", write_id).option("batchSize", "700").save()
+
+    write(2500)  # the first attempt got this far
+    write(6000)  # the retry: the same rows, in the same order, then the rest
+    write(6000)  # and once more: nothing new
+    got = Counter(e.body for e in read_all(group.client, start) if e.body.startswith(write_id.encode()))
+    assert sorted(got) == sorted(r[0].encode() for r in rows) and set(got.values()) == {1}
+
+
+def test_without_idempotence_a_retry_duplicates(spark: SparkSession, group: Group) -> None:
+    """The opposite case, so the test above can fail: plain appends store a retried row twice."""
+    start = group.committed_next()
+    tag = f"plain-{uuid.uuid4().hex}"
+    df = spark.createDataFrame([(f"{tag}-{i}",) for i in range(50)], "body string").coalesce(1)
+    for _ in range(2):
+        df.write.format("dledger").mode("append").option("peers", group.peers).option("writeId", tag) \
+            .option("idempotent", "false").save()
+    got = Counter(e.body for e in read_all(group.client, start) if e.body.startswith(tag.encode()))
+    assert set(got.values()) == {2}
+
+
+_DRIVER = textwrap.dedent("""
+    import os, sys
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    from pyspark.sql import SparkSession
+    from dledger.spark import register
+    src_peers, dst_peers, ckpt, trigger = sys.argv[1:5]
+    spark = (SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false")
+             .config("spark.sql.shuffle.partitions", "2").getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
+    register(spark)
+    src = (spark.readStream.format("dledger").option("peers", src_peers).option("group", "src")
+           .option("startingIndex", "earliest").option("maxEntriesPerTrigger", "20000").load())
+    w = (src.selectExpr("body").writeStream.format("dledger").option("peers", dst_peers).option("group", "dst")
+         .option("batchSize", "200").option("checkpointLocation", ckpt))
+    q = (w.trigger(availableNow=True) if trigger == "now" else w.trigger(processingTime="1 second")).start()
+    q.awaitTermination()
+    print("DONE", flush=True)
+""")
+
+
+def _driver(src: Group, dst: Group, ckpt: Path, trigger: str, log: Path) -> subprocess.Popen[bytes]:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    return subprocess.Popen([sys.executable, "-c", _DRIVER, src.peers, dst.peers, str(ckpt), trigger],
+                            stdout=log.open("ab"), stderr=subprocess.STDOUT, env=env, start_new_session=True)
+
+
+def test_streaming_sink_survives_a_killed_driver_and_a_stop_mid_batch(spark: SparkSession, tmp_path: Path) -> None:
+    src_cluster, src = start_group(tmp_path / "src", "src")
+    dst_cluster, dst = start_group(tmp_path / "dst", "dst")
+    try:
+        total = 60_000
+        for k in range(0, total, 5000):
+            src.client.append_batch([f"s-{i}".encode() for i in range(k, k + 5000)])
+        ckpt, log = tmp_path / "ckpt", tmp_path / "driver.log"
+        # 1. the driver machine dies in the middle of a micro-batch (a batch is 20,000 rows)
+        driver = _driver(src, dst, ckpt, "continuous", log)
+        seen = wait_until(lambda: (n := _committed_rows(dst, 0)) > 2000 and n, 300, "the sink writing")
+        os.killpg(driver.pid, signal.SIGKILL)
+        driver.wait(timeout=30)
+        assert seen < total
+        # 2. restarted from its checkpoint, stopped in the middle of a batch (in this process)
+        q = (spark.readStream.format("dledger").option("peers", src.peers).option("group", "src")
+             .option("startingIndex", "earliest").option("maxEntriesPerTrigger", "20000").load()
+             .selectExpr("body").writeStream.format("dledger").option("peers", dst.peers).option("group", "dst")
+             .option("batchSize", "200").option("checkpointLocation", str(ckpt))
+             .trigger(processingTime="1 second").start())
+        before = _committed_rows(dst, 0)
+        wait_until(lambda: _committed_rows(dst, 0) > before + 300 or not q.isActive, 300, "the restart writing")
+        q.stop()
+        # 3. and run to the end
+        driver = _driver(src, dst, ckpt, "now", log)
+        assert driver.wait(timeout=600) == 0, log.read_text()[-3000:]
+        bodies = Counter(e.body for e in read_all(dst.client, 0))
+        dups = [b for b, n in bodies.items() if n > 1]
+        assert not dups, f"{len(dups)} rows appended twice, e.g. {dups[:3]}"
+        assert set(bodies) == {f"s-{i}".encode() for i in range(total)}
+    finally:
+        for g, c in ((src, src_cluster), (dst, dst_cluster)):
+            g.client.close()
+            c.__exit__()
