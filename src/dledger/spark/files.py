@@ -84,7 +84,14 @@ from dledger.entry import (
 )
 from dledger.spark.options import FILES_OPTIONS, OptionError, check_names, get_bool, get_str
 from dledger.spark.pushdown import Pushed, push
-from dledger.spark.schema import ARROW_ENTRY_SCHEMA, ARROW_RECORD_SCHEMA, ENTRY_SCHEMA, RECORD_SCHEMA, entry_batch
+from dledger.spark.schema import (
+    ARROW_ENTRY_SCHEMA,
+    ARROW_RECORD_SCHEMA,
+    ENTRY_SCHEMA,
+    RECORD_SCHEMA,
+    declared_columns,
+    entry_batch,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql.datasource import Filter
@@ -793,38 +800,10 @@ def _error_row(rows: _Rows, index: int, pos: int, chain: int, bcrc: int, offset:
 # --- the data source ------------------------------------------------------------------------------------
 
 
-_SPARK_TYPE = {"long": "bigint", "int": "int", "string": "string", "binary": "binary"}  # DDL -> simpleString
-
-
-def _ddl_columns(ddl: str) -> dict[str, str]:
-    """{name: DDL type} of a DDL string of ours ("group string, index long")."""
-    return dict(col.split() for col in ddl.split(", "))
-
-
 def check_schema(schema: StructType, records: bool) -> tuple[str, ...]:
-    """The declared schema's columns, in its order: a subset of the mode's columns with their
-    types (pruning). Anything else is refused with the valid columns."""
-    ddl = RECORD_SCHEMA if records else ENTRY_SCHEMA
-    valid = _ddl_columns(ddl)
-    problems: list[str] = []
-    seen: set[str] = set()
-    for f in schema.fields:
-        kind = valid.get(f.name)
-        if kind is None:
-            problems.append(f"unknown column {f.name!r}")
-        elif f.dataType.simpleString() != _SPARK_TYPE[kind]:
-            problems.append(f"column {f.name!r} of type {f.dataType.simpleString()}, expected {kind}")
-        elif f.name in seen:
-            problems.append(f"column {f.name!r} twice")
-        elif f.name == "error" and not f.nullable:
-            problems.append("column 'error' is null for sound records: it cannot be NOT NULL")
-        seen.add(f.name)
-    if not schema.fields:
-        problems.append("no column")
-    if problems:
-        raise OptionError(f'format("dledger-files") ({"records" if records else "entries"} mode) cannot read the '
-                          f"declared schema: {'; '.join(problems)}. Valid columns: {ddl} (any of them, in any order)")
-    return tuple(f.name for f in schema.fields)
+    """The declared schema's columns, in its order (pruning; spark.schema.declared_columns)."""
+    return declared_columns(schema, RECORD_SCHEMA if records else ENTRY_SCHEMA,
+                            f'format("dledger-files") ({"records" if records else "entries"} mode)', {"error"})
 
 
 def parse_bytes(options: Mapping[str, str], name: str, default: int) -> int:

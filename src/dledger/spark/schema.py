@@ -6,9 +6,13 @@ The Arrow schema must equal what Spark derives from the DDL (nullable fields,
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
+
+if TYPE_CHECKING:
+    from pyspark.sql.types import StructType
 
 ENTRY_SCHEMA = "group string, index long, term long, pos long, body binary"
 
@@ -61,3 +65,36 @@ def entry_batch(group: str, indexes: Sequence[int], terms: Sequence[int], positi
         ],
         schema=ARROW_ENTRY_SCHEMA,
     )
+
+
+_SPARK_TYPE = {"long": "bigint", "int": "int", "string": "string", "binary": "binary"}  # DDL -> simpleString
+
+
+class SchemaError(ValueError):
+    """A declared schema a source cannot return."""
+
+
+def declared_columns(schema: StructType, ddl: str, what: str, nullable: Collection[str] = ()) -> tuple[str, ...]:
+    """The columns of a declared schema, in its order: any of `ddl`'s columns with their types
+    (pruning, as PySpark gives Python sources no other way); anything else is refused with
+    the valid columns. `nullable`: columns that may not be declared NOT NULL."""
+    valid = dict(col.split() for col in ddl.split(", "))
+    problems: list[str] = []
+    seen: set[str] = set()
+    for f in schema.fields:
+        kind = valid.get(f.name)
+        if kind is None:
+            problems.append(f"unknown column {f.name!r}")
+        elif f.dataType.simpleString() != _SPARK_TYPE[kind]:
+            problems.append(f"column {f.name!r} of type {f.dataType.simpleString()}, expected {kind}")
+        elif f.name in seen:
+            problems.append(f"column {f.name!r} twice")
+        elif f.name in nullable and not f.nullable:
+            problems.append(f"column {f.name!r} is null for some rows: it cannot be NOT NULL")
+        seen.add(f.name)
+    if not schema.fields:
+        problems.append("no column")
+    if problems:
+        raise SchemaError(f"{what} cannot read the declared schema: {'; '.join(problems)}. Valid columns: {ddl} "
+                          f"(any of them, in any order)")
+    return tuple(f.name for f in schema.fields)

@@ -40,7 +40,7 @@ from pyspark.sql.streaming.datasource import (
     ReadMaxRows,
     SupportsTriggerAvailableNow,
 )
-from pyspark.sql.types import BinaryType, DataType, LongType, StringType, StructType
+from pyspark.sql.types import StructType
 
 from dledger.broker.client import BrokerClient
 from dledger.runtime.client import DLedgerClient
@@ -68,7 +68,7 @@ from dledger.spark.options import (
     split_range,
 )
 from dledger.spark.pushdown import Pushed, push
-from dledger.spark.schema import ARROW_ENTRY_SCHEMA, ENTRY_SCHEMA
+from dledger.spark.schema import ARROW_ENTRY_SCHEMA, ENTRY_SCHEMA, declared_columns
 from dledger.spark.sink import DLedgerStreamWriter, DLedgerWriter, WriteConfig
 
 log = logging.getLogger(__name__)
@@ -123,8 +123,6 @@ class ReadConfig:
                              self.client, self.brokers)
 
 
-_COLUMN_TYPES: dict[str, DataType] = {"group": StringType(), "index": LongType(), "term": LongType(),
-                                      "pos": LongType(), "body": BinaryType()}
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,23 +142,8 @@ class Columns:
             return cls(tuple(ARROW_ENTRY_SCHEMA.names), ARROW_ENTRY_SCHEMA)
         from pyspark.sql.pandas.types import to_arrow_schema
 
-        problems: list[str] = []
-        seen: set[str] = set()
-        for f in schema.fields:
-            want = _COLUMN_TYPES.get(f.name)
-            if want is None:
-                problems.append(f"unknown column {f.name!r}")
-            elif f.dataType != want:
-                problems.append(f"column {f.name!r} is {f.dataType.simpleString()}, not {want.simpleString()}")
-            elif f.name in seen:
-                problems.append(f"column {f.name!r} twice")
-            seen.add(f.name)
-        if not schema.fields:
-            problems.append("no column")
-        if problems:
-            raise OptionError(f'format("dledger"): the declared schema has {"; ".join(problems)}; valid columns are '
-                              f"{ENTRY_SCHEMA} (any of them, in any order)")
-        return cls(tuple(schema.fieldNames()), to_arrow_schema(schema, timezone="UTC"))
+        names = declared_columns(schema, ENTRY_SCHEMA, 'format("dledger")')
+        return cls(names, to_arrow_schema(schema, timezone="UTC"))
 
     @property
     def bodies(self) -> bool:
