@@ -71,6 +71,7 @@ class ResponseCode(IntEnum):
     # sending a sequence other than 0 (Kafka's OUT_OF_ORDER_SEQUENCE_NUMBER, UNKNOWN_PRODUCER_ID)
     OUT_OF_ORDER_SEQUENCE = 432
     UNKNOWN_PRODUCER = 433
+    PRODUCER_FENCED = 434  # an older epoch of a producer than the log's (Kafka's INVALID_PRODUCER_EPOCH)
 
 
 class ControllerRequestCode(IntEnum):

@@ -120,6 +120,17 @@ def test_partitions_cover_the_range_exactly(monkeypatch: pytest.MonkeyPatch) -> 
     assert r.partitions({"default": 7}, {"default": 7}) == []
 
 
+def test_min_partitions_cuts_smaller_tasks(monkeypatch: pytest.MonkeyPatch) -> None:
+    r = _reader(monkeypatch, 0, 10**6, minPartitions="4")  # default entriesPerPartition: one task for 2,000
+    ranges = [(p.start, p.end) for p in r.partitions({"default": 0}, {"default": 2000})
+              if isinstance(p, RangePartition)]
+    assert ranges == [(0, 500), (500, 1000), (1000, 1500), (1500, 2000)]
+    assert ranges == [(p.start, p.end) for p in r.partitions({"default": 0}, {"default": 2000})
+                      if isinstance(p, RangePartition)]  # the same range plans the same tasks
+    with pytest.raises(OptionError, match="minPartitions"):
+        _reader(monkeypatch, 0, 10, minPartitions="0")
+
+
 def test_unknown_option_names_fail_with_a_hint() -> None:
     from dledger.spark.options import READ_OPTIONS, check_names
 

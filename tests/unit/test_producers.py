@@ -96,15 +96,49 @@ def test_gaps_and_unknown_producers_are_refused() -> None:
     assert t.decide(None, "new", 0, 1).duplicates == 0
 
 
-def test_idle_producers_expire_by_the_log_clock_and_the_cap_holds() -> None:
+def test_idle_producers_expire_by_the_log_clock() -> None:
     store = MemoryLedgerStore()
     write(store, 1, [Run("old", 0, 1)], ts=1_000)
-    write(store, 1, [Run("b", 0, 1)], ts=50_000)
+    write(store, 1, [Run("recent", 0, 1)], ts=45_000)
     write(store, 1, [Run("c", 0, 1)], ts=60_000)
-    t = folded(store, ProducerTable(expiry_ms=20_000, max_producers=1))
+    t = folded(store, ProducerTable(expiry_ms=20_000, max_producers=1000))
     assert t.lookup("old") is None  # idle longer than the expiry when c's marker came
-    assert t.lookup("b") is None  # beyond the cap: the least recently used goes
-    assert t.lookup("c") is not None
+    assert t.lookup("recent") is not None and t.lookup("c") is not None
+
+
+def test_beyond_the_cap_the_least_recently_used_go_at_the_next_marker() -> None:
+    """Eviction happens at markers only: the same log positions on every member, whatever
+    their commit points (a member folding a write in two parts evicts the same producers)."""
+    store = MemoryLedgerStore()
+    for k, pid in enumerate(("a", "b", "c")):
+        write(store, 1, [Run(pid, 0, 1)], ts=1_000 + k)
+    t = folded(store, ProducerTable(expiry_ms=DAY, max_producers=2))
+    assert [p for p in "abc" if t.lookup(p)] == ["a", "b", "c"]  # the last write's producers pass the cap
+    write(store, 1, [Run("b", 1, 1)], ts=2_000)  # a goes; b used again: c is now the least recent
+    write(store, 1, [Run("d", 0, 1)], ts=2_001)
+    write(store, 1, [Run("e", 0, 1)], ts=2_002)  # c goes
+    folded(store, t)
+    assert [p for p in "abcde" if t.lookup(p)] == ["b", "d", "e"]
+
+
+def test_a_higher_epoch_restarts_a_producer_and_fences_the_older() -> None:
+    store = MemoryLedgerStore()
+    write(store, 1, [Run("q/p0", 0, 3, epoch=7)])
+    t = folded(store)
+    p = t.lookup("q/p0")
+    assert p is not None and (p.epoch, p.last_seq) == (7, 2)
+    assert t.decide(p, "q/p0", 0, 3, epoch=7).duplicates == 3  # batch 7 run again
+    assert t.decide(p, "q/p0", 0, 2, epoch=8).duplicates == 0  # batch 8: a new session from 0
+    with pytest.raises(DLedgerError) as e:
+        t.decide(p, "q/p0", 3, 1, epoch=8)
+    assert e.value.code == ResponseCode.UNKNOWN_PRODUCER
+    with pytest.raises(DLedgerError) as e:
+        t.decide(p, "q/p0", 3, 1, epoch=6)
+    assert e.value.code == ResponseCode.PRODUCER_FENCED
+    write(store, 1, [Run("q/p0", 0, 2, epoch=8)])
+    folded(store, t)
+    p = t.lookup("q/p0")
+    assert p is not None and (p.epoch, p.last_seq) == (8, 1) and p.index_of(2) == -1
 
 
 def test_the_table_round_trips_through_a_snapshot_mid_write() -> None:

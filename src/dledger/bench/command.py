@@ -54,6 +54,8 @@ console = Console()
 @click.option("--plot", "plot_path", default=None, type=click.Path(dir_okay=False), help="Throughput/latency PNG.")
 @click.option("--tls", is_flag=True, help="Run the local group and the clients with mutual TLS (certificates made "
                                         "for the run).")
+@click.option("--idempotent", is_flag=True, help="Each connection's client appends as an idempotent producer (one "
+                                                 "request in flight per producer; concurrent appends coalesce).")
 def bench(
     peers: str | None,
     nodes: int,
@@ -72,6 +74,7 @@ def bench(
     json_path: str | None,
     plot_path: str | None,
     tls: bool,
+    idempotent: bool,
 ) -> None:
     """Load generator: entries/s, MB/s, requests/s, latency percentiles, errors by code."""
     if procs > clients:
@@ -79,7 +82,8 @@ def bench(
     from dledger.runtime.transport import install_uvloop
 
     install_uvloop()
-    spec = LoadSpec(peers or "", group, clients, size, batch, duration, count, rate, warmup, conns)
+    spec = LoadSpec(peers or "", group, clients, size, batch, duration, count, rate, warmup, conns,
+                    idempotent=idempotent)
     if peers is not None:
         if tls:
             raise click.UsageError("--tls is for a local group (give no --peers)")
@@ -111,6 +115,7 @@ def bench(
         "duration": duration,
         "count": count,
         "procs": procs,
+        "idempotent": idempotent,
     }
     _print(report)
     if json_path:

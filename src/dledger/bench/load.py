@@ -49,6 +49,7 @@ class LoadSpec:
     warmup: float = 1.0
     conns: int = 0  # connections the clients share (as etcd's benchmark --conns); 0: one per client
     tls_dir: str = ""  # certificates from `dledger certs`: the clients connect with client.pem (mutual TLS)
+    idempotent: bool = False  # each connection's client is an idempotent producer (core.producers)
 
 
 @dataclass
@@ -173,7 +174,8 @@ async def run_load(
     # multiplexed by request id, and those sent in one loop iteration share one write)
     n_conns = min(spec.conns or spec.clients, spec.clients)
     tls = client_tls(Path(spec.tls_dir)) if spec.tls_dir else None
-    clients = [AsyncDLedgerClient(spec.peers, spec.group, timeout=10.0, tls=tls) for _ in range(n_conns)]
+    clients = [AsyncDLedgerClient(spec.peers, spec.group, timeout=10.0, tls=tls, idempotent=spec.idempotent)
+               for _ in range(n_conns)]
     try:
         await clients[0].metadata()  # fail fast on an unreachable group
         if ready is not None:

@@ -142,6 +142,7 @@ class AppendRequest(Msg):
     # an idempotent producer's (core.producers): the bodies carry sequences sequence, sequence + 1, …
     producer: Name = ""
     sequence: Position = 0
+    epoch: Position = 0  # the producer's session: a higher one starts its sequences again
 
 
 class AppendResponse(msgspec.Struct, array_like=True):

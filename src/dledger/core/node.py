@@ -71,7 +71,7 @@ from dledger.core.quorum import QuorumAckChecker
 from dledger.core.read_index import ReadIndex, describe
 from dledger.entry import MAGIC_NOOP, MAGIC_NORMAL, MAGIC_SESSION
 from dledger.statemachine.applier import Applier, ApplyBatch, Proposal
-from dledger.statemachine.snapshot import SnapshotMeta
+from dledger.statemachine.snapshot import PRODUCERS_FILE, SnapshotMeta
 from dledger.store.base import AppendResult, CorruptEntryError, LedgerStore, StoreError
 
 log = logging.getLogger(__name__)
@@ -97,6 +97,7 @@ class _Append:
     bodies: list[bytes]
     producer: str = ""  # an idempotent producer's (core.producers)
     sequence: int = 0
+    epoch: int = 0
 
 
 @dataclass(slots=True)
@@ -202,6 +203,7 @@ class Node:
         # retention deleted): through here, and when (now_ms), and the one being written
         self._producers_saved = (self.producers.folded if producers else -1, now_ms)
         self._producers_saving = -1
+        self._producers_restoring = False  # a plain log's installed table is being read
         self.wall_offset_ms = 0  # wall clock minus the `now_ms` clock (the runtime's is monotonic)
         self._duplicates: dict[Any, tuple[list[int], int]] = {}  # token -> (each body's index, duplicates)
         self.applier = applier  # None: a plain log, nothing applied
@@ -569,9 +571,12 @@ class Node:
         a = self.applier
         if a is not None and (floor < 0 or floor > a.snapshot_index + 1):
             floor, holder = a.snapshot_index + 1, f"the state machine of {self.member.self_id} (snapshot)"
-        saved = self._producers_saved[0]
-        if a is None and not self.producers.empty and (floor < 0 or floor > saved + 1):
-            floor, holder = saved + 1, f"the producer table of {self.member.self_id} (saved through {saved})"
+        if a is None:  # a plain log: retention keeps what the producer table has not folded or saved
+            t, saved = self.producers, self._producers_saved[0]
+            hold = t.folded + 1 if t.empty else min(t.folded, saved) + 1
+            if floor < 0 or floor > hold:
+                floor, holder = hold, f"the producer table of {self.member.self_id} (folded through {t.folded}, " \
+                                      f"saved through {saved})"
         self.store.set_retention_floor(floor if floor >= 0 else None, holder)
 
     def drain(self) -> list[Action]:
@@ -637,7 +642,7 @@ class Node:
         """A new leader answers for producers once every entry of earlier terms is committed and
         folded: until its NOOP commits, its log may hold entries it does not know the fate of."""
         start = self.quorum.term_start
-        if self.store.committed_index < start or self.producers.folded < start - 1:
+        if self.store.committed_index < start or self.producers.folded < start - 1 or self._producers_restoring:
             raise DLedgerError(ResponseCode.LEADER_NOT_READY,
                                f"term {self.member.term}: the producer table is not caught up yet")
 
@@ -741,6 +746,12 @@ class Node:
         reaches our log: compaction never passes it); a plain log's is empty, at begin - 1."""
         store = self.store
         if self.applier is None:
+            # our own snapshot with the producer table, when the log continues it (retention keeps
+            # the log after it); else an empty one at our log begin
+            meta = self.snapshot_meta
+            if (meta is not None and PRODUCERS_FILE in meta.files and meta.next_pos >= 0
+                    and store.begin_index - 1 <= meta.last_index <= store.end_index):
+                return meta
             b = store.begin_index
             return SnapshotMeta(b - 1, store.begin_term, store.begin_chain_crc, self.cfg.peers,
                                 next_pos=self._pos_of(b))
@@ -786,8 +797,11 @@ class Node:
         self._scrub_next = self.store.begin_index
         if self.applier is not None:
             self.restore_from(meta)
+        elif PRODUCERS_FILE in meta.files:  # a plain log's snapshot carries only the producer table
+            self._producers_restoring = True
+            self.actions.append(RestoreSnapshot(meta))
         else:
-            self.producers.skip_to(L)  # a plain log's snapshot is empty: no table comes with it
+            self.producers.skip_to(L)  # an empty snapshot: the producers of what it skipped stay unknown
 
     def restore_from(self, meta: SnapshotMeta) -> None:
         """The state machine's state becomes installed snapshot `meta`'s, nothing applied before."""
@@ -812,7 +826,13 @@ class Node:
         `producers`: the snapshot's PRODUCERS_FILE."""
         self.now = now_ms
         a = self.applier
-        assert a is not None
+        if a is None:  # a plain log's: the producer table only
+            self._producers_restoring = False
+            if producers and not error:
+                self._load_producers(producers, f"installed snapshot {meta.last_index}")
+            else:
+                self.producers.skip_to(meta.last_index)
+            return
         self.restoring = False
         if error:
             a.installing = False
@@ -1070,7 +1090,7 @@ class Node:
             if self.applier.stopped is not None:
                 raise DLedgerError(ResponseCode.INTERNAL_ERROR, f"state machine stopped: {self.applier.stopped}")
             self._proposers.add(token)
-        self._appends.append(_Append(token, msg.bodies, msg.producer, msg.sequence))
+        self._appends.append(_Append(token, msg.bodies, msg.producer, msg.sequence, msg.epoch))
         self._active = True
 
     def _store_appends(self) -> None:
@@ -1134,7 +1154,7 @@ class Node:
             if a.producer:
                 view = views.get(a.producer) or table.lookup(a.producer)
                 try:
-                    d = table.decide(view, a.producer, a.sequence, len(a.bodies))
+                    d = table.decide(view, a.producer, a.sequence, len(a.bodies), a.epoch)
                 except DLedgerError as e:
                     self._complete_append(a.token, e.code, None, e.message)
                     continue
@@ -1144,9 +1164,9 @@ class Node:
                 seq = a.sequence + d.duplicates if a.producer else 0
                 if a.producer:
                     view = view.copy() if view is not None else Producer()
-                    view.add(seq, at, len(new), ts)
+                    view.add(seq, at, len(new), ts, a.epoch)
                     views[a.producer] = view
-                _add_run(runs, Run(a.producer, seq, len(new)))
+                _add_run(runs, Run(a.producer, seq, len(new), a.epoch))
                 bodies.extend(new)
             taken.append((a, d, at, len(new)))
         res = None
@@ -1386,9 +1406,9 @@ class Node:
 def _add_run(runs: list[Run], run: Run) -> None:
     """Append `run`, merged into the last one when it continues it (plain appends, mostly)."""
     last = runs[-1] if runs else None
-    if last is not None and last.producer == run.producer and (
-            not run.producer or last.first_seq + last.count == run.first_seq):
-        runs[-1] = Run(run.producer, last.first_seq, last.count + run.count)
+    if last is not None and last.producer == run.producer and (not run.producer or (
+            last.epoch == run.epoch and last.first_seq + last.count == run.first_seq)):
+        runs[-1] = Run(run.producer, last.first_seq, last.count + run.count, run.epoch)
     else:
         runs.append(run)
 

@@ -19,11 +19,17 @@ with the surviving prefix's indexes and appends only the rest.
 The leader's own appends not committed yet live in an overlay (its log only grows while it
 leads). It takes idempotent appends only once every entry of earlier terms is committed and
 folded (its NOOP committed): overlay over table is then its whole log.
+
+Epochs (Kafka's producer epoch): a producer's session may be restarted under a higher
+epoch, its sequences from 0 again, and an append of a lower epoch than the table's is
+refused (PRODUCER_FENCED): a streaming query is one producer per partition, its epoch the
+micro-batch, so the table holds one entry per partition, not per batch.
 """
 
 from __future__ import annotations
 
 import logging
+from array import array
 from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -37,18 +43,20 @@ from dledger.store.base import LedgerStore
 
 log = logging.getLogger(__name__)
 
-SPANS = 8  # recent runs of entries kept per producer: what a duplicate is answered with
+SPANS = 32  # recent runs of entries kept per producer: what a duplicate is answered with (else index -1)
 FOLD_CHUNK = 1 << 20  # entries folded per call: a long log (a restart) is folded over several drains
 
 ProducerId = Annotated[str, msgspec.Meta(max_length=128)]
 
 
 class Run(msgspec.Struct, array_like=True, frozen=True):
-    """`count` entries of `producer` from sequence `first_seq` ("" : not an idempotent append)."""
+    """`count` entries of `producer` (in `epoch`) from sequence `first_seq` ("": not an
+    idempotent append)."""
 
     producer: ProducerId
     first_seq: int
     count: int
+    epoch: int = 0
 
 
 class SessionMarker(msgspec.Struct, array_like=True, frozen=True):
@@ -69,39 +77,45 @@ def marker_body(ts_ms: int, runs: list[Run]) -> bytes:
 
 
 class Producer:
-    """One producer's place in the log: its last sequence and its recent entries' indexes."""
+    """One producer's place in the log: its epoch, last sequence, and its recent entries'
+    indexes (spans: first_seq, first_index, count, flat in one array: 24 bytes each)."""
 
-    __slots__ = ("last_seq", "spans", "ts_ms")
+    __slots__ = ("epoch", "last_seq", "spans", "ts_ms")
 
-    def __init__(self, last_seq: int = -1, ts_ms: int = 0, spans: list[list[int]] | None = None) -> None:
+    def __init__(self, last_seq: int = -1, ts_ms: int = 0, spans: array[int] | None = None, epoch: int = 0) -> None:
+        self.epoch = epoch
         self.last_seq = last_seq
         self.ts_ms = ts_ms
-        self.spans: list[list[int]] = spans or []  # [first_seq, first_index, count], oldest first
+        self.spans: array[int] = spans if spans is not None else array("q")
 
     @property
     def last_index(self) -> int:
-        s = self.spans[-1] if self.spans else None
-        return s[1] + s[2] - 1 if s is not None else -1
+        s = self.spans
+        return s[-2] + s[-1] - 1 if s else -1
 
     def copy(self) -> Producer:
-        return Producer(self.last_seq, self.ts_ms, [list(s) for s in self.spans])
+        return Producer(self.last_seq, self.ts_ms, array("q", self.spans), self.epoch)
 
     def index_of(self, seq: int) -> int:
         """The index of sequence `seq`, or -1 when it is older than the spans kept."""
-        for first_seq, first_index, count in reversed(self.spans):
-            if first_seq <= seq < first_seq + count:
-                return first_index + seq - first_seq
+        s = self.spans
+        for k in range(len(s) - 3, -1, -3):
+            if s[k] <= seq < s[k] + s[k + 2]:
+                return s[k + 1] + seq - s[k]
         return -1
 
-    def add(self, seq: int, index: int, count: int, ts_ms: int) -> None:
+    def add(self, seq: int, index: int, count: int, ts_ms: int, epoch: int = 0) -> None:
+        if epoch > self.epoch:  # a new session of this producer: its sequences start again
+            self.epoch, self.last_seq = epoch, -1
+            del self.spans[:]
         if seq != self.last_seq + 1:  # the leader checks this before writing: a log that says otherwise is old
             log.warning("producer sequence %d follows %d in the log", seq, self.last_seq)
-        last = self.spans[-1] if self.spans else None
-        if last is not None and last[0] + last[2] == seq and last[1] + last[2] == index:
-            last[2] += count  # contiguous in sequence and in the log: one span
+        s = self.spans
+        if s and s[-3] + s[-1] == seq and s[-2] + s[-1] == index:
+            s[-1] += count  # contiguous in sequence and in the log: one span
         else:
-            self.spans.append([seq, index, count])
-            del self.spans[:-SPANS]
+            s.extend((seq, index, count))
+            del s[: -3 * SPANS]
         self.last_seq = seq + count - 1
         self.ts_ms = max(self.ts_ms, ts_ms)
 
@@ -123,7 +137,7 @@ class _OpenRun:
 class _Saved(msgspec.Struct, array_like=True):
     folded: int
     open: tuple[int, int, int, SessionMarker] | None
-    producers: list[tuple[str, int, int, list[list[int]]]]  # id, last_seq, ts_ms, spans; oldest first
+    producers: list[tuple[str, int, int, list[int], int]]  # id, last_seq, ts_ms, spans (flat), epoch; oldest first
 
 
 @dataclass(slots=True)
@@ -150,14 +164,19 @@ class ProducerTable:
     def lookup(self, producer: str) -> Producer | None:
         return self.overlay.get(producer) or self.producers.get(producer)
 
-    def decide(self, view: Producer | None, producer: str, first_seq: int, n: int) -> Decision:
-        """Check an append of `n` bodies from `first_seq` against `view` (the producer as the
-        log holds it, with the writes planned before this one); DLedgerError when refused."""
-        if view is None:
+    def decide(self, view: Producer | None, producer: str, first_seq: int, n: int, epoch: int = 0) -> Decision:
+        """Check an append of `n` bodies from `first_seq` (in `epoch`) against `view` (the
+        producer as the log holds it, with the writes planned before this one); DLedgerError
+        when refused."""
+        if view is not None and epoch < view.epoch:
+            raise DLedgerError(ResponseCode.PRODUCER_FENCED,
+                               f"producer {producer!r}: epoch {epoch} is older than {view.epoch} (a newer "
+                               f"session of this producer took over)")
+        if view is None or epoch > view.epoch:
             if first_seq != 0:
                 raise DLedgerError(ResponseCode.UNKNOWN_PRODUCER,
-                                   f"producer {producer!r} is unknown here (new, or expired after being idle): "
-                                   f"its first sequence must be 0, not {first_seq}")
+                                   f"producer {producer!r} epoch {epoch} is unknown here (new, a new epoch, or "
+                                   f"expired after being idle): its first sequence must be 0, not {first_seq}")
             return Decision(0)
         if first_seq > view.last_seq + 1:
             raise DLedgerError(ResponseCode.OUT_OF_ORDER_SEQUENCE,
@@ -199,6 +218,7 @@ class ProducerTable:
             except msgspec.DecodeError as e:
                 log.error("session marker at %d is unreadable (%s): skipped", m, e)
                 continue
+            self._expire(marker.ts_ms)  # at markers only: the same log positions on every member
             self.open = _OpenRun(m, entry.term, marker, m + 1)
         self._advance(store, hi)
         self.folded = hi
@@ -240,9 +260,8 @@ class ProducerTable:
                     p = self.producers[r.producer] = Producer()
                 else:
                     self.producers.move_to_end(r.producer)
-                p.add(r.first_seq + s0 - off, base + s0, s1 - s0, run.marker.ts_ms)
+                p.add(r.first_seq + s0 - off, base + s0, s1 - s0, run.marker.ts_ms, r.epoch)
             off += r.count
-        self._expire(run.marker.ts_ms)
 
     def _expire(self, now_ms: int) -> None:
         """Drop producers idle longer than the expiry (by the log's own clock, so every member
@@ -276,7 +295,7 @@ class ProducerTable:
     def encode(self) -> bytes:
         o = self.open
         saved = _Saved(self.folded, (o.index, o.term, o.next, o.marker) if o is not None else None,
-                       [(pid, p.last_seq, p.ts_ms, p.spans) for pid, p in self.producers.items()])
+                       [(pid, p.last_seq, p.ts_ms, p.spans.tolist(), p.epoch) for pid, p in self.producers.items()])
         return msgspec.msgpack.encode(saved)
 
     def load(self, data: bytes) -> None:
@@ -284,4 +303,5 @@ class ProducerTable:
         saved = msgspec.msgpack.decode(data, type=_Saved)
         self.folded = saved.folded
         self.open = _OpenRun(saved.open[0], saved.open[1], saved.open[3], saved.open[2]) if saved.open else None
-        self.producers = OrderedDict((pid, Producer(last, ts, spans)) for pid, last, ts, spans in saved.producers)
+        self.producers = OrderedDict((pid, Producer(last, ts, array("q", spans), epoch))
+                                     for pid, last, ts, spans, epoch in saved.producers)

@@ -202,11 +202,12 @@ class AsyncDLedgerClient:
                  request_timeout: float = 3.0, coalesce: bool = True,
                  max_coalesced_bytes: int = 1 << 20, discover_timeout: float = 1.0,
                  tls: TlsConfig | ssl.SSLContext | None = None, auth_token: str | None = None,
-                 idempotent: bool = False, producer_id: str | None = None) -> None:
+                 idempotent: bool = False, producer_id: str | None = None, producer_epoch: int = 0) -> None:
         """`tls`: the CA plus a client certificate (TlsConfig) or a ready client SSLContext, for a
         group started with TLS; `auth_token`: the group's shared token (docs/security.md).
-        `idempotent`: appends go as a producer (`producer_id`, else a random one) whose bodies
-        are numbered, and are retried after an unknown outcome: each body is stored once."""
+        `idempotent`: appends go as a producer (`producer_id`, else a random one; in
+        `producer_epoch`, which a later session of the same id raises) whose bodies are
+        numbered, and are retried after an unknown outcome: each body is stored once."""
         self.peers = parse_peers(peers)
         self._ssl = client_context(tls) if isinstance(tls, TlsConfig) else tls
         self._auth_token = auth_token.encode() if auth_token else None
@@ -224,7 +225,7 @@ class AsyncDLedgerClient:
         self._search: asyncio.Task[str | DLedgerError | None] | None = None  # shared by concurrent callers
         if producer_id is not None and not idempotent:
             raise DLedgerError(ResponseCode.UNEXPECTED_ARGUMENT, "producer_id needs idempotent=True")
-        self.producer = IdempotentProducer(producer_id) if idempotent else None
+        self.producer = IdempotentProducer(producer_id, producer_epoch) if idempotent else None
 
     def _transport(self) -> TransportClient:
         if self._client is None:
@@ -337,14 +338,18 @@ class AsyncDLedgerClient:
         assert p is not None
         async with p.lock():
             for _ in range(2):
-                req = AppendRequest(self.group, "", "", bodies, producer=p.id, sequence=p.begin(bodies))
+                req = AppendRequest(self.group, "", "", bodies, producer=p.id, sequence=p.begin(bodies),
+                                    epoch=p.epoch)
                 try:
                     resp = await self._call(RequestCode.APPEND, req, safe=True)
                 except DLedgerError as e:
-                    if e.code == ResponseCode.UNKNOWN_PRODUCER and not p.chosen:
-                        p.renew()  # forgotten while idle (nothing was stored): start afresh
+                    if e.code == ResponseCode.UNKNOWN_PRODUCER and not p.chosen and p.next_seq > 0:
+                        p.renew()  # forgotten while idle: its unsettled bodies stay as they are, start afresh
                         continue
-                    p.failed(bodies, e)
+                    p.failed(bodies)
+                    raise
+                except BaseException:  # cancelled with the request out: its outcome is unknown
+                    p.failed(bodies)
                     raise
                 assert isinstance(resp, AppendResponse)
                 p.settled(len(bodies), resp.duplicates)
@@ -709,9 +714,10 @@ class DLedgerClient:
 
     def __init__(self, peers: str, group: str = "default", timeout: float = 5.0, coalesce: bool = True,
                  tls: TlsConfig | ssl.SSLContext | None = None, auth_token: str | None = None,
-                 idempotent: bool = False, producer_id: str | None = None) -> None:
+                 idempotent: bool = False, producer_id: str | None = None, producer_epoch: int = 0) -> None:
         self._async = AsyncDLedgerClient(peers, group, timeout, coalesce=coalesce, tls=tls, auth_token=auth_token,
-                                         idempotent=idempotent, producer_id=producer_id)
+                                         idempotent=idempotent, producer_id=producer_id,
+                                         producer_epoch=producer_epoch)
         self._loop = LoopThread("dledger-client")
         self._run = self._loop.run
 

@@ -3,11 +3,13 @@
 Appends of one producer go one request at a time, in order, so sequences have no gaps. A
 request whose outcome is unknown (a timeout, a lost connection, a leader change) is sent
 again with the same sequence until the call's deadline: the leader answers what its log
-already holds with the original indexes, so nothing is stored twice. When the deadline
-passes with the outcome still unknown, those bodies stay unsettled: the next call must
-send the same bodies again (a retry, deduplicated), else a producer with an id of its own
-making moves to a fresh id (the unsettled bodies stay as they are: in the log or not), and
-one with an id given by the caller refuses (the caller decides how to go on).
+already holds with the original indexes, so nothing is stored twice. A call that fails
+anyway (or is cancelled) leaves its bodies unsettled, whatever its last error said (an
+earlier attempt may have been stored): the next call must send the same bodies again (a
+retry, deduplicated); other bodies make a producer with an id of its own move to a fresh
+id (the unsettled bodies stay as they are: in the log or not), and one with an id given by
+the caller refuse (the caller decides how to go on). Sending other bodies under the same
+sequence would have them answered as duplicates and never stored.
 """
 
 from __future__ import annotations
@@ -23,11 +25,14 @@ UNKNOWN_OUTCOME = frozenset({ResponseCode.TIMEOUT, ResponseCode.NETWORK_ERROR, R
 
 
 class IdempotentProducer:
-    def __init__(self, producer_id: str | None = None) -> None:
+    def __init__(self, producer_id: str | None = None, epoch: int = 0) -> None:
         if producer_id is not None and not 0 < len(producer_id) <= 128:
             raise DLedgerError(ResponseCode.UNEXPECTED_ARGUMENT, "a producer id has 1 to 128 characters")
+        if epoch < 0:
+            raise DLedgerError(ResponseCode.UNEXPECTED_ARGUMENT, f"a producer epoch is >= 0, not {epoch}")
         self.chosen = producer_id is not None  # the caller's id: never replaced behind its back
         self.id = producer_id or uuid.uuid4().hex
+        self.epoch = epoch  # a higher epoch restarts the producer's sequences (and fences older ones)
         self.next_seq = 0
         self.duplicates = 0  # bodies found already in the log (retries that had been stored)
         self._unsettled: list[bytes] | None = None  # bodies at next_seq whose outcome is unknown
@@ -54,9 +59,10 @@ class IdempotentProducer:
         self.next_seq += count
         self.duplicates += duplicates
 
-    def failed(self, bodies: list[bytes], e: DLedgerError) -> None:
-        """The call failed with `e`: definite refusals leave the sequence as it was."""
-        if e.code in UNKNOWN_OUTCOME and (self._unsettled is None or len(bodies) > len(self._unsettled)):
+    def failed(self, bodies: list[bytes]) -> None:
+        """The call failed (or was cancelled): whatever the last error says, an earlier
+        attempt may have been stored, so these bodies are unsettled."""
+        if self._unsettled is None or len(bodies) > len(self._unsettled):
             self._unsettled = list(bodies)
 
     def renew(self) -> None:

@@ -24,8 +24,9 @@ log = logging.getLogger(__name__)
 EARLIEST = -2
 LATEST = -1
 
-DEFAULT_ENTRIES_PER_PARTITION = 10_000
-DEFAULT_BATCH_SIZE = 500
+# measured (docs/performance.md, "Spark connectors"): benchmarks/spark_sweep.py
+DEFAULT_ENTRIES_PER_PARTITION = 100_000
+DEFAULT_BATCH_SIZE = 5_000
 DEFAULT_TIMEOUT_S = 10.0
 DEFAULT_CLIENT_TIMEOUT_S = 5.0
 
@@ -37,7 +38,7 @@ class OptionError(ValueError):
 _CONNECTION = frozenset({"peers", "group", "groups", "controller", "brokers", "clientTimeoutSeconds", "tlsCa",
                          "tlsCert", "tlsKey", "authToken"})
 READ_OPTIONS = _CONNECTION | {"startingIndex", "endingIndex", "maxEntriesPerTrigger", "failOnDataLoss",
-                              "entriesPerPartition", "timeoutSeconds"}
+                              "entriesPerPartition", "minPartitions", "timeoutSeconds"}
 WRITE_OPTIONS = _CONNECTION | {"batchSize", "idempotent", "writeId", "writeTimeoutSeconds"}
 FILES_OPTIONS = frozenset({"path", "includeUncommitted", "group", "mode", "member", "bytesPerPartition",
                            "verifyBodies"})
@@ -45,7 +46,7 @@ FILES_OPTIONS = frozenset({"path", "includeUncommitted", "group", "mode", "membe
 _SPARK_OWN = frozenset({"path", "paths", "checkpointLocation", "queryName"})
 # names users bring from Kafka's source
 _HINTS = {"startingOffsets": "startingIndex", "endingOffsets": "endingIndex",
-          "maxOffsetsPerTrigger": "maxEntriesPerTrigger", "minPartitions": "entriesPerPartition",
+          "maxOffsetsPerTrigger": "maxEntriesPerTrigger",
           "kafka.bootstrap.servers": "peers", "subscribe": "group (or groups)", "topic": "group",
           "startingOffsetsByTimestamp": "startingIndex", "offset": "startingIndex"}
 
@@ -136,11 +137,12 @@ class ClientOptions:
         return cls(get_float(options, "clientTimeoutSeconds", DEFAULT_CLIENT_TIMEOUT_S), tls,
                    get_str(options, "authToken"))
 
-    def client(self, peers: str, group: str, producer_id: str | None = None) -> DLedgerClient:
-        """A client; with `producer_id`, an idempotent producer of that id."""
+    def client(self, peers: str, group: str, producer: tuple[str, int] | None = None) -> DLedgerClient:
+        """A client; with `producer` (id, epoch), an idempotent producer."""
         try:
             return DLedgerClient(peers, group, self.timeout, tls=self.tls, auth_token=self.auth_token,
-                                 idempotent=producer_id is not None, producer_id=producer_id)
+                                 idempotent=producer is not None, producer_id=producer[0] if producer else None,
+                                 producer_epoch=producer[1] if producer else 0)
         except ConfigError as e:  # a TLS file that is missing or bad on this machine
             raise OptionError(f"options tlsCa/tlsCert/tlsKey: {e.message}") from None
 

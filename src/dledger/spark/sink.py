@@ -3,8 +3,10 @@
 Each task appends its rows as an idempotent producer (core.producers) whose id does not
 depend on the attempt: `<writeId>/p<partition>` for a batch write (writeId: the option, or
 one drawn when the write is planned, so every attempt of a task shares it) and
-`<queryId>/b<batchId>/p<partition>` for a micro-batch (the query id survives restarts from
-the checkpoint). Rows are numbered in the order the task sees them, so a retried task, or a
+`<queryId>/p<partition>` in epoch `batchId` for a micro-batch (the query id survives
+restarts from the checkpoint; one producer per partition, each batch a new epoch, so the
+leader's table does not grow with the batches, and a task of an older batch still running
+is fenced). Rows are numbered in the order the task sees them, so a retried task, or a
 micro-batch run again after a driver crash or a stop, sends the same numbers: what the log
 holds already is answered with its original index and only the rest is appended. This
 needs the retried task to see the same rows in the same order (Spark's replay of a
@@ -58,6 +60,7 @@ MAX_WRITE_ID = 80  # the producer id adds the partition (and a batch): 128 chara
 # what retrying cannot mend: a bad request or a broken producer sequence
 _FATAL = {ResponseCode.UNEXPECTED_ARGUMENT, ResponseCode.UNKNOWN_GROUP, ResponseCode.UNAUTHENTICATED,
           ResponseCode.OUT_OF_ORDER_SEQUENCE, ResponseCode.UNKNOWN_PRODUCER, ResponseCode.UNSUPPORTED,
+          ResponseCode.PRODUCER_FENCED,
           ResponseCode.REQUEST_WITH_EMPTY_BODYS}
 
 
@@ -106,19 +109,19 @@ class WriteConfig:
         return cls(group, peers, get_batch_size(options, DEFAULT_BATCH_SIZE), ClientOptions.from_options(options),
                    brokers is not None, idempotent and brokers is None, write_id, timeout)
 
-    def producer_id(self, streaming: bool) -> str | None:
-        """This task's producer id (None: plain appends), the same for every attempt."""
+    def producer(self, streaming: bool) -> tuple[str, int] | None:
+        """This task's producer id and epoch (None: plain appends), the same for every attempt."""
         if not self.idempotent:
             return None
         tc = TaskContext.get()
         if tc is None:  # not in a Spark task (a direct call): a producer of its own
-            return uuid.uuid4().hex
+            return uuid.uuid4().hex, 0
         if streaming:
             query, batch = tc.getLocalProperty("sql.streaming.queryId"), tc.getLocalProperty("streaming.sql.batchId")
-            if not query or batch is None:
+            if not query or batch is None or not batch.isdigit():
                 raise RuntimeError("dledger: a micro-batch task without its query and batch id (Spark changed?)")
-            return f"{query}/b{batch}/p{tc.partitionId()}"
-        return f"{self.write_id}/p{tc.partitionId()}"
+            return f"{query}/p{tc.partitionId()}", int(batch)
+        return f"{self.write_id}/p{tc.partitionId()}", 0
 
 
 def _body_field(schema: StructType) -> str | None:
@@ -143,11 +146,11 @@ def _bodies(batch: pa.RecordBatch, seen: int) -> list[bytes]:
 class _Appender:
     """One task's appends: bodies gathered into requests of `batch_size` (or 8 MiB)."""
 
-    def __init__(self, cfg: WriteConfig, producer_id: str | None) -> None:
+    def __init__(self, cfg: WriteConfig, producer: tuple[str, int] | None) -> None:
         self.cfg = cfg
         self.client: DLedgerClient | BrokerClient = (
             cfg.client.broker_client(cfg.peers, cfg.group) if cfg.broker
-            else cfg.client.client(cfg.peers, cfg.group, producer_id))
+            else cfg.client.client(cfg.peers, cfg.group, producer))
         self.rows = self.duplicates = 0
         self.first = self.last = -1
         self.pending: list[bytes] = []
@@ -198,10 +201,10 @@ class _Appender:
         self.client.close()
 
 
-def append_batches(cfg: WriteConfig, batches: Iterator[pa.RecordBatch], producer_id: str | None = None
+def append_batches(cfg: WriteConfig, batches: Iterator[pa.RecordBatch], producer: tuple[str, int] | None = None
                    ) -> AppendCommitMessage:
-    """Append every row's body, in row order, as producer `producer_id` (None: plain appends)."""
-    appender = _Appender(cfg, producer_id)
+    """Append every row's body, in row order, as `producer` (id, epoch; None: plain appends)."""
+    appender = _Appender(cfg, producer)
     try:
         for batch in batches:
             appender.add(_bodies(batch, appender.rows + len(appender.pending)))
@@ -221,7 +224,7 @@ class DLedgerWriter(DataSourceArrowWriter):
         self.cfg = cfg
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> AppendCommitMessage:
-        return append_batches(self.cfg, iterator, self.cfg.producer_id(streaming=False))
+        return append_batches(self.cfg, iterator, self.cfg.producer(streaming=False))
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
         rows, dups = _summary(messages)
@@ -241,7 +244,7 @@ class DLedgerStreamWriter(DataSourceStreamArrowWriter):
         self.cfg = cfg
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> AppendCommitMessage:
-        return append_batches(self.cfg, iterator, self.cfg.producer_id(streaming=True))
+        return append_batches(self.cfg, iterator, self.cfg.producer(streaming=True))
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         rows, dups = _summary(messages)

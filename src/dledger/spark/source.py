@@ -86,6 +86,7 @@ class ReadConfig:
     timeout: float
     client: ClientOptions
     brokers: bool = False  # `groups` are broker sets -> their controllers
+    min_partitions: int = 0  # at least this many tasks per group's range (Kafka's minPartitions)
 
     @classmethod
     def from_options(cls, options: Mapping[str, str], streaming: bool) -> ReadConfig:
@@ -116,6 +117,7 @@ class ReadConfig:
             timeout=get_float(options, "timeoutSeconds", DEFAULT_TIMEOUT_S),
             client=ClientOptions.from_options(options),
             brokers=brokers is not None,
+            min_partitions=get_int(options, "minPartitions", 0) or 0,
         )
 
     def spec(self, group: str, start: int, end: int) -> RangeReadSpec:
@@ -206,10 +208,15 @@ class RangePartition(InputPartition):
 
 
 def _partitions(cfg: ReadConfig, group: str, start: int, end: int) -> list[RangePartition]:
+    """Tasks of `entries_per_partition` indexes, smaller when `min_partitions` asks for more
+    (a function of the range and the options only: a replayed micro-batch plans the same)."""
+    per = cfg.entries_per_partition
+    if cfg.min_partitions > 1 and end > start:
+        per = max(1, min(per, -(-(end - start) // cfg.min_partitions)))
     return [
         RangePartition(r.group, cfg.groups[group], r.start, r.end, cfg.fail_on_data_loss, cfg.timeout,
                        cfg.client, cfg.brokers)
-        for r in split_range(group, start, end, cfg.entries_per_partition)
+        for r in split_range(group, start, end, per)
     ]
 
 
