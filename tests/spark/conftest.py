@@ -10,6 +10,7 @@ import importlib.util
 import os
 import shutil
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -61,6 +62,7 @@ def spark() -> Iterator[SparkSession]:
         .appName("dledger-tests")
         .config("spark.ui.enabled", "false")
         .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.sql.warehouse.dir", tempfile.mkdtemp(prefix="dledger-warehouse-"))  # catalog tests
         .getOrCreate()
     )
     session.sparkContext.setLogLevel("ERROR")

@@ -33,6 +33,8 @@ def test_groups_from_peers_or_json() -> None:
     with pytest.raises(OptionError, match="not both"):
         parse_groups({"groups": json.dumps({"a": P1}), "peers": P1})
     with pytest.raises(OptionError, match="peers"):
+        parse_groups({"group": "g"})
+    with pytest.raises(OptionError, match="no options reached format 'dledger' \\(a catalog table"):
         parse_groups({})
     with pytest.raises(OptionError, match="bad peer"):
         parse_groups({"peers": "n0:1"})

@@ -82,7 +82,15 @@ from dledger.entry import (
     MAGIC_NORMAL,
     chain_crc,
 )
-from dledger.spark.options import FILES_OPTIONS, OptionError, check_names, get_bool, get_str
+from dledger.spark.options import (
+    FILES_OPTIONS,
+    OptionError,
+    catalog_hint,
+    check_names,
+    get_bool,
+    get_str,
+    no_options,
+)
 from dledger.spark.pushdown import Pushed, push
 from dledger.spark.schema import (
     ARROW_ENTRY_SCHEMA,
@@ -909,5 +917,8 @@ class DLedgerFilesDataSource(DataSource):
     def reader(self, schema: StructType) -> DataSourceReader:
         cfg = self._config()
         if get_str(self.options, "path") is None:
+            if no_options(self.options):
+                raise OptionError(f"no options reached format 'dledger-files' (a catalog table?): "
+                                  f"{catalog_hint('dledger-files')}")
             raise OptionError('format("dledger-files") needs a store directory: .load("<data_dir>/<group>/<member>")')
         return (DLedgerFilesPushdownReader if self.pushdown else DLedgerFilesReader)(cfg, schema)

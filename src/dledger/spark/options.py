@@ -51,9 +51,26 @@ _HINTS = {"startingOffsets": "startingIndex", "endingOffsets": "endingIndex",
           "startingOffsetsByTimestamp": "startingIndex", "offset": "startingIndex"}
 
 
+def catalog_hint(fmt: str) -> str:
+    """Why a catalog table of ours cannot work, and what does (checked with PySpark 4.3)."""
+    return (f"PySpark hands a Python data source no options when a catalog table is read (CREATE TABLE … "
+            f"USING {fmt} and saveAsTable keep them in the catalog, out of reach): use a temporary view, "
+            f"CREATE TEMPORARY VIEW v USING {fmt} OPTIONS (...) (reads and INSERT INTO v work), or "
+            f"spark.read.format({fmt!r})….load().createOrReplaceTempView('v'), and df.write….save()")
+
+
+def no_options(options: Mapping[str, str]) -> bool:
+    """Nothing but Spark's own keys: what a read of a catalog table hands the source."""
+    return all(k.lower() in _SPARK_OWN or k.lower().startswith("spark.") for k in options)
+
+
 def check_names(options: Mapping[str, str], known: frozenset[str], fmt: str) -> None:
     """Refuse option names the format does not know (Spark would silently ignore them: a
-    Kafka name like startingOffsets then reads from the default position)."""
+    Kafka name like startingOffsets then reads from the default position), and a catalog
+    table being created (Spark then adds `provider`, `owner` and `option.*` keys)."""
+    keys = {k.lower() for k in options}
+    if {"provider", "owner"} <= keys and any(k.startswith("option.") for k in keys):
+        raise OptionError(f"CREATE TABLE … USING {fmt} is not supported: {catalog_hint(fmt)}")
     lowered = {k.lower(): k for k in known | _SPARK_OWN}
     unknown = sorted(k for k in options if k.lower() not in lowered and not k.lower().startswith("spark."))
     if not unknown:
@@ -184,6 +201,8 @@ def parse_groups(options: Mapping[str, str]) -> dict[str, str]:
             out[str(g)] = p
     else:
         if peers is None:
+            if no_options(options):
+                raise OptionError(f"no options reached format 'dledger' (a catalog table?): {catalog_hint('dledger')}")
             raise OptionError("option peers (or groups) is required, e.g. n0-127.0.0.1:20911;n1-127.0.0.1:20912")
         out = {get_str(options, "group") or "default": peers}
     for g, p in out.items():

@@ -401,6 +401,18 @@ class DLedgerStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 # --- writes -------------------------------------------------------------------------------
 
 
+def _check_options(options: Mapping[str, str], applies: frozenset[str], what: str) -> None:
+    """Unknown names fail; names of the other direction pass (a temporary view's options serve
+    its reads and its INSERTs alike) and are said to be ignored."""
+    both = READ_OPTIONS | WRITE_OPTIONS
+    check_names(options, both, "dledger")
+    other = {n.lower() for n in both - applies}
+    ignored = sorted(k for k in options if k.lower() in other)
+    if ignored:
+        log.info("format 'dledger': %s ignores option(s) %s (they are for the other direction)", what,
+                 ", ".join(ignored))
+
+
 class DLedgerDataSource(DataSource):
     """`spark.read/readStream/write/writeStream.format("dledger")`."""
 
@@ -421,20 +433,20 @@ class DLedgerDataSource(DataSource):
         return ENTRY_SCHEMA
 
     def reader(self, schema: StructType) -> DataSourceReader:
-        check_names(self.options, READ_OPTIONS, "dledger")
+        _check_options(self.options, READ_OPTIONS, "a read")
         cls = DLedgerBatchReader if self.pushdown else DLedgerBatchReaderNoPushdown
         return cls(ReadConfig.from_options(self.options, streaming=False), Columns.of(schema))
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
-        check_names(self.options, READ_OPTIONS, "dledger")
+        _check_options(self.options, READ_OPTIONS, "a stream")
         return DLedgerStreamReader(ReadConfig.from_options(self.options, streaming=True), Columns.of(schema))
 
     def writer(self, schema: StructType, overwrite: bool) -> DLedgerWriter:
-        check_names(self.options, WRITE_OPTIONS, "dledger")
+        _check_options(self.options, WRITE_OPTIONS, "a write")
         if overwrite:
             raise OptionError("a dledger log is append-only: use mode('append'), not overwrite")
         return DLedgerWriter(WriteConfig.from_options(self.options, schema))
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DLedgerStreamWriter:
-        check_names(self.options, WRITE_OPTIONS, "dledger")
+        _check_options(self.options, WRITE_OPTIONS, "a streaming write")
         return DLedgerStreamWriter(WriteConfig.from_options(self.options, schema))
