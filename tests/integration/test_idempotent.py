@@ -6,6 +6,8 @@ and the whole group restarted."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import threading
 import time
 from collections import Counter
@@ -15,7 +17,7 @@ from typing import TypeVar
 import pytest
 
 from dledger.codes import DLedgerError, ResponseCode
-from dledger.runtime.client import DLedgerClient
+from dledger.runtime.client import AsyncDLedgerClient, DLedgerClient
 
 from .harness import Cluster, MakeCluster, read_all, wait_until
 
@@ -158,3 +160,33 @@ def _try(fn: Callable[[], T]) -> T | None:
         return fn()
     except DLedgerError:
         return None
+
+
+def test_bodies_of_a_cancelled_append_are_never_answered_for_others(make_cluster: MakeCluster) -> None:
+    """Found in review: a cancelled append left its sequence free, the next append's bodies
+    went out under it and were answered as duplicates of the cancelled ones (never stored).
+    Now they are unsettled: a random id moves on, a chosen id refuses other bodies."""
+    cluster = make_cluster(1)
+
+    async def run(producer_id: str | None) -> tuple[list[int], DLedgerError | None]:
+        c = AsyncDLedgerClient(cluster.peers, cluster.group, timeout=10.0, idempotent=True, producer_id=producer_id)
+        try:
+            for _ in range(20):  # cancel with the request out (some cancellations land before sending)
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(c.append_batch([b"cancelled"]), 0.002)
+            try:
+                return [r.index for r in await c.append_batch([b"other-" + (producer_id or "r").encode()])], None
+            except DLedgerError as e:
+                return [], e
+        finally:
+            await c.close()
+
+    indexes, err = asyncio.run(run(None))
+    assert err is None and len(indexes) == 1
+    log = read_all(cluster.ctl)
+    assert log[indexes[0]][1] == b"other-r"  # stored, at the index it was answered with
+    indexes, err = asyncio.run(run("chosen-one"))
+    if err is not None:  # the cancelled bodies were unsettled: others are refused, not dropped
+        assert err.code == ResponseCode.OUT_OF_ORDER_SEQUENCE and "send them again first" in err.message
+    else:
+        assert read_all(cluster.ctl)[indexes[0]][1] == b"other-chosen-one"

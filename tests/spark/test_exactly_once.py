@@ -180,3 +180,54 @@ def test_streaming_sink_survives_a_killed_driver_and_a_stop_mid_batch(spark: Spa
         for g, c in ((src, src_cluster), (dst, dst_cluster)):
             g.client.close()
             c.__exit__()
+
+
+_RETRYING_DRIVER = textwrap.dedent("""
+    import os, sys
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    from pyspark import TaskContext
+    from pyspark.sql import SparkSession
+    from dledger.spark import register
+    peers, group, rows = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    # local[2, 4]: a failed task is tried again, up to 4 times (plain local[2] fails the job)
+    spark = (SparkSession.builder.master("local[2,4]").config("spark.ui.enabled", "false")
+             .config("spark.sql.execution.arrow.maxRecordsPerBatch", "500").getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
+    register(spark)
+
+    def fail_first_attempt(ids):
+        tc = TaskContext.get()
+        for k, row in enumerate(ids):
+            # the first attempt hands the writer a null body after 3,000 rows: the writer has
+            # appended those (500 a request) when it fails the task on the null
+            yield (None,) if tc.attemptNumber() == 0 and k == 3000 else (f"r-{row[0]}",)
+
+    df = spark.range(rows, numPartitions=2).rdd.mapPartitions(fail_first_attempt).toDF("body string")
+    df.write.format("dledger").mode("append").option("peers", peers).option("group", group) \
+        .option("batchSize", "500").save()
+    print("WRITTEN", flush=True)
+""")
+
+
+def test_tasks_that_fail_after_appending_are_retried_and_append_each_row_once(tmp_path: Path) -> None:
+    """Real task retries (a driver with local[2,4]): each task's first attempt dies after its
+    first requests were appended; the second attempt sends the same rows under the same
+    producer id and numbers. Exactly the rows, once each."""
+    cluster, g = start_group(tmp_path / "g", "retry")
+    try:
+        rows = 20_000
+        start = g.committed_next()
+        log = tmp_path / "driver.log"
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+        p = subprocess.run([sys.executable, "-c", _RETRYING_DRIVER, g.peers, g.name, str(rows)], env=env,
+                           stdout=log.open("wb"), stderr=subprocess.STDOUT, timeout=600)
+        out = log.read_text()
+        assert p.returncode == 0 and "WRITTEN" in out, out[-3000:]
+        assert "has a null body" in out  # the first attempts did fail (and were retried)
+        bodies = Counter(e.body for e in read_all(g.client, start))
+        assert sum(bodies.values()) == rows, f"{sum(bodies.values())} rows for {rows}"
+        assert set(bodies) == {f"r-{i}".encode() for i in range(rows)}
+    finally:
+        g.client.close()
+        cluster.__exit__()
+

@@ -625,8 +625,9 @@ class Node:
         t, (saved, at) = self.producers, self._producers_saved
         if self.applier is not None or self._snapshot_pending or t.empty or t.folded <= saved:
             return
+        # (under pressure at most once a second: encoding a big table costs the event loop)
         if (t.folded - saved >= PRODUCERS_SAVE_ENTRIES or self.now - at >= PRODUCERS_SAVE_MS
-                or self.store.pressure_error() is not None):
+                or (self.now - at >= 1000 and self.store.pressure_error() is not None)):
             self._take_snapshot(self.store.committed_index)
             if self._snapshot_pending:
                 self._producers_saving = t.folded
@@ -642,7 +643,9 @@ class Node:
         """A new leader answers for producers once every entry of earlier terms is committed and
         folded: until its NOOP commits, its log may hold entries it does not know the fate of."""
         start = self.quorum.term_start
-        if self.store.committed_index < start or self.producers.folded < start - 1 or self._producers_restoring:
+        a = self.applier
+        restoring = self._producers_restoring or (a is not None and (a.installing or self.restoring))
+        if self.store.committed_index < start or self.producers.folded < start - 1 or restoring:
             raise DLedgerError(ResponseCode.LEADER_NOT_READY,
                                f"term {self.member.term}: the producer table is not caught up yet")
 
@@ -1169,9 +1172,15 @@ class Node:
                 _add_run(runs, Run(a.producer, seq, len(new), a.epoch))
                 bodies.extend(new)
             taken.append((a, d, at, len(new)))
+        marker = marker_body(ts, runs)
+        if len(marker) > self.cfg.max_body_bytes and len(batch) > 1:  # a marker is a body: halve the write
+            half = len(batch) // 2
+            self._store_idempotent(batch[:half])
+            self._store_idempotent(batch[half:])  # decided against the first half's (the overlay)
+            return
         res = None
         if bodies:
-            res = self._write_marked(marker_body(ts, runs), bodies, [a for a, *_ in taken])
+            res = self._write_marked(marker, bodies, [a for a, *_ in taken])
             if res is None:
                 return
             table.note_own(views.items())

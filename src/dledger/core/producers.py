@@ -44,7 +44,8 @@ from dledger.store.base import LedgerStore
 log = logging.getLogger(__name__)
 
 SPANS = 32  # recent runs of entries kept per producer: what a duplicate is answered with (else index -1)
-FOLD_CHUNK = 1 << 20  # entries folded per call: a long log (a restart) is folded over several drains
+FOLD_CHUNK = 1 << 20  # entries folded per call: a long log (a restart) is folded over several drains,
+FOLD_MARKERS = 10_000  # and at most this many markers (~10 us each)
 
 ProducerId = Annotated[str, msgspec.Meta(max_length=128)]
 
@@ -208,7 +209,10 @@ class ProducerTable:
         hi = min(upto, self.folded + FOLD_CHUNK)
         if hi <= self.folded:
             return True
-        for m in store.indexes_with_magic(self.folded + 1, hi, MAGIC_SESSION):
+        markers = store.indexes_with_magic(self.folded + 1, hi, MAGIC_SESSION)
+        if len(markers) > FOLD_MARKERS:
+            hi, markers = markers[FOLD_MARKERS] - 1, markers[:FOLD_MARKERS]
+        for m in markers:
             self._advance(store, m - 1)
             entry = store.get(m)
             if entry.magic != MAGIC_SESSION:

@@ -249,7 +249,8 @@ class AsyncDLedgerClient:
     # --- API -------------------------------------------------------------------------------
 
     async def append(self, body: bytes) -> AppendResult:
-        if not self.coalesce:
+        # an idempotent producer's unit of resending is one caller's bodies: no coalescing
+        if not self.coalesce or self.producer is not None:
             return (await self.append_batch([body]))[0]
         body = bytes(body)
         batch = self._open
@@ -338,8 +339,8 @@ class AsyncDLedgerClient:
         assert p is not None
         async with p.lock():
             for _ in range(2):
-                req = AppendRequest(self.group, "", "", bodies, producer=p.id, sequence=p.begin(bodies),
-                                    epoch=p.epoch)
+                seq = p.begin(bodies)  # first: it may move a random id to a fresh one
+                req = AppendRequest(self.group, "", "", bodies, producer=p.id, sequence=seq, epoch=p.epoch)
                 try:
                     resp = await self._call(RequestCode.APPEND, req, safe=True)
                 except DLedgerError as e:

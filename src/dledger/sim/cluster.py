@@ -474,7 +474,8 @@ class SimCluster:
     def _note_acked(self, leader: str, last: int) -> None:
         """An append was acknowledged: remember the highest acknowledged entry as it is."""
         self.acked_max = max(self.acked_max, last)
-        if self.acked_top is None or last > self.acked_top[0]:
+        # (a duplicate answered with an original index that retention has deleted since: nothing to note)
+        if (self.acked_top is None or last > self.acked_top[0]) and last >= self.stores[leader].begin_index:
             self.acked_top = (last, *self.stores[leader].term_chain(last)[:2])
 
     def _check_invariants(self) -> None:

@@ -98,18 +98,20 @@ class SimProducers:
         store = self.c.stores[leader]
         counts: Counter[bytes] = Counter()
         held: dict[int, bytes] = {}
+        rotten: set[int] = set()
         for index in range(store.begin_index, store.committed_index + 1):
             try:
                 e = store.get(index)
             except CorruptEntryError:
-                continue  # rot the leader could not have repaired (below every log begin)
+                rotten.add(index)  # rot the leader could not have repaired (below every log begin)
+                continue
             if e.magic == MAGIC_NORMAL:
                 counts[e.body] += 1
                 held[e.index] = e.body
         out = list(self.violations)
         out += [f"{b!r} is in the log {n} times" for b, n in counts.items() if n > 1 and b in self.sent][:5]
         for body, i in self.acked.items():
-            if i >= store.begin_index and held.get(i) != body:
+            if i >= store.begin_index and i not in rotten and held.get(i) != body:
                 out.append(f"{body!r} acknowledged at {i}, the log holds {held.get(i)!r}")
                 break
         return out
