@@ -25,18 +25,23 @@ from dledger.clitools import (
     body_json,
     check_store_dir,
     consistency_option,
+    group_option,
     make_client,
+    peers_option,
     run_member,
     security,
     security_options,
 )
 from dledger.codes import DLedgerError, ResponseCode
 from dledger.config import ConfigError, DLedgerConfig, Peer, format_peers, parse_peers
+from dledger.health import DEFAULT_MAX_LAG, assess
 from dledger.local_cluster import busy_ports, local_cluster
+from dledger.runtime.client import Metadata
 
 log = logging.getLogger(__name__)
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="dledger", message="dledger %(version)s")
 @click.option("-v", "--verbose", count=True, help="More logging (-v info, -vv debug).")
 def cli(verbose: int) -> None:
     """dledger: a Raft-replicated commit log."""
@@ -203,8 +208,8 @@ def _local_certs(tls_dir: Path, members: list[str]) -> Path:
 
 
 @cli.command()
-@click.option("--peers", required=True, help=PEERS_HELP)
-@click.option("--group", default="default", show_default=True)
+@peers_option()
+@group_option()
 @click.option("--batch", default=1, show_default=True, type=click.IntRange(1, 100000),
               help="Send stdin lines in batches of this many entries.")
 @click.argument("bodies", nargs=-1)
@@ -223,8 +228,8 @@ def append(peers: str, group: str, batch: int, bodies: tuple[str, ...]) -> None:
 
 
 @cli.command()
-@click.option("--peers", required=True, help=PEERS_HELP)
-@click.option("--group", default="default", show_default=True)
+@peers_option()
+@group_option()
 @click.option("--index", required=True, type=WireInt(0))
 @consistency_option
 @security_options
@@ -238,8 +243,8 @@ def get(peers: str, group: str, index: int, consistency: str) -> None:
 
 
 @cli.command()
-@click.option("--peers", default=None, help=PEERS_HELP + " (or --controller and --broker)")
-@click.option("--group", default="default", show_default=True)
+@peers_option(required=False, extra=" (or --controller and --broker)")
+@group_option()
 @click.option("--controller", default=None, help="Read a broker set: its controllers, 'host:port;host:port'.")
 @click.option("--broker", "broker_name", default=None, help="Read a broker set: its name (with --controller).")
 @click.option("--from", "from_index", default=0, show_default=True, type=WireInt(0))
@@ -271,67 +276,109 @@ def read(peers: str | None, group: str, controller: str | None, broker_name: str
                 sys.stdout.flush()
 
 
+def _views(peers: str, group: str) -> dict[str, Metadata | DLedgerError]:
+    """Each member's own view, or the error asking it (all asked at once: a dead member costs
+    one timeout, not one per member)."""
+    members = parse_peers(peers)
+    with make_client(peers, group, timeout=2.0) as c:
+        return c.metadata_all(list(members))
+
+
+def _status_row(v: Metadata | DLedgerError) -> dict[str, object]:
+    if isinstance(v, DLedgerError):
+        down = v.code in (ResponseCode.NETWORK_ERROR, ResponseCode.TIMEOUT)
+        return {"role": "unreachable" if down else "error", "error": f"{v.code.name} ({int(v.code)}): {v.message}"}
+    row: dict[str, object] = {"role": v.role, "term": v.term, "leader": v.leader_id,
+                              "ledger_end_index": v.ledger_end_index, "committed_index": v.committed_index}
+    if v.applied_index >= 0 or v.snapshot_index >= 0:
+        row["applied_index"] = v.applied_index
+        row["snapshot_index"] = v.snapshot_index
+    if v.install_index >= 0:
+        row["installing"] = {"snapshot_index": v.install_index, "bytes": v.install_bytes, "total": v.install_total}
+    if v.state_machine_error:
+        row["state_machine_error"] = v.state_machine_error
+    if v.store_error:
+        row["store_error"] = v.store_error
+    if v.retention_held_by:
+        row["retention_held_by"] = v.retention_held_by
+    return row
+
+
 @cli.command()
-@click.option("--peers", required=True, help=PEERS_HELP)
-@click.option("--group", default="default", show_default=True)
-@click.option("--json", "as_json", is_flag=True, help="One JSON object keyed by member id.")
+@peers_option()
+@group_option()
+@click.option("--json", "as_json", is_flag=True, help="One JSON object keyed by member id (and the verdict).")
+@click.option("--check", is_flag=True, help="Exit 1 unless the group is healthy (as `dledger health`).")
+@click.option("--max-lag", default=DEFAULT_MAX_LAG, show_default=True, type=click.IntRange(0),
+              help="With --check: entries a member may trail the leader's commit index.")
 @security_options
-def status(peers: str, group: str, as_json: bool) -> None:
+def status(peers: str, group: str, as_json: bool, check: bool, max_lag: int) -> None:
     """Each member's role, term, leader, ledger end and committed index (with a state machine:
     applied and snapshot index), a snapshot it is installing from the leader, and what is
-    wrong with it (a store that cannot write, retention held back by a lagging member)."""
-    members = parse_peers(peers)
-    out: dict[str, dict[str, object]] = {}
-    with make_client(peers, group, timeout=2.0) as c:
-        for m in members:
-            try:
-                v = c.metadata(m)
-                out[m] = {"role": v.role, "term": v.term, "leader": v.leader_id,
-                          "ledger_end_index": v.ledger_end_index, "committed_index": v.committed_index}
-                if v.applied_index >= 0 or v.snapshot_index >= 0:
-                    out[m]["applied_index"] = v.applied_index
-                    out[m]["snapshot_index"] = v.snapshot_index
-                if v.install_index >= 0:
-                    out[m]["installing"] = {"snapshot_index": v.install_index, "bytes": v.install_bytes,
-                                            "total": v.install_total}
-                if v.state_machine_error:
-                    out[m]["state_machine_error"] = v.state_machine_error
-                if v.store_error:
-                    out[m]["store_error"] = v.store_error
-                if v.retention_held_by:
-                    out[m]["retention_held_by"] = v.retention_held_by
-            except DLedgerError as e:
-                out[m] = {"role": "unreachable", "error": e.message}
+    wrong with it (a store that cannot write, retention held back by a lagging member); then
+    a one-line verdict on the group."""
+    views = _views(peers, group)
+    out = {m: _status_row(v) for m, v in views.items()}
+    verdict = assess(views, max_lag)
     if as_json:
-        click.echo(json.dumps(out))
+        click.echo(json.dumps({**out, "health": verdict.as_json()} if check else out))
     else:
-        from rich.console import Console
-        from rich.table import Table
+        _print_status(group, out)
+        click.echo(("healthy: " if verdict.ok else "NOT healthy: ") + verdict.summary)
+    errors = [v for v in views.values() if isinstance(v, DLedgerError)]
+    if len(errors) == len(views):  # no member gave its view (down, or a wrong group): an error, with --json too
+        first = errors[0]
+        raise DLedgerError(first.code, f"no member of group {group} answered with its view (first: {first.message})")
+    if check and not verdict.ok:
+        sys.exit(1)
 
-        table = Table(title=f"group {group}")
-        cols = ["role", "term", "leader", "ledger_end_index", "committed_index"]
-        if any("applied_index" in row for row in out.values()):
-            cols += ["applied_index", "snapshot_index"]
-        for col in ("member", *cols, "problem"):
-            table.add_column(col)
-        for m, row in out.items():
-            problem = "; ".join(str(row[k]) for k in ("error", "state_machine_error", "store_error",
-                                                      "retention_held_by") if k in row)
-            inst = row.get("installing")
-            if isinstance(inst, dict):
-                pct = 100 * inst["bytes"] // max(inst["total"], 1)
-                problem = "; ".join(filter(None, (f"installing snapshot {inst['snapshot_index']} from the leader: "
-                                                  f"{pct}% of {inst['total']} bytes", problem)))
-            table.add_row(m, *(str(row.get(k, "")) for k in cols), problem)
-        Console().print(table)
-    if all(v["role"] == "unreachable" for v in out.values()):
-        # an unreachable cluster is an error (SPEC §5), with --json too
-        raise DLedgerError(ResponseCode.NETWORK_ERROR, f"no member of group {group} answered")
+
+def _print_status(group: str, out: dict[str, dict[str, object]]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"group {group}")
+    cols = ["role", "term", "leader", "ledger_end_index", "committed_index"]
+    if any("applied_index" in row for row in out.values()):
+        cols += ["applied_index", "snapshot_index"]
+    for col in ("member", *cols, "problem"):
+        table.add_column(col)
+    for m, row in out.items():
+        problem = "; ".join(str(row[k]) for k in ("error", "state_machine_error", "store_error",
+                                                  "retention_held_by") if k in row)
+        inst = row.get("installing")
+        if isinstance(inst, dict):
+            pct = 100 * inst["bytes"] // max(inst["total"], 1)
+            problem = "; ".join(filter(None, (f"installing snapshot {inst['snapshot_index']} from the leader: "
+                                              f"{pct}% of {inst['total']} bytes", problem)))
+        table.add_row(m, *(str(row.get(k, "")) for k in cols), problem)
+    Console().print(table)
 
 
 @cli.command()
-@click.option("--peers", required=True, help=PEERS_HELP)
-@click.option("--group", default="default", show_default=True)
+@peers_option()
+@group_option()
+@click.option("--max-lag", default=DEFAULT_MAX_LAG, show_default=True, type=click.IntRange(0),
+              help="Entries a member may trail the leader's commit index.")
+@click.option("--json", "as_json", is_flag=True, help="The verdict as one JSON object.")
+@security_options
+def health(peers: str, group: str, max_lag: int, as_json: bool) -> None:
+    """Is the group healthy? Exit 0 only when one leader is elected, a quorum answers and no
+    member trails the leader's commit index by more than --max-lag entries; one line says
+    why ("leader n1, term 7, 3/3 up, max lag 12 entries")."""
+    verdict = assess(_views(peers, group), max_lag)
+    if as_json:
+        click.echo(json.dumps(verdict.as_json()))
+    else:
+        click.echo(("healthy: " if verdict.ok else "NOT healthy: ") + verdict.summary)
+        for p in verdict.problems[1:] if not verdict.ok else verdict.problems:
+            click.echo(f"  {p}")
+    sys.exit(0 if verdict.ok else 1)
+
+
+@cli.command()
+@peers_option()
+@group_option()
 @click.option("--to", "target", required=True, help="Member id to hand leadership to.")
 @security_options
 def transfer(peers: str, group: str, target: str) -> None:
@@ -404,8 +451,8 @@ def store_repair_term(store_dir: str, term: int | None) -> None:
 
 
 @cli.command()
-@click.option("--peers", required=True, help=PEERS_HELP)
-@click.option("--group", default="default", show_default=True)
+@peers_option()
+@group_option()
 @click.option("--member", default=None, help="Only this member [default: every member].")
 @security_options
 def snapshot(peers: str, group: str, member: str | None) -> None:

@@ -197,6 +197,18 @@ def body_json(body: bytes) -> object:
         return {"b64": base64.b64encode(body).decode()}
 
 
+def peers_option(required: bool = True, extra: str = "") -> Callable[[F], F]:
+    """--peers, or DLEDGER_PEERS from the environment (as etcdctl's ETCDCTL_ENDPOINTS)."""
+    return click.option("--peers", envvar="DLEDGER_PEERS", show_envvar=True, required=required,
+                        default=None, help=PEERS_HELP + extra)
+
+
+def group_option() -> Callable[[F], F]:
+    """--group, or DLEDGER_GROUP from the environment."""
+    return click.option("--group", envvar="DLEDGER_GROUP", show_envvar=True, default="default",
+                        show_default=True)
+
+
 def consistency_option(f: F) -> F:
     """--consistency of reads (dledger.AsyncDLedgerClient.query explains the levels)."""
     from dledger.core.messages import CONSISTENCY

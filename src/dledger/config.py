@@ -7,6 +7,7 @@ a bad value is reported with the field name and the reason.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import re
 import tomllib
 import types
@@ -130,35 +131,36 @@ def _check_types(cls: type[DLedgerConfig], data: dict[str, Any]) -> dict[str, An
 class DLedgerConfig:
     """One member's configuration; field names are SPEC §4's (snake_case of DLedger's)."""
 
-    group: str = "default"
-    self_id: str = "n0"
-    peers: str = "n0-127.0.0.1:20911"
-    store_dir: str = "./data/default/n0"
-    store_type: str = "file"  # file | memory
-    flush: str = "async"  # async | sync
-    flush_interval_ms: int = 10
-    data_file_size: int = 1 * GiB
-    index_file_size: int = 32 * 5_242_880
+    group: str = "default"  # the group's name (a process may serve several groups)
+    self_id: str = "n0"  # this member's id: one of the ids in peers
+    peers: str = "n0-127.0.0.1:20911"  # every member: id-host:port, ";" between (clients connect there too)
+    store_dir: str = "./data/default/n0"  # this member's store directory (data/, index/, checkpoint, ...)
+    store_type: str = "file"  # file | memory (nothing survives a restart; tests and benchmarks)
+    flush: str = "async"  # async: acknowledged in the page cache of a majority; sync: fsynced on a majority
+    flush_interval_ms: int = 10  # async: how often the flusher fsyncs what was written
+    data_file_size: int = 1 * GiB  # size of each data file (a record never spans two)
+    index_file_size: int = 32 * 5_242_880  # size of each index file (32 bytes per entry)
     max_body_bytes: int = 0  # 0: min(4 MiB, data_file_size - 56)
-    checkpoint_interval_ms: int = 1000
-    heart_beat_time_interval_ms: int = 250
-    max_heart_beat_leak: int = 4
-    min_vote_interval_ms: int = 300
-    max_vote_interval_ms: int = 700
+    checkpoint_interval_ms: int = 1000  # how often the checkpoint (committed index, trusted point) is saved
+    heart_beat_time_interval_ms: int = 250  # the leader's heartbeat period
+    max_heart_beat_leak: int = 4  # heartbeats missed before a follower campaigns (the lease is interval x leak)
+    min_vote_interval_ms: int = 300  # a candidate's randomised election timeout: at least ...
+    max_vote_interval_ms: int = 700  # ... and at most this
+    # leadership moves to the first of these that is caught up
     preferred_leader_ids: list[str] = field(default_factory=list)
-    max_pending_requests: int = 10000
-    max_wait_ack_ms: int = 2500
-    max_push_timeout_ms: int = 1000
-    peer_push_quota: int = 20 * MiB
-    max_batch_push_bytes: int = 1 * MiB
-    max_inflight_pushes: int = 8
-    leadership_transfer_timeout_ms: int = 3000
-    file_reserved_hours: float = 72.0
-    disk_space_ratio_to_check_expired: float = 0.70
-    disk_space_ratio_to_force_clean: float = 0.85
-    retention_check_interval_ms: int = 10_000
+    max_pending_requests: int = 10000  # appends waiting for commit on the leader; beyond: LEADER_PENDING_FULL
+    max_wait_ack_ms: int = 2500  # an append not committed this long is answered WAIT_QUORUM_ACK_TIMEOUT
+    max_push_timeout_ms: int = 1000  # a push to a follower not answered this long is sent again
+    peer_push_quota: int = 20 * MiB  # bytes per second a leader pushes to a follower catching up
+    max_batch_push_bytes: int = 1 * MiB  # bytes of records per push
+    max_inflight_pushes: int = 8  # pushes in flight per follower (pipelining)
+    leadership_transfer_timeout_ms: int = 3000  # a transfer not done this long is abandoned
+    file_reserved_hours: float = 72.0  # retention: data files older than this may be deleted ...
+    disk_space_ratio_to_check_expired: float = 0.70  # ... once the disk is this full
+    disk_space_ratio_to_force_clean: float = 0.85  # beyond this, old files go whatever their age
+    retention_check_interval_ms: int = 10_000  # how often retention looks
     retention_hold_ms: int = 600_000  # retention keeps what a follower heard from this recently still needs
-    max_frame_bytes: int = 64 * MiB
+    max_frame_bytes: int = 64 * MiB  # a bigger frame is refused and its connection closed
     metrics_port: int = 0  # 0: no metrics endpoint
     # state machine (docs/state-machines.md): "" a plain log | "kv" | "package.module:factory"
     state_machine: str = ""
@@ -168,7 +170,7 @@ class DLedgerConfig:
     # idempotent producers (core.producers): forgotten after this long without an append (by the
     # leaders' wall clocks, as written in the log), and the least recently used beyond the cap
     producer_expiry_ms: int = 24 * 3600 * 1000
-    max_producers: int = 100_000
+    max_producers: int = 100_000  # idempotent producers remembered (least recently used go first)
     install_chunk_bytes: int = 4 * MiB  # InstallSnapshot: bytes per request, one in flight per follower
     # lease reads: the leader's lease is the heartbeat lease (interval * leak) minus this margin for
     # clocks that run at different rates
@@ -290,7 +292,10 @@ class DLedgerConfig:
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
-            raise ConfigError(f"unknown configuration keys: {', '.join(unknown)}")
+            hints = {k: difflib.get_close_matches(k, known, 1) for k in unknown}
+            said = ", ".join(k + (f" (did you mean {hints[k][0]}?)" if hints[k] else "") for k in unknown)
+            raise ConfigError(f"unknown configuration keys: {said}; valid keys are {', '.join(sorted(known))} "
+                              f"(docs/configuration.md)")
         if isinstance(data.get("preferred_leader_ids"), str):
             data = dict(data)
             ids = data["preferred_leader_ids"]

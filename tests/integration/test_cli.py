@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -29,9 +30,13 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         c.cleanup()
 
 
-def dledger(*args: str, stdin: bytes | None = None, timeout: float = 60) -> subprocess.CompletedProcess[bytes]:
+def dledger(*args: str, stdin: bytes | None = None, timeout: float = 60, env_peers: str | None = None,
+            env_group: str | None = None) -> subprocess.CompletedProcess[bytes]:
+    """Run the command; `env_peers`/`env_group` go in DLEDGER_PEERS/DLEDGER_GROUP."""
+    env = {k: v for k, v in os.environ.items() if k not in ("DLEDGER_PEERS", "DLEDGER_GROUP")}
+    env.update({k: v for k, v in (("DLEDGER_PEERS", env_peers), ("DLEDGER_GROUP", env_group)) if v})
     return subprocess.run([sys.executable, "-m", "dledger", *args], input=stdin, capture_output=True,
-                          timeout=timeout, check=False)
+                          timeout=timeout, check=False, env=env)
 
 
 def ok(p: subprocess.CompletedProcess[bytes]) -> bytes:
@@ -146,3 +151,27 @@ def test_unreachable_cluster(tmp_path: Path) -> None:
             if p.poll() is None:
                 p.kill()
                 p.wait()
+
+
+def test_health_and_status_check_exit_codes(make_cluster: Any) -> None:
+    c = make_cluster(3)
+    p = dledger("health", "--group", c.group, env_peers=c.peers)
+    assert p.returncode == 0 and p.stdout.decode().startswith("healthy: leader n"), p.stdout + p.stderr
+    assert " 3/3 up, max lag " in p.stdout.decode()
+    verdict = json.loads(ok(dledger("health", "--peers", c.peers, "--group", c.group, "--json")))
+    assert verdict["ok"] and verdict["up"] == 3
+    wrong = dledger("health", "--peers", c.peers, "--group", "nosuch")
+    assert wrong.returncode == 1 and "UNKNOWN_GROUP (400)" in wrong.stdout.decode()
+    follower = next(m for m in c.ids if m != c.wait_leader())
+    c.kill(follower)
+    p = dledger("status", "--peers", c.peers, "--group", c.group, "--check")
+    assert p.returncode == 1 and "NOT healthy: " in p.stdout.decode() and "2/3 up" in p.stdout.decode()
+    assert dledger("status", "--peers", c.peers, "--group", c.group).returncode == 0  # without --check: a report
+    p = dledger("health", "--peers", c.peers, "--group", c.group)
+    assert p.returncode == 1 and f"{follower}: down" in p.stdout.decode()
+
+
+def test_version_and_environment(cluster: Cluster) -> None:
+    assert ok(dledger("--version")).decode().startswith("dledger ")
+    out = json.loads(ok(dledger("append", "from-env", env_peers=cluster.peers, env_group=cluster.group)))
+    assert out["index"] >= 0

@@ -12,7 +12,15 @@ import sys
 
 import click
 
-from dledger.clitools import PEERS_HELP, UserError, WireInt, consistency_option, make_client, security_options
+from dledger.clitools import (
+    UserError,
+    WireInt,
+    consistency_option,
+    group_option,
+    make_client,
+    peers_option,
+    security_options,
+)
 from dledger.kv.client import KVClient
 from dledger.kv.commands import Result
 
@@ -38,8 +46,8 @@ def _value(value: str | None, stdin: bool) -> bytes:
 
 
 @click.group()
-@click.option("--peers", required=True, help=PEERS_HELP)
-@click.option("--group", default="default", show_default=True)
+@peers_option()
+@group_option()
 @security_options
 @click.pass_context
 def kv(ctx: click.Context, peers: str, group: str) -> None:

@@ -496,6 +496,19 @@ class AsyncDLedgerClient:
                         resp.store_error, resp.retention_held_by, resp.applied_index, resp.snapshot_index,
                         resp.state_machine_error, resp.install_index, resp.install_bytes, resp.install_total)
 
+    async def metadata_all(self, members: Sequence[str] | None = None) -> dict[str, Metadata | DLedgerError]:
+        """Each member's own view, asked at once (a dead member costs one request timeout in
+        all), or the error asking it: what `dledger status` and `health` judge."""
+        names = list(members) if members is not None else list(self.peers)
+
+        async def one(m: str) -> Metadata | DLedgerError:
+            try:
+                return await self.metadata(m)
+            except DLedgerError as e:
+                return e
+
+        return dict(zip(names, await asyncio.gather(*(one(m) for m in names)), strict=True))
+
     async def transfer_leadership(self, target: str) -> None:
         if target not in self.peers:
             raise DLedgerError(ResponseCode.UNKNOWN_MEMBER, f"{target} is not in peers")
@@ -738,6 +751,9 @@ class DLedgerClient:
 
     def metadata(self, member: str | None = None, consistency: str = "") -> Metadata:
         return self._run(self._async.metadata(member, consistency))
+
+    def metadata_all(self, members: Sequence[str] | None = None) -> dict[str, Metadata | DLedgerError]:
+        return self._run(self._async.metadata_all(members))
 
     def subscribe(self, from_index: int = 0, *, only_normal: bool = True, max_entries: int = 1000,
                   wait: float = 10.0, consistency: str = "leader") -> Iterator[Entry]:

@@ -1,0 +1,102 @@
+"""docs/configuration.md, generated from DLedgerConfig (`python -m dledger.config_doc`).
+
+The reference cannot drift from the code: every key, its default and its meaning come from
+the dataclass and the comments beside its fields; the CLI flag from `dledger server`'s
+options. A test regenerates it and compares.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import inspect
+from typing import Any
+
+import click
+
+from dledger import config
+
+# `dledger server` parameters named otherwise than their keys
+_PARAM_KEYS = {"preferred": "preferred_leader_ids", "fault_injection": "enable_fault_injection"}
+
+HEADER = """# Configuration reference
+
+Every key of a member's configuration: a TOML file (`dledger server --config FILE`, snake_case
+keys, unknown keys refused) or the flags of `dledger server` (a flag wins over the file).
+Sizes are bytes, times milliseconds unless the name says otherwise. Generated from
+`DLedgerConfig` (`src/dledger/config.py`) by `python -m dledger.config_doc`; a test keeps it
+current.
+
+```toml
+# a member of a 3-member group, fsync before acknowledging
+group = "orders"
+self_id = "n0"
+peers = "n0-10.0.0.1:20911;n1-10.0.0.2:20911;n2-10.0.0.3:20911"
+store_dir = "/var/lib/dledger/orders/n0"
+flush = "sync"
+metrics_port = 9100
+```
+
+| key | default | CLI flag | meaning |
+|---|---|---|---|
+"""
+
+
+def comments() -> dict[str, str]:
+    """Each field's comment: the block of `#` lines above it and the one on its line."""
+    source = inspect.getsource(config)
+    lines = source.splitlines()
+    tree = ast.parse(source)
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "DLedgerConfig")
+    out: dict[str, str] = {}
+    for node in cls.body:
+        if not isinstance(node, ast.AnnAssign) or not isinstance(node.target, ast.Name):
+            continue
+        k = node.lineno - 1
+        above: list[str] = []
+        j = k - 1
+        while j >= 0 and lines[j].strip().startswith("#"):
+            above.insert(0, lines[j].strip().lstrip("#").strip())
+            j -= 1
+        own = lines[k].split("  # ", 1)[1].strip() if "  # " in lines[k] else ""
+        out[node.target.id] = own or " ".join(above)  # a block above a commented field heads a section
+    return out
+
+
+def flags() -> dict[str, str]:
+    """Config key -> `dledger server` flag."""
+    from dledger.cli import server
+
+    out: dict[str, str] = {}
+    keys = {f.name for f in dataclasses.fields(config.DLedgerConfig)}
+    for p in server.params:
+        if isinstance(p, click.Option) and p.name is not None:
+            key = _PARAM_KEYS.get(p.name, p.name)
+            if key in keys:
+                out[key] = max(p.opts, key=len)
+    return out
+
+
+def _default(f: dataclasses.Field[Any]) -> str:
+    if f.default is not dataclasses.MISSING:
+        value = f.default
+    elif f.default_factory is not dataclasses.MISSING:
+        value = f.default_factory()
+    else:
+        return "required"
+    if isinstance(value, str):
+        return f'`"{value}"`'
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 1 << 20 and value % (1 << 20) == 0:
+        return f"`{value}` ({value >> 20} MiB)"
+    return f"`{str(value).lower() if isinstance(value, bool) else value}`"
+
+
+def render() -> str:
+    notes, cli = comments(), flags()
+    rows = [f"| `{f.name}` | {_default(f)} | {f'`{cli[f.name]}`' if f.name in cli else ''} | "
+            f"{notes.get(f.name, '').replace('|', '/')} |" for f in dataclasses.fields(config.DLedgerConfig)]
+    return HEADER + "\n".join(rows) + "\n"
+
+
+if __name__ == "__main__":
+    print(render(), end="")

@@ -1,0 +1,77 @@
+"""Is a group healthy? One verdict from every member's own view (`dledger health`, `status --check`).
+
+Healthy means: one member says it leads in the highest term, every member answers (a
+member down has no known lag: the group works, but is degraded), and every member's ledger
+end is within `max_lag` entries of the leader's commit index; no store or state machine is
+failed. A member that answers with an error other than a transport failure (UNKNOWN_GROUP:
+the wrong group name) reports that error, not "down".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from dledger.codes import DLedgerError, ResponseCode
+from dledger.runtime.client import Metadata
+
+DEFAULT_MAX_LAG = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class Health:
+    ok: bool
+    summary: str  # one line: "leader n1, term 7, 3/3 up, max lag 12 entries"
+    leader: str | None
+    term: int
+    up: int
+    members: int
+    max_lag: int | None  # entries behind the leader's commit index, worst member (None: no leader)
+    problems: list[str] = field(default_factory=list)
+
+    def as_json(self) -> dict[str, object]:
+        return {"ok": self.ok, "summary": self.summary, "leader": self.leader, "term": self.term, "up": self.up,
+                "members": self.members, "max_lag": self.max_lag, "problems": self.problems}
+
+
+def assess(views: Mapping[str, Metadata | DLedgerError], max_lag: int = DEFAULT_MAX_LAG) -> Health:
+    """The verdict on a group from each member's answer (its Metadata, or the error asking it)."""
+    up = {m: v for m, v in views.items() if isinstance(v, Metadata)}
+    problems = [f"{m}: {_error(v)}" for m, v in views.items() if isinstance(v, DLedgerError)]
+    quorum = len(views) // 2 + 1
+    term = max((v.term for v in up.values()), default=-1)
+    leader = _leader(up, term)
+    lag = None
+    if leader is None:
+        problems.append("no leader" + (f" in term {term}" if term >= 0 else ""))
+    else:
+        commit = up[leader].committed_index
+        lags = {m: max(0, commit - v.ledger_end_index) for m, v in up.items()}
+        lag = max(lags.values())
+        problems += [f"{m}: {n} entries behind the leader's commit index {commit}" for m, n in lags.items()
+                     if n > max_lag]
+    problems += [f"{m}: {v.store_error}" for m, v in up.items() if v.store_error]
+    problems += [f"{m}: state machine stopped: {v.state_machine_error}" for m, v in up.items() if v.state_machine_error]
+    problems += [f"{m}: installing snapshot {v.install_index} from the leader" for m, v in up.items()
+                 if v.install_index >= 0]
+    if len(up) < quorum:
+        problems.append(f"only {len(up)} of {len(views)} members answer: no quorum ({quorum} needed)")
+    head = f"leader {leader}, term {term}" if leader is not None else "no leader"
+    lag_text = f", max lag {lag} entries" if lag is not None else ""
+    summary = f"{head}, {len(up)}/{len(views)} up{lag_text}"
+    ok = leader is not None and len(up) == len(views) and (lag is None or lag <= max_lag) and not any(
+        v.store_error or v.state_machine_error for v in up.values())
+    return Health(ok, summary if ok else f"{summary}: {problems[0]}" if problems else summary, leader, term,
+                  len(up), len(views), lag, problems)
+
+
+def _leader(up: Mapping[str, Metadata], term: int) -> str | None:
+    """The member that says it leads in the highest term, if it answered."""
+    claims = [m for m, v in up.items() if v.role == "leader" and v.term == term]
+    return claims[0] if len(claims) == 1 else None
+
+
+def _error(e: DLedgerError) -> str:
+    if e.code in (ResponseCode.NETWORK_ERROR, ResponseCode.TIMEOUT):
+        return f"down ({e.message})"
+    return f"{e.code.name} ({int(e.code)}): {e.message}"

@@ -1,0 +1,28 @@
+"""docs/configuration.md is generated from DLedgerConfig: it must be the current rendering."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from dledger.config import ConfigError, DLedgerConfig
+from dledger.config_doc import render
+
+DOC = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
+
+
+def test_the_configuration_reference_is_current() -> None:
+    assert DOC.read_text() == render(), "regenerate: python -m dledger.config_doc > docs/configuration.md"
+
+
+def test_every_key_has_a_meaning_in_the_reference() -> None:
+    rows = [line for line in render().splitlines() if line.startswith("| `")]
+    assert len(rows) == len(DLedgerConfig.__dataclass_fields__)
+    assert all(not row.rstrip().endswith("|  |") for row in rows), [r for r in rows if r.rstrip().endswith("|  |")]
+
+
+def test_an_unknown_key_names_the_valid_ones_and_a_close_match() -> None:
+    with pytest.raises(ConfigError, match=r"flush_intervall_ms \(did you mean flush_interval_ms\?\); valid keys "
+                                          r"are .*store_dir"):
+        DLedgerConfig.from_dict({"flush_intervall_ms": 5})
