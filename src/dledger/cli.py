@@ -34,6 +34,7 @@ from dledger.clitools import (
 )
 from dledger.codes import DLedgerError, ResponseCode
 from dledger.config import ConfigError, DLedgerConfig, Peer, format_peers, parse_peers
+from dledger.entry import MAGIC_NOOP, MAGIC_NORMAL, MAGIC_SESSION
 from dledger.health import DEFAULT_MAX_LAG, assess
 from dledger.local_cluster import busy_ports, local_cluster
 from dledger.runtime.client import Metadata
@@ -172,6 +173,8 @@ def _watch(procs: dict[str, subprocess.Popen[bytes]]) -> None:
                 click.echo(f"{member} exited with code {p.returncode}", err=True)
                 procs.pop(member)
                 break
+        if not procs:  # nothing left to run: say so and fail (a parent without members helps nobody)
+            raise UserError("every member exited; see their messages above")
         time.sleep(0.2)
 
 
@@ -238,6 +241,10 @@ def get(peers: str, group: str, index: int, consistency: str) -> None:
     parse_peers(peers)
     with make_client(peers, group) as c:
         e = c.get(index, consistency=consistency)
+    if e.magic != MAGIC_NORMAL:  # a leader's NOOP (or a marker): no body of a user's to print
+        kind = {MAGIC_NOOP: "a NOOP (a new leader's first entry)", MAGIC_SESSION: "an idempotent producer's marker"}
+        raise DLedgerError(ResponseCode.INDEX_OUT_OF_RANGE,
+                           f"entry {index} is {kind.get(e.magic, f'of magic {e.magic}')}, not an appended body")
     sys.stdout.buffer.write(e.body)
     sys.stdout.flush()
 
@@ -270,10 +277,13 @@ def read(peers: str | None, group: str, controller: str | None, broker_name: str
     with make_client(peers, group) as c:
         entries = (c.subscribe(from_index, consistency="leader" if consistency == "linearizable" else consistency)
                    if follow else c.read(from_index, max_entries, consistency=consistency))
-        for e in entries:
-            click.echo(json.dumps({"index": e.index, "term": e.term, "body": body_json(e.body)}))
+        last = None
+        for last in entries:
+            click.echo(json.dumps({"index": last.index, "term": last.term, "body": body_json(last.body)}))
             if follow:
                 sys.stdout.flush()
+        if not follow and last is not None and len(entries) == max_entries:  # type: ignore[arg-type]
+            click.echo(f"(stopped at --max {max_entries}; more may follow: --from {last.index + 1})", err=True)
 
 
 def _views(peers: str, group: str) -> dict[str, Metadata | DLedgerError]:

@@ -64,7 +64,7 @@ class local_cluster:
         env = None
         if self.auth_token:  # by the environment, so it does not show in `ps`
             env = {**os.environ, "DLEDGER_AUTH_TOKEN": self.auth_token}
-        p = subprocess.Popen(cmd, env=env)
+        p = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL)  # its "listening" line: ours says peers
         log.debug("started %s/%s as process %d", self.group, member, p.pid)
         self.procs[member] = p
         return p

@@ -175,3 +175,23 @@ def test_version_and_environment(cluster: Cluster) -> None:
     assert ok(dledger("--version")).decode().startswith("dledger ")
     out = json.loads(ok(dledger("append", "from-env", env_peers=cluster.peers, env_group=cluster.group)))
     assert out["index"] >= 0
+
+
+def test_get_of_a_noop_and_read_at_its_max_say_so(cluster: Cluster) -> None:
+    common = ["--peers", cluster.peers, "--group", cluster.group]
+    for k in range(3):
+        ok(dledger("append", *common, f"r{k}"))
+    line = assert_user_error(dledger("get", *common, "--index", "0"))  # the first leader's NOOP
+    assert "entry 0 is a NOOP" in line
+    p = dledger("read", *common, "--from", "0", "--max", "2")
+    assert len(ok(p).splitlines()) == 2 and b"(stopped at --max 2; more may follow: --from " in p.stderr
+
+
+def test_a_closed_client_says_so(cluster: Cluster) -> None:
+    from dledger.codes import DLedgerError
+    from dledger.runtime.client import DLedgerClient
+
+    c = DLedgerClient(cluster.peers, cluster.group)
+    c.close()
+    with pytest.raises(DLedgerError, match="this client is closed"):
+        c.append(b"x")

@@ -11,6 +11,8 @@ import threading
 from collections.abc import AsyncGenerator, Callable, Coroutine, Iterator
 from typing import Any, TypeVar
 
+from dledger.codes import DLedgerError, ResponseCode
+
 T = TypeVar("T")
 
 
@@ -21,6 +23,9 @@ class LoopThread:
         self._thread.start()
 
     def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        if self.loop.is_closed():
+            coro.close()
+            raise DLedgerError(ResponseCode.UNEXPECTED_ARGUMENT, "this client is closed")
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
 
     def iterate(self, agen: AsyncGenerator[T, None]) -> Iterator[T]:

@@ -541,6 +541,13 @@ async def serve_forever(configs: DLedgerConfig | list[DLedgerConfig], stop: asyn
     """Run a server until `stop` is set (the CLI sets it on SIGINT/SIGTERM)."""
     server = DLedgerServer(configs)
     await server.start()
+    for cfg in configs if isinstance(configs, list) else [configs]:
+        me = cfg.peer_map[cfg.self_id]
+        where = f"{me.host}:{me.port}" + (" (clients; members on the peer listener)" if cfg.peer_listen else "")
+        extras = [f"metrics on :{cfg.metrics_port}" if cfg.metrics_port else "",
+                  "TLS" if cfg.tls_cert else ("token" if cfg.auth_token else "no TLS"), f"flush={cfg.flush}"]
+        print(f"dledger {cfg.group}/{cfg.self_id}: listening on {where}, store {cfg.store_dir}, "
+              + ", ".join(e for e in extras if e), flush=True)
     try:
         await stop.wait()
     finally:
