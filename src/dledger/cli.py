@@ -6,6 +6,7 @@ one line on stderr and a non-zero exit code, never a traceback.
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
 import os
@@ -215,17 +216,25 @@ def _local_certs(tls_dir: Path, members: list[str]) -> Path:
 @group_option()
 @click.option("--batch", default=1, show_default=True, type=click.IntRange(1, 100000),
               help="Send stdin lines in batches of this many entries.")
+@click.option("--file", "files", multiple=True, type=click.Path(dir_okay=False),
+              help="Append this file's bytes as one entry (repeatable).")
+@click.option("--base64", "b64", is_flag=True, help="Each BODY or stdin record is base64: append the decoded bytes.")
+@click.option("-0", "--null", is_flag=True, help="Stdin records are separated by NUL bytes, not newlines.")
 @click.argument("bodies", nargs=-1)
 @security_options
-def append(peers: str, group: str, batch: int, bodies: tuple[str, ...]) -> None:
-    """Append one entry per BODY, or per stdin line; print {"index","term","pos"} per entry.
+def append(peers: str, group: str, batch: int, files: tuple[str, ...], b64: bool, null: bool,
+           bodies: tuple[str, ...]) -> None:
+    """Append one entry per BODY, per --file, or per stdin line; print {"index","term","pos"}
+    per entry.
 
     Bodies are bytes: a stdin line (without its b"\\n") or an argument is sent as given,
-    UTF-8 or not.
+    UTF-8 or not; binary data goes by --file, --base64 or -0 (NUL-separated stdin).
     """
     parse_peers(peers)
+    if files and bodies:
+        raise click.UsageError("give BODY arguments or --file, not both")
     with make_client(peers, group) as c:
-        for chunk in body_chunks(bodies, batch):
+        for chunk in body_chunks(bodies, batch, files, b64, null):
             for r in c.append_batch(chunk):
                 click.echo(json.dumps({"index": r.index, "term": r.term, "pos": r.pos}))
 
@@ -258,10 +267,12 @@ def get(peers: str, group: str, index: int, consistency: str) -> None:
 @click.option("--max", "max_entries", default=1000, show_default=True, type=WireInt(1))
 @click.option("--follow", "-f", is_flag=True,
               help="Go on printing entries as they commit, until interrupted (like tail -f); --max is ignored.")
+@click.option("--base64", "b64", is_flag=True,
+              help='Every body as base64 text ("body": "…"), not text or {"b64": …} by content.')
 @consistency_option
 @security_options
 def read(peers: str | None, group: str, controller: str | None, broker_name: str | None, from_index: int,
-         max_entries: int, follow: bool, consistency: str) -> None:
+         max_entries: int, follow: bool, b64: bool, consistency: str) -> None:
     """Print committed entries as JSON lines {"index","term","body"} (of a broker set: its
     confirmed records, {"index","offset","epoch","body"}; --from is a queue offset)."""
     if controller or broker_name:
@@ -279,7 +290,8 @@ def read(peers: str | None, group: str, controller: str | None, broker_name: str
                    if follow else c.read(from_index, max_entries, consistency=consistency))
         last = None
         for last in entries:
-            click.echo(json.dumps({"index": last.index, "term": last.term, "body": body_json(last.body)}))
+            body = base64.b64encode(last.body).decode() if b64 else body_json(last.body)
+            click.echo(json.dumps({"index": last.index, "term": last.term, "body": body}))
             if follow:
                 sys.stdout.flush()
         if not follow and last is not None and len(entries) == max_entries:  # type: ignore[arg-type]

@@ -169,11 +169,22 @@ def socket_os_error(e: OSError) -> str:
     return f"{e.filename}: {reason}" if e.filename is not None else reason
 
 
-def body_chunks(bodies: tuple[str, ...], batch: int) -> Iterator[list[bytes]]:
-    """The BODY arguments, or else stdin's lines (without their b"\n"), as bytes in lists of
-    at most `batch`: an argument or a line is sent as given, UTF-8 or not (click hands over
-    non-UTF-8 argv as surrogate escapes: fsencode gives back the bytes)."""
-    source: Iterable[bytes] = (os.fsencode(b) for b in bodies) if bodies else _stdin_lines()
+def body_chunks(bodies: tuple[str, ...], batch: int, files: tuple[str, ...] = (), b64: bool = False,
+                null: bool = False) -> Iterator[list[bytes]]:
+    """The bodies to append, in lists of at most `batch`: each of `files` whole, else the BODY
+    arguments, else stdin's records — lines without their b"\n", or with `null` separated by
+    NUL bytes (binary-safe, as `find -print0`). An argument or a record is sent as given,
+    UTF-8 or not (click hands over non-UTF-8 argv as surrogate escapes: fsencode gives back
+    the bytes); with `b64` each is base64 text, decoded."""
+    source: Iterable[bytes]
+    if files:
+        source = (_read_file(f) for f in files)
+    elif bodies:
+        source = (os.fsencode(b) for b in bodies)
+    else:
+        source = _stdin_records(b"\0" if null else b"\n")
+    if b64:
+        source = (_b64(b) for b in source)
     chunk: list[bytes] = []
     for body in source:
         chunk.append(body)
@@ -184,9 +195,31 @@ def body_chunks(bodies: tuple[str, ...], batch: int) -> Iterator[list[bytes]]:
         yield chunk
 
 
-def _stdin_lines() -> Iterator[bytes]:
-    for line in sys.stdin.buffer:
-        yield line[:-1] if line.endswith(b"\n") else line
+def _stdin_records(sep: bytes) -> Iterator[bytes]:
+    if sep == b"\n":
+        for line in sys.stdin.buffer:
+            yield line[:-1] if line.endswith(b"\n") else line
+        return
+    rest = b""
+    while chunk := sys.stdin.buffer.read(1 << 16):
+        *records, rest = (rest + chunk).split(sep)
+        yield from records
+    if rest:
+        yield rest
+
+
+def _read_file(path: str) -> bytes:
+    try:
+        return Path(path).read_bytes()
+    except OSError as e:
+        raise UserError(f"cannot read {path}: {e.strerror or e}") from e
+
+
+def _b64(text: bytes) -> bytes:
+    try:
+        return base64.b64decode(text.strip(), validate=True)
+    except ValueError as e:
+        raise UserError(f"not base64: {text[:40]!r}") from e
 
 
 def body_json(body: bytes) -> object:

@@ -195,3 +195,19 @@ def test_a_closed_client_says_so(cluster: Cluster) -> None:
     c.close()
     with pytest.raises(DLedgerError, match="this client is closed"):
         c.append(b"x")
+
+
+def test_binary_bodies_in_and_out(cluster: Cluster, tmp_path: Path) -> None:
+    common = ["--peers", cluster.peers, "--group", cluster.group]
+    blob = bytes(range(256))
+    (tmp_path / "blob").write_bytes(blob)
+    first = json.loads(ok(dledger("append", *common, "--file", str(tmp_path / "blob"))))["index"]
+    out = ok(dledger("append", *common, "-0", stdin=b"a\nb\x00\xff\xfe\x00c"))
+    nul = [json.loads(x)["index"] for x in out.splitlines()]
+    b64 = json.loads(ok(dledger("append", *common, "--base64", base64.b64encode(b"\x00z").decode())))["index"]
+    assert ok(dledger("get", *common, "--index", str(first))) == blob
+    assert [ok(dledger("get", *common, "--index", str(i))) for i in nul] == [b"a\nb", b"\xff\xfe", b"c"]
+    out = ok(dledger("read", *common, "--from", str(b64), "--max", "1", "--base64"))
+    rows = [json.loads(x) for x in out.splitlines()]
+    assert base64.b64decode(rows[0]["body"]) == b"\x00z"
+    assert_user_error(dledger("append", *common, "--base64", "not base64!"))
