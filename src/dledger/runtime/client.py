@@ -162,16 +162,19 @@ class _Answers:
     Only a member's own claim to lead counts, and not when another member reports a
     higher term (the claimant is a deposed leader that has not noticed yet)."""
 
-    __slots__ = ("answered", "claims", "refusal", "top_term")
+    __slots__ = ("answered", "claims", "closed", "refusal", "top_term")
 
     def __init__(self) -> None:
         self.claims: dict[str, int] = {}  # member -> the term it says it leads in
         self.top_term = -1
         self.answered = 0
         self.refusal: DLedgerError | None = None  # a definite error (e.g. UNKNOWN_GROUP)
+        self.closed: dict[str, str] = {}  # members that accept no connection: why
 
     def add(self, member: str, answer: MetadataResponse | DLedgerError) -> None:
         if isinstance(answer, DLedgerError):
+            if never_sent(answer):
+                self.closed[member] = answer.message
             if answer.code not in _UNANSWERED and answer.code not in _RETRYABLE:
                 self.refusal = self.refusal or answer
             return
@@ -184,9 +187,15 @@ class _Answers:
         best = max(self.claims, key=self.claims.__getitem__, default=None)
         return best if best is not None and self.claims[best] >= self.top_term else None
 
-    def failure(self) -> DLedgerError | None:
-        """A definite error worth raising: only when no member answered at all."""
-        return self.refusal if not self.answered else None
+    def failure(self, members: int) -> DLedgerError | None:
+        """A definite error worth raising: only when no member answered at all; every one of
+        the `members` refusing connections is one (nothing listens: waiting helps nobody)."""
+        if self.answered:
+            return None
+        if self.refusal is None and len(self.closed) == members:
+            said = "; ".join(f"{m}: {why}" for m, why in self.closed.items())
+            return DLedgerError(ResponseCode.NETWORK_ERROR, f"no member accepts connections ({said})")
+        return self.refusal
 
 
 class AsyncDLedgerClient:
@@ -213,7 +222,7 @@ class AsyncDLedgerClient:
         self._auth_token = auth_token.encode() if auth_token else None
         self.group = group
         self.timeout = timeout
-        self.request_timeout = request_timeout
+        self.request_timeout = min(request_timeout, timeout)  # no request outlives the call's timeout
         self.discover_timeout = discover_timeout  # how long a leader search waits for a claim
         self.coalesce = coalesce
         self.max_coalesced_bytes = max_coalesced_bytes
@@ -644,7 +653,7 @@ class AsyncDLedgerClient:
             return leader
         for probe in pending:
             self._suspect(probes[probe])
-        return answers.failure()
+        return answers.failure(len(self.peers))
 
     async def _probe(self, member: str, timeout: float) -> MetadataResponse | DLedgerError:
         try:
