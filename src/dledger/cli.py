@@ -7,6 +7,7 @@ one line on stderr and a non-zero exit code, never a traceback.
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import logging
 import os
@@ -396,6 +397,28 @@ def health(peers: str, group: str, max_lag: int, as_json: bool) -> None:
         for p in verdict.problems[1:] if not verdict.ok else verdict.problems:
             click.echo(f"  {p}")
     sys.exit(0 if verdict.ok else 1)
+
+
+@cli.command()
+@peers_option()
+@group_option()
+@click.option("--interval", default=1.0, show_default=True, type=click.FloatRange(0.1),
+              help="Seconds between refreshes.")
+@click.option("--iterations", "-n", default=0, type=click.IntRange(0), help="Stop after this many refreshes [never].")
+@click.option("--metrics-base-port", default=0, type=click.IntRange(0),
+              help="Members serve metrics on this port + K (as `dledger cluster --metrics-base-port`): adds MB/s and "
+                   "fsync latency.")
+@security_options
+def top(peers: str, group: str, interval: float, iterations: int, metrics_base_port: int) -> None:
+    """A live view of the group, refreshed every second: per member role, term, end and commit
+    index, lag behind the leader's commit, appends/s (and MB/s, fsync latency with metrics)."""
+    from dledger.top import run
+
+    members = parse_peers(peers)
+    urls = {m: f"http://{p.host}:{metrics_base_port + k}/metrics" for k, (m, p) in enumerate(members.items())
+            } if metrics_base_port else {}
+    with make_client(peers, group, timeout=2.0) as c, contextlib.suppress(KeyboardInterrupt):  # Ctrl-C: as q
+        run(c, group, urls, interval, iterations or None)
 
 
 @cli.command()

@@ -63,6 +63,11 @@ def test_metrics_follow_the_group(make_cluster: MakeCluster) -> None:
     assert value(s, "dledger_appended_bytes_total", **lab) == sum(map(len, bodies))
     assert value(s, "dledger_fsync_seconds_count", **lab) >= 1
     assert value(s, "dledger_elections_total", **lab) >= 1  # it won one
+    assert value(s, "dledger_appended_entries_total", **lab) == 40
+    assert value(s, "dledger_requests_total", request="APPEND", code="SUCCESS", **lab) == 10
+    assert value(s, "dledger_member_state", state="leader", **lab) == 1
+    assert value(s, "dledger_member_state", state="follower", **lab) == 0
+    assert value(s, "dledger_leader_changes_total", **lab) >= 1
 
     follower = next(m for m in c.ids if m != leader)
     fs = scrape(c, follower)
@@ -71,6 +76,8 @@ def test_metrics_follow_the_group(make_cluster: MakeCluster) -> None:
     assert value(fs, "dledger_term", **flab) == lm.term
     assert value(fs, "dledger_ledger_end_index", **flab) == end
     assert value(fs, "dledger_append_latency_seconds_count", **flab) == 0  # appends are the leader's
+    assert value(fs, "dledger_requests_total", request="PUSH", code="SUCCESS", **flab) >= 1
+    assert value(fs, "dledger_member_state", state="follower", **flab) == 1
 
 
 def test_bench_reports_json_and_plot(make_cluster: MakeCluster, tmp_path: Path) -> None:

@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -211,3 +212,34 @@ def test_binary_bodies_in_and_out(cluster: Cluster, tmp_path: Path) -> None:
     rows = [json.loads(x) for x in out.splitlines()]
     assert base64.b64decode(rows[0]["body"]) == b"\x00z"
     assert_user_error(dledger("append", *common, "--base64", "not base64!"))
+
+
+def test_top_runs_live_under_a_terminal(make_cluster: Any) -> None:
+    """`dledger top` under a pseudo-terminal (rich draws live only on one): the group's rows,
+    refreshed, with rates and the metrics' columns."""
+    import pty
+
+    c = make_cluster(3, metrics=True)
+    leader = c.wait_leader()
+    c.ctl.append_batch([b"x" * 100] * 50)
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: the command, on the terminal
+        os.execv(sys.executable, [sys.executable, "-m", "dledger", "top", "--peers", c.peers, "--group", c.group,
+                                  "--interval", "0.5", "-n", "4", "--metrics-base-port", str(c.metrics_base_port)])
+    out = b""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            chunk = os.read(fd, 65536)
+        except OSError:  # the child ended: the terminal is gone
+            break
+        if not chunk:
+            break
+        out += chunk
+    _, status = os.waitpid(pid, 0)
+    text = out.decode(errors="replace")
+    assert os.waitstatus_to_exitcode(status) == 0, text[-2000:]
+    assert f"dledger top — group {c.group} — healthy" in text
+    assert all(m in text for m in c.ids) and "leader" in text and "appends/s" in text and "fsync ms" in text
+    assert text.count("dledger top") >= 2  # redrawn
+    assert leader in text

@@ -14,6 +14,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from dledger.core.messages import Role
+
 if TYPE_CHECKING:
     from dledger.core.node import Node
 
@@ -35,6 +37,10 @@ class Metrics:
                                       registry=self.registry)
         self.fsync_latency = Histogram("dledger_fsync_seconds", "Duration of one flush (fsync of new data)",
                                        labels, buckets=_LAT_BUCKETS, registry=self.registry)
+        self.entries_appended = Counter("dledger_appended_entries", "Entries appended by clients (leader)", labels,
+                                        registry=self.registry)
+        self.requests = Counter("dledger_requests", "Requests answered, by request and response code",
+                                (*labels, "request", "code"), registry=self.registry)
         self.nodes: list[Node] = []
         self.registry.register(_StateCollector(self.nodes))
 
@@ -55,6 +61,9 @@ class _StateCollector(Collector):
         fams = {
             "term": GaugeMetricFamily("dledger_term", "Current term", labels=lab),
             "role": GaugeMetricFamily("dledger_role", "0 follower, 1 candidate, 2 leader", labels=lab),
+            "state": GaugeMetricFamily("dledger_member_state", "1 for this member's role (label state)",
+                                       labels=[*lab, "state"]),
+
             "is_leader": GaugeMetricFamily("dledger_is_leader", "1 when this member leads", labels=lab),
             "end": GaugeMetricFamily("dledger_ledger_end_index", "Last index stored here", labels=lab),
             "commit": GaugeMetricFamily("dledger_committed_index", "Commit index known here", labels=lab),
@@ -81,6 +90,7 @@ class _StateCollector(Collector):
                                      "snapshot (leader's view)",
                                      labels=[*lab, "follower"])
         elections = CounterMetricFamily("dledger_elections", "Elections this member started", labels=lab)
+        leader_changes = CounterMetricFamily("dledger_leader_changes", "Leaders this member came to know", labels=lab)
         found = CounterMetricFamily("dledger_corrupt_records_found",
                                     "Times this member found a record failing verification (reads, scrub, pushes)",
                                     labels=lab)
@@ -108,6 +118,9 @@ class _StateCollector(Collector):
             v = [m.group, m.self_id]
             fams["term"].add_metric(v, m.term)
             fams["role"].add_metric(v, int(m.role))
+            for role in Role:
+                fams["state"].add_metric([*v, role.name.lower()], 1 if m.role == role else 0)
+            leader_changes.add_metric(v, m.leader_changes)
             fams["is_leader"].add_metric(v, 1 if m.is_leader else 0)
             fams["end"].add_metric(v, s.end_index)
             fams["commit"].add_metric(v, s.committed_index)
@@ -137,6 +150,7 @@ class _StateCollector(Collector):
         yield stranded
         yield repairing
         yield elections
+        yield leader_changes
         yield found
         yield repaired
         yield installed

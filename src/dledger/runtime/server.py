@@ -17,6 +17,7 @@ import resource
 import time
 from collections.abc import Callable
 from concurrent.futures import CancelledError, Future
+from enum import IntEnum
 from typing import Any
 
 import msgspec
@@ -130,6 +131,8 @@ class GroupRuntime:
             self._m_latency = metrics.append_latency.labels(*labels)
             self._m_batch = metrics.batch_size.labels(*labels)
             self._m_bytes = metrics.bytes_appended.labels(*labels)
+            self._m_entries = metrics.entries_appended.labels(*labels)
+            self._m_requests: dict[tuple[int, int], Any] = {}  # (request code, answer code) -> counter
             self.store.fsync_observer = metrics.fsync_latency.labels(*labels).observe
             metrics.nodes.append(self.node)
 
@@ -174,11 +177,27 @@ class GroupRuntime:
         if sender and sender in self.blocked_ids:
             raise DLedgerError(ResponseCode.NETWORK_ERROR, "dropped by fault injection")
         token = next(self._tokens)
-        if self.metrics is not None and code == RequestCode.APPEND:
-            respond = self._observed(req, respond)
+        if self.metrics is not None:
+            respond = self._counted(code, respond)
+            if code == RequestCode.APPEND:
+                respond = self._observed(req, respond)
         self._waiting[token] = respond
         self.node.handle(code, req, data, token, now_ms())  # type: ignore[arg-type]
         self._schedule_drain()
+
+    def _counted(self, code: int, respond: Respond) -> Respond:
+        """`respond`, also counting the request by its code and its answer's."""
+        def done(resp: Message) -> None:
+            key = (code, resp.code)
+            child = self._m_requests.get(key)
+            if child is None:
+                names = _code_name(RequestCode, code), _code_name(ResponseCode, resp.code)
+                child = self._m_requests[key] = self.metrics.requests.labels(  # type: ignore[union-attr]
+                    self.cfg.group, self.cfg.self_id, *names)
+            child.inc()
+            respond(resp)
+
+        return done
 
     def _observed(self, req: msgspec.Struct, respond: Respond) -> Respond:
         """`respond`, also recording the latency, batch size and bytes of a successful append."""
@@ -190,6 +209,7 @@ class GroupRuntime:
                 self._m_latency.observe(time.perf_counter() - started)
                 self._m_batch.observe(len(bodies))
                 self._m_bytes.inc(sum(map(len, bodies)))
+                self._m_entries.inc(len(bodies))
             respond(resp)
 
         return done
@@ -553,5 +573,11 @@ async def serve_forever(configs: DLedgerConfig | list[DLedgerConfig], stop: asyn
     finally:
         await server.stop()
 
+
+def _code_name(codes: type[IntEnum], code: int) -> str:
+    try:
+        return codes(code).name
+    except ValueError:
+        return str(code)
 
 __all__ = ["DLedgerServer", "GroupRuntime", "RequestCode", "serve_forever"]
