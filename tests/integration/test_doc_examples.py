@@ -1,0 +1,53 @@
+"""The examples of README.md and docs/ marked `<!-- run -->` run as written, in page order,
+against the local group the page itself starts (ports 20911… moved to free ones), so a
+newcomer's first commands cannot rot. Bash blocks run with `bash -e`, Python blocks with
+this interpreter; DLEDGER_PEERS is set as the page sets it."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dledger.ports import free_port_run
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+_BLOCK = re.compile(r"<!-- run -->\n```(bash|python)\n(.*?)```", re.S)
+
+
+def pages() -> list[Path]:
+    return [p for p in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))] if "<!-- run -->" in p.read_text()]
+
+
+def test_some_pages_have_runnable_examples() -> None:
+    assert ROOT / "docs" / "getting-started.md" in pages()
+
+
+@pytest.mark.parametrize("page", pages(), ids=lambda p: p.name)
+def test_examples_run_as_written(page: Path, tmp_path: Path) -> None:
+    base = free_port_run(3)
+    ports = {str(20911 + k): str(base + k) for k in range(3)}
+
+    def moved(code: str) -> str:
+        return re.sub(r"\b2091[123]\b", lambda m: ports[m.group(0)], code)
+
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+               DLEDGER_PEERS=";".join(f"n{k}-127.0.0.1:{base + k}" for k in range(3)))
+    env.pop("DLEDGER_GROUP", None)
+    try:
+        for k, (lang, code) in enumerate(_BLOCK.findall(page.read_text())):
+            cmd = ["bash", "-e", "-o", "pipefail", "-c", moved(code)] if lang == "bash" else [sys.executable, "-c",
+                                                                                              moved(code)]
+            p = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, timeout=180, check=False)
+            assert p.returncode == 0, (f"{page.name} block {k + 1} ({lang}) failed with {p.returncode}:\n{code}\n"
+                                       f"--- stdout\n{p.stdout.decode(errors='replace')[-2000:]}\n"
+                                       f"--- stderr\n{p.stderr.decode(errors='replace')[-2000:]}")
+    finally:
+        subprocess.run(["pkill", "-f", "--", f"--base-port {base}"], check=False)
+        subprocess.run(["pkill", "-9", "-f", "--", f"n0-127.0.0.1:{base};"], check=False)
