@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import tempfile
+import time
 from pathlib import Path
 
 import click
@@ -128,23 +129,26 @@ def _run(spec: LoadSpec, procs: int = 1) -> LoadResult:
     total = spec.count or None
     cols = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[rate]}"))
     # no progress bar when the output is not a terminal: its refresh thread costs the load generator CPU
-    with Progress(*cols, console=console, transient=True, disable=not console.is_terminal) as progress:
-        task = progress.add_task("bench", total=total or spec.duration, rate="")
+    # off a terminal: a plain line a second on stderr instead
+    tty = console.is_terminal
+    last_line = [0.0]
+    with Progress(*cols, console=console, transient=True, disable=not tty) as progress:
+        task = progress.add_task("warm-up", total=total or spec.duration, rate="")
 
-        def update(r: LoadResult, elapsed: float) -> None:
-            done = r.entries if total else max(elapsed, 0.0)
-            eps = r.entries / elapsed if elapsed > 0 else 0.0
-            progress.update(task, completed=done, rate=f"{eps:,.0f} entries/s")
+        def show(entries: int, elapsed: float) -> None:
+            done = entries if total else max(elapsed, 0.0)
+            eps = entries / elapsed if elapsed > 0 else 0.0
+            phase = "warm-up" if elapsed <= 0 else "measuring"
+            progress.update(task, description=phase, completed=done, rate=f"{eps:,.0f} entries/s")
+            now = time.monotonic()
+            if not tty and now - last_line[0] >= 1.0:
+                last_line[0] = now
+                click.echo(f"bench: {phase}" + (f", {elapsed:.0f} s, {eps:,.0f} entries/s" if elapsed > 0 else ""),
+                           err=True)
 
         if procs > 1:
-
-            def update_procs(entries: int, elapsed: float) -> None:
-                done = entries if total else max(elapsed, 0.0)
-                eps = entries / elapsed if elapsed > 0 else 0.0
-                progress.update(task, completed=done, rate=f"{eps:,.0f} entries/s")
-
-            return run_load_procs(spec, procs, update_procs)
-        return asyncio.run(run_load(spec, update))
+            return run_load_procs(spec, procs, show)
+        return asyncio.run(run_load(spec, lambda r, elapsed: show(r.entries, elapsed)))
 
 
 def _print(report: dict[str, object]) -> None:

@@ -15,7 +15,8 @@ import logging
 import os
 import re
 import sys
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -101,8 +102,10 @@ def _records(spark: SparkSession, dirs: Sequence[Path], include_uncommitted: boo
     return df
 
 
-def run_audit(spark: SparkSession, dirs: Sequence[Path], include_uncommitted: bool = False) -> AuditReport:
-    """Compare the members' records; the work (scans, CRCs, the join by index) runs on Spark."""
+def run_audit(spark: SparkSession, dirs: Sequence[Path], include_uncommitted: bool = False,
+              progress: Callable[[str], None] = lambda _: None) -> AuditReport:
+    """Compare the members' records; the work (scans, CRCs, the join by index) runs on Spark;
+    `progress` hears what it is doing (the CLI prints it: a big store takes a while)."""
     from pyspark.sql import functions as F
 
     from dledger.spark import register
@@ -112,6 +115,8 @@ def run_audit(spark: SparkSession, dirs: Sequence[Path], include_uncommitted: bo
     register(spark)
     df = _records(spark, dirs, include_uncommitted).cache()
     try:
+        size = sum(f.stat().st_size for d in dirs for f in (d / "data").glob("*") if f.is_file())
+        progress(f"reading and checking every record of {len(dirs)} member(s), {size / (1 << 20):,.0f} MiB of data")
         labels = member_labels(dirs)
         per_member = {
             r["member"]: r
@@ -127,6 +132,8 @@ def run_audit(spark: SparkSession, dirs: Sequence[Path], include_uncommitted: bo
             r = per_member.get(label)
             members.append(MemberSummary(label, str(d), r["first"] if r else None, r["last"] if r else None,
                                          r["n"] if r else 0, r["errors"] if r else 0))
+        progress("comparing the members index by index (" + ", ".join(
+            f"{m.member}: {m.records:,} records" for m in members) + ")")
         per_index = df.groupBy("index").agg(
             F.countDistinct("member").alias("holders"),
             F.countDistinct("term", "chain_crc").alias("variants"),
@@ -160,7 +167,13 @@ def main_audit(dirs: Sequence[str], master: str, include_uncommitted: bool) -> i
     # executors must run this interpreter, the one that has dledger installed
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    started = time.monotonic()
+
+    def say(what: str) -> None:
+        print(f"audit [{time.monotonic() - started:4.0f} s]: {what}", file=sys.stderr, flush=True)
+
     existing = SparkSession.getActiveSession()
+    say(f"starting Spark ({master})" if existing is None else "using the active Spark session")
     try:
         spark = existing or (
             SparkSession.builder.master(master).appName("dledger-audit").config("spark.ui.enabled", "false")
@@ -173,7 +186,8 @@ def main_audit(dirs: Sequence[str], master: str, include_uncommitted: bool) -> i
     if existing is None:
         spark.sparkContext.setLogLevel("ERROR")
     try:
-        report = run_audit(spark, paths, include_uncommitted)
+        report = run_audit(spark, paths, include_uncommitted, say)
+        say("done")
     except Exception as e:
         # a directory that cannot even be planned (say a data file whose first header is
         # garbage) fails inside Spark; show our message, not the JVM's wrapping of it
