@@ -27,8 +27,10 @@ from dledger.clitools import (
     body_json,
     check_store_dir,
     consistency_option,
+    emit,
     group_option,
     make_client,
+    output_option,
     peers_option,
     run_member,
     security,
@@ -222,9 +224,10 @@ def _local_certs(tls_dir: Path, members: list[str]) -> Path:
 @click.option("--base64", "b64", is_flag=True, help="Each BODY or stdin record is base64: append the decoded bytes.")
 @click.option("-0", "--null", is_flag=True, help="Stdin records are separated by NUL bytes, not newlines.")
 @click.argument("bodies", nargs=-1)
+@output_option("json")
 @security_options
 def append(peers: str, group: str, batch: int, files: tuple[str, ...], b64: bool, null: bool,
-           bodies: tuple[str, ...]) -> None:
+           bodies: tuple[str, ...], output: str) -> None:
     """Append one entry per BODY, per --file, or per stdin line; print {"index","term","pos"}
     per entry.
 
@@ -234,10 +237,17 @@ def append(peers: str, group: str, batch: int, files: tuple[str, ...], b64: bool
     parse_peers(peers)
     if files and bodies:
         raise click.UsageError("give BODY arguments or --file, not both")
+    rows: list[dict[str, object]] = []
     with make_client(peers, group) as c:
         for chunk in body_chunks(bodies, batch, files, b64, null):
             for r in c.append_batch(chunk):
-                click.echo(json.dumps({"index": r.index, "term": r.term, "pos": r.pos}))
+                row: dict[str, object] = {"index": r.index, "term": r.term, "pos": r.pos}
+                if output == "json":
+                    click.echo(json.dumps(row))  # as each is committed
+                else:
+                    rows.append(row)
+    if output == "table":
+        emit(rows, output, f"appended to group {group}")
 
 
 @cli.command()
@@ -270,10 +280,11 @@ def get(peers: str, group: str, index: int, consistency: str) -> None:
               help="Go on printing entries as they commit, until interrupted (like tail -f); --max is ignored.")
 @click.option("--base64", "b64", is_flag=True,
               help='Every body as base64 text ("body": "…"), not text or {"b64": …} by content.')
+@output_option("json")
 @consistency_option
 @security_options
 def read(peers: str | None, group: str, controller: str | None, broker_name: str | None, from_index: int,
-         max_entries: int, follow: bool, b64: bool, consistency: str) -> None:
+         max_entries: int, follow: bool, b64: bool, output: str, consistency: str) -> None:
     """Print committed entries as JSON lines {"index","term","body"} (of a broker set: its
     confirmed records, {"index","offset","epoch","body"}; --from is a queue offset)."""
     if controller or broker_name:
@@ -290,11 +301,18 @@ def read(peers: str | None, group: str, controller: str | None, broker_name: str
         entries = (c.subscribe(from_index, consistency="leader" if consistency == "linearizable" else consistency)
                    if follow else c.read(from_index, max_entries, consistency=consistency))
         last = None
+        rows: list[dict[str, object]] = []
         for last in entries:
             body = base64.b64encode(last.body).decode() if b64 else body_json(last.body)
-            click.echo(json.dumps({"index": last.index, "term": last.term, "body": body}))
+            row: dict[str, object] = {"index": last.index, "term": last.term, "body": body}
+            if output == "json" or follow:
+                click.echo(json.dumps(row))
+            else:
+                rows.append(row)
             if follow:
                 sys.stdout.flush()
+        if rows:
+            emit(rows, output, f"group {group}")
         if not follow and last is not None and len(entries) == max_entries:  # type: ignore[arg-type]
             click.echo(f"(stopped at --max {max_entries}; more may follow: --from {last.index + 1})", err=True)
 
@@ -330,12 +348,13 @@ def _status_row(v: Metadata | DLedgerError) -> dict[str, object]:
 @cli.command()
 @peers_option()
 @group_option()
-@click.option("--json", "as_json", is_flag=True, help="One JSON object keyed by member id (and the verdict).")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object keyed by member id (and the verdict): -o json.")
+@output_option("table")
 @click.option("--check", is_flag=True, help="Exit 1 unless the group is healthy (as `dledger health`).")
 @click.option("--max-lag", default=DEFAULT_MAX_LAG, show_default=True, type=click.IntRange(0),
               help="With --check: entries a member may trail the leader's commit index.")
 @security_options
-def status(peers: str, group: str, as_json: bool, check: bool, max_lag: int) -> None:
+def status(peers: str, group: str, as_json: bool, output: str, check: bool, max_lag: int) -> None:
     """Each member's role, term, leader, ledger end and committed index (with a state machine:
     applied and snapshot index), a snapshot it is installing from the leader, and what is
     wrong with it (a store that cannot write, retention held back by a lagging member); then
@@ -343,7 +362,7 @@ def status(peers: str, group: str, as_json: bool, check: bool, max_lag: int) -> 
     views = _views(peers, group)
     out = {m: _status_row(v) for m, v in views.items()}
     verdict = assess(views, max_lag)
-    if as_json:
+    if as_json or output == "json":
         click.echo(json.dumps({**out, "health": verdict.as_json()} if check else out))
     else:
         _print_status(group, out)
@@ -383,14 +402,15 @@ def _print_status(group: str, out: dict[str, dict[str, object]]) -> None:
 @group_option()
 @click.option("--max-lag", default=DEFAULT_MAX_LAG, show_default=True, type=click.IntRange(0),
               help="Entries a member may trail the leader's commit index.")
-@click.option("--json", "as_json", is_flag=True, help="The verdict as one JSON object.")
+@click.option("--json", "as_json", is_flag=True, help="The verdict as one JSON object: -o json.")
+@output_option("table")
 @security_options
-def health(peers: str, group: str, max_lag: int, as_json: bool) -> None:
+def health(peers: str, group: str, max_lag: int, as_json: bool, output: str) -> None:
     """Is the group healthy? Exit 0 only when one leader is elected, a quorum answers and no
     member trails the leader's commit index by more than --max-lag entries; one line says
     why ("leader n1, term 7, 3/3 up, max lag 12 entries")."""
     verdict = assess(_views(peers, group), max_lag)
-    if as_json:
+    if as_json or output == "json":
         click.echo(json.dumps(verdict.as_json()))
     else:
         click.echo(("healthy: " if verdict.ok else "NOT healthy: ") + verdict.summary)
@@ -425,14 +445,15 @@ def top(peers: str, group: str, interval: float, iterations: int, metrics_base_p
 @peers_option()
 @group_option()
 @click.option("--to", "target", required=True, help="Member id to hand leadership to.")
+@output_option("json")
 @security_options
-def transfer(peers: str, group: str, target: str) -> None:
+def transfer(peers: str, group: str, target: str, output: str) -> None:
     """Move leadership to member TO."""
     if target not in parse_peers(peers):
         raise ConfigError(f"--to {target}: not a member of {peers}")
     with make_client(peers, group, timeout=10.0) as c:
         c.transfer_leadership(target)
-        click.echo(json.dumps({"leader": target}))
+    emit([{"leader": target}], output, f"group {group}")
 
 
 @cli.command()

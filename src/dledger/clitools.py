@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import errno
+import json
 import os
 import re
 import signal
@@ -240,6 +241,30 @@ def group_option() -> Callable[[F], F]:
     """--group, or DLEDGER_GROUP from the environment."""
     return click.option("--group", envvar="DLEDGER_GROUP", show_envvar=True, default="default",
                         show_default=True)
+
+
+def output_option(default: str) -> Callable[[F], F]:
+    """-o/--output json|table: JSON (one object per line: for programs) or a table (for people)."""
+    return click.option("-o", "--output", type=click.Choice(["json", "table"]), default=default, show_default=True,
+                        help="JSON lines for programs, or a table for people.")
+
+
+def emit(rows: list[dict[str, object]], output: str, title: str = "") -> None:
+    """Rows as JSON lines, or as one table with a column per key."""
+    if output == "json":
+        for row in rows:
+            click.echo(json.dumps(row))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=title or None)
+    cols = list(dict.fromkeys(k for row in rows for k in row))
+    for col in cols:
+        table.add_column(col)
+    for row in rows:
+        table.add_row(*(str(row.get(c, "")) for c in cols))
+    Console().print(table)
 
 
 def consistency_option(f: F) -> F:

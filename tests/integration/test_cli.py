@@ -243,3 +243,14 @@ def test_top_runs_live_under_a_terminal(make_cluster: Any) -> None:
     assert all(m in text for m in c.ids) and "leader" in text and "appends/s" in text and "fsync ms" in text
     assert text.count("dledger top") >= 2  # redrawn
     assert leader in text
+
+
+def test_output_json_or_table(cluster: Cluster) -> None:
+    common = ["--peers", cluster.peers, "--group", cluster.group]
+    table = ok(dledger("append", *common, "-o", "table", "tabled")).decode()
+    assert "index" in table and "term" in table and "{" not in table
+    rows = ok(dledger("read", *common, "--from", "0", "--max", "3", "-o", "table")).decode()
+    assert "body" in rows and "index" in rows
+    status = json.loads(ok(dledger("status", *common, "-o", "json")))
+    assert set(status) == set(cluster.ids)
+    assert json.loads(ok(dledger("health", *common, "-o", "json")))["ok"] is True
