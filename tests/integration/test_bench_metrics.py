@@ -78,6 +78,7 @@ def test_metrics_follow_the_group(make_cluster: MakeCluster) -> None:
     assert value(fs, "dledger_append_latency_seconds_count", **flab) == 0  # appends are the leader's
     assert value(fs, "dledger_requests_total", request="PUSH", code="SUCCESS", **flab) >= 1
     assert value(fs, "dledger_member_state", state="follower", **flab) == 1
+    assert value(fs, "dledger_follower_lag_entries", **flab) == 0  # caught up
 
 
 def test_bench_reports_json_and_plot(make_cluster: MakeCluster, tmp_path: Path) -> None:

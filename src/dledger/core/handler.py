@@ -50,6 +50,7 @@ class EntryHandler:
         self._matched = (-1, -1)  # (term, highest index known equal to that term's leader's log)
         self.pending: dict[int, tuple[PushRequest, bytes, Any, int]] = {}  # first_index -> push
         self.unsynced: list[tuple[int, Any]] = []  # (end, token): APPEND answers waiting for fsync
+        self.leader_committed = -1  # the highest commit index a leader's push named (a follower's lag, metrics)
 
     def on_leader_change(self) -> None:
         """A new leader (or none): what matched the old one proves nothing now, and answers
@@ -106,6 +107,7 @@ class EntryHandler:
             self._answer(token, err, req)
             return
         kind = req.type
+        self.leader_committed = max(self.leader_committed, req.committed_index)
         try:
             if kind == PushType.APPEND:
                 self._append(req, data, token)

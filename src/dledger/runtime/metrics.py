@@ -83,6 +83,8 @@ class _StateCollector(Collector):
             "corrupt_index": GaugeMetricFamily("dledger_store_corrupt_index",
                                                "First record known corrupt here (-1: none)", labels=lab),
         }
+        behind = GaugeMetricFamily("dledger_follower_lag_entries", "Entries this follower lacks of what its leader "
+                                   "last said was committed (0 on the leader)", labels=lab)
         lag = GaugeMetricFamily("dledger_replication_lag_entries", "Leader end minus follower match",
                                 labels=[*lab, "follower"])
         stranded = GaugeMetricFamily("dledger_follower_needs_snapshot",
@@ -140,6 +142,7 @@ class _StateCollector(Collector):
             install_out.add_metric(v, n.install_bytes_sent)
             installing.add_metric(v, 1 if n.receiver.meta is not None else 0)
             read_entries.add_metric(v, n.entries_read)
+            behind.add_metric(v, 0 if m.is_leader else max(0, n.handler.leader_committed - s.end_index))
             read_bytes.add_metric(v, n.read_body_bytes)
             for peer, d in n.dispatchers.items():
                 lag.add_metric([*v, peer], s.end_index - d.match_index)
@@ -147,6 +150,7 @@ class _StateCollector(Collector):
                 repairing.add_metric([*v, peer], 1 if d.repair_index >= 0 else 0)
         yield from fams.values()
         yield lag
+        yield behind
         yield stranded
         yield repairing
         yield elections
