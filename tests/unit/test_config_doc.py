@@ -26,3 +26,12 @@ def test_an_unknown_key_names_the_valid_ones_and_a_close_match() -> None:
     with pytest.raises(ConfigError, match=r"flush_intervall_ms \(did you mean flush_interval_ms\?\); valid keys "
                                           r"are .*store_dir"):
         DLedgerConfig.from_dict({"flush_intervall_ms": 5})
+
+
+def test_the_example_configuration_loads(tmp_path: Path) -> None:
+    import re
+
+    (block,) = re.findall(r"```toml\n(.*?)```", DOC.read_text(), re.S)
+    (tmp_path / "member.toml").write_text(block)
+    cfg = DLedgerConfig.from_toml(str(tmp_path / "member.toml"))
+    assert (cfg.group, cfg.flush, cfg.metrics_port) == ("orders", "sync", 9100)
