@@ -288,6 +288,9 @@ def read(peers: str | None, group: str, controller: str | None, broker_name: str
     """Print committed entries as JSON lines {"index","term","body"} (of a broker set: its
     confirmed records, {"index","offset","epoch","body"}; --from is a queue offset)."""
     if controller or broker_name:
+        source = click.get_current_context().get_parameter_source("peers")
+        if source is click.core.ParameterSource.ENVIRONMENT:
+            peers = None  # DLEDGER_PEERS names a group, not this broker set: not a conflict
         if not (controller and broker_name) or peers:
             raise click.UsageError("a broker set is read with --controller and --broker (and no --peers)")
         from dledger.broker.command import read_broker
@@ -377,6 +380,7 @@ def status(peers: str, group: str, as_json: bool, output: str, check: bool, max_
 
 def _print_status(group: str, out: dict[str, dict[str, object]]) -> None:
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     table = Table(title=f"group {group}")
@@ -393,7 +397,7 @@ def _print_status(group: str, out: dict[str, dict[str, object]]) -> None:
             pct = 100 * inst["bytes"] // max(inst["total"], 1)
             problem = "; ".join(filter(None, (f"installing snapshot {inst['snapshot_index']} from the leader: "
                                               f"{pct}% of {inst['total']} bytes", problem)))
-        table.add_row(m, *(str(row.get(k, "")) for k in cols), problem)
+        table.add_row(m, *(escape(str(row.get(k, ""))) for k in cols), escape(problem))
     Console().print(table)
 
 

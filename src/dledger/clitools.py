@@ -256,6 +256,7 @@ def emit(rows: list[dict[str, object]], output: str, title: str = "") -> None:
             click.echo(json.dumps(row))
         return
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     table = Table(title=title or None)
@@ -263,7 +264,7 @@ def emit(rows: list[dict[str, object]], output: str, title: str = "") -> None:
     for col in cols:
         table.add_column(col)
     for row in rows:
-        table.add_row(*(str(row.get(c, "")) for c in cols))
+        table.add_row(*(escape(str(row.get(c, ""))) for c in cols))  # data, not rich markup
     Console().print(table)
 
 

@@ -1,7 +1,8 @@
 """Is a group healthy? One verdict from every member's own view (`dledger health`, `status --check`).
 
-Healthy means: one member says it leads in the highest term, every member answers (a
-member down has no known lag: the group works, but is degraded), and every member's ledger
+Healthy means: one member says it leads in the highest term, every member of the group
+(as the members list it, not only those asked) answers and follows that leader in that term
+(a member down or astray: the group works, but has lost a copy), and every member's ledger
 end is within `max_lag` entries of the leader's commit index; no store or state machine is
 failed. A member that answers with an error other than a transport failure (UNKNOWN_GROUP:
 the wrong group name) reports that error, not "down".
@@ -38,13 +39,23 @@ def assess(views: Mapping[str, Metadata | DLedgerError], max_lag: int = DEFAULT_
     """The verdict on a group from each member's answer (its Metadata, or the error asking it)."""
     up = {m: v for m, v in views.items() if isinstance(v, Metadata)}
     problems = [f"{m}: {_error(v)}" for m, v in views.items() if isinstance(v, DLedgerError)]
+    # the group is what its members say it is, not the addresses a caller happened to give
+    unasked = sorted({m for v in up.values() for m in v.members} - set(views))
+    problems += [f"{m}: not asked (not in --peers; the members name it)" for m in unasked]
     quorum = len(views) // 2 + 1
     term = max((v.term for v in up.values()), default=-1)
     leader = _leader(up, term)
     lag = None
+    astray = []
     if leader is None:
         problems.append("no leader" + (f" in term {term}" if term >= 0 else ""))
     else:
+        # every other member must follow that leader in its term (a cut-off candidate, a deposed
+        # leader still claiming, a follower of a stale term: the group has lost a copy)
+        astray = [m for m, v in up.items() if m != leader and (v.term != term or v.role != "follower"
+                                                                or v.leader_id != leader)]
+        problems += [f"{m}: {up[m].role} in term {up[m].term}, following {up[m].leader_id or 'nobody'}"
+                     for m in astray]
         commit = up[leader].committed_index
         lags = {m: max(0, commit - v.ledger_end_index) for m, v in up.items()}
         lag = max(lags.values())
@@ -59,8 +70,8 @@ def assess(views: Mapping[str, Metadata | DLedgerError], max_lag: int = DEFAULT_
     head = f"leader {leader}, term {term}" if leader is not None else "no leader"
     lag_text = f", max lag {lag} entries" if lag is not None else ""
     summary = f"{head}, {len(up)}/{len(views)} up{lag_text}"
-    ok = leader is not None and len(up) == len(views) and (lag is None or lag <= max_lag) and not any(
-        v.store_error or v.state_machine_error for v in up.values())
+    ok = leader is not None and len(up) == len(views) and not unasked and not astray and (
+        lag is None or lag <= max_lag) and not any(v.store_error or v.state_machine_error for v in up.values())
     return Health(ok, summary if ok else f"{summary}: {problems[0]}" if problems else summary, leader, term,
                   len(up), len(views), lag, problems)
 

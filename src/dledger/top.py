@@ -1,9 +1,10 @@
 """`dledger top`: a live view of a group, refreshed every second (like `top`).
 
 Each row is a member's own view (`metadata_all`): role, term, ledger end, commit index, how
-far it trails the leader's commit, and the rates between two refreshes (appends/s from its
-ledger end). With members serving metrics (`--metrics URL` per member, or a base port), it
-adds MB/s appended and the mean fsync latency of the last interval.
+far it trails the leader's commit (the leader `dledger health` names), and the rates between
+two refreshes (appends/s from its ledger end). With members serving metrics
+(`--metrics-base-port`), it adds MB/s appended and the mean fsync latency of the last
+interval (summed over the groups a process serves).
 """
 
 from __future__ import annotations
@@ -56,8 +57,8 @@ def render(group: str, prev: Sample | None, cur: Sample) -> Table:
                         f"{verdict.summary}", title_justify="left")
     for col in ("member", "role", "term", "end", "commit", "lag", "appends/s", "MB/s", "fsync ms"):
         table.add_column(col, justify="left" if col in ("member", "role") else "right")
-    leader_commit = next((v.committed_index for v in cur.views.values()
-                          if isinstance(v, Metadata) and v.role == "leader"), None)
+    lv = cur.views.get(verdict.leader) if verdict.leader is not None else None
+    leader_commit = lv.committed_index if isinstance(lv, Metadata) else None
     dt = cur.at - prev.at if prev is not None else 0.0
     for m, v in cur.views.items():
         if isinstance(v, DLedgerError):

@@ -43,3 +43,19 @@ def test_the_real_error_is_kept() -> None:
         m: DLedgerError(ResponseCode.UNKNOWN_GROUP, f"{m}: no group 'x' here") for m in MEMBERS}
     h = assess(views)
     assert not h.ok and "UNKNOWN_GROUP (400)" in h.summary and "no quorum" in h.problems[-1]
+
+
+def test_a_member_astray_or_not_asked_is_not_healthy() -> None:
+    views = healthy_views()
+    views["n0"] = view("n0", "candidate", leader="")  # cut off: pre-vote keeps its term
+    h = assess(views)
+    assert not h.ok and "n0: candidate in term 7, following nobody" in h.problems
+    views = healthy_views()
+    views["n2"] = view("n2", term=6, leader="n0")  # a stale view
+    assert not assess(views).ok
+    views = healthy_views()
+    views["n0"] = view("n0", "leader", term=6, leader="n0")  # deposed, still claiming
+    assert not assess(views).ok
+    partial: dict[str, Metadata | DLedgerError] = {"n1": view("n1", "leader", end=102)}  # --peers named one
+    h = assess(partial)
+    assert not h.ok and "n0: not asked (not in --peers; the members name it)" in h.problems

@@ -23,8 +23,8 @@ class MemberState:
         self.voted_for = saved.voted_for
         self.role = Role.FOLLOWER
         self._leader_id: str | None = None
-        self.leader_changes = 0  # times a leader became known here that was not the last one (metrics)
-        self._last_leader: tuple[int, str] | None = None
+        self.leader_changes = 0  # times the leader known here became another member (metrics)
+        self._last_leader: str | None = None
 
     @property
     def leader_id(self) -> str | None:
@@ -33,9 +33,10 @@ class MemberState:
     @leader_id.setter
     def leader_id(self, leader: str | None) -> None:
         self._leader_id = leader
-        if leader is not None and self._last_leader != (self.term, leader):
-            self.leader_changes += 1
-            self._last_leader = (self.term, leader)
+        if leader is not None and self._last_leader != leader:
+            if self._last_leader is not None:  # (the first one known after a start is no change)
+                self.leader_changes += 1
+            self._last_leader = leader
 
     def set_term(self, term: int, voted_for: str | None = None) -> None:
         """Persist, then adopt, a new term. The vote always resets with the term:

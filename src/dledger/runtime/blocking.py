@@ -31,6 +31,8 @@ class LoopThread:
     def iterate(self, agen: AsyncGenerator[T, None]) -> Iterator[T]:
         """An async generator as a blocking iterator; leaving early (break, Ctrl-C) stops the
         call in flight and closes the generator."""
+        if self.loop.is_closed():
+            raise DLedgerError(ResponseCode.UNEXPECTED_ARGUMENT, "this client is closed")
         pending: concurrent.futures.Future[T] | None = None
         try:
             while True:

@@ -173,7 +173,7 @@ class _Answers:
 
     def add(self, member: str, answer: MetadataResponse | DLedgerError) -> None:
         if isinstance(answer, DLedgerError):
-            if never_sent(answer):
+            if answer.message.startswith("connect to "):  # a real attempt refused (not the back-off)
                 self.closed[member] = answer.message
             if answer.code not in _UNANSWERED and answer.code not in _RETRYABLE:
                 self.refusal = self.refusal or answer
@@ -194,7 +194,9 @@ class _Answers:
             return None
         if self.refusal is None and len(self.closed) == members:
             said = "; ".join(f"{m}: {why}" for m, why in self.closed.items())
-            return DLedgerError(ResponseCode.NETWORK_ERROR, f"no member accepts connections ({said})")
+            # (the prefix: `never_sent` knows it, so nothing is taken for an unknown outcome)
+            return DLedgerError(ResponseCode.NETWORK_ERROR, f"connect to every member failed: no member accepts "
+                                                            f"connections ({said})")
         return self.refusal
 
 
@@ -232,6 +234,7 @@ class AsyncDLedgerClient:
         self._sending: set[asyncio.Task[None]] = set()
         self._suspects: dict[str, float] = {}  # member -> monotonic time its suspicion ends
         self._search: asyncio.Task[str | DLedgerError | None] | None = None  # shared by concurrent callers
+        self._ever_answered = False  # a member answered once: no failing at once when all refuse later
         if producer_id is not None and not idempotent:
             raise DLedgerError(ResponseCode.UNEXPECTED_ARGUMENT, "producer_id needs idempotent=True")
         self.producer = IdempotentProducer(producer_id, producer_epoch) if idempotent else None
@@ -653,7 +656,10 @@ class AsyncDLedgerClient:
             return leader
         for probe in pending:
             self._suspect(probes[probe])
-        return answers.failure(len(self.peers))
+        failure = answers.failure(len(self.peers))
+        if failure is not None and self._ever_answered and failure.code == ResponseCode.NETWORK_ERROR:
+            return None  # a group that answered before (a restart of all of it?): wait within the timeout
+        return failure
 
     async def _probe(self, member: str, timeout: float) -> MetadataResponse | DLedgerError:
         try:
@@ -677,6 +683,7 @@ class AsyncDLedgerClient:
                 self._suspect(member)
             raise
         self._suspects.pop(member, None)  # it answered: whatever it says, it is alive
+        self._ever_answered = True
         try:
             resp = decode_response(code, raw.meta)
         except DECODE_ERRORS:

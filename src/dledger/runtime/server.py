@@ -27,6 +27,10 @@ from dledger.config import DLedgerConfig, Peer
 from dledger.core.messages import (
     DECODE_ERRORS,
     FAULT,
+    QUERY,
+    READ,
+    READ_INDEX,
+    SNAPSHOT,
     AppendRequest,
     FaultRequest,
     LeadershipTransferRequest,
@@ -578,6 +582,10 @@ def _code_name(codes: type[IntEnum], code: int) -> str:
     try:
         return codes(code).name
     except ValueError:
-        return str(code)
+        return _OWN_REQUESTS.get(code, str(code))
+
+
+# dledger's own request codes (above 52000), by name for the requests metric
+_OWN_REQUESTS = {READ: "READ", QUERY: "QUERY", SNAPSHOT: "SNAPSHOT", READ_INDEX: "READ_INDEX", FAULT: "FAULT"}
 
 __all__ = ["DLedgerServer", "GroupRuntime", "RequestCode", "serve_forever"]
