@@ -379,16 +379,10 @@ def status(peers: str, group: str, as_json: bool, output: str, check: bool, max_
 
 
 def _print_status(group: str, out: dict[str, dict[str, object]]) -> None:
-    from rich.console import Console
-    from rich.markup import escape
-    from rich.table import Table
-
-    table = Table(title=f"group {group}")
     cols = ["role", "term", "leader", "ledger_end_index", "committed_index"]
     if any("applied_index" in row for row in out.values()):
         cols += ["applied_index", "snapshot_index"]
-    for col in ("member", *cols, "problem"):
-        table.add_column(col)
+    rows: list[dict[str, object]] = []
     for m, row in out.items():
         problem = "; ".join(str(row[k]) for k in ("error", "state_machine_error", "store_error",
                                                   "retention_held_by") if k in row)
@@ -397,8 +391,8 @@ def _print_status(group: str, out: dict[str, dict[str, object]]) -> None:
             pct = 100 * inst["bytes"] // max(inst["total"], 1)
             problem = "; ".join(filter(None, (f"installing snapshot {inst['snapshot_index']} from the leader: "
                                               f"{pct}% of {inst['total']} bytes", problem)))
-        table.add_row(m, *(escape(str(row.get(k, ""))) for k in cols), escape(problem))
-    Console().print(table)
+        rows.append({"member": m, **{k: row.get(k, "") for k in cols}, "problem": problem})
+    emit(rows, "table", f"group {group}")
 
 
 @cli.command()

@@ -245,7 +245,7 @@ def test_uncommitted_tail_is_not_cut(spark: SparkSession, store: Store, tmp_path
     assert _rows(_df(spark, d, bytesPerPartition=SMALL, includeUncommitted="true")) == store.rows
 
 
-def _reseal(store_dir: Path, pos: int, fix_chain: bool = False) -> tuple[Path, int]:
+def _reseal(store_dir: Path, pos: int) -> tuple[Path, int]:
     """Change the body of the record at `pos` and write its new body CRC; its chain CRC is
     left stale (what only the chain catches)."""
     path = store_dir / "data" / f"{pos // FILE_SIZE * FILE_SIZE:020d}"

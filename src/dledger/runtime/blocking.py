@@ -25,14 +25,17 @@ class LoopThread:
     def run(self, coro: Coroutine[Any, Any, T]) -> T:
         if self.loop.is_closed():
             coro.close()
-            raise DLedgerError(ResponseCode.UNEXPECTED_ARGUMENT, "this client is closed")
+        self._check_open()
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+
+    def _check_open(self) -> None:
+        if self.loop.is_closed():
+            raise DLedgerError(ResponseCode.UNEXPECTED_ARGUMENT, "this client is closed")
 
     def iterate(self, agen: AsyncGenerator[T, None]) -> Iterator[T]:
         """An async generator as a blocking iterator; leaving early (break, Ctrl-C) stops the
         call in flight and closes the generator."""
-        if self.loop.is_closed():
-            raise DLedgerError(ResponseCode.UNEXPECTED_ARGUMENT, "this client is closed")
+        self._check_open()
         pending: concurrent.futures.Future[T] | None = None
         try:
             while True:

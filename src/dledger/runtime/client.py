@@ -343,7 +343,7 @@ class AsyncDLedgerClient:
         req = AppendRequest(self.group, "", "", bodies)
         resp = await self._call(RequestCode.APPEND, req)
         assert isinstance(resp, AppendResponse)
-        return [AppendResult(resp.index + k, resp.term, p) for k, p in enumerate(resp.positions)]
+        return _append_results(resp)
 
     async def _append_idempotent(self, bodies: list[bytes]) -> list[AppendResult]:
         """One request at a time per producer; an unknown outcome is sent again, same sequence."""
@@ -366,10 +366,7 @@ class AsyncDLedgerClient:
                     raise
                 assert isinstance(resp, AppendResponse)
                 p.settled(len(bodies), resp.duplicates)
-                if resp.indexes:
-                    return [AppendResult(i, t, pos) for i, t, pos in zip(resp.indexes, resp.terms, resp.positions,
-                                                                          strict=True)]
-                return [AppendResult(resp.index + k, resp.term, pos) for k, pos in enumerate(resp.positions)]
+                return _append_results(resp)
         raise DLedgerError(ResponseCode.UNKNOWN_PRODUCER, f"producer {p.id!r} was refused twice as unknown")
 
     async def propose(self, body: bytes) -> ProposeResult:
@@ -698,6 +695,14 @@ class AsyncDLedgerClient:
         if isinstance(resp, (AppendResponse, EntriesResponse, QueryResponse)) and resp.leader_id in self.peers:
             self.leader_id = resp.leader_id
         return resp
+
+
+def _append_results(resp: AppendResponse) -> list[AppendResult]:
+    """One result per body: contiguous from `index`, or each its own (`indexes`: an idempotent
+    append that found some bodies in the log already)."""
+    if resp.indexes:
+        return [AppendResult(i, t, p) for i, t, p in zip(resp.indexes, resp.terms, resp.positions, strict=True)]
+    return [AppendResult(resp.index + k, resp.term, p) for k, p in enumerate(resp.positions)]
 
 
 def _resolve(consistency: str | None, member: str | None) -> tuple[str, bool, bool]:

@@ -91,7 +91,7 @@ class WriteConfig:
         if get_str(options, "groups") is not None:
             raise OptionError("a write goes to one group: give `peers` and `group`, not `groups`")
         ((group, peers),) = (brokers or parse_groups(options)).items()
-        body = _body_field(schema)
+        body = _body_name(schema.fieldNames())
         if body is None:
             raise OptionError(f"writing to dledger needs a `body` column (binary or string); columns are "
                               f"{', '.join(schema.fieldNames())}")
@@ -124,8 +124,8 @@ class WriteConfig:
         return f"{self.write_id}/p{tc.partitionId()}", 0
 
 
-def _body_field(schema: StructType) -> str | None:
-    names = schema.fieldNames()
+def _body_name(names: list[str]) -> str | None:
+    """The `body` column's name (Spark's names are case-insensitive)."""
     if "body" in names:
         return "body"
     return next((n for n in names if n.lower() == "body"), None)
@@ -133,8 +133,7 @@ def _body_field(schema: StructType) -> str | None:
 
 def _bodies(batch: pa.RecordBatch, seen: int) -> list[bytes]:
     """The batch's bodies, checked whole before any is sent (a null fails the task first)."""
-    names = batch.schema.names
-    col = batch.column("body" if "body" in names else next(n for n in names if n.lower() == "body"))
+    col = batch.column(_body_name(batch.schema.names) or "body")
     if col.null_count:
         at = seen + col.is_null().index(True).as_py()
         raise ValueError(f"dledger: row {at} of this task has a null body; filter nulls out or give an empty body")
