@@ -21,6 +21,7 @@ import click
 
 from dledger.clitools import (
     PEERS_HELP,
+    Rows,
     UserError,
     WireInt,
     body_chunks,
@@ -28,6 +29,7 @@ from dledger.clitools import (
     check_store_dir,
     consistency_option,
     emit,
+    emit_record,
     group_option,
     make_client,
     output_option,
@@ -237,27 +239,21 @@ def append(peers: str, group: str, batch: int, files: tuple[str, ...], b64: bool
     parse_peers(peers)
     if files and bodies:
         raise click.UsageError("give BODY arguments or --file, not both")
-    rows: list[dict[str, object]] = []
-    with make_client(peers, group) as c:
+    with make_client(peers, group) as c, Rows(output, f"appended to group {group}") as rows:
         for chunk in body_chunks(bodies, batch, files, b64, null):
             for r in c.append_batch(chunk):
-                row: dict[str, object] = {"index": r.index, "term": r.term, "pos": r.pos}
-                if output == "json":
-                    click.echo(json.dumps(row))  # as each is committed
-                else:
-                    rows.append(row)
-    if output == "table":
-        emit(rows, output, f"appended to group {group}")
+                rows.add({"index": r.index, "term": r.term, "pos": r.pos})  # JSON: as each is committed
 
 
 @cli.command()
 @peers_option()
 @group_option()
 @click.option("--index", required=True, type=WireInt(0))
+@output_option(None, "the body's raw bytes")
 @consistency_option
 @security_options
-def get(peers: str, group: str, index: int, consistency: str) -> None:
-    """Print the committed body at INDEX, raw."""
+def get(peers: str, group: str, index: int, output: str | None, consistency: str) -> None:
+    """Print the committed body at INDEX, raw (with -o: {"index","term","body"} as `read`)."""
     parse_peers(peers)
     with make_client(peers, group) as c:
         e = c.get(index, consistency=consistency)
@@ -265,6 +261,9 @@ def get(peers: str, group: str, index: int, consistency: str) -> None:
         kind = {MAGIC_NOOP: "a NOOP (a new leader's first entry)", MAGIC_SESSION: "an idempotent producer's marker"}
         raise DLedgerError(ResponseCode.INDEX_OUT_OF_RANGE,
                            f"entry {index} is {kind.get(e.magic, f'of magic {e.magic}')}, not an appended body")
+    if output is not None:
+        emit([{"index": e.index, "term": e.term, "body": body_json(e.body)}], output, f"group {group}")
+        return
     sys.stdout.buffer.write(e.body)
     sys.stdout.flush()
 
@@ -295,7 +294,7 @@ def read(peers: str | None, group: str, controller: str | None, broker_name: str
             raise click.UsageError("a broker set is read with --controller and --broker (and no --peers)")
         from dledger.broker.command import read_broker
 
-        read_broker(controller, broker_name, from_index, max_entries, follow)
+        read_broker(controller, broker_name, from_index, max_entries, follow, output, b64)
         return
     if not peers:
         raise click.UsageError("give --peers (or --controller and --broker)")
@@ -304,18 +303,10 @@ def read(peers: str | None, group: str, controller: str | None, broker_name: str
         entries = (c.subscribe(from_index, consistency="leader" if consistency == "linearizable" else consistency)
                    if follow else c.read(from_index, max_entries, consistency=consistency))
         last = None
-        rows: list[dict[str, object]] = []
-        for last in entries:
-            body = base64.b64encode(last.body).decode() if b64 else body_json(last.body)
-            row: dict[str, object] = {"index": last.index, "term": last.term, "body": body}
-            if output == "json" or follow:
-                click.echo(json.dumps(row))
-            else:
-                rows.append(row)
-            if follow:
-                sys.stdout.flush()
-        if rows:
-            emit(rows, output, f"group {group}")
+        with Rows("json" if follow else output, f"group {group}") as rows:  # following: JSON lines
+            for last in entries:
+                body = base64.b64encode(last.body).decode() if b64 else body_json(last.body)
+                rows.add({"index": last.index, "term": last.term, "body": body}, flush=follow)
         if not follow and last is not None and len(entries) == max_entries:  # type: ignore[arg-type]
             click.echo(f"(stopped at --max {max_entries}; more may follow: --from {last.index + 1})", err=True)
 
@@ -402,12 +393,18 @@ def _print_status(group: str, out: dict[str, dict[str, object]]) -> None:
               help="Entries a member may trail the leader's commit index.")
 @click.option("--json", "as_json", is_flag=True, help="The verdict as one JSON object: -o json.")
 @output_option("table")
+@click.option("--wait", default=0.0, show_default=True, type=click.FloatRange(0), metavar="SECONDS",
+              help="Ask again until healthy, for up to SECONDS (a group just started: scripts wait on this).")
 @security_options
-def health(peers: str, group: str, max_lag: int, as_json: bool, output: str) -> None:
+def health(peers: str, group: str, max_lag: int, as_json: bool, output: str, wait: float) -> None:
     """Is the group healthy? Exit 0 only when one leader is elected, a quorum answers and no
     member trails the leader's commit index by more than --max-lag entries; one line says
     why ("leader n1, term 7, 3/3 up, max lag 12 entries")."""
+    deadline = time.monotonic() + wait
     verdict = assess(_views(peers, group), max_lag)
+    while not verdict.ok and time.monotonic() < deadline:
+        time.sleep(0.5)
+        verdict = assess(_views(peers, group), max_lag)
     if as_json or output == "json":
         click.echo(json.dumps(verdict.as_json()))
     else:
@@ -491,19 +488,21 @@ def store() -> None:
 
 @store.command("inspect")
 @click.option("--store-dir", required=True, help="The member's store directory.")
-def store_inspect(store_dir: str) -> None:
+@output_option("json")
+def store_inspect(store_dir: str, output: str) -> None:
     """Print the store's term, vote, log bounds and last entry's term, and its problems, as
     one JSON object. Reads only: safe beside a running member."""
     from dledger.store.admin import inspect
 
-    click.echo(json.dumps(inspect(store_dir)))
+    emit_record(inspect(store_dir), output, f"store {store_dir}")
 
 
 @store.command("repair-term")
 @click.option("--store-dir", required=True, help="The member's store directory (the member must be stopped).")
 @click.option("--term", type=int, default=None,
               help="The term to set [default: the last entry's term, the highest the log knows].")
-def store_repair_term(store_dir: str, term: int | None) -> None:
+@output_option("json")
+def store_repair_term(store_dir: str, term: int | None, output: str) -> None:
     """Rewrite a damaged currterm (e.g. a term beyond 2**62-1) and clear the vote; print the change.
 
     Only for a damaged term: a member that voted in a term above its last entry's may
@@ -511,26 +510,32 @@ def store_repair_term(store_dir: str, term: int | None) -> None:
     """
     from dledger.store.admin import repair_term
 
-    click.echo(json.dumps(repair_term(store_dir, term)))
+    emit_record(repair_term(store_dir, term), output, f"repaired store {store_dir}")
 
 
 @cli.command()
 @peers_option()
 @group_option()
 @click.option("--member", default=None, help="Only this member [default: every member].")
+@output_option(None, "'MEMBER: snapshot through index N' lines")
 @security_options
-def snapshot(peers: str, group: str, member: str | None) -> None:
+def snapshot(peers: str, group: str, member: str | None, output: str | None) -> None:
     """Make members snapshot their state machine now (each writes its own); print the index
-    each snapshot covers."""
+    each snapshot covers (with -o: {"member","index"}); a member that fails is named on stderr."""
     members = [member] if member else list(parse_peers(peers))
     failed = []
-    with make_client(peers, group, timeout=60.0) as c:
+    with make_client(peers, group, timeout=60.0) as c, Rows(output or "json", f"group {group}") as rows:
         for m in members:
             try:
-                click.echo(f"{m}: snapshot through index {c.snapshot(m)}")
+                index = c.snapshot(m)
             except DLedgerError as e:
                 failed.append(m)
                 click.echo(f"{m}: {e}", err=True)
+                continue
+            if output is None:
+                click.echo(f"{m}: snapshot through index {index}")
+            else:
+                rows.add({"member": m, "index": index})
     if failed:
         raise UserError(f"no snapshot on {', '.join(failed)}")
 

@@ -243,10 +243,21 @@ def group_option() -> Callable[[F], F]:
                         show_default=True)
 
 
-def output_option(default: str) -> Callable[[F], F]:
-    """-o/--output json|table: JSON (one object per line: for programs) or a table (for people)."""
-    return click.option("-o", "--output", type=click.Choice(["json", "table"]), default=default, show_default=True,
-                        help="JSON lines for programs, or a table for people.")
+OUTPUTS = ("json", "table")
+
+
+def output_option(default: str | None, unset: str = "") -> Callable[[F], F]:
+    """-o/--output json|table: JSON (one object per line: for programs) or a table (for people).
+
+    `default` None keeps a command's own format when -o is not given (raw bytes, text lines:
+    what scripts and the docs already read); `unset` names that format in the help."""
+    if default is None and not unset:
+        raise ValueError("output_option(None) needs `unset`: the format printed without -o")
+    help_text = "JSON lines for programs, or a table for people."
+    if default is None:
+        help_text += f" [default: {unset}]"
+    return click.option("-o", "--output", type=click.Choice(OUTPUTS), default=default,
+                        show_default=default is not None, help=help_text)
 
 
 def emit(rows: list[dict[str, object]], output: str, title: str = "") -> None:
@@ -264,8 +275,54 @@ def emit(rows: list[dict[str, object]], output: str, title: str = "") -> None:
     for col in cols:
         table.add_column(col)
     for row in rows:
-        table.add_row(*(escape(str(row.get(c, ""))) for c in cols))  # data, not rich markup
+        table.add_row(*(escape(_cell(row.get(c))) for c in cols))  # data, not rich markup
     Console().print(table)
+
+
+def emit_record(record: dict[str, object], output: str, title: str = "") -> None:
+    """One result object: a JSON line, or a two-column (field, value) table, as its values
+    may be long (paths, lists of problems) for one row."""
+    if output == "json":
+        click.echo(json.dumps(record))
+        return
+    emit([{"field": k, "value": v} for k, v in record.items()], "table", title)
+
+
+def _cell(value: object) -> str:
+    """A table cell: None empty, a list one item a line, a dict (a {"b64": …} body) as JSON."""
+    if value is None:
+        return ""
+    if isinstance(value, list):
+        return "\n".join(_cell(v) for v in value)
+    if isinstance(value, dict):
+        return json.dumps(value)
+    return str(value)
+
+
+class Rows:
+    """A command's result rows: with -o json each is printed as it comes (a pipe, or --follow,
+    sees it at once); with -o table they are gathered into one table printed on leaving the
+    `with` block, on an error too (what was done before it shows, as the JSON lines did)."""
+
+    def __init__(self, output: str, title: str = "") -> None:
+        self.output = output
+        self.title = title
+        self.rows: list[dict[str, object]] = []
+
+    def add(self, row: dict[str, object], flush: bool = False) -> None:
+        if self.output == "table":
+            self.rows.append(row)
+            return
+        click.echo(json.dumps(row))
+        if flush:
+            sys.stdout.flush()
+
+    def __enter__(self) -> Rows:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.rows:
+            emit(self.rows, "table", self.title)
 
 
 def consistency_option(f: F) -> F:

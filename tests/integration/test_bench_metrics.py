@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from dledger import DLedgerClient, DLedgerError, ResponseCode
+
 from .harness import Cluster, MakeCluster, wait_until
 
 pytestmark = pytest.mark.integration
@@ -64,7 +66,7 @@ def test_metrics_follow_the_group(make_cluster: MakeCluster) -> None:
     assert value(s, "dledger_fsync_seconds_count", **lab) >= 1
     assert value(s, "dledger_elections_total", **lab) >= 1  # it won one
     assert value(s, "dledger_appended_entries_total", **lab) == 40
-    assert value(s, "dledger_requests_total", request="APPEND", code="SUCCESS", **lab) == 10
+    assert value(s, "dledger_requests_total", kind="client", request="APPEND", code="SUCCESS", **lab) == 10
     assert value(s, "dledger_member_state", state="leader", **lab) == 1
     assert value(s, "dledger_member_state", state="follower", **lab) == 0
     assert value(s, "dledger_leader_changes_total", **lab) >= 0  # exported (0: no change since its start)
@@ -76,9 +78,43 @@ def test_metrics_follow_the_group(make_cluster: MakeCluster) -> None:
     assert value(fs, "dledger_term", **flab) == lm.term
     assert value(fs, "dledger_ledger_end_index", **flab) == end
     assert value(fs, "dledger_append_latency_seconds_count", **flab) == 0  # appends are the leader's
-    assert value(fs, "dledger_requests_total", request="PUSH", code="SUCCESS", **flab) >= 1
+    assert value(fs, "dledger_requests_total", kind="member", request="PUSH", code="SUCCESS", **flab) >= 1
     assert value(fs, "dledger_member_state", state="follower", **flab) == 1
     assert value(fs, "dledger_follower_lag_entries", **flab) == 0  # caught up
+
+
+def test_requests_are_counted_by_kind_and_refusals_too(make_cluster: MakeCluster) -> None:
+    """dledger_requests_total tells client from member traffic (kind), and counts a request
+    for a group no member hosts (refused before any group: group "?", the member's own id)."""
+    c = make_cluster(3, metrics=True)
+    c.ctl.append(b"counted")
+    with DLedgerClient(c.peers, group="nope", timeout=10) as nope, pytest.raises(DLedgerError) as e:
+        nope.get(0)
+    assert e.value.code == ResponseCode.UNKNOWN_GROUP
+
+    def requests(member: str) -> dict[tuple[str, ...], float]:
+        """`member`'s dledger_requests_total: (group, member, kind, request, code) -> value."""
+        return {tuple(dict(lab)[k] for k in ("group", "member", "kind", "request", "code")): v
+                for (name, lab), v in scrape(c, member).items() if name == "dledger_requests_total"}
+
+    def counted() -> dict[str, dict[tuple[str, ...], float]] | None:
+        """Every member's series, once the append, the refusal and the members' own traffic
+        (a leader's heartbeats and pushes reach at least two of three members) show."""
+        views = {m: requests(m) for m in c.ids}
+        appended = any(views[m].get((c.group, m, "client", "APPEND", "SUCCESS"), 0) >= 1 for m in c.ids)
+        refused = any(k[4] == "UNKNOWN_GROUP" for s in views.values() for k in s)
+        followed = [m for m, s in views.items()
+                    if any(k[2] == "member" and k[3] in ("HEART_BEAT", "PUSH") for k in s)]
+        return views if appended and refused and len(followed) >= 2 else None
+
+    views = wait_until(counted, 60, "the append, the refusal and member traffic counted")
+    for m, series in views.items():
+        assert {k[0] for k in series} <= {c.group, "?"}, series  # no "nope": one series for every stranger
+        assert {k[1] for k in series} == {m}
+        assert all(k[2] == ("member" if k[3] in ("VOTE", "HEART_BEAT", "PUSH") else "client") for k in series), series
+        for k in series:
+            if k[4] == "UNKNOWN_GROUP":  # what the client asked a member about group "nope"
+                assert k[0] == "?" and k[2] == "client", k
 
 
 def test_bench_reports_json_and_plot(make_cluster: MakeCluster, tmp_path: Path) -> None:

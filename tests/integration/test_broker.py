@@ -219,6 +219,15 @@ def test_send_and_read_from_the_command_line(pair: local_broker_cluster) -> None
                           capture_output=True, text=True, timeout=60)
     assert read.returncode == 0, read.stderr
     assert [json.loads(line)["body"] for line in read.stdout.splitlines()] == ["two"]
+    table = subprocess.run([*cmd, "send", "--controller", d.controller, "--broker", "b0", "-o", "table", "three"],
+                           capture_output=True, text=True, timeout=60)
+    assert table.returncode == 0 and "offset" in table.stdout and "{" not in table.stdout, table
+    read = subprocess.run([*cmd, "read", "--controller", d.controller, "--broker", "b0", "--from", "1", "-o", "table"],
+                          capture_output=True, text=True, timeout=60)
+    assert read.returncode == 0 and "two" in read.stdout and "three" in read.stdout and "epoch" in read.stdout, read
+    read = subprocess.run([*cmd, "read", "--controller", d.controller, "--broker", "b0", "--from", "2", "--base64"],
+                          capture_output=True, text=True, timeout=60)
+    assert [json.loads(line)["body"] for line in read.stdout.splitlines()] == ["dGhyZWU="]  # as `read --peers`
     bad = subprocess.run([*cmd, "send", "--controller", d.controller, "--broker", "nope", "x"],
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 1 and "no broker set named 'nope'" in bad.stderr and "Traceback" not in bad.stderr

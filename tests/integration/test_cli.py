@@ -254,3 +254,24 @@ def test_output_json_or_table(cluster: Cluster) -> None:
     status = json.loads(ok(dledger("status", *common, "-o", "json")))
     assert set(status) == set(cluster.ids)
     assert json.loads(ok(dledger("health", *common, "-o", "json")))["ok"] is True
+
+
+def test_get_and_snapshot_output_json_or_table(cluster: Cluster) -> None:
+    """`get` prints raw bytes without -o (test_append_get_read), `snapshot` text lines
+    (test_state_machine); with -o, JSON lines or a table."""
+    common = ["--peers", cluster.peers, "--group", cluster.group]
+    text, binary = cluster.ctl.append(b"got me"), cluster.ctl.append(b"\xff\x00")
+    got = json.loads(ok(dledger("get", *common, "--index", str(text.index), "-o", "json")))
+    assert got == {"index": text.index, "term": text.term, "body": "got me"}
+    got = json.loads(ok(dledger("get", *common, "--index", str(binary.index), "-o", "json")))
+    assert got["body"] == {"b64": base64.b64encode(b"\xff\x00").decode()}  # as `read`'s
+    table = ok(dledger("get", *common, "--index", str(text.index), "-o", "table")).decode()
+    assert "got me" in table and str(text.index) in table and "body" in table
+    snaps = json_lines(ok(dledger("snapshot", *common, "-o", "json")))
+    assert sorted(s["member"] for s in snaps) == sorted(cluster.ids)
+    assert all(set(s) == {"member", "index"} and isinstance(s["index"], int) for s in snaps), snaps
+    table = ok(dledger("snapshot", *common, "--member", cluster.ids[0], "-o", "table")).decode()
+    assert cluster.ids[0] in table and "index" in table and "snapshot through" not in table
+    p = dledger("snapshot", *common, "--member", "n9", "-o", "json")  # the member's error, then the summary
+    err = p.stderr.decode()
+    assert p.returncode == 1 and p.stdout == b"" and "no snapshot on n9" in err and "Traceback" not in err, err

@@ -401,14 +401,19 @@ def test_admin_commands(controllers: Callable[..., Cluster]) -> None:
         assert text.returncode == 0 and "master 1" in text.stdout and text.stdout.count("alive") == 3, text
         js = json.loads(admin("sync-state-set", "--broker", SET, "--json").stdout)
         assert js["master_broker_id"] == 1 and [r["broker_id"] for r in js["in_sync_replicas"]] == [1, 2, 3]
+        _admin_output_json_or_table(admin, len(c.ids))
         moved = admin("elect-master", "--broker", SET, "--id", "2")
         assert moved.returncode == 0 and "elected 2" in moved.stdout, moved
+        stayed = json.loads(admin("elect-master", "--broker", SET, "--id", "2", "-o", "json").stdout)
+        assert stayed["elected"] is False and stayed["master_broker_id"] == 2 and stayed["broker"] == SET
         refused = admin("clean-broker", "--broker", SET, "--ids", "3")
         assert refused.returncode == 1 and "2009" in refused.stderr and "Traceback" not in refused.stderr
         on_loop(brokers[2].die())
         cleaned = wait_until(lambda: _ok(admin("clean-broker", "--broker", SET, "--ids", "3")), 30,
                              "replica 3 cleaned once dead")
         assert "cleaned" in cleaned
+        again = admin("clean-broker", "--broker", SET, "--ids", "3", "-o", "table").stdout  # cleaning is idempotent
+        assert "whole_set" in again and SET in again and "False" in again
         js = json.loads(admin("sync-state-set", "--broker", SET, "--json").stdout)
         assert 3 not in [r["broker_id"] for r in js.get("in_sync_replicas", []) + js.get("not_in_sync_replicas", [])]
         missing = admin("sync-state-set", "--broker", "nope")
@@ -419,6 +424,20 @@ def test_admin_commands(controllers: Callable[..., Cluster]) -> None:
                 on_loop(b.die())
         loop.call_soon_threadsafe(loop.stop)
         thread.join(10)
+
+
+def _admin_output_json_or_table(admin: Callable[..., subprocess.CompletedProcess[str]], controllers: int) -> None:
+    """-o json: one line (--json is its alias); -o table: the values in a table."""
+    views = admin("controller-status", "-o", "json").stdout.splitlines()
+    assert len(views) == 1, views
+    view = json.loads(views[0])
+    leaders = [v.get("is_leader") for v in view.values()].count(True)  # false is omitted, as with --json
+    assert len(view) == controllers and leaders == 1, view
+    table = admin("controller-status", "-o", "table").stdout
+    assert "leader" in table and "applied" in table and all(address in table for address in view), table
+    assert len(admin("sync-state-set", "--broker", SET, "--json").stdout.splitlines()) == 1
+    table = admin("sync-state-set", "--broker", SET, "-o", "table").stdout
+    assert f"broker set {SET}" in table and "in_sync" in table and table.count("True") == 7, table  # 3 + 3 + 1
 
 
 def _ok(p: subprocess.CompletedProcess[str]) -> str | None:

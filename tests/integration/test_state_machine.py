@@ -7,19 +7,36 @@ snapshot skipped. Waits poll a condition up to a generous deadline; nothing is t
 from __future__ import annotations
 
 import asyncio
+import base64
+import json
 import shutil
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner, Result
 
+from dledger.cli import cli
+from dledger.clitools import UserError
 from dledger.codes import DLedgerError, ResponseCode
 from dledger.kv import AsyncKVClient, KVClient
 from integration.harness import Cluster, MakeCluster, wait_until
 
 pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def kv_group(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """A KV group shared by the tests that only touch keys of their own."""
+    c = Cluster(3, tmp_path_factory.mktemp("kv"), extra=["--state-machine", "kv"])
+    try:
+        c.start()
+        yield c
+    finally:
+        c.cleanup()
 
 
 def kv_client(c: Cluster) -> KVClient:
@@ -118,8 +135,8 @@ def test_a_damaged_snapshot_is_skipped_never_half_loaded(make_cluster: MakeClust
     assert c.meta(x).snapshot_index == int(older)  # type: ignore[union-attr]
 
 
-def test_concurrent_compare_and_set_has_exactly_one_winner(make_cluster: MakeCluster) -> None:
-    c = make_cluster(3, extra=["--state-machine", "kv"])
+def test_concurrent_compare_and_set_has_exactly_one_winner(kv_group: Cluster) -> None:
+    c = kv_group
 
     async def race() -> list[bool]:
         clients = [AsyncKVClient(c.peers, c.group, timeout=30) for _ in range(8)]
@@ -134,6 +151,39 @@ def test_concurrent_compare_and_set_has_exactly_one_winner(make_cluster: MakeClu
 
     oks = asyncio.run(race())
     assert oks.count(True) == 1
+
+
+def test_kv_commands_output_json_or_table(kv_group: Cluster) -> None:
+    """`dledger kv` (in this process: no interpreter start per command): writes print a JSON
+    object by default, `get` raw bytes, `range` key<TAB>value lines; -o json gives JSON lines
+    (values as `read`'s bodies), -o table a table."""
+    def kv(*args: str, stdin: bytes | None = None, ok: bool = True) -> Result:
+        result = CliRunner(env={"COLUMNS": "200"}).invoke(
+            cli, ["kv", "--peers", kv_group.peers, "--group", kv_group.group, *args], input=stdin)
+        assert (result.exit_code == 0) == ok, (result.output, result.exception)
+        return result
+
+    first = kv("put", "cli/a", "alpha").stdout
+    index = json.loads(first)["index"]
+    assert first == f'{{"ok": true, "index": {index}, "prev": null, "prev_mod_index": -1}}\n'  # as before
+    table = kv("put", "cli/a", "beta", "-o", "table").stdout
+    assert "prev_mod_index" in table and "alpha" in table and str(index) in table and "{" not in table
+    kv("put", "cli/bin", "--stdin", stdin=b"\xff\x00")
+    over = json.loads(kv("put", "cli/bin", "text", "-o", "json").stdout)
+    assert over["prev"] == {"b64": base64.b64encode(b"\xff\x00").decode()}  # as `read`'s bodies
+    assert kv("get", "cli/a").stdout_bytes == b"beta"  # raw, as before
+    got = json.loads(kv("get", "cli/a", "-o", "json").stdout)
+    assert got == {"key": "cli/a", "value": "beta", "mod_index": index + 1}
+    assert "beta" in kv("get", "cli/a", "-o", "table").stdout
+    assert kv("range", "cli/").stdout == "cli/a\tbeta\ncli/bin\ttext\n"  # as before
+    rows = [json.loads(line) for line in kv("range", "cli/", "-o", "json").stdout.splitlines()]
+    assert [(r["key"], r["value"]) for r in rows] == [("cli/a", "beta"), ("cli/bin", "text")]
+    table = kv("range", "cli/", "-o", "table").stdout
+    assert all(x in table for x in ("cli/a", "beta", "cli/bin", "mod_index"))
+    failed = kv("cas", "cli/a", "z", "--expect-index", str(index), "-o", "json", ok=False)
+    assert json.loads(failed.stdout)["ok"] is False and isinstance(failed.exception, UserError)
+    assert "True" in kv("del", "cli/bin", "-o", "table").stdout
+    assert json.loads(kv("del", "cli/bin", "-o", "json").stdout)["ok"] is False
 
 
 def test_a_plain_log_refuses_proposals_and_queries_with_a_clear_error(make_cluster: MakeCluster) -> None:

@@ -14,6 +14,7 @@ from rich.progress import BarColumn, Progress, TextColumn
 from rich.table import Table
 
 from dledger.bench.load import LoadResult, LoadSpec, plot, run_load, run_load_procs
+from dledger.clitools import output_option
 from dledger.config import Peer, format_peers, parse_peers
 from dledger.local_cluster import local_cluster
 from dledger.ports import free_port_run
@@ -52,6 +53,7 @@ console = Console()
 @click.option("--warmup", default=1.0, show_default=True, type=click.FloatRange(0))
 @click.option("--base-port", default=0, type=int, help="Ports of the local group (default: free ones).")
 @click.option("--json", "json_path", default=None, type=click.Path(dir_okay=False), help="Write results as JSON.")
+@output_option("table")
 @click.option("--plot", "plot_path", default=None, type=click.Path(dir_okay=False), help="Throughput/latency PNG.")
 @click.option("--tls", is_flag=True, help="Run the local group and the clients with mutual TLS (certificates made "
                                         "for the run).")
@@ -73,11 +75,13 @@ def bench(
     warmup: float,
     base_port: int,
     json_path: str | None,
+    output: str,
     plot_path: str | None,
     tls: bool,
     idempotent: bool,
 ) -> None:
-    """Load generator: entries/s, MB/s, requests/s, latency percentiles, errors by code."""
+    """Load generator: entries/s, MB/s, requests/s, latency percentiles, errors by code; the
+    summary as a table, or with -o json the report --json writes, as one line on stdout."""
     if procs > clients:
         raise click.UsageError("--procs must not exceed --clients")
     from dledger.runtime.transport import install_uvloop
@@ -118,7 +122,10 @@ def bench(
         "procs": procs,
         "idempotent": idempotent,
     }
-    _print(report)
+    if output == "json":
+        click.echo(json.dumps(report))
+    else:
+        _print(report)
     if json_path:
         Path(json_path).write_text(json.dumps(report, indent=2))
     if plot_path:

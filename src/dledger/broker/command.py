@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import json
+import base64
 import logging
 from pathlib import Path
 from typing import Any
@@ -11,7 +11,7 @@ from typing import Any
 import click
 
 from dledger.broker.config import BrokerConfig, load_broker_toml
-from dledger.clitools import check_store_dir, client_tls, security, security_options
+from dledger.clitools import Rows, check_store_dir, client_tls, output_option, security, security_options
 
 log = logging.getLogger(__name__)
 
@@ -76,33 +76,35 @@ def _run(cfg: BrokerConfig) -> None:
               help="Send stdin lines in batches of this many records.")
 @click.option("--timeout", default=10.0, show_default=True, type=click.FloatRange(0.1))
 @click.argument("bodies", nargs=-1)
+@output_option("json")
 @security_options
-def send(controller: str, broker_name: str, batch: int, timeout: float, bodies: tuple[str, ...]) -> None:
+def send(controller: str, broker_name: str, batch: int, timeout: float, bodies: tuple[str, ...],
+         output: str) -> None:
     """Send one record per BODY, or per stdin line, to a broker set's master; print
     {"offset","index","epoch"} per record once acknowledged."""
     from dledger.broker.client import BrokerClient
     from dledger.clitools import body_chunks
 
-    with BrokerClient(controller, broker_name, timeout, tls=client_tls()) as c:
+    with (BrokerClient(controller, broker_name, timeout, tls=client_tls()) as c,
+          Rows(output, f"sent to broker set {broker_name}") as rows):
         for chunk in body_chunks(bodies, batch):
             for r in c.send_batch(chunk):
-                click.echo(json.dumps({"offset": r.offset, "index": r.index, "epoch": r.epoch}))
+                rows.add({"offset": r.offset, "index": r.index, "epoch": r.epoch})  # JSON: as each is acknowledged
 
 
-def read_broker(controller: str, broker_name: str, from_offset: int, max_entries: int, follow: bool) -> None:
-    """`dledger read --controller P --broker b0`: confirmed records as JSON lines."""
+def read_broker(controller: str, broker_name: str, from_offset: int, max_entries: int, follow: bool,
+                output: str = "json", b64: bool = False) -> None:
+    """`dledger read --controller P --broker b0`: confirmed records as JSON lines (or, not
+    following, a table); bodies as `read`'s (base64 text with `b64`)."""
     from dledger.broker.client import BrokerClient
     from dledger.clitools import body_json
 
-    with BrokerClient(controller, broker_name, tls=client_tls()) as c:
+    with (BrokerClient(controller, broker_name, tls=client_tls()) as c,
+          Rows("json" if follow else output, f"broker set {broker_name}") as rows):
         records = c.subscribe(from_offset) if follow else c.read(from_offset, max_entries)
         for r in records:
-            click.echo(json.dumps({"index": r.index, "offset": r.offset, "epoch": r.epoch, "body": body_json(r.body)}),
-                       nl=True)
-            if follow:
-                import sys
-
-                sys.stdout.flush()
+            body = base64.b64encode(r.body).decode() if b64 else body_json(r.body)
+            rows.add({"index": r.index, "offset": r.offset, "epoch": r.epoch, "body": body}, flush=follow)
 
 
 __all__ = ["broker", "read_broker", "send"]

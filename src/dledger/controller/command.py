@@ -13,9 +13,12 @@ import msgspec
 
 from dledger.clitools import (
     PEERS_HELP,
+    F,
     UserError,
     check_store_dir,
     client_tls,
+    emit,
+    output_option,
     run_member,
     security,
     security_options,
@@ -122,47 +125,81 @@ def _checked(resp: m.Response, ok: tuple[int, ...] = (RC.SUCCESS,)) -> m.Respons
     return resp
 
 
-def _echo_json(obj: Any) -> None:
-    click.echo(json.dumps(msgspec.to_builtins(obj), indent=2, sort_keys=True))
+def _json(obj: Any) -> None:
+    """What --json printed (keys sorted), as one line: -o json prints JSON lines everywhere."""
+    click.echo(json.dumps(msgspec.to_builtins(obj), sort_keys=True))
+
+
+def _as_json_too(f: F) -> F:
+    """-o/--output, and the --json these commands had before it (kept: an alias of -o json)."""
+    f = output_option(None, "text lines")(f)
+    return click.option("--json", "as_json", is_flag=True, help="-o json.")(f)
+
+
+def _output(output: str | None, as_json: bool) -> str | None:
+    """--json, as scripts wrote before -o existed, means -o json."""
+    return "json" if as_json else output
 
 
 @admin.command("controller-status")
 @click.option("--controller", "controllers", required=True, help=CONTROLLER_HELP)
-@click.option("--json", "as_json", is_flag=True)
+@_as_json_too
 @security_options
-def controller_status(controllers: str, as_json: bool) -> None:
-    """Every controller's view: who leads, its term and applied index."""
+def controller_status(controllers: str, as_json: bool, output: str | None) -> None:
+    """Every controller's view: who leads, its term and applied index (-o json: one object
+    keyed by address, a view or why the controller did not answer)."""
     views = _ask(controllers, lambda c: c.metadata())
-    if as_json:
-        _echo_json(views)
-        return
-    for address, v in views.items():
-        if isinstance(v, str):
-            click.echo(f"{address}  unreachable: {v}")
-        else:
-            role = "LEADER" if v.is_leader else "follower"
-            click.echo(f"{address}  {v.self_id:<6} {role:<9} term {v.term:<5} leader {v.controller_leader_id or '-':<6}"
-                       f" committed {v.committed_index:<8} applied {v.applied_index}")
+    output = _output(output, as_json)
+    if output == "json":
+        _json(views)
+    elif output == "table":
+        emit([_view_row(address, v) for address, v in views.items()], "table", "controllers")
+    else:
+        for address, v in views.items():
+            click.echo(_view_line(address, v))
+
+
+def _view_row(address: str, v: m.MetadataInfo | str) -> dict[str, object]:
+    if isinstance(v, str):
+        return {"address": address, "role": "unreachable", "error": v}
+    return {"address": address, "id": v.self_id, "role": "leader" if v.is_leader else "follower", "term": v.term,
+            "leader": v.controller_leader_id, "committed": v.committed_index, "applied": v.applied_index}
+
+
+def _view_line(address: str, v: m.MetadataInfo | str) -> str:
+    if isinstance(v, str):
+        return f"{address}  unreachable: {v}"
+    role = "LEADER" if v.is_leader else "follower"
+    return (f"{address}  {v.self_id:<6} {role:<9} term {v.term:<5} leader {v.controller_leader_id or '-':<6}"
+            f" committed {v.committed_index:<8} applied {v.applied_index}")
 
 
 @admin.command("sync-state-set")
 @click.option("--controller", "controllers", required=True, help=CONTROLLER_HELP)
 @click.option("--broker", required=True, help="Broker set (broker name).")
-@click.option("--json", "as_json", is_flag=True)
+@_as_json_too
 @security_options
-def sync_state_set(controllers: str, broker: str, as_json: bool) -> None:
+def sync_state_set(controllers: str, broker: str, as_json: bool, output: str | None) -> None:
     """A broker set's master, epochs, in-sync and out-of-sync replicas with liveness."""
     resp = _checked(_ask(controllers, lambda c: c.get_sync_state_data([broker])))
     info = (resp.replicas_info or {}).get(broker)
     if info is None:
         raise UserError(f"CONTROLLER_BROKER_METADATA_NOT_EXIST ({int(RC.CONTROLLER_BROKER_METADATA_NOT_EXIST)}): "
                         f"no broker set {broker!r}")
-    if as_json:
-        _echo_json(info)
+    output = _output(output, as_json)
+    if output == "json":
+        _json(info)
         return
-    click.echo(f"broker set {broker}: master {info.master_broker_id} at {info.master_address or '-'}, "
-               f"master epoch {info.master_epoch}, SyncStateSet epoch {info.sync_state_set_epoch}")
-    for label, replicas in (("in sync", info.in_sync_replicas), ("not in sync", info.not_in_sync_replicas)):
+    title = (f"broker set {broker}: master {info.master_broker_id} at {info.master_address or '-'}, "
+             f"master epoch {info.master_epoch}, SyncStateSet epoch {info.sync_state_set_epoch}")
+    sets = (("in sync", info.in_sync_replicas), ("not in sync", info.not_in_sync_replicas))
+    if output == "table":
+        emit([{"id": r.broker_id, "address": r.broker_address, "master": r.broker_id == info.master_broker_id,
+               "in_sync": label == "in sync", "alive": r.alive} for label, replicas in sets for r in replicas],
+             "table", title)
+        return
+    click.echo(title)
+    for label, replicas in sets:
         for r in replicas:
             click.echo(f"  {label:<12} id {r.broker_id:<4} {r.broker_address:<24} {'alive' if r.alive else 'DEAD'}")
 
@@ -172,14 +209,21 @@ def sync_state_set(controllers: str, broker: str, as_json: bool) -> None:
 @click.option("--broker", required=True, help="Broker set (broker name).")
 @click.option("--id", "broker_id", type=click.IntRange(1), default=None,
               help="Make this replica master (it must be alive and in the SyncStateSet).")
+@output_option(None, "one line")
 @security_options
-def elect_master(controllers: str, broker: str, broker_id: int | None) -> None:
-    """Elect a master for a broker set now (the best live in-sync replica, or --id)."""
+def elect_master(controllers: str, broker: str, broker_id: int | None, output: str | None) -> None:
+    """Elect a master for a broker set now (the best live in-sync replica, or --id); with -o:
+    {"broker","elected" (false: the master stayed),"master_broker_id",...}."""
     if broker_id is None:
         resp = _ask(controllers, lambda c: c.elect_master(broker))
     else:
         resp = _ask(controllers, lambda c: c.elect_master(broker, broker_id, designate=True))
     _checked(resp, (RC.SUCCESS, RC.CONTROLLER_MASTER_STILL_EXIST))
+    if output is not None:
+        emit([{"broker": broker, "elected": resp.code == RC.SUCCESS, "master_broker_id": resp.master_broker_id,
+               "master_address": resp.master_address, "master_epoch": resp.master_epoch,
+               "sync_state_set": resp.sync_state_set}], output)
+        return
     what = "elected" if resp.code == RC.SUCCESS else "still master"
     click.echo(f"broker set {broker}: {what} {resp.master_broker_id} at {resp.master_address}, "
                f"master epoch {resp.master_epoch}, SyncStateSet {resp.sync_state_set}")
@@ -190,12 +234,16 @@ def elect_master(controllers: str, broker: str, broker_id: int | None) -> None:
 @click.option("--broker", required=True, help="Broker set (broker name).")
 @click.option("--ids", default="", help="Replica ids to forget, e.g. 2,3 (default: the whole broker set).")
 @click.option("--clean-living-broker", is_flag=True, help="Also forget replicas that are alive.")
+@output_option(None, "one line")
 @security_options
-def clean_broker(controllers: str, broker: str, ids: str, clean_living_broker: bool) -> None:
-    """Forget dead replicas of a broker set, or the whole set."""
+def clean_broker(controllers: str, broker: str, ids: str, clean_living_broker: bool, output: str | None) -> None:
+    """Forget dead replicas of a broker set, or the whole set (with -o: {"broker","ids","whole_set"})."""
     try:
         id_list = [int(p) for p in ids.replace(";", ",").split(",") if p.strip()]
     except ValueError:
         raise click.BadParameter(f"{ids!r}: give ids as 1,2,3", param_hint="--ids") from None
     _checked(_ask(controllers, lambda c: c.clean_broker_data(broker, id_list, clean_living_broker=clean_living_broker)))
+    if output is not None:
+        emit([{"broker": broker, "ids": id_list, "whole_set": not id_list}], output)
+        return
     click.echo(f"broker set {broker}: {'replicas ' + ','.join(map(str, id_list)) if id_list else 'all'} cleaned")

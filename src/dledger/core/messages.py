@@ -396,6 +396,12 @@ def is_member_message(code: int, msg: Msg) -> bool:
     return code in _MEMBER_CODES or (isinstance(msg, LeadershipTransferRequest) and bool(msg.transfer_id))
 
 
+def is_member_code(code: int) -> bool:
+    """`is_member_message` when the request itself is unknown (undecodable, or refused before
+    decoding): only its code tells (a leader's hand-over then counts as a client's transfer)."""
+    return code in _MEMBER_CODES
+
+
 def decode_request(code: int, meta: bytes) -> Msg:
     """Decode a request; unknown codes and bad payloads raise (answered UNSUPPORTED / 411):
     KeyError, or one of DECODE_ERRORS (a field out of its bounds is a ValidationError)."""

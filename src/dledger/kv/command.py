@@ -2,12 +2,12 @@
 
 `get` writes the value's bytes as they are (like `etcdctl get --print-value-only`), so
 binary values survive a pipe; `range` writes `key<TAB>value` lines (text, undecodable
-bytes escaped); writes print one JSON object with what they did.
+bytes escaped); writes print one JSON object with what they did. Every subcommand takes
+`-o json|table`: JSON lines (values as `dledger read`'s bodies: text, or {"b64": …}) or a table.
 """
 
 from __future__ import annotations
 
-import json
 import sys
 
 import click
@@ -15,22 +15,30 @@ import click
 from dledger.clitools import (
     UserError,
     WireInt,
+    body_json,
     consistency_option,
+    emit,
     group_option,
     make_client,
+    output_option,
     peers_option,
     security_options,
 )
 from dledger.kv.client import KVClient
-from dledger.kv.commands import Result
+from dledger.kv.commands import Item, Result
 
 
 def _text(b: bytes | None) -> str | None:
     return None if b is None else b.decode("utf-8", "backslashreplace")
 
 
-def _print_result(r: Result) -> None:
-    click.echo(json.dumps({"ok": r.ok, "index": r.index, "prev": _text(r.prev), "prev_mod_index": r.prev_index}))
+def _print_result(r: Result, output: str) -> None:
+    prev = None if r.prev is None else body_json(r.prev)
+    emit([{"ok": r.ok, "index": r.index, "prev": prev, "prev_mod_index": r.prev_index}], output)
+
+
+def _item(item: Item) -> dict[str, object]:
+    return {"key": body_json(item.key), "value": body_json(item.value), "mod_index": item.mod_index}
 
 
 def _kv(ctx: click.Context) -> KVClient:
@@ -59,24 +67,30 @@ def kv(ctx: click.Context, peers: str, group: str) -> None:
 @click.argument("key")
 @click.argument("value", required=False)
 @click.option("--stdin", is_flag=True, help="Read the value from standard input (binary-safe).")
+@output_option("json")
 @click.pass_context
-def put(ctx: click.Context, key: str, value: str | None, stdin: bool) -> None:
-    """Set KEY to VALUE."""
+def put(ctx: click.Context, key: str, value: str | None, stdin: bool, output: str) -> None:
+    """Set KEY to VALUE; print {"ok","index","prev","prev_mod_index"}."""
     data = _value(value, stdin)
     with _kv(ctx) as c:
-        _print_result(c.put(key, data))
+        _print_result(c.put(key, data), output)
 
 
 @kv.command()
 @click.argument("key")
+@output_option(None, "the value's raw bytes")
 @consistency_option
 @click.pass_context
-def get(ctx: click.Context, key: str, consistency: str) -> None:
-    """Write KEY's value to standard output (exit 1 when there is no such key)."""
+def get(ctx: click.Context, key: str, output: str | None, consistency: str) -> None:
+    """Write KEY's value to standard output (with -o: {"key","value","mod_index"}); exit 1
+    when there is no such key."""
     with _kv(ctx) as c:
         item = c.get(key, consistency)
     if item is None:
         raise UserError(f"no key {key!r}")
+    if output is not None:
+        emit([_item(item)], output)
+        return
     sys.stdout.buffer.write(item.value)
     if sys.stdout.isatty():
         sys.stdout.buffer.write(b"\n")
@@ -85,11 +99,12 @@ def get(ctx: click.Context, key: str, consistency: str) -> None:
 
 @kv.command("del")
 @click.argument("key")
+@output_option("json")
 @click.pass_context
-def delete(ctx: click.Context, key: str) -> None:
+def delete(ctx: click.Context, key: str, output: str) -> None:
     """Delete KEY (`ok` says whether it existed)."""
     with _kv(ctx) as c:
-        _print_result(c.delete(key))
+        _print_result(c.delete(key), output)
 
 
 @kv.command()
@@ -100,16 +115,17 @@ def delete(ctx: click.Context, key: str) -> None:
 @click.option("--expect-index", type=WireInt(-1), default=None,
               help="Only if KEY was last changed by this entry (-1: only if KEY does not exist).")
 @click.option("--expect-value", default=None, help="Only if KEY holds this value.")
+@output_option("json")
 @click.pass_context
 def cas(ctx: click.Context, key: str, value: str | None, stdin: bool, remove: bool, expect_index: int | None,
-        expect_value: str | None) -> None:
+        expect_value: str | None, output: str) -> None:
     """Compare-and-set: change KEY only if it is as expected; exit 1 if it was not."""
     if expect_index is None and expect_value is None:
         raise click.UsageError("give --expect-index and/or --expect-value")
     data = None if remove else _value(value, stdin)
     with _kv(ctx) as c:
         r = c.cas(key, data, expect_index=expect_index, expect_value=expect_value)
-    _print_result(r)
+    _print_result(r, output)
     if not r.ok:
         raise UserError(f"compare failed: {key!r} was last changed by entry {r.prev_index}")
 
@@ -117,13 +133,18 @@ def cas(ctx: click.Context, key: str, value: str | None, stdin: bool, remove: bo
 @kv.command("range")
 @click.argument("prefix", default="")
 @click.option("--limit", type=click.IntRange(1), default=1000, show_default=True)
+@output_option(None, "key<TAB>value lines, undecodable bytes escaped")
 @consistency_option
 @click.pass_context
-def range_(ctx: click.Context, prefix: str, limit: int, consistency: str) -> None:
-    """Keys starting with PREFIX in byte order, as `key<TAB>value` lines."""
+def range_(ctx: click.Context, prefix: str, limit: int, output: str | None, consistency: str) -> None:
+    """Keys starting with PREFIX in byte order, as `key<TAB>value` lines (with -o:
+    {"key","value","mod_index"})."""
     with _kv(ctx) as c:
         r = c.range(prefix, limit, None, consistency)
-    for item in r.items:
-        click.echo(f"{_text(item.key)}\t{_text(item.value)}")
+    if output is None:
+        for item in r.items:
+            click.echo(f"{_text(item.key)}\t{_text(item.value)}")
+    else:
+        emit([_item(item) for item in r.items], output, f"keys starting with {prefix!r}" if prefix else "")
     if r.more:
         click.echo(f"(more: stopped at --limit {limit})", err=True)

@@ -24,6 +24,14 @@ log = logging.getLogger(__name__)
 _LAT_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 _BATCH_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 5000)
 
+# label values of dledger_requests_total (see docs/metrics.md)
+KIND_MEMBER = "member"  # votes, heartbeats, pushes, snapshot installs, read indexes, hand-overs
+KIND_CLIENT = "client"  # everything else
+# a group this process does not host (or that a malformed request did not name): "?" is no
+# valid group name, and one value for all keeps a flood of made-up names from making series
+OTHER_GROUP = "?"
+UNKNOWN_REQUEST = "unknown"  # a request code this member does not know (bounded like the group)
+
 
 class Metrics:
     def __init__(self) -> None:
@@ -39,8 +47,11 @@ class Metrics:
                                        labels, buckets=_LAT_BUCKETS, registry=self.registry)
         self.entries_appended = Counter("dledger_appended_entries", "Entries appended by clients (leader)", labels,
                                         registry=self.registry)
-        self.requests = Counter("dledger_requests", "Requests answered, by request and response code",
-                                (*labels, "request", "code"), registry=self.registry)
+        # kind: "member" (Raft traffic between members) or "client"; refusals before a group is
+        # reached count too, under group "?" when the group is not one this process hosts
+        self.requests = Counter("dledger_requests", "Requests answered, by kind (client or member), request and "
+                                "response code, refusals included", (*labels, "kind", "request", "code"),
+                                registry=self.registry)
         self.nodes: list[Node] = []
         self.registry.register(_StateCollector(self.nodes))
 

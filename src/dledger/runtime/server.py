@@ -17,10 +17,10 @@ import resource
 import time
 from collections.abc import Callable
 from concurrent.futures import CancelledError, Future
-from enum import IntEnum
 from typing import Any
 
 import msgspec
+from prometheus_client import Counter
 
 from dledger.codes import DLedgerError, RequestCode, ResponseCode
 from dledger.config import DLedgerConfig, Peer
@@ -40,6 +40,7 @@ from dledger.core.messages import (
     decode_request,
     decode_response,
     encode,
+    is_member_code,
     is_member_message,
 )
 from dledger.core.node import (
@@ -55,9 +56,10 @@ from dledger.core.node import (
     TakeSnapshot,
 )
 from dledger.ratelog import RateLimitedLog
-from dledger.runtime.metrics import Metrics
+from dledger.runtime.metrics import KIND_CLIENT, KIND_MEMBER, OTHER_GROUP, UNKNOWN_REQUEST, Metrics
 from dledger.runtime.statemachines import StateMachineHost, load_state_machine
 from dledger.runtime.transport import (
+    AUTH_CODE,
     LISTENER_BOTH,
     LISTENER_CLIENT,
     LISTENER_MEMBER,
@@ -136,7 +138,8 @@ class GroupRuntime:
             self._m_batch = metrics.batch_size.labels(*labels)
             self._m_bytes = metrics.bytes_appended.labels(*labels)
             self._m_entries = metrics.entries_appended.labels(*labels)
-            self._m_requests: dict[tuple[int, int], Any] = {}  # (request code, answer code) -> counter
+            # (request code, member message?, answer code) -> dledger_requests_total child
+            self._m_requests: dict[tuple[int, bool, int], Counter] = {}
             self.store.fsync_observer = metrics.fsync_latency.labels(*labels).observe
             metrics.nodes.append(self.node)
 
@@ -174,34 +177,55 @@ class GroupRuntime:
         self.node.on_durable(durable, now_ms())
         self._execute()
 
-    def handle(self, code: int, req: msgspec.Struct, data: memoryview | bytes | bytearray, respond: Respond) -> None:
+    def handle(self, code: int, req: msgspec.Struct, data: memoryview | bytes | bytearray, respond: Respond,
+               member: bool | None = None) -> None:
         """Give a request to the node at once (arrival order is processing order); its
-        answer goes to `respond` when the node emits it (see _execute)."""
+        answer goes to `respond` when the node emits it (see _execute). `member`:
+        is_member_message(code, req), when the caller knows it already (the server does)."""
+        if member is None:
+            member = is_member_message(code, req)  # type: ignore[arg-type]
         sender = getattr(req, "leader_id", "")
         if sender and sender in self.blocked_ids:
+            if self.metrics is not None:  # the transport answers the raise: count it as answered
+                self.count(code, member, ResponseCode.NETWORK_ERROR)
             raise DLedgerError(ResponseCode.NETWORK_ERROR, "dropped by fault injection")
         token = next(self._tokens)
         if self.metrics is not None:
-            respond = self._counted(code, respond)
+            respond = self._counted(code, member, respond)
             if code == RequestCode.APPEND:
                 respond = self._observed(req, respond)
         self._waiting[token] = respond
         self.node.handle(code, req, data, token, now_ms())  # type: ignore[arg-type]
         self._schedule_drain()
 
-    def _counted(self, code: int, respond: Respond) -> Respond:
-        """`respond`, also counting the request by its code and its answer's."""
+    def _counted(self, code: int, member: bool, respond: Respond) -> Respond:
+        """`respond`, also counting the request by its kind, its code and its answer's (inline,
+        not through `count`: this runs for every request)."""
         def done(resp: Message) -> None:
-            key = (code, resp.code)
+            key = (code, member, resp.code)
             child = self._m_requests.get(key)
             if child is None:
-                names = _code_name(RequestCode, code), _code_name(ResponseCode, resp.code)
-                child = self._m_requests[key] = self.metrics.requests.labels(  # type: ignore[union-attr]
-                    self.cfg.group, self.cfg.self_id, *names)
+                child = self._request_child(key)
             child.inc()
             respond(resp)
 
         return done
+
+    def count(self, code: int, member: bool, answer: int) -> None:
+        """Count a request of this group answered elsewhere (refused by the server before the
+        node saw it, say); only with metrics."""
+        key = (code, member, answer)
+        child = self._m_requests.get(key)
+        if child is None:
+            child = self._request_child(key)
+        child.inc()
+
+    def _request_child(self, key: tuple[int, bool, int]) -> Counter:
+        """The counter of (request code, member message?, answer code), made once: labels() is
+        slow. Keys are bounded: only decodable request codes reach a group."""
+        assert self.metrics is not None
+        child = self._m_requests[key] = _request_counter(self.metrics, self.cfg.group, self.cfg.self_id, *key)
+        return child
 
     def _observed(self, req: msgspec.Struct, respond: Respond) -> Respond:
         """`respond`, also recording the latency, batch size and bytes of a successful append."""
@@ -404,6 +428,11 @@ class DLedgerServer:
         port = next((c.metrics_port for c in self.configs if c.metrics_port), 0)
         self.metrics = Metrics() if port else None
         self.metrics_port = port
+        # dledger_requests_total's member label for requests no hosted group takes: this
+        # process's member id, or its ids (one per group) joined with "," when they differ
+        self._member_label = ",".join(sorted({c.self_id for c in self.configs}))
+        # (request code or -1 if unknown, member message?, answer code) -> its counter, for those
+        self._m_other: dict[tuple[int, bool, int], Counter] = {}
         # request codes another service answers on this port (the controller's, say)
         self.services: dict[int, DirectHandler] = {}
         self.sealed_groups: set[str] = set()  # groups whose log only this process writes: no client appends
@@ -450,6 +479,8 @@ class DLedgerServer:
         self.server = TransportServer(direct=self._handle, max_frame_bytes=max_frame,
                                       ssl=server_context(tls) if tls else None, auth_token=token, limits=limits)
         self.server.on_connection_lost = self.on_connection_lost
+        if self.metrics is not None:
+            self.server.on_refused = self._count_other
         split = self.member_address != self.address
         await self._listen(self.address, LISTENER_CLIENT if split else LISTENER_BOTH)
         if split:
@@ -484,35 +515,64 @@ class DLedgerServer:
         if service is not None:
             service(msg, respond, caller)
             return
+        code = msg.code
         try:
-            req = decode_request(msg.code, msg.meta)
+            req = decode_request(code, msg.meta)
         except KeyError:
-            respond(_error(ResponseCode.UNSUPPORTED, f"unknown request code {msg.code}"))
+            self._answer(respond, _error(ResponseCode.UNSUPPORTED, f"unknown request code {code}"), code, False)
             return
         except DECODE_ERRORS as e:
-            respond(_error(ResponseCode.UNEXPECTED_ARGUMENT, f"malformed request {msg.code}: {e}"))
+            self._answer(respond, _error(ResponseCode.UNEXPECTED_ARGUMENT, f"malformed request {code}: {e}"),
+                         code, is_member_code(code), self.groups.get(_group_of(msg.meta)))
             return
+        member = is_member_message(code, req)
         g = self.groups.get(req.group)
-        refusal = _refusal(g.cfg, msg.code, req, caller) if g is not None else None
         if g is None:
-            respond(_error(ResponseCode.UNKNOWN_GROUP, f"no group {req.group!r} here"))
-        elif refusal is not None:
-            respond(refusal)
-        elif msg.code == RequestCode.APPEND and req.group in self.sealed_groups:
-            respond(_error(ResponseCode.UNSUPPORTED, f"group {req.group!r} is written by its members only"))
-        elif msg.code == FAULT:
+            self._answer(respond, _error(ResponseCode.UNKNOWN_GROUP, f"no group {req.group!r} here"), code, member)
+            return
+        refusal = _refusal(g.cfg, code, req, caller, member)
+        if refusal is not None:
+            self._answer(respond, refusal, code, member, g)
+        elif code == RequestCode.APPEND and req.group in self.sealed_groups:
+            self._answer(respond, _error(ResponseCode.UNSUPPORTED, f"group {req.group!r} is written by its members "
+                                         "only"), code, member, g)
+        elif code == FAULT:
             # any client can send FAULT: obeying it lets anyone partition the group, so
             # only a member started for tests or chaos runs does
             assert isinstance(req, FaultRequest)
             if not g.cfg.enable_fault_injection:
                 self._warn("fault", "%s/%s: refused a FAULT request (fault injection is disabled)",
                            g.cfg.group, g.cfg.self_id)
-                respond(_error(ResponseCode.UNSUPPORTED, FAULT_DISABLED))
+                self._answer(respond, _error(ResponseCode.UNSUPPORTED, FAULT_DISABLED), code, member, g)
                 return
             g.set_faults(req.blocked, req.spare_handover)
-            respond(Message(200, encode(SimpleResponse(200))))
+            self._answer(respond, Message(200, encode(SimpleResponse(200))), code, member, g)
         else:
-            g.handle(msg.code, req, msg.data, respond)
+            g.handle(code, req, msg.data, respond, member)
+
+    def _answer(self, respond: Respond, answer: Message, code: int, member: bool,
+                g: GroupRuntime | None = None) -> None:
+        """Answer a request the server itself answers (a refusal before any group, or FAULT),
+        counted like the groups' answers: under its group `g`, else under group "?"."""
+        if self.metrics is not None:
+            if g is not None:
+                g.count(code, member, answer.code)
+            else:
+                self._count_other(code, answer.code, member)
+        respond(answer)
+
+    def _count_other(self, code: int, answer: int, member: bool | None = None) -> None:
+        """Count a request no hosted group takes (also the transport's own refusals: its
+        on_refused). Unknown request codes share one series and the group is always "?", so
+        junk cannot make series without bound. `member` None: known from the code alone."""
+        assert self.metrics is not None
+        if member is None:
+            member = is_member_code(code)
+        key = (code if code in _REQUEST_NAMES else -1, member, answer)
+        child = self._m_other.get(key)
+        if child is None:
+            child = self._m_other[key] = _request_counter(self.metrics, OTHER_GROUP, self._member_label, *key)
+        child.inc()
 
 
 # File descriptors kept for the store (data and index files, checkpoints), peers and metrics.
@@ -536,11 +596,11 @@ def _connection_cap(wanted: int) -> int:
     return wanted
 
 
-def _refusal(cfg: DLedgerConfig, code: int, req: Any, caller: Caller) -> Message | None:
+def _refusal(cfg: DLedgerConfig, code: int, req: Any, caller: Caller, member_msg: bool) -> Message | None:
     """Who may send what (docs/security.md): member messages only on the member listener
     (when there is one) and, with TLS, only under a certificate naming the sender member;
-    the member listener takes nothing from clients but METADATA."""
-    member_msg = is_member_message(code, req)
+    the member listener takes nothing from clients but METADATA. `member_msg`:
+    is_member_message(code, req)."""
     if member_msg and caller.listener == LISTENER_CLIENT:
         return _error(ResponseCode.UNEXPECTED_MEMBER, "member messages go to the member listener (peer_listen)")
     if not member_msg and caller.listener == LISTENER_MEMBER and code != RequestCode.METADATA:
@@ -578,14 +638,40 @@ async def serve_forever(configs: DLedgerConfig | list[DLedgerConfig], stop: asyn
         await server.stop()
 
 
-def _code_name(codes: type[IntEnum], code: int) -> str:
+class _Named(msgspec.Struct, array_like=True):
+    """What every request begins with (core.messages.Msg): its group."""
+
+    group: str = ""
+
+
+_named = msgspec.msgpack.Decoder(_Named)
+
+
+def _group_of(meta: bytes) -> str:
+    """The group a malformed request names, if that much of it decodes ("" if not)."""
     try:
-        return codes(code).name
+        return _named.decode(meta).group
+    except DECODE_ERRORS:
+        return ""
+
+
+# The request label of dledger_requests_total: DLedger's codes and dledger's own (above
+# 52000, the transport's AUTH among them); any other code is UNKNOWN_REQUEST.
+_REQUEST_NAMES: dict[int, str] = {
+    **{int(c): c.name for c in RequestCode},
+    READ: "READ", QUERY: "QUERY", SNAPSHOT: "SNAPSHOT", READ_INDEX: "READ_INDEX", FAULT: "FAULT", AUTH_CODE: "AUTH",
+}
+
+
+def _request_counter(metrics: Metrics, group: str, member_id: str, code: int, member: bool, answer: int) -> Counter:
+    """The dledger_requests_total child of one request kind, code and answer code (callers
+    cache it). Answer codes are this process's own, so naming unknown ones stays bounded."""
+    try:
+        answer_name = ResponseCode(answer).name
     except ValueError:
-        return _OWN_REQUESTS.get(code, str(code))
+        answer_name = str(answer)
+    return metrics.requests.labels(group, member_id, KIND_MEMBER if member else KIND_CLIENT,
+                                   _REQUEST_NAMES.get(code, UNKNOWN_REQUEST), answer_name)
 
-
-# dledger's own request codes (above 52000), by name for the requests metric
-_OWN_REQUESTS = {READ: "READ", QUERY: "QUERY", SNAPSHOT: "SNAPSHOT", READ_INDEX: "READ_INDEX", FAULT: "FAULT"}
 
 __all__ = ["DLedgerServer", "GroupRuntime", "RequestCode", "serve_forever"]

@@ -743,6 +743,8 @@ class _ServerConnection(_FrameProtocol, Caller):
         else:
             text = "wrong auth token"
             self._server.warn("token", "wrong auth token from %s", self.peer)
+        if self._server.on_refused is not None:
+            self._server.on_refused(code, ResponseCode.UNAUTHENTICATED)
         self.queue_frame(KIND_RESPONSE, request_id, ResponseCode.UNAUTHENTICATED, encode_error(text), b"")
         if code == AUTH_CODE:
             self.close_gracefully(text)
@@ -872,6 +874,9 @@ class TransportServer:
         self._turn_reset_scheduled = False
         # told when a connection is gone (the controller's liveness: a broker's connection closed)
         self.on_connection_lost: Callable[[Caller], None] | None = None
+        # told of each request this transport refuses itself, (request code, answer code): the
+        # UNAUTHENTICATED answers before the token handshake (the member counts them)
+        self.on_refused: Callable[[int, int], None] | None = None
 
     def charge(self, cost: int) -> None:
         self.turn_cost += cost

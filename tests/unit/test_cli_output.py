@@ -1,0 +1,126 @@
+"""`-o/--output json|table` on every `dledger` command that prints a result (the commands
+that need no running group here; the others in tests/integration: test_cli, test_state_machine,
+test_controller, test_broker)."""
+
+from __future__ import annotations
+
+import json
+from array import array
+from pathlib import Path
+
+import click
+import pytest
+from click.testing import CliRunner, Result
+
+from dledger.bench.load import LoadResult, LoadSpec
+from dledger.cli import cli
+from dledger.clitools import Rows, emit, emit_record
+
+# members, broker replicas, live views and the Spark audit: nothing to print as rows
+NO_OUTPUT = {"server", "cluster", "controller", "broker", "top", "demo", "audit"}
+
+
+def commands(group: click.Group, path: str = "") -> dict[str, click.Command]:
+    out: dict[str, click.Command] = {}
+    for name, cmd in group.commands.items():
+        if isinstance(cmd, click.Group):
+            out.update(commands(cmd, f"{path}{name} "))
+        elif name not in NO_OUTPUT:
+            out[f"{path}{name}"] = cmd
+    return out
+
+
+def test_every_command_that_prints_a_result_takes_output_json_or_table() -> None:
+    found = commands(cli)
+    assert {"get", "snapshot", "store inspect", "kv range", "admin sync-state-set", "send", "certs", "bench"} <= set(
+        found)
+    for name, cmd in found.items():
+        opt = next((p for p in cmd.params if p.name == "output"), None)
+        assert isinstance(opt, click.Option), f"dledger {name} has no -o/--output"
+        assert opt.opts == ["-o", "--output"] and isinstance(opt.type, click.Choice), name
+        assert list(opt.type.choices) == ["json", "table"], name
+        assert opt.default in ("json", "table", None), name
+        if opt.default is None:  # the command's own format without -o: the help says which
+            assert opt.help is not None and "[default: " in opt.help, name
+
+
+def run(*args: str) -> Result:
+    """The command, on a wide terminal (a table's values on one line each)."""
+    result = CliRunner(env={"COLUMNS": "200"}).invoke(cli, list(args))
+    assert result.exit_code == 0, result.output
+    return result
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Path:
+    """A member's store directory as a forged term left it: no entries, currterm past the limit."""
+    d = tmp_path / "store"
+    (d / "data").mkdir(parents=True)
+    (d / "currterm").write_text(json.dumps({"term": 1 << 62, "voted_for": "n0"}))
+    return d
+
+
+def test_store_inspect_and_repair_term(store: Path) -> None:
+    default = run("store", "inspect", "--store-dir", str(store)).output
+    view = json.loads(default)
+    assert default == run("store", "inspect", "--store-dir", str(store), "-o", "json").output  # json is the default
+    assert view["term"] == 1 << 62 and view["voted_for"] == "n0" and len(view["problems"]) == 1
+    table = run("store", "inspect", "--store-dir", str(store), "-o", "table").output
+    assert "voted_for" in table and str(1 << 62) in table and "beyond the limit" in table and "{" not in table
+    table = run("store", "repair-term", "--store-dir", str(store), "-o", "table").output
+    assert f'{{"before": {1 << 62}, "after": 0}}' in table and "voted_for" in table
+    change = json.loads(run("store", "repair-term", "--store-dir", str(store), "--term", "3", "-o", "json").output)
+    assert change["term"] == {"before": 0, "after": 3}
+
+
+def test_store_inspect_errors_stay_one_line(tmp_path: Path) -> None:
+    result = CliRunner().invoke(cli, ["store", "inspect", "--store-dir", str(tmp_path), "-o", "table"])
+    assert result.exit_code != 0 and "not a dledger store directory" in str(result.exception)
+    result = CliRunner().invoke(cli, ["store", "inspect", "--store-dir", str(tmp_path), "-o", "yaml"])
+    assert result.exit_code == 2 and "'yaml' is not one of 'json', 'table'" in result.output
+
+
+def test_certs(tmp_path: Path) -> None:
+    files = [json.loads(line) for line in run("certs", "--out", str(tmp_path / "a"), "--members", "n0",
+                                              "-o", "json").output.splitlines()]
+    assert {f["name"]: f["private_key"] for f in files} == {"ca": False, "ca-key": True, "n0": False, "n0-key": True,
+                                                            "client": False, "client-key": True}
+    assert all(Path(f["path"]).is_file() for f in files)
+    table = run("certs", "--out", str(tmp_path / "b"), "--members", "n0", "-o", "table").output
+    assert "private_key" in table and "n0-key" in table and "start member n0 with: --tls-cert" in table
+    text = run("certs", "--out", str(tmp_path / "c"), "--members", "n0").output  # as before
+    assert text.startswith("wrote ") and "(private key, mode 0600)" in text and "{" not in text
+
+
+def test_bench_summary_as_json(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """bench's summary with -o json: the report --json FILE writes, one line on stdout."""
+    def fake_run(spec: LoadSpec, procs: int = 1) -> LoadResult:
+        return LoadResult(entries=500, requests=100, elapsed=1.0, latencies_ms=array("d", [1.0, 2.0]), size=10,
+                          batch=5)
+
+    monkeypatch.setattr("dledger.bench.command._run", fake_run)
+    peers = ["--peers", "n0-127.0.0.1:1", "--json", str(tmp_path / "r.json")]
+    report = json.loads(run("bench", *peers, "-o", "json").output)
+    assert report == json.loads((tmp_path / "r.json").read_text())
+    assert report["entries_per_s"] == 500 and report["config"]["target"] == "external group"
+    assert "entries/s" in run("bench", *peers).output  # the table, as before
+
+
+def test_rows_and_records_print_json_lines_or_tables(capsys: pytest.CaptureFixture[str]) -> None:
+    with Rows("json") as rows:
+        rows.add({"a": 1, "body": {"b64": "AA=="}})
+    assert capsys.readouterr().out == '{"a": 1, "body": {"b64": "AA=="}}\n'
+    with Rows("table", "t") as rows:
+        rows.add({"a": 1, "body": {"b64": "AA=="}})
+        assert capsys.readouterr().out == ""  # gathered until the end
+    out = capsys.readouterr().out
+    assert '{"b64": "AA=="}' in out and "body" in out
+    with pytest.raises(RuntimeError), Rows("table") as rows:  # what was done before an error still shows
+        rows.add({"done": "yes"})
+        raise RuntimeError
+    assert "yes" in capsys.readouterr().out
+    emit_record({"k": None, "problems": ["one", "two"]}, "table")
+    out = capsys.readouterr().out
+    assert "one" in out and "two" in out and "None" not in out
+    emit([], "json")
+    assert capsys.readouterr().out == ""
