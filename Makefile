@@ -35,7 +35,7 @@ lint: venv
 
 # The full suite as CI runs it; slow soak runs are in `make soak`.
 test: lint check-java
-	$(BIN)/python -m pytest -q -m "not slow"
+	$(BIN)/python -m pytest -q -m "not slow" --durations=25
 
 test-fast: venv
 	$(BIN)/python -m pytest -q -m "not slow and not chaos and not sim and not spark and not integration"

@@ -150,8 +150,8 @@ def _run(spec: LoadSpec, procs: int = 1) -> LoadResult:
             now = time.monotonic()
             if not tty and now - last_line[0] >= 1.0:
                 last_line[0] = now
-                click.echo(f"bench: {phase}" + (f", {elapsed:.0f} s, {eps:,.0f} entries/s" if elapsed > 0 else ""),
-                           err=True)
+                detail = f"{elapsed:.0f} s, {eps:,.0f} entries/s" if elapsed > 0 else f"{-elapsed:.0f} s left"
+                click.echo(f"bench: {phase}, {detail}", err=True)
 
         if procs > 1:
             return run_load_procs(spec, procs, show)
