@@ -1,4 +1,4 @@
-"""The `dledger` command (SPEC §5).
+"""The `dledger` command (docs/getting-started.md).
 
 User mistakes (bad peers string, unreachable cluster, missing config) end with
 one line on stderr and a non-zero exit code, never a traceback.
@@ -24,6 +24,7 @@ from dledger.clitools import (
     Rows,
     UserError,
     WireInt,
+    base64_output_option,
     body_chunks,
     body_json,
     check_store_dir,
@@ -31,6 +32,8 @@ from dledger.clitools import (
     emit,
     emit_record,
     group_option,
+    json_alias,
+    lines_only,
     make_client,
     output_option,
     peers_option,
@@ -94,7 +97,7 @@ def server(config_file: str | None, group: str | None, self_id: str | None, peer
     """Run one member until SIGINT/SIGTERM."""
     data: dict[str, object] = {}
     if config_file:
-        data.update(vars(DLedgerConfig.from_toml(config_file)))
+        data.update(vars(_from_toml(config_file)))
     overrides = {"group": group, "self_id": self_id, "peers": peers, "store_dir": store_dir, "flush": flush,
                  "store_type": store_type, "metrics_port": metrics_port, "peer_listen": peer_listen,
                  "state_machine": state_machine, "snapshot_threshold_entries": snapshot_threshold_entries,
@@ -114,6 +117,13 @@ def server(config_file: str | None, group: str | None, self_id: str | None, peer
     if cfg.store_type == "file":
         check_store_dir(Path(cfg.store_dir))
     _run_member(cfg)
+
+
+def _from_toml(path: str) -> DLedgerConfig:
+    """DLedgerConfig.from_toml; a key written as a flag's name ("id", "store") is told which key
+    that flag sets ("self_id", "store_type")."""
+    flag_keys = {flag[2:]: p.name for p in server.params if p.name for flag in p.opts if flag.startswith("--")}
+    return DLedgerConfig.from_toml(path, flag_keys)
 
 
 def _run_member(cfg: DLedgerConfig) -> None:
@@ -250,9 +260,10 @@ def append(peers: str, group: str, batch: int, files: tuple[str, ...], b64: bool
 @group_option()
 @click.option("--index", required=True, type=WireInt(0))
 @output_option(None, "the body's raw bytes")
+@base64_output_option
 @consistency_option
 @security_options
-def get(peers: str, group: str, index: int, output: str | None, consistency: str) -> None:
+def get(peers: str, group: str, index: int, output: str | None, b64: bool, consistency: str) -> None:
     """Print the committed body at INDEX, raw (with -o: {"index","term","body"} as `read`)."""
     parse_peers(peers)
     with make_client(peers, group) as c:
@@ -262,9 +273,9 @@ def get(peers: str, group: str, index: int, output: str | None, consistency: str
         raise DLedgerError(ResponseCode.INDEX_OUT_OF_RANGE,
                            f"entry {index} is {kind.get(e.magic, f'of magic {e.magic}')}, not an appended body")
     if output is not None:
-        emit([{"index": e.index, "term": e.term, "body": body_json(e.body)}], output, f"group {group}")
+        emit([{"index": e.index, "term": e.term, "body": body_json(e.body, b64)}], output, f"group {group}")
         return
-    sys.stdout.buffer.write(e.body)
+    sys.stdout.buffer.write(base64.b64encode(e.body) + b"\n" if b64 else e.body)
     sys.stdout.flush()
 
 
@@ -277,8 +288,7 @@ def get(peers: str, group: str, index: int, output: str | None, consistency: str
 @click.option("--max", "max_entries", default=1000, show_default=True, type=WireInt(1))
 @click.option("--follow", "-f", is_flag=True,
               help="Go on printing entries as they commit, until interrupted (like tail -f); --max is ignored.")
-@click.option("--base64", "b64", is_flag=True,
-              help='Every body as base64 text ("body": "…"), not text or {"b64": …} by content.')
+@base64_output_option
 @output_option("json")
 @consistency_option
 @security_options
@@ -303,10 +313,9 @@ def read(peers: str | None, group: str, controller: str | None, broker_name: str
         entries = (c.subscribe(from_index, consistency="leader" if consistency == "linearizable" else consistency)
                    if follow else c.read(from_index, max_entries, consistency=consistency))
         last = None
-        with Rows("json" if follow else output, f"group {group}") as rows:  # following: JSON lines
+        with Rows(lines_only(follow, output), f"group {group}") as rows:
             for last in entries:
-                body = base64.b64encode(last.body).decode() if b64 else body_json(last.body)
-                rows.add({"index": last.index, "term": last.term, "body": body}, flush=follow)
+                rows.add({"index": last.index, "term": last.term, "body": body_json(last.body, b64)}, flush=follow)
         if not follow and last is not None and len(entries) == max_entries:  # type: ignore[arg-type]
             click.echo(f"(stopped at --max {max_entries}; more may follow: --from {last.index + 1})", err=True)
 
@@ -317,6 +326,12 @@ def _views(peers: str, group: str) -> dict[str, Metadata | DLedgerError]:
     members = parse_peers(peers)
     with make_client(peers, group, timeout=2.0) as c:
         return c.metadata_all(list(members))
+
+
+def _refused_by_all(views: dict[str, Metadata | DLedgerError]) -> bool:
+    """Every member refused for good (a wrong group or credentials): waiting cannot help."""
+    final = (ResponseCode.UNKNOWN_GROUP, ResponseCode.UNAUTHENTICATED)
+    return all(isinstance(v, DLedgerError) and v.code in final for v in views.values())
 
 
 def _status_row(v: Metadata | DLedgerError) -> dict[str, object]:
@@ -353,10 +368,11 @@ def status(peers: str, group: str, as_json: bool, output: str, check: bool, max_
     applied and snapshot index), a snapshot it is installing from the leader, and what is
     wrong with it (a store that cannot write, retention held back by a lagging member); then
     a one-line verdict on the group."""
+    output = json_alias(as_json, output) or "table"
     views = _views(peers, group)
     out = {m: _status_row(v) for m, v in views.items()}
     verdict = assess(views, max_lag)
-    if as_json or output == "json":
+    if output == "json":
         click.echo(json.dumps({**out, "health": verdict.as_json()} if check else out))
     else:
         _print_status(group, out)
@@ -400,15 +416,19 @@ def health(peers: str, group: str, max_lag: int, as_json: bool, output: str, wai
     """Is the group healthy? Exit 0 only when one leader is elected, a quorum answers and no
     member trails the leader's commit index by more than --max-lag entries; one line says
     why ("leader n1, term 7, 3/3 up, max lag 12 entries")."""
-    deadline = time.monotonic() + wait
-    verdict = assess(_views(peers, group), max_lag)
-    while not verdict.ok and time.monotonic() < deadline:
+    output = json_alias(as_json, output) or "table"
+    started = time.monotonic()
+    views = _views(peers, group)
+    verdict = assess(views, max_lag)
+    while not verdict.ok and not _refused_by_all(views) and time.monotonic() + 0.5 < started + wait:
         time.sleep(0.5)
-        verdict = assess(_views(peers, group), max_lag)
-    if as_json or output == "json":
+        views = _views(peers, group)
+        verdict = assess(views, max_lag)
+    waited = f" (after waiting {time.monotonic() - started:.0f} s)" if wait and not verdict.ok else ""
+    if output == "json":
         click.echo(json.dumps(verdict.as_json()))
     else:
-        click.echo(("healthy: " if verdict.ok else "NOT healthy: ") + verdict.summary)
+        click.echo(("healthy: " if verdict.ok else "NOT healthy: ") + verdict.summary + waited)
         for p in verdict.problems[1:] if not verdict.ok else verdict.problems:
             click.echo(f"  {p}")
     sys.exit(0 if verdict.ok else 1)
@@ -420,18 +440,23 @@ def health(peers: str, group: str, max_lag: int, as_json: bool, output: str, wai
 @click.option("--interval", default=1.0, show_default=True, type=click.FloatRange(0.1),
               help="Seconds between refreshes.")
 @click.option("--iterations", "-n", default=0, type=click.IntRange(0), help="Stop after this many refreshes [never].")
+@click.option("--metrics-port", default=0, type=click.IntRange(0),
+              help="Every member serves metrics on this port of its host (metrics_port, one per machine): adds "
+                   "MB/s and fsync latency.")
 @click.option("--metrics-base-port", default=0, type=click.IntRange(0),
-              help="Members serve metrics on this port + K (as `dledger cluster --metrics-base-port`): adds MB/s and "
-                   "fsync latency.")
+              help="Member K of --peers serves metrics on this port + K (as `dledger cluster --metrics-base-port` "
+                   "on one machine).")
 @security_options
-def top(peers: str, group: str, interval: float, iterations: int, metrics_base_port: int) -> None:
+def top(peers: str, group: str, interval: float, iterations: int, metrics_port: int, metrics_base_port: int) -> None:
     """A live view of the group, refreshed every second: per member role, term, end and commit
     index, lag behind the leader's commit, appends/s (and MB/s, fsync latency with metrics)."""
     from dledger.top import run
 
+    if metrics_port and metrics_base_port:
+        raise click.UsageError("give --metrics-port (one port on every host) or --metrics-base-port, not both")
     members = parse_peers(peers)
-    urls = {m: f"http://{p.host}:{metrics_base_port + k}/metrics" for k, (m, p) in enumerate(members.items())
-            } if metrics_base_port else {}
+    urls = {m: f"http://{p.host}:{metrics_port or metrics_base_port + k}/metrics"
+            for k, (m, p) in enumerate(members.items())} if metrics_port or metrics_base_port else {}
     with make_client(peers, group, timeout=2.0) as c, contextlib.suppress(KeyboardInterrupt):  # Ctrl-C: as q
         run(c, group, urls, interval, iterations or None)
 
@@ -455,10 +480,13 @@ def transfer(peers: str, group: str, target: str, output: str) -> None:
 @click.argument("dirs", nargs=-1, required=True, type=click.Path(exists=True, file_okay=False))
 @click.option("--master", default="local[*]", show_default=True, help="Spark master URL.")
 @click.option("--include-uncommitted", is_flag=True, help="Also compare entries past each member's committed index.")
-def audit(dirs: tuple[str, ...], master: str, include_uncommitted: bool) -> None:
+@output_option(None, "text: each member's indexes, then 'agree up to index N' or the first divergence")
+def audit(dirs: tuple[str, ...], master: str, include_uncommitted: bool, output: str | None) -> None:
     """Compare members' store directories (DIR...) offline on Spark.
 
-    Prints the first divergence (exit code 1) or "agree up to index N".
+    Prints the first divergence (exit code 1) or "agree up to index N"; with -o json one
+    object (members, agree_up_to, divergence or null), with -o table a row per member.
+    Progress goes to stderr. Needs Java 17 (a JDK on PATH or JAVA_HOME).
     """
     import importlib.util
 
@@ -467,7 +495,7 @@ def audit(dirs: tuple[str, ...], master: str, include_uncommitted: bool) -> None
     from dledger.spark.audit import main_audit
 
     try:
-        code = main_audit(dirs, master, include_uncommitted)
+        code = main_audit(dirs, master, include_uncommitted, output)
     except ValueError as e:
         raise click.ClickException(str(e)) from e
     sys.exit(code)

@@ -223,18 +223,29 @@ def _b64(text: bytes) -> bytes:
         raise UserError(f"not base64: {text[:40]!r}") from e
 
 
-def body_json(body: bytes) -> object:
-    """A body for a JSON line: its text, or {"b64": ...} when it is not UTF-8."""
+def body_json(body: bytes, b64: bool = False) -> object:
+    """A body for a JSON line: its text, or {"b64": ...} when it is not UTF-8; with `b64`
+    always base64 text (one type for programs that must not look at the content)."""
+    if b64:
+        return base64.b64encode(body).decode()
     try:
         return body.decode("utf-8")
     except UnicodeDecodeError:
         return {"b64": base64.b64encode(body).decode()}
 
 
+def base64_output_option(f: F) -> F:
+    """--base64 of the commands that print bodies (read, get, kv get/range)."""
+    return click.option("--base64", "b64", is_flag=True,
+                        help='Bodies as base64 text (raw output: base64 lines; JSON: "body": "…"), '
+                             'not text or {"b64": …} by content.')(f)
+
+
 def peers_option(required: bool = True, extra: str = "") -> Callable[[F], F]:
     """--peers, or DLEDGER_PEERS from the environment (as etcdctl's ETCDCTL_ENDPOINTS)."""
+    # no default=None when required: with it click (8.2+) lets a missing --peers through as None
     return click.option("--peers", envvar="DLEDGER_PEERS", show_envvar=True, required=required,
-                        default=None, help=PEERS_HELP + extra)
+                        help=PEERS_HELP + extra)
 
 
 def group_option() -> Callable[[F], F]:
@@ -260,6 +271,27 @@ def output_option(default: str | None, unset: str = "") -> Callable[[F], F]:
                         show_default=default is not None, help=help_text)
 
 
+def json_alias(as_json: bool, output: str | None) -> str | None:
+    """--json (kept where it was before -o existed) means -o json; with another -o given it is a
+    usage error, not a silent choice of one."""
+    if not as_json:
+        return output
+    if output != "json" and _given("output"):
+        raise click.UsageError(f"--json is -o json: it contradicts -o {output}")
+    return "json"
+
+
+def lines_only(follow: bool, output: str) -> str:
+    """Following prints each entry as it commits: JSON lines; -o table then is a usage error."""
+    if follow and output == "table" and _given("output"):
+        raise click.UsageError("--follow prints JSON lines as entries commit: a table has no end to wait for")
+    return "json" if follow else output
+
+
+def _given(param: str) -> bool:
+    return click.get_current_context().get_parameter_source(param) is click.core.ParameterSource.COMMANDLINE
+
+
 def emit(rows: list[dict[str, object]], output: str, title: str = "") -> None:
     """Rows as JSON lines, or as one table with a column per key."""
     if output == "json":
@@ -267,15 +299,17 @@ def emit(rows: list[dict[str, object]], output: str, title: str = "") -> None:
             click.echo(json.dumps(row))
         return
     from rich.console import Console
-    from rich.markup import escape
     from rich.table import Table
+    from rich.text import Text
 
-    table = Table(title=title or None)
+    # Text, never markup: titles and cells carry user data ("[/]" in a key, a path, a body);
+    # fold, never "…": a table must show all of a value, over several lines if need be
+    table = Table(title=Text(title) if title else None)
     cols = list(dict.fromkeys(k for row in rows for k in row))
     for col in cols:
-        table.add_column(col)
+        table.add_column(Text(col), overflow="fold")
     for row in rows:
-        table.add_row(*(escape(_cell(row.get(c))) for c in cols))  # data, not rich markup
+        table.add_row(*(Text(_cell(row.get(c))) for c in cols))
     Console().print(table)
 
 
@@ -323,6 +357,8 @@ class Rows:
     def __exit__(self, *exc: object) -> None:
         if self.rows:
             emit(self.rows, "table", self.title)
+        elif self.output == "table" and exc[0] is None:
+            click.echo(f"(none{': ' + self.title if self.title else ''})", err=True)  # not a blank screen
 
 
 def consistency_option(f: F) -> F:

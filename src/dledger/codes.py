@@ -1,4 +1,4 @@
-"""Request and response codes (SPEC §3); numbers are DLedger's so tools interoperate."""
+"""Request and response codes (docs/format.md); numbers are DLedger's so tools interoperate."""
 
 from __future__ import annotations
 

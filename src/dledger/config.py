@@ -1,4 +1,4 @@
-"""DLedgerConfig: defaults, TOML loading and validation (SPEC §4).
+"""DLedgerConfig: defaults, TOML loading and validation (docs/configuration.md).
 
 Validation happens once here so that every other module may trust its config;
 a bad value is reported with the field name and the reason.
@@ -127,9 +127,24 @@ def _check_types(cls: type[DLedgerConfig], data: dict[str, Any]) -> dict[str, An
     return out
 
 
+
+def _unknown_hints(unknown: list[str], known: set[str], flag_keys: dict[str, str]) -> str:
+    """Each unknown key with the key it likely means: the one its flag sets, else a close name."""
+    said = []
+    for k in unknown:
+        if k.replace("-", "_") in known:
+            said.append(f"{k} (keys are snake_case: {k.replace('-', '_')})")
+        elif flag_keys.get(k.replace("_", "-")) in known:
+            said.append(f"{k} (the flag --{k.replace('_', '-')} sets the key {flag_keys[k.replace('_', '-')]})")
+        elif close := difflib.get_close_matches(k, known, 1):
+            said.append(f"{k} (did you mean {close[0]}?)")
+        else:
+            said.append(k)
+    return ", ".join(said)
+
 @dataclass
 class DLedgerConfig:
-    """One member's configuration; field names are SPEC §4's (snake_case of DLedger's)."""
+    """One member's configuration; field names are docs/configuration.md's (snake_case of DLedger's)."""
 
     group: str = "default"  # the group's name (a process may serve several groups)
     self_id: str = "n0"  # this member's id: one of the ids in peers
@@ -288,14 +303,14 @@ class DLedgerConfig:
         return dataclasses.replace(self, **changes)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> DLedgerConfig:
+    def from_dict(cls, data: dict[str, Any], flag_keys: dict[str, str] | None = None) -> DLedgerConfig:
+        """`flag_keys`: a command's flag names (as keys: "id") -> the key each sets ("self_id"),
+        so a key written as its flag is told which key it means."""
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
-            hints = {k: difflib.get_close_matches(k, known, 1) for k in unknown}
-            said = ", ".join(k + (f" (did you mean {hints[k][0]}?)" if hints[k] else "") for k in unknown)
-            raise ConfigError(f"unknown configuration keys: {said}; valid keys are {', '.join(sorted(known))} "
-                              f"(docs/configuration.md)")
+            raise ConfigError(f"unknown configuration keys: {_unknown_hints(unknown, known, flag_keys or {})}; "
+                              f"valid keys are {', '.join(sorted(known))} (docs/configuration.md)")
         if isinstance(data.get("preferred_leader_ids"), str):
             data = dict(data)
             ids = data["preferred_leader_ids"]
@@ -307,8 +322,8 @@ class DLedgerConfig:
             raise ConfigError(f"bad configuration value: {e}") from e
 
     @classmethod
-    def from_toml(cls, path: str | Path) -> DLedgerConfig:
-        return cls.from_dict(read_toml(path))
+    def from_toml(cls, path: str | Path, flag_keys: dict[str, str] | None = None) -> DLedgerConfig:
+        return cls.from_dict(read_toml(path), flag_keys)
 
 
 def read_toml(path: str | Path) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""Binary codecs of entry records and index units (SPEC §2).
+"""Binary codecs of entry records and index units (docs/format.md).
 
 Hot paths work on whole buffers: `encode_into` lays a batch of bodies straight
 into a writable buffer (an mmap of the data file) and `scan` validates a run of

@@ -2,9 +2,9 @@
 
 Each row is a member's own view (`metadata_all`): role, term, ledger end, commit index, how
 far it trails the leader's commit (the leader `dledger health` names), and the rates between
-two refreshes (appends/s from its ledger end). With members serving metrics
-(`--metrics-base-port`), it adds MB/s appended and the mean fsync latency of the last
-interval (summed over the groups a process serves).
+two refreshes (appends/s from its ledger end). With members serving metrics (`--metrics-port`
+on every host, or `--metrics-base-port` for a local cluster), it adds MB/s appended and the
+mean fsync latency of the last interval (summed over the groups a process serves).
 """
 
 from __future__ import annotations

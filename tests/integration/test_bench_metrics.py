@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import urllib.request
@@ -82,6 +83,21 @@ def test_metrics_follow_the_group(make_cluster: MakeCluster) -> None:
     assert value(fs, "dledger_member_state", state="follower", **flab) == 1
     assert value(fs, "dledger_follower_lag_entries", **flab) == 0  # caught up
 
+    # a leadership transfer is a leader change every member that knew the old leader counts
+    def changes() -> dict[str, float]:
+        return {m: value(scrape(c, m), "dledger_leader_changes_total", group=c.group, member=m) for m in c.ids}
+
+    before = changes()
+    c.ctl.transfer_leadership(follower)
+    assert c.wait_leader() == follower
+
+    def risen() -> dict[str, float] | None:
+        now = changes()
+        return now if any(now[m] > before[m] for m in c.ids) else None
+
+    after = wait_until(risen, 30, f"dledger_leader_changes_total rises after the transfer (before: {before})")
+    assert max(after.values()) >= 1
+
 
 def test_requests_are_counted_by_kind_and_refusals_too(make_cluster: MakeCluster) -> None:
     """dledger_requests_total tells client from member traffic (kind), and counts a request
@@ -121,13 +137,20 @@ def test_bench_reports_json_and_plot(make_cluster: MakeCluster, tmp_path: Path) 
     c = make_cluster(3)
     before = c.leader_meta().committed_index
     out, png = tmp_path / "bench.json", tmp_path / "bench.png"
+    # a warm-up, then a measuring phase longer than the 1 s between progress lines: each
+    # phase prints at least one line (off a terminal, the progress is lines on stderr)
     cmd = [sys.executable, "-m", "dledger", "bench", "--peers", c.peers, "--group", c.group, "--clients", "8",
-           "--conns", "2", "--size", "100", "--batch", "5", "--count", "2000", "--warmup", "0",
+           "--conns", "2", "--size", "100", "--batch", "5", "--duration", "1.5", "--warmup", "1",
            "--json", str(out), "--plot", str(png)]
-    p = subprocess.run(cmd, capture_output=True, timeout=120)
-    assert p.returncode == 0, p.stderr.decode(errors="replace")
+    p = subprocess.run(cmd, capture_output=True, timeout=120)  # not a TTY
+    err = p.stderr.decode(errors="replace")
+    assert p.returncode == 0, err
+    lines = err.splitlines()
+    assert lines[0] == f"bench: against --peers {c.peers} (group {c.group})", err  # no local group started
+    assert any(re.fullmatch(r"bench: warm-up, \d+ s left", x) for x in lines), err
+    assert any(re.fullmatch(r"bench: measuring, \d+ s, [\d,]+ entries/s", x) for x in lines), err
     report = json.loads(out.read_text())
-    assert report["entries"] >= 2000
+    assert report["entries"] > 0
     assert report["requests"] * 5 == report["entries"]
     for key in ("entries_per_s", "mb_per_s", "requests_per_s"):
         assert report[key] > 0, key

@@ -5,8 +5,10 @@ from __future__ import annotations
 import base64
 import json
 import os
+import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from dledger.ports import free_ports
+from dledger.ports import free_port_run, free_ports
 
 from .harness import Cluster, wait_until
 
@@ -134,6 +136,42 @@ def test_bad_peers_string(peers: str) -> None:
         assert p.stdout == b""
 
 
+def test_server_says_where_it_listens(tmp_path: Path) -> None:
+    """`dledger server` prints one line once it serves: what a user starting a member waits
+    for (address, store, security, flush mode) and what scripts wait for."""
+    from dledger.runtime.client import DLedgerClient
+
+    port = free_port_run(1)
+    p = subprocess.Popen([sys.executable, "-m", "dledger", "server", "--group", "g", "--id", "n0",
+                          "--peers", f"n0-127.0.0.1:{port}", "--store", "memory"],
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path)
+    lines: list[str] = []
+
+    def collect() -> None:
+        assert p.stdout is not None
+        for line in p.stdout:
+            lines.append(line.rstrip("\n"))
+
+    reader = threading.Thread(target=collect, daemon=True)
+    reader.start()
+    try:
+        listening = wait_until(lambda: next((x for x in lines if "listening on" in x), None), 60,
+                               "the member's listening line")
+        assert listening == f"dledger g/n0: listening on 127.0.0.1:{port}, store in memory, no TLS, flush=async", lines
+        with DLedgerClient(f"n0-127.0.0.1:{port}", "g", timeout=30) as c:  # and it does serve
+            assert c.metadata("n0").self_id == "n0"
+    finally:
+        p.send_signal(signal.SIGTERM)
+        try:
+            p.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+        reader.join(timeout=10)
+    assert p.returncode == 0, lines
+    assert "Traceback" not in "\n".join(lines), lines
+
+
 def test_unreachable_cluster(tmp_path: Path) -> None:
     peers = ";".join(f"n{k}-127.0.0.1:{p}" for k, p in enumerate(free_ports(3)))
     commands = [["append", "x"], ["get", "--index", "0"], ["read"], ["status", "--json"], ["status"]]
@@ -161,15 +199,17 @@ def test_health_and_status_check_exit_codes(make_cluster: Any) -> None:
     assert " 3/3 up, max lag " in p.stdout.decode()
     verdict = json.loads(ok(dledger("health", "--peers", c.peers, "--group", c.group, "--json")))
     assert verdict["ok"] and verdict["up"] == 3
-    wrong = dledger("health", "--peers", c.peers, "--group", "nosuch")
+    started = time.monotonic()
+    wrong = dledger("health", "--peers", c.peers, "--group", "nosuch", "--wait", "600")
     assert wrong.returncode == 1 and "UNKNOWN_GROUP (400)" in wrong.stdout.decode()
+    assert time.monotonic() - started < 300  # a wrong group: no waiting helps, so it does not wait
     follower = next(m for m in c.ids if m != c.wait_leader())
     c.kill(follower)
     p = dledger("status", "--peers", c.peers, "--group", c.group, "--check")
     assert p.returncode == 1 and "NOT healthy: " in p.stdout.decode() and "2/3 up" in p.stdout.decode()
     assert dledger("status", "--peers", c.peers, "--group", c.group).returncode == 0  # without --check: a report
-    p = dledger("health", "--peers", c.peers, "--group", c.group)
-    assert p.returncode == 1 and f"{follower}: down" in p.stdout.decode()
+    p = dledger("health", "--peers", c.peers, "--group", c.group, "--wait", "1")
+    assert p.returncode == 1 and f"{follower}: down" in p.stdout.decode() and "(after waiting " in p.stdout.decode()
 
 
 def test_version_and_environment(cluster: Cluster) -> None:
@@ -265,6 +305,9 @@ def test_get_and_snapshot_output_json_or_table(cluster: Cluster) -> None:
     assert got == {"index": text.index, "term": text.term, "body": "got me"}
     got = json.loads(ok(dledger("get", *common, "--index", str(binary.index), "-o", "json")))
     assert got["body"] == {"b64": base64.b64encode(b"\xff\x00").decode()}  # as `read`'s
+    got = json.loads(ok(dledger("get", *common, "--index", str(text.index), "-o", "json", "--base64")))
+    assert got["body"] == base64.b64encode(b"got me").decode()  # --base64: one type whatever the content
+    assert ok(dledger("get", *common, "--index", str(binary.index), "--base64")) == b"/wA=\n"
     table = ok(dledger("get", *common, "--index", str(text.index), "-o", "table")).decode()
     assert "got me" in table and str(text.index) in table and "body" in table
     snaps = json_lines(ok(dledger("snapshot", *common, "-o", "json")))

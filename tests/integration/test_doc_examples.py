@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import ast
 import importlib
+import importlib.util
+import json
 import os
 import re
 import select
@@ -87,32 +89,26 @@ def _page_param(page: Path) -> object:
     return pytest.param(page, id=page.name, marks=[pytest.mark.spark] if spark else [])
 
 
-class Notebook:
-    """One Python interpreter for a page's blocks: each block runs in the same namespace."""
+class Session:
+    """A process a page's blocks run in one after another, as in one terminal: each block's
+    output is read up to the end line it prints (from the pipe's fd: no buffer hides it)."""
 
-    _DRIVER = ("import sys, traceback\nns = {'__name__': '__main__'}\n"
-               "while (n := sys.stdin.readline()):\n"
-               "    code = sys.stdin.read(int(n)); ok = True\n"
-               "    try:\n        exec(compile(code, '<example>', 'exec'), ns)\n"
-               "    except BaseException:\n        traceback.print_exc(); ok = False\n"
-               "    sys.stderr.flush(); print('\\n@@done', ok, flush=True)\n")
+    proc: subprocess.Popen[bytes]
 
-    def __init__(self, cwd: Path, env: dict[str, str]) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-u", "-c", self._DRIVER], cwd=cwd, env=env, text=True,
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-
-    def run(self, code: str, timeout: float = 300) -> tuple[bool, str]:
-        """Its output until the driver's end line (read from the pipe's fd: no buffer hides it)."""
-        assert self.proc.stdin is not None and self.proc.stdout is not None
-        self.proc.stdin.write(f"{len(code)}\n{code}")
+    def send(self, text: bytes) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(text)
         self.proc.stdin.flush()
+
+    def output(self, timeout: float = 300) -> tuple[bool, str]:
+        assert self.proc.stdout is not None
         fd, out = self.proc.stdout.fileno(), b""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if select.select([fd], [], [], 1.0)[0]:
                 chunk = os.read(fd, 1 << 16)
                 if not chunk:
-                    return False, out.decode(errors="replace") + "\n(the interpreter exited)"
+                    return False, out.decode(errors="replace") + "\n(it exited: a command failed)"
                 out += chunk
                 if (m := re.search(rb"\n@@done (True|False)\n", out)) is not None:
                     return m.group(1) == b"True", out[:m.start()].decode(errors="replace")
@@ -121,6 +117,60 @@ class Notebook:
     def close(self) -> None:
         self.proc.kill()
         self.proc.wait()
+
+
+class Notebook(Session):
+    """One Python interpreter for a page's blocks: each block runs in the same namespace, with
+    the environment the page's shell has exported by then."""
+
+    _DRIVER = ("import os, sys, json, traceback\nns = {'__name__': '__main__'}\n"
+               "while (n := sys.stdin.buffer.readline()):\n"
+               "    cell = json.loads(sys.stdin.buffer.read(int(n))); ok = True\n"
+               "    os.environ.clear(); os.environ.update(cell['env'])\n"
+               "    try:\n        exec(compile(cell['code'], '<example>', 'exec'), ns)\n"
+               "    except BaseException:\n        traceback.print_exc(); ok = False\n"
+               "    sys.stderr.flush(); print('\\n@@done', ok, flush=True)\n")
+
+    def __init__(self, cwd: Path, env: dict[str, str]) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-u", "-c", self._DRIVER], cwd=cwd, env=env,
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+
+    def run(self, code: str, env: dict[str, str]) -> tuple[bool, str]:
+        cell = json.dumps({"code": code, "env": env}).encode()
+        self.send(b"%d\n%s" % (len(cell), cell))
+        return self.output()
+
+
+class Shell(Session):
+    """One bash (`set -e -o pipefail`) for a page's blocks: a variable set, a directory changed
+    or a job started in one block is there in the next, as in a reader's terminal; a failing
+    command ends the shell, and the block with it. Each block is sourced from a file, stdin
+    /dev/null, so a command that reads stdin cannot eat the next block."""
+
+    def __init__(self, cwd: Path, env: dict[str, str]) -> None:
+        self.dir = cwd.parent
+        self.proc = subprocess.Popen(["bash", "--norc", "--noprofile"], cwd=cwd, env=env, stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        self.send(b"set -e -o pipefail\n")
+        self.blocks = 0
+
+    def run(self, code: str) -> tuple[bool, str]:
+        self.blocks += 1
+        script = self.dir / f"block{self.blocks}.sh"
+        script.write_text(code)
+        self.send(f"source {script} < /dev/null\nprintf '\\n@@done True\\n'\n".encode())
+        return self.output()
+
+    def env(self) -> dict[str, str]:
+        """What the shell exports now (for the page's next Python block)."""
+        dump = self.dir / "env"
+        ok, out = self.run(f"env -0 > {dump}")
+        assert ok, out
+        return dict(item.split("=", 1) for item in dump.read_text().split("\0") if "=" in item)
+
+
+# what a shell example must never print, whatever its exit status (`|| true` hides no traceback)
+_BROKEN = re.compile(r"Traceback \(most recent call last\)|dledger: internal error|dledger: error:")
 
 
 def _kill_under(cwd: Path) -> None:
@@ -142,39 +192,38 @@ def test_examples_run_as_written(page: Path, tmp_path: Path) -> None:
         return re.sub(r"\b209(\d\d)\b", lambda m: str(base + int(m.group(1)) - 11), code)
 
     env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
-               DLEDGER_PEERS=";".join(f"n{k}-127.0.0.1:{base + k}" for k in range(3)), **_SPARK_ENV)
-    env.pop("DLEDGER_GROUP", None)
+               **_SPARK_ENV)
+    for name in ("DLEDGER_PEERS", "DLEDGER_GROUP"):  # a reader's shell has only what the page exports
+        env.pop(name, None)
     work = tmp_path / "work"
     work.mkdir()
     cluster: local_cluster | None = None
-    notebook = Notebook(work, env)
+    shell, notebook = Shell(work, env), Notebook(work, env)
     try:
         for k, b in enumerate(blocks(page)):
             if b.marker != "run":
                 continue
-            if b.arg.startswith("cluster") and cluster is None:
-                cluster = local_cluster(env["DLEDGER_PEERS"], "default", tmp_path / "cluster", "async", "file",
+            if b.arg.startswith("cluster") and cluster is None:  # the group the page says it needs
+                peers = ";".join(f"n{i}-127.0.0.1:{base + i}" for i in range(3))
+                cluster = local_cluster(peers, "default", tmp_path / "cluster", "async", "file",
                                         extra=b.arg.removeprefix("cluster").split())
                 cluster.__enter__()
+                assert shell.run(f"export DLEDGER_PEERS='{peers}'")[0]
             if b.lang == "bash":
-                ok, out = _run_bash(moved(b.code), work, env)
+                ok, out = shell.run(moved(b.code))
             else:
-                ok, out = notebook.run(moved(b.code) if b.lang == "python" else _sql_cell(moved(b.code)))
-            assert ok, f"{page.name} block {k + 1} ({b.lang}) failed:\n{b.code}\n--- output\n{out[-3000:]}"
+                code = moved(b.code) if b.lang == "python" else _sql_cell(moved(b.code))
+                ok, out = notebook.run(code, shell.env())
+            # a shell block must not print a failure it survived; a Python block's own exception
+            # fails it (PySpark's daemon prints tracebacks of workers cut short by a limit: noise)
+            assert ok and not (b.lang == "bash" and _BROKEN.search(out)), \
+                f"{page.name} block {k + 1} ({b.lang}) failed:\n{b.code}\n--- output\n{out[-3000:]}"
     finally:
+        shell.close()
         notebook.close()
         if cluster is not None:
             cluster.__exit__(None, None, None)
         _kill_under(work)
-
-
-def _run_bash(code: str, cwd: Path, env: dict[str, str]) -> tuple[bool, str]:
-    """A file, not a pipe, takes the output: a block may leave a process running behind it."""
-    log = cwd.parent / "block.log"
-    with log.open("w") as out:
-        p = subprocess.run(["bash", "-e", "-o", "pipefail", "-c", code], cwd=cwd, env=env, stdout=out,
-                           stderr=subprocess.STDOUT, timeout=300, check=False)
-    return p.returncode == 0, log.read_text(errors="replace")
 
 
 def _sql_cell(sql: str) -> str:
@@ -186,34 +235,100 @@ def _sql_cell(sql: str) -> str:
 # --- checked, not run ----------------------------------------------------------------------------
 
 def _commands(code: str) -> list[list[str]]:
-    """The simple commands of a shell block (continuations joined, split at ; | && & ( ))."""
-    words = shlex.shlex(code.replace("\\\n", " "), posix=True, punctuation_chars=";|&()\n")
-    words.whitespace = " \t"
-    words.commenters = "#"
-    out: list[list[str]] = [[]]
-    for w in words:
-        if w and set(w) <= set(";|&()\n"):
-            out.append([])
+    """The simple commands of a shell block: continuations joined, each line lexed on its own (a
+    comment ends at its line), split at ; | && & ( ), and wrappers taken off (`FOO=1 timeout 5
+    dledger …`, `if dledger …`, `xargs dledger …` are dledger commands)."""
+    out: list[list[str]] = []
+    pending = ""
+    for line in code.replace("\\\n", " ").splitlines():
+        pending += line
+        lex = shlex.shlex(pending, posix=True, punctuation_chars=";|&()")
+        lex.whitespace_split, lex.commenters = True, "#"
+        try:
+            words = list(lex)
+        except ValueError:  # a quote open across lines (an awk program): read on
+            pending += "\n"
+            continue
+        pending = ""
+        command: list[str] = []
+        for w in words:
+            if set(w) <= set(";|&()"):
+                out.append(command)
+                command = []
+            else:
+                command.append(w)
+        out.append(command)
+    return [c for c in map(_unwrapped, out) if c]
+
+
+_WRAPPERS = {"if", "then", "else", "do", "while", "until", "!", "time", "nohup", "sudo", "exec", "env", "xargs"}
+
+
+def _unwrapped(words: list[str]) -> list[str]:
+    while words:
+        if words[0] == "$" or words[0] in _WRAPPERS or re.fullmatch(r"\w+=.*", words[0]) or words[0].startswith("-"):
+            words = words[1:]  # a prompt, a wrapper, an assignment, a wrapper's option
+        elif words[0] == "timeout":  # timeout [-s SIG] DURATION COMMAND
+            words = words[1:]
+            while words and (words[0].startswith("-") or re.fullmatch(r"[A-Z]+|\d+[smhd]?", words[0])):
+                words = words[1:]
         else:
-            out[-1].append(w)
-    return [c for c in out if c]
+            return words
+    return words
+
+
+def _option_problems(cmd: click.Command, args: list[str], path: list[str]) -> tuple[list[str], list[str]]:
+    """Problems with the options at the front of `args` (up to the first word that is not an
+    option or an option's value), and the rest; a Choice's literal value must be one of them."""
+    by_name = {o: p for p in cmd.params if isinstance(p, click.Option) for o in (*p.opts, *p.secondary_opts)}
+    by_name["--help"] = click.Option(["--help"], is_flag=True)
+    problems: list[str] = []
+    while args and args[0].lstrip("[").startswith("-") and args[0] != "-":
+        word, args = args[0].strip("[]"), args[1:]
+        if word == "--":
+            break
+        name, _, value = word.partition("=")
+        names = [f"-{c}" for c in name[1:]] if not name.startswith("--") else [name]  # -vv: -v -v
+        for n in names:
+            opt = by_name.get(n)
+            if opt is None:
+                problems.append(f"{' '.join(path)} has no option {n}")
+                continue
+            if not (opt.is_flag or opt.count) and not value and len(names) == 1:
+                value, args = (args[0].strip("[]"), args[1:]) if args else ("", args)
+            literal = value and re.fullmatch(r"[a-z][\w.-]*", value)
+            if isinstance(opt.type, click.Choice) and literal and value not in opt.type.choices:
+                problems.append(f"{' '.join(path)} {n}: {value!r} is none of {list(opt.type.choices)}")
+            value = ""
+    return problems, args
 
 
 def _cli_problems(args: list[str]) -> list[str]:
+    """Each subcommand exists, each option is one its command has (the group's own options before
+    its subcommand included), a Choice's value is allowed; placeholders (`$P`, `DIR`, `...`)
+    pass, as a reader would replace them."""
     from dledger.cli import cli
 
     cmd: click.Command = cli
-    ctx = click.Context(cli)
-    path = ["dledger"]
-    while isinstance(cmd, click.Group) and args and not args[0].startswith("-"):
-        sub = cmd.get_command(ctx, args[0])
+    path, problems = ["dledger"], []
+    while True:
+        found, args = _option_problems(cmd, args, path)
+        problems += found
+        if not (isinstance(cmd, click.Group) and args):
+            break
+        sub = cmd.get_command(click.Context(cmd), args[0])
         if sub is None:
-            return [f"{' '.join(path)} has no command {args[0]!r}"]
+            return [*problems, f"{' '.join(path)} has no command {args[0]!r}"]
         path.append(args[0])
         cmd, args = sub, args[1:]
-    known = {o for p in cmd.params for o in (*p.opts, *p.secondary_opts)} | {"--help"}
-    flags = {a.strip("[]").split("=")[0] for a in args if a.strip("[]").startswith("-") and a.strip("[]") != "-"}
-    return [f"{' '.join(path)} has no option {f}" for f in sorted(flags - known)]
+    while args:  # options after the arguments
+        skip = next((k for k, a in enumerate(args) if a.lstrip("[").startswith("-") and a != "-"), len(args))
+        found, args = _option_problems(cmd, args[skip:], path)
+        problems += found
+        if args and args[0] == "--":
+            break
+        args = args[1:] if args and not args[0].lstrip("[").startswith("-") else args
+    return problems
 
 
 def _script_problems(argv: list[str], args: list[str]) -> list[str]:
@@ -223,8 +338,9 @@ def _script_problems(argv: list[str], args: list[str]) -> list[str]:
                        check=False)
     # a script whose imports are not installed here (pysyncobj): its source names its options
     helptext = p.stdout if p.returncode == 0 else (ROOT / argv[0]).read_text()
-    flags = {a.strip("[]").split("=")[0] for a in args if a.startswith("--")}
-    return [f"{' '.join(argv)} has no option {f}" for f in sorted(flags) if f not in helptext]
+    known = set(re.findall(r"--[\w-]+", helptext)) | {"--help"}
+    flags = {a.strip("[]").split("=")[0] for a in args if a.strip("[]").startswith("--")}
+    return [f"{' '.join(argv)} has no option {f}" for f in sorted(flags - known)]
 
 
 def _command_problems(words: list[str]) -> list[str]:
@@ -245,9 +361,12 @@ def _command_problems(words: list[str]) -> list[str]:
 
 
 def _python_problems(code: str) -> list[str]:
-    tree = ast.parse(code)
+    """It compiles, and what it imports from dledger exists."""
     problems = []
-    for node in ast.walk(tree):
+    for node in ast.walk(ast.parse(code)):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names if a.name.split(".")[0] == "dledger"]
+            problems += [f"no module {n}" for n in names if importlib.util.find_spec(n) is None]
         if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "dledger":
             mod = importlib.import_module(node.module)
             problems += [f"{node.module} has no {a.name}" for a in node.names if not hasattr(mod, a.name)]
@@ -266,3 +385,14 @@ def test_checked_examples_name_real_commands_and_options(block: Block) -> None:
     else:
         problems = [p for words in _commands(block.code) for p in _command_problems(words)]
     assert not problems, f"{block.name}:\n" + "\n".join(problems)
+
+
+def test_commands_in_the_text_name_real_commands_and_options() -> None:
+    """`dledger …` written inline in a page's prose or tables: the same check as a checked block."""
+    problems, spans = [], 0
+    for page in all_pages():
+        prose = re.sub(r"```.*?```", "", page.read_text(), flags=re.S)
+        for span in re.findall(r"`((?:dledger|make) [^`]+)`", prose):
+            spans += 1
+            problems += [f"{page.name}: `{span}`: {p}" for p in _command_problems(shlex.split(span))]
+    assert spans > 50 and not problems, "\n".join(problems)

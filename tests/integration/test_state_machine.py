@@ -176,6 +176,8 @@ def test_kv_commands_output_json_or_table(kv_group: Cluster) -> None:
     assert got == {"key": "cli/a", "value": "beta", "mod_index": index + 1}
     assert "beta" in kv("get", "cli/a", "-o", "table").stdout
     assert kv("range", "cli/").stdout == "cli/a\tbeta\ncli/bin\ttext\n"  # as before
+    assert kv("range", "cli/", "--base64").stdout == "cli/a\tYmV0YQ==\ncli/bin\tdGV4dA==\n"
+    assert kv("get", "cli/a", "--base64").stdout == "YmV0YQ==\n"
     rows = [json.loads(line) for line in kv("range", "cli/", "-o", "json").stdout.splitlines()]
     assert [(r["key"], r["value"]) for r in rows] == [("cli/a", "beta"), ("cli/bin", "text")]
     table = kv("range", "cli/", "-o", "table").stdout

@@ -14,6 +14,7 @@ from click.testing import CliRunner
 from pyspark.sql import SparkSession
 
 from dledger.cli import cli
+from dledger.clitools import emit
 from dledger.entry import HEADER, HEADER_SIZE, chain_crc
 from dledger.spark.audit import run_audit
 from integration.harness import wait_until
@@ -130,10 +131,22 @@ def test_audit_reports_agreement(spark: SparkSession, stopped: Stopped) -> None:
     result = CliRunner().invoke(cli, ["audit", *dirs])
     assert result.exit_code == 0, result.output
     # the highest index held by at least two members (normally all three committed the same)
-    assert f"agree up to index {sorted(stopped.committed.values())[1]}" in result.output
+    agree = sorted(stopped.committed.values())[1]
+    assert f"agree up to index {agree}" in result.stdout
+    assert "audit [" in result.stderr and "audit [" not in result.stdout  # progress stays off stdout
+
+    result = CliRunner().invoke(cli, ["audit", *dirs, "-o", "json"])  # the active session: no new JVM
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)  # one object, nothing else on stdout
+    assert report["ok"] is True and report["agree_up_to"] == agree and report["divergence"] is None
+    assert [(m["member"], m["path"], m["first_index"]) for m in report["members"]] == [
+        (m, str(d), 0) for m, d in stopped.dirs.items()]
+    assert all(m["last_index"] >= agree and m["records"] == m["last_index"] + 1 and m["errors"] == 0
+               for m in report["members"]), report["members"]
 
 
-def test_audit_finds_a_flipped_byte(spark: SparkSession, stopped: Stopped, tmp_path: Path) -> None:
+def test_audit_finds_a_flipped_byte(spark: SparkSession, stopped: Stopped, tmp_path: Path,
+                                    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     flipped = _copy_store(stopped.dirs["n1"], tmp_path / "copy" / "n1")
     _, index, _, pos, _ = stopped.rows[len(stopped.rows) // 3]
     path, offset = _flip_body_byte(flipped, pos)
@@ -150,6 +163,24 @@ def test_audit_finds_a_flipped_byte(spark: SparkSession, stopped: Stopped, tmp_p
     assert result.exit_code == 1, result.output
     assert f"first divergence at index {index}" in result.output
     assert "n1: INVALID: body crc mismatch" in result.output
+
+    result = CliRunner().invoke(cli, ["audit", *map(str, dirs), "-o", "json"])
+    assert result.exit_code == 1, result.output  # the same exit code as the text
+    out = json.loads(result.stdout)  # one object, nothing else on stdout
+    assert out["ok"] is False and out["agree_up_to"] == index - 1
+    assert [m["member"] for m in out["members"]] == ["n0", "n1", "n2"]
+    assert out["divergence"]["index"] == index
+    copies = {c["member"]: c for c in out["divergence"]["copies"]}
+    assert (copies["n1"]["file"], copies["n1"]["file_offset"]) == (str(path), offset)
+    assert "body crc mismatch" in copies["n1"]["error"] and copies["n0"]["error"] is None
+    assert copies["n0"]["chain_crc"] == copies["n2"]["chain_crc"]
+    assert out == report.record()
+
+    # what -o table prints, from the report above (no third Spark run for it)
+    monkeypatch.setenv("COLUMNS", "400")  # a wide table: each cell on one line
+    emit(report.rows(), "table", report.verdict())
+    table = capsys.readouterr().out
+    assert f"first divergence at index {index}" in table and "INVALID: body crc mismatch" in table
 
 
 def test_audit_finds_a_resealed_record(spark: SparkSession, stopped: Stopped, tmp_path: Path) -> None:

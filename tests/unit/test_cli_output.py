@@ -16,8 +16,8 @@ from dledger.bench.load import LoadResult, LoadSpec
 from dledger.cli import cli
 from dledger.clitools import Rows, emit, emit_record
 
-# members, broker replicas, live views and the Spark audit: nothing to print as rows
-NO_OUTPUT = {"server", "cluster", "controller", "broker", "top", "demo", "audit"}
+# members, broker replicas and live views: nothing to print as rows
+NO_OUTPUT = {"server", "cluster", "controller", "broker", "top", "demo"}
 
 
 def commands(group: click.Group, path: str = "") -> dict[str, click.Command]:
@@ -32,8 +32,8 @@ def commands(group: click.Group, path: str = "") -> dict[str, click.Command]:
 
 def test_every_command_that_prints_a_result_takes_output_json_or_table() -> None:
     found = commands(cli)
-    assert {"get", "snapshot", "store inspect", "kv range", "admin sync-state-set", "send", "certs", "bench"} <= set(
-        found)
+    assert {"get", "snapshot", "store inspect", "kv range", "admin sync-state-set", "send", "certs", "bench",
+            "audit"} <= set(found)
     for name, cmd in found.items():
         opt = next((p for p in cmd.params if p.name == "output"), None)
         assert isinstance(opt, click.Option), f"dledger {name} has no -o/--output"
@@ -100,10 +100,35 @@ def test_bench_summary_as_json(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) 
 
     monkeypatch.setattr("dledger.bench.command._run", fake_run)
     peers = ["--peers", "n0-127.0.0.1:1", "--json", str(tmp_path / "r.json")]
-    report = json.loads(run("bench", *peers, "-o", "json").output)
+    result = run("bench", *peers, "-o", "json")
+    report = json.loads(result.stdout)  # stdout: the report alone (what it benches is said on stderr)
     assert report == json.loads((tmp_path / "r.json").read_text())
     assert report["entries_per_s"] == 500 and report["config"]["target"] == "external group"
-    assert "entries/s" in run("bench", *peers).output  # the table, as before
+    assert result.stderr.splitlines()[0].startswith("bench: against --peers n0-127.0.0.1:1 (group ")
+    assert "entries/s" in run("bench", *peers).stdout  # the table, as before
+
+
+def test_bench_takes_its_group_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """DLEDGER_PEERS/DLEDGER_GROUP as every client command; bench says on stderr that it benches
+    that group (no local one), and refuses the options of a local group beside it."""
+    def fake_run(spec: LoadSpec, procs: int = 1) -> LoadResult:
+        assert (spec.peers, spec.group) == ("n0-127.0.0.1:1;n1-127.0.0.1:2", "g1")
+        return LoadResult(entries=10, requests=10, elapsed=1.0, latencies_ms=array("d", [1.0]), size=10, batch=1)
+
+    monkeypatch.setattr("dledger.bench.command._run", fake_run)
+    env = {"DLEDGER_PEERS": "n0-127.0.0.1:1;n1-127.0.0.1:2", "DLEDGER_GROUP": "g1"}
+    result = CliRunner(env=env).invoke(cli, ["bench", "-o", "json"])
+    assert result.exit_code == 0, result.output
+    assert result.stderr.splitlines()[0] == "bench: against DLEDGER_PEERS n0-127.0.0.1:1;n1-127.0.0.1:2 (group g1)"
+    assert json.loads(result.stdout)["config"]["target"] == "external group"
+
+    result = CliRunner(env=env).invoke(cli, ["bench", "--flush", "sync", "--nodes", "1"])
+    assert result.exit_code == 2, result.output  # a usage error, before any load
+    assert "--nodes, --flush set up the local group bench starts; with DLEDGER_PEERS it benches" in result.stderr
+    assert "unset DLEDGER_PEERS" in result.stderr
+    result = CliRunner().invoke(cli, ["bench", "--peers", "n0-127.0.0.1:1", "--tls"])
+    assert result.exit_code == 2 and "--tls set up the local group" in result.stderr, result.output
+    assert "give no --peers" in result.stderr
 
 
 def test_rows_and_records_print_json_lines_or_tables(capsys: pytest.CaptureFixture[str]) -> None:
@@ -124,3 +149,25 @@ def test_rows_and_records_print_json_lines_or_tables(capsys: pytest.CaptureFixtu
     assert "one" in out and "two" in out and "None" not in out
     emit([], "json")
     assert capsys.readouterr().out == ""
+
+
+def test_top_takes_one_metrics_port_or_a_base_port_not_both() -> None:
+    r = CliRunner().invoke(cli, ["top", "--peers", "n0-127.0.0.1:1", "--metrics-port", "9100",
+                                 "--metrics-base-port", "9200"])
+    assert r.exit_code == 2 and "not both" in r.output, r.output
+
+
+@pytest.mark.parametrize("args", [["health"], ["status"], ["append", "x"], ["get", "--index", "1"], ["kv", "get", "k"],
+                                  ["transfer", "--to", "n1"], ["snapshot"], ["top"]])
+def test_a_missing_peers_is_a_usage_error_not_an_internal_one(args: list[str]) -> None:
+    r = CliRunner(env={"DLEDGER_PEERS": None}).invoke(cli, args)
+    assert r.exit_code == 2 and "Missing option '--peers'" in r.output, (args, r.output, r.exception)
+
+
+def test_tables_show_user_data_as_text_and_whole() -> None:
+    """A title or cell with rich markup ("[/]") is printed as is; a long value folds, not "…"."""
+    r = CliRunner().invoke(click.Command("t", callback=lambda: emit(
+        [{"key": "[/]k[bold]", "body": "x" * 300 + "\\"}], "table", "keys starting with '[/]'")), [])
+    assert r.exit_code == 0, r.output
+    assert "keys starting with '[/]'" in r.output and "[/]k[bold]" in r.output, r.output
+    assert r.output.count("x") == 300 and r.output.count("\\") == 1 and "…" not in r.output, r.output

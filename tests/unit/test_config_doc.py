@@ -28,6 +28,21 @@ def test_an_unknown_key_names_the_valid_ones_and_a_close_match() -> None:
         DLedgerConfig.from_dict({"flush_intervall_ms": 5})
 
 
+def test_a_key_written_as_a_flag_is_told_the_key_it_means(tmp_path: Path) -> None:
+    """`dledger server --config`: `id` is the flag --id, which sets self_id; `self-id` is not snake_case."""
+    from click.testing import CliRunner
+
+    from dledger.cli import cli
+
+    (tmp_path / "m.toml").write_text('id = "n0"\nstore = "memory"\nself-id = "n0"\npeers = "n0-127.0.0.1:1"\n')
+    r = CliRunner().invoke(cli, ["server", "--config", str(tmp_path / "m.toml")])
+    assert r.exit_code == 1 and r.exception is not None, r.output
+    message = str(r.exception)
+    assert "id (the flag --id sets the key self_id)" in message
+    assert "store (the flag --store sets the key store_type)" in message
+    assert "self-id (keys are snake_case: self_id)" in message
+
+
 def test_the_example_configuration_loads(tmp_path: Path) -> None:
     import re
 

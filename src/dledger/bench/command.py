@@ -9,12 +9,13 @@ import time
 from pathlib import Path
 
 import click
+from click.core import ParameterSource
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn
 from rich.table import Table
 
 from dledger.bench.load import LoadResult, LoadSpec, plot, run_load, run_load_procs
-from dledger.clitools import output_option
+from dledger.clitools import group_option, output_option, peers_option
 from dledger.config import Peer, format_peers, parse_peers
 from dledger.local_cluster import local_cluster
 from dledger.ports import free_port_run
@@ -22,8 +23,13 @@ from dledger.ports import free_port_run
 console = Console()
 
 
+# options of the local group bench starts itself: beside --peers/DLEDGER_PEERS they would do nothing
+LOCAL_ONLY = ("nodes", "flush", "base_port", "tls")
+
+
 @click.command("bench")
-@click.option("--peers", default=None, help="Run against this group (else start a local one).")
+@peers_option(required=False, extra=" Bench this running group; without it (and without DLEDGER_PEERS) bench "
+                                    "starts a local group of its own.")
 @click.option("--nodes", default=3, show_default=True, type=click.IntRange(1, 9), help="Members of a local group.")
 @click.option(
     "--flush",
@@ -32,7 +38,7 @@ console = Console()
     show_default=True,
     help="Flush mode of the local group.",
 )
-@click.option("--group", default="default", show_default=True)
+@group_option()
 @click.option("--clients", default=16, show_default=True, type=click.IntRange(1, 4096),
               help="Concurrent requesters, each with one request in flight.")
 @click.option("--conns", default=0, type=click.IntRange(0, 4096),
@@ -81,23 +87,31 @@ def bench(
     idempotent: bool,
 ) -> None:
     """Load generator: entries/s, MB/s, requests/s, latency percentiles, errors by code; the
-    summary as a table, or with -o json the report --json writes, as one line on stdout."""
+    summary as a table, or with -o json the report --json writes, as one line on stdout.
+
+    Benches the group of --peers (or DLEDGER_PEERS), else starts a local group of its own;
+    the first line on stderr says which."""
     if procs > clients:
         raise click.UsageError("--procs must not exceed --clients")
+    if peers is not None:
+        _refuse_local_options(click.get_current_context())
+        parse_peers(peers)
     from dledger.runtime.transport import install_uvloop
 
     install_uvloop()
     spec = LoadSpec(peers or "", group, clients, size, batch, duration, count, rate, warmup, conns,
                     idempotent=idempotent)
     if peers is not None:
-        if tls:
-            raise click.UsageError("--tls is for a local group (give no --peers)")
-        parse_peers(peers)
+        # said first: with DLEDGER_PEERS exported, bench no longer starts a group of its own
+        click.echo(f"bench: against {_peers_source(click.get_current_context())} {peers} (group {group})", err=True)
         result = _run(spec, procs)
         label = "external group"
     else:
         port = base_port or free_port_run(nodes)
         spec.peers = format_peers({f"n{k}": Peer(f"n{k}", "127.0.0.1", port + k) for k in range(nodes)})
+        click.echo(f"bench: starting a local group of {nodes} member(s) on 127.0.0.1:{port}"
+                   f"{f'..{port + nodes - 1}' if nodes > 1 else ''}, flush={flush}{', TLS' if tls else ''} "
+                   "(--peers or DLEDGER_PEERS: bench a running group instead)", err=True)
         with tempfile.TemporaryDirectory(prefix="dledger-bench-") as d:
             tls_dir = None
             if tls:
@@ -130,6 +144,26 @@ def bench(
         Path(json_path).write_text(json.dumps(report, indent=2))
     if plot_path:
         plot(result, plot_path, f"dledger bench: {label}, {clients} clients, batch {batch}, {size} B")
+
+
+def _peers_source(ctx: click.Context) -> str:
+    """Where --peers came from, in the words the user set it with."""
+    return "DLEDGER_PEERS" if ctx.get_parameter_source("peers") == ParameterSource.ENVIRONMENT else "--peers"
+
+
+def _refuse_local_options(ctx: click.Context) -> None:
+    """A usage error for local-group options given with a group to bench: today they would be
+    ignored, and a report of `--flush sync` measured on whatever flush the group runs is
+    wrong without a word (a warning line scrolls away; the numbers stay)."""
+    given = [f"--{name.replace('_', '-')}" for name in LOCAL_ONLY
+             if ctx.get_parameter_source(name) not in (None, ParameterSource.DEFAULT)]
+    if not given:
+        return
+    source = _peers_source(ctx)
+    how = ("unset DLEDGER_PEERS (or run `DLEDGER_PEERS= dledger bench …`)" if source == "DLEDGER_PEERS"
+           else "give no --peers")
+    raise click.UsageError(f"{', '.join(given)} set up the local group bench starts; with {source} it benches "
+                           f"that group as it runs. For a local group, {how}.")
 
 
 def _run(spec: LoadSpec, procs: int = 1) -> LoadResult:
@@ -169,7 +203,7 @@ def _print(report: dict[str, object]) -> None:
         ("MB/s", f"{report['mb_per_s']:,}"),
         ("requests/s", f"{report['requests_per_s']:,}"),
     ]
-    rows += [(f"latency {k} (ms)", f"{v}") for k, v in lat.items()]
+    rows += [(f"latency {k} (ms)", "none" if v is None else f"{v}") for k, v in lat.items()]
     rows.append(("load CPU (cores) / procs", f"{report['client_cpu_cores']} / {report['load_procs']}"))
     rows.append(("errors", ", ".join(f"{k}: {v}" for k, v in dict(report["errors"]).items()) or "none"))  # type: ignore[call-overload]
     for k, v in rows:

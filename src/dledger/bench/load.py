@@ -82,12 +82,12 @@ class LoadResult:
             "entries_per_s": round(self.entries_per_s, 1),
             "mb_per_s": round(self.entries_per_s * self.size / MB, 2),
             "requests_per_s": round(self.requests / self.elapsed if self.elapsed else 0.0, 1),
-            "latency_ms": {
-                "p50": round(_percentile(xs, 0.50), 3),
-                "p90": round(_percentile(xs, 0.90), 3),
-                "p99": round(_percentile(xs, 0.99), 3),
-                "p999": round(_percentile(xs, 0.999), 3),
-                "max": round(xs[-1], 3) if xs else math.nan,
+            "latency_ms": {  # null when nothing succeeded (JSON has no NaN)
+                "p50": _ms(_percentile(xs, 0.50)),
+                "p90": _ms(_percentile(xs, 0.90)),
+                "p99": _ms(_percentile(xs, 0.99)),
+                "p999": _ms(_percentile(xs, 0.999)),
+                "max": _ms(xs[-1] if xs else math.nan),
             },
             "errors": dict(self.errors),
             "load_procs": self.procs,
@@ -104,6 +104,10 @@ class LoadResult:
         for sec in sorted(buckets):
             in_sec = sorted(buckets[sec])
             self.timeline.append((float(sec), len(in_sec) * self.batch, _percentile(in_sec, 0.99)))
+
+
+def _ms(x: float) -> float | None:
+    return None if math.isnan(x) else round(x, 3)
 
 
 def _percentile(xs: list[float], q: float) -> float:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import base64
 import logging
 from pathlib import Path
 from typing import Any
@@ -11,7 +10,7 @@ from typing import Any
 import click
 
 from dledger.broker.config import BrokerConfig, load_broker_toml
-from dledger.clitools import Rows, check_store_dir, client_tls, output_option, security, security_options
+from dledger.clitools import Rows, check_store_dir, client_tls, lines_only, output_option, security, security_options
 
 log = logging.getLogger(__name__)
 
@@ -100,11 +99,11 @@ def read_broker(controller: str, broker_name: str, from_offset: int, max_entries
     from dledger.clitools import body_json
 
     with (BrokerClient(controller, broker_name, tls=client_tls()) as c,
-          Rows("json" if follow else output, f"broker set {broker_name}") as rows):
+          Rows(lines_only(follow, output), f"broker set {broker_name}") as rows):
         records = c.subscribe(from_offset) if follow else c.read(from_offset, max_entries)
         for r in records:
-            body = base64.b64encode(r.body).decode() if b64 else body_json(r.body)
-            rows.add({"index": r.index, "offset": r.offset, "epoch": r.epoch, "body": body}, flush=follow)
+            rows.add({"index": r.index, "offset": r.offset, "epoch": r.epoch, "body": body_json(r.body, b64)},
+                     flush=follow)
 
 
 __all__ = ["broker", "read_broker", "send"]

@@ -1,6 +1,6 @@
 """A broker's commit log: dledger's own store seen as AutoSwitch HA sees it, by byte offset.
 
-HA offsets are record positions (`pos`, SPEC §2): a replica's max offset is where its next
+HA offsets are record positions (`pos`, docs/format.md): a replica's max offset is where its next
 record goes, and a record's term is the master epoch it was written in. Records never span
 data files; a file closed by a blank leaves a gap between the end of its last record and
 the next file's start, so an offset names a record boundary when it is a record's start,

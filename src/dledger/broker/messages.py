@@ -1,5 +1,5 @@
 """What clients send a broker and what it answers: msgspec structs as msgpack in the frame's meta
-(SPEC §3 framing). Request codes are RocketMQ's where it has one (SEND_MESSAGE 10,
+(docs/format.md framing). Request codes are RocketMQ's where it has one (SEND_MESSAGE 10,
 PULL_MESSAGE 11, GET_BROKER_RUNTIME_INFO 28); the controller's NOTIFY_BROKER_ROLE_CHANGED
 (1008) arrives on the same listener. Bounds are checked on decode.
 """

@@ -38,7 +38,7 @@ log = logging.getLogger(__name__)
 
 Record = Callable[[dict[str, Any]], None]
 
-_HEADER = struct.Struct(">iiqqqiIIi")  # SPEC §2: magic, size, index, term, pos, channel, chain, body crc, body size
+_HEADER = struct.Struct(">iiqqqiIIi")  # docs/format.md: magic, size, index, term, pos, channel, chain/body crc, size
 _ENTRY_MAGICS = (1, 2, 3, 4)
 _BLANK = -1
 

@@ -18,6 +18,7 @@ from dledger.clitools import (
     check_store_dir,
     client_tls,
     emit,
+    json_alias,
     output_option,
     run_member,
     security,
@@ -138,7 +139,7 @@ def _as_json_too(f: F) -> F:
 
 def _output(output: str | None, as_json: bool) -> str | None:
     """--json, as scripts wrote before -o existed, means -o json."""
-    return "json" if as_json else output
+    return json_alias(as_json, output)
 
 
 @admin.command("controller-status")

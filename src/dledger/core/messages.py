@@ -1,4 +1,4 @@
-"""Wire messages of the group protocol (SPEC §3), as msgspec structs.
+"""Wire messages of the group protocol (docs/format.md), as msgspec structs.
 
 A frame carries one of these as msgpack `meta`; log records travel beside it
 as raw `data` (the exact bytes of the data file), never re-encoded.

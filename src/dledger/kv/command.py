@@ -8,6 +8,7 @@ bytes escaped); writes print one JSON object with what they did. Every subcomman
 
 from __future__ import annotations
 
+import base64
 import sys
 
 import click
@@ -15,6 +16,7 @@ import click
 from dledger.clitools import (
     UserError,
     WireInt,
+    base64_output_option,
     body_json,
     consistency_option,
     emit,
@@ -37,8 +39,8 @@ def _print_result(r: Result, output: str) -> None:
     emit([{"ok": r.ok, "index": r.index, "prev": prev, "prev_mod_index": r.prev_index}], output)
 
 
-def _item(item: Item) -> dict[str, object]:
-    return {"key": body_json(item.key), "value": body_json(item.value), "mod_index": item.mod_index}
+def _item(item: Item, b64: bool = False) -> dict[str, object]:
+    return {"key": body_json(item.key), "value": body_json(item.value, b64), "mod_index": item.mod_index}
 
 
 def _kv(ctx: click.Context) -> KVClient:
@@ -79,9 +81,10 @@ def put(ctx: click.Context, key: str, value: str | None, stdin: bool, output: st
 @kv.command()
 @click.argument("key")
 @output_option(None, "the value's raw bytes")
+@base64_output_option
 @consistency_option
 @click.pass_context
-def get(ctx: click.Context, key: str, output: str | None, consistency: str) -> None:
+def get(ctx: click.Context, key: str, output: str | None, b64: bool, consistency: str) -> None:
     """Write KEY's value to standard output (with -o: {"key","value","mod_index"}); exit 1
     when there is no such key."""
     with _kv(ctx) as c:
@@ -89,10 +92,10 @@ def get(ctx: click.Context, key: str, output: str | None, consistency: str) -> N
     if item is None:
         raise UserError(f"no key {key!r}")
     if output is not None:
-        emit([_item(item)], output)
+        emit([_item(item, b64)], output)
         return
-    sys.stdout.buffer.write(item.value)
-    if sys.stdout.isatty():
+    sys.stdout.buffer.write(base64.b64encode(item.value) + b"\n" if b64 else item.value)
+    if sys.stdout.isatty() and not b64:
         sys.stdout.buffer.write(b"\n")
     sys.stdout.flush()
 
@@ -134,17 +137,19 @@ def cas(ctx: click.Context, key: str, value: str | None, stdin: bool, remove: bo
 @click.argument("prefix", default="")
 @click.option("--limit", type=click.IntRange(1), default=1000, show_default=True)
 @output_option(None, "key<TAB>value lines, undecodable bytes escaped")
+@base64_output_option
 @consistency_option
 @click.pass_context
-def range_(ctx: click.Context, prefix: str, limit: int, output: str | None, consistency: str) -> None:
+def range_(ctx: click.Context, prefix: str, limit: int, output: str | None, b64: bool, consistency: str) -> None:
     """Keys starting with PREFIX in byte order, as `key<TAB>value` lines (with -o:
     {"key","value","mod_index"})."""
     with _kv(ctx) as c:
         r = c.range(prefix, limit, None, consistency)
     if output is None:
         for item in r.items:
-            click.echo(f"{_text(item.key)}\t{_text(item.value)}")
+            value = base64.b64encode(item.value).decode() if b64 else _text(item.value)
+            click.echo(f"{_text(item.key)}\t{value}")
     else:
-        emit([_item(item) for item in r.items], output, f"keys starting with {prefix!r}" if prefix else "")
+        emit([_item(item, b64) for item in r.items], output, f"keys starting with {prefix!r}" if prefix else "")
     if r.more:
         click.echo(f"(more: stopped at --limit {limit})", err=True)

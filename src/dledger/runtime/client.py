@@ -1,4 +1,4 @@
-"""AsyncDLedgerClient and DLedgerClient (SPEC §6).
+"""AsyncDLedgerClient and DLedgerClient (docs/clients.md).
 
 The client finds the leader, follows NOT_LEADER redirects, and retries only when the
 request certainly did not take effect: the member said NOT_LEADER / LEADER_TRANSFERRING /
@@ -235,17 +235,29 @@ class AsyncDLedgerClient:
         self._suspects: dict[str, float] = {}  # member -> monotonic time its suspicion ends
         self._search: asyncio.Task[str | DLedgerError | None] | None = None  # shared by concurrent callers
         self._ever_answered = False  # a member answered once: no failing at once when all refuse later
+        self._closed = False  # close() is final: no request reopens connections afterwards
         if producer_id is not None and not idempotent:
             raise DLedgerError(ResponseCode.UNEXPECTED_ARGUMENT, "producer_id needs idempotent=True")
         self.producer = IdempotentProducer(producer_id, producer_epoch) if idempotent else None
 
+    def _check_open(self) -> None:
+        """Refuse a request of a closed client, as the blocking client does (docs/clients.md):
+        else it would open new connections, and against a member that accepts and never
+        answers wait out the whole timeout instead of saying what is wrong."""
+        if self._closed:
+            raise DLedgerError(ResponseCode.UNEXPECTED_ARGUMENT, "this client is closed")
+
     def _transport(self) -> TransportClient:
+        self._check_open()  # every request passes here, whichever method sent it
         if self._client is None:
             self._client = TransportClient(ssl=self._ssl, auth_token=self._auth_token,
                                            server_names={p.address: p.id for p in self.peers.values()})
         return self._client
 
     async def close(self) -> None:
+        """Close the connections; every request after this raises DLedgerError "this client is
+        closed" (UNEXPECTED_ARGUMENT), a subscription too. Closing again does nothing."""
+        self._closed = True
         if self._search is not None:
             self._search.cancel()
         if self._client is not None:
@@ -261,6 +273,7 @@ class AsyncDLedgerClient:
     # --- API -------------------------------------------------------------------------------
 
     async def append(self, body: bytes) -> AppendResult:
+        self._check_open()
         # an idempotent producer's unit of resending is one caller's bodies: no coalescing
         if not self.coalesce or self.producer is not None:
             return (await self.append_batch([body]))[0]
@@ -332,6 +345,7 @@ class AsyncDLedgerClient:
 
     async def append_batch(self, bodies: Sequence[bytes]) -> list[AppendResult]:
         """One request, one result per body in order; all or none are appended."""
+        self._check_open()
         bodies = [bytes(b) for b in bodies]
         if not bodies:
             raise DLedgerError(ResponseCode.REQUEST_WITH_EMPTY_BODYS, "append_batch needs at least one body")
@@ -372,10 +386,12 @@ class AsyncDLedgerClient:
     async def propose(self, body: bytes) -> ProposeResult:
         """Append `body` and wait until the group's state machine applied it: one round trip,
         the leader answers with `StateMachine.apply`'s result for this entry."""
+        self._check_open()
         return (await self.propose_batch([body]))[0]
 
     async def propose_batch(self, bodies: Sequence[bytes]) -> list[ProposeResult]:
         """One request: all appended (or none), one result per body in order."""
+        self._check_open()
         bodies = [bytes(b) for b in bodies]
         if not bodies or len(bodies) > MAX_APPEND_BODIES:
             raise DLedgerError(ResponseCode.UNEXPECTED_ARGUMENT,
@@ -399,6 +415,7 @@ class AsyncDLedgerClient:
         which may trail; the default when `member` is named). `member` with "linearizable" or
         "lease": a follower read — that member asks the leader for a read index and answers
         from its own state once it applied that far."""
+        self._check_open()
         consistency, _, follower = _resolve(consistency, member)
         resp = await self._ask(member, QUERY, QueryRequest(self.group, "", "", bytes(request), consistency, follower))
         assert isinstance(resp, QueryResponse)
@@ -406,6 +423,7 @@ class AsyncDLedgerClient:
 
     async def snapshot(self, member: str) -> int:
         """Make `member` snapshot its state now; the last index the snapshot covers."""
+        self._check_open()
         if member not in self.peers:
             raise DLedgerError(ResponseCode.UNKNOWN_MEMBER, f"{member} is not in peers")
         resp = await self._call_member(member, SNAPSHOT, SnapshotRequest(self.group, "", member),
@@ -416,6 +434,7 @@ class AsyncDLedgerClient:
     async def get(self, index: int, member: str | None = None, consistency: str | None = None) -> Entry:
         """The committed entry at `index`, from the leader (or `member`'s own copy).
         `consistency`: see `query`."""
+        self._check_open()
         consistency, local, follower = _resolve(consistency, member)
         req = GetRequest(self.group, "", "", index, local, consistency, follower)
         resp = await self._ask(member, RequestCode.GET, req)
@@ -434,6 +453,7 @@ class AsyncDLedgerClient:
         `bodies=False`: every entry comes with an empty body, and no body crosses the network
         (a member older than this option sends them anyway).
         """
+        self._check_open()
         consistency, local, follower = _resolve(consistency, member)
         out: list[Entry] = []
         index = from_index
@@ -462,6 +482,7 @@ class AsyncDLedgerClient:
         polling). Leader changes and errors are retried with a back-off, resuming at the next
         index: no gap, no duplicate. Raises only what retrying cannot mend (a bad argument,
         a group unknown, a start below the log's begin after retention)."""
+        self._check_open()
         _check_consistency(consistency)
         index, delay = from_index, 0.05
         wait_ms = int(max(0.0, wait) * 1000)
@@ -487,6 +508,7 @@ class AsyncDLedgerClient:
     async def metadata(self, member: str | None = None, consistency: str = "") -> Metadata:
         """The leader's view, or `member`'s own when named. `consistency="linearizable"`: the
         view of a leader that a heartbeat round confirmed after the call began."""
+        self._check_open()
         if consistency:
             _check_consistency(consistency)
         req = MetadataRequest(self.group, "", member or "", consistency if member is None else "")
@@ -508,6 +530,7 @@ class AsyncDLedgerClient:
     async def metadata_all(self, members: Sequence[str] | None = None) -> dict[str, Metadata | DLedgerError]:
         """Each member's own view, asked at once (a dead member costs one request timeout in
         all), or the error asking it: what `dledger status` and `health` judge."""
+        self._check_open()
         names = list(members) if members is not None else list(self.peers)
 
         async def one(m: str) -> Metadata | DLedgerError:
@@ -519,6 +542,7 @@ class AsyncDLedgerClient:
         return dict(zip(names, await asyncio.gather(*(one(m) for m in names)), strict=True))
 
     async def transfer_leadership(self, target: str) -> None:
+        self._check_open()
         if target not in self.peers:
             raise DLedgerError(ResponseCode.UNKNOWN_MEMBER, f"{target} is not in peers")
         req = LeadershipTransferRequest(self.group, "", "", -1, "", target)
@@ -532,6 +556,7 @@ class AsyncDLedgerClient:
         (an empty list heals). A partition needs this on both sides. `spare_handover`: only
         `member` drops, and it still sends the hand-over of a leadership transfer (a transfer
         cut off mid-way)."""
+        self._check_open()
         req = FaultRequest(self.group, "", member, list(blocked), spare_handover)
         await self._call_member(member, FAULT, req)
 
@@ -553,6 +578,7 @@ class AsyncDLedgerClient:
         last: DLedgerError | None = None
         delay = 0.05
         while (left := deadline - time.monotonic()) > 0:
+            self._check_open()  # also between attempts: a client closed meanwhile ends the call at once
             target = self._trusted_leader() or await self._find_leader(left)
             left = deadline - time.monotonic()
             if target is not None and left > 0:

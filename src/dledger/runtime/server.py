@@ -630,7 +630,9 @@ async def serve_forever(configs: DLedgerConfig | list[DLedgerConfig], stop: asyn
         where = f"{me.host}:{me.port}" + (" (clients; members on the peer listener)" if cfg.peer_listen else "")
         extras = [f"metrics on :{cfg.metrics_port}" if cfg.metrics_port else "",
                   "TLS" if cfg.tls_cert else ("token" if cfg.auth_token else "no TLS"), f"flush={cfg.flush}"]
-        print(f"dledger {cfg.group}/{cfg.self_id}: listening on {where}, store {cfg.store_dir}, "
+        # a memory store writes nothing under store_dir: naming that directory would mislead
+        store = "store in memory" if cfg.store_type == "memory" else f"store {cfg.store_dir}"
+        print(f"dledger {cfg.group}/{cfg.self_id}: listening on {where}, {store}, "
               + ", ".join(e for e in extras if e), flush=True)
     try:
         await stop.wait()

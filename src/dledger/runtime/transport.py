@@ -1,4 +1,4 @@
-"""Framed request/response transport over TCP (SPEC §3), built on asyncio protocols.
+"""Framed request/response transport over TCP (docs/format.md), built on asyncio protocols.
 
 Protocols rather than streams because every member talks to every other member all the
 time: the socket reads straight into our buffer (``BufferedProtocol``), frames are cut out

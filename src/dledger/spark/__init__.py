@@ -1,4 +1,4 @@
-"""Spark connectors for dledger (SPEC §7): PySpark >= 4.2 Python Data Source API.
+"""Spark connectors for dledger (docs/spark.md): PySpark >= 4.2 Python Data Source API.
 
     from dledger.spark import register
     register(spark)

@@ -3,7 +3,7 @@
 Each directory is read with the offline reader in records mode (every record,
 NOOPs included, with what validation found). Two members hold the same prefix
 up to index i exactly when their records at i have the same (term, chain CRC)
-(SPEC §2), so the first index where the copies differ, or where any copy fails
+(docs/format.md), so the first index where the copies differ, or where any copy fails
 validation, is the first divergence; without one the members agree up to the
 highest index that at least two of them hold. A lagging member is not a
 divergence: it just holds fewer entries.
@@ -60,23 +60,54 @@ class AuditReport:
     def ok(self) -> bool:
         return self.divergence_index is None
 
+    def record(self) -> dict[str, object]:
+        """The report as one JSON object (`dledger audit -o json`): `divergence` is null when
+        the members agree."""
+        divergence = None if self.divergence_index is None else {
+            "index": self.divergence_index,
+            "copies": [{"member": c.member, "term": c.term, "chain_crc": c.chain_crc, "error": c.error,
+                        "file": c.file, "file_offset": c.file_offset} for c in self.copies],
+        }
+        return {
+            "ok": self.ok,
+            "agree_up_to": self.agree_up_to,
+            "members": [{"member": m.member, "path": m.path, "first_index": m.first_index,
+                         "last_index": m.last_index, "records": m.records, "errors": m.errors}
+                        for m in self.members],
+            "divergence": divergence,
+        }
+
+    def rows(self) -> list[dict[str, object]]:
+        """A row per member (`-o table`), with its record at the divergent index if any."""
+        out: list[dict[str, object]] = []
+        for m in self.members:
+            row: dict[str, object] = {"member": m.member, "first_index": m.first_index, "last_index": m.last_index,
+                                      "records": m.records, "errors": m.errors, "path": m.path}
+            if self.divergence_index is not None:
+                copies = [c for c in self.copies if c.member == m.member]
+                row["at divergence"] = [_describe(c) for c in copies] or "no record"
+                row["where"] = [f"{c.file} offset {c.file_offset}" for c in copies]
+            out.append(row)
+        return out
+
+    def verdict(self) -> str:
+        if self.divergence_index is None:
+            return f"agree up to index {self.agree_up_to}"
+        return f"first divergence at index {self.divergence_index} (members agree up to index {self.agree_up_to})"
+
     def lines(self) -> list[str]:
         out = []
         for m in self.members:
             span = "no records" if m.first_index is None else f"indexes {m.first_index}..{m.last_index}"
             out.append(f"{m.member}: {span} ({m.records} records) in {m.path}")
-        if self.divergence_index is None:
-            out.append(f"agree up to index {self.agree_up_to}")
-            return out
-        out.append(f"first divergence at index {self.divergence_index} "
-                   f"(members agree up to index {self.agree_up_to})")
+        out.append(self.verdict())
         for c in self.copies:
-            where = f"{c.file} offset {c.file_offset}"
-            if c.error:
-                out.append(f"  {c.member}: INVALID: {c.error} ({where})")
-            else:
-                out.append(f"  {c.member}: term {c.term} chain_crc 0x{c.chain_crc:08x} ({where})")
+            out.append(f"  {c.member}: {_describe(c)} ({c.file} offset {c.file_offset})")
         return out
+
+
+def _describe(c: Copy) -> str:
+    return f"INVALID: {c.error}" if c.error else f"term {c.term} chain_crc 0x{c.chain_crc:08x}"
 
 
 def member_labels(dirs: Sequence[Path]) -> list[str]:
@@ -156,9 +187,14 @@ def run_audit(spark: SparkSession, dirs: Sequence[Path], include_uncommitted: bo
         df.unpersist()
 
 
-def main_audit(dirs: Sequence[str], master: str, include_uncommitted: bool) -> int:
-    """The `dledger audit` command: 0 when the members agree, 1 on a divergence."""
+def main_audit(dirs: Sequence[str], master: str, include_uncommitted: bool, output: str | None = None) -> int:
+    """The `dledger audit` command: 0 when the members agree, 1 on a divergence or a failure.
+
+    The report goes to stdout as text lines, or with `output` as one JSON object ("json")
+    or a table ("table"); progress and failures go to stderr, so stdout holds only the report."""
     from pyspark.sql import SparkSession
+
+    from dledger.spark.java import java_problem
 
     paths = [Path(d) for d in dirs]
     for p in paths:
@@ -173,6 +209,10 @@ def main_audit(dirs: Sequence[str], master: str, include_uncommitted: bool) -> i
         print(f"audit [{time.monotonic() - started:4.0f} s]: {what}", file=sys.stderr, flush=True)
 
     existing = SparkSession.getActiveSession()
+    if existing is None and (problem := java_problem()) is not None:
+        # before Spark's launcher says "JAVA_HOME is not set" and PySpark JAVA_GATEWAY_EXITED
+        print(f"audit failed: {problem}", file=sys.stderr)
+        return 1
     say(f"starting Spark ({master})" if existing is None else "using the active Spark session")
     try:
         spark = existing or (
@@ -196,8 +236,16 @@ def main_audit(dirs: Sequence[str], master: str, include_uncommitted: bool) -> i
     finally:
         if existing is None:
             spark.stop()
-    for line in report.lines():
-        print(line)
+    if output is None:  # the text the docs show and scripts may read
+        for line in report.lines():
+            print(line)
+    else:
+        from dledger.clitools import emit, emit_record
+
+        if output == "json":
+            emit_record(report.record(), "json")
+        else:
+            emit(report.rows(), "table", report.verdict())
     return 0 if report.ok else 1
 
 

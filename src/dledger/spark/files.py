@@ -1,4 +1,4 @@
-"""`format("dledger-files")`: a member's store directory read offline, read-only (SPEC §2, §7).
+"""`format("dledger-files")`: a member's store directory read offline, read-only (docs/format.md, docs/spark.md).
 
 Nothing is written and no recovery runs, so it is safe on a copy, on a stopped
 member, or (for the committed part) next to a live one.
@@ -256,7 +256,7 @@ class IndexUnavailable(Exception):
 
 @dataclass(frozen=True, slots=True)
 class Unit:
-    """An index unit (SPEC §2): magic, pos, size, index, term."""
+    """An index unit (docs/format.md): magic, pos, size, index, term."""
 
     magic: int
     pos: int

@@ -1,4 +1,4 @@
-"""Option parsing and offset arithmetic for the Spark sources (SPEC §7).
+"""Option parsing and offset arithmetic for the Spark sources (docs/spark.md).
 
 Pure Python, no Spark import: every rule about what an option means lives here
 so that it can be tested without a JVM and reads the same for batch and

@@ -6,7 +6,7 @@ asked; a term bound only saves rows handed to Spark. Spark ANDs the filters it p
 keeps those it can apply exactly (range bounds, then `Pushed.mask`) and gives the rest back,
 by reference, for Spark to evaluate after the scan.
 
-`index` and `term` are never negative (SPEC §1) and never null, so a lower bound of 0 and
+`index` and `term` are never negative (docs/format.md) and never null, so a lower bound of 0 and
 "no upper bound" mean "no filter".
 """
 

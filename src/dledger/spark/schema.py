@@ -1,4 +1,4 @@
-"""The row schema of both sources (SPEC §7) and its Arrow twin.
+"""The row schema of both sources (docs/spark.md) and its Arrow twin.
 
 The Arrow schema must equal what Spark derives from the DDL (nullable fields,
 `string`/`binary` rather than the large variants), or Spark refuses the batches.

@@ -1,4 +1,4 @@
-"""`format("dledger")`: batch and streaming reads of committed entries, and writes (SPEC §7).
+"""`format("dledger")`: batch and streaming reads of committed entries, and writes (docs/spark.md).
 
 Reads follow Kafka's source: offsets are next indexes per group
 (`{"<group>": <next index>}`), ranges are end-exclusive, and a micro-batch's

@@ -1,4 +1,4 @@
-"""FileLedgerStore: DLedger's mmap file store (DLedgerMmapFileStore), SPEC §2.
+"""FileLedgerStore: DLedger's mmap file store (DLedgerMmapFileStore), docs/format.md.
 
 Layout: `data/` holds records, `index/` one 32-byte unit per index,
 `checkpoint` the commit index and the last durable record (the point recovery

@@ -1,4 +1,4 @@
-"""Fixed-size memory-mapped files named by their 20-digit start offset (SPEC §2).
+"""Fixed-size memory-mapped files named by their 20-digit start offset (docs/format.md).
 
 DLedger's MmapFile / MmapFileList: a logical byte space cut into equal files.
 Data and index files both use it.

@@ -1,0 +1,57 @@
+"""Spark without Java: `dledger audit` says in one line what is missing and what to do,
+instead of the launcher's "JAVA_HOME is not set" and PySpark's JAVA_GATEWAY_EXITED."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dledger.spark.java import JavaMissing, java_problem, require_java
+
+NO_JAVA = ("Spark needs Java 17: no `java` on PATH and JAVA_HOME is not set "
+           "(install a JDK 17, e.g. `apt install openjdk-17-jre-headless`)")
+
+
+def test_no_java_on_path_and_no_java_home(tmp_path: Path) -> None:
+    env = {"PATH": str(tmp_path)}  # a PATH without java
+    assert java_problem(env) == NO_JAVA
+    with pytest.raises(JavaMissing, match="no `java` on PATH"):
+        require_java(env)
+
+
+def test_java_home_is_what_spark_uses(tmp_path: Path) -> None:
+    """As PySpark's launcher: JAVA_HOME, when set, decides (a broken one fails even with
+    java on PATH); else `java` on PATH."""
+    on_path = tmp_path / "path"
+    on_path.mkdir()
+    java = on_path / "java"
+    java.write_text("#!/bin/sh\n")
+    java.chmod(0o755)
+    assert java_problem({"PATH": str(on_path)}) is None
+    empty_home = tmp_path / "jdk-without-java"
+    empty_home.mkdir()
+    problem = java_problem({"PATH": str(on_path), "JAVA_HOME": str(empty_home)})
+    assert problem is not None and f"JAVA_HOME is {empty_home}, which has no bin/java" in problem
+    (empty_home / "bin").mkdir()
+    (empty_home / "bin" / "java").symlink_to(java)
+    assert java_problem({"PATH": str(tmp_path), "JAVA_HOME": str(empty_home)}) is None
+
+
+@pytest.mark.skipif(importlib.util.find_spec("pyspark") is None, reason="needs the spark extra")
+def test_audit_without_java_fails_in_one_line(tmp_path: Path) -> None:
+    """What a pip user without Java sees: the one line, exit 1, before any JVM is started
+    (a process of its own: no Spark session of the test run is active in it)."""
+    store = tmp_path / "n0"
+    (store / "data").mkdir(parents=True)
+    env = {k: v for k, v in os.environ.items() if k != "JAVA_HOME"}
+    env["PATH"] = str(Path(sys.executable).parent)  # the venv's scripts, no java
+    p = subprocess.run([sys.executable, "-m", "dledger", "audit", str(store)], capture_output=True, text=True,
+                       env=env, timeout=120, check=False)
+    assert p.returncode == 1, p
+    assert p.stdout == ""
+    assert p.stderr.splitlines() == [f"audit failed: {NO_JAVA}"], p.stderr
