@@ -126,7 +126,7 @@ def check_ports_free(peers: str, metrics_base_port: int = 0) -> None:
         raise PortsInUse(busy)
 
 
-def stop_processes(procs: Iterable[subprocess.Popen[bytes]], timeout: float = 15.0) -> None:
+def stop_processes(procs: Iterable[subprocess.Popen[Any]], timeout: float = 15.0) -> None:
     """SIGTERM to all at once (they stop in parallel), then SIGKILL whoever is still up
     after `timeout` s."""
     procs = list(procs)

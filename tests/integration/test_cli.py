@@ -5,7 +5,6 @@ from __future__ import annotations
 import base64
 import json
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -16,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from dledger.local_cluster import stop_processes
 from dledger.ports import free_port_run, free_ports
 
 from .harness import Cluster, wait_until
@@ -161,12 +161,7 @@ def test_server_says_where_it_listens(tmp_path: Path) -> None:
         with DLedgerClient(f"n0-127.0.0.1:{port}", "g", timeout=30) as c:  # and it does serve
             assert c.metadata("n0").self_id == "n0"
     finally:
-        p.send_signal(signal.SIGTERM)
-        try:
-            p.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
+        stop_processes([p], 60)
         reader.join(timeout=10)
     assert p.returncode == 0, lines
     assert "Traceback" not in "\n".join(lines), lines

@@ -314,7 +314,7 @@ def _cli_problems(args: list[str]) -> list[str]:
     while True:
         found, args = _option_problems(cmd, args, path)
         problems += found
-        if not (isinstance(cmd, click.Group) and args):
+        if not (isinstance(cmd, click.Group) and args) or args[0] in ("...", "…"):  # `dledger …`: any
             break
         sub = cmd.get_command(click.Context(cmd), args[0])
         if sub is None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import socket
 import stat
 import subprocess
@@ -18,6 +17,7 @@ from typing import Any
 import pytest
 
 from dledger.config import ConfigError, DLedgerConfig
+from dledger.local_cluster import stop_processes
 from dledger.ports import free_port_run, free_ports
 from dledger.runtime.client import DLedgerClient
 from integration.harness import MakeCluster, wait_until
@@ -186,13 +186,7 @@ def test_server_with_its_metrics_port_in_use(tmp_path: Path, listener: socket.so
 
 
 def _stop(p: subprocess.Popen[bytes]) -> None:
-    if p.poll() is None:
-        p.send_signal(signal.SIGTERM)
-        try:
-            p.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
+    stop_processes([p], 60)
 
 
 @pytest.mark.integration

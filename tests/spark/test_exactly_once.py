@@ -146,6 +146,7 @@ def _driver(src: Group, dst: Group, ckpt: Path, trigger: str, log: Path) -> subp
                             stdout=log.open("ab"), stderr=subprocess.STDOUT, env=env, start_new_session=True)
 
 
+@pytest.mark.slow  # a minute (two drivers, a SIGKILL): make soak; the demo restarts a stream from its checkpoint
 def test_streaming_sink_survives_a_killed_driver_and_a_stop_mid_batch(spark: SparkSession, tmp_path: Path) -> None:
     src_cluster, src = start_group(tmp_path / "src", "src")
     dst_cluster, dst = start_group(tmp_path / "dst", "dst")

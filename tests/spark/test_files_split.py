@@ -212,7 +212,7 @@ def test_split_read_equals_the_unsplit_read(spark: SparkSession, store: Store) -
     whole = _df(spark, store.dir, bytesPerPartition="1g")
     assert _rows(whole) == store.rows
     files = whole.rdd.getNumPartitions()
-    for size in (SMALL, "1000", "12345", "64k"):
+    for size in (SMALL, "12345", "64k"):  # ~16 tasks a file, cuts at odd offsets, one task a file
         df = _df(spark, store.dir, bytesPerPartition=size)
         rows = df.collect()
         assert len(rows) == len(store.rows), size  # each record exactly once
