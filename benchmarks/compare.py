@@ -183,7 +183,7 @@ class Runner:
         lat = r["latency_ms"]
         say(
             f"{rec['system']:<16} {rec['workload']:<3} {rec['concurrency']:<14} {r['entries_per_s']:>10,.0f} entries/s "
-            f"{r['mb_per_s']:>7.1f} MB/s  p50 {lat['p50']:.2f} ms  p99 {lat['p99']:.2f} ms  "
+            f"{r['mb_per_s']:>7.1f} MB/s  p50 {num(lat['p50'], 2)} ms  p99 {num(lat['p99'], 2)} ms  "
             f"errors {sum(r['errors'].values())}  load CPU {r['client_cpu_cores']}  "
             f"servers {rec.get('server_cpu', {})}"
         )
@@ -778,7 +778,8 @@ def chart(run: Runner, summary: dict[str, Any], path: Path) -> None:
         if r is None:
             return None
         rep = r["report"]
-        return float(rep["latency_ms"]["p99"] if key == "p99" else rep[key])
+        v = rep["latency_ms"]["p99"] if key == "p99" else rep[key]
+        return None if v is None else float(v)  # no latency: nothing succeeded in that run
 
     a_vals = [val(s, "a", "entries_per_s") for s in systems]
     cp = run.profiles.get("etcd_check_perf", {}).get("writes_per_s")

@@ -417,14 +417,17 @@ def health(peers: str, group: str, max_lag: int, as_json: bool, output: str, wai
     member trails the leader's commit index by more than --max-lag entries; one line says
     why ("leader n1, term 7, 3/3 up, max lag 12 entries")."""
     output = json_alias(as_json, output) or "table"
-    started = time.monotonic()
+    deadline = time.monotonic() + wait
     views = _views(peers, group)
     verdict = assess(views, max_lag)
-    while not verdict.ok and not _refused_by_all(views) and time.monotonic() + 0.5 < started + wait:
-        time.sleep(0.5)
+    while not verdict.ok and not _refused_by_all(views) and (left := deadline - time.monotonic()) > 0:
+        time.sleep(min(0.5, left))
         views = _views(peers, group)
         verdict = assess(views, max_lag)
-    waited = f" (after waiting {time.monotonic() - started:.0f} s)" if wait and not verdict.ok else ""
+    waited = ""
+    if wait and not verdict.ok:
+        waited = " (every member refuses: waiting cannot help)" if _refused_by_all(views) else \
+            f" (after waiting {wait:g} s)"
     if output == "json":
         click.echo(json.dumps(verdict.as_json()))
     else:

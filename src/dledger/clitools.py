@@ -302,15 +302,27 @@ def emit(rows: list[dict[str, object]], output: str, title: str = "") -> None:
     from rich.table import Table
     from rich.text import Text
 
+    if not rows:  # not a blank line: say so (on stderr, as the hints)
+        click.echo(f"(none{': ' + title if title else ''})", err=True)
+        return
     # Text, never markup: titles and cells carry user data ("[/]" in a key, a path, a body);
     # fold, never "…": a table must show all of a value, over several lines if need be
-    table = Table(title=Text(title) if title else None)
+    table = Table(title=Text(_visible(title)) if title else None)
     cols = list(dict.fromkeys(k for row in rows for k in row))
     for col in cols:
-        table.add_column(Text(col), overflow="fold")
+        table.add_column(Text(_visible(col)), overflow="fold")
     for row in rows:
-        table.add_row(*(Text(_cell(row.get(c))) for c in cols))
+        table.add_row(*(Text(_visible(_cell(row.get(c)))) for c in cols))
     Console().print(table)
+
+
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
+
+
+def _visible(text: str) -> str:
+    """Control characters as \\xNN: a stored body must not recolour or retitle the terminal
+    (ESC sequences) nor lose bytes silently."""
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
 
 
 def emit_record(record: dict[str, object], output: str, title: str = "") -> None:
@@ -355,10 +367,8 @@ class Rows:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if self.rows:
+        if self.output == "table" and (self.rows or exc[0] is None):
             emit(self.rows, "table", self.title)
-        elif self.output == "table" and exc[0] is None:
-            click.echo(f"(none{': ' + self.title if self.title else ''})", err=True)  # not a blank screen
 
 
 def consistency_option(f: F) -> F:

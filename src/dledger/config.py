@@ -128,19 +128,25 @@ def _check_types(cls: type[DLedgerConfig], data: dict[str, Any]) -> dict[str, An
 
 
 
-def _unknown_hints(unknown: list[str], known: set[str], flag_keys: dict[str, str]) -> str:
-    """Each unknown key with the key it likely means: the one its flag sets, else a close name."""
+def _unknown_hints(data: dict[str, Any], unknown: list[str], known: set[str], flag_keys: dict[str, str]) -> str:
+    """Each unknown key with the key it likely means: the snake_case spelling, the key its flag
+    sets, a close name; a table (`[tls]`) is told keys are top-level."""
     said = []
     for k in unknown:
-        if k.replace("-", "_") in known:
-            said.append(f"{k} (keys are snake_case: {k.replace('-', '_')})")
-        elif flag_keys.get(k.replace("_", "-")) in known:
-            said.append(f"{k} (the flag --{k.replace('_', '-')} sets the key {flag_keys[k.replace('_', '-')]})")
+        shown = k if re.fullmatch(r"[\w.-]+", k) else repr(k)
+        flag = k.replace("_", "-")
+        if isinstance(data[k], dict):
+            said.append(f"[{shown}] (a table: a member's keys are top-level, e.g. tls_cert)")
+        elif k.replace("-", "_") in known:
+            said.append(f"{shown} (keys are snake_case: {k.replace('-', '_')})")
+        elif flag_keys.get(flag) in known:
+            said.append(f"{shown} (the flag --{flag} sets the key {flag_keys[flag]})")
         elif close := difflib.get_close_matches(k, known, 1):
-            said.append(f"{k} (did you mean {close[0]}?)")
+            said.append(f"{shown} (did you mean {close[0]}?)")
         else:
-            said.append(k)
+            said.append(shown)
     return ", ".join(said)
+
 
 @dataclass
 class DLedgerConfig:
@@ -307,9 +313,11 @@ class DLedgerConfig:
         """`flag_keys`: a command's flag names (as keys: "id") -> the key each sets ("self_id"),
         so a key written as its flag is told which key it means."""
         known = {f.name for f in dataclasses.fields(cls)}
+        if odd := [k for k in data if not isinstance(k, str)]:
+            raise ConfigError(f"configuration keys are names, not {odd[0]!r}")
         unknown = sorted(set(data) - known)
         if unknown:
-            raise ConfigError(f"unknown configuration keys: {_unknown_hints(unknown, known, flag_keys or {})}; "
+            raise ConfigError(f"unknown configuration keys: {_unknown_hints(data, unknown, known, flag_keys or {})}; "
                               f"valid keys are {', '.join(sorted(known))} (docs/configuration.md)")
         if isinstance(data.get("preferred_leader_ids"), str):
             data = dict(data)

@@ -174,3 +174,31 @@ def test_a_closed_async_client_refuses_every_request() -> None:
             assert len(accepted) == connections, "a closed client connected again"
 
         asyncio.run(main())
+
+
+def test_a_blocking_client_closed_from_another_thread_ends_its_calls() -> None:
+    """close() from one thread while others wait (a get between retries, a subscription):
+    they end with "this client is closed", never hang on a loop that stopped under them."""
+    with silent_members(3) as (peers, accepted):
+        c = DLedgerClient(peers, "g", timeout=60.0)
+        results: dict[str, str] = {}
+
+        def call(name: str, fn: Callable[[], object]) -> None:
+            try:
+                fn()
+                results[name] = "returned"
+            except DLedgerError as e:
+                results[name] = e.message
+
+        threads = [threading.Thread(target=call, args=("get", lambda: c.get(1)), daemon=True),
+                   threading.Thread(target=call, args=("subscribe", lambda: next(iter(c.subscribe(0)))), daemon=True)]
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + 30
+        while not accepted and time.monotonic() < deadline:  # until they reached the members
+            time.sleep(0.05)
+        c.close()
+        for t in threads:
+            t.join(timeout=60)
+        assert not any(t.is_alive() for t in threads), f"a call hung after close: {results}"
+        assert results == {"get": "this client is closed", "subscribe": "this client is closed"}, results

@@ -16,6 +16,7 @@ DLEDGER_PEERS names the group of `run: cluster`. A page that runs Spark is marke
 from __future__ import annotations
 
 import ast
+import contextlib
 import importlib
 import importlib.util
 import json
@@ -23,9 +24,11 @@ import os
 import re
 import select
 import shlex
+import signal
 import subprocess
 import sys
 import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -94,6 +97,7 @@ class Session:
     output is read up to the end line it prints (from the pipe's fd: no buffer hides it)."""
 
     proc: subprocess.Popen[bytes]
+    token = uuid.uuid4().hex  # the end line's: an example cannot print it by chance
 
     def send(self, text: bytes) -> None:
         assert self.proc.stdin is not None
@@ -110,12 +114,14 @@ class Session:
                 if not chunk:
                     return False, out.decode(errors="replace") + "\n(it exited: a command failed)"
                 out += chunk
-                if (m := re.search(rb"\n@@done (True|False)\n", out)) is not None:
+                if (m := re.search(rb"\n@@done-%s (True|False)\n" % self.token.encode(), out)) is not None:
                     return m.group(1) == b"True", out[:m.start()].decode(errors="replace")
         return False, out.decode(errors="replace") + f"\n(no end after {timeout} s)"
 
     def close(self) -> None:
-        self.proc.kill()
+        """It and whatever it started (its own session: background jobs too)."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
         self.proc.wait()
 
 
@@ -126,14 +132,15 @@ class Notebook(Session):
     _DRIVER = ("import os, sys, json, traceback\nns = {'__name__': '__main__'}\n"
                "while (n := sys.stdin.buffer.readline()):\n"
                "    cell = json.loads(sys.stdin.buffer.read(int(n))); ok = True\n"
-               "    os.environ.clear(); os.environ.update(cell['env'])\n"
+               "    os.environ.clear(); os.environ.update(cell['env']); os.chdir(cell['env'].get('PWD', '.'))\n"
                "    try:\n        exec(compile(cell['code'], '<example>', 'exec'), ns)\n"
                "    except BaseException:\n        traceback.print_exc(); ok = False\n"
-               "    sys.stderr.flush(); print('\\n@@done', ok, flush=True)\n")
+               "    sys.stderr.flush(); print(f'\\n@@done-{sys.argv[1]}', ok, flush=True)\n")
 
     def __init__(self, cwd: Path, env: dict[str, str]) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-u", "-c", self._DRIVER], cwd=cwd, env=env,
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen([sys.executable, "-u", "-c", self._DRIVER, self.token], cwd=cwd, env=env,
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     start_new_session=True)
 
     def run(self, code: str, env: dict[str, str]) -> tuple[bool, str]:
         cell = json.dumps({"code": code, "env": env}).encode()
@@ -150,7 +157,7 @@ class Shell(Session):
     def __init__(self, cwd: Path, env: dict[str, str]) -> None:
         self.dir = cwd.parent
         self.proc = subprocess.Popen(["bash", "--norc", "--noprofile"], cwd=cwd, env=env, stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
         self.send(b"set -e -o pipefail\n")
         self.blocks = 0
 
@@ -158,7 +165,7 @@ class Shell(Session):
         self.blocks += 1
         script = self.dir / f"block{self.blocks}.sh"
         script.write_text(code)
-        self.send(f"source {script} < /dev/null\nprintf '\\n@@done True\\n'\n".encode())
+        self.send(f"source {script} < /dev/null\nprintf '\\n@@done-{self.token} True\\n'\n".encode())
         return self.output()
 
     def env(self) -> dict[str, str]:
@@ -281,7 +288,7 @@ def _option_problems(cmd: click.Command, args: list[str], path: list[str]) -> tu
     """Problems with the options at the front of `args` (up to the first word that is not an
     option or an option's value), and the rest; a Choice's literal value must be one of them."""
     by_name = {o: p for p in cmd.params if isinstance(p, click.Option) for o in (*p.opts, *p.secondary_opts)}
-    by_name["--help"] = click.Option(["--help"], is_flag=True)
+    by_name["--help"] = by_name["-h"] = click.Option(["--help", "-h"], is_flag=True)
     problems: list[str] = []
     while args and args[0].lstrip("[").startswith("-") and args[0] != "-":
         word, args = args[0].strip("[]"), args[1:]
@@ -289,6 +296,9 @@ def _option_problems(cmd: click.Command, args: list[str], path: list[str]) -> tu
             break
         name, _, value = word.partition("=")
         names = [f"-{c}" for c in name[1:]] if not name.startswith("--") else [name]  # -vv: -v -v
+        attached = by_name.get(names[0]) if len(names) > 1 else None
+        if attached is not None and not (attached.is_flag or attached.count):  # -ojson, -n5
+            names, value = names[:1], name[2:]
         for n in names:
             opt = by_name.get(n)
             if opt is None:
@@ -356,7 +366,8 @@ def _command_problems(words: list[str]) -> list[str]:
         return _script_problems(words[1:3], words[3:])
     if prog == "make":
         targets = set(re.findall(r"^([\w-]+):", (ROOT / "Makefile").read_text(), re.M))
-        return [f"no make target {t}" for t in words[1:] if not t.startswith("-") and t not in targets]
+        return [f"no make target {t}" for t in words[1:] if not t.startswith("-") and "=" not in t
+                and t not in targets]
     return []
 
 

@@ -171,3 +171,12 @@ def test_tables_show_user_data_as_text_and_whole() -> None:
     assert r.exit_code == 0, r.output
     assert "keys starting with '[/]'" in r.output and "[/]k[bold]" in r.output, r.output
     assert r.output.count("x") == 300 and r.output.count("\\") == 1 and "…" not in r.output, r.output
+
+
+def test_tables_show_control_characters_and_say_when_empty() -> None:
+    """An ESC in a stored body must not reach the terminal raw (it could recolour or retitle
+    it); an empty result is a line on stderr, not a blank one."""
+    r = CliRunner().invoke(click.Command("t", callback=lambda: emit([{"v": "\x1b[31mred\x07"}], "table")), [])
+    assert "\x1b" not in r.output and "\\x1b[31mred\\x07" in r.output, r.output
+    r = CliRunner().invoke(click.Command("t", callback=lambda: emit([], "table", "keys starting with 'z'")), [])
+    assert r.output.strip() == "(none: keys starting with 'z')", r.output

@@ -43,6 +43,13 @@ def test_a_key_written_as_a_flag_is_told_the_key_it_means(tmp_path: Path) -> Non
     assert "self-id (keys are snake_case: self_id)" in message
 
 
+def test_odd_keys_get_a_clear_error() -> None:
+    with pytest.raises(ConfigError, match="configuration keys are names, not 1"):
+        DLedgerConfig.from_dict({1: "x"})  # type: ignore[dict-item]
+    with pytest.raises(ConfigError, match=r"'peers ' \(did you mean peers\?\), \[tls\] \(a table: a member's keys"):
+        DLedgerConfig.from_dict({"tls": {"cert": "c.pem"}, "peers ": "n0-127.0.0.1:1"})
+
+
 def test_the_example_configuration_loads(tmp_path: Path) -> None:
     import re
 

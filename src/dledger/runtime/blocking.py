@@ -26,7 +26,10 @@ class LoopThread:
         if self.loop.is_closed():
             coro.close()
         self._check_open()
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+        try:
+            return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+        except concurrent.futures.CancelledError:  # close() from another thread cancelled it
+            raise DLedgerError(ResponseCode.UNEXPECTED_ARGUMENT, "this client is closed") from None
 
     def _check_open(self) -> None:
         if self.loop.is_closed():
@@ -44,6 +47,9 @@ class LoopThread:
                     item = pending.result()
                 except StopAsyncIteration:
                     return
+                except concurrent.futures.CancelledError:  # closed from another thread
+                    pending = None
+                    raise DLedgerError(ResponseCode.UNEXPECTED_ARGUMENT, "this client is closed") from None
                 pending = None
                 yield item
         finally:
@@ -57,9 +63,20 @@ class LoopThread:
         if self.loop.is_closed():
             return
         self.run(shutdown())
+        # what other threads still wait on (a call between retries, a subscription's back-off)
+        # is cancelled and settles before the loop stops: their callers get "closed", not a hang
+        asyncio.run_coroutine_threadsafe(_cancel_all(), self.loop).result()
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(timeout=5)
         self.loop.close()
+
+
+async def _cancel_all() -> None:
+    """Cancel every other task of this loop and wait until they have ended (as asyncio.run)."""
+    tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+    for t in tasks:
+        t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
 
 
 async def _next(agen: AsyncGenerator[T, None]) -> T:

@@ -578,6 +578,8 @@ class AsyncDLedgerClient:
         last: DLedgerError | None = None
         delay = 0.05
         while (left := deadline - time.monotonic()) > 0:
+            if self._closed and last is not None:
+                raise last  # closed mid-call: what the last attempt met (an unknown outcome stays one)
             self._check_open()  # also between attempts: a client closed meanwhile ends the call at once
             target = self._trusted_leader() or await self._find_leader(left)
             left = deadline - time.monotonic()
@@ -590,6 +592,8 @@ class AsyncDLedgerClient:
                         raise
                     if e.code == ResponseCode.NOT_LEADER and self.leader_id:
                         continue  # redirected: go at once
+            if self._closed:
+                continue  # no back-off for a closed client: the loop's top ends the call
             await asyncio.sleep(min(delay, max(0.0, deadline - time.monotonic())))
             delay = min(delay * 2, 0.5)
         raise last or DLedgerError(ResponseCode.TIMEOUT, "no member said it leads in time")
