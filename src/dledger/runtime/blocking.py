@@ -21,54 +21,70 @@ class LoopThread:
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, name=name, daemon=True)
         self._thread.start()
+        # calls other threads wait on: close() ends those the stopped loop will never finish
+        self._lock = threading.Lock()
+        self._closed = False
+        self._waiting: set[concurrent.futures.Future[Any]] = set()
 
     def run(self, coro: Coroutine[Any, Any, T]) -> T:
-        if self.loop.is_closed():
-            coro.close()
-        self._check_open()
-        try:
-            return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
-        except concurrent.futures.CancelledError:  # close() from another thread cancelled it
-            raise DLedgerError(ResponseCode.UNEXPECTED_ARGUMENT, "this client is closed") from None
+        return self._result(self._submit(coro))
 
-    def _check_open(self) -> None:
-        if self.loop.is_closed():
-            raise DLedgerError(ResponseCode.UNEXPECTED_ARGUMENT, "this client is closed")
+    def _submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+        with self._lock:  # after close() began, nothing new reaches the loop
+            if self._closed:
+                coro.close()
+                raise _closed()
+            fut = asyncio.run_coroutine_threadsafe(coro, self.loop)
+            self._waiting.add(fut)
+        fut.add_done_callback(self._waiting.discard)
+        return fut
+
+    @staticmethod
+    def _result(fut: concurrent.futures.Future[T]) -> T:
+        try:
+            return fut.result()
+        except concurrent.futures.CancelledError:  # close() from another thread ended it
+            raise _closed() from None
 
     def iterate(self, agen: AsyncGenerator[T, None]) -> Iterator[T]:
         """An async generator as a blocking iterator; leaving early (break, Ctrl-C) stops the
         call in flight and closes the generator."""
-        self._check_open()
         pending: concurrent.futures.Future[T] | None = None
         try:
             while True:
-                pending = asyncio.run_coroutine_threadsafe(_next(agen), self.loop)
+                pending = self._submit(_next(agen))
                 try:
-                    item = pending.result()
+                    item = self._result(pending)
                 except StopAsyncIteration:
                     return
-                except concurrent.futures.CancelledError:  # closed from another thread
-                    pending = None
-                    raise DLedgerError(ResponseCode.UNEXPECTED_ARGUMENT, "this client is closed") from None
                 pending = None
                 yield item
         finally:
             if pending is not None:
                 pending.cancel()
-            if not self.loop.is_closed():
+            if not self._closed:
                 self.run(_close_agen(agen))
 
     def close(self, shutdown: Callable[[], Coroutine[Any, Any, None]]) -> None:
-        """Run `shutdown()` on the loop, then stop it and its thread (idempotent)."""
-        if self.loop.is_closed():
+        """Run `shutdown()` on the loop, then stop it and its thread (idempotent). What other
+        threads still wait on (a call between retries, a subscription's back-off) is cancelled
+        and settles first, and a call the stopped loop would never run is cancelled after:
+        their callers get "this client is closed", never a hang."""
+        if self._closed:
             return
         self.run(shutdown())
-        # what other threads still wait on (a call between retries, a subscription's back-off)
-        # is cancelled and settles before the loop stops: their callers get "closed", not a hang
-        asyncio.run_coroutine_threadsafe(_cancel_all(), self.loop).result()
+        self.run(_cancel_all())
+        with self._lock:
+            self._closed = True
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(timeout=5)
+        for fut in list(self._waiting):  # submitted between _cancel_all and the flag
+            fut.cancel()
         self.loop.close()
+
+
+def _closed() -> DLedgerError:
+    return DLedgerError(ResponseCode.UNEXPECTED_ARGUMENT, "this client is closed")
 
 
 async def _cancel_all() -> None:
