@@ -6,7 +6,6 @@ one line on stderr and a non-zero exit code, never a traceback.
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import json
 import logging
@@ -40,11 +39,12 @@ from dledger.clitools import (
     run_member,
     security,
     security_options,
+    write_body,
 )
 from dledger.codes import DLedgerError, ResponseCode
 from dledger.config import ConfigError, DLedgerConfig, Peer, format_peers, parse_peers
 from dledger.entry import MAGIC_NOOP, MAGIC_NORMAL, MAGIC_SESSION
-from dledger.health import DEFAULT_MAX_LAG, assess
+from dledger.health import DEFAULT_MAX_LAG, assess, is_down
 from dledger.local_cluster import busy_ports, local_cluster
 from dledger.runtime.client import Metadata
 
@@ -275,7 +275,7 @@ def get(peers: str, group: str, index: int, output: str | None, b64: bool, consi
     if output is not None:
         emit([{"index": e.index, "term": e.term, "body": body_json(e.body, b64)}], output, f"group {group}")
         return
-    sys.stdout.buffer.write(base64.b64encode(e.body) + b"\n" if b64 else e.body)
+    write_body(e.body, b64)
     sys.stdout.flush()
 
 
@@ -336,8 +336,7 @@ def _refused_by_all(views: dict[str, Metadata | DLedgerError]) -> bool:
 
 def _status_row(v: Metadata | DLedgerError) -> dict[str, object]:
     if isinstance(v, DLedgerError):
-        down = v.code in (ResponseCode.NETWORK_ERROR, ResponseCode.TIMEOUT)
-        return {"role": "unreachable" if down else "error", "error": f"{v.code.name} ({int(v.code)}): {v.message}"}
+        return {"role": "unreachable" if is_down(v) else "error", "error": str(v)}  # "CODE (n): message"
     row: dict[str, object] = {"role": v.role, "term": v.term, "leader": v.leader_id,
                               "ledger_end_index": v.ledger_end_index, "committed_index": v.committed_index}
     if v.applied_index >= 0 or v.snapshot_index >= 0:
@@ -376,7 +375,7 @@ def status(peers: str, group: str, as_json: bool, output: str, check: bool, max_
         click.echo(json.dumps({**out, "health": verdict.as_json()} if check else out))
     else:
         _print_status(group, out)
-        click.echo(("healthy: " if verdict.ok else "NOT healthy: ") + verdict.summary)
+        click.echo(verdict.line)
     errors = [v for v in views.values() if isinstance(v, DLedgerError)]
     if len(errors) == len(views):  # no member gave its view (down, or a wrong group): an error, with --json too
         first = errors[0]
@@ -431,7 +430,7 @@ def health(peers: str, group: str, max_lag: int, as_json: bool, output: str, wai
     if output == "json":
         click.echo(json.dumps(verdict.as_json()))
     else:
-        click.echo(("healthy: " if verdict.ok else "NOT healthy: ") + verdict.summary + waited)
+        click.echo(verdict.line + waited)
         for p in verdict.problems[1:] if not verdict.ok else verdict.problems:
             click.echo(f"  {p}")
     sys.exit(0 if verdict.ok else 1)

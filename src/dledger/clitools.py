@@ -234,6 +234,12 @@ def body_json(body: bytes, b64: bool = False) -> object:
         return {"b64": base64.b64encode(body).decode()}
 
 
+def write_body(body: bytes, b64: bool) -> None:
+    """A body on stdout as its raw bytes (binary-safe through a pipe), or with `b64` as one
+    base64 line."""
+    sys.stdout.buffer.write(base64.b64encode(body) + b"\n" if b64 else body)
+
+
 def base64_output_option(f: F) -> F:
     """--base64 of the commands that print bodies (read, get, kv get/range)."""
     return click.option("--base64", "b64", is_flag=True,

@@ -30,6 +30,11 @@ class Health:
     max_lag: int | None  # entries behind the leader's commit index, worst member (None: no leader)
     problems: list[str] = field(default_factory=list)
 
+    @property
+    def line(self) -> str:
+        """The verdict as people read it: "healthy: leader n1, …" or "NOT healthy: …"."""
+        return ("healthy: " if self.ok else "NOT healthy: ") + self.summary
+
     def as_json(self) -> dict[str, object]:
         return {"ok": self.ok, "summary": self.summary, "leader": self.leader, "term": self.term, "up": self.up,
                 "members": self.members, "max_lag": self.max_lag, "problems": self.problems}
@@ -82,7 +87,12 @@ def _leader(up: Mapping[str, Metadata], term: int) -> str | None:
     return claims[0] if len(claims) == 1 else None
 
 
+def is_down(e: DLedgerError) -> bool:
+    """The member did not answer (down, hung, unreachable), as opposed to answering an error."""
+    return e.code in (ResponseCode.NETWORK_ERROR, ResponseCode.TIMEOUT)
+
+
 def _error(e: DLedgerError) -> str:
-    if e.code in (ResponseCode.NETWORK_ERROR, ResponseCode.TIMEOUT):
+    if is_down(e):
         return f"down ({e.message})"
-    return f"{e.code.name} ({int(e.code)}): {e.message}"
+    return str(e)  # "CODE (n): message"

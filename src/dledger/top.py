@@ -19,7 +19,7 @@ from rich.live import Live
 from rich.table import Table
 
 from dledger.codes import DLedgerError
-from dledger.health import assess
+from dledger.health import assess, is_down
 from dledger.runtime.client import DLedgerClient, Metadata
 
 _SCRAPED = ("dledger_appended_bytes_total", "dledger_fsync_seconds_sum", "dledger_fsync_seconds_count")
@@ -53,8 +53,7 @@ def sample(client: DLedgerClient, metrics_urls: Mapping[str, str]) -> Sample:
 
 def render(group: str, prev: Sample | None, cur: Sample) -> Table:
     verdict = assess(cur.views)
-    table = Table(title=f"dledger top — group {group} — {'healthy' if verdict.ok else 'NOT healthy'}: "
-                        f"{verdict.summary}", title_justify="left")
+    table = Table(title=f"dledger top — group {group} — {verdict.line}", title_justify="left")
     for col in ("member", "role", "term", "end", "commit", "lag", "appends/s", "MB/s", "fsync ms"):
         table.add_column(col, justify="left" if col in ("member", "role") else "right")
     lv = cur.views.get(verdict.leader) if verdict.leader is not None else None
@@ -62,7 +61,7 @@ def render(group: str, prev: Sample | None, cur: Sample) -> Table:
     dt = cur.at - prev.at if prev is not None else 0.0
     for m, v in cur.views.items():
         if isinstance(v, DLedgerError):
-            table.add_row(m, "[red]down[/red]" if v.code.name in ("NETWORK_ERROR", "TIMEOUT") else "[red]error[/red]",
+            table.add_row(m, "[red]down[/red]" if is_down(v) else "[red]error[/red]",
                           "", "", "", "", "", "", "")
             continue
         before = prev.views.get(m) if prev is not None else None

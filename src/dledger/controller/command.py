@@ -137,11 +137,6 @@ def _as_json_too(f: F) -> F:
     return click.option("--json", "as_json", is_flag=True, help="-o json.")(f)
 
 
-def _output(output: str | None, as_json: bool) -> str | None:
-    """--json, as scripts wrote before -o existed, means -o json."""
-    return json_alias(as_json, output)
-
-
 @admin.command("controller-status")
 @click.option("--controller", "controllers", required=True, help=CONTROLLER_HELP)
 @_as_json_too
@@ -150,7 +145,7 @@ def controller_status(controllers: str, as_json: bool, output: str | None) -> No
     """Every controller's view: who leads, its term and applied index (-o json: one object
     keyed by address, a view or why the controller did not answer)."""
     views = _ask(controllers, lambda c: c.metadata())
-    output = _output(output, as_json)
+    output = json_alias(as_json, output)
     if output == "json":
         _json(views)
     elif output == "table":
@@ -187,7 +182,7 @@ def sync_state_set(controllers: str, broker: str, as_json: bool, output: str | N
     if info is None:
         raise UserError(f"CONTROLLER_BROKER_METADATA_NOT_EXIST ({int(RC.CONTROLLER_BROKER_METADATA_NOT_EXIST)}): "
                         f"no broker set {broker!r}")
-    output = _output(output, as_json)
+    output = json_alias(as_json, output)
     if output == "json":
         _json(info)
         return

@@ -25,6 +25,7 @@ from dledger.clitools import (
     output_option,
     peers_option,
     security_options,
+    write_body,
 )
 from dledger.kv.client import KVClient
 from dledger.kv.commands import Item, Result
@@ -94,7 +95,7 @@ def get(ctx: click.Context, key: str, output: str | None, b64: bool, consistency
     if output is not None:
         emit([_item(item, b64)], output)
         return
-    sys.stdout.buffer.write(base64.b64encode(item.value) + b"\n" if b64 else item.value)
+    write_body(item.value, b64)
     if sys.stdout.isatty() and not b64:
         sys.stdout.buffer.write(b"\n")
     sys.stdout.flush()
