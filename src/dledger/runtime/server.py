@@ -138,8 +138,7 @@ class GroupRuntime:
             self._m_batch = metrics.batch_size.labels(*labels)
             self._m_bytes = metrics.bytes_appended.labels(*labels)
             self._m_entries = metrics.entries_appended.labels(*labels)
-            # (request code, member message?, answer code) -> dledger_requests_total child
-            self._m_requests: dict[tuple[int, bool, int], Counter] = {}
+            self._m_requests = _RequestCounts(metrics, cfg.group, cfg.self_id)
             self.store.fsync_observer = metrics.fsync_latency.labels(*labels).observe
             metrics.nodes.append(self.node)
 
@@ -199,33 +198,20 @@ class GroupRuntime:
         self._schedule_drain()
 
     def _counted(self, code: int, member: bool, respond: Respond) -> Respond:
-        """`respond`, also counting the request by its kind, its code and its answer's (inline,
-        not through `count`: this runs for every request)."""
+        """`respond`, also counting the request by its kind, its code and its answer's."""
+        counts = self._m_requests
+
         def done(resp: Message) -> None:
-            key = (code, member, resp.code)
-            child = self._m_requests.get(key)
-            if child is None:
-                child = self._request_child(key)
-            child.inc()
+            counts.inc(code, member, resp.code)
             respond(resp)
 
         return done
 
     def count(self, code: int, member: bool, answer: int) -> None:
         """Count a request of this group answered elsewhere (refused by the server before the
-        node saw it, say); only with metrics."""
-        key = (code, member, answer)
-        child = self._m_requests.get(key)
-        if child is None:
-            child = self._request_child(key)
-        child.inc()
-
-    def _request_child(self, key: tuple[int, bool, int]) -> Counter:
-        """The counter of (request code, member message?, answer code), made once: labels() is
-        slow. Keys are bounded: only decodable request codes reach a group."""
-        assert self.metrics is not None
-        child = self._m_requests[key] = _request_counter(self.metrics, self.cfg.group, self.cfg.self_id, *key)
-        return child
+        node saw it, say); only with metrics. Keys are bounded: only decodable request codes
+        reach a group."""
+        self._m_requests.inc(code, member, answer)
 
     def _observed(self, req: msgspec.Struct, respond: Respond) -> Respond:
         """`respond`, also recording the latency, batch size and bytes of a successful append."""
@@ -428,11 +414,10 @@ class DLedgerServer:
         port = next((c.metrics_port for c in self.configs if c.metrics_port), 0)
         self.metrics = Metrics() if port else None
         self.metrics_port = port
-        # dledger_requests_total's member label for requests no hosted group takes: this
-        # process's member id, or its ids (one per group) joined with "," when they differ
-        self._member_label = ",".join(sorted({c.self_id for c in self.configs}))
-        # (request code or -1 if unknown, member message?, answer code) -> its counter, for those
-        self._m_other: dict[tuple[int, bool, int], Counter] = {}
+        # requests no hosted group takes: under group "?" and, as member label, this process's
+        # member id, or its ids (one per group) joined with "," when they differ
+        ids = ",".join(sorted({c.self_id for c in self.configs}))
+        self._m_other = _RequestCounts(self.metrics, OTHER_GROUP, ids) if self.metrics is not None else None
         # request codes another service answers on this port (the controller's, say)
         self.services: dict[int, DirectHandler] = {}
         self.sealed_groups: set[str] = set()  # groups whose log only this process writes: no client appends
@@ -565,14 +550,10 @@ class DLedgerServer:
         """Count a request no hosted group takes (also the transport's own refusals: its
         on_refused). Unknown request codes share one series and the group is always "?", so
         junk cannot make series without bound. `member` None: known from the code alone."""
-        assert self.metrics is not None
+        assert self._m_other is not None
         if member is None:
             member = is_member_code(code)
-        key = (code if code in _REQUEST_NAMES else -1, member, answer)
-        child = self._m_other.get(key)
-        if child is None:
-            child = self._m_other[key] = _request_counter(self.metrics, OTHER_GROUP, self._member_label, *key)
-        child.inc()
+        self._m_other.inc(code if code in _REQUEST_NAMES else -1, member, answer)
 
 
 # File descriptors kept for the store (data and index files, checkpoints), peers and metrics.
@@ -665,15 +646,29 @@ _REQUEST_NAMES: dict[int, str] = {
 }
 
 
-def _request_counter(metrics: Metrics, group: str, member_id: str, code: int, member: bool, answer: int) -> Counter:
-    """The dledger_requests_total child of one request kind, code and answer code (callers
-    cache it). Answer codes are this process's own, so naming unknown ones stays bounded."""
-    try:
-        answer_name = ResponseCode(answer).name
-    except ValueError:
-        answer_name = str(answer)
-    return metrics.requests.labels(group, member_id, KIND_MEMBER if member else KIND_CLIENT,
-                                   _REQUEST_NAMES.get(code, UNKNOWN_REQUEST), answer_name)
+class _RequestCounts:
+    """dledger_requests_total under one group and member label: a child per (request code,
+    member message?, answer code), made once (labels() is slow; this runs for every request).
+    Answer codes are this process's own, so naming unknown ones stays bounded."""
+
+    def __init__(self, metrics: Metrics, group: str, member_id: str) -> None:
+        self._metrics = metrics
+        self._labels = (group, member_id)
+        self._children: dict[tuple[int, bool, int], Counter] = {}
+
+    def inc(self, code: int, member: bool, answer: int) -> None:
+        child = self._children.get((code, member, answer))
+        if child is None:
+            child = self._children[(code, member, answer)] = self._child(code, member, answer)
+        child.inc()
+
+    def _child(self, code: int, member: bool, answer: int) -> Counter:
+        try:
+            answer_name = ResponseCode(answer).name
+        except ValueError:
+            answer_name = str(answer)
+        return self._metrics.requests.labels(*self._labels, KIND_MEMBER if member else KIND_CLIENT,
+                                             _REQUEST_NAMES.get(code, UNKNOWN_REQUEST), answer_name)
 
 
 __all__ = ["DLedgerServer", "GroupRuntime", "RequestCode", "serve_forever"]
