@@ -248,7 +248,7 @@ class AsyncDLedgerClient:
             raise DLedgerError(ResponseCode.UNEXPECTED_ARGUMENT, "this client is closed")
 
     def _transport(self) -> TransportClient:
-        self._check_open()  # every request passes here, whichever method sent it
+        self._check_open()  # every request passes here (or _call's check), whichever method sent it
         if self._client is None:
             self._client = TransportClient(ssl=self._ssl, auth_token=self._auth_token,
                                            server_names={p.address: p.id for p in self.peers.values()})
@@ -273,7 +273,6 @@ class AsyncDLedgerClient:
     # --- API -------------------------------------------------------------------------------
 
     async def append(self, body: bytes) -> AppendResult:
-        self._check_open()
         # an idempotent producer's unit of resending is one caller's bodies: no coalescing
         if not self.coalesce or self.producer is not None:
             return (await self.append_batch([body]))[0]
@@ -345,7 +344,6 @@ class AsyncDLedgerClient:
 
     async def append_batch(self, bodies: Sequence[bytes]) -> list[AppendResult]:
         """One request, one result per body in order; all or none are appended."""
-        self._check_open()
         bodies = [bytes(b) for b in bodies]
         if not bodies:
             raise DLedgerError(ResponseCode.REQUEST_WITH_EMPTY_BODYS, "append_batch needs at least one body")
@@ -386,12 +384,10 @@ class AsyncDLedgerClient:
     async def propose(self, body: bytes) -> ProposeResult:
         """Append `body` and wait until the group's state machine applied it: one round trip,
         the leader answers with `StateMachine.apply`'s result for this entry."""
-        self._check_open()
         return (await self.propose_batch([body]))[0]
 
     async def propose_batch(self, bodies: Sequence[bytes]) -> list[ProposeResult]:
         """One request: all appended (or none), one result per body in order."""
-        self._check_open()
         bodies = [bytes(b) for b in bodies]
         if not bodies or len(bodies) > MAX_APPEND_BODIES:
             raise DLedgerError(ResponseCode.UNEXPECTED_ARGUMENT,
@@ -415,7 +411,6 @@ class AsyncDLedgerClient:
         which may trail; the default when `member` is named). `member` with "linearizable" or
         "lease": a follower read — that member asks the leader for a read index and answers
         from its own state once it applied that far."""
-        self._check_open()
         consistency, _, follower = _resolve(consistency, member)
         resp = await self._ask(member, QUERY, QueryRequest(self.group, "", "", bytes(request), consistency, follower))
         assert isinstance(resp, QueryResponse)
@@ -423,7 +418,6 @@ class AsyncDLedgerClient:
 
     async def snapshot(self, member: str) -> int:
         """Make `member` snapshot its state now; the last index the snapshot covers."""
-        self._check_open()
         if member not in self.peers:
             raise DLedgerError(ResponseCode.UNKNOWN_MEMBER, f"{member} is not in peers")
         resp = await self._call_member(member, SNAPSHOT, SnapshotRequest(self.group, "", member),
@@ -434,7 +428,6 @@ class AsyncDLedgerClient:
     async def get(self, index: int, member: str | None = None, consistency: str | None = None) -> Entry:
         """The committed entry at `index`, from the leader (or `member`'s own copy).
         `consistency`: see `query`."""
-        self._check_open()
         consistency, local, follower = _resolve(consistency, member)
         req = GetRequest(self.group, "", "", index, local, consistency, follower)
         resp = await self._ask(member, RequestCode.GET, req)
@@ -453,7 +446,6 @@ class AsyncDLedgerClient:
         `bodies=False`: every entry comes with an empty body, and no body crosses the network
         (a member older than this option sends them anyway).
         """
-        self._check_open()
         consistency, local, follower = _resolve(consistency, member)
         out: list[Entry] = []
         index = from_index
@@ -482,7 +474,6 @@ class AsyncDLedgerClient:
         polling). Leader changes and errors are retried with a back-off, resuming at the next
         index: no gap, no duplicate. Raises only what retrying cannot mend (a bad argument,
         a group unknown, a start below the log's begin after retention)."""
-        self._check_open()
         _check_consistency(consistency)
         index, delay = from_index, 0.05
         wait_ms = int(max(0.0, wait) * 1000)
@@ -508,7 +499,6 @@ class AsyncDLedgerClient:
     async def metadata(self, member: str | None = None, consistency: str = "") -> Metadata:
         """The leader's view, or `member`'s own when named. `consistency="linearizable"`: the
         view of a leader that a heartbeat round confirmed after the call began."""
-        self._check_open()
         if consistency:
             _check_consistency(consistency)
         req = MetadataRequest(self.group, "", member or "", consistency if member is None else "")
@@ -530,7 +520,7 @@ class AsyncDLedgerClient:
     async def metadata_all(self, members: Sequence[str] | None = None) -> dict[str, Metadata | DLedgerError]:
         """Each member's own view, asked at once (a dead member costs one request timeout in
         all), or the error asking it: what `dledger status` and `health` judge."""
-        self._check_open()
+        self._check_open()  # here itself: each member's "closed" would be collected, not raised
         names = list(members) if members is not None else list(self.peers)
 
         async def one(m: str) -> Metadata | DLedgerError:
@@ -542,7 +532,6 @@ class AsyncDLedgerClient:
         return dict(zip(names, await asyncio.gather(*(one(m) for m in names)), strict=True))
 
     async def transfer_leadership(self, target: str) -> None:
-        self._check_open()
         if target not in self.peers:
             raise DLedgerError(ResponseCode.UNKNOWN_MEMBER, f"{target} is not in peers")
         req = LeadershipTransferRequest(self.group, "", "", -1, "", target)
@@ -556,7 +545,6 @@ class AsyncDLedgerClient:
         (an empty list heals). A partition needs this on both sides. `spare_handover`: only
         `member` drops, and it still sends the hand-over of a leadership transfer (a transfer
         cut off mid-way)."""
-        self._check_open()
         req = FaultRequest(self.group, "", member, list(blocked), spare_handover)
         await self._call_member(member, FAULT, req)
 
