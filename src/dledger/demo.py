@@ -25,6 +25,7 @@ import tempfile
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import Progress
 
 from dledger.store import FileLedgerStore
@@ -101,8 +102,10 @@ def storage_demo(base: Path, target: int = 20_000) -> bool:
 
 def spark_demo(base: Path) -> bool:
     console.rule("[bold]5. Spark: a streaming pipeline restarted from its checkpoint, exactly once")
-    if shutil.which("java") is None:
-        console.print("[red]java not found[/red]: Spark needs Java 17 (apt-get install openjdk-17-jre-headless)")
+    from dledger.spark.java import java_problem
+
+    if (problem := java_problem()) is not None:
+        console.print(f"[red]no Java[/red]: {escape(problem)}")
         return False
     try:
         from dledger.spark.pipeline_demo import run_pipeline_demo

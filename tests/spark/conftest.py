@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import shutil
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -17,6 +16,8 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from dledger.spark.java import java_problem
+
 from .helpers import Group, start_group
 
 if TYPE_CHECKING:
@@ -24,8 +25,8 @@ if TYPE_CHECKING:
 
 
 def _skip_reason() -> str | None:
-    if shutil.which("java") is None:
-        return "java not found: the Spark tests need Java 17 (apt-get install openjdk-17-jre-headless)"
+    if (problem := java_problem()) is not None:
+        return f"the Spark tests: {problem}"
     if importlib.util.find_spec("pyspark") is None or importlib.util.find_spec("pyarrow") is None:
         return "pyspark/pyarrow not installed: pip install -e '.[spark]'"
     return None

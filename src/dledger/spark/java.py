@@ -3,7 +3,7 @@
 Without Java, PySpark's launcher prints "JAVA_HOME is not set" and PySpark then raises
 [JAVA_GATEWAY_EXITED] "Java gateway process exited before sending its port number": true,
 but it sends a new user looking at the wrong thing. What starts a session of our own
-(`dledger audit`; `register(spark)` is handed a session whose JVM already runs) asks here
+(`dledger audit`, `make demo`; `register(spark)` is handed a session whose JVM runs) asks here
 first and says in one line what is missing and how to get it. Standard library only: it
 must answer where pyspark's own start would fail.
 """
@@ -16,10 +16,6 @@ from collections.abc import Mapping
 from pathlib import Path
 
 INSTALL_HINT = "install a JDK 17, e.g. `apt install openjdk-17-jre-headless`"
-
-
-class JavaMissing(RuntimeError):
-    """Spark could not start its JVM: the message says what is missing and what to do."""
 
 
 def java_problem(environ: Mapping[str, str] | None = None) -> str | None:
@@ -38,10 +34,3 @@ def java_problem(environ: Mapping[str, str] | None = None) -> str | None:
     if shutil.which("java", path=env.get("PATH", os.defpath)) is not None:
         return None
     return f"Spark needs Java 17: no `java` on PATH and JAVA_HOME is not set ({INSTALL_HINT})"
-
-
-def require_java(environ: Mapping[str, str] | None = None) -> None:
-    """Raise JavaMissing (one line, what to do) where Spark would find no `java`."""
-    problem = java_problem(environ)
-    if problem is not None:
-        raise JavaMissing(problem)
