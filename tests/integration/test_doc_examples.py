@@ -284,16 +284,20 @@ def _unwrapped(words: list[str]) -> list[str]:
     return words
 
 
+def _is_option(word: str) -> bool:
+    """An option word, also inside a synopsis's brackets (`[--flush sync]`); `-` is stdin."""
+    return word.lstrip("[").startswith("-") and word != "-"
+
+
 def _option_problems(cmd: click.Command, args: list[str], path: list[str]) -> tuple[list[str], list[str]]:
     """Problems with the options at the front of `args` (up to the first word that is not an
-    option or an option's value), and the rest; a Choice's literal value must be one of them."""
+    option or an option's value, or `--`), and the rest; a Choice's literal value must be one
+    of them."""
     by_name = {o: p for p in cmd.params if isinstance(p, click.Option) for o in (*p.opts, *p.secondary_opts)}
     by_name["--help"] = by_name["-h"] = click.Option(["--help", "-h"], is_flag=True)
     problems: list[str] = []
-    while args and args[0].lstrip("[").startswith("-") and args[0] != "-":
+    while args and _is_option(args[0]) and args[0] != "--":
         word, args = args[0].strip("[]"), args[1:]
-        if word == "--":
-            break
         name, _, value = word.partition("=")
         names = [f"-{c}" for c in name[1:]] if not name.startswith("--") else [name]  # -vv: -v -v
         attached = by_name.get(names[0]) if len(names) > 1 else None
@@ -324,20 +328,17 @@ def _cli_problems(args: list[str]) -> list[str]:
     while True:
         found, args = _option_problems(cmd, args, path)
         problems += found
-        if not (isinstance(cmd, click.Group) and args) or args[0] in ("...", "…"):  # `dledger …`: any
+        if not (isinstance(cmd, click.Group) and args) or args[0] in ("...", "…", "--"):  # `dledger …`: any
             break
         sub = cmd.get_command(click.Context(cmd), args[0])
         if sub is None:
             return [*problems, f"{' '.join(path)} has no command {args[0]!r}"]
         path.append(args[0])
         cmd, args = sub, args[1:]
-    while args:  # options after the arguments
-        skip = next((k for k, a in enumerate(args) if a.lstrip("[").startswith("-") and a != "-"), len(args))
+    while args and args[0] != "--":  # options after the arguments (after `--`: arguments only)
+        skip = next((k for k, a in enumerate(args) if _is_option(a)), len(args))
         found, args = _option_problems(cmd, args[skip:], path)
         problems += found
-        if args and args[0] == "--":
-            break
-        args = args[1:] if args and not args[0].lstrip("[").startswith("-") else args
     return problems
 
 
