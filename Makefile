@@ -33,9 +33,11 @@ lint: venv
 	$(BIN)/ruff check src tests
 	$(BIN)/mypy
 
-# The full suite as CI runs it; slow soak runs are in `make soak`.
+# The full suite as CI runs it, two workers side by side (most tests wait on member processes;
+# tests/conftest.py gives each worker its own ports and keeps the Spark tests on one);
+# slow soak runs are in `make soak`.
 test: lint check-java
-	$(BIN)/python -m pytest -q -m "not slow" --durations=25
+	$(BIN)/python -m pytest -q -m "not slow" -n 2 --dist loadgroup --durations=25
 
 test-fast: venv
 	$(BIN)/python -m pytest -q -m "not slow and not chaos and not sim and not spark and not integration"

@@ -39,13 +39,14 @@ from dledger.clitools import (
     run_member,
     security,
     security_options,
+    server_security_options,
     write_body,
 )
 from dledger.codes import DLedgerError, ResponseCode
 from dledger.config import ConfigError, DLedgerConfig, Peer, format_peers, parse_peers
 from dledger.entry import MAGIC_NOOP, MAGIC_NORMAL, MAGIC_SESSION
 from dledger.health import DEFAULT_MAX_LAG, assess, is_down
-from dledger.local_cluster import busy_ports, local_cluster
+from dledger.local_cluster import busy_ports, local_certs, local_cluster
 from dledger.runtime.client import Metadata
 
 log = logging.getLogger(__name__)
@@ -88,12 +89,17 @@ def cli(verbose: int) -> None:
               help="Forget an idempotent producer after this long without an append [86400000: a day].")
 @click.option("--max-producers", type=click.IntRange(1), default=None,
               help="Idempotent producers remembered; the least recently used beyond are forgotten [100000].")
-@security_options
+@click.option("--max-producers-per-principal", type=click.IntRange(1), default=None,
+              help="... per principal (certificate or token): a principal beyond it forgets its own [50000].")
+@click.option("--producer-creations-per-second", type=click.IntRange(1), default=None,
+              help="New idempotent producers a principal may start per second, burst 10x [200].")
+@server_security_options
 def server(config_file: str | None, group: str | None, self_id: str | None, peers: str | None,
            store_dir: str | None, flush: str | None, store_type: str | None, metrics_port: int | None,
            preferred: str | None, fault_injection: bool, peer_listen: str | None, state_machine: str | None,
            snapshot_threshold_entries: int | None, snapshot_threshold_bytes: int | None,
-           snapshot_margin_entries: int | None, producer_expiry_ms: int | None, max_producers: int | None) -> None:
+           snapshot_margin_entries: int | None, producer_expiry_ms: int | None, max_producers: int | None,
+           max_producers_per_principal: int | None, producer_creations_per_second: int | None) -> None:
     """Run one member until SIGINT/SIGTERM."""
     data: dict[str, object] = {}
     if config_file:
@@ -103,7 +109,8 @@ def server(config_file: str | None, group: str | None, self_id: str | None, peer
                  "state_machine": state_machine, "snapshot_threshold_entries": snapshot_threshold_entries,
                  "snapshot_threshold_bytes": snapshot_threshold_bytes,
                  "snapshot_margin_entries": snapshot_margin_entries, "producer_expiry_ms": producer_expiry_ms,
-                 "max_producers": max_producers, **security()}
+                 "max_producers": max_producers, "max_producers_per_principal": max_producers_per_principal,
+                 "producer_creations_per_second": producer_creations_per_second, **security()}
     data.update({k: v for k, v in overrides.items() if v is not None})
     if preferred is not None:
         data["preferred_leader_ids"] = [p for p in preferred.split(",") if p]
@@ -132,46 +139,84 @@ def _run_member(cfg: DLedgerConfig) -> None:
     run_member(cfg, lambda stop: serve_forever(cfg, stop))
 
 
+_CONTROLLER_ONLY = ("controllers", "broker_sets", "replicas", "all_ack")
+_RAFT_ONLY = ("nodes", "state_machine")
+
+
 @cli.command()
 @click.option("--mode", type=click.Choice(["raft", "controller"]), default="raft", show_default=True,
               help="raft: one Raft group; controller: controllers and broker sets (AutoSwitch HA).")
-@click.option("--nodes", default=3, show_default=True, type=click.IntRange(1, 9))
-@click.option("--group", default="default", show_default=True)
+@click.option("--nodes", default=3, show_default=True, type=click.IntRange(1, 9), help="Raft mode: members.")
+@click.option("--group", default=None, help="The Raft group's name [default; controller mode: controller].")
 @click.option("--base-port", default=20911, show_default=True, type=click.IntRange(1024, 65000))
 @click.option("--data-dir", default="./data", show_default=True, type=click.Path(file_okay=False))
-@click.option("--flush", type=click.Choice(["async", "sync"]), default="async", show_default=True)
-@click.option("--store", "store_type", type=click.Choice(["file", "memory"]), default="file", show_default=True)
-@click.option("--metrics-base-port", type=int, default=0, help="Member nK serves metrics on this port + K.")
-@click.option("--tls", is_flag=True, help="Mutual TLS: certificates from DATA_DIR/certs (made there if missing).")
-@click.option("--state-machine", default="", help="Every member applies entries to it ('kv', or module:factory).")
+@click.option("--flush", type=click.Choice(["async", "sync"]), default="async", show_default=True,
+              help="Members' (controllers' and brokers') fsync mode.")
+@click.option("--store", "store_type", type=click.Choice(["file", "memory"]), default="file", show_default=True,
+              help="Members' store (controller mode: the controllers'; brokers always keep files).")
+@click.option("--metrics-base-port", type=int, default=0,
+              help="Member nK (controller cK) serves metrics on this port + K.")
+@click.option("--insecure", is_flag=True,
+              help="No TLS (default: mutual TLS, certificates made in DATA_DIR/certs): loopback clients only.")
+@click.option("--tls", is_flag=True, hidden=True, help="Mutual TLS (the default now; kept for old scripts).")
+@click.option("--state-machine", default="", help="Raft mode: every member applies entries to it ('kv', or "
+                                                  "module:factory).")
 @click.option("--controllers", default=3, show_default=True, type=click.IntRange(1, 9), help="Controller mode.")
 @click.option("--broker-sets", default=2, show_default=True, type=click.IntRange(1, 20), help="Controller mode.")
 @click.option("--replicas", default=2, show_default=True, type=click.IntRange(1, 9), help="Controller mode.")
 @click.option("--all-ack-in-sync-state-set", "all_ack", is_flag=True,
               help="Controller mode: brokers acknowledge a send once every SyncStateSet member has it.")
-def cluster(mode: str, nodes: int, group: str, base_port: int, data_dir: str, flush: str, store_type: str,
-            metrics_base_port: int, tls: bool, state_machine: str, controllers: int, broker_sets: int,
-            replicas: int, all_ack: bool) -> None:
+@click.pass_context
+def cluster(ctx: click.Context, mode: str, nodes: int, group: str | None, base_port: int, data_dir: str, flush: str,
+            store_type: str, metrics_base_port: int, insecure: bool, tls: bool, state_machine: str, controllers: int,
+            broker_sets: int, replicas: int, all_ack: bool) -> None:
     """Run a local group as N member processes (or, --mode controller, controllers and broker
-    sets) until SIGINT/SIGTERM."""
+    sets) until SIGINT/SIGTERM. Mutual TLS unless --insecure: the certificates go to
+    DATA_DIR/certs, and clients use them with DLEDGER_TLS_DIR=DATA_DIR/certs."""
+    _refuse_other_modes(ctx, mode, insecure, tls)
+    tls_dir = None if insecure else Path(data_dir) / "certs"
     if mode == "controller":
-        _controller_cluster(Path(data_dir), base_port, controllers, broker_sets, replicas, all_ack)
+        if store_type == "memory":
+            raise click.UsageError("--store memory: brokers keep their logs in files (use --mode raft)")
+        _controller_cluster(Path(data_dir), base_port, controllers, broker_sets, replicas, all_ack, tls_dir,
+                            group or "controller", flush, metrics_base_port)
         return
+    group = group or "default"
     members = [f"n{k}" for k in range(nodes)]
     peers = format_peers({m: Peer(m, "127.0.0.1", base_port + k) for k, m in enumerate(members)})
     busy = busy_ports(peers, metrics_base_port)  # before any member starts (local_cluster checks too)
     if busy:
         raise UserError(f"cannot start the cluster: ports already in use on 127.0.0.1: {', '.join(busy)}")
-    tls_dir = _local_certs(Path(data_dir) / "certs", members) if tls else None
+    if tls_dir is not None:
+        local_certs(tls_dir, members=members)
     extra = ["--state-machine", state_machine] if state_machine else []
     with local_cluster(peers, group, Path(data_dir), flush, store_type, metrics_base_port, extra,
                        tls_dir=tls_dir) as procs:
         click.echo(f"peers: {peers}", nl=True)
-        if tls_dir is not None:
-            click.echo(f"clients: --tls-cert {tls_dir}/client.pem --tls-key {tls_dir}/client-key.pem "
-                       f"--tls-ca {tls_dir}/ca.pem")
+        _say_tls(tls_dir)
         sys.stdout.flush()
         _watch(procs)
+
+
+def _refuse_other_modes(ctx: click.Context, mode: str, insecure: bool, tls: bool) -> None:
+    """An option of the other mode, given on the command line, is refused (never dropped)."""
+    if insecure and tls:
+        raise click.UsageError("--tls and --insecure contradict each other")
+    given = {name for name in ctx.params if ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE}
+    other = _RAFT_ONLY if mode == "controller" else _CONTROLLER_ONLY
+    wrong = sorted(name for name in other if name in given)
+    if wrong:
+        flags = ", ".join("--" + ("all-ack-in-sync-state-set" if n == "all_ack" else n.replace("_", "-"))
+                          for n in wrong)
+        raise click.UsageError(f"{flags}: not an option of --mode {mode}")
+
+
+def _say_tls(tls_dir: Path | None) -> None:
+    if tls_dir is None:
+        click.echo("no TLS (--insecure): members serve loopback connections only")
+    else:
+        click.echo(f"mutual TLS: export DLEDGER_TLS_DIR={tls_dir}  (client.pem for clients, admin.pem for "
+                   "admin commands)")
 
 
 def _watch(procs: dict[str, subprocess.Popen[bytes]]) -> None:
@@ -195,11 +240,13 @@ def _watch(procs: dict[str, subprocess.Popen[bytes]]) -> None:
 
 
 def _controller_cluster(data_dir: Path, base_port: int, controllers: int, broker_sets: int, replicas: int,
-                        all_ack: bool) -> None:
+                        all_ack: bool, tls_dir: Path | None, group: str, flush: str, metrics_base_port: int) -> None:
     from dledger.broker.local import local_broker_cluster
 
     args = ["--all-ack-in-sync-state-set"] if all_ack else []
-    deployment = local_broker_cluster(data_dir, controllers, broker_sets, replicas, base_port, args)
+    args += ["--flush", flush]
+    deployment = local_broker_cluster(data_dir, controllers, broker_sets, replicas, base_port, args,
+                                      tls_dir=tls_dir, group=group, flush=flush, metrics_base_port=metrics_base_port)
     busy = deployment.busy_ports()
     if busy:
         raise UserError(f"cannot start the cluster: ports already in use on 127.0.0.1: {', '.join(busy)}")
@@ -209,18 +256,10 @@ def _controller_cluster(data_dir: Path, base_port: int, controllers: int, broker
         for key, spec in deployment.specs.items():
             info = deployment.info(key)
             click.echo(f"broker {key}: {spec.address} (HA 127.0.0.1:{spec.ha_port}) id {info.broker_id} {info.role}")
+        _say_tls(tls_dir)
         click.echo(f"try: dledger send --controller '{deployment.controller}' --broker b0 hello")
         sys.stdout.flush()
         _watch({**deployment.controllers.procs, **deployment.brokers})
-
-
-def _local_certs(tls_dir: Path, members: list[str]) -> Path:
-    """A development CA and certificates for a local group, made once and then reused."""
-    from dledger.security.certs import make_certs
-
-    if not (tls_dir / "ca.pem").exists() or not all((tls_dir / f"{m}.pem").exists() for m in members):
-        make_certs(tls_dir, members, force=True)
-    return tls_dir
 
 
 # --- clients -------------------------------------------------------------------------------------
@@ -328,6 +367,18 @@ def _views(peers: str, group: str) -> dict[str, Metadata | DLedgerError]:
         return c.metadata_all(list(members))
 
 
+def _views_once_ready(peers: str, group: str, deadline: float) -> dict[str, Metadata | DLedgerError]:
+    """`_views`, once this command's certificates exist: a `dledger cluster` just started may
+    not have written DLEDGER_TLS_DIR's files yet (until `deadline`)."""
+    while True:
+        try:
+            return _views(peers, group)
+        except UserError:
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(0.2)
+
+
 def _refused_by_all(views: dict[str, Metadata | DLedgerError]) -> bool:
     """Every member refused for good (a wrong group or credentials): waiting cannot help."""
     final = (ResponseCode.UNKNOWN_GROUP, ResponseCode.UNAUTHENTICATED)
@@ -338,7 +389,8 @@ def _status_row(v: Metadata | DLedgerError) -> dict[str, object]:
     if isinstance(v, DLedgerError):
         return {"role": "unreachable" if is_down(v) else "error", "error": str(v)}  # "CODE (n): message"
     row: dict[str, object] = {"role": v.role, "term": v.term, "leader": v.leader_id,
-                              "ledger_end_index": v.ledger_end_index, "committed_index": v.committed_index}
+                              "ledger_end_index": v.ledger_end_index, "committed_index": v.committed_index,
+                              "security": v.security}
     if v.applied_index >= 0 or v.snapshot_index >= 0:
         row["applied_index"] = v.applied_index
         row["snapshot_index"] = v.snapshot_index
@@ -385,7 +437,7 @@ def status(peers: str, group: str, as_json: bool, output: str, check: bool, max_
 
 
 def _print_status(group: str, out: dict[str, dict[str, object]]) -> None:
-    cols = ["role", "term", "leader", "ledger_end_index", "committed_index"]
+    cols = ["role", "term", "leader", "ledger_end_index", "committed_index", "security"]
     if any("applied_index" in row for row in out.values()):
         cols += ["applied_index", "snapshot_index"]
     rows: list[dict[str, object]] = []
@@ -417,7 +469,7 @@ def health(peers: str, group: str, max_lag: int, as_json: bool, output: str, wai
     why ("leader n1, term 7, 3/3 up, max lag 12 entries")."""
     output = json_alias(as_json, output) or "table"
     deadline = time.monotonic() + wait
-    views = _views(peers, group)
+    views = _views_once_ready(peers, group, deadline)
     verdict = assess(views, max_lag)
     while not verdict.ok and not _refused_by_all(views) and (left := deadline - time.monotonic()) > 0:
         time.sleep(min(0.5, left))
@@ -473,7 +525,7 @@ def transfer(peers: str, group: str, target: str, output: str) -> None:
     """Move leadership to member TO."""
     if target not in parse_peers(peers):
         raise ConfigError(f"--to {target}: not a member of {peers}")
-    with make_client(peers, group, timeout=10.0) as c:
+    with make_client(peers, group, timeout=10.0, role="admin") as c:
         c.transfer_leadership(target)
     emit([{"leader": target}], output, f"group {group}")
 
@@ -554,7 +606,7 @@ def snapshot(peers: str, group: str, member: str | None, output: str | None) -> 
     each snapshot covers (with -o: {"member","index"}); a member that fails is named on stderr."""
     members = [member] if member else list(parse_peers(peers))
     failed = []
-    with make_client(peers, group, timeout=60.0) as c, Rows(output or "json", f"group {group}") as rows:
+    with make_client(peers, group, timeout=60.0, role="admin") as c, Rows(output or "json", f"group {group}") as rows:
         for m in members:
             try:
                 index = c.snapshot(m)

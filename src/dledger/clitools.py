@@ -64,43 +64,89 @@ def _remember(ctx: click.Context, param: click.Parameter, value: object) -> None
         ctx.meta.setdefault("dledger.security", {})[param.name] = value
 
 
-def security_options(f: F) -> F:
-    """--tls-cert/--tls-key/--tls-ca and --auth-token (docs/security.md); kept in the context,
-    not passed to the command, so every command takes them the same way."""
+def _shared_security_options(f: F) -> F:
     for name, help_text in reversed([
         ("--tls-cert", "Certificate (PEM) to present: a member's own, or a client's."),
         ("--tls-key", "Its private key (PEM)."),
-        ("--tls-ca", "The group's CA (PEM): with the two above, every connection is mutual TLS."),
+        ("--tls-ca", "The CA (PEM): with the two above, every connection is mutual TLS."),
     ]):
         f = click.option(name, expose_value=False, callback=_remember, type=click.Path(dir_okay=False),
                          help=help_text)(f)
     return click.option("--auth-token", expose_value=False, callback=_remember, envvar="DLEDGER_AUTH_TOKEN",
-                        help="Shared token of a group run without TLS (or set DLEDGER_AUTH_TOKEN).")(f)
+                        help="Token of a group run without TLS (or set DLEDGER_AUTH_TOKEN; admin commands "
+                             "take DLEDGER_ADMIN_TOKEN first). A server's: the cluster token.")(f)
+
+
+def security_options(f: F) -> F:
+    """A client command's --tls-cert/--tls-key/--tls-ca, --tls-dir and --auth-token
+    (docs/security.md); kept in the context, not passed to the command, so every command
+    takes them the same way."""
+    f = click.option("--tls-dir", expose_value=False, callback=_remember, envvar="DLEDGER_TLS_DIR",
+                     type=click.Path(file_okay=False),
+                     help="A `dledger certs` directory (or set DLEDGER_TLS_DIR): ca.pem, and client.pem for client "
+                          "commands, admin.pem for admin ones (transfer, snapshot, admin elect/clean/config).")(f)
+    return _shared_security_options(f)
+
+
+def server_security_options(f: F) -> F:
+    """A server's: its certificate or cluster token, its client and admin tokens, --insecure."""
+    f = click.option("--insecure", expose_value=False, callback=_remember, is_flag=True,
+                     help="Without TLS or a token, serve every host (default: loopback connections only). "
+                          "Anyone who can connect may then do anything: docs/security.md.")(f)
+    f = click.option("--admin-token", expose_value=False, callback=_remember, envvar="DLEDGER_ADMIN_TOKEN",
+                     help="Without TLS: a token giving the admin role (or set DLEDGER_ADMIN_TOKEN).")(f)
+    f = click.option("--client-token", expose_value=False, callback=_remember, envvar="DLEDGER_CLIENT_TOKEN",
+                     help="Without TLS: a token giving the client role only (or set DLEDGER_CLIENT_TOKEN).")(f)
+    return _shared_security_options(f)
 
 
 def security() -> dict[str, str]:
-    """The security options given to this command, as config keys."""
-    return dict(click.get_current_context().meta.get("dledger.security", {}))
+    """The security options given to this command, as config keys (--tls-dir is a client's:
+    see client_tls)."""
+    sec = dict(click.get_current_context().meta.get("dledger.security", {}))
+    sec.pop("tls_dir", None)
+    return sec
 
 
-def client_tls() -> TlsConfig | None:
-    """The TLS settings of this command's --tls-* options (None without them)."""
+def client_tls(role: str = "client") -> TlsConfig | None:
+    """The TLS settings of this command: its --tls-* options, else the `role` certificate
+    (client.pem, admin.pem) of --tls-dir / DLEDGER_TLS_DIR (None without them)."""
     from dledger.security.tls import TlsConfig
 
-    sec = security()
+    sec = dict(click.get_current_context().meta.get("dledger.security", {}))
     paths = [sec.get(k, "") for k in ("tls_ca", "tls_cert", "tls_key")]
     if any(paths) and not all(paths):
         raise click.UsageError("--tls-cert, --tls-key and --tls-ca go together")
-    return TlsConfig(*paths) if all(paths) else None
+    if all(paths):
+        return TlsConfig(*paths)
+    tls_dir = sec.get("tls_dir")
+    if not tls_dir:
+        return None
+    d = Path(tls_dir)
+    for name in (f"{role}.pem", "ca.pem"):  # `dledger certs` writes ca.pem last
+        if not (d / name).exists():
+            raise UserError(f"--tls-dir {d}: no {name} there (this command needs the {role} role's certificate "
+                            f"and the CA; `dledger certs` writes them)")
+    return TlsConfig(str(d / "ca.pem"), str(d / f"{role}.pem"), str(d / f"{role}-key.pem"))
 
 
-def make_client(peers: str, group: str, timeout: float = 5.0) -> DLedgerClient:
-    """A client with the security options given to this command."""
+def client_token(role: str = "client") -> str | None:
+    """The token this command presents: an admin command takes DLEDGER_ADMIN_TOKEN when it is
+    set and no --auth-token was given; else --auth-token / DLEDGER_AUTH_TOKEN."""
+    sec = dict(click.get_current_context().meta.get("dledger.security", {}))
+    if role == "admin" and os.environ.get("DLEDGER_ADMIN_TOKEN"):
+        given = sec.get("auth_token")
+        if not given or given == os.environ.get("DLEDGER_AUTH_TOKEN"):
+            return os.environ["DLEDGER_ADMIN_TOKEN"]
+    return sec.get("auth_token") or None
+
+
+def make_client(peers: str, group: str, timeout: float = 5.0, role: str = "client") -> DLedgerClient:
+    """A client with the security options given to this command (`role`: which certificate
+    of --tls-dir, which token)."""
     from dledger.runtime.client import DLedgerClient
 
-    return DLedgerClient(peers, group, timeout, tls=client_tls(), auth_token=security().get("auth_token"))
-
-
+    return DLedgerClient(peers, group, timeout, tls=client_tls(role), auth_token=client_token(role))
 
 
 def check_store_dir(store_dir: Path) -> None:

@@ -72,6 +72,13 @@ class ResponseCode(IntEnum):
     OUT_OF_ORDER_SEQUENCE = 432
     UNKNOWN_PRODUCER = 433
     PRODUCER_FENCED = 434  # an older epoch of a producer than the log's (Kafka's INVALID_PRODUCER_EPOCH)
+    # an idempotent append refused before anything is written: a producer id created by another
+    # principal (certificate or token name); a duplicate sequence whose body differs from the
+    # stored entry's (the id is being reused: start a new epoch, or use another id); a principal
+    # creating producers faster than producer_creations_per_second (send again shortly)
+    PRODUCER_NOT_OWNED = 435
+    SEQUENCE_REUSED = 436
+    PRODUCER_RATE_LIMITED = 437
 
 
 class ControllerRequestCode(IntEnum):

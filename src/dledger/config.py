@@ -192,6 +192,12 @@ class DLedgerConfig:
     # leaders' wall clocks, as written in the log), and the least recently used beyond the cap
     producer_expiry_ms: int = 24 * 3600 * 1000
     max_producers: int = 100_000  # idempotent producers remembered (least recently used go first)
+    # idempotent producers remembered per principal (a certificate's or token's name; without
+    # either every client is the same one): beyond, that principal's least recently used go first
+    max_producers_per_principal: int = 50_000
+    # the leader creates at most this many producers per second per principal (bursts of 10 times
+    # it); beyond, an append that would create one is refused (PRODUCER_RATE_LIMITED)
+    producer_creations_per_second: int = 200
     install_chunk_bytes: int = 4 * MiB  # InstallSnapshot: bytes per request, one in flight per follower
     # lease reads: the leader's lease is the heartbeat lease (interval * leak) minus this margin for
     # clocks that run at different rates
@@ -201,7 +207,12 @@ class DLedgerConfig:
     tls_cert: str = ""  # this member's certificate (PEM); it must name self_id
     tls_key: str = ""  # its private key (PEM)
     tls_ca: str = ""  # the CA that signed every member's and client's certificate
-    auth_token: str = ""  # without TLS: a shared secret every connection must present first
+    auth_token: str = ""  # without TLS: the cluster token (members'; every role when it is the only token)
+    client_token: str = ""  # without TLS: a token giving the client role only (read, write)
+    admin_token: str = ""  # without TLS: a token giving the admin role (operator requests, and a client's)
+    # neither TLS nor a token: serve other hosts too (every connection then has every role); without
+    # it such a member accepts connections from loopback addresses only
+    insecure: bool = False
     peer_listen: str = ""  # member-only addresses, peers format; member messages only there when set
     # bounded resources: what one misbehaving client can cost a member
     max_connections: int = 1024  # accepted connections, both listeners together
@@ -209,6 +220,9 @@ class DLedgerConfig:
     frame_timeout_ms: int = 30_000  # a frame must arrive whole within this long of its first byte
     max_read_bytes: int = 16 * MiB  # a READ answer never carries more, whatever the request asks
     frame_memory_bytes: int = 256 * MiB  # unfinished big frames of all connections together (≥ 2 frames)
+    # answers queued for clients and not yet taken, all connections together: beyond it a READ gets
+    # a smaller page, a bigger answer LEADER_PENDING_FULL (retry), a client not taking its answers waits
+    answer_memory_bytes: int = 64 * MiB
 
     def __post_init__(self) -> None:
         if self.max_body_bytes == 0:
@@ -227,6 +241,16 @@ class DLedgerConfig:
     @property
     def tls_enabled(self) -> bool:
         return bool(self.tls_cert)
+
+    @property
+    def security_mode(self) -> str:
+        """How connections are authenticated: "tls", "token", "insecure" (neither, every host
+        served) or "loopback" (neither, loopback connections only: the default)."""
+        if self.tls_enabled:
+            return "tls"
+        if self.auth_token or self.client_token or self.admin_token:
+            return "token"
+        return "insecure" if self.insecure else "loopback"
 
     def validate(self) -> None:
         """Reject values that would corrupt data or never elect, naming the field."""
@@ -277,9 +301,16 @@ class DLedgerConfig:
         self._validate_security(peers)
 
     def _validate_security(self, peers: dict[str, Peer]) -> None:
-        for name in ("tls_cert", "tls_key", "tls_ca", "auth_token", "peer_listen"):
+        for name in ("tls_cert", "tls_key", "tls_ca", "auth_token", "client_token", "admin_token", "peer_listen"):
             if not isinstance(getattr(self, name), str):
                 raise ConfigError(f"{name} must be a string, not {getattr(self, name)!r}")
+        if not isinstance(self.insecure, bool):
+            raise ConfigError(f"insecure must be true or false, not {self.insecure!r}")
+        tokens = [t for t in (self.auth_token, self.client_token, self.admin_token) if t]
+        if len(set(tokens)) != len(tokens):
+            raise ConfigError("auth_token, client_token and admin_token must differ: a token names its roles")
+        if (self.client_token or self.admin_token) and not self.auth_token:
+            raise ConfigError("client_token and admin_token need an auth_token for the members themselves")
         given = [n for n in ("tls_cert", "tls_key", "tls_ca") if getattr(self, n)]
         if given and len(given) != 3:
             raise ConfigError("tls_cert, tls_key and tls_ca go together: give all three or none")
@@ -301,7 +332,8 @@ class DLedgerConfig:
             raise ConfigError(f"state_machine must be \"\", \"kv\" or \"package.module:factory\", "
                               f"not {self.state_machine!r}")
         for name in ("max_connections", "idle_timeout_ms", "frame_timeout_ms", "max_read_bytes",
-                     "frame_memory_bytes", "producer_expiry_ms", "max_producers"):
+                     "frame_memory_bytes", "answer_memory_bytes", "producer_expiry_ms", "max_producers",
+                     "max_producers_per_principal", "producer_creations_per_second"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be a positive integer, not {getattr(self, name)!r}")
 

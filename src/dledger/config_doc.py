@@ -28,14 +28,20 @@ Sizes are bytes, times milliseconds unless the name says otherwise. Generated fr
 current.
 
 ```toml
-# a member of a 3-member group, fsync before acknowledging
+# a member of a 3-member group on three machines, mutual TLS, fsync before acknowledging
 group = "orders"
 self_id = "n0"
 peers = "n0-10.0.0.1:20911;n1-10.0.0.2:20911;n2-10.0.0.3:20911"
 store_dir = "/var/lib/dledger/orders/n0"
 flush = "sync"
 metrics_port = 9100
+tls_cert = "/etc/dledger/n0.pem"    # `dledger certs` makes a development set (docs/security.md)
+tls_key = "/etc/dledger/n0-key.pem"
+tls_ca = "/etc/dledger/ca.pem"
 ```
+
+Without TLS or a token a member serves loopback connections only (`insecure = true` serves
+every host, with no authentication at all: docs/security.md).
 
 | key | default | CLI flag | meaning |
 |---|---|---|---|

@@ -29,6 +29,7 @@ class Health:
     members: int
     max_lag: int | None  # entries behind the leader's commit index, worst member (None: no leader)
     problems: list[str] = field(default_factory=list)
+    insecure: list[str] = field(default_factory=list)  # members run --insecure: healthy, but anyone may steer them
 
     @property
     def line(self) -> str:
@@ -37,7 +38,8 @@ class Health:
 
     def as_json(self) -> dict[str, object]:
         return {"ok": self.ok, "summary": self.summary, "leader": self.leader, "term": self.term, "up": self.up,
-                "members": self.members, "max_lag": self.max_lag, "problems": self.problems}
+                "members": self.members, "max_lag": self.max_lag, "problems": self.problems,
+                "insecure": self.insecure}
 
 
 def assess(views: Mapping[str, Metadata | DLedgerError], max_lag: int = DEFAULT_MAX_LAG) -> Health:
@@ -74,11 +76,13 @@ def assess(views: Mapping[str, Metadata | DLedgerError], max_lag: int = DEFAULT_
         problems.append(f"only {len(up)} of {len(views)} members answer: no quorum ({quorum} needed)")
     head = f"leader {leader}, term {term}" if leader is not None else "no leader"
     lag_text = f", max lag {lag} entries" if lag is not None else ""
-    summary = f"{head}, {len(up)}/{len(views)} up{lag_text}"
+    insecure = sorted(m for m, v in up.items() if v.security == "insecure")
+    warn = f", INSECURE ({', '.join(insecure)} run --insecure: no authentication)" if insecure else ""
+    summary = f"{head}, {len(up)}/{len(views)} up{lag_text}{warn}"
     ok = leader is not None and len(up) == len(views) and not unasked and not astray and (
         lag is None or lag <= max_lag) and not any(v.store_error or v.state_machine_error for v in up.values())
     return Health(ok, summary if ok else f"{summary}: {problems[0]}" if problems else summary, leader, term,
-                  len(up), len(views), lag, problems)
+                  len(up), len(views), lag, problems, insecure)
 
 
 def _leader(up: Mapping[str, Metadata], term: int) -> str | None:

@@ -85,9 +85,24 @@ class local_cluster:
     def __exit__(self, *exc: object) -> None:
         stop_processes(self.procs.values())
 
-    def client_options(self) -> dict[str, Any]:
-        """`tls` and `auth_token` for a DLedgerClient of this group."""
-        return {"tls": client_tls(self.tls_dir), "auth_token": self.auth_token}
+    def client_options(self, role: str = "client") -> dict[str, Any]:
+        """`tls` and `auth_token` for a DLedgerClient of this group (`role`: whose certificate,
+        client or admin)."""
+        return {"tls": client_tls(self.tls_dir, role), "auth_token": self.auth_token}
+
+
+def local_certs(tls_dir: Path, *, members: Iterable[str] = (), controllers: Iterable[str] = (),
+                brokers: Iterable[str] = ()) -> Path:
+    """A development CA and the certificates a local deployment needs (members, controllers,
+    broker replicas `set/replica`, a client and an admin), made once and then reused; made
+    again, CA and all, when one is missing."""
+    from dledger.security.certs import broker_file_stem, make_certs
+
+    members, controllers, brokers = list(members), list(controllers), list(brokers)
+    stems = ["ca", "client", "admin", *members, *controllers, *(broker_file_stem(b) for b in brokers)]
+    if not all((tls_dir / f"{stem}.pem").exists() for stem in stems):
+        make_certs(tls_dir, members, force=True, controllers=controllers, brokers=brokers)
+    return tls_dir
 
 
 def client_tls(tls_dir: Path | None, name: str = "client") -> TlsConfig | None:
@@ -162,5 +177,5 @@ def wait_ready(peers: str, group: str, timeout: float,
     raise DLedgerError(ResponseCode.TIMEOUT, f"group {group} did not become ready in {timeout:.0f} s")
 
 
-__all__ = ["PortsInUse", "busy_ports", "check_ports_free", "client_tls", "local_cluster", "stop_processes",
-           "wait_ready"]
+__all__ = ["PortsInUse", "busy_ports", "check_ports_free", "client_tls", "local_certs", "local_cluster",
+           "stop_processes", "wait_ready"]

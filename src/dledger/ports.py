@@ -7,6 +7,7 @@ port from the ephemeral range.
 
 from __future__ import annotations
 
+import os
 import random
 import socket
 from collections.abc import Iterable
@@ -24,7 +25,19 @@ def _ephemeral_low() -> int:
 
 def _range(n: int) -> tuple[int, int]:
     low = _ephemeral_low()
-    return (20000, low - n - 1) if low > 21000 + n else (30000, 60000 - n)
+    lo, hi = (20000, low - n - 1) if low > 21000 + n else (30000, 60000 - n)
+    return _slice(lo, hi, n)
+
+
+def _slice(lo: int, hi: int, n: int) -> tuple[int, int]:
+    """DLEDGER_PORT_SLICE=k/m: this process (and the groups it starts) draws only from the k-th
+    of m equal parts of the range, so test workers run side by side never draw one port."""
+    k, _, m = os.environ.get("DLEDGER_PORT_SLICE", "").partition("/")
+    if not (k.isdigit() and m.isdigit() and 0 <= int(k) < int(m)):
+        return lo, hi
+    width = (hi + n - lo) // int(m)
+    start = lo + int(k) * width
+    return start, start + width - n
 
 
 def port_free(port: int) -> bool:

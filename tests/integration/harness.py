@@ -133,7 +133,7 @@ class Cluster:
         self._all_procs: list[subprocess.Popen[bytes]] = []
         self._clients: list[DLedgerClient] = []
         self.down: set[str] = set()
-        self.ctl = self.client()
+        self.ctl = self.client(role="admin")  # faults, transfers: an operator's requests
 
     # --- lifecycle ---------------------------------------------------------------------------
 
@@ -169,8 +169,8 @@ class Cluster:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 p.wait(timeout=10)
 
-    def client(self, peers: str | None = None, timeout: float = 5.0) -> DLedgerClient:
-        c = DLedgerClient(peers or self.peers, self.group, timeout=timeout, **self._lc.client_options())
+    def client(self, peers: str | None = None, timeout: float = 5.0, role: str = "client") -> DLedgerClient:
+        c = DLedgerClient(peers or self.peers, self.group, timeout=timeout, **self._lc.client_options(role))
         self._clients.append(c)
         return c
 

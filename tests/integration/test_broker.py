@@ -237,10 +237,8 @@ def test_a_deployment_with_mutual_tls(tmp_path: Path) -> None:
     """Controllers, brokers, the HA port and clients all on mutual TLS: replication and a
     failover work; a client without a certificate gets nowhere."""
     from dledger.broker.client import BrokerClient
-    from dledger.security.certs import make_certs
 
-    certs = tmp_path / "certs"
-    make_certs(certs, ["c0", "c1", "c2", "broker"])
+    certs = tmp_path / "certs"  # local_broker_cluster makes the certificates there
     d = local_broker_cluster(tmp_path / "run", controllers=3, broker_sets=1, replicas=2,
                              base_port=free_port_run(7), broker_args=ALL_ACK, tls_dir=certs)
     with d, d.client("b0") as c:

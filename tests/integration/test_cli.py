@@ -157,7 +157,8 @@ def test_server_says_where_it_listens(tmp_path: Path) -> None:
     try:
         listening = wait_until(lambda: next((x for x in lines if "listening on" in x), None), 60,
                                "the member's listening line")
-        assert listening == f"dledger g/n0: listening on 127.0.0.1:{port}, store in memory, no TLS, flush=async", lines
+        assert listening == (f"dledger g/n0: listening on 127.0.0.1:{port}, store in memory, "
+                             "no TLS: loopback connections only, flush=async"), lines
         with DLedgerClient(f"n0-127.0.0.1:{port}", "g", timeout=30) as c:  # and it does serve
             assert c.metadata("n0").self_id == "n0"
     finally:

@@ -5,13 +5,17 @@ none can rot. A block says which, in a comment above its fence:
   ports 20911… moved to free ones, side by side). Bash blocks run with `bash -e`; a page's
   Python blocks share one interpreter, as a notebook's cells do.
 - `<!-- run: cluster ARGS -->`: as run, against a 3-member group this test starts first
-  (`dledger server` ARGS, e.g. `--state-machine kv`).
+  (`dledger server` ARGS, e.g. `--state-machine kv`), as `dledger cluster --data-dir ./data`
+  runs it: mutual TLS, its certificates in `data/certs` (those the page made there, or new
+  ones), so the page's Python passes `tls=TlsConfig.from_dir("data/certs")`; ARGS
+  `--insecure`: no TLS.
 - `<!-- check: WHY -->`: not run (it installs packages, runs a benchmark for minutes, or
   starts a server in the foreground): every `dledger`, `make` and `python benchmarks/…`
   command in it must name a real command and only options it has; Python must compile and
   its `dledger` imports exist.
 
-DLEDGER_PEERS names the group of `run: cluster`. A page that runs Spark is marked `spark`."""
+DLEDGER_PEERS (and, with TLS, DLEDGER_TLS_DIR) name the group of `run: cluster`. A page that
+runs Spark is marked `spark`."""
 
 from __future__ import annotations
 
@@ -35,7 +39,7 @@ from pathlib import Path
 import click
 import pytest
 
-from dledger.local_cluster import local_cluster
+from dledger.local_cluster import local_certs, local_cluster
 from dledger.ports import free_port_run
 
 pytestmark = pytest.mark.integration
@@ -200,7 +204,8 @@ def test_examples_run_as_written(page: Path, tmp_path: Path) -> None:
 
     env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
                **_SPARK_ENV)
-    for name in ("DLEDGER_PEERS", "DLEDGER_GROUP"):  # a reader's shell has only what the page exports
+    for name in ("DLEDGER_PEERS", "DLEDGER_GROUP", "DLEDGER_TLS_DIR", "DLEDGER_AUTH_TOKEN", "DLEDGER_CLIENT_TOKEN",
+                 "DLEDGER_ADMIN_TOKEN"):  # a reader's shell has only what the page exports
         env.pop(name, None)
     work = tmp_path / "work"
     work.mkdir()
@@ -212,10 +217,15 @@ def test_examples_run_as_written(page: Path, tmp_path: Path) -> None:
                 continue
             if b.arg.startswith("cluster") and cluster is None:  # the group the page says it needs
                 peers = ";".join(f"n{i}-127.0.0.1:{base + i}" for i in range(3))
-                cluster = local_cluster(peers, "default", tmp_path / "cluster", "async", "file",
-                                        extra=b.arg.removeprefix("cluster").split())
+                extra = b.arg.removeprefix("cluster").split()
+                # as `dledger cluster --data-dir ./data` runs it: mutual TLS unless --insecure
+                tls_dir = None if "--insecure" in extra else \
+                    local_certs(work / "data" / "certs", members=[f"n{i}" for i in range(3)])
+                cluster = local_cluster(peers, "default", tmp_path / "cluster", "async", "file", extra=extra,
+                                        tls_dir=tls_dir)
                 cluster.__enter__()
-                assert shell.run(f"export DLEDGER_PEERS='{peers}'")[0]
+                exports = f"export DLEDGER_PEERS='{peers}'" + (f" DLEDGER_TLS_DIR='{tls_dir}'" if tls_dir else "")
+                assert shell.run(exports)[0]
             if b.lang == "bash":
                 ok, out = shell.run(moved(b.code))
             else:

@@ -67,14 +67,16 @@ def test_gaps_and_unknown_producers_are_refused(make_cluster: MakeCluster) -> No
     stranger = producer(cluster, "p-never-seen")
     q = stranger._async.producer
     assert q is not None
-    q.next_seq = 3
+    q.next_seq, q.new_sessions = 3, False  # the member's answer, not the client's new session
     with pytest.raises(DLedgerError) as e:
         stranger.append(b"x")
     assert e.value.code == ResponseCode.UNKNOWN_PRODUCER
     assert bodies_in_log(cluster)[b"c"] == 0 and bodies_in_log(cluster)[b"x"] == 0
 
 
-def test_an_expired_producer_is_unknown_and_a_random_id_starts_afresh(make_cluster: MakeCluster) -> None:
+def test_an_expired_producer_starts_a_new_session(make_cluster: MakeCluster) -> None:
+    """The leader answers a forgotten producer UNKNOWN_PRODUCER; the client starts the next
+    epoch from sequence 0 under the same id by itself, chosen id or random."""
     cluster = make_cluster(3, extra=["--producer-expiry-ms", "1"])  # forgotten at the next other append
     chosen, auto, other = producer(cluster, "chosen"), producer(cluster), producer(cluster, "other")
     chosen.append(b"c0")
@@ -83,15 +85,31 @@ def test_an_expired_producer_is_unknown_and_a_random_id_starts_afresh(make_clust
     other.append(b"o0")  # its marker is later than theirs by more than the expiry
     wait_until(lambda: _try(lambda: cluster.ctl.read(0, 100)) and len(cluster.ctl.read(0, 100)) == 3,
                what="the three appends read back")
-    with pytest.raises(DLedgerError) as e:
-        chosen.append(b"c1")
-    assert e.value.code == ResponseCode.UNKNOWN_PRODUCER
-    p = auto._async.producer
-    assert p is not None
-    old = p.id
-    auto.append(b"a1")  # nothing was stored by the refusal: a fresh id from sequence 0
-    assert p.id != old and p.next_seq == 1
-    assert bodies_in_log(cluster)[b"a1"] == 1 and bodies_in_log(cluster)[b"c1"] == 0
+    p, q = chosen._async.producer, auto._async.producer
+    assert p is not None and q is not None
+    old = q.id
+    chosen.append(b"c1")
+    auto.append(b"a1")
+    assert (p.id, p.epoch, p.next_seq) == ("chosen", 1, 1)
+    assert (q.id, q.epoch, q.next_seq) == (old, 1, 1)
+    counts = bodies_in_log(cluster)
+    assert all(counts[b] == 1 for b in (b"c0", b"c1", b"a0", b"a1")), counts
+
+
+def test_an_evicted_producer_starts_a_new_session(make_cluster: MakeCluster) -> None:
+    """Issue 26: a producer pushed out of the table (max_producers) stayed stuck
+    (UNKNOWN_PRODUCER, then OUT_OF_ORDER_SEQUENCE); now its client goes on in a new session."""
+    cluster = make_cluster(3, extra=["--max-producers", "1"])
+    victim = producer(cluster, "victim")
+    assert victim.append(b"v0").index >= 0
+    for k in range(2):  # the second one's marker evicts the victim (the least recently used)
+        producer(cluster, f"flood-{k}").append(f"f{k}".encode())
+    more = victim.append_batch([b"v1", b"v2"])
+    assert victim.append(b"v3").index > more[-1].index
+    p = victim._async.producer
+    assert p is not None and (p.id, p.epoch, p.next_seq) == ("victim", 1, 3)
+    counts = bodies_in_log(cluster)
+    assert all(counts[b] == 1 for b in (b"v0", b"v1", b"v2", b"v3", b"f0", b"f1")), counts
 
 
 def test_leader_killed_while_producers_append_stores_each_body_once(make_cluster: MakeCluster) -> None:

@@ -192,8 +192,9 @@ def _stop(p: subprocess.Popen[bytes]) -> None:
 @pytest.mark.integration
 def test_cluster_on_the_ports_of_a_running_cluster_refuses_before_starting(tmp_path: Path) -> None:
     base = free_port_run(3)
-    first = subprocess.Popen([sys.executable, "-m", "dledger", "cluster", "--nodes", "1", "--base-port", str(base),
-                              "--data-dir", str(tmp_path / "first")], cwd=tmp_path, stdout=subprocess.DEVNULL)
+    first = subprocess.Popen([sys.executable, "-m", "dledger", "cluster", "--insecure", "--nodes", "1",
+                              "--base-port", str(base), "--data-dir", str(tmp_path / "first")],
+                             cwd=tmp_path, stdout=subprocess.DEVNULL)
     try:
         with DLedgerClient(f"n0-127.0.0.1:{base}", "default", timeout=1.0) as c:
             wait_until(lambda: first.poll() is None and c.metadata("n0").leader_id, 60, "the first cluster leads")

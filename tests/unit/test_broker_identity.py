@@ -97,8 +97,8 @@ def test_a_leased_master_outlives_its_closed_connection() -> None:
     t = HeartbeatTable(default_timeout_ms=1500, lease_drift_ms=200)
     t.beat("C", "b0", 1, "a", now_ms=1000, conn="x", lease_ms=1000)
     t.beat("C", "b0", 2, "b", now_ms=1000, conn="y")
-    assert t.connection_closed("y") == [("b0", 2)]  # no lease: gone at once
-    assert t.connection_closed("x") == []  # a lease: alive until it surely ended
+    assert t.connection_closed("y", 1000) == [("b0", 2)]  # no lease: gone at once
+    assert t.connection_closed("x", 1000) == []  # a lease: alive until it surely ended
     assert t.alive("b0", 1, 1000 + 1200)
     assert not t.alive("b0", 1, 1000 + 1201)
     assert t.expire(2300) == [("b0", 1)]

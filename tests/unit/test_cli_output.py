@@ -84,7 +84,8 @@ def test_certs(tmp_path: Path) -> None:
     files = [json.loads(line) for line in run("certs", "--out", str(tmp_path / "a"), "--members", "n0",
                                               "-o", "json").output.splitlines()]
     assert {f["name"]: f["private_key"] for f in files} == {"ca": False, "ca-key": True, "n0": False, "n0-key": True,
-                                                            "client": False, "client-key": True}
+                                                            "client": False, "client-key": True, "admin": False,
+                                                            "admin-key": True}
     assert all(Path(f["path"]).is_file() for f in files)
     table = run("certs", "--out", str(tmp_path / "b"), "--members", "n0", "-o", "table").output
     assert "private_key" in table and "n0-key" in table and "start member n0 with: --tls-cert" in table

@@ -27,6 +27,7 @@ class Controller:
         self.alive: dict[int, LiveInfo] = {}
         self.unclean = False
         self.events: list[object] = []
+        self.principal = ""  # the sender's certificate name, as the service writes it into the command
 
     def live(self, *ids: int, **infos: LiveInfo) -> None:
         self.alive = {i: LiveInfo() for i in ids}
@@ -35,7 +36,7 @@ class Controller:
     def __call__(self, req: m.WriteRequest | m.ReadRequest) -> m.Response:
         before = {n: (s.master_epoch, s.sync_state_set_epoch, s.master_id, set(s.sync_state_set))
                   for n, s in self.sm.state.sets.items()}
-        cmd = m.Command(req, {B: dict(self.alive)}, self.unclean)
+        cmd = m.Command(req, {B: dict(self.alive)}, self.unclean, self.principal)
         if isinstance(req, m.ReadRequest):
             return m.decode_response(self.sm.query(m.encode(cmd)))
         (raw,) = self.sm.apply([AppliedEntry(self.index, 1, m.encode(cmd))])
@@ -318,3 +319,54 @@ def test_the_state_is_bounded(c: Controller, monkeypatch: pytest.MonkeyPatch) ->
     assert c(m.ApplyBrokerId("cluster", "s1", 2, "h;2")).code == RC.SUCCESS
     assert c(m.ApplyBrokerId("cluster", "s1", 3, "h;3")).code == RC.CONTROLLER_BROKER_ID_INVALID
     assert c(m.ApplyBrokerId("cluster", "s1", 2, "h;2")).code == RC.SUCCESS  # a retry still is
+
+
+def as_cert(c: Controller, cn: str, req: m.WriteRequest | m.ReadRequest) -> m.Response:
+    """`req` sent by the holder of certificate `cn`."""
+    c.principal = cn
+    try:
+        return c(req)
+    finally:
+        c.principal = ""
+
+
+def test_an_id_is_bound_to_the_certificate_that_applied_for_it(c: Controller) -> None:
+    """Issue 26: the applicant's certificate name is logged with the id; registrations, a
+    broker's elections and the master's alters from another certificate are refused 430 before
+    anything else; the bindings travel in replica info, election and register answers."""
+    c.live(1, 2)
+    for i in (1, 2):
+        assert as_cert(c, f"b/r{i}", m.ApplyBrokerId("cluster", B, i, f"{addr(i)};{i}")).code == RC.SUCCESS
+    assert as_cert(c, "b/r2", m.ApplyBrokerId("cluster", B, 1, f"{addr(1)};1")).code == 430  # the same check code
+    reg = as_cert(c, "b/r2", m.RegisterBroker("cluster", B, 1, addr(1)))
+    assert reg.code == 430 and "bound to CN=b/r1" in reg.remark
+    reg = as_cert(c, "b/r1", m.RegisterBroker("cluster", B, 1, addr(1)))
+    assert reg.code == RC.SUCCESS and reg.principals == {1: "b/r1", 2: "b/r2"}
+    assert as_cert(c, "b/r2", m.ElectMaster("cluster", B, 1)).code == 430
+    elected = as_cert(c, "b/r1", m.ElectMaster("cluster", B, 1))
+    assert elected.code == RC.SUCCESS and elected.principals == {1: "b/r1", 2: "b/r2"}
+    assert as_cert(c, "b/r2", m.AlterSyncStateSet(B, 1, 1, [1, 2], 1)).code == 430  # a slave posing as master
+    assert as_cert(c, "b/r1", m.AlterSyncStateSet(B, 1, 1, [1, 2], 1)).code == RC.SUCCESS
+    assert c(m.AlterSyncStateSet(B, 1, 1, [1], 2)).code == RC.SUCCESS  # no certificate (token, loopback): unbound
+    info = c(m.GetReplicaInfo(B))
+    assert info.principals == {1: "b/r1", 2: "b/r2"}
+    w = MemoryWriter()
+    c.sm.snapshot(w)
+    other = ControllerStateMachine()
+    other.restore(MemoryReader(w.files))
+    assert other.state.dump() == c.sm.state.dump() and other.principal_of(B, 2) == "b/r2"
+
+
+def test_an_id_registered_before_bindings_is_bound_at_its_next_registration(c: Controller) -> None:
+    """Old snapshots (no principal field) still load; an unbound id is bound to the first
+    certificate that registers it, and only that one may register it afterwards."""
+    old = (b'[{"cluster":"cluster","name":"broker-a","next_assign_id":2,"replicas":[{"id":1,"address":"h:1",'
+           b'"check_code":"h:1;1"}],"master_id":null,"master_epoch":0,"sync_state_set":[],"sync_state_set_epoch":0}]')
+    c.sm.state.load(old)
+    assert c.sm.principal_of(B, 1) == ""
+    c.live(1)
+    reg = as_cert(c, "b/r1", m.RegisterBroker("cluster", B, 1, "h:1"))
+    assert reg.code == RC.SUCCESS and reg.principals == {1: "b/r1"}
+    assert c.sm.principal_of(B, 1) == "b/r1"
+    assert as_cert(c, "b/r9", m.RegisterBroker("cluster", B, 1, "h:1")).code == 430
+    assert c(m.RegisterBroker("cluster", B, 1, "h:1")).code == RC.SUCCESS  # without a certificate: no binding

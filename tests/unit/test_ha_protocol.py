@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from dledger.broker.epoch_file import EpochFileCache
-from dledger.broker.ha_master import HAConfig, HAProtocolError
+from dledger.broker.ha_master import HAConfig, HAProtocolError, UnknownSlave
 from dledger.broker.ha_packets import Ack, Handshake, HAState, Transfer
 from dledger.broker.ha_service import ALL_ACK, AckSettings, MasterHA
 from dledger.broker.ha_slave import SlaveClient
@@ -252,6 +252,36 @@ def test_forged_connections_are_refused() -> None:
     ha.connections[forged].output(0, ha.confirm_offset, 1 << 20)  # sends from 0: everything
     with pytest.raises(HAProtocolError, match="beyond"):
         ha.on_data(forged, Ack(m.log.max_offset + 1).encode(), 0)
+
+
+def test_a_tls_slave_handshakes_only_as_the_id_bound_to_its_certificate() -> None:
+    """Issue 26: any certificate of the CA could ack as a slave. With TLS a handshake names an
+    id whose binding (from the controller) is the connection's certificate name; an id not
+    known bound yet is UnknownSlave (the runtime refreshes the bindings, the slave retries);
+    without TLS (principal None) nothing is checked."""
+    bindings: dict[int, str] = {2: "b0/r1"}
+    m = Replica(1)
+    m.epochs.append_entry(1, 0)
+    ha = MasterHA(1, m.log, m.epochs, CFG, {1}, bindings=bindings)
+    m.write(1, b"a" * 50)
+    for cn, broker_id, error in (("b0/r2", 2, "bound to CN=b0/r1"), ("b0/r1", 3, "no certificate")):
+        key = object()
+        ha.opened(key, 0, cn)
+        with pytest.raises(UnknownSlave if broker_id == 3 else HAProtocolError, match=error):
+            ha.on_data(key, Handshake(broker_id).encode(), 0)
+        ha.closed(key)
+    bindings[3] = "b0/r2"  # the refreshed bindings, in place
+    s = Replica(3)
+    c = SlaveClient(3, s.log, s.epochs, CFG)
+    key = object()
+    ha.opened(key, 0, "b0/r2")
+    ha.on_data(key, b"".join(c.connected(0)), 0)
+    pump(ha, key, c, 0)
+    assert s.log.max_offset == m.log.max_offset
+    plain = object()
+    ha.opened(plain, 0)  # no TLS: not bound
+    ha.on_data(plain, Handshake(7).encode(), 0)
+    assert ha.connections[plain].slave_id == 7
 
 
 def test_slave_refuses_frames_of_a_future_epoch() -> None:

@@ -88,6 +88,31 @@ def test_a_meta_naming_a_path_is_refused_before_anything_is_written(tmp_path: Pa
     assert not (tmp_path / "escape").exists()
 
 
+def test_an_install_declaring_more_than_the_disk_has_is_refused_before_anything_is_written(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A forged meta declaring 2**61 bytes wrote 544 MB in 3 s: the declared total must fit in
+    the store's free space less a margin, and no chunk goes past what the meta declares. The
+    refusal says "No space left", which the follower's node answers DISK_FULL (test_node_limits)."""
+    from dledger.statemachine import install
+
+    store = SnapshotStore(tmp_path / "f")
+    forged = SnapshotMeta(1_000_000, 1, 0, "", {"a": FileInfo(1 << 61, 0)})
+    with pytest.raises(install.InstallSpaceError, match="No space left"):
+        InstallSink(store, forged)
+    assert not list(store.dir.iterdir())  # not even its temporary directory
+    monkeypatch.setattr(install, "free_bytes", lambda _: install.SPACE_MARGIN_BYTES + 10)
+    with pytest.raises(install.InstallSpaceError):
+        InstallSink(store, SnapshotMeta(7, 1, 0, "", {"a": FileInfo(6, 0), "b": FileInfo(5, 0)}))
+    sink = InstallSink(store, SnapshotMeta(7, 1, 0, "", {"a": FileInfo(6, zlib.crc32(b"abcdef")),
+                                                         "b": FileInfo(4, zlib.crc32(b"ghij"))}))
+    with pytest.raises(SnapshotError, match="runs past"):
+        sink.write(0, b"abcdefghijk", zlib.crc32(b"abcdefghijk"))  # one byte past the declared total
+    assert sink.received == 0 and not list(sink.tmp.iterdir())
+    assert sink.write(0, b"abcdefgh", zlib.crc32(b"abcdefgh")) == 8
+    assert (sink.tmp / "a").read_bytes() == b"abcdef"  # a file gets its declared size, the rest goes on
+    assert sink.write(8, b"ij", zlib.crc32(b"ij")) == 10 and sink.finish()[0].size == 10
+
+
 def test_the_benchmark_blob_machine_snapshots_restores_and_streams(tmp_path: Path) -> None:
     """BlobMachine (benchmarks/install_snapshot.py): a tiny entry grows the state; its snapshot
     is that many bytes in files of at most 256 MiB; it travels as a stream and restores."""

@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+import itertools
+import random
+from typing import Any
+
+import msgspec
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dledger.codes import DLedgerError, ResponseCode
+from dledger.codes import DLedgerError, RequestCode, ResponseCode
+from dledger.config import DLedgerConfig
 from dledger.core import producers as producers_mod
-from dledger.core.producers import ProducerTable, Run, marker_body
+from dledger.core.messages import READ, AppendRequest, AppendResponse, EntriesResponse, GetRequest, ReadRequest
+from dledger.core.node import Node, Reply
+from dledger.core.producers import SPANS, CreationLimiter, ProducerTable, Run, SessionMarker, marker_body
 from dledger.entry import MAGIC_NOOP, MAGIC_SESSION
 from dledger.store.memory import MemoryLedgerStore
 
@@ -194,3 +202,215 @@ def test_folding_matches_the_surviving_entries(writes: list[tuple[int, int, bool
             for seq in range(max(0, n - 3), n):
                 i = p.index_of(seq)
                 assert i < 0 or store.get(i).body == f"{pid}-{seq}".encode()
+
+
+# --- ownership, reuse, creation bounds (issue 26) ------------------------------------------------
+
+
+def test_a_marker_without_owners_keeps_its_bytes_and_owners_round_trip() -> None:
+    """Stores written before owners existed, and DLedger-compatible readers, see the same bytes
+    for anonymous appends; an older marker decodes with owner ""."""
+    runs = [Run("orders/p0", 0, 3, 7), Run("", 0, 2)]
+    assert marker_body(1_700_000_000_000, runs).hex() == \
+        "92cf0000018bcfe568009294a96f72646572732f703000030794a0000200"
+    decode = msgspec.msgpack.Decoder(SessionMarker).decode
+    owned = decode(marker_body(5, [Run("a", 0, 1, 2, "CN=alice")]))
+    assert owned.runs == [Run("a", 0, 1, 2, "CN=alice")]
+    assert decode(msgspec.msgpack.encode([5, [["a", 0, 1, 2]]])).runs[0].owner == ""
+
+
+def test_the_owner_is_folded_from_the_log_and_another_principal_is_refused() -> None:
+    store = MemoryLedgerStore()
+    write(store, 1, [Run("a", 0, 2, owner="alice")])
+    t = folded(store)
+    a = t.lookup("a")
+    assert a is not None and a.owner == "alice"
+    assert t.decide(a, "a", 2, 1, principal="alice").duplicates == 0
+    for seq in (0, 2, 5):  # a duplicate, the next, a gap: all the same refusal, nothing learnt
+        with pytest.raises(DLedgerError) as e:
+            t.decide(a, "a", seq, 1, principal="bob")
+        assert e.value.code == ResponseCode.PRODUCER_NOT_OWNED and "alice" not in e.value.message
+
+
+def test_the_epochs_first_span_is_kept_beyond_the_recent_ones() -> None:
+    """A process reusing an id from sequence 0 must find what sequence 0 is stored as."""
+    store = MemoryLedgerStore()
+    first = write(store, 1, [Run("a", 0, 2)]) + 1
+    for k in range(SPANS + 8):
+        write(store, 1, [Run("a", 2 + k, 1)])
+    a = folded(store).lookup("a")
+    assert a is not None
+    assert (a.index_of(0), a.index_of(1)) == (first, first + 1)
+    assert a.index_of(2) == -1 and a.index_of(SPANS + 9) >= 0  # the middle ones go as before
+    assert len(a.spans) == 3 * (SPANS + 1)
+
+
+def test_the_table_with_owners_round_trips_and_old_snapshots_still_load() -> None:
+    store = MemoryLedgerStore()
+    write(store, 1, [Run("a", 0, 2, owner="alice"), Run("b", 0, 1)])
+    t = folded(store)
+    copy = ProducerTable(DAY, 1000)
+    copy.load(t.encode())
+    assert copy.encode() == t.encode() and copy.lookup("a").owner == "alice"  # type: ignore[union-attr]
+    assert copy.owned == {"alice": {"a": None}, "": {"b": None}}
+    old = msgspec.msgpack.encode([7, None, [["x", 4, 1000, [0, 3, 5], 2]]])  # before owners
+    copy.load(old)
+    x = copy.lookup("x")
+    assert x is not None and (x.owner, x.epoch, x.last_seq, x.index_of(4)) == ("", 2, 4, 7)
+
+
+def test_one_owner_at_its_cap_evicts_only_its_own_least_recently_used() -> None:
+    store = MemoryLedgerStore()
+    write(store, 1, [Run("bob-1", 0, 1, owner="bob")])
+    for k in range(5):
+        write(store, 1, [Run(f"m-{k}", 0, 1, owner="mallory")])
+    write(store, 1, [Run("m-1", 1, 1, owner="mallory")])  # used again: m-2 is now its least recent
+    write(store, 1, [Run("m-5", 0, 1, owner="mallory")])
+    t = folded(store, ProducerTable(DAY, 1000, max_per_owner=3))
+    assert [p for p in t.producers] == ["bob-1", "m-4", "m-1", "m-5"]
+    assert list(t.owned["mallory"]) == ["m-4", "m-1", "m-5"]
+    # the same table folded in other chunks (another member's commit points) evicts the same
+    again = ProducerTable(DAY, 1000, max_per_owner=3)
+    for hi in range(0, store.end_index + 1, 3):
+        again.fold(store, hi)
+    folded(store, again)
+    assert again.encode() == t.encode()
+
+
+def test_creations_are_bounded_per_principal_by_a_token_bucket() -> None:
+    lim = CreationLimiter(per_second=2, burst=4)
+    lim.check("mallory", 4, 0)
+    lim.spend("mallory", 4, 0)
+    with pytest.raises(DLedgerError) as e:
+        lim.check("mallory", 1, 100)
+    assert e.value.code == ResponseCode.PRODUCER_RATE_LIMITED
+    lim.check("alice", 4, 100)  # another principal's bucket is full
+    lim.check("mallory", 1, 500)  # one more after half a second
+    with pytest.raises(DLedgerError):
+        lim.check("mallory", 2, 500)
+
+
+class _Leader:
+    """A one-member group's Node, driven by hand: appends by principal, reads."""
+
+    def __init__(self, **cfg: Any) -> None:
+        self.cfg = DLedgerConfig(group="g", self_id="n0", peers="n0-127.0.0.1:1", store_type="memory", **cfg)
+        self.store = MemoryLedgerStore()
+        self.now = 0
+        self.node = Node(self.cfg, self.store, 0, random.Random(1))
+        self.answers: dict[int, Any] = {}
+        self._tokens = itertools.count()
+        while not (self.node.member.is_leader and self.store.committed_index >= 0):
+            self.tick(50)
+
+    def tick(self, ms: int) -> None:
+        self.now += ms
+        self.node.tick(self.now)
+        self._drain()
+
+    def _drain(self) -> None:
+        for a in self.node.drain():
+            if isinstance(a, Reply):
+                self.answers[a.token] = a.msg
+
+    def ask(self, code: int, msg: Any, principal: str = "") -> Any:
+        token = next(self._tokens)
+        self.node.handle(code, msg, b"", token, self.now, principal=principal)
+        self._drain()
+        self._drain()
+        return self.answers.pop(token)
+
+    def append(self, bodies: list[bytes], producer: str, seq: int, principal: str = "",
+               epoch: int = 0) -> AppendResponse:
+        r = self.ask(RequestCode.APPEND, AppendRequest("g", "", "", bodies, producer=producer, sequence=seq,
+                                                       epoch=epoch), principal)
+        assert isinstance(r, AppendResponse)
+        return r
+
+    def several(self, appends: list[tuple[list[bytes], str, int]], principal: str = "") -> list[AppendResponse]:
+        """Appends taken in one drain (one store write)."""
+        tokens = []
+        for bodies, producer, seq in appends:
+            tokens.append(next(self._tokens))
+            self.node.handle(RequestCode.APPEND, AppendRequest("g", "", "", bodies, producer=producer, sequence=seq),
+                             b"", tokens[-1], self.now, principal=principal)
+        self._drain()
+        self._drain()
+        return [self.answers.pop(t) for t in tokens]
+
+
+def test_the_leader_refuses_another_principals_producer_before_writing() -> None:
+    g = _Leader()
+    first = g.append([b"a0", b"a1"], "orders", 0, principal="alice")
+    assert first.code == ResponseCode.SUCCESS
+    end = g.store.end_index
+    for seq in (0, 2):  # the victim's duplicate, or its next sequence
+        r = g.append([b"forged"], "orders", seq, principal="bob")
+        assert r.code == ResponseCode.PRODUCER_NOT_OWNED, r
+    assert g.store.end_index == end
+    assert g.append([b"a1", b"a2"], "orders", 1, principal="alice").duplicates == 1
+    assert g.append([b"b0"], "bobs", 0, principal="bob").code == ResponseCode.SUCCESS
+    anonymous = folded(g.store).lookup("orders")  # the owner is in the log: a new leader knows it
+    assert anonymous is not None and anonymous.owner == "alice"
+
+
+def test_a_duplicate_with_another_body_is_refused_not_answered() -> None:
+    """The redeploy of issue 26: a second process under the same id, from sequence 0, got the
+    first one's indexes for B1..B3 and only B4 was stored."""
+    g = _Leader()
+    original = g.append([b"A1", b"A2", b"A3"], "svc", 0)
+    end = g.store.end_index
+    r = g.append([b"B1", b"B2", b"B3", b"B4"], "svc", 0)
+    assert r.code == ResponseCode.SEQUENCE_REUSED and "sequence 0 of producer 'svc'" in r.message
+    assert g.store.end_index == end
+    again = g.append([b"A1", b"A2", b"A3", b"A4"], "svc", 0)  # a real retry, one body more
+    assert again.code == ResponseCode.SUCCESS and again.duplicates == 3
+    assert again.indexes[:3] == [original.index + k for k in range(3)] and again.indexes[3] > end
+
+
+def test_a_reused_id_is_found_at_sequence_0_after_many_requests() -> None:
+    g = _Leader()
+    for k in range(SPANS + 5):
+        assert g.append([f"A{k}".encode()], "svc", k).code == ResponseCode.SUCCESS
+    assert g.append([b"B0"], "svc", 0).code == ResponseCode.SEQUENCE_REUSED
+    assert g.append([b"A0"], "svc", 0).duplicates == 1
+
+
+def test_a_duplicate_within_one_write_is_compared_with_the_planned_body() -> None:
+    """Two requests of one producer in one drain: the second's duplicate is not in the store
+    yet, it is compared with the body the first is writing."""
+    g = _Leader()
+    ok, reused = g.several([([b"x0"], "p", 0), ([b"y0"], "p", 0)])
+    assert ok.code == ResponseCode.SUCCESS and reused.code == ResponseCode.SEQUENCE_REUSED
+    ok, dup = g.several([([b"x1"], "p", 1), ([b"x1", b"x2"], "p", 1)])
+    assert ok.code == ResponseCode.SUCCESS and dup.duplicates == 1 and dup.indexes[0] == ok.index
+
+
+def test_producer_creation_is_rate_limited_per_principal() -> None:
+    g = _Leader(producer_creations_per_second=1)  # bursts of 10
+    for k in range(10):
+        assert g.append([b"m"], f"m-{k}", 0, principal="mallory").code == ResponseCode.SUCCESS
+    end = g.store.end_index
+    r = g.append([b"m"], "m-10", 0, principal="mallory")
+    assert r.code == ResponseCode.PRODUCER_RATE_LIMITED and g.store.end_index == end
+    assert g.append([b"m"], "m-0", 1, principal="mallory").code == ResponseCode.SUCCESS  # not a creation
+    assert g.append([b"a"], "alice-0", 0, principal="alice").code == ResponseCode.SUCCESS
+    g.tick(1000)
+    assert g.append([b"m"], "m-10", 0, principal="mallory").code == ResponseCode.SUCCESS
+
+
+def test_session_markers_are_never_returned_to_readers() -> None:
+    g = _Leader()
+    r = g.append([b"x", b"y"], "secret-producer", 0)
+    marker = r.index - 1
+    assert g.store.get(marker).magic == MAGIC_SESSION
+    for local in (False, True):
+        read = g.ask(READ, ReadRequest("g", "", "", 0, 100, 1 << 20, False, local, "leader"))
+        assert isinstance(read, EntriesResponse) and read.code == ResponseCode.SUCCESS
+        assert [e.body for e in read.entries if e.magic != MAGIC_NOOP] == [b"x", b"y"]
+        assert all(e.magic != MAGIC_SESSION for e in read.entries)
+        assert read.next_index == g.store.end_index + 1
+        got = g.ask(RequestCode.GET, GetRequest("g", "", "", marker, local, "leader"))
+        assert got.code == ResponseCode.INDEX_OUT_OF_RANGE and not got.entries
+    only_marker = g.ask(READ, ReadRequest("g", "", "", marker, 1, 1 << 20, False, False, "leader"))
+    assert [e.body for e in only_marker.entries] == [b"x"] and only_marker.next_index == marker + 2  # past it

@@ -174,6 +174,41 @@ def test_kv_commands_results_and_bad_bodies() -> None:
     assert decode_item(sm.query(encode(Get(b"b")))) is None  # cas of None on an absent key: still absent
 
 
+def test_a_range_page_is_capped_in_bytes_and_the_client_pages_on_from_its_last_key() -> None:
+    """A page holds at most MAX_RANGE_BYTES of keys and values (always one pair); KVClient's
+    range goes on from where a page stopped (80 MiB of values answered INTERNAL_ERROR:
+    the answer exceeded the frame)."""
+    import asyncio
+
+    from dledger.kv.client import AsyncKVClient
+    from dledger.kv.commands import MAX_RANGE_BYTES
+
+    sm = KVStateMachine()
+    value = 1 << 20
+    sm.apply(_entries(*(encode(Put(b"k%02d" % k, bytes([k]) * value)) for k in range(13)),
+                      encode(Put(b"k99", b"x" * (MAX_RANGE_BYTES + 1)))))  # one pair above the cap
+    answer = sm.query(encode(Range(b"k", 1000)))
+    page = decode_range(answer)
+    assert page.more and 0 < len(page.items) < 13 and len(answer) <= MAX_RANGE_BYTES + 1024
+    big = decode_range(sm.query(encode(Range(b"k", 1000, b"k12"))))
+    assert [i.key for i in big.items] == [b"k99"] and not big.more  # a pair above the cap: a page of its own
+
+    class Log:  # the state machine's answers, as a group's leader would give them
+        queries = 0
+
+        async def query(self, request: bytes, consistency: str | None, member: str | None) -> bytes:
+            Log.queries += 1
+            return sm.query(request)
+
+    kv = AsyncKVClient("", client=Log())  # type: ignore[arg-type]
+    whole = asyncio.run(kv.range("k"))
+    assert [i.key for i in whole.items] == [b"k%02d" % k for k in range(13)] + [b"k99"] and not whole.more
+    assert all(i.value == bytes([k]) * value for k, i in enumerate(whole.items[:13]))
+    assert Log.queries >= 4  # 17 MiB: one page could not hold it
+    five = asyncio.run(kv.range("k", limit=5))
+    assert [i.key for i in five.items] == [b"k%02d" % k for k in range(5)] and five.more
+
+
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.tuples(st.sampled_from(["put", "del", "cas"]), st.binary(max_size=3), st.binary(max_size=4),
                           st.integers(-1, 40)), max_size=40))

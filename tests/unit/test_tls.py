@@ -236,7 +236,8 @@ def test_tls_config_from_config() -> None:
 
 def test_make_certs_writes_every_file_with_private_keys_0600(tmp_path: Path) -> None:
     files = make_certs(tmp_path / "pki", ["n0", "n1"], clients=["client", "ops"])
-    assert set(files) == {"ca", "ca-key", "n0", "n0-key", "n1", "n1-key", "client", "client-key", "ops", "ops-key"}
+    assert set(files) == {"ca", "ca-key", "n0", "n0-key", "n1", "n1-key", "client", "client-key", "ops", "ops-key",
+                          "admin", "admin-key"}
     for stem, path in files.items():
         assert path == tmp_path / "pki" / f"{stem}.pem"
         mode = stat.S_IMODE(path.stat().st_mode)

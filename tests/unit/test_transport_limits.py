@@ -8,7 +8,9 @@ No timing is asserted: waits are deadline loops that only bound how long a failu
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
+import ssl
 import struct
 from collections.abc import Callable, Coroutine
 from pathlib import Path
@@ -33,6 +35,7 @@ from dledger.runtime.transport import (
     encode_frame,
 )
 from dledger.security.certs import make_certs
+from dledger.security.roles import Tokens, expect_members
 from dledger.security.tls import TlsConfig, client_context, server_context
 
 T = TypeVar("T")
@@ -329,7 +332,7 @@ def test_a_connection_waiting_on_the_handler_is_not_idle() -> None:
 @pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
 def test_the_auth_token_gates_every_request(loop: str) -> None:
     async def main() -> None:
-        server = TransportServer(echo, auth_token=b"s3cret")
+        server = TransportServer(echo, tokens=Tokens(b"s3cret"))
         await server.start("127.0.0.1", 0)
         good = TransportClient(auth_token=b"s3cret")
         bad = TransportClient(auth_token=b"wrong")
@@ -375,9 +378,9 @@ def test_tls_names_reach_the_handler_and_the_client_checks_the_server(tmp_path: 
         server = TransportServer(direct=direct, ssl=server_context(tls("n0")))
         await server.start("127.0.0.1", 0)
         address = server.address
-        as_n1 = TransportClient(ssl=client_context(tls("n1")), server_names={address: "n0"})
-        as_client = TransportClient(ssl=client_context(tls("client")), server_names={address: "n0"})
-        expects_other = TransportClient(ssl=client_context(tls("n1")), server_names={address: "n1"})
+        as_n1 = TransportClient(ssl=client_context(tls("n1")), server_check=expect_members({address: "n0"}))
+        as_client = TransportClient(ssl=client_context(tls("client")), server_check=expect_members({address: "n0"}))
+        expects_other = TransportClient(ssl=client_context(tls("n1")), server_check=expect_members({address: "n1"}))
         plain = TransportClient(connect_timeout_s=5)
         try:
             assert (await as_n1.request(address, Message(1, b"a"), 10)).meta == b"a"
@@ -386,9 +389,8 @@ def test_tls_names_reach_the_handler_and_the_client_checks_the_server(tmp_path: 
             with pytest.raises(DLedgerError) as e:
                 await expects_other.request(address, Message(1), 10)
             assert e.value.code == ResponseCode.UNAUTHENTICATED
-            with pytest.raises(DLedgerError) as e:
-                await plain.request(address, Message(1), 10)
-            assert e.value.code in (ResponseCode.NETWORK_ERROR, ResponseCode.TIMEOUT)
+            refused = await plain.request(address, Message(1), 10)  # told it lacks TLS, then closed
+            assert refused.code == ResponseCode.UNAUTHENTICATED and b"requires mutual TLS" in refused.meta
             assert len(seen) == 2
         finally:
             for c in (as_n1, as_client, expects_other, plain):
@@ -431,7 +433,7 @@ def test_frames_after_a_refused_token_reach_nobody() -> None:
         return Message(ResponseCode.SUCCESS)
 
     async def main() -> None:
-        server = TransportServer(record, auth_token=b"right")
+        server = TransportServer(record, tokens=Tokens(b"right"))
         await server.start("127.0.0.1", 0)
         try:
             reader, writer = await raw_connection(server)
@@ -454,7 +456,7 @@ def test_frames_after_a_refused_token_reach_nobody() -> None:
 
 def test_a_stranger_is_closed_unless_it_presents_the_token_and_sends_only_small_frames() -> None:
     async def main() -> None:
-        server = TransportServer(echo, auth_token=b"t", limits=Limits(handshake_timeout_s=0.5))
+        server = TransportServer(echo, tokens=Tokens(b"t"), limits=Limits(handshake_timeout_s=0.5))
         await server.start("127.0.0.1", 0)
         try:
             silent_r, silent_w = await raw_connection(server)
@@ -527,6 +529,42 @@ def test_a_peer_that_never_reads_its_answers_is_cut(loop: str) -> None:
             await eventually(lambda: server.connection_count == 1)
             await eventually(lambda: server.connection_count == 0, 30)
             writer.close()
+        finally:
+            await server.close()
+
+    run(main(), loop)
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_tls_connections_cut_during_their_handshake_are_forgotten(tmp_path: Path, loop: str) -> None:
+    """A TLS handshake runs on a connection already counted against max_connections. One that
+    is cut mid-handshake (by the peer, or by the handshake timeout) must leave the count: uvloop
+    reports such a connection as a finished handshake, and the loss of it to nobody."""
+    make_certs(tmp_path, ["n0"], hosts=["127.0.0.1"])
+    tls = TlsConfig(str(tmp_path / "ca.pem"), str(tmp_path / "n0.pem"), str(tmp_path / "n0-key.pem"))
+    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+    hello_ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    hello_ctx.check_hostname, hello_ctx.verify_mode = False, ssl.CERT_NONE
+    with contextlib.suppress(ssl.SSLWantReadError):
+        hello_ctx.wrap_bio(incoming, outgoing).do_handshake()
+    hello = outgoing.read()
+
+    async def main() -> None:
+        server = TransportServer(echo, ssl=server_context(tls), limits=Limits(handshake_timeout_s=0.5))
+        await server.start("127.0.0.1", 0)
+        host, _, port = server.address.rpartition(":")
+        try:
+            writers = []
+            for _ in range(20):
+                _, writer = await asyncio.open_connection(host, int(port))
+                writer.write(hello)  # then nothing: the handshake never finishes
+                writers.append(writer)
+            await eventually(lambda: server.connection_count == 20)
+            for writer in writers[:10]:  # cut by the peer mid-handshake
+                writer.transport.abort()
+            await eventually(lambda: server.connection_count == 0)  # the rest, by the handshake timeout
+            for writer in writers[10:]:
+                writer.close()
         finally:
             await server.close()
 

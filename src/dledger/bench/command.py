@@ -63,6 +63,8 @@ LOCAL_ONLY = ("nodes", "flush", "base_port", "tls")
 @click.option("--plot", "plot_path", default=None, type=click.Path(dir_okay=False), help="Throughput/latency PNG.")
 @click.option("--tls", is_flag=True, help="Run the local group and the clients with mutual TLS (certificates made "
                                         "for the run).")
+@click.option("--tls-dir", default=None, envvar="DLEDGER_TLS_DIR", type=click.Path(file_okay=False),
+              help="A running group's `dledger certs` directory (or DLEDGER_TLS_DIR): its clients use client.pem.")
 @click.option("--idempotent", is_flag=True, help="Each connection's client appends as an idempotent producer (one "
                                                  "request in flight per producer; concurrent appends coalesce).")
 def bench(
@@ -84,6 +86,7 @@ def bench(
     output: str,
     plot_path: str | None,
     tls: bool,
+    tls_dir: str | None,
     idempotent: bool,
 ) -> None:
     """Load generator: entries/s, MB/s, requests/s, latency percentiles, errors by code; the
@@ -102,6 +105,7 @@ def bench(
     spec = LoadSpec(peers or "", group, clients, size, batch, duration, count, rate, warmup, conns,
                     idempotent=idempotent)
     if peers is not None:
+        spec.tls_dir = tls_dir or ""
         # said first: with DLEDGER_PEERS exported, bench no longer starts a group of its own
         click.echo(f"bench: against {_peers_source(click.get_current_context())} {peers} (group {group})", err=True)
         result = _run(spec, procs)
@@ -113,14 +117,14 @@ def bench(
                    f"{f'..{port + nodes - 1}' if nodes > 1 else ''}, flush={flush}{', TLS' if tls else ''} "
                    "(--peers or DLEDGER_PEERS: bench a running group instead)", err=True)
         with tempfile.TemporaryDirectory(prefix="dledger-bench-") as d:
-            tls_dir = None
+            own_certs = None
             if tls:
                 from dledger.security.certs import make_certs
 
-                tls_dir = Path(d) / "certs"
-                make_certs(tls_dir, [f"n{k}" for k in range(nodes)])
-                spec.tls_dir = str(tls_dir)
-            with local_cluster(spec.peers, group, Path(d), flush=flush, tls_dir=tls_dir):
+                own_certs = Path(d) / "certs"
+                make_certs(own_certs, [f"n{k}" for k in range(nodes)])
+                spec.tls_dir = str(own_certs)
+            with local_cluster(spec.peers, group, Path(d), flush=flush, tls_dir=own_certs):
                 result = _run(spec, procs)
         label = f"local {nodes} members, flush={flush}{', TLS' if tls else ''}"
     report = result.report()

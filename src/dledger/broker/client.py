@@ -25,6 +25,7 @@ from dledger.controller.client import ControllerClient
 from dledger.runtime.blocking import LoopThread
 from dledger.runtime.client import error_text, never_sent
 from dledger.runtime.transport import Message, TransportClient
+from dledger.security.roles import Role, expect_role
 from dledger.security.tls import TlsConfig, client_context
 
 T = TypeVar("T")
@@ -53,7 +54,8 @@ class AsyncBrokerClient:
     def __init__(self, controller: str, broker: str, timeout: float = 10.0, tls: TlsConfig | None = None) -> None:
         self.broker, self.timeout = broker, timeout
         self.controllers = ControllerClient(controller, timeout=min(timeout, 3.0), tls=tls)
-        self._transport = TransportClient(backoff_max_s=0.5, ssl=client_context(tls) if tls else None)
+        self._transport = TransportClient(backoff_max_s=0.5, ssl=client_context(tls) if tls else None,
+                                          server_check=expect_role(Role.BROKER, broker))
         self._master: str | None = None  # client address
         self._replicas: list[str] = []
 

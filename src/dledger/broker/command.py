@@ -10,7 +10,16 @@ from typing import Any
 import click
 
 from dledger.broker.config import BrokerConfig, load_broker_toml
-from dledger.clitools import Rows, check_store_dir, client_tls, lines_only, output_option, security, security_options
+from dledger.clitools import (
+    Rows,
+    check_store_dir,
+    client_tls,
+    lines_only,
+    output_option,
+    security,
+    security_options,
+    server_security_options,
+)
 
 log = logging.getLogger(__name__)
 
@@ -37,15 +46,15 @@ CONTROLLER_HELP = "Controllers: 'host:port;host:port' or their peers string."
 @click.option("--election-priority", type=click.IntRange(0), default=None, help="Lower is preferred.")
 @click.option("--enable-fault-injection", "fault_injection", is_flag=True, default=None,
               help="Obey FAULT requests (isolate from controllers, pause HA): tests and chaos runs only.")
-@security_options
+@server_security_options
 def broker(config_file: str | None, **options: Any) -> None:
     """Run one replica of a broker set until SIGINT/SIGTERM (its master is elected by the controllers)."""
     data: dict[str, Any] = load_broker_toml(config_file) if config_file else {}
     options["all_ack_in_sync_state_set"] = options.pop("all_ack")
     options["enable_fault_injection"] = options.pop("fault_injection")
     sec = security()
-    if sec.pop("auth_token", None):
-        raise click.UsageError("brokers take TLS (--tls-cert/--tls-key/--tls-ca), not --auth-token")
+    if any(sec.pop(k, None) for k in ("auth_token", "client_token", "admin_token")):
+        raise click.UsageError("brokers take TLS (--tls-cert/--tls-key/--tls-ca) or --insecure, not tokens")
     options.update(sec)
     data.update({k: v for k, v in options.items() if v is not None})
     cfg = BrokerConfig.from_dict(data)

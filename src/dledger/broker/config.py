@@ -63,6 +63,8 @@ class BrokerConfig:
     tls_cert: str = ""  # with tls_key and tls_ca: mutual TLS on the client and HA ports, and to the controllers
     tls_key: str = ""
     tls_ca: str = ""
+    # without TLS: serve every host on the client and HA ports (default: loopback connections only)
+    insecure: bool = False
     advertise: str = ""  # the client address others use (default: listen)
     ha_advertise: str = ""
 

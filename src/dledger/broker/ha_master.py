@@ -6,11 +6,18 @@ slave repeats its handshake until answered). Transfer starts where the slave's f
 says, and every frame's body lies inside one epoch: the epoch of the next byte to send is
 looked up for each frame (never cached, so an epoch appended while the connection lives
 cannot mislabel bytes, #9689; the master also resets its connections on an epoch change).
+
+With TLS the runtime gives each connection the certificate name (CN) of its peer, and a
+handshake is accepted only when that name is the one the controller bound to the broker id
+the handshake names (`bindings`, from the controller's replica info); an id the master does
+not know bound yet is refused with `UnknownSlave` (the runtime asks the controller again and
+the slave retries). Without TLS nothing binds a slave (docs/brokers.md).
 """
 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from dledger.broker.epoch_file import INFINITY, EpochFileCache
@@ -33,10 +40,34 @@ class HAProtocolError(Exception):
     """The peer broke the protocol or the logs cannot be reconciled: close the connection."""
 
 
+class UnknownSlave(HAProtocolError):
+    """A TLS handshake for a broker id with no binding known here yet: close it, refresh the
+    bindings from the controller; the slave retries."""
+
+
+def handshake_refusal(broker_id: int, principal: str | None, bindings: Mapping[int, str]) -> HAProtocolError | None:
+    """Why a slave whose certificate is `principal` (None: no TLS, nothing to check) may not
+    handshake as `broker_id`, or None."""
+    if principal is None:
+        return None
+    bound = bindings.get(broker_id)
+    if bound is None:
+        return UnknownSlave(f"a handshake as broker {broker_id} from CN={principal}: no certificate is known bound "
+                            "to that id yet")
+    if bound != principal:
+        return HAProtocolError(f"a handshake as broker {broker_id} from CN={principal}: that id is bound to "
+                               f"CN={bound}")
+    return None
+
+
 class MasterConnection:
     def __init__(self, log: BrokerLog, epochs: EpochFileCache, now_ms: int, config: HAConfig,
-                 master_id: int = -1) -> None:
+                 master_id: int = -1, principal: str | None = None, bindings: Mapping[int, str] | None = None) -> None:
+        """`principal`: the peer's certificate name (None: no TLS); `bindings`: broker id ->
+        the name bound to it (read at each handshake: the runtime refreshes it in place)."""
         self.log, self.epochs, self.config, self.master_id = log, epochs, config, master_id
+        self.principal = principal
+        self.bindings: Mapping[int, str] = bindings if bindings is not None else {}
         self.state = HAState.HANDSHAKE
         self.slave_id = -1
         self.async_learner = False
@@ -61,6 +92,9 @@ class MasterConnection:
                     raise HAProtocolError(f"a handshake as broker {p.broker_id}: not a slave of this master")
                 if self.slave_id not in (-1, p.broker_id):
                     raise HAProtocolError(f"slave {self.slave_id} handshook again as {p.broker_id}")
+                refusal = handshake_refusal(p.broker_id, self.principal, self.bindings)
+                if refusal is not None:
+                    raise refusal
                 self.slave_id, self.async_learner = p.broker_id, p.async_learner
                 self.state, self._answer_due = HAState.HANDSHAKE, True
             else:

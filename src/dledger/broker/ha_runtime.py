@@ -16,11 +16,13 @@ import ssl
 import time
 from collections.abc import Awaitable, Callable
 
-from dledger.broker.ha_master import HAProtocolError
+from dledger.broker.ha_master import HAProtocolError, UnknownSlave
 from dledger.broker.ha_packets import PacketError
 from dledger.broker.ha_service import MasterHA
 from dledger.broker.ha_slave import SlaveClient
 from dledger.codes import DLedgerError
+from dledger.ratelog import RateLimitedLog
+from dledger.security.roles import Role, cert_principal, expect_role, is_loopback
 
 log = logging.getLogger(__name__)
 
@@ -46,9 +48,19 @@ class HAListener:
     `on_proposal` takes a SyncStateSet to propose, `on_ack` runs after every slave ack."""
 
     def __init__(self, master: Callable[[], MasterHA | None], on_proposal: Callable[[frozenset[int]], None],
-                 on_ack: Callable[[], None], ssl_context: ssl.SSLContext | None = None) -> None:
+                 on_ack: Callable[[], None], ssl_context: ssl.SSLContext | None = None, *, broker_set: str = "",
+                 loopback_only: bool = False, on_unknown_slave: Callable[[], None] = lambda: None) -> None:
+        """With TLS only replicas of `broker_set` may connect (their certificates say so), each
+        handshaking as the id bound to its certificate (MasterConnection); without it,
+        `loopback_only` serves loopback addresses only (docs/security.md). `on_unknown_slave`:
+        a handshake named an id with no known binding (refresh them from the controller)."""
         self._master, self._on_proposal, self._on_ack = master, on_proposal, on_ack
+        self._on_unknown_slave = on_unknown_slave
         self._ssl = ssl_context
+        self.broker_set = broker_set
+        self.loopback_only = loopback_only
+        self._warn = RateLimitedLog(log).warning
+        self._note = RateLimitedLog(log).info
         self._server: asyncio.Server | None = None
         self._wakers: set[asyncio.Event] = set()
         self._writers: set[asyncio.StreamWriter] = set()
@@ -56,7 +68,8 @@ class HAListener:
 
     async def start(self, address: str) -> None:
         host, port = _host_port(address)
-        self._server = await asyncio.start_server(self._serve, host, port, ssl=self._ssl)
+        self._server = await asyncio.start_server(self._serve, host, port, ssl=self._ssl,
+                                                  ssl_handshake_timeout=HANDSHAKE_S if self._ssl else None)
 
     async def close(self) -> None:
         self.reset()
@@ -74,19 +87,38 @@ class HAListener:
         for w in list(self._writers):
             w.close()
 
+    def refusal(self, writer: asyncio.StreamWriter) -> str | None:
+        """Why this connection may not be a slave here (None: it may)."""
+        peer = writer.get_extra_info("peername")
+        if self._ssl is not None:
+            principal = cert_principal(writer.get_extra_info("peercert"))
+            return expect_role(Role.BROKER, self.broker_set)(str(peer), principal)
+        if self.loopback_only and not is_loopback(str(peer[0]) if isinstance(peer, tuple) else ""):
+            return f"{peer}: not a loopback address (this broker runs without TLS: --insecure to serve other hosts)"
+        return None
+
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         ha = self._master()
         if ha is None or len(self._writers) >= MAX_CONNECTIONS:
             writer.close()
             return
+        problem = self.refusal(writer)
+        if problem is not None:
+            self._warn("refused", "HA connection refused: %s", problem)
+            writer.close()
+            return
         key, wake = object(), asyncio.Event()
-        ha.opened(key, now_ms())
+        principal = cert_principal(writer.get_extra_info("peercert")).name if self._ssl is not None else None
+        ha.opened(key, now_ms(), principal)
         self._wakers.add(wake)
         self._writers.add(writer)
         sender = asyncio.get_running_loop().create_task(self._write_loop(ha, key, writer, wake))
         peer = writer.get_extra_info("peername")
         try:
             await self._read_loop(ha, key, reader, wake)
+        except UnknownSlave as e:
+            self._note("unknown slave", "HA connection from %s refused: %s (asking the controller)", peer, e)
+            self._on_unknown_slave()
         except HA_ERRORS as e:
             log.warning("HA connection from %s closed: %s", peer, e)
         finally:
@@ -142,8 +174,10 @@ class SlaveRunner:
     def __init__(self, client: SlaveClient, master_ha_address: str, on_progress: Callable[[], None],
                  ssl_context: ssl.SSLContext | None = None,
                  durable: Callable[[int], Awaitable[None]] | None = None,
-                 cut: Callable[[], bool] = lambda: False) -> None:
+                 cut: Callable[[], bool] = lambda: False, broker_set: str = "") -> None:
+        """With TLS, the master's certificate must be a replica of `broker_set`."""
         self.client, self.address, self._on_progress, self._ssl = client, master_ha_address, on_progress, ssl_context
+        self.broker_set = broker_set
         self._durable = durable  # waits until an entry is fsynced (acks of durable bytes only)
         self._cut = cut  # fault injection: no connection to the master while it says so
 
@@ -161,6 +195,7 @@ class SlaveRunner:
                 await asyncio.sleep(RETRY_S)
                 continue
             try:
+                self._check_master(writer)
                 await self._session(reader, writer)
             except HA_ERRORS as e:
                 log.warning("HA connection to master %s closed: %s", self.address, e)
@@ -168,6 +203,14 @@ class SlaveRunner:
                 self.client.disconnected()
                 writer.close()
             await asyncio.sleep(RETRY_S)
+
+    def _check_master(self, writer: asyncio.StreamWriter) -> None:
+        if self._ssl is None:
+            return
+        problem = expect_role(Role.BROKER, self.broker_set)(self.address,
+                                                          cert_principal(writer.get_extra_info("peercert")))
+        if problem is not None:
+            raise HAProtocolError(f"not the master's HA port: {problem}")
 
     async def _session(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         c = self.client

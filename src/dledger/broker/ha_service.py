@@ -10,7 +10,7 @@ all-ack was on: readers saw records that a failover could still lose).
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
 
 from dledger.broker.epoch_file import EpochFileCache
@@ -37,8 +37,11 @@ class AckSettings:
 class MasterHA:
     def __init__(self, broker_id: int, log: BrokerLog, epochs: EpochFileCache, config: HAConfig,
                  sync_state_set: frozenset[int] | set[int] = frozenset(), confirm_offset: int = -1,
-                 durable_only: bool = False) -> None:
+                 durable_only: bool = False, bindings: Mapping[int, str] | None = None) -> None:
+        """`bindings`: broker id -> the certificate name the controller bound to it (kept up to
+        date by the owner, in place); a TLS slave must handshake as its own id."""
         self.broker_id, self.log, self.epochs, self.config = broker_id, log, epochs, config
+        self.bindings: Mapping[int, str] = bindings if bindings is not None else {}
         # flush=sync: the master's own copy counts for the confirm offset only once fsynced (a
         # power loss must not take back what readers saw)
         self.durable_only = durable_only
@@ -52,8 +55,10 @@ class MasterHA:
 
     # --- connections -------------------------------------------------------------------------
 
-    def opened(self, key: Hashable, now_ms: int) -> MasterConnection:
-        conn = self.connections[key] = MasterConnection(self.log, self.epochs, now_ms, self.config, self.broker_id)
+    def opened(self, key: Hashable, now_ms: int, principal: str | None = None) -> MasterConnection:
+        """A slave connected; `principal`: its certificate name (None: no TLS)."""
+        conn = self.connections[key] = MasterConnection(self.log, self.epochs, now_ms, self.config, self.broker_id,
+                                                        principal, self.bindings)
         return conn
 
     def on_data(self, key: Hashable, data: bytes, now_ms: int) -> frozenset[int] | None:

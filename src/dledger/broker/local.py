@@ -14,9 +14,10 @@ from pathlib import Path
 from dledger.broker import messages as bm
 from dledger.broker.client import BrokerClient
 from dledger.codes import DLedgerError, ResponseCode
-from dledger.config import Peer, format_peers
-from dledger.local_cluster import client_tls, local_cluster, stop_processes
+from dledger.config import Peer, format_peers, parse_peers
+from dledger.local_cluster import client_tls, local_certs, local_cluster, stop_processes
 from dledger.ports import port_free
+from dledger.security.certs import broker_file_stem
 
 log = logging.getLogger(__name__)
 
@@ -45,13 +46,15 @@ class local_broker_cluster:
 
     def __init__(self, data_dir: Path, controllers: int = 3, broker_sets: int = 2, replicas: int = 2,
                  base_port: int = 30911, broker_args: list[str] | None = None,
-                 controller_args: list[str] | None = None, tls_dir: Path | None = None) -> None:
-        """`tls_dir`: what `dledger certs` made for members c0.. and `broker` (controllers use
-        cK.pem, brokers broker.pem: they serve, so they need a member's certificate; clients use
-        client.pem)."""
+                 controller_args: list[str] | None = None, tls_dir: Path | None = None, *,
+                 group: str = "controller", flush: str = "async", metrics_base_port: int = 0) -> None:
+        """`tls_dir`: where the deployment's certificates are (made there when missing, by
+        local_certs: controllers cK.pem, broker replicas bS-rR.pem, client.pem, admin.pem);
+        None: no TLS."""
         self.data_dir = data_dir
+        self.tls_dir = tls_dir
         self.tls = client_tls(tls_dir)
-        self.broker_tls = client_tls(tls_dir, "broker")
+        self.admin_tls = client_tls(tls_dir, "admin")
         self.peers = format_peers({f"c{k}": Peer(f"c{k}", "127.0.0.1", base_port + k) for k in range(controllers)})
         self.controller_ports = [base_port + k for k in range(controllers)]
         self.controller = ";".join(f"127.0.0.1:{p}" for p in self.controller_ports)
@@ -63,8 +66,11 @@ class local_broker_cluster:
                 spec = BrokerSpec(f"b{s}", r, port, port + 1, data_dir / "brokers" / f"b{s}" / f"r{r}")
                 self.specs[spec.key] = spec
                 port += 2
-        self.controllers = local_cluster(self.peers, "controller", data_dir / "controllers",
-                                         extra=controller_args or [], command="controller", tls_dir=tls_dir)
+        if tls_dir is not None:
+            local_certs(tls_dir, controllers=list(parse_peers(self.peers)), brokers=list(self.specs))
+        self.controllers = local_cluster(self.peers, group, data_dir / "controllers", flush,
+                                         metrics_base_port=metrics_base_port, extra=controller_args or [],
+                                         command="controller", tls_dir=tls_dir)
         self.brokers: dict[str, subprocess.Popen[bytes]] = {}
         self._clients: dict[str, BrokerClient] = {}
 
@@ -73,6 +79,8 @@ class local_broker_cluster:
         replica = sum(1 for s in self.specs.values() if s.name == name)
         spec = BrokerSpec(name, replica, port, ha_port, self.data_dir / "brokers" / name / f"r{replica}")
         self.specs[spec.key] = spec
+        if self.tls_dir is not None:
+            local_certs(self.tls_dir, controllers=list(parse_peers(self.peers)), brokers=list(self.specs))
         return spec.key
 
     @property
@@ -90,8 +98,8 @@ class local_broker_cluster:
         cmd = [sys.executable, "-m", "dledger", "broker", "--cluster", CLUSTER, "--name", s.name,
                "--controller", self.controller, "--listen", s.address, "--ha-listen", f"127.0.0.1:{s.ha_port}",
                "--store-dir", str(s.store_dir), *self.broker_args, *(extra or [])]
-        if self.broker_tls is not None:
-            t = self.broker_tls
+        t = client_tls(self.tls_dir, broker_file_stem(key))
+        if t is not None:
             cmd += ["--tls-cert", t.cert, "--tls-key", t.key, "--tls-ca", t.ca]
         p = subprocess.Popen(cmd)
         self.brokers[key] = p

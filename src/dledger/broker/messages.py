@@ -85,6 +85,7 @@ class RuntimeInfo(msgspec.Struct, omit_defaults=True):
     registered: bool = False
     begin_index: int = 0
     confirmed_index: int = -1  # the last record readers may see (it ends within the confirm offset)
+    replica_info_queries: int = 0  # replica info asked of the controller by the poll and by hints (NOTIFY)
 
 
 _enc = msgspec.msgpack.Encoder()

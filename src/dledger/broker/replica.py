@@ -59,6 +59,9 @@ class ReplicaState:
         self.slave: SlaveClient | None = None
         self.lease_until_ms = 0
         self.truncated_at: int | None = None  # the last cut of an unconfirmed tail (a slave's handshake)
+        # broker id -> the certificate name the controller bound to it (its answers carry them);
+        # one dict, updated in place: a master's HA connections read it at every handshake
+        self.principals: dict[int, str] = {}
         self._resend: m.AlterSyncStateSet | None = None  # sent, no answer: send it again
         self.unresolved = False  # refused: read the controller's set before the next proposal
         self._confirm = max(min(confirm_offset, log_.max_offset), -1)  # recovery may have cut the log
@@ -100,7 +103,7 @@ class ReplicaState:
             self.master_address = my_address
             self.sync_state_set, self.sync_state_set_epoch = frozenset(sss), sss_epoch
             self.master_ha = MasterHA(self.broker_id, self.log, self.epochs, self.ha_config, sss, confirm,
-                                      durable_only=self.ack_durable)
+                                      durable_only=self.ack_durable, bindings=self.principals)
             self.role = Role.MASTER
             log.warning("broker %s id %d: MASTER at epoch %d (log ends at %d, confirmed %d)", self.name,
                         self.broker_id, master_epoch, self.log.max_offset, self.master_ha.confirm_offset)
@@ -114,6 +117,12 @@ class ReplicaState:
         log.warning("broker %s id %d: SLAVE of %d at epoch %d%s", self.name, self.broker_id, master_id, master_epoch,
                     " (was master)" if was_master else "")
         return Change.SLAVE
+
+    def principals_read(self, principals: dict[int, str] | None) -> None:
+        """The set's bindings, as a controller answer carried them (None: it carried none)."""
+        if principals is not None and principals != self.principals:
+            self.principals.clear()
+            self.principals.update(principals)
 
     def _stop_slave(self) -> None:
         """(The caller read `confirm_offset` first, which took in the slave's.)"""

@@ -1,10 +1,13 @@
 """A broker of a broker set (`dledger broker`): registration, roles, HA, sends and reads.
 
 Startup (CONTROLLER.md §1.4): fenced (no writes) until registered with a persistent id;
-then the role comes from the controller (register answer, an election it asks for, NOTIFY,
-or the replica-info poll). Role changes (§6) run one at a time and only for a higher
-master epoch. A master appends its epoch to the epoch file before writing in it and closes
-every HA connection on any epoch change (#9689).
+then the role comes from the controller leader's own answers only (register, an election it
+asks for, replica info). A NOTIFY_BROKER_ROLE_CHANGED is a hint: it makes the broker ask the
+leader for replica info now (at most one query in flight however many arrive) and nothing it
+says is used, so a forged one changes nothing and no epoch the controller does not hold is
+ever written. Role changes (§6) run one at a time and only for a higher master epoch. A
+master appends its epoch to the epoch file before writing in it and closes every HA
+connection on any epoch change (#9689).
 
 Master lease (beyond upstream, #7017/#6662): every heartbeat asks for `lease_ms`; the
 controller leader grants it only to the master at its epoch, and counts the master alive for
@@ -25,7 +28,7 @@ import asyncio
 import contextlib
 import logging
 from collections import deque
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,14 +44,27 @@ from dledger.codes import ControllerRequestCode, DLedgerError, ResponseCode
 from dledger.codes import ControllerResponseCode as RC
 from dledger.controller import messages as cm
 from dledger.controller.client import ControllerClient
+from dledger.ratelog import RateLimitedLog
 from dledger.runtime.transport import Caller, FaultInjector, Message, Respond, TransportServer, encode_error
-from dledger.security.tls import client_context, server_context
+from dledger.security.roles import Access, needs
+from dledger.security.roles import Role as Needs
+from dledger.security.tls import check_broker_cert, client_context, server_context
 from dledger.store.durability import DurabilityWaiter
 from dledger.store.file import FileLedgerStore
 
 log = logging.getLogger(__name__)
 
 NOTIFY = int(ControllerRequestCode.NOTIFY_BROKER_ROLE_CHANGED)
+# The roles each request a broker serves needs (docs/security.md, "Roles"); the transport
+# refuses any other code, and anyone without the role, before a handler runs.
+BROKER_ACCESS: dict[int, Access] = {
+    bm.BrokerRequestCode.SEND_MESSAGE: needs("SEND_MESSAGE", Needs.CLIENT),
+    bm.BrokerRequestCode.PULL_MESSAGE: needs("PULL_MESSAGE", Needs.CLIENT),
+    bm.BrokerRequestCode.GET_BROKER_RUNTIME_INFO: needs("GET_BROKER_RUNTIME_INFO", Needs.CLIENT, Needs.BROKER,
+                                                        Needs.CONTROLLER),
+    NOTIFY: needs("NOTIFY_BROKER_ROLE_CHANGED", Needs.CONTROLLER),
+    bm.BrokerRequestCode.FAULT: needs("FAULT", Needs.ADMIN),
+}
 EPOCH_FILE = "epochFileCheckpoint"
 HOUSEKEEPING_S = 0.1
 STARTUP_RETRY_S = 0.5  # upstream: 5 s
@@ -76,6 +92,8 @@ class BrokerServer:
         self.registration = Registration(root, config.cluster, config.name, config.address)
         self.faults = FaultInjector()
         tls = config.tls
+        if tls is not None:
+            check_broker_cert(tls, config.name)
         self._client_ssl = client_context(tls) if tls is not None else None
         server_ssl = server_context(tls) if tls is not None else None
         self.controller = ControllerClient(config.controller, timeout=3.0, tls=tls, faults=self.faults)
@@ -87,11 +105,18 @@ class BrokerServer:
         self._progress = asyncio.Event()  # the confirm offset moved (long-polling readers)
         self._role_lock = asyncio.Lock()
         self._altering = False
+        self._hinted = asyncio.Event()  # ask the controller for replica info now (NOTIFY, an unknown HA slave)
+        self.replica_info_queries = 0  # GET_REPLICA_INFO asked by the poll and hints (runtime info)
+        self._warn = RateLimitedLog(log).warning
         self.ha_cut = False  # fault injection: this slave is cut off from its master
         self._tasks: set[asyncio.Task[Any]] = set()
         self._durable: DurabilityWaiter | None = None
-        self.transport = TransportServer(direct=self._handle, ssl=server_ssl)
-        self.ha = HAListener(lambda: self.replica.master_ha, self._propose, self._on_slave_ack, server_ssl)
+        self._dispatch = self._handlers()
+        loopback_only = tls is None and not config.insecure
+        self.transport = TransportServer(direct=self._handle, ssl=server_ssl, policy=BROKER_ACCESS,
+                                         loopback_only=loopback_only)
+        self.ha = HAListener(lambda: self.replica.master_ha, self._propose, self._on_slave_ack, server_ssl,
+                             broker_set=config.name, loopback_only=loopback_only, on_unknown_slave=self._hinted.set)
 
     # --- lifecycle -------------------------------------------------------------------------
 
@@ -137,7 +162,7 @@ class BrokerServer:
     # --- registration and roles (§1.3, §1.4, §6) ---------------------------------------------
 
     async def _startup(self) -> None:
-        """Register, learn (or ask for) the master, then poll replica info forever."""
+        """Register, learn (or ask for) the master, then follow the controller forever."""
         while self.role == Role.FENCED:
             try:
                 if await self._register_and_take_role():
@@ -147,8 +172,16 @@ class BrokerServer:
             except OSError as e:  # the epoch file or the store could not be written: stay fenced, retry
                 log.error("broker %s: taking a role failed: %s", self.config.name, e)
             await asyncio.sleep(STARTUP_RETRY_S)
+        await self._follow_controller()
+
+    async def _follow_controller(self) -> None:
+        """Replica info every sync_metadata_ms, and at once after a hint; one query at a time,
+        so a burst of hints (NOTIFYs) costs at most one query in flight and one after it."""
         while True:
-            await asyncio.sleep(self.config.sync_metadata_ms / 1000)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.config.sync_metadata_ms / 1000):
+                    await self._hinted.wait()
+            self._hinted.clear()
             try:
                 await self._sync_metadata()
             except DLedgerError:
@@ -172,12 +205,14 @@ class BrokerServer:
 
     async def _sync_metadata(self) -> None:
         """schedulingSyncBrokerMetadata: the controller's view of our set."""
+        self.replica_info_queries += 1
         resp = await self.controller.get_replica_info(self.config.name)
         if resp.code == RC.CONTROLLER_BROKER_METADATA_NOT_EXIST:
             await self.registration.register(self.controller)
             return
         if resp.code != RC.SUCCESS or resp.master_epoch is None:
             return
+        self.replica.principals_read(resp.principals)
         if resp.master_epoch > self.replica.master_epoch:
             if resp.master_broker_id is None:
                 await self.controller.elect_master(self.config.name, self.registration.broker_id,
@@ -191,6 +226,9 @@ class BrokerServer:
             self._propose()
 
     async def _apply_replica_info(self, resp: cm.Response) -> bool:
+        """Take the role a controller answer names (register, election or replica info: never
+        a NOTIFY's fields)."""
+        self.replica.principals_read(resp.principals)
         if resp.master_broker_id is None or resp.master_address is None or resp.master_epoch is None:
             return False
         await self.change_role(resp.master_broker_id, resp.master_address, resp.master_epoch,
@@ -221,16 +259,8 @@ class BrokerServer:
             if ha_address and slave is not None:
                 durable = self._durable.wait if slave.ack_durable and self._durable is not None else None
                 runner = SlaveRunner(slave, ha_address, self._on_slave_progress, self._client_ssl, durable=durable,
-                                     cut=lambda: self.ha_cut)
+                                     cut=lambda: self.ha_cut, broker_set=self.config.name)
                 self._slave_task = asyncio.get_running_loop().create_task(runner.run())
-
-    async def _change_role_logged(self, master_id: int, master_address: str, master_epoch: int, sss_epoch: int,
-                                  sss: set[int]) -> None:
-        """A pushed role change (the poll catches up on a failure)."""
-        try:
-            await self.change_role(master_id, master_address, master_epoch, sss_epoch, sss)
-        except OSError as e:
-            log.error("broker %s: a role change failed: %s", self.config.name, e)
 
     def _on_slave_progress(self) -> None:
         self.replica.sync_slave_truncation()
@@ -255,6 +285,12 @@ class BrokerServer:
                 except DLedgerError as e:
                     log.warning("broker %s: SyncStateSet %s: no answer (%s); sending it again", self.config.name,
                                 req.sync_state_set, e.message)
+                    resp = None
+                if resp is not None and resp.code == ResponseCode.UNAUTHENTICATED:
+                    # not over our heartbeats' connection yet (a new one: the next heartbeat
+                    # rebinds it), or not our certificate's id: sent again after a pause
+                    self._warn("alter refused", "broker %s: SyncStateSet %s refused: %s; sending it again",
+                               self.config.name, req.sync_state_set, resp.remark)
                     resp = None
                 r.alter_answered(req, resp)
                 if r.unresolved:
@@ -319,20 +355,25 @@ class BrokerServer:
 
     # --- client requests ---------------------------------------------------------------------
 
+    def _handlers(self) -> dict[int, Callable[[Message, Respond, Caller], None]]:
+        """Every request code a broker serves (each has its roles in BROKER_ACCESS)."""
+        return {
+            bm.BrokerRequestCode.SEND_MESSAGE: lambda msg, respond, _: self._spawn(self._answer(self._send(msg),
+                                                                                                  respond)),
+            bm.BrokerRequestCode.PULL_MESSAGE: lambda msg, respond, _: self._spawn(self._answer(self._pull(msg),
+                                                                                                  respond)),
+            bm.BrokerRequestCode.GET_BROKER_RUNTIME_INFO: lambda _, respond, __: respond(
+                Message(int(ResponseCode.SUCCESS), bm.encode(self.runtime_info()))),
+            NOTIFY: lambda msg, respond, caller: respond(self._notify(msg, caller)),
+            bm.BrokerRequestCode.FAULT: lambda msg, respond, _: respond(self._fault(msg)),
+        }
+
     def _handle(self, msg: Message, respond: Respond, caller: Caller) -> None:
-        code = msg.code
-        if code == bm.BrokerRequestCode.SEND_MESSAGE:
-            self._spawn(self._answer(self._send(msg), respond))
-        elif code == bm.BrokerRequestCode.PULL_MESSAGE:
-            self._spawn(self._answer(self._pull(msg), respond))
-        elif code == bm.BrokerRequestCode.GET_BROKER_RUNTIME_INFO:
-            respond(Message(int(ResponseCode.SUCCESS), bm.encode(self.runtime_info())))
-        elif code == NOTIFY:
-            respond(self._notify(msg))
-        elif code == bm.BrokerRequestCode.FAULT:
-            respond(self._fault(msg))
+        handler = self._dispatch.get(msg.code)
+        if handler is None:  # the transport's policy refuses unknown codes first
+            respond(_error(ResponseCode.UNSUPPORTED, f"a broker does not serve request code {msg.code}"))
         else:
-            respond(_error(ResponseCode.UNSUPPORTED, f"a broker does not serve request code {code}"))
+            handler(msg, respond, caller)
 
     async def _answer(self, work: Coroutine[Any, Any, Message], respond: Respond) -> None:
         try:
@@ -344,7 +385,9 @@ class BrokerServer:
             reply = _error(ResponseCode.INTERNAL_ERROR, f"{type(e).__name__}: {e}")
         respond(reply)
 
-    def _notify(self, msg: Message) -> Message:
+    def _notify(self, msg: Message, caller: Caller) -> Message:
+        """A hint that our set's master changed: ask the controller leader (never act on the
+        NOTIFY's own fields: a forged one could name any master and epoch)."""
         try:
             req = cm.decode_request(msg.code, msg.meta)
         except cm.DECODE_ERRORS as e:
@@ -352,9 +395,7 @@ class BrokerServer:
         assert isinstance(req, cm.NotifyBrokerRoleChanged)
         if req.broker_name not in ("", self.config.name):
             return _error(ResponseCode.UNEXPECTED_ARGUMENT, f"this is broker {self.config.name}, not {req.broker_name}")
-        if req.master_broker_id is not None and req.master_address and self.registration.broker_id != -1:
-            self._spawn(self._change_role_logged(req.master_broker_id, req.master_address, req.master_epoch,
-                                         req.sync_state_set_epoch, set(req.sync_state_set)))
+        self._hinted.set()  # (before registration: the registration's own answer gives the role)
         return Message(int(ResponseCode.SUCCESS), cm.encode(cm.Response()))
 
     def _fault(self, msg: Message) -> Message:
@@ -468,4 +509,5 @@ class BrokerServer:
                               r.sync_state_set_epoch, self.log.max_offset, confirm,
                               self.store.end_index, left, r.truncated_at,
                               self.registration.broker_id != -1 and self.role != Role.FENCED,
-                              self.store.begin_index, self.log.last_index_within(confirm))
+                              self.store.begin_index, self.log.last_index_within(confirm),
+                              self.replica_info_queries)

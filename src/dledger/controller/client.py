@@ -17,6 +17,7 @@ from dledger.codes import DLedgerError, ResponseCode
 from dledger.config import ConfigError, parse_peers
 from dledger.controller import messages as m
 from dledger.runtime.transport import FaultInjector, Message, TransportClient
+from dledger.security.roles import Role, expect_role
 from dledger.security.tls import TlsConfig, client_context
 
 RETRY_PAUSE_S = 0.1
@@ -42,6 +43,7 @@ class ControllerClient:
         self.addresses = parse_controllers(controllers) if isinstance(controllers, str) else list(controllers)
         self.timeout = timeout
         self._transport = TransportClient(ssl=client_context(tls) if tls else None,
+                                          server_check=expect_role(Role.CONTROLLER),
                                           auth_token=auth_token.encode() if auth_token else None,
                                           backoff_max_s=0.5, faults=faults)
         self._leader: str | None = None
@@ -72,6 +74,7 @@ class ControllerClient:
         error: DLedgerError | None = None
         while True:
             order = ([self._leader] if self._leader else []) + [a for a in self.addresses if a != self._leader]
+            elsewhere: str | None = None
             for address in order:
                 left = deadline - time.monotonic()
                 if left <= 0:
@@ -85,9 +88,17 @@ class ControllerClient:
                     self._leader = address
                     return resp
                 last = resp
-                if resp.leader_address and resp.leader_address != address:
-                    self._leader = resp.leader_address
-                    break  # go to the named leader first
+                named = resp.leader_address
+                if named and named != address:
+                    if named in self.addresses:
+                        self._leader = named
+                        break  # go to the named leader first
+                    # not listed (another name for a listed one, or a partial list): the listed
+                    # ones first, so a broker's requests share its heartbeats' connection
+                    elsewhere = elsewhere or named
+            else:
+                if elsewhere is not None:
+                    self._leader = elsewhere
             if time.monotonic() + RETRY_PAUSE_S >= deadline:
                 if last is not None:
                     return last

@@ -17,12 +17,14 @@ from dledger.clitools import (
     UserError,
     check_store_dir,
     client_tls,
+    client_token,
     emit,
     json_alias,
     output_option,
     run_member,
     security,
     security_options,
+    server_security_options,
 )
 from dledger.codes import ControllerResponseCode as RC
 from dledger.codes import DLedgerError
@@ -50,7 +52,7 @@ CONTROLLER_HELP = "Controllers: 'host:port;host:port' or their peers string."
 @click.option("--enable-elect-unclean-master", "unclean", is_flag=True, default=None,
               help="Elect a replica outside the SyncStateSet when none in it lives (may lose acknowledged data).")
 @click.option("--enable-fault-injection", "fault_injection", is_flag=True, help="Obey FAULT requests (tests only).")
-@security_options
+@server_security_options
 def controller(config_file: str | None, group: str | None, self_id: str | None, peers: str | None,
                store_dir: str | None, peer_listen: str | None, flush: str | None, store_type: str | None,
                metrics_port: int | None, unclean: bool | None, fault_injection: bool) -> None:
@@ -104,8 +106,9 @@ def admin() -> None:
     """Ask the controller about broker sets, and steer them."""
 
 
-def _ask(controllers: str, call: Callable[[ControllerClient], Awaitable[T]]) -> T:
-    tls, token = client_tls(), security().get("auth_token")
+def _ask(controllers: str, call: Callable[[ControllerClient], Awaitable[T]], role: str = "client") -> T:
+    """`role`: the certificate (--tls-dir) or token this request needs: admin to steer."""
+    tls, token = client_tls(role), client_token(role)
 
     async def run() -> T:
         async with ControllerClient(controllers, tls=tls, auth_token=token) as c:
@@ -211,9 +214,9 @@ def elect_master(controllers: str, broker: str, broker_id: int | None, output: s
     """Elect a master for a broker set now (the best live in-sync replica, or --id); with -o:
     {"broker","elected" (false: the master stayed),"master_broker_id",...}."""
     if broker_id is None:
-        resp = _ask(controllers, lambda c: c.elect_master(broker))
+        resp = _ask(controllers, lambda c: c.elect_master(broker), "admin")
     else:
-        resp = _ask(controllers, lambda c: c.elect_master(broker, broker_id, designate=True))
+        resp = _ask(controllers, lambda c: c.elect_master(broker, broker_id, designate=True), "admin")
     _checked(resp, (RC.SUCCESS, RC.CONTROLLER_MASTER_STILL_EXIST))
     if output is not None:
         emit([{"broker": broker, "elected": resp.code == RC.SUCCESS, "master_broker_id": resp.master_broker_id,
@@ -238,7 +241,8 @@ def clean_broker(controllers: str, broker: str, ids: str, clean_living_broker: b
         id_list = [int(p) for p in ids.replace(";", ",").split(",") if p.strip()]
     except ValueError:
         raise click.BadParameter(f"{ids!r}: give ids as 1,2,3", param_hint="--ids") from None
-    _checked(_ask(controllers, lambda c: c.clean_broker_data(broker, id_list, clean_living_broker=clean_living_broker)))
+    _checked(_ask(controllers, lambda c: c.clean_broker_data(broker, id_list, clean_living_broker=clean_living_broker),
+                  "admin"))
     if output is not None:
         emit([{"broker": broker, "ids": id_list, "whole_set": not id_list}], output)
         return

@@ -1,14 +1,19 @@
 """Broker liveness on one controller (CONTROLLER.md §1.5, DefaultBrokerHeartbeatManager).
 
 Every controller keeps its own table from the heartbeats brokers send to all of them (it is
-not replicated). A broker is alive while its last heartbeat is younger than its timeout. The
-connection a heartbeat came on is rebound on every heartbeat, and a closed connection evicts
-a broker only if it is still the one its last heartbeat used (#11045: upstream never rebound,
-so a stale channel's close evicted a healthy broker and triggered an election).
+not replicated). A broker is alive while its last heartbeat is younger than its timeout.
+Each entry knows two connections: `conn`, where its last heartbeat came, and `home`, the open
+one its heartbeats have come on the longest (it moves only when it closes). A closed
+connection evicts a broker only when no open connection of it is left (#11045: upstream
+never rebound, so a stale channel's close evicted a healthy broker and triggered an
+election); a heartbeat forged on another connection, then closed, leaves `home` as it was.
+A master's alter-sync-state-set must come over its `home` (`beats_on`).
 
-A broker that holds a master lease (its heartbeat says `lease_ms`) stays alive for at least
-lease + drift after its last heartbeat, even when its connection closes: until then it may
-still acknowledge writes, and electing another master would make two.
+A broker that asked for a master lease (its heartbeat says `lease_ms`) stays alive until
+that lease + drift has surely ended (`held_until`), whatever comes after: a closed connection,
+a heartbeat with lease_ms=0, or a heartbeat forged on another connection that is then closed.
+Until then it may still acknowledge writes, and electing another master would make two.
+`held_until` only grows; nothing but time ends it.
 
 Sans-I/O: time is passed in (ms), so the simulator and the tests drive it.
 """
@@ -31,11 +36,15 @@ class BrokerLive:
     timeout_ms: int
     info: LiveInfo
     confirm_offset: int = -1
-    conn: Hashable | None = None
+    conn: Hashable | None = None  # where its last heartbeat came
     lease_ms: int = 0
+    held_until: int = 0  # the end of the latest lease it asked for, + drift: never moves back
+    closed: bool = False  # every connection its heartbeats came on closed (the process is gone)
+    home: Hashable | None = None  # the open connection its heartbeats have come on the longest
 
     def alive(self, now_ms: int) -> bool:
-        return self.last_ms + self.timeout_ms >= now_ms
+        beating = not self.closed and self.last_ms + self.timeout_ms >= now_ms
+        return beating or self.held_until >= now_ms
 
 
 MAX_BROKERS = 65_536  # live brokers one controller tracks (a heartbeat flood cannot grow it further)
@@ -56,18 +65,19 @@ class HeartbeatTable:
         move forward: a late heartbeat from before a truncation must not make a replica look
         more up to date than it is."""
         timeout = timeout_ms or self.default_timeout_ms
-        if lease_ms:
-            timeout = max(timeout, lease_ms + self.lease_drift_ms)
+        held = now_ms + lease_ms + self.lease_drift_ms if lease_ms else 0
         old = self.brokers.get((name, broker_id))
         if old is None:
             if self._full(name):  # the leader's scan expires dead entries every scan interval
                 return False
             b = BrokerLive(cluster, address, now_ms, timeout, LiveInfo(epoch, max_offset, priority), confirm_offset,
-                           conn, lease_ms)
+                           conn, lease_ms, held, home=conn)
             self.brokers[(name, broker_id)] = self._sets.setdefault(name, {})[broker_id] = b
             return True
         old.cluster, old.address, old.last_ms, old.timeout_ms, old.conn = cluster, address, now_ms, timeout, conn
-        old.lease_ms = lease_ms
+        old.lease_ms, old.held_until, old.closed = lease_ms, max(old.held_until, held), False
+        if old.home is None:
+            old.home = conn
         if epoch > old.info.epoch or (epoch == old.info.epoch and max_offset > old.info.max_offset):
             old.info = LiveInfo(epoch, max_offset, priority)
             old.confirm_offset = confirm_offset
@@ -83,20 +93,30 @@ class HeartbeatTable:
         """The live replicas of one broker set, as the leader writes them into a command."""
         return {i: b.info for i, b in self._sets.get(name, {}).items() if b.alive(now_ms)}
 
+    def beats_on(self, name: str, broker_id: int, conn: Hashable) -> bool:
+        """`conn` is the replica's home connection: the open one its heartbeats have come on
+        the longest (where a master's alter-sync-state-set must come from)."""
+        b = self.brokers.get((name, broker_id))
+        return b is not None and b.home is not None and b.home == conn
+
     def expire(self, now_ms: int) -> list[Key]:
         """Drop the brokers whose heartbeats stopped; they are returned (onBrokerInactive)."""
         dead = [k for k, b in self.brokers.items() if not b.alive(now_ms)]
         self._drop(dead)
         return dead
 
-    def connection_closed(self, conn: Hashable) -> list[Key]:
-        """A connection closed: the brokers whose *last* heartbeat came on it are gone (one
-        holding a lease: once the lease and the drift margin have passed)."""
-        gone = [k for k, b in self.brokers.items() if b.conn is not None and b.conn == conn]
-        for k in [k for k in gone if self.brokers[k].lease_ms]:
+    def connection_closed(self, conn: Hashable, now_ms: int) -> list[Key]:
+        """A connection closed: the brokers left with no open connection are gone (one that
+        asked for a lease: once that lease and the drift margin have passed)."""
+        hit = [k for k, b in self.brokers.items() if conn in (b.conn, b.home)]
+        for k in hit:
             b = self.brokers[k]
-            b.conn, b.timeout_ms = None, b.lease_ms + self.lease_drift_ms
-            gone.remove(k)
+            if b.home == conn:
+                b.home = b.conn if b.conn != conn else None
+            if b.conn == conn:
+                b.conn = b.home
+            b.closed = b.home is None
+        gone = [k for k in hit if not self.brokers[k].alive(now_ms)]
         self._drop(gone)
         return gone
 
@@ -113,4 +133,6 @@ class HeartbeatTable:
 
     @property
     def max_timeout_ms(self) -> int:
-        return max((b.timeout_ms for b in self.brokers.values()), default=self.default_timeout_ms)
+        """The longest any live broker may stay silent and still count alive (a new leader's grace)."""
+        return max((max(b.timeout_ms, b.lease_ms + self.lease_drift_ms if b.lease_ms else 0)
+                    for b in self.brokers.values()), default=self.default_timeout_ms)

@@ -8,6 +8,11 @@ The service (controller.service) and the simulator (sim.brokers) drive it; time 
   master at the heartbeat's epoch, never while an election of its set is in flight or an
   admin's election revokes it, and only if lease + drift fits in the heartbeat timeout (what
   a new leader waits before electing).
+- A granted lease's end only grows per broker set (so per set, master and epoch): later
+  heartbeats, lease_ms=0 or not, and closed connections never shorten it. No election of a
+  set that could replace the lease's holder, whoever asks for it, is logged before the set's
+  last granted lease + drift has ended (`election_wait`); the table also counts the master
+  alive until then (HeartbeatTable.held_until).
 - A new leader elects nothing before it has led for one heartbeat timeout (#5712).
 - A set needs an election when its master is not alive but a replica is
   (scanInactiveMasterAndTriggerReelect), or when it has no master and a candidate lives.
@@ -15,11 +20,12 @@ The service (controller.service) and the simulator (sim.brokers) drive it; time 
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Hashable, Mapping
 
 from dledger.codes import ControllerResponseCode as RC
 from dledger.controller import messages as m
 from dledger.controller.config import ControllerConfig
+from dledger.controller.elect_policy import LiveInfo
 from dledger.controller.heartbeats import HeartbeatTable
 from dledger.controller.machine import BrokerSetBrief
 
@@ -28,7 +34,8 @@ class Liveness:
     def __init__(self, config: ControllerConfig) -> None:
         self.config = config
         self.table = HeartbeatTable(config.broker_heartbeat_timeout_ms, config.broker_lease_drift_ms)
-        self._lease_ends: dict[str, int] = {}  # broker set -> when its last granted lease surely ended
+        self._lease_ends: dict[str, int] = {}  # broker set -> when its granted leases surely ended (only grows)
+        self._lease_holders: dict[str, int | None] = {}  # broker set -> the master its last lease went to
         self._revoking: set[str] = set()
         self._masters: dict[str, tuple[int | None, int]] = {}  # broker set -> (master id, master epoch)
         self._in_flight: dict[str, int] = {}  # broker set -> elections in flight
@@ -62,14 +69,31 @@ class Liveness:
                 or self._masters.get(name) != (req.broker_id, req.epoch)):
             return m.Response()  # not (or no longer) the master at that epoch: an old master gets no lease
         self._lease_ends[name] = max(self._lease_ends.get(name, 0), now_ms + req.lease_ms + drift)
+        self._lease_holders[name] = req.broker_id
         return m.Response(lease_granted=True)
 
     def revoke(self, name: str, now_ms: int) -> int:
         """Before an admin's election: no more leases in the set; the ms to wait until the last
-        one has surely ended (a failover needs no wait: the master's heartbeats have stopped
-        for longer than its lease)."""
+        one has surely ended."""
         self._revoking.add(name)
+        return self.lease_wait(name, now_ms)
+
+    def lease_wait(self, name: str, now_ms: int) -> int:
+        """The ms until every lease this leader granted in the set has surely ended (lease +
+        drift after the heartbeat that asked for it arrived); 0: none holds. No election of the
+        set may be logged before (a failover of a silent master needs no wait: its heartbeats
+        stopped longer ago than its lease)."""
         return max(0, self._lease_ends.get(name, 0) - now_ms)
+
+    def election_wait(self, name: str, live: Mapping[int, LiveInfo], designate: bool, now_ms: int) -> int:
+        """The ms to wait before an election with these liveness facts may be logged (0: now).
+        While a lease holds, only an election that must keep its holder may go: not an admin's
+        (it names another), and only if the facts count the holder alive (the policy keeps a
+        live old master)."""
+        wait = self.lease_wait(name, now_ms)
+        if wait and not designate and self._lease_holders.get(name) in live:
+            return 0
+        return wait
 
     def end_revoke(self, name: str) -> None:
         self._revoking.discard(name)
@@ -104,10 +128,17 @@ class Liveness:
             return False
         if term != self._leader_term:
             self._leader_term, self._leader_since = term, now_ms
+        return self.may_elect(term, now_ms)
+
+    def may_elect(self, term: int, now_ms: int) -> bool:
+        """The leader at `term` has led (as the scans saw) for one heartbeat timeout, the
+        longest of any broker's and the configured one (as of now)."""
         wait = max(self.table.max_timeout_ms, self.config.broker_heartbeat_timeout_ms)
-        return now_ms >= self._leader_since + wait
+        return term == self._leader_term and now_ms >= self._leader_since + wait
 
     def needs_election(self, s: BrokerSetBrief, now_ms: int) -> bool:
+        if self.lease_wait(s.name, now_ms):
+            return False  # a master may still acknowledge: no other one yet, whatever the table says
         live = self.table.live_infos(s.name, now_ms)
         if s.master_id is not None:  # a dead master while a replica lives
             return s.master_id not in live and bool(live)

@@ -18,7 +18,7 @@ import msgspec
 from dledger.codes import ControllerResponseCode as RC
 from dledger.controller import messages as m
 from dledger.controller.processor import process
-from dledger.controller.state import ControllerState, Event
+from dledger.controller.state import BindPrincipalEvent, ControllerState, Event
 from dledger.statemachine.api import AppliedEntry, SnapshotReader, SnapshotWriter, StateMachine
 
 log = logging.getLogger(__name__)
@@ -54,6 +54,9 @@ class ControllerStateMachine(StateMachine):
         resp, events = process(self.state, cmd)
         for ev in events:
             self.state.apply(ev)
+            if isinstance(ev, BindPrincipalEvent):
+                log.warning("broker %s id %d, registered before bindings, is now bound to certificate CN=%s",
+                            ev.broker, ev.broker_id, ev.principal)
         self.applied_events += len(events)
         self.last_events = events
         return m.encode(resp)
@@ -68,6 +71,12 @@ class ControllerStateMachine(StateMachine):
         """Every broker set, copied (run it on the state machine's thread)."""
         return [BrokerSetBrief(s.name, s.master_id, s.master_epoch, frozenset(s.sync_state_set), frozenset(s.replicas))
                 for s in self.state.sets.values()]
+
+    def principal_of(self, broker: str, broker_id: int) -> str:
+        """The certificate name bound to a replica ("": none). Safe from the event loop's thread
+        while the worker applies: two dict lookups, each atomic; at worst one entry stale."""
+        s = self.state.get(broker)
+        return s.principal_of(broker_id) if s is not None else ""
 
     def snapshot(self, writer: SnapshotWriter) -> None:
         with writer.open(SNAPSHOT_FILE) as f:

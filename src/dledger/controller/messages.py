@@ -132,6 +132,8 @@ class NotifyBrokerRoleChanged(Request, tag=int(Code.NOTIFY_BROKER_ROLE_CHANGED))
     sync_state_set: IdSet = []
 
 
+# what a broker sends about its own set (a replica's certificate may speak for its set only)
+BrokerRequest = (BrokerHeartbeat, AlterSyncStateSet, ElectMaster, RegisterBroker, GetNextBrokerId, ApplyBrokerId)
 WriteRequest = ApplyBrokerId | RegisterBroker | ElectMaster | AlterSyncStateSet | CleanBrokerData
 ReadRequest = GetNextBrokerId | GetReplicaInfo | GetSyncStateData
 AnyRequest = (BrokerHeartbeat | AlterSyncStateSet | ElectMaster | RegisterBroker | GetReplicaInfo | GetMetadataInfo
@@ -147,6 +149,10 @@ class Command(msgspec.Struct, omit_defaults=True):
     request: WriteRequest | ReadRequest
     alive: dict[str, dict[int, LiveInfo]] = {}  # broker name -> its live replicas (the leader's view)
     unclean: bool = False  # enableElectUncleanMaster, as the leader was configured
+    # the sender's certificate name ("": no certificate: a token, loopback, or the controller
+    # itself): an id is bound to the name that applied for it, and a replica's requests must
+    # come from that name (docs/controller.md, "Replicas bound to their certificates")
+    principal: Name = ""
 
 
 # --- answers ---------------------------------------------------------------------------------
@@ -172,6 +178,7 @@ class Response(msgspec.Struct, omit_defaults=True):
     # bodies
     sync_state_set: list[int] | None = None
     broker_addrs: dict[int, str] | None = None  # ElectMasterResponseBody's brokerMemberGroup
+    principals: dict[int, str] | None = None  # ours: broker id -> the certificate name bound to it
     replicas_info: dict[str, ReplicasInfo] | None = None  # GET_SYNC_STATE_DATA
     metadata: MetadataInfo | None = None  # GET_METADATA_INFO
     properties: str | None = None  # GET_CONTROLLER_CONFIG
@@ -203,6 +210,8 @@ class MetadataInfo(msgspec.Struct, omit_defaults=True):
     term: int = -1
     committed_index: int = -1
     applied_index: int = -1
+    # the leader has led for one heartbeat timeout: it elects for dead masters (#5712's grace is over)
+    electing: bool = False
 
 
 _encoder = msgspec.msgpack.Encoder()

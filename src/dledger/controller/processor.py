@@ -11,7 +11,11 @@ Deliberate differences from upstream (docs/controller.md):
 - a first election (master epoch 0) names a registered replica only (upstream took any id);
   an admin's named replica must also be alive;
 - a controller-triggered election that finds no candidate bumps the master epoch once per
-  failure, not once per retry (the set already without a master is left as it is).
+  failure, not once per retry (the set already without a master is left as it is);
+- an id is bound to the certificate name that applied for it (`Command.principal`); a
+  registration, a broker's election or an alter from another certificate is refused 430
+  (UNAUTHENTICATED) before anything else; an id applied for without a certificate is bound
+  at its first registration with one.
 """
 
 from __future__ import annotations
@@ -19,11 +23,13 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from dledger.codes import ControllerResponseCode as RC
+from dledger.codes import ResponseCode
 from dledger.controller import messages as m
 from dledger.controller.elect_policy import LiveInfo, elect
 from dledger.controller.state import (
     AlterSyncStateSetEvent,
     ApplyBrokerIdEvent,
+    BindPrincipalEvent,
     BrokerSet,
     CleanBrokerDataEvent,
     ControllerState,
@@ -42,9 +48,12 @@ def process(state: ControllerState, cmd: m.Command) -> Outcome:
     req = cmd.request
     alive = cmd.alive.get(getattr(req, "broker_name", ""), {})
     if isinstance(req, m.ApplyBrokerId):
-        return _apply_broker_id(state, req)
+        return _apply_broker_id(state, req, cmd.principal)
+    refusal = binding_refusal(state, req, cmd.principal)
+    if refusal is not None:
+        return _refuse(ResponseCode.UNAUTHENTICATED, refusal)
     if isinstance(req, m.RegisterBroker):
-        return _register_broker(state, req, alive)
+        return _register_broker(state, req, alive, cmd.principal)
     if isinstance(req, m.ElectMaster):
         return _elect_master(state, req, alive, cmd.unclean)
     if isinstance(req, m.AlterSyncStateSet):
@@ -59,14 +68,38 @@ def process(state: ControllerState, cmd: m.Command) -> Outcome:
     return _get_sync_state_data(state, req, cmd.alive), []
 
 
-def _refuse(code: RC, remark: str) -> Outcome:
+def _refuse(code: RC | ResponseCode, remark: str) -> Outcome:
     return m.Response(int(code), remark), []
 
 
-def _apply_broker_id(state: ControllerState, req: m.ApplyBrokerId) -> Outcome:
+def binding_refusal(state: ControllerState, req: m.AnyRequest, principal: str) -> str | None:
+    """Why a replica's request does not come from the certificate bound to the id it acts for
+    (None: it does, or nothing is bound, or it carries no certificate). The id: the registering
+    one, a broker's election's own, an alter's current master (only the master alters)."""
+    if not principal:
+        return None
+    s = state.get(getattr(req, "broker_name", ""))
+    if s is None:
+        return None
+    broker_id: int | None
+    if isinstance(req, m.RegisterBroker):
+        broker_id, what = req.broker_id, "register"
+    elif isinstance(req, m.ElectMaster) and req.broker_id != m.NO_ID and not req.designate_elect:
+        broker_id, what = req.broker_id, "ask for an election as"
+    elif isinstance(req, m.AlterSyncStateSet):
+        broker_id, what = s.master_id, "alter the SyncStateSet as the master,"
+    else:
+        return None
+    bound = s.principal_of(broker_id)
+    if not bound or bound == principal:
+        return None
+    return f"certificate CN={principal} may not {what} broker {broker_id} of {s.name}: it is bound to CN={bound}"
+
+
+def _apply_broker_id(state: ControllerState, req: m.ApplyBrokerId, principal: str) -> Outcome:
     s = state.get(req.broker_name)
     event = ApplyBrokerIdEvent(req.cluster_name, req.broker_name, req.register_check_code.split(";")[0],
-                               req.applied_broker_id, req.register_check_code)
+                               req.applied_broker_id, req.register_check_code, principal)
     ok = m.Response(cluster_name=req.cluster_name, broker_name=req.broker_name)
     if s is None:
         if len(state.sets) >= MAX_BROKER_SETS:
@@ -80,20 +113,29 @@ def _apply_broker_id(state: ControllerState, req: m.ApplyBrokerId) -> Outcome:
     known = s.replicas.get(req.applied_broker_id)
     if known is None and len(s.replicas) >= m.MAX_SET:
         return _refuse(RC.CONTROLLER_BROKER_ID_INVALID, f"broker set {req.broker_name} has {m.MAX_SET} replicas")
+    if known is not None and known.principal and principal and known.principal != principal:
+        return _refuse(ResponseCode.UNAUTHENTICATED, f"broker {req.applied_broker_id} of {req.broker_name} is bound "
+                       f"to CN={known.principal}, not CN={principal}")
     if known is None or known.check_code == req.register_check_code:  # a retry after a lost answer
         return ok, [event]
     return _refuse(RC.CONTROLLER_BROKER_ID_INVALID,
                    f"Fail to apply brokerId: {req.applied_broker_id} in broker-set: {req.broker_name}")
 
 
-def _register_broker(state: ControllerState, req: m.RegisterBroker, alive: dict[int, LiveInfo]) -> Outcome:
+def _register_broker(state: ControllerState, req: m.RegisterBroker, alive: dict[int, LiveInfo],
+                     principal: str) -> Outcome:
     s = state.get(req.broker_name)
     if s is None or req.broker_id not in s.replicas:
         return _refuse(RC.CONTROLLER_BROKER_NEED_TO_BE_REGISTERED,
                        f"BrokerId: {req.broker_id} hasn't been registered in broker-set: {req.broker_name}")
-    resp = m.Response(cluster_name=req.cluster_name, broker_name=req.broker_name,
-                      sync_state_set=sorted(s.sync_state_set), sync_state_set_epoch=s.sync_state_set_epoch)
     events: list[Event] = []
+    principals = s.principals
+    if principal and not s.principal_of(req.broker_id):  # registered before bindings: bound now
+        events.append(BindPrincipalEvent(req.broker_name, req.broker_id, principal))
+        principals[req.broker_id] = principal
+    resp = m.Response(cluster_name=req.cluster_name, broker_name=req.broker_name,
+                      sync_state_set=sorted(s.sync_state_set), sync_state_set_epoch=s.sync_state_set_epoch,
+                      principals=principals)
     epoch = s.master_epoch
     if req.broker_id == s.master_id:  # the master restarted: a new epoch (MasterRestartedEvent)
         events.append(MasterRestartedEvent(req.broker_name))
@@ -142,7 +184,8 @@ def _master_answer(code: RC, s: BrokerSet, master: int | None, epoch: int, sss_e
     address = s.replicas[master].address if master is not None and master in s.replicas else None
     return m.Response(int(code), remark, cluster_name=s.cluster, broker_name=s.name, master_broker_id=master,
                       master_address=address, master_epoch=epoch, sync_state_set_epoch=sss_epoch,
-                      sync_state_set=sorted(sss), broker_addrs={i: r.address for i, r in sorted(s.replicas.items())})
+                      sync_state_set=sorted(sss), broker_addrs={i: r.address for i, r in sorted(s.replicas.items())},
+                      principals=s.principals)
 
 
 def _alter_sync_state_set(state: ControllerState, req: m.AlterSyncStateSet, alive: dict[int, LiveInfo]) -> Outcome:
@@ -212,7 +255,8 @@ def _get_replica_info(state: ControllerState, req: m.GetReplicaInfo) -> m.Respon
                           f"Broker metadata is not existed: {req.broker_name}")
     return m.Response(broker_name=s.name, cluster_name=s.cluster, master_broker_id=s.master_id,
                       master_address=s.master_address, master_epoch=s.master_epoch,
-                      sync_state_set=sorted(s.sync_state_set), sync_state_set_epoch=s.sync_state_set_epoch)
+                      sync_state_set=sorted(s.sync_state_set), sync_state_set_epoch=s.sync_state_set_epoch,
+                      principals=s.principals)
 
 
 def _get_sync_state_data(state: ControllerState, req: m.GetSyncStateData,

@@ -11,7 +11,15 @@ The leader scans every `scan_interval_ms` for broker sets whose master died whil
 lives (#5009/#6382) and elects for them, but not before it has led for one heartbeat
 timeout (#5712: a new leader that has not heard every broker yet would see them all dead),
 so a controller failover never causes a broker failover. Elections are pushed to the
-replicas (NOTIFY_BROKER_ROLE_CHANGED); brokers also poll replica info.
+replicas (NOTIFY_BROKER_ROLE_CHANGED, which a broker takes as a hint to ask for replica
+info); brokers also poll replica info.
+
+Beyond the roles the transport checks (CONTROLLER_ACCESS), docs/brokers.md "Confirmed,
+bound, waited for": a heartbeat for an id bound to another certificate is refused here (and
+register, alter and a broker's election in apply, where the sender's certificate name
+travels in the Command); an alter is taken only over the connection the master's heartbeats
+arrive on; no election is logged while a lease the leader granted may still hold a master
+it could replace.
 """
 
 from __future__ import annotations
@@ -29,12 +37,15 @@ from dledger.codes import ControllerResponseCode as RC
 from dledger.config import ConfigError
 from dledger.controller import messages as m
 from dledger.controller.config import ControllerConfig
+from dledger.controller.elect_policy import LiveInfo
 from dledger.controller.heartbeats import HeartbeatTable
 from dledger.controller.liveness import Liveness
 from dledger.controller.machine import ControllerStateMachine
 from dledger.core.messages import QUERY, AppendRequest, QueryRequest, decode_response
 from dledger.runtime.server import DLedgerServer, GroupRuntime
 from dledger.runtime.transport import LISTENER_MEMBER, Caller, Message, Respond
+from dledger.security.roles import ALL_ROLES, Access, Principal, Role, needs, refusal_text
+from dledger.security.tls import TlsConfig, check_member_cert
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +53,25 @@ T = TypeVar("T")
 NOTIFY_TIMEOUT_S = 3.0
 MAX_SERVING = 4096  # leader-only requests in flight (upstream's event queue holds 1024)
 NOTIFY_CODE = int(ControllerRequestCode.NOTIFY_BROKER_ROLE_CHANGED)
+_C = ControllerRequestCode
+# The roles each controller request needs (docs/security.md, "Roles"); checked by the transport
+# before handle() runs. ELECT_MASTER is a broker's for its own set, else an admin's (handle
+# narrows it once decoded).
+CONTROLLER_ACCESS: dict[int, Access] = {
+    _C.BROKER_HEARTBEAT: needs("BROKER_HEARTBEAT", Role.BROKER),
+    _C.CONTROLLER_ALTER_SYNC_STATE_SET: needs("CONTROLLER_ALTER_SYNC_STATE_SET", Role.BROKER),
+    _C.CONTROLLER_ELECT_MASTER: needs("CONTROLLER_ELECT_MASTER", Role.BROKER, Role.ADMIN),
+    _C.CONTROLLER_REGISTER_BROKER: needs("CONTROLLER_REGISTER_BROKER", Role.BROKER),
+    _C.CONTROLLER_GET_REPLICA_INFO: needs("CONTROLLER_GET_REPLICA_INFO", Role.BROKER, Role.CLIENT),
+    _C.CONTROLLER_GET_METADATA_INFO: Access("CONTROLLER_GET_METADATA_INFO", ALL_ROLES),
+    _C.CONTROLLER_GET_SYNC_STATE_DATA: needs("CONTROLLER_GET_SYNC_STATE_DATA", Role.BROKER, Role.CLIENT),
+    _C.NOTIFY_BROKER_ROLE_CHANGED: needs("NOTIFY_BROKER_ROLE_CHANGED", Role.CONTROLLER),
+    _C.UPDATE_CONTROLLER_CONFIG: needs("UPDATE_CONTROLLER_CONFIG", Role.ADMIN),
+    _C.GET_CONTROLLER_CONFIG: needs("GET_CONTROLLER_CONFIG", Role.ADMIN),
+    _C.CLEAN_BROKER_DATA: needs("CLEAN_BROKER_DATA", Role.ADMIN),
+    _C.CONTROLLER_GET_NEXT_BROKER_ID: needs("CONTROLLER_GET_NEXT_BROKER_ID", Role.BROKER),
+    _C.CONTROLLER_APPLY_BROKER_ID: needs("CONTROLLER_APPLY_BROKER_ID", Role.BROKER),
+}
 
 
 def now_ms() -> int:
@@ -54,6 +84,21 @@ class _Failed(Exception):
     def __init__(self, response: m.Response) -> None:
         super().__init__(response.remark)
         self.response = response
+
+
+def role_refusal(req: m.AnyRequest, principal: Principal) -> str | None:
+    """What the code's roles (CONTROLLER_ACCESS) did not settle: an election a broker did not
+    ask for itself is an admin's; a replica's certificate speaks for its own broker set only."""
+    if isinstance(req, m.ElectMaster) and (req.designate_elect or req.broker_id == m.NO_ID):
+        if not principal.has(Role.ADMIN):
+            return refusal_text("CONTROLLER_ELECT_MASTER (an admin's or the controller's election)", (Role.ADMIN,),
+                                principal)
+        return None
+    name = getattr(req, "broker_name", None)
+    if (principal.bound and principal.has(Role.BROKER) and not principal.has(Role.ADMIN)
+            and isinstance(req, m.BrokerRequest) and name != principal.broker_set):
+        return f"{principal.describe()} may not speak for broker set {name!r}"
+    return None
 
 
 def _reply(resp: m.Response) -> Message:
@@ -69,8 +114,12 @@ class ControllerService:
         self.group = group
         self.config = config
         self.machine = machine
+        for cfg in server.configs:  # brokers take NOTIFYs from a controller's certificate only
+            tls = TlsConfig.from_config(cfg)
+            if tls is not None and cfg.group == group:
+                check_member_cert(tls, cfg.self_id, Role.CONTROLLER)
         self.liveness = Liveness(config)
-        server.services.update({code: self.handle for code in m.CODES})
+        server.register_service({code: self.handle for code in m.CODES}, dict(CONTROLLER_ACCESS))
         server.sealed_groups.add(group)
         server.on_connection_lost = self._connection_lost
         self._leader_term = -1
@@ -109,6 +158,11 @@ class ControllerService:
             respond(_reply(m.Response(int(RC.REQUEST_CODE_NOT_SUPPORTED),
                                       "this is the member listener: send controller requests to the client one")))
             return
+        refusal = role_refusal(req, caller.principal)
+        if refusal is not None:
+            respond(_reply(m.Response(int(ResponseCode.UNAUTHENTICATED), refusal)))
+            return
+        principal = caller.principal.name if caller.principal.bound else ""
         if isinstance(req, m.BrokerHeartbeat):
             respond(_reply(self._heartbeat(req, caller)))
         elif isinstance(req, m.GetMetadataInfo):
@@ -124,23 +178,32 @@ class ControllerService:
         elif self._serving >= MAX_SERVING:
             respond(_reply(m.Response(int(RC.SYSTEM_ERROR), f"the controller is busy ({MAX_SERVING} requests "
                                       "in flight): retry")))
+        elif isinstance(req, m.AlterSyncStateSet) and (problem := self._alter_refusal(req, caller)) is not None:
+            respond(_reply(m.Response(int(ResponseCode.UNAUTHENTICATED), problem)))
         else:
             self._serving += 1
-            self._spawn(self._serve(req, respond))
+            self._spawn(self._serve(req, respond, principal))
 
     @property
     def table(self) -> HeartbeatTable:
         return self.liveness.table
 
     def _heartbeat(self, req: m.BrokerHeartbeat, caller: Caller) -> m.Response:
+        p = caller.principal
+        bound = self.machine.principal_of(req.broker_name, req.broker_id) if req.broker_id is not None else ""
+        if p.bound and bound and p.name != bound:  # a replica beats for its own id only
+            return m.Response(int(ResponseCode.UNAUTHENTICATED), f"certificate CN={p.name} may not beat for broker "
+                              f"{req.broker_id} of {req.broker_name}: it is bound to CN={bound}")
         node = self.runtime.node
         return self.liveness.heartbeat(req, now_ms(), caller, node.member.is_leader and node.reads.lease_valid())
 
-    async def _revoke_leases(self, name: str) -> None:
-        wait = self.liveness.revoke(name, now_ms())
-        if wait > 0:
-            log.info("broker set %s: waiting %d ms for the master's lease before electing", name, wait)
-            await asyncio.sleep(wait / 1000)
+    def _alter_refusal(self, req: m.AlterSyncStateSet, caller: Caller) -> str | None:
+        """Only the master alters its SyncStateSet, over the connection its own heartbeats come
+        on (the processor checks that the id is the current master's, and its certificate)."""
+        if self.table.beats_on(req.broker_name, req.master_broker_id, caller):
+            return None
+        return (f"CONTROLLER_ALTER_SYNC_STATE_SET for {req.broker_name} must come over the connection broker "
+                f"{req.master_broker_id}'s heartbeats arrive on (the master's own); this one carries none of them")
 
     def _update_config(self, properties: str) -> m.Response:
         try:
@@ -161,19 +224,20 @@ class ControllerService:
         return m.MetadataInfo(cfg.group, leader, peers[leader].address if leader in peers else "",
                               node.member.is_leader, "".join(f"{p.id}:{p.address};" for p in peers.values()),
                               cfg.self_id, node.member.term, node.store.committed_index,
-                              applier.applied_index if applier is not None else -1)
+                              applier.applied_index if applier is not None else -1,
+                              node.member.is_leader and self.liveness.may_elect(node.member.term, now_ms()))
 
     def _not_leader(self) -> m.Response:
         meta = self.metadata()
         return m.Response(int(RC.CONTROLLER_NOT_LEADER), "the controller is not leader",
                           meta.controller_leader_id, meta.controller_leader_address)
 
-    async def _serve(self, req: m.AnyRequest, respond: Respond) -> None:
+    async def _serve(self, req: m.AnyRequest, respond: Respond, principal: str) -> None:
         admin = isinstance(req, m.ElectMaster) and req.designate_elect
         try:
-            if admin:
-                await self._revoke_leases(req.broker_name)  # type: ignore[union-attr]
-            resp = await self.submit(req)
+            if admin:  # no more leases in the set: submit then waits out the last one
+                self.liveness.revoke(req.broker_name, now_ms())  # type: ignore[union-attr]
+            resp = await self.submit(req, principal)
         except _Failed as e:
             resp = e.response
         except Exception as e:  # a bug: the caller still gets an answer, not a timeout
@@ -185,21 +249,29 @@ class ControllerService:
                 self.liveness.end_revoke(req.broker_name)  # type: ignore[union-attr]
         respond(_reply(resp))
 
-    async def submit(self, req: m.AnyRequest) -> m.Response:
+    async def submit(self, req: m.AnyRequest, principal: str = "") -> m.Response:
         """Carry a leader-only request through: a write is logged and answered once applied,
-        a read is a linearizable query. Raises _Failed when that could not be done."""
+        a read is a linearizable query. `principal`: the sender's certificate name ("" none).
+        Raises _Failed when that could not be done."""
+        assert isinstance(req, m.WriteRequest | m.ReadRequest)
+        if isinstance(req, m.ElectMaster):
+            return await self._elect(req, principal)
         names = req.broker_names if isinstance(req, m.GetSyncStateData) else [getattr(req, "broker_name", "")]
         now = now_ms()
-        assert isinstance(req, m.WriteRequest | m.ReadRequest)
-        cmd = m.Command(req, {n: self.table.live_infos(n, now) for n in names},
-                        self.config.enable_elect_unclean_master)
-        body = m.encode(cmd)
+        body = m.encode(m.Command(req, {n: self.table.live_infos(n, now) for n in names},
+                                  self.config.enable_elect_unclean_master, principal))
         if isinstance(req, m.ReadRequest):
             return m.decode_response(await self._query(body))
-        if not isinstance(req, m.ElectMaster):
-            return m.decode_response(await self._propose(body))
+        return m.decode_response(await self._propose(body))
+
+    async def _elect(self, req: m.ElectMaster, principal: str) -> m.Response:
+        """An election of any kind, logged only once no lease granted in the set can still
+        hold a master that the election could replace (docs/brokers.md, "The master lease")."""
         name = req.broker_name
+        live = await self._outwait_leases(req)
+        # from the check on, synchronously: no lease is granted while the election is in flight
         self.liveness.election_started(name)
+        body = m.encode(m.Command(req, {name: live}, self.config.enable_elect_unclean_master, principal))
         resp: m.Response | None = None
         try:
             resp = m.decode_response(await self._propose(body))
@@ -208,6 +280,21 @@ class ControllerService:
         if resp.code == RC.SUCCESS:
             self._notify(name, resp)
         return resp
+
+    async def _outwait_leases(self, req: m.ElectMaster) -> dict[int, LiveInfo]:
+        """Wait until the election may be logged; the liveness facts it is to carry."""
+        name, deadline = req.broker_name, now_ms() + self.config.request_timeout_ms
+        while True:
+            now = now_ms()
+            live = self.table.live_infos(name, now)
+            wait = self.liveness.election_wait(name, live, req.designate_elect, now)
+            if not wait:
+                return live
+            if now + wait > deadline:
+                raise _Failed(m.Response(int(RC.CONTROLLER_ELECT_MASTER_FAILED), f"broker set {name}: the master's "
+                                         f"lease still holds for {wait} ms: no election before it ends"))
+            log.info("broker set %s: waiting %d ms for the master's lease before electing", name, wait)
+            await asyncio.sleep(wait / 1000)
 
     async def _propose(self, body: bytes) -> bytes:
         g = self.runtime
@@ -248,7 +335,7 @@ class ControllerService:
     # --- liveness and elections --------------------------------------------------------------
 
     def _connection_lost(self, caller: Caller) -> None:
-        gone = self.table.connection_closed(caller)
+        gone = self.table.connection_closed(caller, now_ms())
         if gone:
             log.info("brokers %s: their connection closed", gone)
             self._wake.set()

@@ -25,6 +25,7 @@ class ApplyBrokerIdEvent(msgspec.Struct, frozen=True):
     address: str
     broker_id: int
     check_code: str
+    principal: str = ""  # the applicant's certificate name: the id is bound to it ("": unbound)
 
 
 class ElectMasterEvent(msgspec.Struct, frozen=True):
@@ -51,6 +52,15 @@ class MasterRestartedEvent(msgspec.Struct, frozen=True):
     broker: str
 
 
+class BindPrincipalEvent(msgspec.Struct, frozen=True):
+    """Ours: an id registered before bindings existed (or without TLS), registering again with
+    a certificate, is bound to that certificate's name from now on."""
+
+    broker: str
+    broker_id: int
+    principal: str
+
+
 class UpdateBrokerAddressEvent(msgspec.Struct, frozen=True):
     cluster: str
     broker: str
@@ -59,12 +69,13 @@ class UpdateBrokerAddressEvent(msgspec.Struct, frozen=True):
 
 
 Event = (ApplyBrokerIdEvent | ElectMasterEvent | AlterSyncStateSetEvent | CleanBrokerDataEvent
-         | UpdateBrokerAddressEvent | MasterRestartedEvent)
+         | UpdateBrokerAddressEvent | MasterRestartedEvent | BindPrincipalEvent)
 
 @dataclass
 class Replica:
     address: str
     check_code: str
+    principal: str = ""  # the certificate name bound to this id ("": none, docs/controller.md)
 
 
 @dataclass
@@ -89,9 +100,19 @@ class BrokerSet:
     def first_election(self) -> bool:
         return self.master_epoch == 0
 
-    def add_replica(self, broker_id: int, address: str, check_code: str) -> None:
-        self.replicas[broker_id] = Replica(address, check_code)
+    def add_replica(self, broker_id: int, address: str, check_code: str, principal: str = "") -> None:
+        self.replicas[broker_id] = Replica(address, check_code, principal)
         self.next_assign_id += 1  # upstream: 1 + ids ever added, whatever the id
+
+    def principal_of(self, broker_id: int | None) -> str:
+        """The certificate name bound to `broker_id` ("": none, or no such replica)."""
+        r = self.replicas.get(broker_id) if broker_id is not None else None
+        return r.principal if r is not None else ""
+
+    @property
+    def principals(self) -> dict[int, str]:
+        """Every bound id of the set and its certificate name (what replica info carries)."""
+        return {i: r.principal for i, r in sorted(self.replicas.items()) if r.principal}
 
     def set_master(self, broker_id: int | None) -> None:
         self.master_id = broker_id
@@ -122,7 +143,7 @@ class ControllerState:
             if s is None:
                 s = self.sets[event.broker] = BrokerSet(event.cluster, event.broker)
             if event.broker_id not in s.replicas:  # a retried apply adds nothing
-                s.add_replica(event.broker_id, event.address, event.check_code)
+                s.add_replica(event.broker_id, event.address, event.check_code, event.principal)
             return
         s = self.sets.get(event.broker)
         if s is None:
@@ -143,6 +164,10 @@ class ControllerState:
             r = s.replicas.get(event.broker_id)
             if r is not None:
                 r.address = event.address
+        elif isinstance(event, BindPrincipalEvent):
+            r = s.replicas.get(event.broker_id)
+            if r is not None and not r.principal:  # a binding is never replaced
+                r.principal = event.principal
 
     def _clean(self, s: BrokerSet, ids: frozenset[int] | None) -> None:
         if not ids:
@@ -169,6 +194,7 @@ class _ReplicaRecord(msgspec.Struct, frozen=True):
     id: int
     address: str
     check_code: str
+    principal: str = ""  # absent in snapshots made before bindings: unbound
 
 
 class _SetRecord(msgspec.Struct, frozen=True):
@@ -184,10 +210,10 @@ class _SetRecord(msgspec.Struct, frozen=True):
     @classmethod
     def of(cls, s: BrokerSet) -> _SetRecord:
         return cls(s.cluster, s.name, s.next_assign_id,
-                   [_ReplicaRecord(i, r.address, r.check_code) for i, r in sorted(s.replicas.items())],
+                   [_ReplicaRecord(i, r.address, r.check_code, r.principal) for i, r in sorted(s.replicas.items())],
                    s.master_id, s.master_epoch, sorted(s.sync_state_set), s.sync_state_set_epoch)
 
     def to_set(self) -> BrokerSet:
         return BrokerSet(self.cluster, self.name, self.next_assign_id,
-                         {r.id: Replica(r.address, r.check_code) for r in self.replicas}, self.master_id,
+                         {r.id: Replica(r.address, r.check_code, r.principal) for r in self.replicas}, self.master_id,
                          self.master_epoch, set(self.sync_state_set), self.sync_state_set_epoch)

@@ -90,13 +90,15 @@ class EntryDispatcher:
         self.repair_index = -1  # the follower's first corrupt record, to send again (-1: none)
         self.repair_busy = False  # a REPAIR push is in flight
         self.repair_paused_until = 0
-        self._warn = RateLimitedLog(log, WARN_EVERY_MS / 1000, lambda: self.node.now / 1000).warning
+        # the follower's answers (one per push of ours) trigger these lines: rate-limited
+        self._log = RateLimitedLog.on_ms(log, lambda: self.node.now, WARN_EVERY_MS / 1000)
+        self._warn = self._log.warning
 
     # --- state changes ---------------------------------------------------------------
 
     def reset(self, compare_at: int, why: str) -> None:
         if self.state != State.COMPARE or self.inflight:
-            log.info("push to %s: back to COMPARE at %d (%s)", self.peer, compare_at, why)
+            self._log.info("compare", "push to %s: back to COMPARE at %d (%s)", self.peer, compare_at, why)
         self.state = State.COMPARE
         self.epoch += 1
         self.inflight.clear()
@@ -223,8 +225,8 @@ class EntryDispatcher:
                 self.disk_fault = False
             elif resp.code in DISK_FAULTS:
                 if not self.disk_fault:
-                    log.warning("push to %s: its disk cannot write (%s); retrying every %d ms", self.peer,
-                                ResponseCode(resp.code).name, self.node.cfg.heart_beat_time_interval_ms)
+                    self._warn("disk", "push to %s: its disk cannot write (%s); retrying every %d ms", self.peer,
+                               ResponseCode(resp.code).name, self.node.cfg.heart_beat_time_interval_ms)
                 self.disk_fault = True
                 self.paused_until = self.node.now + self.node.cfg.heart_beat_time_interval_ms
                 # it says nothing of its log: try the same push again later
@@ -252,7 +254,8 @@ class EntryDispatcher:
         elif kind == PushType.TRUNCATE:
             if ok:
                 self._start_append()
-            else:
+            else:  # (it refused: at once again it refuses again, a COMPARE and a TRUNCATE per round trip)
+                self.paused_until = self.node.now + self.node.cfg.heart_beat_time_interval_ms
                 self.reset(self.next_index - 1, f"TRUNCATE answered {resp.code}")
 
     def _on_compare(self, i: int, resp: PushResponse) -> None:
@@ -272,8 +275,8 @@ class EntryDispatcher:
                 # before proves nothing; search again from its end, or we would push past
                 # its end forever. Its quorum mark is stale too: it is raised again as it
                 # acknowledges entries anew.
-                log.warning("push to %s: its log ends at %d, below the %d it had acknowledged; matching again",
-                            self.peer, resp.end_index, self.compare_floor)
+                self._warn("lost", "push to %s: its log ends at %d, below the %d it had acknowledged; matching again",
+                           self.peer, resp.end_index, self.compare_floor)
                 self.match_index = self.compare_floor = self.durable = -1
                 self.node.quorum.match[self.peer] = -1
             nxt = self._next_compare(i, resp)
@@ -458,13 +461,13 @@ class EntryDispatcher:
         self.node.elector.peer_corrupt[self.peer] = index >= 0
         if index < 0:
             if self.repair_index >= 0 and not self.repair_busy:
-                log.info("push to %s: it reports no corrupt record any more", self.peer)
+                self._log.info("corrupt", "push to %s: it reports no corrupt record any more", self.peer)
                 self.repair_index = -1
             return
         if index != self.repair_index:
             if self.repair_index < 0:
-                log.warning("push to %s: it reports a corrupt record at index %d; sending it our copy",
-                            self.peer, index)
+                self._warn("corrupt", "push to %s: it reports a corrupt record at index %d; sending it our copy",
+                           self.peer, index)
             self.repair_index = index
             self.node.request_pump()
 
@@ -520,7 +523,7 @@ class EntryDispatcher:
         if resp.code == ResponseCode.SUCCESS:
             node.elector.ack(self.peer)
             if resp.corrupt_index < 0:
-                log.warning("push to %s: its corrupt records are repaired", self.peer)
+                self._warn("repaired", "push to %s: its corrupt records are repaired", self.peer)
             elif resp.corrupt_index == first:  # still damaged after our copy: do not loop
                 self._warn("repair", "push to %s: record %d still corrupt there after a repair", self.peer, first)
                 self.repair_paused_until = node.now + hb
@@ -535,8 +538,8 @@ class EntryDispatcher:
         """The follower's log ends at `end`, below the `matched` it had acknowledged (its store
         was wiped, or a crash cut its unsynced tail): it no longer counts toward the commit;
         match it again now rather than on the next append."""
-        log.warning("push to %s: its log ends at %d, below the %d it had acknowledged (store wiped or tail "
-                    "lost); matching again", self.peer, end, matched)
+        self._warn("lost", "push to %s: its log ends at %d, below the %d it had acknowledged (store wiped or tail "
+                   "lost); matching again", self.peer, end, matched)
         self.match_index = self.compare_floor = self.durable = -1
         self.follower_commit = -1
         self.node.quorum.match[self.peer] = -1

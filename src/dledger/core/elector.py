@@ -35,6 +35,7 @@ from dledger.core.messages import (
     VoteResponse,
     VoteResult,
 )
+from dledger.ratelog import RateLimitedLog
 from dledger.store.base import StoreError
 
 if TYPE_CHECKING:
@@ -79,6 +80,7 @@ class LeaderElector:
         # down: it votes for no one for a lease, as if that leader were still alive (lease reads
         # rely on every acknowledging member keeping out of elections that long)
         self.no_vote_until = node.now + self.leader_lease_ms
+        self._log = RateLimitedLog.on_ms(log, lambda: node.now)
 
     @property
     def transferring(self) -> bool:
@@ -287,7 +289,8 @@ class LeaderElector:
             node.step_down(f"{leader_id} leads term {term}")
         if m.leader_id is None:
             m.leader_id = leader_id
-            log.info("%s/%s: follows %s in term %d", m.group, m.self_id, leader_id, term)
+            # (a forged heartbeat of a higher term each time would log this for every one)
+            self._log.info("follows", "%s/%s: follows %s in term %d", m.group, m.self_id, leader_id, term)
             node.handler.on_leader_change()
             node.forget_beyond_repair()
         elif m.leader_id != leader_id:

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 from dledger.codes import DISK_FAULTS, DLedgerError, PushType, RequestCode, ResponseCode
 from dledger.core.messages import PushRequest, PushResponse
 from dledger.entry import HEADER, HEADER_SIZE
+from dledger.ratelog import RateLimitedLog
 from dledger.store.base import CorruptEntryError, PushRejected, StoreError
 
 if TYPE_CHECKING:
@@ -51,6 +52,9 @@ class EntryHandler:
         self.pending: dict[int, tuple[PushRequest, bytes, Any, int]] = {}  # first_index -> push
         self.unsynced: list[tuple[int, Any]] = []  # (end, token): APPEND answers waiting for fsync
         self.leader_committed = -1  # the highest commit index a leader's push named (a follower's lag, metrics)
+        # every line below can be had for one push each (a forged HEART_BEAT + TRUNCATE made an old
+        # leader log "refusing to truncate committed entries" at 175 KB/s): one per kind per 10 s
+        self._log = RateLimitedLog.on_ms(log, lambda: node.now)
 
     def on_leader_change(self) -> None:
         """A new leader (or none): what matched the old one proves nothing now, and answers
@@ -130,7 +134,7 @@ class EntryHandler:
             # snapshot past it — the simulator found a TRUNCATE after such a record refused for ever)
             self._answer(token, ResponseCode.INCONSISTENT_STATE, req, reason=e.message, corrupt_index=e.index)
         except DLedgerError as e:
-            log.warning("push %s from %s failed: %s", _kind_name(kind), req.leader_id, e)
+            self._log.warning("failed", "push %s from %s failed: %s", _kind_name(kind), req.leader_id, e)
             self._answer(token, _failure_code(e), req, reason=e.message)
         store = node.store
         if node.cfg.flush == "sync" and store.durable_index < store.end_index:
@@ -168,8 +172,8 @@ class EntryHandler:
         stale = store.end_term == req.term or (
             req.next_term >= 0 and i + 1 <= store.end_index and store.term_at(i + 1) == req.next_term)
         if i < store.end_index and not stale:
-            log.info("%s: truncating entries after %d (end %d) for leader %s",
-                     self.node.member.self_id, i, store.end_index, req.leader_id)
+            self._log.info("truncate", "%s: truncating entries after %d (end %d) for leader %s",
+                           self.node.member.self_id, i, store.end_index, req.leader_id)
             self._fail_unsynced(i)
             store.truncate(i + 1)
             self.node.forget_corrupt_above(i)
@@ -212,7 +216,8 @@ class EntryHandler:
         except DLedgerError as e:
             # a disk that cannot write says so (DISK_FULL / DISK_ERROR), so the leader backs
             # off instead of re-probing
-            log.info("%s: push at %d rejected: %s", self.node.member.self_id, req.first_index, e.message)
+            self._log.info("disk", "%s: push at %d rejected: %s", self.node.member.self_id, req.first_index,
+                           e.message)
             self._answer(token, _failure_code(e), req, reason=e.message)
             return
         self._match(end)
@@ -238,7 +243,7 @@ class EntryHandler:
             same_prev = first > req.first_index or (
                 req.prev_index == prev and store.term_at(prev) == req.prev_term)
             if not same_prev:
-                log.info("%s: push at %d rejected: %s", me, req.first_index, e.message)
+                self._log.info("mismatch", "%s: push at %d rejected: %s", me, req.first_index, e.message)
                 self._answer(token, ResponseCode.INCONSISTENT_STATE, req)
                 return
             own = store.verify(prev) if prev >= store.begin_index else None
@@ -246,7 +251,8 @@ class EntryHandler:
                 node.mark_corrupt(prev, own)
                 self._answer(token, ResponseCode.INCONSISTENT_STATE, req, reason=own)
                 return
-        log.warning("%s: push from %s at %d rejected: %s", me, req.leader_id, req.first_index, e.message)
+        self._log.warning("rejected", "%s: push from %s at %d rejected: %s", me, req.leader_id, req.first_index,
+                          e.message)
         self._answer(token, ResponseCode.INCONSISTENT_STATE, req, bad_index=e.index, reason=e.message)
 
     # --- REPAIR ----------------------------------------------------------------------------------
@@ -275,7 +281,8 @@ class EntryHandler:
                 off += size
                 index += 1
         except StoreError as e:
-            log.warning("%s: repair from %s at %d failed: %s", node.member.self_id, req.leader_id, index, e.message)
+            self._log.warning("repair", "%s: repair from %s at %d failed: %s", node.member.self_id, req.leader_id,
+                              index, e.message)
             node.repaired(req.first_index, index - 1, repaired)
             self._answer(token, _failure_code(e), req, reason=e.message)
             return
@@ -347,8 +354,8 @@ class EntryHandler:
         limit = self.node.now - self.node.cfg.max_push_timeout_ms
         for first in [f for f, p in self.pending.items() if p[3] <= limit]:
             req, _, token, _ = self.pending.pop(first)
-            log.info("%s: push at %d waited too long for %d", self.node.member.self_id, first,
-                     self.node.store.end_index + 1)
+            self._log.info("gap", "%s: push at %d waited too long for %d", self.node.member.self_id, first,
+                           self.node.store.end_index + 1)
             self._answer(token, ResponseCode.INCONSISTENT_STATE, req)
 
     # --- answers ----------------------------------------------------------------------------------

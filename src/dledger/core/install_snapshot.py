@@ -76,7 +76,8 @@ class SnapshotSender:
         self.paused_until = 0
         self.started = 0
         self._last_sent = -1
-        self._warn = RateLimitedLog(log, 10.0, lambda: node.now / 1000).warning
+        self._log = RateLimitedLog.on_ms(log, lambda: node.now)  # lines the follower's answers trigger
+        self._warn = self._log.warning
 
     @property
     def active(self) -> bool:
@@ -156,8 +157,8 @@ class SnapshotSender:
         node.elector.ack(self.peer)
         if resp.done:
             node.installs_sent += 1
-            log.info("push to %s: snapshot %d installed (%d bytes in %d ms)", self.peer, meta.last_index,
-                     meta.size, node.now - self.started)
+            self._log.info("installed", "push to %s: snapshot %d installed (%d bytes in %d ms)", self.peer,
+                           meta.last_index, meta.size, node.now - self.started)
             self.meta = None
             return True
         if not 0 <= resp.next_offset <= meta.size:
@@ -180,7 +181,9 @@ class SnapshotReceiver:
         self.queued = 0  # chunks on the worker (a resent one may be queued behind the last)
         self.installs = 0  # snapshots adopted (metrics)
         self.bytes = 0  # chunk bytes taken (metrics)
-        self._warn = RateLimitedLog(log, 10.0, lambda: node.now / 1000).warning
+        # a (forged) empty snapshot is a whole install per request: its lines are rate-limited
+        self._log = RateLimitedLog.on_ms(log, lambda: node.now)
+        self._warn = self._log.warning
 
     def handle(self, req: InstallSnapshotRequest, data: memoryview | bytes | bytearray, token: Any) -> None:
         node = self.node
@@ -208,8 +211,8 @@ class SnapshotReceiver:
         meta = meta_of(req)
         if meta != self.meta:
             self.meta, self.received = meta, 0
-            log.info("%s: receiving snapshot %d (term %d, %d bytes) from %s", node.member.self_id, meta.last_index,
-                     meta.last_term, meta.size, req.leader_id)
+            self._log.info("receiving", "%s: receiving snapshot %d (term %d, %d bytes) from %s", node.member.self_id,
+                           meta.last_index, meta.last_term, meta.size, req.leader_id)
         if req.offset + len(data) >= meta.size:  # may complete it: nothing is applied until it is adopted
             self.finishing = True
             if a is not None:
@@ -261,13 +264,13 @@ class SnapshotReceiver:
         # of the last one, which is repaired as usual; a reset would drop committed entries)
         if holds(store, meta.last_index, meta.last_term, meta.chain_crc) or node.member.is_leader \
                 or meta.last_index < store.committed_index:
-            log.info("%s: snapshot %d installed; our log holds its last entry by now: kept as it is",
-                     node.member.self_id, meta.last_index)
+            self._log.info("installed", "%s: snapshot %d installed; our log holds its last entry by now: kept as it "
+                           "is", node.member.self_id, meta.last_index)
             if 0 <= node.apply_needs() <= meta.last_index:  # but our state machine needs it
                 node.restore_from(meta)
             return
-        log.info("%s: snapshot %d installed; the log now begins at %d", node.member.self_id, meta.last_index,
-                 meta.last_index + 1)
+        self._log.info("installed", "%s: snapshot %d installed; the log now begins at %d", node.member.self_id,
+                       meta.last_index, meta.last_index + 1)
         node.reset_log_to(meta)
         node.handler.note_match(meta.last_index, -1)
 

@@ -1,7 +1,8 @@
 """Long-poll READs (`subscribe`, `dledger read --follow`): a READ for an index not committed
 yet waits here, up to its `wait_ms`, instead of failing INDEX_OUT_OF_RANGE, so a follower of
 the log gets each entry as soon as it commits without polling. Pure bookkeeping: the node
-answers what `due` and `expired` hand back."""
+answers what `pop_due` and `expired` hand back, a budget of answer bytes per drain (one big
+append releasing many polls is answered over several drains, in index order)."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ class ParkedRead:
     seq: int
     deadline: int = field(compare=False)  # then answered with no entries
     local: bool = field(compare=False)
-    answer: Callable[[], None] = field(compare=False)  # builds and sends the READ's answer
+    answer: Callable[[], int] = field(compare=False)  # builds and sends the READ's answer; its bytes
     token: Any = field(compare=False)
 
 
@@ -34,7 +35,7 @@ class LongPolls:
     def __len__(self) -> int:
         return len(self._by_start)
 
-    def park(self, start: int, deadline: int, local: bool, answer: Callable[[], None], token: Any) -> bool:
+    def park(self, start: int, deadline: int, local: bool, answer: Callable[[], int], token: Any) -> bool:
         """False when full: answer the READ at once."""
         if len(self._by_start) >= MAX_PARKED:
             return False
@@ -42,12 +43,12 @@ class LongPolls:
         self._next_deadline = min(self._next_deadline, deadline)
         return True
 
-    def due(self, committed: int) -> list[ParkedRead]:
-        """Reads whose index has committed."""
-        out = []
-        while self._by_start and self._by_start[0].start <= committed:
-            out.append(heapq.heappop(self._by_start))
-        return out
+    def pop_due(self, committed: int) -> ParkedRead | None:
+        """The parked read with the lowest index, if that index has committed (one at a time:
+        the node stops when its drain's budget is spent, the rest stay for the next)."""
+        if self._by_start and self._by_start[0].start <= committed:
+            return heapq.heappop(self._by_start)
+        return None
 
     def expired(self, now: int) -> list[ParkedRead]:
         """Reads whose wait is over (checked every tick: O(1) until the earliest deadline)."""

@@ -228,6 +228,8 @@ class MetadataResponse(msgspec.Struct, array_like=True):
     install_index: int = -1  # a snapshot being received from the leader: its last index (-1: none)
     install_bytes: int = 0  # ... bytes of it received so far
     install_total: int = 0  # ... its size
+    # how the member authenticates connections (DLedgerConfig.security_mode): tls, token, loopback, insecure
+    security: str = ""
 
 
 class LeadershipTransferRequest(Msg):

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import random
+import zlib
 from array import array
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -66,7 +67,7 @@ from dledger.core.messages import (
     VoteRequest,
     is_member_message,
 )
-from dledger.core.producers import Decision, Producer, ProducerTable, Run, marker_body
+from dledger.core.producers import CreationLimiter, Decision, Producer, ProducerTable, Run, marker_body
 from dledger.core.quorum import QuorumAckChecker
 from dledger.core.read_index import ReadIndex, describe
 from dledger.entry import MAGIC_NOOP, MAGIC_NORMAL, MAGIC_SESSION
@@ -78,6 +79,13 @@ log = logging.getLogger(__name__)
 
 # What an entry costs an answer beyond its body (its fields, encoded): empty bodies count too.
 _ENTRY_OVERHEAD = 48
+# Long polls released by a commit (core.long_poll): each answer is a smaller page than a
+# plain READ's (a follower of the tail asks again from `next_index` for the rest), and one
+# drain answers parked polls worth at most LONG_POLL_DRAIN_BYTES (at least one), the rest
+# at the next drains in index order: 50 polls released by one 16 MiB append took a member
+# from 87 to 497 MB, and deposed the leader.
+LONG_POLL_PAGE_BYTES = 1 << 20
+LONG_POLL_DRAIN_BYTES = 8 << 20
 
 # The scrub: in ticks with no append and no push, verify up to this many committed records
 # (or bytes), cycling over the log; a pass that reached the commit index waits SCRUB_PAUSE_MS.
@@ -98,6 +106,7 @@ class _Append:
     producer: str = ""  # an idempotent producer's (core.producers)
     sequence: int = 0
     epoch: int = 0
+    principal: str = ""  # who sent it (a certificate's or token's name; "" anonymous): producers' owners
 
 
 @dataclass(slots=True)
@@ -196,7 +205,10 @@ class Node:
         from the log's begin)."""
         self.cfg = cfg
         self.store = store
-        self.producers = ProducerTable(cfg.producer_expiry_ms, cfg.max_producers, store.begin_index - 1)
+        self.producers = ProducerTable(cfg.producer_expiry_ms, cfg.max_producers, store.begin_index - 1,
+                                       cfg.max_producers_per_principal)
+        # the leader's bound on producer creations per principal (in memory, by `now`)
+        self.creations = CreationLimiter(cfg.producer_creations_per_second, 10 * cfg.producer_creations_per_second)
         if producers:
             self._load_producers(producers, "our snapshot")
         # a plain log saves its table in a snapshot of its own (a restart cannot fold markers
@@ -253,15 +265,18 @@ class Node:
 
     # --- inputs ---------------------------------------------------------------
 
-    def handle(self, code: int, msg: Msg, data: memoryview | bytes | bytearray, token: Any, now_ms: int) -> None:
-        """A request from a peer or a client; its reply is emitted now or later."""
+    def handle(self, code: int, msg: Msg, data: memoryview | bytes | bytearray, token: Any, now_ms: int,
+               principal: str = "") -> None:
+        """A request from a peer or a client; its reply is emitted now or later. `principal`:
+        who sent it (a certificate's or token's name, "" anonymous): an idempotent producer
+        belongs to the principal that created it."""
         self.now = now_ms
         err = self._check_addressing(code, msg)
         if err is not None:
             self.reply(token, code, _error_for(code, err, self))
             return
         try:
-            self._dispatch(code, msg, data, token)
+            self._dispatch(code, msg, data, token, principal)
         except CorruptEntryError as e:
             self.reply(token, code, _error_for(code, e.code, self, e.message))
             self.mark_corrupt(e.index, e.message)
@@ -1003,7 +1018,8 @@ class Node:
 
     # --- request dispatch -----------------------------------------------------
 
-    def _dispatch(self, code: int, msg: Msg, data: memoryview | bytes | bytearray, token: Any) -> None:
+    def _dispatch(self, code: int, msg: Msg, data: memoryview | bytes | bytearray, token: Any,
+                  principal: str = "") -> None:
         if code == RequestCode.PUSH:
             assert isinstance(msg, PushRequest)
             if msg.type != PushType.COMMIT:
@@ -1017,7 +1033,7 @@ class Node:
             self.elector.handle_vote(msg, token)
         elif code == RequestCode.APPEND:
             assert isinstance(msg, AppendRequest)
-            self._handle_append(msg, token)
+            self._handle_append(msg, token, principal)
         elif code == RequestCode.GET:
             assert isinstance(msg, GetRequest)
             self._handle_read(code, msg.index, 1, 1 << 30, False, msg.local, msg.consistency, token,
@@ -1070,7 +1086,7 @@ class Node:
             return ResponseCode.UNEXPECTED_MEMBER
         return None
 
-    def _handle_append(self, msg: AppendRequest, token: Any) -> None:
+    def _handle_append(self, msg: AppendRequest, token: Any, principal: str = "") -> None:
         m = self.member
         if not m.is_leader:
             raise DLedgerError(ResponseCode.NOT_LEADER, f"leader is {m.leader_id or 'unknown'}")
@@ -1093,7 +1109,7 @@ class Node:
             if self.applier.stopped is not None:
                 raise DLedgerError(ResponseCode.INTERNAL_ERROR, f"state machine stopped: {self.applier.stopped}")
             self._proposers.add(token)
-        self._appends.append(_Append(token, msg.bodies, msg.producer, msg.sequence, msg.epoch))
+        self._appends.append(_Append(token, msg.bodies, msg.producer, msg.sequence, msg.epoch, principal))
         self._active = True
 
     def _store_appends(self) -> None:
@@ -1152,12 +1168,13 @@ class Node:
         runs: list[Run] = []
         bodies: list[bytes] = []
         taken: list[tuple[_Append, Decision, int, int]] = []  # (append, decision, first new index, new count)
+        creating: dict[str, int] = {}  # producers this write creates, per principal
         for a in batch:
             d = Decision(0)
             if a.producer:
                 view = views.get(a.producer) or table.lookup(a.producer)
                 try:
-                    d = table.decide(view, a.producer, a.sequence, len(a.bodies), a.epoch)
+                    d = self._decide(a, view, creating, first, bodies)
                 except DLedgerError as e:
                     self._complete_append(a.token, e.code, None, e.message)
                     continue
@@ -1166,10 +1183,10 @@ class Node:
             if new:
                 seq = a.sequence + d.duplicates if a.producer else 0
                 if a.producer:
-                    view = view.copy() if view is not None else Producer()
+                    view = view.copy() if view is not None else Producer(owner=a.principal)
                     view.add(seq, at, len(new), ts, a.epoch)
                     views[a.producer] = view
-                _add_run(runs, Run(a.producer, seq, len(new), a.epoch))
+                _add_run(runs, Run(a.producer, seq, len(new), a.epoch, a.principal if a.producer else ""))
                 bodies.extend(new)
             taken.append((a, d, at, len(new)))
         marker = marker_body(ts, runs)
@@ -1184,6 +1201,8 @@ class Node:
             if res is None:
                 return
             table.note_own(views.items())
+            for principal, count in creating.items():
+                self.creations.spend(principal, count, self.now)
         deadline = self.now + self.cfg.max_wait_ack_ms
         for a, d, at, n in taken:
             k = at - res.first_index if res is not None else 0
@@ -1199,6 +1218,38 @@ class Node:
                 self.quorum.add(a.token, result, deadline, wait)
         if res is not None:
             self._written(res)
+
+    def _decide(self, a: _Append, view: Producer | None, creating: dict[str, int], first: int,
+                planned: list[bytes]) -> Decision:
+        """An idempotent append against its producer's `view` (core.producers.decide), then the
+        leader's own checks, all before anything is written: a creation within its principal's
+        rate (`creating` counts this write's), duplicates that are the stored entries."""
+        d = self.producers.decide(view, a.producer, a.sequence, len(a.bodies), a.epoch, a.principal)
+        if view is None:
+            count = creating.get(a.principal, 0) + 1
+            self.creations.check(a.principal, count, self.now)
+            creating[a.principal] = count
+        if d.duplicates:
+            self._check_duplicates(a, d, first, planned)
+        return d
+
+    def _check_duplicates(self, a: _Append, d: Decision, first: int, planned: list[bytes]) -> None:
+        """A body answered as a duplicate must be the stored entry (its body CRC, from the record
+        header; from index `first` on, the bodies `planned` for this write): else the id is
+        being reused, and success would answer for a body that was never stored. Duplicates
+        older than the spans kept (index -1), or deleted by retention, cannot be compared."""
+        for k, i in enumerate(d.indexes):
+            if i < 0:
+                continue
+            try:
+                stored = zlib.crc32(planned[i - first]) if i >= first else self.store.body_crc(i)
+            except StoreError:
+                continue
+            if zlib.crc32(a.bodies[k]) != stored:
+                raise DLedgerError(ResponseCode.SEQUENCE_REUSED,
+                                   f"sequence {a.sequence + k} of producer {a.producer!r} is stored with a different "
+                                   f"body: this producer id is being reused; start a new session (a new epoch) or "
+                                   f"use another id")
 
     def _write_marked(self, marker: bytes, bodies: list[bytes], batch: list[_Append]) -> AppendResult | None:
         """Store the session marker, then the bodies: both or neither (a marker must never be
@@ -1266,12 +1317,13 @@ class Node:
         def own_copy() -> bool:  # a follower's read (local or a follower read) is its own copy
             return local or not self.member.is_leader
 
-        def answer() -> None:
-            self._answer_read(code, start, max_entries, max_bytes, only_normal, own_copy(), token, bodies)
+        def answer(cap: int = max_bytes) -> int:
+            return self._answer_read(code, start, max_entries, cap, only_normal, own_copy(), token, bodies)
 
         def answer_or_wait(_: int = -1) -> None:
             if wait_ms > 0 and start > self.store.committed_index:
-                self._park_read(start, wait_ms, own_copy(), answer, token)
+                self._park_read(start, wait_ms, own_copy(), lambda: answer(min(max_bytes, LONG_POLL_PAGE_BYTES)),
+                                token)
             else:
                 answer()
 
@@ -1280,7 +1332,7 @@ class Node:
         else:
             self._when_confirmed(code, consistency, token, answer_or_wait, addressed)
 
-    def _park_read(self, start: int, wait_ms: int, local: bool, answer: Callable[[], None], token: Any) -> None:
+    def _park_read(self, start: int, wait_ms: int, local: bool, answer: Callable[[], int], token: Any) -> None:
         deadline = self.now + min(wait_ms, MAX_WAIT_MS)
         if not self.long_polls.park(start, deadline, local, answer, token):
             self._answer_empty(token, start)  # too many waiting: the client asks again
@@ -1290,15 +1342,17 @@ class Node:
                                                 self.store.committed_index))
 
     def _wake_reads(self) -> None:
-        """Long-poll READs whose index committed get their entries; those past their wait an
-        empty answer (checked on every drain, and by the tick)."""
+        """Long-poll READs whose index committed get their entries, LONG_POLL_DRAIN_BYTES of
+        answers per drain (the rest at the next drains, a tick's at the latest); those past
+        their wait an empty answer (checked on every drain, and by the tick)."""
         polls = self.long_polls
         if not len(polls):
             return
         # (a leader's own parked reads all leave when it steps down: see step_down)
-        for r in polls.due(self.store.committed_index):
+        spent = 0
+        while spent < LONG_POLL_DRAIN_BYTES and (r := polls.pop_due(self.store.committed_index)) is not None:
             try:
-                r.answer()
+                spent += r.answer()
             except DLedgerError as e:
                 self.reply(r.token, READ, _error_for(READ, e.code, self, e.message))
         for r in polls.expired(self.now):
@@ -1338,9 +1392,10 @@ class Node:
             self.reads.read(consistency, self.store.committed_index, safely, fail)
 
     def _answer_read(self, code: int, start: int, max_entries: int, max_bytes: int, only_normal: bool,
-                     local: bool, token: Any, bodies: bool = True) -> None:
+                     local: bool, token: Any, bodies: bool = True) -> int:
         """Without `bodies` every entry goes with an empty body (a reader that needs only the
-        indexes and terms); the size of the bodies still bounds the answer, as the store reads them."""
+        indexes and terms); the size of the bodies still bounds the answer, as the store reads them.
+        Returns the bytes read (what the answer cost: a long poll's budget counts them)."""
         store = self.store
         committed = store.committed_index
         if start > committed:
@@ -1367,11 +1422,18 @@ class Node:
                     break
                 index = e.index + 1
                 size += len(e.body) + _ENTRY_OVERHEAD
+                if e.magic == MAGIC_SESSION:  # producers' ids, epochs, sequences: never shown to clients
+                    if code == RequestCode.GET:
+                        raise DLedgerError(ResponseCode.INDEX_OUT_OF_RANGE,
+                                           f"entry {e.index} is an idempotent producer's session marker, which is "
+                                           f"not returned to clients")
+                    continue
                 if not only_normal or e.magic == MAGIC_NORMAL:
                     out.append(EntryMsg(e.index, e.term, e.pos, e.magic, e.body if bodies else b"", e.chain_crc))
                     self.read_body_bytes += len(out[-1].body)
         self.entries_read += len(out)
         self.reply(token, code, EntriesResponse(200, self.member.leader_id or "", out, index, committed))
+        return size
 
     def _read_hit_corrupt(self, e: CorruptEntryError, local: bool) -> None:
         """A read found a committed record of ours corrupt: never serve it. A leader hands
@@ -1409,6 +1471,7 @@ class Node:
             snapshot_index=self.snapshot_index,
             state_machine_error=(self.applier.stopped or "") if self.applier is not None else "",
             install_index=install_index, install_bytes=install_bytes, install_total=install_total,
+            security=self.cfg.security_mode,
         )
 
 
@@ -1417,7 +1480,7 @@ def _add_run(runs: list[Run], run: Run) -> None:
     last = runs[-1] if runs else None
     if last is not None and last.producer == run.producer and (not run.producer or (
             last.epoch == run.epoch and last.first_seq + last.count == run.first_seq)):
-        runs[-1] = Run(run.producer, last.first_seq, last.count + run.count, run.epoch)
+        runs[-1] = Run(run.producer, last.first_seq, last.count + run.count, run.epoch, run.owner)
     else:
         runs.append(run)
 

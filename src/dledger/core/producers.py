@@ -24,6 +24,15 @@ Epochs (Kafka's producer epoch): a producer's session may be restarted under a h
 epoch, its sequences from 0 again, and an append of a lower epoch than the table's is
 refused (PRODUCER_FENCED): a streaming query is one producer per partition, its epoch the
 micro-batch, so the table holds one entry per partition, not per batch.
+
+Ownership: a producer belongs to the principal (certificate or token name, "" anonymous)
+whose append created it; each run of a marker names its appender (`Run.owner`), so every
+member knows the owner. The leader refuses another principal's append under the id
+(PRODUCER_NOT_OWNED), and the node refuses a duplicate whose body is not the stored one
+(SEQUENCE_REUSED: the spans kept include the epoch's first, so a process reusing an id from
+sequence 0 is caught at once). At most `max_per_owner` producers per owner (its least
+recently used evicted, on every member alike), and the leader bounds creations per principal
+(`CreationLimiter`): one client cannot evict the others' producers.
 """
 
 from __future__ import annotations
@@ -43,7 +52,7 @@ from dledger.store.base import LedgerStore
 
 log = logging.getLogger(__name__)
 
-SPANS = 32  # recent runs of entries kept per producer: what a duplicate is answered with (else index -1)
+SPANS = 32  # recent spans kept per producer, besides its epoch's first: a duplicate's index (else -1)
 FOLD_CHUNK = 1 << 20  # entries folded per call: a long log (a restart) is folded over several drains,
 FOLD_MARKERS = 10_000  # and at most this many markers (~10 us each)
 
@@ -58,6 +67,14 @@ class Run(msgspec.Struct, array_like=True, frozen=True):
     first_seq: int
     count: int
     epoch: int = 0
+    owner: str = ""  # the appender's principal; "" anonymous (and every run of older markers)
+
+
+def _wire(r: Run) -> tuple[str, int, int, int] | tuple[str, int, int, int, str]:
+    """A run as written: without an owner exactly as before owners existed (the same bytes)."""
+    if r.owner:
+        return r.producer, r.first_seq, r.count, r.epoch, r.owner
+    return r.producer, r.first_seq, r.count, r.epoch
 
 
 class SessionMarker(msgspec.Struct, array_like=True, frozen=True):
@@ -74,20 +91,23 @@ _decode_marker = msgspec.msgpack.Decoder(SessionMarker).decode
 
 
 def marker_body(ts_ms: int, runs: list[Run]) -> bytes:
-    return _encode_marker(SessionMarker(ts_ms, runs))
+    return _encode_marker((ts_ms, [_wire(r) for r in runs]))
 
 
 class Producer:
-    """One producer's place in the log: its epoch, last sequence, and its recent entries'
-    indexes (spans: first_seq, first_index, count, flat in one array: 24 bytes each)."""
+    """One producer's place in the log: its owner, epoch, last sequence, and its entries'
+    indexes (spans: first_seq, first_index, count, flat in one array: 24 bytes each): the
+    epoch's first span and the SPANS most recent."""
 
-    __slots__ = ("epoch", "last_seq", "spans", "ts_ms")
+    __slots__ = ("epoch", "last_seq", "owner", "spans", "ts_ms")
 
-    def __init__(self, last_seq: int = -1, ts_ms: int = 0, spans: array[int] | None = None, epoch: int = 0) -> None:
+    def __init__(self, last_seq: int = -1, ts_ms: int = 0, spans: array[int] | None = None, epoch: int = 0,
+                 owner: str = "") -> None:
         self.epoch = epoch
         self.last_seq = last_seq
         self.ts_ms = ts_ms
         self.spans: array[int] = spans if spans is not None else array("q")
+        self.owner = owner
 
     @property
     def last_index(self) -> int:
@@ -95,7 +115,7 @@ class Producer:
         return s[-2] + s[-1] - 1 if s else -1
 
     def copy(self) -> Producer:
-        return Producer(self.last_seq, self.ts_ms, array("q", self.spans), self.epoch)
+        return Producer(self.last_seq, self.ts_ms, array("q", self.spans), self.epoch, self.owner)
 
     def index_of(self, seq: int) -> int:
         """The index of sequence `seq`, or -1 when it is older than the spans kept."""
@@ -116,7 +136,8 @@ class Producer:
             s[-1] += count  # contiguous in sequence and in the log: one span
         else:
             s.extend((seq, index, count))
-            del s[: -3 * SPANS]
+            if len(s) > 3 * (SPANS + 1):  # the first span stays: a reuse from sequence 0 is found there
+                del s[3 : len(s) - 3 * SPANS]
         self.last_seq = seq + count - 1
         self.ts_ms = max(self.ts_ms, ts_ms)
 
@@ -135,10 +156,21 @@ class _OpenRun:
         return self.index + self.marker.total
 
 
+class _SavedProducer(msgspec.Struct, array_like=True):
+    """A producer in a snapshot (older snapshots have no owner: "")."""
+
+    id: str
+    last_seq: int
+    ts_ms: int
+    spans: list[int]  # flat
+    epoch: int
+    owner: str = ""
+
+
 class _Saved(msgspec.Struct, array_like=True):
     folded: int
     open: tuple[int, int, int, SessionMarker] | None
-    producers: list[tuple[str, int, int, list[int], int]]  # id, last_seq, ts_ms, spans (flat), epoch; oldest first
+    producers: list[_SavedProducer]  # least recently used first
 
 
 @dataclass(slots=True)
@@ -152,10 +184,12 @@ class Decision:
 
 
 class ProducerTable:
-    def __init__(self, expiry_ms: int, max_producers: int, folded: int = -1) -> None:
+    def __init__(self, expiry_ms: int, max_producers: int, folded: int = -1, max_per_owner: int = 50_000) -> None:
         self.expiry_ms = expiry_ms
         self.max_producers = max_producers
+        self.max_per_owner = max_per_owner
         self.producers: OrderedDict[str, Producer] = OrderedDict()  # committed; least recently used first
+        self.owned: dict[str, OrderedDict[str, None]] = {}  # owner -> its producers, in the same order
         self.folded = folded  # the committed log is folded through this index
         self.open: _OpenRun | None = None
         self.overlay: dict[str, Producer] = {}  # a leader's own appends, not committed yet
@@ -165,10 +199,14 @@ class ProducerTable:
     def lookup(self, producer: str) -> Producer | None:
         return self.overlay.get(producer) or self.producers.get(producer)
 
-    def decide(self, view: Producer | None, producer: str, first_seq: int, n: int, epoch: int = 0) -> Decision:
-        """Check an append of `n` bodies from `first_seq` (in `epoch`) against `view` (the
-        producer as the log holds it, with the writes planned before this one); DLedgerError
-        when refused."""
+    def decide(self, view: Producer | None, producer: str, first_seq: int, n: int, epoch: int = 0,
+               principal: str = "") -> Decision:
+        """Check an append of `n` bodies from `first_seq` (in `epoch`, by `principal`) against
+        `view` (the producer as the log holds it, with the writes planned before this one);
+        DLedgerError when refused. Another principal's id is refused first: it learns nothing."""
+        if view is not None and view.owner != principal:
+            raise DLedgerError(ResponseCode.PRODUCER_NOT_OWNED,
+                               f"producer {producer!r} belongs to another principal: use an id of your own")
         if view is not None and epoch < view.epoch:
             raise DLedgerError(ResponseCode.PRODUCER_FENCED,
                                f"producer {producer!r}: epoch {epoch} is older than {view.epoch} (a newer "
@@ -261,11 +299,32 @@ class ProducerTable:
             if s0 < s1 and r.producer:
                 p = self.producers.get(r.producer)
                 if p is None:
-                    p = self.producers[r.producer] = Producer()
+                    p = self._create(r.producer, r.owner)
                 else:
-                    self.producers.move_to_end(r.producer)
+                    self._touch(r.producer, p)
                 p.add(r.first_seq + s0 - off, base + s0, s1 - s0, run.marker.ts_ms, r.epoch)
             off += r.count
+
+    def _create(self, pid: str, owner: str) -> Producer:
+        """A new producer of `owner`; at its cap, that owner's least recently used goes (at the
+        same entry on every member), so one principal's flood evicts only its own."""
+        mine = self.owned.get(owner)
+        if mine is not None and len(mine) >= self.max_per_owner:
+            self._drop(next(iter(mine)))
+        p = self.producers[pid] = Producer(owner=owner)
+        self.owned.setdefault(owner, OrderedDict())[pid] = None
+        return p
+
+    def _touch(self, pid: str, p: Producer) -> None:
+        self.producers.move_to_end(pid)
+        self.owned[p.owner].move_to_end(pid)
+
+    def _drop(self, pid: str) -> None:
+        p = self.producers.pop(pid)
+        mine = self.owned[p.owner]
+        del mine[pid]
+        if not mine:
+            del self.owned[p.owner]
 
     def _expire(self, now_ms: int) -> None:
         """Drop producers idle longer than the expiry (by the log's own clock, so every member
@@ -276,7 +335,7 @@ class ProducerTable:
             pid, p = next(iter(ps.items()))
             if p.ts_ms >= cutoff and len(ps) <= self.max_producers:
                 break
-            del ps[pid]
+            self._drop(pid)
 
     @property
     def empty(self) -> bool:
@@ -286,6 +345,7 @@ class ProducerTable:
     def clear(self, folded: int) -> None:
         """The committed table becomes an empty one folded through `folded`."""
         self.producers.clear()
+        self.owned.clear()
         self.folded, self.open = folded, None
 
     def skip_to(self, index: int) -> None:
@@ -299,7 +359,8 @@ class ProducerTable:
     def encode(self) -> bytes:
         o = self.open
         saved = _Saved(self.folded, (o.index, o.term, o.next, o.marker) if o is not None else None,
-                       [(pid, p.last_seq, p.ts_ms, p.spans.tolist(), p.epoch) for pid, p in self.producers.items()])
+                       [_SavedProducer(pid, p.last_seq, p.ts_ms, p.spans.tolist(), p.epoch, p.owner)
+                        for pid, p in self.producers.items()])
         return msgspec.msgpack.encode(saved)
 
     def load(self, data: bytes) -> None:
@@ -307,5 +368,41 @@ class ProducerTable:
         saved = msgspec.msgpack.decode(data, type=_Saved)
         self.folded = saved.folded
         self.open = _OpenRun(saved.open[0], saved.open[1], saved.open[3], saved.open[2]) if saved.open else None
-        self.producers = OrderedDict((pid, Producer(last, ts, array("q", spans), epoch))
-                                     for pid, last, ts, spans, epoch in saved.producers)
+        self.producers = OrderedDict((s.id, Producer(s.last_seq, s.ts_ms, array("q", s.spans), s.epoch, s.owner))
+                                     for s in saved.producers)
+        self.owned = {}
+        for pid, p in self.producers.items():
+            self.owned.setdefault(p.owner, OrderedDict())[pid] = None
+
+
+class CreationLimiter:
+    """The leader's bound on producer creation per principal: a token bucket each (`per_second`,
+    up to `burst`), by the node's clock, in memory. Without it one client creating producers
+    as fast as it can pushes everyone's out of the table (max_producers)."""
+
+    PRUNE_AT = 1024  # buckets kept before full ones (which say nothing) are dropped
+
+    def __init__(self, per_second: int, burst: int) -> None:
+        self.per_second = per_second
+        self.burst = burst
+        self._buckets: dict[str, tuple[float, int]] = {}  # principal -> (tokens, at ms)
+        self._prune_at = self.PRUNE_AT
+
+    def available(self, principal: str, now_ms: int) -> float:
+        """Creations `principal` may make now."""
+        tokens, at = self._buckets.get(principal, (float(self.burst), now_ms))
+        return min(float(self.burst), tokens + max(0, now_ms - at) * self.per_second / 1000)
+
+    def check(self, principal: str, count: int, now_ms: int) -> None:
+        """Refuse (PRODUCER_RATE_LIMITED) when `count` creations exceed what `principal` may make."""
+        if self.available(principal, now_ms) < count:
+            raise DLedgerError(ResponseCode.PRODUCER_RATE_LIMITED,
+                               f"producers are created at most {self.per_second} per second per principal "
+                               f"(bursts of {self.burst}): nothing was written, send it again shortly")
+
+    def spend(self, principal: str, count: int, now_ms: int) -> None:
+        self._buckets[principal] = (self.available(principal, now_ms) - count, now_ms)
+        if len(self._buckets) >= self._prune_at:
+            for p in [p for p in self._buckets if self.available(p, now_ms) >= self.burst]:
+                del self._buckets[p]
+            self._prune_at = max(self.PRUNE_AT, 2 * len(self._buckets))

@@ -13,6 +13,7 @@ from typing import Any
 
 from dledger.codes import DLedgerError, ResponseCode
 from dledger.kv.commands import (
+    MAX_RANGE,
     Cas,
     Delete,
     Get,
@@ -80,19 +81,39 @@ class AsyncKVClient:
 
     async def range(self, prefix: bytes | str = b"", limit: int = 1000, start_after: bytes | str | None = None,
                     consistency: str | None = None, member: str | None = None) -> RangeResult:
-        q = Range(_b(prefix), limit, None if start_after is None else _b(start_after))
-        return decode_range(await self.log.query(encode(q), consistency, member))
+        """Up to `limit` keys under `prefix` after `start_after`; `more`: the limit cut it. A
+        member answers a page of at most MAX_RANGE_BYTES (kv.commands) at a time: the pages
+        are asked for in turn, each consistent by itself."""
+        items: list[Item] = []
+        more = False
+        async for r in self.pages(prefix, limit, start_after, consistency, member):
+            items.extend(r.items)
+            more = r.more
+        return RangeResult(items, more)
 
-    async def scan(self, prefix: bytes | str = b"", page: int = 1000) -> AsyncIterator[Item]:
-        """Every key under `prefix`, a page per query (each page consistent by itself)."""
-        after: bytes | None = None
-        while True:
-            r = await self.range(prefix, page, after)
-            for item in r.items:
-                yield item
+    async def pages(self, prefix: bytes | str = b"", limit: int | None = None, start_after: bytes | str | None = None,
+                    consistency: str | None = None, member: str | None = None,
+                    page: int = MAX_RANGE) -> AsyncIterator[RangeResult]:
+        """The range page by page (one query each, at most `page` keys), on from each page's
+        last key until `limit` keys (None: all) or the last one; the last page's `more` says
+        whether keys remain."""
+        after = None if start_after is None else _b(start_after)
+        left = limit
+        while left is None or left > 0:
+            q = Range(_b(prefix), page if left is None else min(left, page), after)
+            r = decode_range(await self.log.query(encode(q), consistency, member))
+            if left is not None:
+                left -= len(r.items)
+            yield r
             if not r.more or not r.items:
                 return
             after = r.items[-1].key
+
+    async def scan(self, prefix: bytes | str = b"", page: int = 1000) -> AsyncIterator[Item]:
+        """Every key under `prefix`, a page per query (each page consistent by itself)."""
+        async for r in self.pages(prefix, None, page=page):
+            for item in r.items:
+                yield item
 
     async def _propose(self, cmd: Any) -> Result:
         return _checked(decode_result((await self.log.propose(encode(cmd))).result))

@@ -13,6 +13,10 @@ import msgspec
 
 MAX_KEY = 4096
 MAX_RANGE = 10_000  # items per range answer
+# bytes of keys and values per range answer (a page holds at least one pair, whatever its
+# size): an answer is built in memory and must fit in a frame (80 MiB of values answered
+# INTERNAL_ERROR before); the client goes on from the last key (KVClient.range)
+MAX_RANGE_BYTES = 4 << 20
 
 Key = Annotated[bytes, msgspec.Meta(max_length=MAX_KEY)]
 
@@ -73,7 +77,7 @@ class Item(msgspec.Struct, array_like=True, frozen=True):
 
 class RangeResult(msgspec.Struct, array_like=True, frozen=True):
     items: list[Item]
-    more: bool  # the limit cut it: ask again with start_after = the last key
+    more: bool  # the limit or MAX_RANGE_BYTES cut it: ask again with start_after = the last key
 
 
 _encoder = msgspec.msgpack.Encoder()

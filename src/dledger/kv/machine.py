@@ -17,6 +17,7 @@ from sortedcontainers import SortedDict
 
 from dledger.kv.commands import (
     MAX_RANGE,
+    MAX_RANGE_BYTES,
     Cas,
     Command,
     Delete,
@@ -92,15 +93,19 @@ class KVStateMachine(StateMachine):
         return encode(self._range(q))
 
     def _range(self, q: Range) -> RangeResult:
+        """A page: at most `limit` pairs and MAX_RANGE_BYTES of keys and values, but always
+        one pair (a value may be as big as an entry body); `more` says where it was cut."""
         limit = min(max(q.limit, 1), MAX_RANGE)
         start = q.start_after + b"\x00" if q.start_after is not None else q.prefix
         out: list[Item] = []
+        size = 0
         for key in self._data.irange(minimum=start):
             if not key.startswith(q.prefix):
                 return RangeResult(out, False)
-            if len(out) == limit:
-                return RangeResult(out, True)
             value, index = self._data[key]
+            size += len(key) + len(value)
+            if len(out) == limit or (out and size > MAX_RANGE_BYTES):
+                return RangeResult(out, True)
             out.append(Item(key, value, index))
         return RangeResult(out, False)
 

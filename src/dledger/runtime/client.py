@@ -18,7 +18,13 @@ whole call, every attempt and search included.
 
 An idempotent client (`idempotent=True`: a producer id and per-body sequence numbers,
 runtime.producer and core.producers) retries appends with an unknown outcome too: the
-leader recognises what it already holds, so nothing is stored twice.
+leader recognises what it already holds, so nothing is stored twice. A producer the leader
+evicted (UNKNOWN_PRODUCER) starts a new session by itself: the next epoch, sequences from
+0, the call's bodies sent again; bodies whose outcome was unknown when it was evicted may
+then be stored twice. PRODUCER_RATE_LIMITED (too many producers created by this principal;
+nothing was written) is waited out and sent again within the call's timeout;
+PRODUCER_NOT_OWNED and SEQUENCE_REUSED are raised (another principal's id; an id reused for
+other bodies: start a new epoch or use another id).
 """
 
 from __future__ import annotations
@@ -62,6 +68,7 @@ from dledger.core.messages import (
 from dledger.runtime.blocking import LoopThread
 from dledger.runtime.producer import UNKNOWN_OUTCOME, IdempotentProducer
 from dledger.runtime.transport import Message, TransportClient
+from dledger.security.roles import expect_members
 from dledger.security.tls import TlsConfig, client_context
 
 T = TypeVar("T")
@@ -71,6 +78,7 @@ _RETRYABLE = {
     ResponseCode.LEADER_TRANSFERRING,
     ResponseCode.LEADER_PENDING_FULL,
     ResponseCode.LEADER_NOT_READY,
+    ResponseCode.PRODUCER_RATE_LIMITED,  # nothing written: sent again after the back-off
 }
 _UNANSWERED = {ResponseCode.TIMEOUT, ResponseCode.NETWORK_ERROR}  # raised by the transport: no answer
 # safe to ask again after an unknown outcome
@@ -154,6 +162,7 @@ class Metadata:
     install_index: int = -1  # a snapshot being received from the leader: its last index (-1: none)
     install_bytes: int = 0  # ... bytes received so far
     install_total: int = 0  # ... of this many
+    security: str = ""  # how it authenticates connections: tls, token, loopback, insecure ("": an older member)
 
 
 class _Answers:
@@ -218,7 +227,9 @@ class AsyncDLedgerClient:
         group started with TLS; `auth_token`: the group's shared token (docs/security.md).
         `idempotent`: appends go as a producer (`producer_id`, else a random one; in
         `producer_epoch`, which a later session of the same id raises) whose bodies are
-        numbered, and are retried after an unknown outcome: each body is stored once."""
+        numbered, and are retried after an unknown outcome: each body is stored once. A
+        producer the group forgot (UNKNOWN_PRODUCER) goes on in the next epoch by itself:
+        bodies whose outcome was unknown when it was evicted may then be stored twice."""
         self.peers = parse_peers(peers)
         self._ssl = client_context(tls) if isinstance(tls, TlsConfig) else tls
         self._auth_token = auth_token.encode() if auth_token else None
@@ -251,7 +262,8 @@ class AsyncDLedgerClient:
         self._check_open()  # every request passes here (or _call's check), whichever method sent it
         if self._client is None:
             self._client = TransportClient(ssl=self._ssl, auth_token=self._auth_token,
-                                           server_names={p.address: p.id for p in self.peers.values()})
+                                           server_check=expect_members({p.address: p.id
+                                                                        for p in self.peers.values()}))
         return self._client
 
     async def close(self) -> None:
@@ -368,8 +380,8 @@ class AsyncDLedgerClient:
                 try:
                     resp = await self._call(RequestCode.APPEND, req, safe=True)
                 except DLedgerError as e:
-                    if e.code == ResponseCode.UNKNOWN_PRODUCER and not p.chosen and p.next_seq > 0:
-                        p.renew()  # forgotten while idle: its unsettled bodies stay as they are, start afresh
+                    if e.code == ResponseCode.UNKNOWN_PRODUCER and p.new_sessions:
+                        p.new_session()  # evicted or expired: the next epoch, these bodies from sequence 0
                         continue
                     p.failed(bodies)
                     raise
@@ -515,7 +527,8 @@ class AsyncDLedgerClient:
         return Metadata(resp.leader_id or None, resp.term, list(parse_peers(resp.peers)), resp.ledger_end_index,
                         resp.committed_index, resp.role, resp.self_id, resp.ledger_begin_index,
                         resp.store_error, resp.retention_held_by, resp.applied_index, resp.snapshot_index,
-                        resp.state_machine_error, resp.install_index, resp.install_bytes, resp.install_total)
+                        resp.state_machine_error, resp.install_index, resp.install_bytes, resp.install_total,
+                        resp.security)
 
     async def metadata_all(self, members: Sequence[str] | None = None) -> dict[str, Metadata | DLedgerError]:
         """Each member's own view, asked at once (a dead member costs one request timeout in

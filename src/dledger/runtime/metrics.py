@@ -93,6 +93,9 @@ class _StateCollector(Collector):
                                          "leads nor campaigns until the leader's copy repaired it)", labels=lab),
             "corrupt_index": GaugeMetricFamily("dledger_store_corrupt_index",
                                                "First record known corrupt here (-1: none)", labels=lab),
+            "insecure": GaugeMetricFamily("dledger_insecure",
+                                          "1 when this member runs --insecure (no TLS, no token, every host "
+                                          "served: no request is authenticated)", labels=lab),
         }
         behind = GaugeMetricFamily("dledger_follower_lag_entries", "Entries this follower lacks of what its leader "
                                    "last said was committed (0 on the leader)", labels=lab)
@@ -144,6 +147,7 @@ class _StateCollector(Collector):
             fams["full"].add_metric(v, 1 if n.full() is not None else 0)
             fams["corrupt"].add_metric(v, 1 if n.corrupt is not None else 0)
             fams["corrupt_index"].add_metric(v, n.corrupt_index)
+            fams["insecure"].add_metric(v, 1 if n.cfg.security_mode == "insecure" else 0)
             elections.add_metric(v, n.elector.elections)
             found.add_metric(v, n.corruptions_found)
             repaired.add_metric(v, n.records_repaired)

@@ -8,8 +8,15 @@ anyway (or is cancelled) leaves its bodies unsettled, whatever its last error sa
 earlier attempt may have been stored): the next call must send the same bodies again (a
 retry, deduplicated); other bodies make a producer with an id of its own move to a fresh
 id (the unsettled bodies stay as they are: in the log or not), and one with an id given by
-the caller refuse (the caller decides how to go on). Sending other bodies under the same
-sequence would have them answered as duplicates and never stored.
+the caller refuse (the caller decides how to go on). Other bodies under a stored sequence
+are refused by the leader (SEQUENCE_REUSED) where it can compare them.
+
+A producer the leader no longer knows (evicted, or expired after being idle) is answered
+UNKNOWN_PRODUCER: the client starts a new session itself (`new_session`: the next epoch,
+sequences from 0) and sends the call's bodies again. Bodies whose outcome was unknown when
+the producer was evicted may then be stored twice: the leader's memory of them went with
+the producer. A client whose epochs mean something of their own (the Spark sink's
+micro-batches) turns this off (`new_sessions = False`) and gets UNKNOWN_PRODUCER instead.
 """
 
 from __future__ import annotations
@@ -35,6 +42,7 @@ class IdempotentProducer:
         self.epoch = epoch  # a higher epoch restarts the producer's sequences (and fences older ones)
         self.next_seq = 0
         self.duplicates = 0  # bodies found already in the log (retries that had been stored)
+        self.new_sessions = True  # UNKNOWN_PRODUCER starts the next epoch (else it is raised)
         self._unsettled: list[bytes] | None = None  # bodies at next_seq whose outcome is unknown
         self._lock: asyncio.Lock | None = None
 
@@ -64,6 +72,13 @@ class IdempotentProducer:
         attempt may have been stored, so these bodies are unsettled."""
         if self._unsettled is None or len(bodies) > len(self._unsettled):
             self._unsettled = list(bodies)
+
+    def new_session(self) -> None:
+        """The leader forgot this producer: the next epoch, from sequence 0, same id (the
+        call's bodies go again under it; unsettled ones before may have been stored)."""
+        self.epoch += 1
+        self.next_seq = 0
+        self._unsettled = None
 
     def renew(self) -> None:
         """A fresh id from sequence 0 (the leader forgot the old one, or it has unsettled bodies)."""

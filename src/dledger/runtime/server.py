@@ -56,6 +56,7 @@ from dledger.core.node import (
     TakeSnapshot,
 )
 from dledger.ratelog import RateLimitedLog
+from dledger.runtime.access import RAFT_ACCESS, content_refusal
 from dledger.runtime.metrics import KIND_CLIENT, KIND_MEMBER, OTHER_GROUP, UNKNOWN_REQUEST, Metrics
 from dledger.runtime.statemachines import StateMachineHost, load_state_machine
 from dledger.runtime.transport import (
@@ -73,6 +74,7 @@ from dledger.runtime.transport import (
     TransportServer,
     encode_error,
 )
+from dledger.security.roles import Access, Tokens, expect_members
 from dledger.security.tls import TlsConfig, check_member_cert, client_context, member_allowed, server_context
 from dledger.statemachine.api import StateMachine
 from dledger.statemachine.applier import Applier, ApplyBatch
@@ -177,10 +179,12 @@ class GroupRuntime:
         self._execute()
 
     def handle(self, code: int, req: msgspec.Struct, data: memoryview | bytes | bytearray, respond: Respond,
-               member: bool | None = None) -> None:
+               member: bool | None = None, principal: str = "") -> None:
         """Give a request to the node at once (arrival order is processing order); its
         answer goes to `respond` when the node emits it (see _execute). `member`:
-        is_member_message(code, req), when the caller knows it already (the server does)."""
+        is_member_message(code, req), when the caller knows it already (the server does);
+        `principal`: who sent it (its certificate's or token's name; idempotent producers
+        belong to it)."""
         if member is None:
             member = is_member_message(code, req)  # type: ignore[arg-type]
         sender = getattr(req, "leader_id", "")
@@ -194,7 +198,7 @@ class GroupRuntime:
             if code == RequestCode.APPEND:
                 respond = self._observed(req, respond)
         self._waiting[token] = respond
-        self.node.handle(code, req, data, token, now_ms())  # type: ignore[arg-type]
+        self.node.handle(code, req, data, token, now_ms(), principal=principal)  # type: ignore[arg-type]
         self._schedule_drain()
 
     def _counted(self, code: int, member: bool, respond: Respond) -> Respond:
@@ -403,9 +407,11 @@ class DLedgerServer:
         if len(addresses) != 1:
             raise DLedgerError(ResponseCode.UNEXPECTED_ARGUMENT, f"groups listen on different addresses: {addresses}")
         self.address, self.member_address = addresses.pop()
-        security = {(c.tls_cert, c.tls_key, c.tls_ca, c.auth_token) for c in self.configs}
+        security = {(c.tls_cert, c.tls_key, c.tls_ca, c.auth_token, c.client_token, c.admin_token, c.insecure)
+                    for c in self.configs}
         if len(security) != 1:
-            raise DLedgerError(ResponseCode.UNEXPECTED_ARGUMENT, "groups served together need the same TLS and token")
+            raise DLedgerError(ResponseCode.UNEXPECTED_ARGUMENT, "groups served together need the same TLS, tokens "
+                               "and insecure setting")
         self.groups: dict[str, GroupRuntime] = {}
         self.faults = FaultInjector()
         self.client: TransportClient | None = None
@@ -420,8 +426,18 @@ class DLedgerServer:
         self._m_other = _RequestCounts(self.metrics, OTHER_GROUP, ids) if self.metrics is not None else None
         # request codes another service answers on this port (the controller's, say)
         self.services: dict[int, DirectHandler] = {}
+        # every request code served here and the roles that may send it (runtime.access): the
+        # transport checks it before any handler; services add theirs with register_service
+        self.access: dict[int, Access] = dict(RAFT_ACCESS)
         self.sealed_groups: set[str] = set()  # groups whose log only this process writes: no client appends
         self.on_connection_lost: Callable[[Caller], None] | None = None
+
+    def register_service(self, handlers: dict[int, DirectHandler], access: dict[int, Access]) -> None:
+        """Serve more request codes on this port (before start): each with the roles it needs."""
+        if set(handlers) != set(access):
+            raise ValueError(f"codes without an access entry: {sorted(set(handlers) ^ set(access))}")
+        self.services.update(handlers)
+        self.access.update(access)
 
     async def start(self) -> None:
         """Open every group and listen. If a step fails (a store directory another process
@@ -443,12 +459,12 @@ class DLedgerServer:
         if tls is not None:
             for c in self.configs:
                 check_member_cert(tls, c.self_id)
-        token = cfg0.auth_token.encode() or None
+        token = cfg0.auth_token.encode() if tls is None and cfg0.auth_token else None
         names = {p.address: p.id for c in self.configs for p in c.member_map.values()}
         # a member that comes back is reached within half a second (a 2 s backoff delayed every
         # restarted follower's catch-up and snapshot install by up to that much)
         self.client = TransportClient(max_frame_bytes=max_frame, faults=self.faults,
-                                      ssl=client_context(tls) if tls else None, server_names=names,
+                                      ssl=client_context(tls) if tls else None, server_check=expect_members(names),
                                       auth_token=token, backoff_max_s=MEMBER_BACKOFF_MAX_S)
         for cfg in self.configs:
             if cfg.group in self.groups:
@@ -460,9 +476,11 @@ class DLedgerServer:
             await g.start()
         limits = Limits(max_connections=_connection_cap(cfg0.max_connections),
                         idle_timeout_s=cfg0.idle_timeout_ms / 1000, frame_timeout_s=cfg0.frame_timeout_ms / 1000,
-                        frame_memory_bytes=cfg0.frame_memory_bytes)
+                        frame_memory_bytes=cfg0.frame_memory_bytes, answer_memory_bytes=cfg0.answer_memory_bytes)
+        tokens = Tokens.of(cfg0.auth_token, cfg0.client_token, cfg0.admin_token) if tls is None else Tokens()
         self.server = TransportServer(direct=self._handle, max_frame_bytes=max_frame,
-                                      ssl=server_context(tls) if tls else None, auth_token=token, limits=limits)
+                                      ssl=server_context(tls) if tls else None, tokens=tokens, limits=limits,
+                                      policy=self.access, loopback_only=cfg0.security_mode == "loopback")
         self.server.on_connection_lost = self.on_connection_lost
         if self.metrics is not None:
             self.server.on_refused = self._count_other
@@ -474,10 +492,7 @@ class DLedgerServer:
             self.metrics.serve(self.metrics_port)
         log.info("serving groups %s on %s%s", sorted(self.groups), self.address,
                  f" (members on {self.member_address})" if split else "")
-        if tls is None:
-            log.warning("%s: no TLS: %s; see docs/security.md to deploy with --tls-cert/--tls-key/--tls-ca",
-                        cfg0.self_id, "a client that knows the token can still send member messages" if token
-                        else "anyone who can reach this port can send member messages and client requests")
+        _log_security(cfg0)
 
     async def _listen(self, address: str, listener: str) -> None:
         assert self.server is not None
@@ -516,6 +531,8 @@ class DLedgerServer:
             self._answer(respond, _error(ResponseCode.UNKNOWN_GROUP, f"no group {req.group!r} here"), code, member)
             return
         refusal = _refusal(g.cfg, code, req, caller, member)
+        if refusal is None and (problem := content_refusal(code, req, caller.principal)) is not None:
+            refusal = _error(ResponseCode.UNAUTHENTICATED, problem)
         if refusal is not None:
             self._answer(respond, refusal, code, member, g)
         elif code == RequestCode.APPEND and req.group in self.sealed_groups:
@@ -533,7 +550,7 @@ class DLedgerServer:
             g.set_faults(req.blocked, req.spare_handover)
             self._answer(respond, Message(200, encode(SimpleResponse(200))), code, member, g)
         else:
-            g.handle(code, req, msg.data, respond, member)
+            g.handle(code, req, msg.data, respond, member, caller.principal.name)
 
     def _answer(self, respond: Respond, answer: Message, code: int, member: bool,
                 g: GroupRuntime | None = None) -> None:
@@ -554,6 +571,27 @@ class DLedgerServer:
         if member is None:
             member = is_member_code(code)
         self._m_other.inc(code if code in _REQUEST_NAMES else -1, member, answer)
+
+
+# how `dledger server` says at start how it authenticates (DLedgerConfig.security_mode)
+SECURITY_SHOWN = {"tls": "TLS", "token": "token", "loopback": "no TLS: loopback connections only",
+                  "insecure": "INSECURE: no TLS, every host served"}
+
+
+def _log_security(cfg: DLedgerConfig) -> None:
+    """Say at start how this member authenticates, and what that leaves open."""
+    mode = cfg.security_mode
+    if mode == "insecure":
+        log.warning("%s: INSECURE (--insecure): no TLS and no token, and every host may connect: anyone who can "
+                    "reach this port may append, read, steer the group and forge member messages "
+                    "(docs/security.md)", cfg.self_id)
+    elif mode == "loopback":
+        log.warning("%s: no TLS and no token: accepting connections from loopback addresses only "
+                    "(TLS, a token or --insecure to serve other hosts; docs/security.md)", cfg.self_id)
+    elif mode == "token":
+        log.warning("%s: no TLS: tokens authenticate, but traffic is clear text and a cluster-token holder "
+                    "may forge member messages; see docs/security.md to deploy with --tls-cert/--tls-key/--tls-ca",
+                    cfg.self_id)
 
 
 # File descriptors kept for the store (data and index files, checkpoints), peers and metrics.
@@ -586,13 +624,15 @@ def _refusal(cfg: DLedgerConfig, code: int, req: Any, caller: Caller, member_msg
         return _error(ResponseCode.UNEXPECTED_MEMBER, "member messages go to the member listener (peer_listen)")
     if not member_msg and caller.listener == LISTENER_MEMBER and code != RequestCode.METADATA:
         return _error(ResponseCode.UNSUPPORTED, "this is the member listener: send client requests elsewhere")
-    if member_msg and caller.tls and not member_allowed(caller.names, req.leader_id, cfg.peer_map):
+    principal = caller.principal
+    if member_msg and principal.bound and not member_allowed(principal.names, req.leader_id, cfg.peer_map):
         return _error(ResponseCode.UNAUTHENTICATED,
-                      f"a certificate naming {sorted(caller.names)} cannot speak for member {req.leader_id!r}")
-    if member_msg and caller.tls:
+                      f"a certificate naming {sorted(principal.names)} cannot speak for member {req.leader_id!r}")
+    if member_msg and principal.bound:
         caller.trusted = True  # a verified member's connection: the connection cap never evicts it
-    if isinstance(req, ReadRequest):  # its answer, not its request, is the work
-        caller.charge(min(req.max_bytes, cfg.max_read_bytes) >> 13)
+    if isinstance(req, ReadRequest):  # its answer, not its request, is the work; and it must fit the answer budget
+        req.max_bytes = caller.answer_room(min(req.max_bytes, cfg.max_read_bytes))
+        caller.charge(req.max_bytes >> 13)
     elif isinstance(req, AppendRequest):
         caller.charge(len(req.bodies) >> 6)
     return None
@@ -609,8 +649,8 @@ async def serve_forever(configs: DLedgerConfig | list[DLedgerConfig], stop: asyn
     for cfg in configs if isinstance(configs, list) else [configs]:
         me = cfg.peer_map[cfg.self_id]
         where = f"{me.host}:{me.port}" + (" (clients; members on the peer listener)" if cfg.peer_listen else "")
-        extras = [f"metrics on :{cfg.metrics_port}" if cfg.metrics_port else "",
-                  "TLS" if cfg.tls_cert else ("token" if cfg.auth_token else "no TLS"), f"flush={cfg.flush}"]
+        extras = [f"metrics on :{cfg.metrics_port}" if cfg.metrics_port else "", SECURITY_SHOWN[cfg.security_mode],
+                  f"flush={cfg.flush}"]
         # a memory store writes nothing under store_dir: naming that directory would mislead
         store = "store in memory" if cfg.store_type == "memory" else f"store {cfg.store_dir}"
         print(f"dledger {cfg.group}/{cfg.self_id}: listening on {where}, {store}, "

@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 
 from dledger.codes import DLedgerError, ResponseCode
 from dledger.config import DLedgerConfig
+from dledger.ratelog import RateLimitedLog
 from dledger.statemachine.api import DirectoryReader, NullStateMachine, StateMachine
 from dledger.statemachine.install import InstallSink, SnapshotSource
 from dledger.statemachine.snapshot import SnapshotError, SnapshotMeta, SnapshotStore, read_meta, read_producers
@@ -58,6 +59,8 @@ class StateMachineHost:
         self._worker = ThreadPoolExecutor(1, thread_name_prefix=f"sm-{cfg.group}-{cfg.self_id}")
         self._reader = ThreadPoolExecutor(1, thread_name_prefix=f"snap-{cfg.group}-{cfg.self_id}")
         self._sink: InstallSink | None = None  # a snapshot being received (worker thread only)
+        # a leader's INSTALL_SNAPSHOT (without TLS, anyone's) can end in a restore per request
+        self._restores = RateLimitedLog(log)
 
     def restore(self) -> tuple[SnapshotMeta, bytes | None] | None:
         """Load the newest valid snapshot into the state machine (the empty state without one);
@@ -119,7 +122,8 @@ class StateMachineHost:
             raise SnapshotError(f"snapshot {meta.last_index} was replaced before it was restored")
         if self.sm is not None:
             self.sm.restore(DirectoryReader(directory, meta.files))
-        log.info("restored installed snapshot through index %d (term %d)", meta.last_index, meta.last_term)
+        self._restores.info("restored", "restored installed snapshot through index %d (term %d)", meta.last_index,
+                            meta.last_term)
         return read_producers(directory, meta)
 
     def take_snapshot(self, index: int, term: int, chain_crc: int, next_pos: int, members: str,

@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any, NoReturn, Protocol
 
 from dledger.config import ConfigError, DLedgerConfig
+from dledger.security.roles import Role, roles_of_units
 
 DEFAULT_CLIENT_NAME = "client"
 
@@ -60,6 +61,13 @@ class TlsConfig:
         if not cfg.tls_enabled:
             return None
         return cls(ca=cfg.tls_ca, cert=cfg.tls_cert, key=cfg.tls_key)
+
+    @classmethod
+    def from_dir(cls, directory: str | Path, name: str = "client") -> TlsConfig:
+        """The files `dledger certs` (and `dledger cluster`) write for `name` in `directory`:
+        ca.pem, <name>.pem, <name>-key.pem (client.pem for a client, admin.pem for an admin)."""
+        d = Path(directory)
+        return cls(ca=str(d / "ca.pem"), cert=str(d / f"{name}.pem"), key=str(d / f"{name}-key.pem"))
 
 
 class _HasExtraInfo(Protocol):
@@ -119,6 +127,11 @@ def member_allowed(names: Iterable[str], sender: str, members: Iterable[str]) ->
 
 def cert_file_names(path: str) -> frozenset[str]:
     """The names (CN and DNS subjectAltNames) on the first certificate of a PEM file."""
+    return _cert_file(path)[0]
+
+
+def _cert_file(path: str) -> tuple[frozenset[str], list[str]]:
+    """Names (CN, DNS subjectAltNames) and OU values of the first certificate of a PEM file."""
     from cryptography import x509
     from cryptography.x509.oid import NameOID
 
@@ -128,21 +141,37 @@ def cert_file_names(path: str) -> frozenset[str]:
     except ValueError:
         _fail("tls_cert", path, "not a PEM certificate")
     names = {str(a.value) for a in cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME) if a.value}
+    units = [str(a.value) for a in cert.subject.get_attributes_for_oid(NameOID.ORGANIZATIONAL_UNIT_NAME)]
     try:
         san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     except x509.ExtensionNotFound:
         pass
     else:
         names.update(san.get_values_for_type(x509.DNSName))
-    return frozenset(names)
+    return frozenset(names), units
 
 
-def check_member_cert(tls: TlsConfig, self_id: str) -> None:
-    """Refuse to start a member whose certificate does not name its own id (ConfigError)."""
-    names = cert_file_names(tls.cert)
+def check_member_cert(tls: TlsConfig, self_id: str, role: Role = Role.MEMBER) -> None:
+    """Refuse to start a member whose certificate does not name its own id, or does not carry
+    the role it needs (ConfigError): its peers would refuse every message it sends."""
+    names, units = _cert_file(tls.cert)
     if self_id not in names:
         shown = ", ".join(sorted(names)) or "no names"
         _fail("tls_cert", tls.cert, f"names {shown}, not this member's id {self_id!r}")
+    roles, _ = roles_of_units(units)
+    if role not in roles:
+        _fail("tls_cert", tls.cert, f"carries the roles {', '.join(sorted(roles))}, not {role} (an OU={role} "
+              "attribute; `dledger certs` issues them, docs/security.md)")
+
+
+def check_broker_cert(tls: TlsConfig, broker_set: str) -> None:
+    """Refuse to start a broker whose certificate is not a replica of its set (OU broker:<set>)."""
+    _, units = _cert_file(tls.cert)
+    roles, cert_set = roles_of_units(units)
+    if Role.BROKER not in roles or cert_set != broker_set:
+        shown = f"broker set {cert_set}" if cert_set else f"the roles {', '.join(sorted(roles))}"
+        _fail("tls_cert", tls.cert, f"is a certificate of {shown}, not a replica of broker set {broker_set!r} "
+              f"(OU=broker:{broker_set}; `dledger certs --brokers {broker_set}/r0`, docs/security.md)")
 
 
 def _configure(ctx: ssl.SSLContext, tls: TlsConfig) -> None:

@@ -11,7 +11,11 @@ acknowledged once on every SyncStateSet member's disk and while the master's lea
 
 Faults by seed: broker kills (the page cache survives) and power losses (it does not),
 partitions between a broker and the controllers (a master cut off from them but not from its
-slaves) or between brokers, slow disks, lost controller replies, controller leader failovers.
+slaves) or between brokers, slow disks, lost controller replies, controller leader failovers,
+and forgeries (docs/brokers.md): a NOTIFY naming any master and epoch up to 2**31-1 (a broker
+takes it as a hint and asks the controller), a heartbeat for the master with lease_ms=0 on a
+connection that then closes (the lease still holds), an alter-sync-state-set on a connection
+that carries no heartbeats of the master (refused).
 
 Invariants, after every event:
 - at most one broker holds a valid master lease at any moment, so at most one acknowledges;
@@ -27,7 +31,7 @@ import heapq
 import itertools
 import logging
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 
 from dledger.broker.epoch_file import EpochFileCache
@@ -38,9 +42,10 @@ from dledger.broker.ha_slave import SlaveClient
 from dledger.broker.log import BrokerLog
 from dledger.broker.replica import Change, ReplicaState, Role
 from dledger.codes import ControllerResponseCode as RC
-from dledger.codes import DLedgerError
+from dledger.codes import DLedgerError, ResponseCode
 from dledger.controller import messages as m
 from dledger.controller.config import ControllerConfig
+from dledger.controller.elect_policy import LiveInfo
 from dledger.controller.liveness import Liveness
 from dledger.controller.machine import ControllerStateMachine
 from dledger.controller.processor import process
@@ -134,6 +139,8 @@ class Broker:
         self.altering = False
         self.registered = False
         self.last_confirm = -1
+        self.querying: object | None = None  # the replica-info query in flight for hints (one at a time)
+        self.hinted_again = False
 
     def _fresh(self) -> ReplicaState:
         r = ReplicaState(NAME, self.log, self.epochs, HA, ACKS, LEASE_MS, ack_durable=True,
@@ -156,6 +163,7 @@ class Broker:
         self.last_confirm = self.replica.confirm_offset
         self.sim.trace(f"b{self.id} up (log {self.log.max_offset}, epochs {self.epochs.entries})")
         self.registered = False
+        self.querying, self.hinted_again = None, False
         self._register(self.incarnation)
         self._tick(self.incarnation)
 
@@ -174,7 +182,7 @@ class Broker:
             self.disk.crash()
         else:
             self.disk.sync_all()  # a killed process: the page cache survives and reaches the disk
-        self.sim.controller.connection_closed(self)
+        self.sim.controller.connection_closed((self.id, self.incarnation))
         self.sim.trace(f"b{self.id} {'power loss' if power_loss else 'killed'} (log {self.log.max_offset})")
 
     def _registered(self, resp: m.Response) -> None:
@@ -192,7 +200,32 @@ class Broker:
 
     # --- roles -----------------------------------------------------------------------------
 
-    def change_role(self, resp: m.Response | m.NotifyBrokerRoleChanged) -> None:
+    def hint(self, note: m.NotifyBrokerRoleChanged | None = None) -> None:
+        """A NOTIFY (the controller's or a forged one) or the poll: ask the controller leader
+        for replica info, one query in flight (as the server's _follow_controller); a note's
+        own fields are never used."""
+        if not self.up or not self.registered:
+            return
+        if self.querying is not None:
+            self.hinted_again = True
+            return
+        token = self.querying = object()
+
+        def done(resp: m.Response | None) -> None:
+            if self.querying is not token:
+                return
+            self.querying = None
+            if resp is not None:
+                self._replica_info(resp)
+            if self.hinted_again:
+                self.hinted_again = False
+                self.hint()
+
+        self.sim.call_controller(self, m.GetReplicaInfo(NAME), done)
+        self.sim.after(3_000, done, None)  # the request's timeout
+
+    def change_role(self, resp: m.Response) -> None:
+        """Take the role a controller answer names (register, election, replica info)."""
         if not self.up or resp.master_broker_id is None or not resp.master_address:
             return
         epoch = resp.master_epoch or 0
@@ -219,7 +252,7 @@ class Broker:
             self.heartbeat()
         if now % 1000 < 100 and self.registered:
             self.saved_confirm = r.confirm_offset
-            self.sim.call_controller(self, m.GetReplicaInfo(NAME), self._replica_info)
+            self.hint()
             if r.master_ha is not None:
                 r.master_ha.shrink(now)
                 self.alter()
@@ -294,6 +327,8 @@ class Broker:
             self.altering = False
             self.sim.trace(f"b{self.id} proposal {req.sync_state_set}: "
                            f"{'no answer' if resp is None else (resp.code, resp.sync_state_set)}")
+            if resp is not None and resp.code == ResponseCode.UNAUTHENTICATED:
+                resp = None  # not over our heartbeats' connection: sent again (as the server)
             r.alter_answered(req, resp)
             if r.unresolved:
                 self.sim.call_controller(self, m.GetReplicaInfo(NAME), self._replica_info)
@@ -380,28 +415,50 @@ class SimControllerGroup:
         for i in IDS:  # ids applied for and accepted before the run (registration is tested apart)
             self._apply(m.ApplyBrokerId(CLUSTER, NAME, i, f"b{i};0"))
 
-    def _apply(self, req: m.WriteRequest | m.ReadRequest) -> m.Response:
+    def _apply(self, req: m.WriteRequest | m.ReadRequest, live: dict[int, LiveInfo] | None = None) -> m.Response:
         now = self.sim.now
-        cmd = m.Command(req, {NAME: self.liveness.table.live_infos(NAME, now)})
+        cmd = m.Command(req, {NAME: self.liveness.table.live_infos(NAME, now) if live is None else live})
         resp, events = process(self.machine.state, cmd)
         for ev in events:
             self.machine.state.apply(ev)
         return resp
 
-    def handle(self, broker: Broker, req: m.Request) -> m.Response | None:
+    def handle(self, conn: Hashable, req: m.Request, answer: Callable[[m.Response], None]) -> None:
+        """A request on connection `conn` (a broker incarnation's, or a forger's); `answer` is
+        called with the answer, now or (an election waiting out a lease) later, or never."""
         now = self.sim.now
         if isinstance(req, m.BrokerHeartbeat):
-            return self.liveness.heartbeat(req, now, (broker.id, broker.incarnation), self.available)
+            answer(self.liveness.heartbeat(req, now, conn, self.available))
+            return
         if not self.available:
-            return None
+            return
         assert isinstance(req, m.WriteRequest | m.ReadRequest)
+        if isinstance(req, m.AlterSyncStateSet) and not self.liveness.table.beats_on(NAME, req.master_broker_id, conn):
+            answer(m.Response(int(ResponseCode.UNAUTHENTICATED), "not over the master's heartbeat connection"))
+            return
         if not isinstance(req, m.ElectMaster):
-            return self._apply(req)
-        return self.elect(req)
+            answer(self._apply(req))
+            return
+        self.elect(req, answer)
 
-    def elect(self, req: m.ElectMaster) -> m.Response:
+    def elect(self, req: m.ElectMaster, answer: Callable[[m.Response], None] = lambda _: None) -> None:
+        """As the service's _elect: logged only once no lease it granted can still hold a
+        master this election could replace."""
+        now = self.sim.now
+        live = self.liveness.table.live_infos(NAME, now)
+        wait = self.liveness.election_wait(NAME, live, req.designate_elect, now)
+        if wait:
+            self.sim.trace(f"election waits {wait} ms for the master's lease")
+            term = self.term
+
+            def again() -> None:
+                if self.available and self.term == term:
+                    self.elect(req, answer)
+
+            self.sim.after(wait, again)
+            return
         self.liveness.election_started(NAME)
-        resp = self._apply(req)
+        resp = self._apply(req, live)
         self.liveness.election_ended(NAME, resp)
         if resp.code == RC.SUCCESS:
             self.sim.trace(f"controller elected b{resp.master_broker_id} at epoch {resp.master_epoch}")
@@ -410,11 +467,11 @@ class SimControllerGroup:
                                              resp.sync_state_set or [])
             for b in self.sim.brokers.values():
                 if b.up and not self.sim.blocked(CTL, b.address):
-                    self.sim.after(self.sim.rng.randint(1, 20), b.change_role, note)
-        return resp
+                    self.sim.after(self.sim.rng.randint(1, 20), b.hint, note)
+        answer(resp)
 
-    def connection_closed(self, broker: Broker) -> None:
-        self.liveness.table.connection_closed((broker.id, broker.incarnation))
+    def connection_closed(self, conn: Hashable) -> None:
+        self.liveness.table.connection_closed(conn, self.sim.now)
 
     def scan(self) -> None:
         now = self.sim.now
@@ -498,13 +555,13 @@ class BrokerSim:
         while replies are being lost."""
         inc = broker.incarnation
 
-        def arrive() -> None:
-            if self.blocked(broker.address, CTL):
-                return
-            resp = self.controller.handle(broker, req)
-            if resp is None or (self.controller.lose_replies and self.rng.random() < 0.5):
-                return
-            self.after(self.delay(), reply, resp)
+        def arrive() -> None:  # (a connection closes after what was sent on it arrived: the stop closes it)
+            if not self.blocked(broker.address, CTL) and broker.up and broker.incarnation == inc:
+                self.controller.handle((broker.id, inc), req, deliver)
+
+        def deliver(resp: m.Response) -> None:
+            if not (self.controller.lose_replies and self.rng.random() < 0.5):
+                self.after(self.delay(), reply, resp)
 
         def reply(resp: m.Response) -> None:
             if broker.up and broker.incarnation == inc and not self.blocked(broker.address, CTL):
@@ -669,7 +726,7 @@ class BrokerSim:
     def _fault(self) -> None:
         self.report.faults += 1
         kind = self.rng.choice(["kill", "power", "partition_ctl", "partition_peer", "isolate_master", "slow_disk",
-                                "lost_replies", "controller_failover", "kill_master_and_controller"])
+                                "lost_replies", "controller_failover", "kill_master_and_controller", "forge"])
         ids = list(IDS)
         target = self.rng.choice(ids)
         s = self.controller.machine.state.get(NAME)
@@ -692,9 +749,38 @@ class BrokerSim:
             self.after(self.rng.randint(1_000, 4_000), setattr, self.controller, "lose_replies", False)
         elif kind == "controller_failover":
             self.controller.failover(self.rng.randint(200, 2_000))
+        elif kind == "forge":
+            self._forge(target, master)
         else:  # #7689: the master and the controller leader die together
             self._crash(master, self.rng.random() < 0.5, self.rng.randint(500, 3_000))
             self.controller.failover(self.rng.randint(200, 2_000))
+
+    def _forge(self, target: int, master: int) -> None:
+        """An attacker on the network (docs/brokers.md): a NOTIFY to `target` naming any master
+        at any epoch; a heartbeat for the master saying lease_ms=0 on the attacker's own
+        connection, closed soon after (the lease must still hold); an alter from that connection
+        with the current epochs (refused: it carries none of the master's heartbeats)."""
+        s = self.controller.machine.state.get(NAME)
+        epoch = self.rng.choice([(s.master_epoch if s is not None else 0) + 1, 2**31 - 1])
+        liar = self.rng.choice(IDS)
+        note = m.NotifyBrokerRoleChanged(NAME, f"b{liar}", epoch, epoch, liar, [liar])
+        self.after(self.delay(), self.brokers[target].hint, note)
+        conn = ("forger", self.events)
+        b = self.brokers[master]
+        # the master's own connection carries its heartbeats (else, without TLS, the forger's
+        # heartbeats make its connection the master's: docs/brokers.md, weak points)
+        homed = b.up and self.controller.liveness.table.beats_on(NAME, master, (master, b.incarnation))
+        hb = m.BrokerHeartbeat(CLUSTER, f"b{master}", NAME, master, epoch=-1, lease_ms=0)
+        self.controller.handle(conn, hb, lambda _: None)
+        self.after(self.rng.randint(0, 50), self.controller.connection_closed, conn)
+        if s is not None and s.master_id == master:
+            alter = m.AlterSyncStateSet(NAME, master, s.master_epoch, [master], s.sync_state_set_epoch)
+
+            def refused(resp: m.Response) -> None:
+                if homed and resp.code != ResponseCode.UNAUTHENTICATED:
+                    self.violation(f"a forged alter-sync-state-set was answered {resp.code}")
+
+            self.controller.handle(conn, alter, refused)
 
     def _crash(self, i: int, power_loss: bool, down_ms: int) -> None:
         b = self.brokers[i]

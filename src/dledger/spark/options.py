@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -36,7 +37,7 @@ class OptionError(ValueError):
 
 
 _CONNECTION = frozenset({"peers", "group", "groups", "controller", "brokers", "clientTimeoutSeconds", "tlsCa",
-                         "tlsCert", "tlsKey", "authToken"})
+                         "tlsCert", "tlsKey", "tlsDir", "authToken"})
 READ_OPTIONS = _CONNECTION | {"startingIndex", "endingIndex", "maxEntriesPerTrigger", "failOnDataLoss",
                               "entriesPerPartition", "minPartitions", "timeoutSeconds"}
 WRITE_OPTIONS = _CONNECTION | {"batchSize", "idempotent", "writeId", "writeTimeoutSeconds"}
@@ -113,6 +114,10 @@ def get_float(options: Mapping[str, str], name: str, default: float) -> float:
         value = float(raw)
     except ValueError:
         raise OptionError(f"option {name}: expected a number, got {raw!r}") from None
+    # float() takes "nan" and "inf": a nan timeout passes every comparison, an infinite one
+    # waits for ever on a dead member
+    if not math.isfinite(value):
+        raise OptionError(f"option {name}: must be a finite number, got {raw!r}")
     if value <= 0:
         raise OptionError(f"option {name}: must be positive, got {value}")
     return value
@@ -151,6 +156,11 @@ class ClientOptions:
         if given and len(given) != 3:
             raise OptionError("options tlsCa, tlsCert and tlsKey go together: give all three or none")
         tls = TlsConfig(paths["tlsCa"] or "", paths["tlsCert"] or "", paths["tlsKey"] or "") if given else None
+        tls_dir = get_str(options, "tlsDir")
+        if tls_dir and given:
+            raise OptionError("option tlsDir or options tlsCa/tlsCert/tlsKey, not both")
+        if tls_dir:  # a `dledger certs` directory: its CA and client certificate
+            tls = TlsConfig.from_dir(tls_dir)
         return cls(get_float(options, "clientTimeoutSeconds", DEFAULT_CLIENT_TIMEOUT_S), tls,
                    get_str(options, "authToken"))
 

@@ -13,7 +13,12 @@ needs the retried task to see the same rows in the same order (Spark's replay of
 deterministic plan and of a replayable source, as Kafka's and ours).
 
 Within a task an append whose outcome is unknown (the leader died) is sent again by the
-client, and again here until `writeTimeoutSeconds`: no task fails for a failover.
+client, and again here until `writeTimeoutSeconds`: no task fails for a failover, nor for
+PRODUCER_RATE_LIMITED (nothing written). What retrying cannot mend fails the task at once,
+saying why: a retry whose rows differ from what an attempt stored (SEQUENCE_REUSED), a
+producer id another principal made (PRODUCER_NOT_OWNED), a producer the leader forgot
+(UNKNOWN_PRODUCER: the task's epochs are Spark's batch ids, so the client must not start a
+session of its own, which would take the next micro-batch's epoch).
 """
 
 from __future__ import annotations
@@ -60,8 +65,18 @@ MAX_WRITE_ID = 80  # the producer id adds the partition (and a batch): 128 chara
 # what retrying cannot mend: a bad request or a broken producer sequence
 _FATAL = {ResponseCode.UNEXPECTED_ARGUMENT, ResponseCode.UNKNOWN_GROUP, ResponseCode.UNAUTHENTICATED,
           ResponseCode.OUT_OF_ORDER_SEQUENCE, ResponseCode.UNKNOWN_PRODUCER, ResponseCode.UNSUPPORTED,
-          ResponseCode.PRODUCER_FENCED,
+          ResponseCode.PRODUCER_FENCED, ResponseCode.PRODUCER_NOT_OWNED, ResponseCode.SEQUENCE_REUSED,
           ResponseCode.REQUEST_WITH_EMPTY_BODYS}
+# what an operator should know beside the code
+_HINTS = {
+    ResponseCode.SEQUENCE_REUSED: "this attempt's rows differ from those an earlier attempt (or an earlier write "
+                                  "with the same writeId) stored under the same numbers: make the plan deterministic "
+                                  "(sort within partitions, or partition by a key), or use a new writeId",
+    ResponseCode.PRODUCER_NOT_OWNED: "another principal (certificate or token) created this producer id: use "
+                                     "another writeId (or query), or this job's own credentials",
+    ResponseCode.UNKNOWN_PRODUCER: "the group forgot this task's producer (evicted or expired): rows this task "
+                                   "appended before may be appended again by the retry",
+}
 
 
 class AppendCommitMessage(WriterCommitMessage):
@@ -150,6 +165,8 @@ class _Appender:
         self.client: DLedgerClient | BrokerClient = (
             cfg.client.broker_client(cfg.peers, cfg.group) if cfg.broker
             else cfg.client.client(cfg.peers, cfg.group, producer))
+        if isinstance(self.client, DLedgerClient) and self.client.producer is not None:
+            self.client.producer.new_sessions = False  # its epochs are Spark's: UNKNOWN_PRODUCER fails the task
         self.rows = self.duplicates = 0
         self.first = self.last = -1
         self.pending: list[bytes] = []
@@ -189,9 +206,10 @@ class _Appender:
                 return results[0].index, results[-1].index
             except DLedgerError as e:
                 if producer is None or e.code in _FATAL or time.monotonic() >= deadline:
+                    hint = f"; {_HINTS[e.code]}" if e.code in _HINTS and producer is not None else ""
                     raise RuntimeError(
                         f"dledger: append of {len(self.pending)} entries to group {self.cfg.group} failed "
-                        f"({self.rows} rows of this task were appended before): {describe(e)}") from e
+                        f"({self.rows} rows of this task were appended before): {describe(e)}{hint}") from e
                 log.warning("group %s: append of %d entries failed (%s); sending them again", self.cfg.group,
                             len(self.pending), describe(e))
                 time.sleep(0.2)

@@ -13,6 +13,7 @@ snapshot or a whole one (a `.tmp-` leftover is deleted when the store opens).
 
 from __future__ import annotations
 
+import os
 import shutil
 import zlib
 from pathlib import Path
@@ -30,6 +31,9 @@ from dledger.statemachine.snapshot import (
     check_files,
     valid_file_name,
 )
+
+# free space an install leaves on the store's disk (the log and its checkpoints go on writing)
+SPACE_MARGIN_BYTES = 64 << 20
 
 
 def _layout(meta: SnapshotMeta) -> list[tuple[str, int, int]]:
@@ -69,6 +73,17 @@ class SnapshotSource:
         return data
 
 
+def free_bytes(directory: Path) -> int:
+    """Bytes an unprivileged writer may still put on `directory`'s filesystem."""
+    st = os.statvfs(directory)
+    return st.f_bavail * st.f_frsize
+
+
+class InstallSpaceError(SnapshotError):
+    """The meta declares more than the disk has room for. Its message says "No space left",
+    which the follower's node answers as DISK_FULL (core.install_snapshot)."""
+
+
 class InstallSink:
     """The follower's side: the stream written back, in order, into a temporary directory."""
 
@@ -76,6 +91,13 @@ class InstallSink:
         bad = [n for n in meta.files if not valid_file_name(n)]
         if bad or meta.size < 0 or any(f.size < 0 for f in meta.files.values()):
             raise SnapshotError(f"install of {meta.last_index}: bad file names or sizes in the meta {bad}")
+        # before anything is written: a meta is the sender's word (a forged one declaring 2**61
+        # bytes wrote 544 MB in 3 s), and a copy that cannot fit would only fill the disk the
+        # log needs; chunks never go past what the meta declares (write)
+        room = free_bytes(store.dir) - SPACE_MARGIN_BYTES
+        if meta.size > room:
+            raise InstallSpaceError(f"install of {meta.last_index}: No space left for its {meta.size} bytes: the "
+                                    f"store's disk has {max(room, 0)} free beyond a margin of {SPACE_MARGIN_BYTES}")
         self.store = store
         self.meta = meta
         self.tmp = store.dir / f".tmp-install-{meta.last_index:020d}"

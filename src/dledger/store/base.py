@@ -231,11 +231,20 @@ class LedgerStore(ABC):
         begin_chain_crc for begin_index - 1."""
         if index == self.begin_index - 1:
             return self.begin_chain_crc
+        return self._header_field(index, 6)
+
+    def body_crc(self, index: int) -> int:
+        """The body CRC field of the record at `index` as stored (its header: what a leader
+        compares a producer's repeated body with, without checking the body)."""
+        return self._header_field(index, 7)
+
+    def _header_field(self, index: int, field: int) -> int:
+        """Field `field` of the record header at `index` (entry.HEADER's order), unchecked."""
         raw = self.read_raw(index, 0)
         try:
             if len(raw.data) < HEADER_SIZE:
                 raise CorruptEntryError(index, f"record of entry {index} has no whole header")
-            return int(HEADER.unpack_from(raw.data, 0)[6])
+            return int(HEADER.unpack_from(raw.data, 0)[field])
         finally:
             raw.data.release()
 

@@ -1,0 +1,223 @@
+"""What an authenticated party may ask (issue 26): roles on certificates and tokens, and a
+member without either serving loopback only unless --insecure.
+
+Real member processes; requests are raw frames sent with whatever credential the attacker
+holds: a client certificate, an admin's, a member's, a client or admin token. Each refusal
+is 430 naming the missing role, and nothing refused changes a term or a log.
+"""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from dledger.codes import DLedgerError, RequestCode, ResponseCode
+from dledger.core.messages import (
+    FAULT,
+    READ,
+    READ_INDEX,
+    SNAPSHOT,
+    FaultRequest,
+    HeartBeatRequest,
+    InstallSnapshotRequest,
+    LeadershipTransferRequest,
+    PushRequest,
+    ReadIndexRequest,
+    ReadRequest,
+    SnapshotRequest,
+    VoteRequest,
+    encode,
+)
+from dledger.ports import free_ports
+from dledger.runtime.client import DLedgerClient
+from dledger.runtime.transport import LOOPBACK_ONLY, Message, TransportClient
+from dledger.security.certs import make_certs
+from dledger.security.tls import client_context
+from integration.harness import Cluster, MakeCluster, wait_until
+
+from .test_authentication import address_of, send, terms, tls_of
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def certs(tmp_path: Path) -> Path:
+    d = tmp_path / "certs"
+    make_certs(d, ["n0", "n1", "n2"], hosts=["127.0.0.1"], clients=["client", "other"], admins=["admin"])
+    return d
+
+
+def answer(address: str, code: int, meta: bytes, *, ctx: object = None, token: bytes | None = None) -> tuple[int, str]:
+    """One raw request: the answer's code and its text (the transport's error for none)."""
+    import asyncio
+
+    async def go() -> tuple[int, str]:
+        t = TransportClient(ssl=ctx, auth_token=token, connect_timeout_s=5)  # type: ignore[arg-type]
+        try:
+            m = await t.request(address, Message(code, meta), 10.0)
+        except DLedgerError as e:
+            return int(e.code), e.message
+        finally:
+            await t.close()
+        decoded = msgspec.msgpack.decode(m.meta) if m.meta else None
+        text = decoded.get("error", "") if isinstance(decoded, dict) else ""
+        return m.code, str(text)
+
+    return asyncio.run(go())
+
+
+def member_requests(c: Cluster, leader: str, target: str, term: int) -> dict[str, tuple[int, bytes]]:
+    """One of every member message, as the leader would send it to `target`."""
+    g = c.group
+    return {
+        "VOTE": (RequestCode.VOTE, encode(VoteRequest(g, leader, target, term + 1000, 10**6, term + 1000))),
+        "HEART_BEAT": (RequestCode.HEART_BEAT, encode(HeartBeatRequest(g, leader, target, 2**62 - 1))),
+        "PUSH": (RequestCode.PUSH, encode(PushRequest(g, leader, target, term, 2, 10**6, term))),
+        "TRUNCATE": (RequestCode.PUSH, encode(PushRequest(g, leader, target, term + 1, 1, 0, 0))),
+        "INSTALL_SNAPSHOT": (RequestCode.INSTALL_SNAPSHOT, encode(InstallSnapshotRequest(
+            g, leader, target, term, 1_000_000, term))),
+        "READ_INDEX": (READ_INDEX, encode(ReadIndexRequest(g, leader, target))),
+    }
+
+
+def test_a_client_certificate_may_read_and_write_and_nothing_else(make_cluster: MakeCluster, certs: Path) -> None:
+    c = make_cluster(3, tls_dir=certs)
+    leader = c.wait_leader()
+    follower = next(m for m in c.ids if m != leader)
+    client = c.client()
+    first = client.append(b"acknowledged")
+    before, end = terms(c), c.leader_meta().ledger_end_index
+    as_client = client_context(tls_of(certs))
+    for name, (code, meta) in member_requests(c, leader, follower, before[leader]).items():
+        got, text = answer(address_of(c, follower), code, meta, ctx=as_client)
+        assert got == ResponseCode.UNAUTHENTICATED and "needs the member role" in text, (name, got, text)
+        assert "CN=client" in text, text
+    g = c.group
+    for name, code, meta in [
+        ("SNAPSHOT", SNAPSHOT, encode(SnapshotRequest(g))),
+        ("FAULT", FAULT, encode(FaultRequest(g, blocked=[follower]))),
+        ("LEADERSHIP_TRANSFER", RequestCode.LEADERSHIP_TRANSFER,
+         encode(LeadershipTransferRequest(g, transferee_id=follower))),
+    ]:
+        got, text = answer(address_of(c, leader), code, meta, ctx=as_client)
+        assert got == ResponseCode.UNAUTHENTICATED and "needs the admin" in text, (name, got, text)
+    got, text = answer(address_of(c, leader), 59_999, b"", ctx=as_client)
+    assert got == ResponseCode.UNSUPPORTED, (got, text)
+    assert terms(c) == before, "a refused request moved a term"
+    assert c.leader_meta().ledger_end_index == end, "a refused request changed the log"
+    assert client.get(first.index).body == b"acknowledged"
+    # what a client is for, it may do
+    read = encode(ReadRequest(g, from_index=first.index))
+    assert answer(address_of(c, leader), READ, read, ctx=as_client)[0] == ResponseCode.SUCCESS
+
+
+def test_an_admin_certificate_steers_but_cannot_speak_as_a_member(make_cluster: MakeCluster, certs: Path) -> None:
+    c = make_cluster(3, tls_dir=certs)
+    leader = c.wait_leader()
+    target = next(m for m in c.ids if m != leader)
+    before = terms(c)
+    as_admin = client_context(tls_of(certs, "admin"))
+    for name, (code, meta) in member_requests(c, leader, target, before[leader]).items():
+        got, text = answer(address_of(c, target), code, meta, ctx=as_admin)
+        assert got == ResponseCode.UNAUTHENTICATED and "member role" in text, (name, got, text)
+    assert terms(c) == before
+    with c.client(role="admin") as admin:  # the operator's hand-over works
+        admin.transfer_leadership(target)
+    assert wait_until(lambda: c.agreed_leader() == target, 30, "the transfer")
+    with c.client() as client, pytest.raises(DLedgerError) as e:  # not a client's
+        client.transfer_leadership(leader)
+    assert e.value.code == ResponseCode.UNAUTHENTICATED and "needs the admin" in e.value.message
+
+
+def test_tokens_give_their_roles(make_cluster: MakeCluster) -> None:
+    c = make_cluster(3, auth_token="cluster-secret",
+                     extra=["--client-token", "client-secret", "--admin-token", "admin-secret"])
+    leader = c.wait_leader()
+    follower = next(m for m in c.ids if m != leader)
+    before = terms(c)
+    g = c.group
+    with DLedgerClient(c.peers, g, timeout=5.0, auth_token="client-secret") as client:
+        r = client.append(b"with the client token")
+        assert client.get(r.index).body == b"with the client token"
+        with pytest.raises(DLedgerError) as e:
+            client.transfer_leadership(follower)
+        assert e.value.code == ResponseCode.UNAUTHENTICATED and "client token" in e.value.message
+    for name, (code, meta) in member_requests(c, leader, follower, before[leader]).items():
+        for token in (b"client-secret", b"admin-secret"):
+            got, text = answer(address_of(c, follower), code, meta, token=token)
+            assert got == ResponseCode.UNAUTHENTICATED and "member role" in text, (name, token, got, text)
+    got, _ = answer(address_of(c, leader), SNAPSHOT, encode(SnapshotRequest(g)), token=b"client-secret")
+    assert got == ResponseCode.UNAUTHENTICATED
+    assert terms(c) == before
+    with DLedgerClient(c.peers, g, timeout=10.0, auth_token="admin-secret") as admin:
+        admin.transfer_leadership(follower)
+    assert wait_until(lambda: c.agreed_leader() == follower, 30, "the admin token's transfer")
+    assert send(address_of(c, leader), RequestCode.APPEND, b"", token=b"guess") == ResponseCode.UNAUTHENTICATED
+
+
+def _outside_address() -> str | None:
+    """An address of this machine that is not a loopback one (None: it has none)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect(("192.0.2.1", 9))  # no packet is sent: only the route is looked up
+            ip = str(s.getsockname()[0])
+        except OSError:
+            return None
+    return None if ip.startswith("127.") else ip
+
+
+@pytest.mark.parametrize("insecure", [False, True])
+def test_without_tls_or_a_token_only_loopback_is_served(tmp_path: Path, insecure: bool) -> None:
+    outside = _outside_address()
+    if outside is None:
+        pytest.skip("this machine has no address but loopback")
+    port = free_ports(1)[0]
+    cmd = [sys.executable, "-m", "dledger", "server", "--id", "n0", "--peers", f"n0-0.0.0.0:{port}",
+           "--store-dir", str(tmp_path / "n0"), "--store", "memory", *(["--insecure"] if insecure else [])]
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        with DLedgerClient(f"n0-127.0.0.1:{port}", timeout=30) as local:
+            assert local.append(b"from loopback").index >= 0
+            assert local.metadata("n0").security == ("insecure" if insecure else "loopback")
+        got, text = answer(f"{outside}:{port}", RequestCode.METADATA, encode(ReadRequest("default")))
+        if insecure:
+            assert got == ResponseCode.UNEXPECTED_ARGUMENT or got == ResponseCode.SUCCESS, (got, text)
+        else:
+            assert got == ResponseCode.UNAUTHENTICATED and text == LOOPBACK_ONLY, (got, text)
+    finally:
+        p.terminate()
+        _, err = p.communicate(timeout=30)
+    assert ("INSECURE" in err) == insecure, err
+    assert ("loopback addresses only" in err) != insecure, err
+
+
+def test_a_producer_belongs_to_its_principal_and_its_markers_stay_hidden(make_cluster: MakeCluster,
+                                                                        certs: Path) -> None:
+    """A victim's producer id, appended under by another certificate at its next sequence,
+    made the victim's next append be acknowledged with the attacker's index and never
+    stored; and a READ with only_normal=false showed every producer's id and sequence."""
+    c = make_cluster(3, tls_dir=certs)
+    leader = c.wait_leader()
+    with DLedgerClient(c.peers, c.group, timeout=10.0, tls=tls_of(certs), idempotent=True,
+                       producer_id="orders-7") as victim:
+        first = victim.append(b"victim 0")
+        with DLedgerClient(c.peers, c.group, timeout=10.0, tls=tls_of(certs, "other"), idempotent=True,
+                           producer_id="orders-7") as attacker, pytest.raises(DLedgerError) as e:
+            attacker.append(b"attacker 0")
+        assert e.value.code == ResponseCode.PRODUCER_NOT_OWNED, e.value
+        second = victim.append(b"victim 1")
+    with c.client() as reader:
+        assert reader.get(second.index).body == b"victim 1"
+        entries = [x for x in reader.read(first.index - 1, 100) if x.index >= first.index - 1]
+    assert [x.body for x in entries if x.body.startswith(b"victim")] == [b"victim 0", b"victim 1"]
+    read_all = encode(ReadRequest(c.group, from_index=0, only_normal=False))
+    got, _ = answer(address_of(c, leader), READ, read_all, ctx=client_context(tls_of(certs)))
+    assert got == ResponseCode.SUCCESS
+    with DLedgerClient(c.peers, c.group, timeout=10.0, tls=tls_of(certs)) as plain:
+        shown = plain._run(plain._async.read(0, 1000, only_normal=False))
+    assert shown and not [x for x in shown if b"orders-7" in x.body], "a session marker reached a client"
