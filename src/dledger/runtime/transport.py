@@ -703,6 +703,7 @@ class _ServerConnection(_FrameProtocol, Caller):
         super().__init__(server.max_frame_bytes, _FRAMES_PER_TURN, self._may_continue, server.frame_memory)
         self._server = server
         self.listener = listener
+        self._allowed: set[int] = set()  # request codes the policy let this principal send
         self.principal = ANONYMOUS
         self.tls = server.ssl is not None
         self._trusted = False
@@ -723,7 +724,8 @@ class _ServerConnection(_FrameProtocol, Caller):
         self._decoder.max_frame_bytes = min(self._server.max_frame_bytes, _PRE_AUTH_MAX_FRAME)
 
     def _open_gate(self, principal: Principal) -> None:
-        self.principal, self.gate = principal, None
+        """Requests flow, as `principal` (the policy's answers for another are forgotten)."""
+        self.principal, self.gate, self._allowed = principal, None, set()
         self._decoder.max_frame_bytes = self._server.max_frame_bytes
 
     @property
@@ -745,7 +747,7 @@ class _ServerConnection(_FrameProtocol, Caller):
         known yet), not while our answers do not drain, nor once this loop turn's work is spent
         (the server's turn budget, shared by every connection)."""
         server = self._server
-        if self.queued > _SMALL_ANSWER and server.answers_over():
+        if self.queued > _SMALL_ANSWER and server.answers_queued > server.answer_limit:
             server.hold(self)  # read again once the server's queued answers shrank (sweep)
             return False
         return self.gate is not HANDSHAKING and not self._paused and server.turn_cost < _TURN_BUDGET
@@ -753,10 +755,11 @@ class _ServerConnection(_FrameProtocol, Caller):
     def _after_parse(self) -> None:
         if self.gate is HANDSHAKING:
             return  # frames that came with the handshake's last flight wait for it (_handshake)
-        if self in self._server.held:  # frames wait for the server's queued answers to shrink (sweep)
+        held = self._server.held
+        if held and self in held:  # frames wait for the server's queued answers to shrink (sweep)
             self._hold_reading("budget")
             return
-        if "budget" in self._read_holds:
+        if self._read_holds and "budget" in self._read_holds:
             self._release_reading("budget")
         super()._after_parse()
 
@@ -878,7 +881,7 @@ class _ServerConnection(_FrameProtocol, Caller):
         self._transport = tls
         self._encrypted = True
         tls.set_write_buffer_limits(high=_WRITE_HIGH_WATER, low=_WRITE_LOW_WATER)
-        self.principal, self.gate = cert_principal(tls.get_extra_info("peercert")), None
+        self._open_gate(cert_principal(tls.get_extra_info("peercert")))
         self.last_active = time.monotonic()
         if self._decoder.pending:  # frames that came with the handshake's last flight
             self._parse_backlog()
@@ -951,10 +954,12 @@ class _ServerConnection(_FrameProtocol, Caller):
         if code == AUTH_CODE or self.gate is not None:
             self._authenticate(request_id, code, meta)
             return
-        refusal = self._server.refusal(code, self.principal, self.peer)
-        if refusal is not None:
-            self._refuse(request_id, code, *refusal)
-            return
+        if code not in self._allowed:  # the policy's word on a code, once per connection and principal
+            refusal = self._server.refusal(code, self.principal, self.peer)
+            if refusal is not None:
+                self._refuse(request_id, code, *refusal)
+                return
+            self._allowed.add(code)
         self._server.charge(1 + ((len(meta) + len(data)) >> 13))
         self.inflight += 1
         respond = functools.partial(self._respond, request_id, code)
@@ -1034,12 +1039,25 @@ class _ServerConnection(_FrameProtocol, Caller):
         refusal: a thousand clients that ask and never read cannot hold gigabytes."""
         self.inflight -= 1
         server = self._server
+        size = HEADER_SIZE + _nbytes(response.meta) + _nbytes(response.data)
+        if size > server.small_answer:  # (the hot path is small answers: nothing more to check)
+            response, size = self._big_answer(request_id, request_code, response, size)
+        if self.usable:  # else the client is gone and has already failed this request
+            self.queue_frame(KIND_RESPONSE, request_id, int(response.code), response.meta, response.data)
+            self.queued += size
+            server.answers_queued += size
+            if self._closing_reason is not None and self.inflight <= 0:
+                self._close_now(self._closing_reason)
+
+    def _big_answer(self, request_id: int, request_code: int, response: Message, size: int) -> tuple[Message, int]:
+        """A big answer as it may be sent: one the frame cannot hold becomes INTERNAL_ERROR, one
+        that would take the queued answers past answer_memory_bytes LEADER_PENDING_FULL."""
+        server = self._server
         problem = _frame_problem(response.code, response.meta, response.data, server.max_frame_bytes)
         if problem is not None:
             log.error("response to request %d (code %d) not sendable: %s", request_id, request_code, problem)
             response = Message(ResponseCode.INTERNAL_ERROR, encode_error(problem))
-        size = HEADER_SIZE + _nbytes(response.meta) + _nbytes(response.data)
-        if size > _SMALL_ANSWER and server.answers_over(size):
+        elif server.answers_over(size):
             self.recount()
             if server.answers_over(size):
                 server.warn("answers", "answering %s with LEADER_PENDING_FULL: %d bytes of answers wait to be sent "
@@ -1048,13 +1066,7 @@ class _ServerConnection(_FrameProtocol, Caller):
                 response = Message(ResponseCode.LEADER_PENDING_FULL, encode_refusal(
                     ResponseCode.LEADER_PENDING_FULL, "answers waiting to be sent exceed this server's budget "
                     "(answer_memory_bytes): retry"))
-                size = HEADER_SIZE + _nbytes(response.meta)
-        if self.usable:  # else the client is gone and has already failed this request
-            self.queue_frame(KIND_RESPONSE, request_id, int(response.code), response.meta, response.data)
-            self.queued += size
-            server.answers_queued += size
-            if self._closing_reason is not None and self.inflight <= 0:
-                self._close_now(self._closing_reason)
+        return response, HEADER_SIZE + _nbytes(response.meta) + _nbytes(response.data)
 
     def pause_writing(self) -> None:
         super().pause_writing()
@@ -1145,6 +1157,8 @@ class TransportServer:
         self.turn_cost = 0  # work started in this loop turn (see _TURN_BUDGET)
         self._turn_reset_scheduled = False
         self.answers_queued = 0  # answer bytes queued on every connection, as last counted (Limits.answer_memory_bytes)
+        self.answer_limit = self.limits.answer_memory_bytes
+        self.small_answer = min(_SMALL_ANSWER, max_frame_bytes - HEADER_SIZE)  # always sent as it is
         self.held: set[_ServerConnection] = set()  # not read until the queued answers shrink (see answers_over)
         # told when a connection is gone (the controller's liveness: a broker's connection closed)
         self.on_connection_lost: Callable[[Caller], None] | None = None
@@ -1154,7 +1168,7 @@ class TransportServer:
 
     def answers_over(self, more: int = 0) -> bool:
         """The answers waiting to be sent (with `more`) exceed the server's budget."""
-        return self.answers_queued + more > self.limits.answer_memory_bytes
+        return self.answers_queued + more > self.answer_limit
 
     def hold(self, conn: _ServerConnection) -> None:
         self.held.add(conn)
