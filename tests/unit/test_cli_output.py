@@ -181,3 +181,43 @@ def test_tables_show_control_characters_and_say_when_empty() -> None:
     assert "\x1b" not in r.output and "\\x1b[31mred\\x07" in r.output, r.output
     r = CliRunner().invoke(click.Command("t", callback=lambda: emit([], "table", "keys starting with 'z'")), [])
     assert r.output.strip() == "(none: keys starting with 'z')", r.output
+
+
+@pytest.mark.parametrize(("args", "said"), [
+    (["--mode", "controller", "--state-machine", "kv"], "--state-machine: not an option of --mode controller"),
+    (["--mode", "controller", "--nodes", "5"], "--nodes: not an option of --mode controller"),
+    (["--controllers", "5", "--all-ack-in-sync-state-set"],
+     "--all-ack-in-sync-state-set, --controllers: not an option of --mode raft"),
+    (["--mode", "controller", "--store", "memory"], "--store memory: brokers keep their logs in files"),
+    (["--tls", "--insecure"], "--tls and --insecure contradict each other"),
+])
+def test_cluster_refuses_an_option_it_would_drop(tmp_path: Path, args: list[str], said: str) -> None:
+    """`dledger cluster --mode controller --tls` ran without TLS and dropped --flush, --store,
+    --state-machine and --metrics-base-port: every option is now honoured or refused in one line."""
+    result = CliRunner().invoke(cli, ["cluster", "--data-dir", str(tmp_path / "d"), *args])
+    assert result.exit_code == 2 and said in result.output, result.output
+    assert not (tmp_path / "d").exists(), "refused, yet something was started"
+
+
+def test_cluster_in_controller_mode_passes_on_its_options(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """--flush, --group, --metrics-base-port and the certificates (TLS unless --insecure) reach
+    the controller-mode deployment (which is only built here, not started)."""
+    import dledger.broker.local as local
+
+    seen: dict[str, object] = {}
+
+    class Stop(Exception):
+        pass
+
+    def fake(*args: object, **kwargs: object) -> None:
+        seen.update(kwargs, args=args)
+        raise Stop
+
+    monkeypatch.setattr(local, "local_broker_cluster", fake)
+    result = CliRunner().invoke(cli, ["cluster", "--mode", "controller", "--data-dir", str(tmp_path), "--flush", "sync",
+                                      "--group", "ctl", "--metrics-base-port", "9300"])
+    assert isinstance(result.exception, Stop), result.output
+    assert seen["tls_dir"] == tmp_path / "certs" and seen["flush"] == "sync" and seen["group"] == "ctl"
+    assert seen["metrics_base_port"] == 9300 and "--flush" in seen["args"][5]  # type: ignore[index]
+    CliRunner().invoke(cli, ["cluster", "--mode", "controller", "--data-dir", str(tmp_path), "--insecure"])
+    assert seen["tls_dir"] is None
