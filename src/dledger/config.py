@@ -191,10 +191,10 @@ class DLedgerConfig:
     # idempotent producers (core.producers): forgotten after this long without an append (by the
     # leaders' wall clocks, as written in the log), and the least recently used beyond the cap
     producer_expiry_ms: int = 24 * 3600 * 1000
-    max_producers: int = 100_000  # idempotent producers remembered (least recently used go first)
+    max_producers: int = 100_000  # idempotent producers remembered (beyond: the biggest holder's least recently used)
     # idempotent producers remembered per principal (a certificate's or token's name; without
     # either every client is the same one): beyond, that principal's least recently used go first
-    max_producers_per_principal: int = 50_000
+    max_producers_per_principal: int = 100_000
     # the leader creates at most this many producers per second per principal (bursts of 10 times
     # it); beyond, an append that would create one is refused (PRODUCER_RATE_LIMITED)
     producer_creations_per_second: int = 200
@@ -222,7 +222,7 @@ class DLedgerConfig:
     frame_memory_bytes: int = 256 * MiB  # unfinished big frames of all connections together (≥ 2 frames)
     # answers queued for clients and not yet taken, all connections together: beyond it a READ gets
     # a smaller page, a bigger answer LEADER_PENDING_FULL (retry), a client not taking its answers waits
-    answer_memory_bytes: int = 64 * MiB
+    answer_memory_bytes: int = 32 * MiB
 
     def __post_init__(self) -> None:
         if self.max_body_bytes == 0:

@@ -8,6 +8,7 @@ is 430 naming the missing role, and nothing refused changes a term or a log.
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import subprocess
 import sys
@@ -221,3 +222,43 @@ def test_a_producer_belongs_to_its_principal_and_its_markers_stay_hidden(make_cl
     with DLedgerClient(c.peers, c.group, timeout=10.0, tls=tls_of(certs)) as plain:
         shown = plain._run(plain._async.read(0, 1000, only_normal=False))
     assert shown and not [x for x in shown if b"orders-7" in x.body], "a session marker reached a client"
+
+
+def test_a_broker_without_tls_serves_loopback_only(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The broker's client port answers another host's request 430 and closes; its HA port
+    closes such a connection before any handshake; loopback is served (and says how)."""
+    import asyncio
+
+    from dledger.broker import messages as bm
+    from dledger.broker.config import BrokerConfig
+    from dledger.broker.server import BrokerServer
+
+    outside = _outside_address()
+    if outside is None:
+        pytest.skip("this machine has no address but loopback")
+    port, ha_port = free_ports(2)
+    cfg = BrokerConfig(cluster="c", name="b0", controller="127.0.0.1:1", listen=f"0.0.0.0:{port}",
+                       ha_listen=f"0.0.0.0:{ha_port}", store_dir=str(tmp_path / "b0"))
+
+    async def main() -> None:
+        broker = BrokerServer(cfg)
+        await broker.start()
+        t = TransportClient(connect_timeout_s=5)
+        try:
+            info = await t.request(f"127.0.0.1:{port}", Message(bm.BrokerRequestCode.GET_BROKER_RUNTIME_INFO), 10)
+            assert info.code == ResponseCode.SUCCESS
+            assert msgspec.msgpack.decode(info.meta, type=bm.RuntimeInfo).security == "loopback"
+            refused = await t.request(f"{outside}:{port}", Message(bm.BrokerRequestCode.GET_BROKER_RUNTIME_INFO), 10)
+            assert refused.code == ResponseCode.UNAUTHENTICATED and LOOPBACK_ONLY.encode() in refused.meta
+            for host in ("127.0.0.1", outside):
+                reader, writer = await asyncio.open_connection(host, ha_port)
+                with contextlib.suppress(ConnectionError):  # closed (not master: there is no controller)
+                    assert await asyncio.wait_for(reader.read(), 10) == b""
+                writer.close()
+            lines = [r.getMessage() for r in caplog.records if "HA connection refused" in r.getMessage()]
+            assert len(lines) == 1 and outside in lines[0], lines  # the other host's, not loopback's
+        finally:
+            await t.close()
+            await broker.stop()
+
+    asyncio.run(main())

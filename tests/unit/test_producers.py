@@ -277,6 +277,21 @@ def test_one_owner_at_its_cap_evicts_only_its_own_least_recently_used() -> None:
     assert again.encode() == t.encode()
 
 
+def test_beyond_the_global_cap_the_biggest_holder_loses_its_own() -> None:
+    """A principal creating producers beyond max_producers evicted the least recently used of
+    everyone (a victim's id could then be taken by the attacker): now the owner holding the
+    most gives up its least recently used, on every member alike."""
+    store = MemoryLedgerStore()
+    write(store, 1, [Run("bob-1", 0, 1, owner="bob")], ts=1_000)  # the oldest of all
+    for k in range(6):
+        write(store, 1, [Run(f"m-{k}", 0, 1, owner="mallory")], ts=1_001 + k)
+    t = folded(store, ProducerTable(DAY, max_producers=4))
+    assert list(t.producers) == ["bob-1", "m-2", "m-3", "m-4", "m-5"]  # (the last write passes the cap)
+    with pytest.raises(DLedgerError) as e:  # and bob's id stays bob's
+        t.decide(t.lookup("bob-1"), "bob-1", 1, 1, 0, "mallory")
+    assert e.value.code == ResponseCode.PRODUCER_NOT_OWNED
+
+
 def test_creations_are_bounded_per_principal_by_a_token_bucket() -> None:
     lim = CreationLimiter(per_second=2, burst=4)
     lim.check("mallory", 4, 0)

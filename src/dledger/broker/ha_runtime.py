@@ -98,13 +98,13 @@ class HAListener:
         return None
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        ha = self._master()
-        if ha is None or len(self._writers) >= MAX_CONNECTIONS:
+        problem = self.refusal(writer)
+        if problem is not None:  # (who it is, before whether we are master: a refusal is a refusal)
+            self._warn("refused", "HA connection refused: %s", problem)
             writer.close()
             return
-        problem = self.refusal(writer)
-        if problem is not None:
-            self._warn("refused", "HA connection refused: %s", problem)
+        ha = self._master()
+        if ha is None or len(self._writers) >= MAX_CONNECTIONS:
             writer.close()
             return
         key, wake = object(), asyncio.Event()

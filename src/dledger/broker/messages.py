@@ -86,6 +86,7 @@ class RuntimeInfo(msgspec.Struct, omit_defaults=True):
     begin_index: int = 0
     confirmed_index: int = -1  # the last record readers may see (it ends within the confirm offset)
     replica_info_queries: int = 0  # replica info asked of the controller by the poll and by hints (NOTIFY)
+    security: str = ""  # tls, loopback (no TLS: loopback connections only) or insecure (--insecure)
 
 
 _enc = msgspec.msgpack.Encoder()

@@ -124,9 +124,24 @@ class BrokerServer:
         host, _, port = self.config.listen.rpartition(":")
         await self.transport.start(host, int(port))
         await self.ha.start(self.config.ha_listen)
+        self._log_security()
         self._durable = DurabilityWaiter(self.store)
         for coro in (self._startup(), self._beat_forever(), self._housekeep_forever()):
             self._spawn(coro)
+
+    @property
+    def security(self) -> str:
+        """How the client and HA ports authenticate: tls, loopback (the default without TLS) or insecure."""
+        return "tls" if self.config.tls is not None else "insecure" if self.config.insecure else "loopback"
+
+    def _log_security(self) -> None:
+        name = self.config.name
+        if self.security == "insecure":
+            log.warning("broker %s: INSECURE (--insecure): no TLS, every host served: anyone who can reach its "
+                        "ports may send, read, replicate from it and tell it its role (docs/security.md)", name)
+        elif self.security == "loopback":
+            log.warning("broker %s: no TLS: accepting connections from loopback addresses only (TLS or --insecure "
+                        "to serve other hosts; docs/security.md)", name)
 
     async def stop(self) -> None:
         tasks = [*self._tasks, *([self._slave_task] if self._slave_task else [])]
@@ -510,4 +525,4 @@ class BrokerServer:
                               self.store.end_index, left, r.truncated_at,
                               self.registration.broker_id != -1 and self.role != Role.FENCED,
                               self.store.begin_index, self.log.last_index_within(confirm),
-                              self.replica_info_queries)
+                              self.replica_info_queries, self.security)

@@ -328,14 +328,19 @@ class ProducerTable:
 
     def _expire(self, now_ms: int) -> None:
         """Drop producers idle longer than the expiry (by the log's own clock, so every member
-        drops the same ones), and the least recently used beyond max_producers."""
+        drops the same ones); beyond max_producers, the least recently used of the owner that
+        holds the most (ties: the greatest name), so a flood of one principal's, or of a few,
+        never evicts another principal's while theirs are more."""
         cutoff = now_ms - self.expiry_ms
         ps = self.producers
         while ps:
             pid, p = next(iter(ps.items()))
-            if p.ts_ms >= cutoff and len(ps) <= self.max_producers:
+            if p.ts_ms >= cutoff:
                 break
             self._drop(pid)
+        while len(ps) > self.max_producers:
+            owner = max(self.owned, key=lambda o: (len(self.owned[o]), o))
+            self._drop(next(iter(self.owned[owner])))
 
     @property
     def empty(self) -> bool:

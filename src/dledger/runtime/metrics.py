@@ -55,9 +55,9 @@ class Metrics:
         self.nodes: list[Node] = []
         self.registry.register(_StateCollector(self.nodes))
 
-    def serve(self, port: int) -> None:
-        start_http_server(port, registry=self.registry)
-        log.info("metrics on :%d/metrics", port)
+    def serve(self, port: int, host: str = "0.0.0.0") -> None:
+        start_http_server(port, addr=host, registry=self.registry)
+        log.info("metrics on %s:%d/metrics", host, port)
 
 
 class _StateCollector(Collector):

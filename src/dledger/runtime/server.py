@@ -127,6 +127,7 @@ class GroupRuntime:
             raise
         self.blocked_ids: set[str] = set()
         self.spare_handover = False
+        self._warn = RateLimitedLog(log).warning  # lines a peer's answers can trigger
         self._tokens = itertools.count()
         self._waiting: dict[int, Respond] = {}  # token -> how to answer that request
         self._tasks: set[asyncio.Task[None]] = set()
@@ -372,7 +373,7 @@ class GroupRuntime:
             except DLedgerError:
                 resp = None
             except DECODE_ERRORS:
-                log.warning("%s: undecodable answer from %s to %d", self.cfg.self_id, a.peer, a.code)
+                self._warn("undecodable", "%s: undecodable answer from %s to %d", self.cfg.self_id, a.peer, a.code)
         self.node.on_response(a.ctx, resp, now_ms())
         self._execute()
 
@@ -489,7 +490,8 @@ class DLedgerServer:
         if split:
             await self._listen(self.member_address, LISTENER_MEMBER)
         if self.metrics is not None:
-            self.metrics.serve(self.metrics_port)
+            # a member that serves loopback only serves its metrics there too
+            self.metrics.serve(self.metrics_port, "127.0.0.1" if cfg0.security_mode == "loopback" else "0.0.0.0")
         log.info("serving groups %s on %s%s", sorted(self.groups), self.address,
                  f" (members on {self.member_address})" if split else "")
         _log_security(cfg0)

@@ -146,6 +146,8 @@ _SMALL_ANSWER: Final = 64 * 1024
 _STOP_WAIT_S: Final = 2.0
 # A connection being closed gets this long to take what was queued for it, then it is cut.
 _CLOSE_GRACE_S: Final = 5.0
+# Under TLS, frames queued together up to this size are joined into one TLS record.
+_JOIN_BYTES: Final = 64 * 1024
 # Above this many unsent bytes a sender waits; heartbeats must not queue behind megabytes.
 _WRITE_HIGH_WATER: Final = 1024 * 1024
 _WRITE_LOW_WATER: Final = 256 * 1024
@@ -621,11 +623,11 @@ class _FrameProtocol(asyncio.BufferedProtocol):
         if not self._out:
             return
         out, self._out = self._out, []
-        self._out_bytes = 0
+        size, self._out_bytes = self._out_bytes, 0
         if self._transport is not None and not self._transport.is_closing():
-            if self._encrypted:  # one TLS record for the lot, not one per part of each frame
+            if self._encrypted and size <= _JOIN_BYTES:  # one TLS record for the lot, not one per part
                 self._transport.write(b"".join(out))
-            else:
+            else:  # (a big answer is not copied once more: the TLS layer takes the parts as they are)
                 self._transport.writelines(out)
 
     async def _wait_turn(self) -> None:
@@ -695,7 +697,7 @@ class Limits:
     frame_timeout_s: float = 30.0  # a frame must arrive whole within this of its first byte
     handshake_timeout_s: float = 10.0  # TLS handshake
     frame_memory_bytes: int = 256 << 20  # unfinished big frames of all connections together
-    answer_memory_bytes: int = 64 << 20  # answers queued and not yet taken by their clients, all together
+    answer_memory_bytes: int = 32 << 20  # answers queued and not yet taken by their clients, all together
 
 
 class _ServerConnection(_FrameProtocol, Caller):
@@ -763,10 +765,16 @@ class _ServerConnection(_FrameProtocol, Caller):
             self._release_reading("budget")
         super()._after_parse()
 
+    _raw: asyncio.Transport | None = None  # under TLS: the socket's transport, below the TLS layer
+
     def recount(self) -> None:
-        """Count what is really still queued here (the transport drained some since)."""
-        transport = self._transport
-        now = self._out_bytes + (transport.get_write_buffer_size() if transport is not None and not self._gone else 0)
+        """Count what is really still queued here (the transport drained some since). Under TLS
+        the socket's own transport holds what the TLS layer encrypted already: counted too."""
+        now = self._out_bytes
+        if not self._gone:
+            for transport in (self._transport, self._raw):
+                if transport is not None:
+                    now += transport.get_write_buffer_size()
         self._server.answers_queued += now - self.queued
         self.queued = now
 
@@ -878,7 +886,7 @@ class _ServerConnection(_FrameProtocol, Caller):
             raw.abort()
             self._gone_now(self._close_reason or f"connection with {self.peer} lost during the TLS handshake")
             return
-        self._transport = tls
+        self._transport, self._raw = tls, raw
         self._encrypted = True
         tls.set_write_buffer_limits(high=_WRITE_HIGH_WATER, low=_WRITE_LOW_WATER)
         self._open_gate(cert_principal(tls.get_extra_info("peercert")))
