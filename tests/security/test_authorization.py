@@ -9,6 +9,7 @@ is 430 naming the missing role, and nothing refused changes a term or a log.
 from __future__ import annotations
 
 import contextlib
+import os
 import socket
 import subprocess
 import sys
@@ -36,8 +37,9 @@ from dledger.core.messages import (
 )
 from dledger.ports import free_ports
 from dledger.runtime.client import DLedgerClient
-from dledger.runtime.transport import LOOPBACK_ONLY, Message, TransportClient
+from dledger.runtime.transport import Message, TransportClient
 from dledger.security.certs import make_certs
+from dledger.security.peer_uid import LOOPBACK_ONLY, OTHER_USER
 from dledger.security.tls import client_context
 from integration.harness import Cluster, MakeCluster, wait_until
 
@@ -262,3 +264,48 @@ def test_a_broker_without_tls_serves_loopback_only(tmp_path: Path, caplog: pytes
             await broker.stop()
 
     asyncio.run(main())
+
+
+_RAW_CLIENT = """
+import socket, struct, sys
+s = socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=10)
+meta = bytes([0x91, 0xa7]) + b"default"  # a METADATA request naming group "default"
+s.sendall(struct.pack(">IBQiI", 17 + len(meta), 0, 1, 50000, len(meta)) + meta)
+head = b""
+while len(head) < 21:
+    head += s.recv(21 - len(head))
+length, kind, rid, code, mlen = struct.unpack(">IBQiI", head)
+body = b""
+while len(body) < length - 17:
+    body += s.recv(length - 17 - len(body))
+print(code, body[:mlen].decode("utf-8", "replace"))
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "setuid") or os.getuid() != 0 or not Path("/proc/net/tcp").exists(),
+                    reason="needs root (to connect as another user) and Linux's /proc/net/tcp")
+def test_without_tls_or_a_token_another_users_loopback_connection_is_refused(tmp_path: Path) -> None:
+    """Loopback mode trusts this machine's processes of the member's own user (they could as
+    well write its store); another user's process gets 430, as from another host."""
+    port = free_ports(1)[0]
+    cmd = [sys.executable, "-m", "dledger", "server", "--id", "n0", "--peers", f"n0-127.0.0.1:{port}",
+           "--store-dir", str(tmp_path / "n0"), "--store", "memory"]
+    p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        with DLedgerClient(f"n0-127.0.0.1:{port}", timeout=30) as own:
+            assert own.append(b"from this user").index >= 0
+
+        def as_nobody() -> None:
+            os.setgid(65534)
+            os.setuid(65534)
+
+        python = next((x for x in ("/usr/bin/python3", "/usr/local/bin/python3") if Path(x).exists()), None)
+        if python is None:
+            pytest.skip("no Python another user may run (the venv's is under /root)")
+        out = subprocess.run([python, "-c", _RAW_CLIENT, str(port)], capture_output=True, text=True,
+                             timeout=60, preexec_fn=as_nobody, cwd="/")
+        code, _, text = out.stdout.strip().partition(" ")
+        assert code == str(int(ResponseCode.UNAUTHENTICATED)) and OTHER_USER in text, out
+    finally:
+        p.terminate()
+        p.wait(30)

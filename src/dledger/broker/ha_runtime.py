@@ -22,7 +22,8 @@ from dledger.broker.ha_service import MasterHA
 from dledger.broker.ha_slave import SlaveClient
 from dledger.codes import DLedgerError
 from dledger.ratelog import RateLimitedLog
-from dledger.security.roles import Role, cert_principal, expect_role, is_loopback
+from dledger.security.peer_uid import not_local
+from dledger.security.roles import Role, cert_principal, expect_role
 
 log = logging.getLogger(__name__)
 
@@ -93,8 +94,9 @@ class HAListener:
         if self._ssl is not None:
             principal = cert_principal(writer.get_extra_info("peercert"))
             return expect_role(Role.BROKER, self.broker_set)(str(peer), principal)
-        if self.loopback_only and not is_loopback(str(peer[0]) if isinstance(peer, tuple) else ""):
-            return f"{peer}: not a loopback address (this broker runs without TLS: --insecure to serve other hosts)"
+        if self.loopback_only:
+            why = not_local(writer.get_extra_info("sockname"), peer)
+            return None if why is None else f"{peer}: {why}"
         return None
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

@@ -54,6 +54,7 @@ import msgspec
 
 from dledger.codes import DLedgerError, ResponseCode
 from dledger.ratelog import RateLimitedLog
+from dledger.security.peer_uid import LOOPBACK_ONLY, OTHER_USER, not_local
 from dledger.security.roles import (
     ANONYMOUS,
     Access,
@@ -61,7 +62,6 @@ from dledger.security.roles import (
     ServerCheck,
     Tokens,
     cert_principal,
-    is_loopback,
     refusal_text,
 )
 
@@ -106,9 +106,6 @@ PLAINTEXT_REFUSED: Final = ("this server requires mutual TLS: give the client a 
                             "--tls-cert/--tls-key/--tls-ca; docs/security.md)")
 # What a TLS connection may send before its TLS layer is in place (a ClientHello is a few KiB).
 _TLS_STASH: Final = 32 * 1024
-# Why a member without TLS or a token refuses a connection from another host.
-LOOPBACK_ONLY: Final = ("this server runs without TLS or an auth token and accepts connections from loopback "
-                        "addresses only: give it TLS or a token, or start it with --insecure (docs/security.md)")
 DEFAULT_MAX_FRAME_BYTES: Final = 64 * 1024 * 1024
 
 _LENGTH = struct.Struct(">I")
@@ -442,10 +439,9 @@ def _peer_name(transport: asyncio.BaseTransport) -> str:
     return _host_port(transport.get_extra_info("peername"))
 
 
-def _host_of(transport: asyncio.BaseTransport) -> str:
-    """The remote host of a connection ("" when unknown: a Unix socket, say)."""
-    name = transport.get_extra_info("peername")
-    return str(name[0]) if isinstance(name, tuple) and name else ""
+def _not_local(transport: asyncio.BaseTransport) -> str | None:
+    """Why a loopback-only server does not serve this connection (None: it does)."""
+    return not_local(transport.get_extra_info("sockname"), transport.get_extra_info("peername"))
 
 
 class _FrameProtocol(asyncio.BufferedProtocol):
@@ -808,9 +804,9 @@ class _ServerConnection(_FrameProtocol, Caller):
             self._stash = bytearray(_TLS_STASH)  # TLS starts on the client's first bytes (_stash_updated)
         elif server.tokens:
             self._close_gate("authenticate first: this server requires an auth token")
-        elif server.loopback_only and not is_loopback(_host_of(transport)):
-            server.warn("loopback", "refusing requests from %s: %s", self.peer, LOOPBACK_ONLY)
-            self._close_gate(LOOPBACK_ONLY)
+        elif server.loopback_only and (why := _not_local(transport)) is not None:
+            server.warn("loopback", "refusing requests from %s: %s", self.peer, why)
+            self._close_gate(why)
         else:
             self.principal = ANONYMOUS
 
@@ -1005,7 +1001,7 @@ class _ServerConnection(_FrameProtocol, Caller):
             return
         text = self.gate or "refused"
         self._refuse(request_id, code, ResponseCode.UNAUTHENTICATED, text)
-        if code == AUTH_CODE or self.gate == LOOPBACK_ONLY:
+        if code == AUTH_CODE or self.gate in (LOOPBACK_ONLY, OTHER_USER):
             self.close_gracefully(text)
 
     def _malformed(self, e: FrameError) -> None:
