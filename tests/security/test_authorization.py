@@ -268,7 +268,10 @@ def test_a_broker_without_tls_serves_loopback_only(tmp_path: Path, caplog: pytes
 
 _RAW_CLIENT = """
 import socket, struct, sys
-s = socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=10)
+family, host = (socket.AF_INET6, "::ffff:127.0.0.1") if sys.argv[2] == "6" else (socket.AF_INET, "127.0.0.1")
+s = socket.socket(family, socket.SOCK_STREAM)
+s.settimeout(10)
+s.connect((host, int(sys.argv[1])))
 meta = bytes([0x91, 0xa7]) + b"default"  # a METADATA request naming group "default"
 s.sendall(struct.pack(">IBQiI", 17 + len(meta), 0, 1, 50000, len(meta)) + meta)
 head = b""
@@ -302,10 +305,11 @@ def test_without_tls_or_a_token_another_users_loopback_connection_is_refused(tmp
         python = next((x for x in ("/usr/bin/python3", "/usr/local/bin/python3") if Path(x).exists()), None)
         if python is None:
             pytest.skip("no Python another user may run (the venv's is under /root)")
-        out = subprocess.run([python, "-c", _RAW_CLIENT, str(port)], capture_output=True, text=True,
-                             timeout=60, preexec_fn=as_nobody, cwd="/")
-        code, _, text = out.stdout.strip().partition(" ")
-        assert code == str(int(ResponseCode.UNAUTHENTICATED)) and OTHER_USER in text, out
+        for family in ("4", "6"):  # (an IPv6 socket to ::ffff:127.0.0.1 is listed in the other table)
+            out = subprocess.run([python, "-c", _RAW_CLIENT, str(port), family], capture_output=True, text=True,
+                                 timeout=60, preexec_fn=as_nobody, cwd="/")
+            code, _, text = out.stdout.strip().partition(" ")
+            assert code == str(int(ResponseCode.UNAUTHENTICATED)) and OTHER_USER in text, (family, out)
     finally:
         p.terminate()
         p.wait(30)

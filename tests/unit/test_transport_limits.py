@@ -515,17 +515,33 @@ def test_the_turn_budget_spreads_costly_requests_over_loop_turns() -> None:
 
 
 @pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
-def test_a_peer_that_never_reads_its_answers_is_cut(loop: str) -> None:
-    """Each connection that stops reading holds up to a READ answer in memory: not for ever."""
+@pytest.mark.parametrize("tls", [False, True], ids=["plain", "tls"])
+def test_a_peer_that_never_reads_its_answers_is_cut(loop: str, tls: bool, tmp_path: Path) -> None:
+    """Each connection that stops reading holds up to a READ answer in memory: not for ever.
+    Under TLS the TLS layer moves the answers below itself, so the connection never looked
+    stalled: the socket's own transport is watched too."""
+    ssl_ctx = client_ssl = None
+    if tls:
+        make_certs(tmp_path, ["n0"], hosts=["127.0.0.1"])
+        ssl_ctx = server_context(TlsConfig(str(tmp_path / "ca.pem"), str(tmp_path / "n0.pem"),
+                                           str(tmp_path / "n0-key.pem")))
+        client_ssl = client_context(TlsConfig(str(tmp_path / "ca.pem"), str(tmp_path / "client.pem"),
+                                              str(tmp_path / "client-key.pem")))
 
     async def main() -> None:
-        server = TransportServer(echo, limits=Limits(frame_timeout_s=0.5))
+        server = TransportServer(echo, limits=Limits(frame_timeout_s=0.5), ssl=ssl_ctx)
         await server.start("127.0.0.1", 0)
         try:
-            _reader, writer = await raw_connection(server)
-            big = frame(1, data=b"a" * (4 << 20))
-            for _ in range(8):  # 32 MiB of echoes: more than the kernel buffers take
-                writer.write(big)
+            if client_ssl is None:
+                _reader, writer = await raw_connection(server)
+            else:
+                host, _, port = server.address.rpartition(":")
+                sock = socket.create_connection((host, int(port)))
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+                _reader, writer = await asyncio.open_connection(sock=sock, ssl=client_ssl, server_hostname="n0")
+            # one echo of 12 MiB: more than the kernel buffers take (and, under TLS, all of it below
+            # the TLS layer at once: nothing more is ever asked, so our side never pauses)
+            writer.write(frame(1, data=b"a" * (12 << 20)))
             await eventually(lambda: server.connection_count == 1)
             await eventually(lambda: server.connection_count == 0, 30)
             writer.close()

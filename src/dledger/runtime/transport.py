@@ -766,11 +766,7 @@ class _ServerConnection(_FrameProtocol, Caller):
     def recount(self) -> None:
         """Count what is really still queued here (the transport drained some since). Under TLS
         the socket's own transport holds what the TLS layer encrypted already: counted too."""
-        now = self._out_bytes
-        if not self._gone:
-            for transport in (self._transport, self._raw):
-                if transport is not None:
-                    now += transport.get_write_buffer_size()
+        now = self._out_bytes + (self._unsent_bytes() if not self._gone else 0)
         self._server.answers_queued += now - self.queued
         self.queued = now
 
@@ -1085,9 +1081,14 @@ class _ServerConnection(_FrameProtocol, Caller):
 
     _unsent = 0
 
+    def _unsent_bytes(self) -> int:
+        """What the transports hold unsent (under TLS, the socket's transport too: the TLS
+        layer moves what it encrypted there, so ours alone never looks stalled)."""
+        return sum(t.get_write_buffer_size() for t in (self._transport, self._raw) if t is not None)
+
     def _stalled_for(self, now: float) -> float:
         """How long our answers have not drained at all (a slow reader that takes some is fine)."""
-        unsent = self._transport.get_write_buffer_size() if self._transport is not None else 0
+        unsent = self._unsent_bytes()
         if unsent < self._unsent:
             self.stalled_since = now
         self._unsent = unsent
@@ -1101,6 +1102,11 @@ class _ServerConnection(_FrameProtocol, Caller):
             return
         if self.inflight > 0:  # waiting on us is activity
             self.last_active = now
+        if self._raw is not None and not self._paused:  # TLS: a stall the TLS layer hides from pause_writing
+            if self._unsent_bytes() < _WRITE_HIGH_WATER:
+                self.stalled_since = None
+            elif self.stalled_since is None:
+                self.stalled_since, self._unsent = now, self._unsent_bytes()
         if self.gate is not None and now - self.opened_at > limits.handshake_timeout_s:
             self.abort(f"{self.gate}: not done within {limits.handshake_timeout_s:.0f} s")
         elif self.stalled_since is not None and self._stalled_for(now) > limits.frame_timeout_s:

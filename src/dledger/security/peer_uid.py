@@ -6,8 +6,10 @@ machine is refused, as PostgreSQL's "peer" authentication does for local sockets
 the same user could as well write the store directory, which no network check can prevent.
 
 The socket's owner is the uid column of the kernel's table, in the entry whose local address
-is the peer's and whose remote address is ours. Where the table cannot be read (not Linux),
-`peer_uid` says None and the check is skipped.
+is the peer's and whose remote address is ours, searched in both tables (a client's socket may
+be IPv6 to an IPv4-mapped address while the listener sees IPv4). A socket in neither is
+refused. Where the tables cannot be read (not Linux), `peer_uid` says None and the check is
+skipped.
 """
 
 from __future__ import annotations
@@ -39,33 +41,44 @@ def _hex_address(host: str, port: int, family: int) -> str:
     return f"{ip}:{port:04X}"
 
 
-def _plain(host: str) -> str:
-    """The host as the peer's own socket has it: an IPv4-mapped address (a dual-stack listener)
-    is the IPv4 client it stands for."""
+def _forms(host: str) -> dict[int, str]:
+    """The ways a socket table may list an address: IPv4 in /proc/net/tcp; IPv6 (an IPv4 one as
+    ::ffff:a.b.c.d) in /proc/net/tcp6. A client's own socket may be either family whatever the
+    listener's: both are searched."""
     ip = ipaddress.ip_address(host.split("%", 1)[0])
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        return str(ip.ipv4_mapped)
-    return str(ip)
+    if isinstance(ip, ipaddress.IPv6Address):
+        v4 = ip.ipv4_mapped
+        return {socket.AF_INET6: str(ip), **({socket.AF_INET: str(v4)} if v4 is not None else {})}
+    return {socket.AF_INET: str(ip), socket.AF_INET6: f"::ffff:{ip}"}
 
 
 def peer_uid(local: tuple[str, int], remote: tuple[str, int]) -> int | None:
-    """The uid owning the socket at `remote` that is connected to our `local` (None: unknown)."""
+    """The uid owning the socket at `remote` that is connected to our `local`; None where the
+    tables cannot be read (not Linux); -1 where they can, but list no such socket (then nobody
+    can tell whose it is, and a loopback-only server refuses it)."""
     try:
-        host, ours = _plain(remote[0]), _plain(local[0])
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        want_local = _hex_address(host, remote[1], family)
-        want_remote = _hex_address(ours, local[1], family)
-        lines = _TABLES[family].read_text().splitlines()[1:]
-    except (OSError, ValueError):
-        return None
-    for line in lines:
-        fields = line.split()
-        if len(fields) > 7 and fields[1] == want_local and fields[2] == want_remote:
-            try:
-                return int(fields[7])
-            except ValueError:
-                return None
-    return None
+        peer, ours = _forms(remote[0]), _forms(local[0])
+    except ValueError:
+        return -1
+    read_any = False
+    for family, table in _TABLES.items():
+        if family not in peer or family not in ours:
+            continue
+        try:
+            lines = table.read_text().splitlines()[1:]
+        except OSError:
+            continue
+        read_any = True
+        want_local, want_remote = _hex_address(peer[family], remote[1], family), \
+            _hex_address(ours[family], local[1], family)
+        for line in lines:
+            fields = line.split()
+            if len(fields) > 7 and fields[1] == want_local and fields[2] == want_remote:
+                try:
+                    return int(fields[7])
+                except ValueError:
+                    return -1
+    return -1 if read_any else None
 
 
 def not_local(sockname: Any, peername: Any) -> str | None:
@@ -74,10 +87,11 @@ def not_local(sockname: Any, peername: Any) -> str | None:
     host = str(peername[0]) if isinstance(peername, tuple) and peername else ""
     if not is_loopback(host):
         return LOOPBACK_ONLY
-    if isinstance(sockname, tuple) and isinstance(peername, tuple):
-        uid = peer_uid((str(sockname[0]), int(sockname[1])), (host, int(peername[1])))
-        if uid is not None and uid != os.getuid():
-            return OTHER_USER
+    if not isinstance(sockname, tuple) or not isinstance(peername, tuple):
+        return OTHER_USER  # (not a TCP socket: nothing tells whose it is)
+    uid = peer_uid((str(sockname[0]), int(sockname[1])), (host, int(peername[1])))
+    if uid is not None and uid != os.getuid():
+        return OTHER_USER
     return None
 
 
