@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import socket
 import ssl
 import struct
+import weakref
 from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
@@ -585,3 +587,39 @@ def test_tls_connections_cut_during_their_handshake_are_forgotten(tmp_path: Path
             await server.close()
 
     run(main(), loop)
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+@pytest.mark.parametrize("tls", [False, True], ids=["plain", "tls"])
+def test_a_closed_connection_is_freed_without_the_cyclic_collector(tmp_path: Path, loop: str, tls: bool) -> None:
+    """A closed connection (with the answers queued for it) stayed in memory until Python's
+    cyclic collector ran, which a quiet process rarely does: 60 rounds of 16 TLS connections
+    that asked for 16 MiB and reset took a member from 42 to 537 MiB for good."""
+    server_ssl = client_ssl = None
+    if tls:
+        make_certs(tmp_path, ["n0"], hosts=["127.0.0.1"])
+        server_ssl = server_context(TlsConfig(str(tmp_path / "ca.pem"), str(tmp_path / "n0.pem"),
+                                              str(tmp_path / "n0-key.pem")))
+        client_ssl = client_context(TlsConfig(str(tmp_path / "ca.pem"), str(tmp_path / "client.pem"),
+                                              str(tmp_path / "client-key.pem")))
+
+    async def main() -> None:
+        server = TransportServer(echo, ssl=server_ssl)
+        await server.start("127.0.0.1", 0)
+        client = TransportClient(ssl=client_ssl)
+        try:
+            assert (await client.request(server.address, Message(1, b"x" * 100_000), 10)).meta == b"x" * 100_000
+            conn = weakref.ref(next(iter(server._connections)))
+            await client.close()
+            await eventually(lambda: server.connection_count == 0)
+            for _ in range(5):
+                await asyncio.sleep(0.05)  # the loop's own callbacks let go of it
+            assert conn() is None, gc.get_referrers(conn())
+        finally:
+            await server.close()
+
+    gc.disable()
+    try:
+        run(main(), loop)
+    finally:
+        gc.enable()

@@ -406,10 +406,17 @@ class FrameDecoder:
         self._memory = None
 
     def close(self) -> None:
-        """The connection is gone: its unfinished frame gives its memory back."""
+        """The connection is gone: its unfinished frame gives its memory back, and the decoder
+        lets go of its buffers and of its owner's methods (a reference cycle that only
+        Python's cyclic collector would break: the answers queued for a closed connection
+        stayed in memory until then)."""
         big, self._big = self._big, None
         if big is not None:
             self._give(len(big))
+        self._on_frame = _drop_frame
+        self._may_continue = None
+        self._set_buffer(bytearray(HEADER_SIZE))
+        self._start = self._end = 0
 
     def _start_big(self, start: int, length: int) -> None:
         have = self._end - start - 4
@@ -425,6 +432,10 @@ class FrameDecoder:
         meta = bytes(view[_FIXED_SIZE : _FIXED_SIZE + mlen])
         self.frames += 1
         self._on_frame(kind, request_id, code, meta, view[_FIXED_SIZE + mlen :])
+
+
+def _drop_frame(kind: int, request_id: int, code: int, meta: bytes, data: Buffer) -> None:
+    """What a closed connection's decoder does with a frame: nothing."""
 
 
 def _host_port(name: Any) -> str:
@@ -557,6 +568,7 @@ class _FrameProtocol(asyncio.BufferedProtocol):
         self._lost(self._close_reason)
         if self._closed is not None and not self._closed.done():
             self._closed.set_result(None)
+        self._transport = None  # (it holds the TLS layer, which held us: no cycle is left)
 
     # -- for subclasses ------------------------------------------------------------------
 
@@ -930,6 +942,7 @@ class _ServerConnection(_FrameProtocol, Caller):
         self._server.answers_queued -= self.queued
         self.queued = 0
         self._server.held.discard(self)
+        self._raw, self._stash = None, None
         super().connection_lost(exc)
 
     def buffer_updated(self, nbytes: int) -> None:
