@@ -72,6 +72,8 @@ def cli(verbose: int) -> None:
 @click.option("--flush", type=click.Choice(["async", "sync"]), default=None)
 @click.option("--store", "store_type", type=click.Choice(["file", "memory"]), default=None)
 @click.option("--metrics-port", type=int, default=None, help="Serve Prometheus metrics on this port.")
+@click.option("--metrics-host", default=None,
+              help="... on this address [127.0.0.1; 0.0.0.0 for a Prometheus elsewhere: it has no authentication].")
 @click.option("--preferred-leader", "preferred", default=None, help="Preferred leader ids, comma separated.")
 @click.option("--enable-fault-injection", "fault_injection", is_flag=True,
               help="Obey FAULT requests (cut links on a client's word): for tests and chaos runs only.")
@@ -96,7 +98,8 @@ def cli(verbose: int) -> None:
 @server_security_options
 def server(config_file: str | None, group: str | None, self_id: str | None, peers: str | None,
            store_dir: str | None, flush: str | None, store_type: str | None, metrics_port: int | None,
-           preferred: str | None, fault_injection: bool, peer_listen: str | None, state_machine: str | None,
+           metrics_host: str | None, preferred: str | None, fault_injection: bool, peer_listen: str | None,
+           state_machine: str | None,
            snapshot_threshold_entries: int | None, snapshot_threshold_bytes: int | None,
            snapshot_margin_entries: int | None, producer_expiry_ms: int | None, max_producers: int | None,
            max_producers_per_principal: int | None, producer_creations_per_second: int | None) -> None:
@@ -105,7 +108,8 @@ def server(config_file: str | None, group: str | None, self_id: str | None, peer
     if config_file:
         data.update(vars(_from_toml(config_file)))
     overrides = {"group": group, "self_id": self_id, "peers": peers, "store_dir": store_dir, "flush": flush,
-                 "store_type": store_type, "metrics_port": metrics_port, "peer_listen": peer_listen,
+                 "store_type": store_type, "metrics_port": metrics_port, "metrics_host": metrics_host,
+                 "peer_listen": peer_listen,
                  "state_machine": state_machine, "snapshot_threshold_entries": snapshot_threshold_entries,
                  "snapshot_threshold_bytes": snapshot_threshold_bytes,
                  "snapshot_margin_entries": snapshot_margin_entries, "producer_expiry_ms": producer_expiry_ms,

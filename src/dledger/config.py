@@ -183,6 +183,9 @@ class DLedgerConfig:
     retention_hold_ms: int = 600_000  # retention keeps what a follower heard from this recently still needs
     max_frame_bytes: int = 64 * MiB  # a bigger frame is refused and its connection closed
     metrics_port: int = 0  # 0: no metrics endpoint
+    # where the metrics endpoint listens (it has no authentication: 0.0.0.0 to let a Prometheus
+    # on another host scrape it, behind a firewall)
+    metrics_host: str = "127.0.0.1"
     # state machine (docs/state-machines.md): "" a plain log | "kv" | "package.module:factory"
     state_machine: str = ""
     snapshot_threshold_entries: int = 100_000  # snapshot once this many entries were applied since the last (0: never)
@@ -296,6 +299,8 @@ class DLedgerConfig:
             raise ConfigError("file_reserved_hours must not be negative")
         if not 0 <= self.metrics_port < 65536:
             raise ConfigError("metrics_port must be 0 (off) or a TCP port")
+        if not isinstance(self.metrics_host, str) or not self.metrics_host:
+            raise ConfigError(f"metrics_host must be an address to listen on, not {self.metrics_host!r}")
         if not isinstance(self.enable_fault_injection, bool):
             raise ConfigError(f"enable_fault_injection must be true or false, not {self.enable_fault_injection!r}")
         self._validate_security(peers)

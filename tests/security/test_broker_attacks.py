@@ -463,3 +463,40 @@ def test_a_replica_certificate_speaks_only_for_its_own_id(secure: local_broker_c
     with d.client("b0") as c:
         assert c.send(b"both copies").epoch == b0.master_epoch
 
+
+
+def test_pipelined_long_polls_are_answered_beyond_a_cap(plain: local_broker_cluster) -> None:
+    """200,000 PULLs pipelined with a 60 s wait on one connection (5 MB sent) parked as many
+    tasks, each woken on every send: the master was deposed and the set flapped for 30 s. A
+    connection now parks at most PARKED_PER_CONNECTION polls; the rest are answered at once."""
+    from dledger.broker import messages as bm
+    from dledger.broker.server import PARKED_PER_CONNECTION
+
+    d = plain
+    master, _ = master_and_slave(d)
+    with d.client("b0") as c:
+        end = c.send(b"before the polls").index
+        poll = bm.encode(bm.PullRequest("b0", end + 1, 100, 60_000))
+
+        async def flood() -> int:
+            t = TransportClient()
+            try:
+                calls = [asyncio.ensure_future(t.request(d.specs[master].address,
+                                                         Message(bm.BrokerRequestCode.PULL_MESSAGE, poll), 90.0))
+                         for _ in range(2_000)]
+                deadline = time.monotonic() + 30  # well inside the polls' own 60 s wait
+                while time.monotonic() < deadline:
+                    answered = sum(1 for f in calls if f.done() and f.exception() is None)
+                    if answered >= len(calls) - PARKED_PER_CONNECTION:
+                        break
+                    await asyncio.sleep(0.1)
+                for f in calls:
+                    f.cancel()
+                return answered
+            finally:
+                await t.close()
+
+        answered = asyncio.run(flood())
+        assert answered >= 2_000 - PARKED_PER_CONNECTION, answered
+        assert c.send(b"after the polls").index == end + 1
+    assert d.master_of("b0") == master

@@ -114,19 +114,24 @@ def test_idle_producers_expire_by_the_log_clock() -> None:
     assert t.lookup("recent") is not None and t.lookup("c") is not None
 
 
-def test_beyond_the_cap_the_least_recently_used_go_at_the_next_marker() -> None:
-    """Eviction happens at markers only: the same log positions on every member, whatever
+def test_beyond_the_cap_the_least_recently_used_go_as_they_are_created() -> None:
+    """Eviction happens as runs are folded: the same log positions on every member, whatever
     their commit points (a member folding a write in two parts evicts the same producers)."""
     store = MemoryLedgerStore()
     for k, pid in enumerate(("a", "b", "c")):
         write(store, 1, [Run(pid, 0, 1)], ts=1_000 + k)
     t = folded(store, ProducerTable(expiry_ms=DAY, max_producers=2))
-    assert [p for p in "abc" if t.lookup(p)] == ["a", "b", "c"]  # the last write's producers pass the cap
-    write(store, 1, [Run("b", 1, 1)], ts=2_000)  # a goes; b used again: c is now the least recent
-    write(store, 1, [Run("d", 0, 1)], ts=2_001)
-    write(store, 1, [Run("e", 0, 1)], ts=2_002)  # c goes
+    assert [p for p in "abc" if t.lookup(p)] == ["b", "c"]  # c took a's place
+    write(store, 1, [Run("b", 1, 1)], ts=2_000)  # b used again: c is now the least recent
+    write(store, 1, [Run("d", 0, 1)], ts=2_001)  # c goes
+    write(store, 1, [Run("e", 0, 1)], ts=2_002)  # b goes
     folded(store, t)
-    assert [p for p in "abcde" if t.lookup(p)] == ["b", "d", "e"]
+    assert [p for p in "abcde" if t.lookup(p)] == ["d", "e"]
+    again = ProducerTable(expiry_ms=DAY, max_producers=2)  # folded in other chunks: the same table
+    for hi in range(0, store.end_index + 1, 2):
+        again.fold(store, hi)
+    folded(store, again)
+    assert again.encode() == t.encode()
 
 
 def test_a_higher_epoch_restarts_a_producer_and_fences_the_older() -> None:
@@ -286,10 +291,24 @@ def test_beyond_the_global_cap_the_biggest_holder_loses_its_own() -> None:
     for k in range(6):
         write(store, 1, [Run(f"m-{k}", 0, 1, owner="mallory")], ts=1_001 + k)
     t = folded(store, ProducerTable(DAY, max_producers=4))
-    assert list(t.producers) == ["bob-1", "m-2", "m-3", "m-4", "m-5"]  # (the last write passes the cap)
+    assert list(t.producers) == ["bob-1", "m-3", "m-4", "m-5"]
     with pytest.raises(DLedgerError) as e:  # and bob's id stays bob's
         t.decide(t.lookup("bob-1"), "bob-1", 1, 1, 0, "mallory")
     assert e.value.code == ResponseCode.PRODUCER_NOT_OWNED
+
+
+def test_with_the_table_full_a_flooder_evicts_its_own() -> None:
+    """The biggest holder lost its own to anyone's creations: a victim with more producers than
+    the flooder was squeezed down to parity. Now a creator that holds some evicts its own."""
+    store = MemoryLedgerStore()
+    for k in range(3):
+        write(store, 1, [Run(f"v-{k}", 0, 1, owner="victim")], ts=1_000 + k)
+    for k in range(5):
+        write(store, 1, [Run(f"m-{k}", 0, 1, owner="mallory")], ts=2_000 + k)
+    write(store, 1, [Run("v-0", 1, 1, owner="victim")], ts=3_000)  # a marker after the last creation
+    t = folded(store, ProducerTable(DAY, max_producers=4))
+    assert sorted(t.owned["victim"]) == ["v-0", "v-1", "v-2"]  # mallory's first took one place, then its own
+    assert list(t.owned["mallory"]) == ["m-4"]
 
 
 def test_creations_are_bounded_per_principal_by_a_token_bucket() -> None:

@@ -180,6 +180,7 @@ class SlaveRunner:
         """With TLS, the master's certificate must be a replica of `broker_set`."""
         self.client, self.address, self._on_progress, self._ssl = client, master_ha_address, on_progress, ssl_context
         self.broker_set = broker_set
+        self._warn = RateLimitedLog(log).warning
         self._durable = durable  # waits until an entry is fsynced (acks of durable bytes only)
         self._cut = cut  # fault injection: no connection to the master while it says so
 
@@ -199,8 +200,8 @@ class SlaveRunner:
             try:
                 self._check_master(writer)
                 await self._session(reader, writer)
-            except HA_ERRORS as e:
-                log.warning("HA connection to master %s closed: %s", self.address, e)
+            except HA_ERRORS as e:  # (again every RETRY_S while it lasts: an operator's case among them)
+                self._warn("closed", "HA connection to master %s closed: %s", self.address, e)
             finally:
                 self.client.disconnected()
                 writer.close()

@@ -45,7 +45,16 @@ from dledger.codes import ControllerResponseCode as RC
 from dledger.controller import messages as cm
 from dledger.controller.client import ControllerClient
 from dledger.ratelog import RateLimitedLog
-from dledger.runtime.transport import Caller, FaultInjector, Message, Respond, TransportServer, encode_error
+from dledger.runtime.transport import (
+    Caller,
+    FaultInjector,
+    Limits,
+    Message,
+    Respond,
+    TransportServer,
+    connection_cap,
+    encode_error,
+)
 from dledger.security.roles import Access, needs
 from dledger.security.roles import Role as Needs
 from dledger.security.tls import check_broker_cert, client_context, server_context
@@ -66,6 +75,11 @@ BROKER_ACCESS: dict[int, Access] = {
     bm.BrokerRequestCode.FAULT: needs("FAULT", Needs.ADMIN),
 }
 EPOCH_FILE = "epochFileCheckpoint"
+# Long-poll PULLs waiting for records: per connection, and in all (a client that asks for more
+# gets its answer at once, empty or not, and asks again).
+PARKED_PER_CONNECTION = 16
+MAX_PARKED = 1024
+PULL_COST = 16  # a PULL's share of the transport's work per loop turn (about 128 KiB of it)
 HOUSEKEEPING_S = 0.1
 STARTUP_RETRY_S = 0.5  # upstream: 5 s
 
@@ -106,6 +120,8 @@ class BrokerServer:
         self._role_lock = asyncio.Lock()
         self._altering = False
         self._hinted = asyncio.Event()  # ask the controller for replica info now (NOTIFY, an unknown HA slave)
+        self._parked: dict[Caller, int] = {}  # PULLs in progress per connection (long polls among them)
+        self._parked_total = 0
         self.replica_info_queries = 0  # GET_REPLICA_INFO asked by the poll and hints (runtime info)
         self._warn = RateLimitedLog(log).warning
         self.ha_cut = False  # fault injection: this slave is cut off from its master
@@ -113,8 +129,11 @@ class BrokerServer:
         self._durable: DurabilityWaiter | None = None
         self._dispatch = self._handlers()
         loopback_only = tls is None and not config.insecure
+        # as a member's: kept below the open-file limit, so a connection flood leaves the store
+        # its files (1,002 idle connections made the store fail for good)
         self.transport = TransportServer(direct=self._handle, ssl=server_ssl, policy=BROKER_ACCESS,
-                                         loopback_only=loopback_only)
+                                         loopback_only=loopback_only,
+                                         limits=Limits(max_connections=connection_cap(Limits().max_connections)))
         self.ha = HAListener(lambda: self.replica.master_ha, self._propose, self._on_slave_ack, server_ssl,
                              broker_set=config.name, loopback_only=loopback_only, on_unknown_slave=self._hinted.set)
 
@@ -375,8 +394,8 @@ class BrokerServer:
         return {
             bm.BrokerRequestCode.SEND_MESSAGE: lambda msg, respond, _: self._spawn(self._answer(self._send(msg),
                                                                                                   respond)),
-            bm.BrokerRequestCode.PULL_MESSAGE: lambda msg, respond, _: self._spawn(self._answer(self._pull(msg),
-                                                                                                  respond)),
+            bm.BrokerRequestCode.PULL_MESSAGE: lambda msg, respond, caller: self._spawn(
+                self._answer(self._pull(msg, caller), respond)),
             bm.BrokerRequestCode.GET_BROKER_RUNTIME_INFO: lambda _, respond, __: respond(
                 Message(int(ResponseCode.SUCCESS), bm.encode(self.runtime_info()))),
             NOTIFY: lambda msg, respond, caller: respond(self._notify(msg, caller)),
@@ -491,7 +510,7 @@ class BrokerServer:
                 self.ha.wake()
                 self._progress.set()
 
-    async def _pull(self, msg: Message) -> Message:
+    async def _pull(self, msg: Message, caller: Caller) -> Message:
         try:
             req = bm.pull_request.decode(msg.meta)
         except bm.DECODE_ERRORS as e:
@@ -499,7 +518,25 @@ class BrokerServer:
         if req.from_index < self.store.begin_index:
             raise DLedgerError(ResponseCode.INDEX_LESS_THAN_LOCAL_BEGIN,
                                f"index {req.from_index} is below the log begin {self.store.begin_index}")
-        deadline = now_ms() + req.wait_ms
+        caller.charge(PULL_COST)  # its answer, not its request, is the work (up to 4 MiB)
+        wait_ms = req.wait_ms if self._may_park(caller) else 0
+        self._parked[caller] = self._parked.get(caller, 0) + 1
+        self._parked_total += 1
+        try:
+            return await self._pull_until(req, now_ms() + wait_ms)
+        finally:
+            self._parked_total -= 1
+            left = self._parked.pop(caller) - 1
+            if left:
+                self._parked[caller] = left
+
+    def _may_park(self, caller: Caller) -> bool:
+        """A long poll may wait: at most PARKED_PER_CONNECTION per connection and MAX_PARKED
+        in all (200,000 pipelined polls of one client flapped a set's mastership); beyond,
+        it is answered at once with what there is, and its client asks again."""
+        return self._parked.get(caller, 0) < PARKED_PER_CONNECTION and self._parked_total < MAX_PARKED
+
+    async def _pull_until(self, req: bm.PullRequest, deadline: int) -> Message:
         while True:
             self._progress.clear()
             confirm = self.replica.confirm_offset

@@ -49,13 +49,15 @@ CONTROLLER_HELP = "Controllers: 'host:port;host:port' or their peers string."
 @click.option("--flush", type=click.Choice(["async", "sync"]), default=None)
 @click.option("--store", "store_type", type=click.Choice(["file", "memory"]), default=None)
 @click.option("--metrics-port", type=int, default=None, help="Serve Prometheus metrics on this port.")
+@click.option("--metrics-host", default=None, help="... on this address [127.0.0.1: it has no authentication].")
 @click.option("--enable-elect-unclean-master", "unclean", is_flag=True, default=None,
               help="Elect a replica outside the SyncStateSet when none in it lives (may lose acknowledged data).")
 @click.option("--enable-fault-injection", "fault_injection", is_flag=True, help="Obey FAULT requests (tests only).")
 @server_security_options
 def controller(config_file: str | None, group: str | None, self_id: str | None, peers: str | None,
                store_dir: str | None, peer_listen: str | None, flush: str | None, store_type: str | None,
-               metrics_port: int | None, unclean: bool | None, fault_injection: bool) -> None:
+               metrics_port: int | None, metrics_host: str | None, unclean: bool | None,
+               fault_injection: bool) -> None:
     """Run one controller member (a Raft group electing masters for broker sets) until SIGINT/SIGTERM."""
     data: dict[str, Any] = {}
     ccfg = ControllerConfig()
@@ -63,7 +65,7 @@ def controller(config_file: str | None, group: str | None, self_id: str | None, 
         data, ccfg = load_controller_toml(config_file)
     overrides = {"group": group, "self_id": self_id, "peers": peers, "store_dir": store_dir,
                  "peer_listen": peer_listen, "flush": flush, "store_type": store_type,
-                 "metrics_port": metrics_port, **security()}
+                 "metrics_port": metrics_port, "metrics_host": metrics_host, **security()}
     data.update({k: v for k, v in overrides.items() if v is not None})
     if fault_injection:
         data["enable_fault_injection"] = True

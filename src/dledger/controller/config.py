@@ -15,8 +15,9 @@ from typing import Any
 from dledger.config import ConfigError, DLedgerConfig, read_toml
 
 # keys UPDATE_CONTROLLER_CONFIG may never change (upstream's configBlackList, and ours: what
-# the state or the Raft group depends on)
-BLACK_LIST = frozenset({"config_black_list", "config_store_path", "rocketmq_home"})
+# the state or the Raft group depends on, and unclean elections: an admin steers, but switching
+# them on may lose acknowledged data, so only the controller's own configuration may)
+BLACK_LIST = frozenset({"config_black_list", "config_store_path", "rocketmq_home", "enable_elect_unclean_master"})
 
 
 @dataclass

@@ -117,6 +117,12 @@ class Liveness:
         if old is None or epoch >= old[1]:
             self._masters[name] = (master_id, epoch)
 
+    def keep_only(self, names: set[str]) -> None:
+        """Forget the masters of sets the state no longer holds (an admin cleaned a live set:
+        its old master must get no lease any more)."""
+        for name in [n for n in self._masters if n not in names]:
+            del self._masters[name]
+
     # --- scans -------------------------------------------------------------------------------
 
     def leading(self, term: int | None, now_ms: int) -> bool:

@@ -370,6 +370,7 @@ class ControllerService:
             log.info("controller leader at term %d: elections wait one heartbeat timeout", member.term)
         may_elect = self.liveness.leading(member.term, now)  # #5712: not before one heartbeat timeout
         briefs = await self._on_worker(self.machine.brief)
+        self.liveness.keep_only({s.name for s in briefs})
         for s in briefs:
             self.liveness.note_master(s.name, s.master_id, s.master_epoch)
         if not may_elect:

@@ -306,10 +306,12 @@ class ProducerTable:
             off += r.count
 
     def _create(self, pid: str, owner: str) -> Producer:
-        """A new producer of `owner`; at its cap, that owner's least recently used goes (at the
-        same entry on every member), so one principal's flood evicts only its own."""
+        """A new producer of `owner`; at its cap, or with the table full, that owner's least
+        recently used goes (at the same entry on every member), so one principal's flood evicts
+        only its own. Only an owner that holds none may take the place of another's (the
+        biggest holder's least recently used): a flood evicts at most one of anyone else's."""
         mine = self.owned.get(owner)
-        if mine is not None and len(mine) >= self.max_per_owner:
+        if mine is not None and (len(mine) >= self.max_per_owner or len(self.producers) >= self.max_producers):
             self._drop(next(iter(mine)))
         p = self.producers[pid] = Producer(owner=owner)
         self.owned.setdefault(owner, OrderedDict())[pid] = None
@@ -328,9 +330,9 @@ class ProducerTable:
 
     def _expire(self, now_ms: int) -> None:
         """Drop producers idle longer than the expiry (by the log's own clock, so every member
-        drops the same ones); beyond max_producers, the least recently used of the owner that
-        holds the most (ties: the greatest name), so a flood of one principal's, or of a few,
-        never evicts another principal's while theirs are more."""
+        drops the same ones); beyond max_producers (a snapshot's table, or a new owner's first
+        producer), the least recently used of the owner that holds the most (ties: the greatest
+        name)."""
         cutoff = now_ms - self.expiry_ms
         ps = self.producers
         while ps:

@@ -13,7 +13,6 @@ import contextlib
 import functools
 import itertools
 import logging
-import resource
 import time
 from collections.abc import Callable
 from concurrent.futures import CancelledError, Future
@@ -72,6 +71,7 @@ from dledger.runtime.transport import (
     Respond,
     TransportClient,
     TransportServer,
+    connection_cap,
     encode_error,
 )
 from dledger.security.roles import Access, Tokens, expect_members
@@ -475,7 +475,7 @@ class DLedgerServer:
             self.groups[cfg.group] = GroupRuntime(cfg, self.client, self.faults, self.metrics, sm)
         for g in self.groups.values():
             await g.start()
-        limits = Limits(max_connections=_connection_cap(cfg0.max_connections),
+        limits = Limits(max_connections=connection_cap(cfg0.max_connections),
                         idle_timeout_s=cfg0.idle_timeout_ms / 1000, frame_timeout_s=cfg0.frame_timeout_ms / 1000,
                         frame_memory_bytes=cfg0.frame_memory_bytes, answer_memory_bytes=cfg0.answer_memory_bytes)
         tokens = Tokens.of(cfg0.auth_token, cfg0.client_token, cfg0.admin_token) if tls is None else Tokens()
@@ -490,8 +490,7 @@ class DLedgerServer:
         if split:
             await self._listen(self.member_address, LISTENER_MEMBER)
         if self.metrics is not None:
-            # a member that serves loopback only serves its metrics there too
-            self.metrics.serve(self.metrics_port, "127.0.0.1" if cfg0.security_mode == "loopback" else "0.0.0.0")
+            self.metrics.serve(self.metrics_port, cfg0.metrics_host)
         log.info("serving groups %s on %s%s", sorted(self.groups), self.address,
                  f" (members on {self.member_address})" if split else "")
         _log_security(cfg0)
@@ -594,27 +593,6 @@ def _log_security(cfg: DLedgerConfig) -> None:
         log.warning("%s: no TLS: tokens authenticate, but traffic is clear text and a cluster-token holder "
                     "may forge member messages; see docs/security.md to deploy with --tls-cert/--tls-key/--tls-ca",
                     cfg.self_id)
-
-
-# File descriptors kept for the store (data and index files, checkpoints), peers and metrics.
-_FD_RESERVE = 256
-
-
-def _connection_cap(wanted: int) -> int:
-    """Connections this process can hold without the store running out of file descriptors:
-    the soft limit is raised to the hard one, and the cap kept below it with a reserve (a
-    connection flood must never make a checkpoint write fail)."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
-    if soft != resource.RLIM_INFINITY and soft < target:
-        with contextlib.suppress(ValueError, OSError):
-            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
-            soft = target
-    allowed = max(16, soft - _FD_RESERVE) if soft != resource.RLIM_INFINITY else wanted
-    if wanted > allowed:
-        log.warning("max_connections %d lowered to %d: the open-file limit is %d (ulimit -n)", wanted, allowed, soft)
-        return allowed
-    return wanted
 
 
 def _refusal(cfg: DLedgerConfig, code: int, req: Any, caller: Caller, member_msg: bool) -> Message | None:

@@ -42,6 +42,7 @@ import functools
 import hmac
 import itertools
 import logging
+import resource
 import socket
 import ssl as ssl_module
 import struct
@@ -85,6 +86,7 @@ __all__ = [
     "Respond",
     "TransportClient",
     "TransportServer",
+    "connection_cap",
     "encode_error",
     "encode_frame",
     "encode_refusal",
@@ -1685,6 +1687,27 @@ def _timeout_text(msg: Message, address: str, timeout: float) -> str:
 def _expire(fut: asyncio.Future[Message], msg: Message, address: str, timeout: float) -> None:
     if not fut.done():
         fut.set_exception(DLedgerError(ResponseCode.TIMEOUT, _timeout_text(msg, address, timeout)))
+
+
+# File descriptors kept for the store (data and index files, checkpoints), peers and metrics.
+_FD_RESERVE = 256
+
+
+def connection_cap(wanted: int) -> int:
+    """Connections this process can hold without the store running out of file descriptors:
+    the soft limit is raised to the hard one, and the cap kept below it with a reserve (a
+    connection flood must never make a checkpoint write fail)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+    if soft != resource.RLIM_INFINITY and soft < target:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+    allowed = max(16, soft - _FD_RESERVE) if soft != resource.RLIM_INFINITY else wanted
+    if wanted > allowed:
+        log.warning("max_connections %d lowered to %d: the open-file limit is %d (ulimit -n)", wanted, allowed, soft)
+        return allowed
+    return wanted
 
 
 def install_uvloop() -> bool:
