@@ -79,6 +79,10 @@ class ResponseCode(IntEnum):
     PRODUCER_NOT_OWNED = 435
     SEQUENCE_REUSED = 436
     PRODUCER_RATE_LIMITED = 437
+    # a duplicate sequence the leader cannot compare with the stored entry, so it must not
+    # answer it as one: its place is no longer kept (beyond max_producer_spans) or its entry
+    # was deleted (retention, a snapshot). Nothing was written; sending it again cannot help
+    DUPLICATE_UNVERIFIABLE = 438
 
 
 class ControllerRequestCode(IntEnum):

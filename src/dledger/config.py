@@ -198,6 +198,11 @@ class DLedgerConfig:
     # idempotent producers remembered per principal (a certificate's or token's name; without
     # either every client is the same one): beyond, that principal's least recently used go first
     max_producers_per_principal: int = 100_000
+    # where idempotent producers' entries are (spans of consecutive sequences, 24 bytes each), so a
+    # duplicate is compared with the stored entry: every span of each producer's current epoch is
+    # kept while the table holds at most this many; beyond, the least recently used producers keep
+    # only their epoch's first span and their 32 most recent (older duplicates: DUPLICATE_UNVERIFIABLE)
+    max_producer_spans: int = 1_000_000
     # the leader creates at most this many producers per second per principal (bursts of 10 times
     # it); beyond, an append that would create one is refused (PRODUCER_RATE_LIMITED)
     producer_creations_per_second: int = 200
@@ -338,7 +343,7 @@ class DLedgerConfig:
                               f"not {self.state_machine!r}")
         for name in ("max_connections", "idle_timeout_ms", "frame_timeout_ms", "max_read_bytes",
                      "frame_memory_bytes", "answer_memory_bytes", "producer_expiry_ms", "max_producers",
-                     "max_producers_per_principal", "producer_creations_per_second"):
+                     "max_producers_per_principal", "max_producer_spans", "producer_creations_per_second"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be a positive integer, not {getattr(self, name)!r}")
 

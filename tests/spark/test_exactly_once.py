@@ -125,6 +125,46 @@ def test_a_write_id_reused_for_other_rows_fails_its_task(spark: SparkSession, gr
     assert sorted(got) == sorted(f"{write_id}/first-{i}".encode() for i in range(100))
 
 
+def _write_rows(spark: SparkSession, peers: str, write_id: str, rows: list[str], batch: int = 40) -> None:
+    """One partition (in order), `batch` rows per request."""
+    spark.createDataFrame([(r,) for r in rows], "body string").coalesce(1).write.format("dledger") \
+        .mode("append").option("peers", peers).option("writeId", write_id).option("batchSize", str(batch)).save()
+
+
+def test_a_long_partition_retried_is_compared_whole(spark: SparkSession, group: Group) -> None:
+    """Issue 26: a retry sends its partition again from number 0, and rows of requests older
+    than the last 32 were answered as duplicates without being compared. Every one is now:
+    the same rows are answered, one other row anywhere fails the task."""
+    start = group.committed_next()
+    write_id = f"long-{uuid.uuid4().hex}"
+    rows = [f"{write_id}-{i}" for i in range(2000)]
+    _write_rows(spark, group.peers, write_id, rows[:1600])  # 40 requests
+    _write_rows(spark, group.peers, write_id, rows)  # the retry: 40 requests answered, 10 appended
+    changed = rows[:100] + [f"{write_id}-other"] + rows[101:]
+    with pytest.raises(Exception, match=r"SEQUENCE_REUSED \(436\)"):
+        _write_rows(spark, group.peers, write_id, changed)  # row 100: in the third request of 50
+    got = Counter(e.body for e in read_all(group.client, start) if e.body.startswith(write_id.encode()))
+    assert sorted(got) == sorted(r.encode() for r in rows) and set(got.values()) == {1}
+
+
+def test_a_retry_older_than_the_span_budget_fails_saying_why(spark: SparkSession, tmp_path: Path) -> None:
+    """Over max_producer_spans a producer keeps its first and 32 latest requests' places: a
+    retry re-sending rows in between cannot be compared, and fails at once (438)."""
+    cluster, g = start_group(tmp_path / "spans", "spans", {"max_producer_spans": 40})
+    try:
+        start = g.committed_next()
+        write_id = f"spans-{uuid.uuid4().hex}"
+        rows = [f"{write_id}-{i}" for i in range(2000)]
+        _write_rows(spark, g.peers, write_id, rows)  # 50 requests: over the budget, the middle ones trimmed
+        with pytest.raises(Exception, match=r"DUPLICATE_UNVERIFIABLE \(438\).*raise max_producer_spans"):
+            _write_rows(spark, g.peers, write_id, rows)
+        got = Counter(e.body for e in read_all(g.client, start) if e.body.startswith(write_id.encode()))
+        assert sorted(got) == sorted(r.encode() for r in rows) and set(got.values()) == {1}
+    finally:
+        g.client.close()
+        cluster.__exit__()
+
+
 def test_without_idempotence_a_retry_duplicates(spark: SparkSession, group: Group) -> None:
     """The opposite case, so the test above can fail: plain appends store a retried row twice."""
     start = group.committed_next()

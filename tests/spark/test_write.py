@@ -9,6 +9,11 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
+from dledger.codes import DLedgerError, ResponseCode
+from dledger.runtime.producer import IdempotentProducer
+from dledger.spark.options import ClientOptions
+from dledger.spark.sink import WriteConfig, _Appender
+
 from .helpers import Group, read_all
 
 pytestmark = pytest.mark.spark
@@ -57,3 +62,24 @@ def test_append_error_fails_with_the_response_code(spark: SparkSession, group: G
     df = spark.createDataFrame([("x",)], "body string")
     with pytest.raises(Exception, match=r"UNKNOWN_GROUP \(400\)"):
         df.write.format("dledger").mode("append").option("peers", group.peers).option("group", "nosuch").save()
+
+
+def test_an_unverifiable_duplicate_fails_the_task_at_once_saying_what_to_do() -> None:
+    """DUPLICATE_UNVERIFIABLE (438): sending the rows again cannot mend it, so the task fails
+    at once (not after writeTimeoutSeconds of retries), naming the remedies."""
+    sent: list[list[bytes]] = []
+
+    class Client:
+        producer = IdempotentProducer("w/p0")
+
+        def append_batch(self, bodies: list[bytes]) -> list[object]:
+            sent.append(bodies)
+            raise DLedgerError(ResponseCode.DUPLICATE_UNVERIFIABLE, "sequence 40 cannot be compared")
+
+    appender = _Appender.__new__(_Appender)
+    appender.cfg = WriteConfig("g", "n0-127.0.0.1:1", 10, ClientOptions(), write_timeout=1.0)
+    appender.rows, appender.pending = 0, [b"r0", b"r1"]
+    with pytest.raises(RuntimeError, match=r"DUPLICATE_UNVERIFIABLE \(438\).*older than the leader can still "
+                                           r"compare.*raise max_producer_spans.*or use a new writeId"):
+        appender._append(Client())  # type: ignore[arg-type]
+    assert len(sent) == 1

@@ -69,7 +69,8 @@ def test_a_rate_limited_creation_is_sent_again() -> None:
     assert [(r.epoch, r.sequence) for r in sent] == [(0, 0), (0, 0)]
 
 
-@pytest.mark.parametrize("code", [ResponseCode.SEQUENCE_REUSED, ResponseCode.PRODUCER_NOT_OWNED])
+@pytest.mark.parametrize("code", [ResponseCode.SEQUENCE_REUSED, ResponseCode.PRODUCER_NOT_OWNED,
+                                  ResponseCode.DUPLICATE_UNVERIFIABLE])
 def test_a_reused_or_foreign_id_is_raised_at_once(code: ResponseCode) -> None:
     sent, _, result = run([DLedgerError(code, "no")], [b"a"])
     assert isinstance(result, DLedgerError) and result.code == code and len(sent) == 1

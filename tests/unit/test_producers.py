@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dledger.codes import DLedgerError, RequestCode, ResponseCode
-from dledger.config import DLedgerConfig
+from dledger.config import ConfigError, DLedgerConfig
 from dledger.core import producers as producers_mod
 from dledger.core.messages import READ, AppendRequest, AppendResponse, EntriesResponse, GetRequest, ReadRequest
 from dledger.core.node import Node, Reply
@@ -238,16 +238,99 @@ def test_the_owner_is_folded_from_the_log_and_another_principal_is_refused() -> 
 
 
 def test_the_epochs_first_span_is_kept_beyond_the_recent_ones() -> None:
-    """A process reusing an id from sequence 0 must find what sequence 0 is stored as."""
+    """A process reusing an id from sequence 0 must find what sequence 0 is stored as, even
+    where the table trimmed the producer's other old spans (over its budget)."""
     store = MemoryLedgerStore()
     first = write(store, 1, [Run("a", 0, 2)]) + 1
     for k in range(SPANS + 8):
         write(store, 1, [Run("a", 2 + k, 1)])
-    a = folded(store).lookup("a")
+    kept = folded(store).lookup("a")  # within the budget: every span
+    assert kept is not None and len(kept.spans) == 3 * (SPANS + 9) and kept.index_of(2) == first + 3
+    a = folded(store, ProducerTable(DAY, 1000, max_spans=1)).lookup("a")
     assert a is not None
     assert (a.index_of(0), a.index_of(1)) == (first, first + 1)
-    assert a.index_of(2) == -1 and a.index_of(SPANS + 9) >= 0  # the middle ones go as before
+    assert a.index_of(2) == -1 and a.index_of(SPANS + 9) >= 0  # over the budget the middle ones go
     assert len(a.spans) == 3 * (SPANS + 1)
+
+
+def test_every_span_of_the_epoch_is_kept_and_found_in_one_pass() -> None:
+    """A retried Spark task sends its whole partition again from sequence 0: every one of its
+    requests' places is known, whatever its age."""
+    store = MemoryLedgerStore()
+    where = [write(store, 1, [Run("a", 3 * k, 3)]) + 1 for k in range(3 * SPANS)]
+    t = folded(store)
+    a = t.lookup("a")
+    assert a is not None and t.span_count == a.span_count == 3 * SPANS and list(t.long) == ["a"]
+    expect = [where[k] + j for k in range(3 * SPANS) for j in range(3)]
+    assert a.indexes(0, len(expect)) == expect
+    assert a.indexes(4, 5) == expect[4:9] and a.index_of(9 * SPANS - 1) == expect[-1]
+    assert a.indexes(9 * SPANS - 1, 3) == [expect[-1], -1, -1]  # past the last: not kept
+    d = t.decide(a, "a", 0, len(expect) + 2)
+    assert (d.duplicates, d.indexes, d.wait_index) == (len(expect), expect, expect[-1])
+
+
+def test_over_the_span_budget_the_least_recently_used_are_trimmed_alike_everywhere() -> None:
+    """Beyond max_spans the least recently used producer keeps its epoch's first span and its
+    SPANS most recent: the same spans on every member (folded in other chunks: the same
+    table), and a duplicate whose place went is refused (438), not answered."""
+    store = MemoryLedgerStore()
+    budget = 2 * (SPANS + 5)
+    for pid in ("x", "y"):  # SPANS + 5 spans each: the budget, full
+        for k in range(SPANS + 5):
+            write(store, 1, [Run(pid, k, 1)])
+    write(store, 1, [Run("x", SPANS + 5, 1)])  # x again: one over, and y is now the least recent
+    t = folded(store, ProducerTable(DAY, 1000, max_spans=budget))
+    x, y = t.lookup("x"), t.lookup("y")
+    assert x is not None and y is not None
+    assert (x.span_count, y.span_count, t.span_count) == (SPANS + 6, SPANS + 1, 2 * SPANS + 7)
+    assert list(t.long) == ["x"]
+    assert y.index_of(0) >= 0 and y.index_of(3) == -1 and y.index_of(SPANS + 4) >= 0
+    assert x.index_of(3) >= 0
+    for step in (1, 2, 5, 7):  # other commit points: the same trims at the same log positions
+        again = ProducerTable(DAY, 1000, max_spans=budget)
+        for upto in range(0, store.end_index + 1, step):
+            again.fold(store, upto)
+        assert folded(store, again).encode() == t.encode() and again.span_count == t.span_count
+    with pytest.raises(DLedgerError) as e:
+        t.decide(y, "y", 3, 1)
+    assert e.value.code == ResponseCode.DUPLICATE_UNVERIFIABLE and "sequence 3 of producer 'y'" in e.value.message
+    assert t.decide(y, "y", 0, 1).indexes == [y.index_of(0)]  # the epoch's first stays comparable
+    assert t.decide(x, "x", 3, 1).indexes == [x.index_of(3)]
+    copy = ProducerTable(DAY, 1000, max_spans=budget)
+    copy.load(t.encode())
+    assert copy.encode() == t.encode() and copy.span_count == t.span_count and list(copy.long) == ["x"]
+
+
+def test_the_span_count_follows_adds_epochs_and_evictions() -> None:
+    store = MemoryLedgerStore()
+    for k in range(SPANS + 3):
+        write(store, 1, [Run("a", k, 1)])
+    write(store, 1, [Run("b", 0, 1)])
+    t = folded(store, ProducerTable(DAY, max_producers=2))
+    assert t.span_count == SPANS + 4 and list(t.long) == ["a"]
+    write(store, 1, [Run("a", 0, 1, epoch=1)])  # a new epoch: its old spans go
+    folded(store, t)
+    assert t.span_count == 2 and not t.long
+    write(store, 1, [Run("c", 0, 1)])  # evicts b
+    folded(store, t)
+    assert t.span_count == 2 == sum(p.span_count for p in t.producers.values())
+
+
+def test_the_leaders_plan_holds_only_what_is_not_folded() -> None:
+    """The leader's overlay copies only the spans its committed table does not hold (a long
+    epoch is not copied at every write); a duplicate's place comes from either."""
+    store = MemoryLedgerStore()
+    where = [write(store, 1, [Run("a", k, 1)]) + 1 for k in range(50)]
+    t = folded(store)
+    a = t.lookup("a")
+    assert a is not None
+    plan = a.copy(t.folded)
+    assert plan.span_count == 1 and (plan.last_seq, plan.last_index) == (49, where[-1])
+    plan.add(50, store.end_index + 2, 1, 1000)
+    t.note_own([("a", plan)])
+    d = t.decide(t.lookup("a"), "a", 3, 49)
+    assert d.duplicates == 48 and d.indexes == where[3:] + [store.end_index + 2]
+    assert len(a.copy().spans) == len(a.spans)  # a whole copy by default
 
 
 def test_the_table_with_owners_round_trips_and_old_snapshots_still_load() -> None:
@@ -408,6 +491,60 @@ def test_a_reused_id_is_found_at_sequence_0_after_many_requests() -> None:
         assert g.append([f"A{k}".encode()], "svc", k).code == ResponseCode.SUCCESS
     assert g.append([b"B0"], "svc", 0).code == ResponseCode.SEQUENCE_REUSED
     assert g.append([b"A0"], "svc", 0).duplicates == 1
+
+
+def test_an_old_duplicate_is_compared_with_the_stored_entry() -> None:
+    """Issue 26: after 40 requests, sequence 5 sent again with another body was answered 200
+    with index -1 (older than the 32 spans kept). Every span of the epoch is kept now."""
+    g = _Leader()
+    at = [g.append([f"A{k}".encode()], "svc", k).index for k in range(45)]
+    end = g.store.end_index
+    r = g.append([b"other"], "svc", 5)
+    assert r.code == ResponseCode.SEQUENCE_REUSED and "sequence 5 of producer 'svc'" in r.message, r
+    same = g.append([b"A5"], "svc", 5)
+    assert same.code == ResponseCode.SUCCESS and (same.duplicates, same.indexes) == (1, [at[5]])
+    whole = g.append([f"A{k}".encode() for k in range(46)], "svc", 0)  # a retried task: all again, one new
+    assert whole.code == ResponseCode.SUCCESS and whole.duplicates == 45
+    assert whole.indexes[:45] == at and whole.indexes[45] > end
+
+
+def test_an_old_duplicate_beside_new_bodies_in_one_write_is_found() -> None:
+    """The leader's plan holds only what is not folded yet: a duplicate the same write plans
+    around is found in the committed table."""
+    g = _Leader()
+    at = [g.append([f"A{k}".encode()], "svc", k).index for k in range(40)]
+    new, old, reused = g.several([([b"A40"], "svc", 40), ([b"A5"], "svc", 5), ([b"B6"], "svc", 6)])
+    assert new.code == ResponseCode.SUCCESS and new.index > at[-1]
+    assert old.code == ResponseCode.SUCCESS and old.indexes == [at[5]]
+    assert reused.code == ResponseCode.SEQUENCE_REUSED
+
+
+def test_over_a_tiny_span_budget_an_old_duplicate_is_refused_not_answered() -> None:
+    g = _Leader(max_producer_spans=SPANS + 10)
+    at = [g.append([f"A{k}".encode()], "old", k).index for k in range(SPANS + 10)]
+    assert g.append([b"n0"], "new", 0).code == ResponseCode.SUCCESS  # over the budget: "old" is trimmed
+    end = g.store.end_index
+    r = g.append([b"A5"], "old", 5)
+    assert r.code == ResponseCode.DUPLICATE_UNVERIFIABLE and "max_producer_spans" in r.message, r
+    assert g.store.end_index == end
+    assert g.append([b"A0"], "old", 0).indexes == [at[0]]  # the epoch's first span stays
+    assert g.append([f"A{SPANS + 9}".encode()], "old", SPANS + 9).indexes == [at[-1]]  # and the recent ones
+
+
+def test_a_duplicate_below_the_log_begin_is_refused_not_answered() -> None:
+    """Retention deleted the entry: its body cannot be compared, so it is not answered."""
+    g = _Leader()
+    at = [g.append([f"A{k}".encode()], "svc", k).index for k in range(4)]
+    g.store.drop_prefix(at[2])
+    r = g.append([b"A1", b"A2"], "svc", 1)
+    assert r.code == ResponseCode.DUPLICATE_UNVERIFIABLE and f"its entry {at[1]}" in r.message, r
+    assert g.append([b"A2", b"A3", b"A4"], "svc", 2).indexes[:2] == at[2:]
+
+
+def test_the_span_budget_is_a_positive_setting() -> None:
+    with pytest.raises(ConfigError, match="max_producer_spans"):
+        DLedgerConfig(group="g", self_id="n0", peers="n0-127.0.0.1:1", max_producer_spans=0)
+    assert DLedgerConfig(group="g", self_id="n0", peers="n0-127.0.0.1:1").max_producer_spans == 1_000_000
 
 
 def test_a_duplicate_within_one_write_is_compared_with_the_planned_body() -> None:

@@ -67,7 +67,7 @@ from dledger.core.messages import (
     VoteRequest,
     is_member_message,
 )
-from dledger.core.producers import CreationLimiter, Decision, Producer, ProducerTable, Run, marker_body
+from dledger.core.producers import CreationLimiter, Decision, Producer, ProducerTable, Run, marker_body, unverifiable
 from dledger.core.quorum import QuorumAckChecker
 from dledger.core.read_index import ReadIndex, describe
 from dledger.entry import MAGIC_NOOP, MAGIC_NORMAL, MAGIC_SESSION
@@ -206,7 +206,7 @@ class Node:
         self.cfg = cfg
         self.store = store
         self.producers = ProducerTable(cfg.producer_expiry_ms, cfg.max_producers, store.begin_index - 1,
-                                       cfg.max_producers_per_principal)
+                                       cfg.max_producers_per_principal, cfg.max_producer_spans)
         # the leader's bound on producer creations per principal (in memory, by `now`)
         self.creations = CreationLimiter(cfg.producer_creations_per_second, 10 * cfg.producer_creations_per_second)
         if producers:
@@ -1183,7 +1183,7 @@ class Node:
             if new:
                 seq = a.sequence + d.duplicates if a.producer else 0
                 if a.producer:
-                    view = view.copy() if view is not None else Producer(owner=a.principal)
+                    view = view.copy(table.folded) if view is not None else Producer(owner=a.principal)
                     view.add(seq, at, len(new), ts, a.epoch)
                     views[a.producer] = view
                 _add_run(runs, Run(a.producer, seq, len(new), a.epoch, a.principal if a.producer else ""))
@@ -1236,15 +1236,13 @@ class Node:
     def _check_duplicates(self, a: _Append, d: Decision, first: int, planned: list[bytes]) -> None:
         """A body answered as a duplicate must be the stored entry (its body CRC, from the record
         header; from index `first` on, the bodies `planned` for this write): else the id is
-        being reused, and success would answer for a body that was never stored. Duplicates
-        older than the spans kept (index -1), or deleted by retention, cannot be compared."""
+        being reused, and success would answer for a body that was never stored. One whose
+        entry cannot be read (deleted by retention or a snapshot) is refused, not answered."""
         for k, i in enumerate(d.indexes):
-            if i < 0:
-                continue
             try:
                 stored = zlib.crc32(planned[i - first]) if i >= first else self.store.body_crc(i)
-            except StoreError:
-                continue
+            except StoreError as e:
+                raise unverifiable(a.producer, a.sequence + k, f"its entry {i} cannot be read here: {e.message}") from e
             if zlib.crc32(a.bodies[k]) != stored:
                 raise DLedgerError(ResponseCode.SEQUENCE_REUSED,
                                    f"sequence {a.sequence + k} of producer {a.producer!r} is stored with a different "

@@ -5,10 +5,18 @@ client chooses) numbers its bodies 0, 1, 2, … A leader store write that holds 
 appends is a session marker (MAGIC_SESSION) followed by the write's NORMAL entries; the
 marker's runs say which producer and sequence numbers those entries carry, in order.
 
-The producer table (per producer: the last sequence in the log and where its recent entries
-are) is a function of the committed log: every member folds committed markers into it
-(`fold`), so a new leader knows every producer without being told, and snapshots carry it
-(`encode` / `decode`).
+The producer table (per producer: the last sequence in the log and where its entries are)
+is a function of the committed log: every member folds committed markers into it (`fold`),
+so a new leader knows every producer without being told, and snapshots carry it (`encode` /
+`decode`).
+
+Where the entries are: spans (first sequence, first index, count), every span of the
+producer's current epoch, so any duplicate can be compared with the stored entry (a retried
+Spark task sends its whole partition again from sequence 0). The table holds at most
+`max_spans` of them: beyond, at fold time, the least recently used producers keep only their
+epoch's first span and the SPANS most recent (the same ones on every member, at the same log
+position). A duplicate whose place is not kept, or whose entry is deleted (retention, a
+snapshot), cannot be compared, so it is refused (DUPLICATE_UNVERIFIABLE), never answered.
 
 Partial writes: a leader crash may leave only a prefix of a write in the next leader's log
 (Raft truncates suffixes). A marker's entries are those right after it that still carry its
@@ -30,7 +38,7 @@ whose append created it; each run of a marker names its appender (`Run.owner`), 
 member knows the owner. The leader refuses another principal's append under the id
 (PRODUCER_NOT_OWNED), and the node refuses a duplicate whose body is not the stored one
 (SEQUENCE_REUSED: the spans kept include the epoch's first, so a process reusing an id from
-sequence 0 is caught at once). At most `max_per_owner` producers per owner (its least
+sequence 0 is caught at once, whatever was trimmed). At most `max_per_owner` producers per owner (its least
 recently used evicted, on every member alike), and the leader bounds creations per principal
 (`CreationLimiter`): one client cannot evict the others' producers.
 """
@@ -52,7 +60,7 @@ from dledger.store.base import LedgerStore
 
 log = logging.getLogger(__name__)
 
-SPANS = 32  # recent spans kept per producer, besides its epoch's first: a duplicate's index (else -1)
+SPANS = 32  # recent spans a producer keeps, besides its epoch's first, when the table is over its span budget
 FOLD_CHUNK = 1 << 20  # entries folded per call: a long log (a restart) is folded over several drains,
 FOLD_MARKERS = 10_000  # and at most this many markers (~10 us each)
 
@@ -96,8 +104,8 @@ def marker_body(ts_ms: int, runs: list[Run]) -> bytes:
 
 class Producer:
     """One producer's place in the log: its owner, epoch, last sequence, and its entries'
-    indexes (spans: first_seq, first_index, count, flat in one array: 24 bytes each): the
-    epoch's first span and the SPANS most recent."""
+    indexes (spans: first_seq, first_index, count, flat in one array: 24 bytes each, in
+    sequence order): every span of the epoch, unless the table trimmed them (`trim`)."""
 
     __slots__ = ("epoch", "last_seq", "owner", "spans", "ts_ms")
 
@@ -114,16 +122,50 @@ class Producer:
         s = self.spans
         return s[-2] + s[-1] - 1 if s else -1
 
-    def copy(self) -> Producer:
-        return Producer(self.last_seq, self.ts_ms, array("q", self.spans), self.epoch, self.owner)
+    @property
+    def span_count(self) -> int:
+        return len(self.spans) // 3
+
+    def copy(self, after: int = -1) -> Producer:
+        """A copy with the spans that end after index `after` (at least the last): the leader's
+        plan needs only those its committed table (folded through `after`) does not hold, and
+        copying every span of a long epoch at every write would cost as much as the epoch."""
+        s, k = self.spans, len(self.spans) - 3
+        while k > 0 and s[k - 2] + s[k - 1] - 1 > after:
+            k -= 3
+        return Producer(self.last_seq, self.ts_ms, s[max(k, 0):], self.epoch, self.owner)
 
     def index_of(self, seq: int) -> int:
-        """The index of sequence `seq`, or -1 when it is older than the spans kept."""
-        s = self.spans
-        for k in range(len(s) - 3, -1, -3):
-            if s[k] <= seq < s[k] + s[k + 2]:
-                return s[k + 1] + seq - s[k]
-        return -1
+        """The index of sequence `seq`, or -1 when its place is not kept."""
+        return self.indexes(seq, 1)[0]
+
+    def indexes(self, first: int, n: int) -> list[int]:
+        """The indexes of sequences first .. first + n - 1 (-1 where not kept): one binary
+        search, then span by span (a retry of a whole partition asks for thousands)."""
+        s, out, seq, end = self.spans, [], first, first + n
+        k = self._span_at(first)
+        while seq < end:
+            while k + 3 < len(s) and s[k + 3] <= seq:
+                k += 3
+            if k >= 0 and seq < s[k] + s[k + 2]:
+                stop, base = min(end, s[k] + s[k + 2]), s[k + 1] - s[k]
+                out.extend(range(base + seq, base + stop))
+            else:
+                stop = min(end, s[k + 3]) if k + 3 < len(s) else end
+                out.extend([-1] * (stop - seq))
+            seq = stop
+        return out
+
+    def _span_at(self, seq: int) -> int:
+        """The offset of the last span starting at or before `seq` (-3: none)."""
+        s, lo, hi = self.spans, 0, len(self.spans) // 3
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if s[3 * mid] <= seq:
+                lo = mid + 1
+            else:
+                hi = mid
+        return 3 * (lo - 1)
 
     def add(self, seq: int, index: int, count: int, ts_ms: int, epoch: int = 0) -> None:
         if epoch > self.epoch:  # a new session of this producer: its sequences start again
@@ -131,15 +173,35 @@ class Producer:
             del self.spans[:]
         if seq != self.last_seq + 1:  # the leader checks this before writing: a log that says otherwise is old
             log.warning("producer sequence %d follows %d in the log", seq, self.last_seq)
+            self._cut(seq)
         s = self.spans
         if s and s[-3] + s[-1] == seq and s[-2] + s[-1] == index:
             s[-1] += count  # contiguous in sequence and in the log: one span
         else:
             s.extend((seq, index, count))
-            if len(s) > 3 * (SPANS + 1):  # the first span stays: a reuse from sequence 0 is found there
-                del s[3 : len(s) - 3 * SPANS]
         self.last_seq = seq + count - 1
         self.ts_ms = max(self.ts_ms, ts_ms)
+
+    def _cut(self, seq: int) -> None:
+        """Forget the spans from `seq` on (a log that numbers a sequence again: its newest word
+        holds), so the spans stay in sequence order for the binary search."""
+        s = self.spans
+        while s and s[-3] + s[-1] > seq:
+            if s[-3] >= seq:
+                del s[-3:]
+            else:
+                s[-1] = seq - s[-3]
+                break
+
+    def trim(self) -> int:
+        """Keep only the epoch's first span (a reuse from sequence 0 is found there) and the
+        SPANS most recent; the number of spans dropped."""
+        s = self.spans
+        drop = len(s) - 3 * (SPANS + 1)
+        if drop <= 0:
+            return 0
+        del s[3 : 3 + drop]
+        return drop // 3
 
 
 @dataclass(slots=True)
@@ -176,20 +238,32 @@ class _Saved(msgspec.Struct, array_like=True):
 @dataclass(slots=True)
 class Decision:
     """How a leader handles one idempotent append: the first `duplicates` bodies are in the
-    log already (their indexes, -1 where older than the spans kept); the rest go in."""
+    log already (at `indexes`); the rest go in."""
 
     duplicates: int
     indexes: list[int] = field(default_factory=list)
     wait_index: int = -1  # the answer waits until this index is committed
 
 
+def unverifiable(producer: str, seq: int, why: str) -> DLedgerError:
+    """DUPLICATE_UNVERIFIABLE: answering an entry that may not be this body would lose it."""
+    return DLedgerError(ResponseCode.DUPLICATE_UNVERIFIABLE,
+                        f"sequence {seq} of producer {producer!r} is in the log already, but cannot be compared "
+                        f"with the stored entry ({why}): nothing was written, and sending it again will not help; "
+                        f"send new bodies in a new epoch or under another id")
+
+
 class ProducerTable:
-    def __init__(self, expiry_ms: int, max_producers: int, folded: int = -1, max_per_owner: int = 50_000) -> None:
+    def __init__(self, expiry_ms: int, max_producers: int, folded: int = -1, max_per_owner: int = 50_000,
+                 max_spans: int = 1_000_000) -> None:
         self.expiry_ms = expiry_ms
         self.max_producers = max_producers
         self.max_per_owner = max_per_owner
+        self.max_spans = max_spans
         self.producers: OrderedDict[str, Producer] = OrderedDict()  # committed; least recently used first
         self.owned: dict[str, OrderedDict[str, None]] = {}  # owner -> its producers, in the same order
+        self.span_count = 0  # the committed producers' spans: the budget check is O(1)
+        self.long: OrderedDict[str, None] = OrderedDict()  # producers with spans to trim, in the same order
         self.folded = folded  # the committed log is folded through this index
         self.open: _OpenRun | None = None
         self.overlay: dict[str, Producer] = {}  # a leader's own appends, not committed yet
@@ -224,9 +298,20 @@ class ProducerTable:
         dup = min(n, view.last_seq - first_seq + 1)
         if dup <= 0:
             return Decision(0)
-        indexes = [view.index_of(s) for s in range(first_seq, first_seq + dup)]
-        wait = view.last_index if -1 in indexes else max(indexes)
-        return Decision(dup, indexes, wait)
+        indexes = self._indexes(view, producer, first_seq, dup)
+        if -1 in indexes:
+            raise unverifiable(producer, first_seq + indexes.index(-1),
+                               "its place is no longer kept: beyond max_producer_spans, or forgotten")
+        return Decision(dup, indexes, max(indexes))
+
+    def _indexes(self, view: Producer, producer: str, first: int, n: int) -> list[int]:
+        """Where `view` puts sequences first.. ; a view of the leader's plan holds only what is
+        not folded yet, the committed producer (of the same epoch) the rest."""
+        out = view.indexes(first, n)
+        base = self.producers.get(producer)
+        if -1 in out and base is not None and base is not view and base.epoch == view.epoch:
+            out = [i if i >= 0 else j for i, j in zip(out, base.indexes(first, n), strict=True)]
+        return out
 
     def note_own(self, written: Iterable[tuple[str, Producer]]) -> None:
         """The leader wrote these producers' entries (views planned by `decide` and updated)."""
@@ -302,8 +387,28 @@ class ProducerTable:
                     p = self._create(r.producer, r.owner)
                 else:
                     self._touch(r.producer, p)
-                p.add(r.first_seq + s0 - off, base + s0, s1 - s0, run.marker.ts_ms, r.epoch)
+                self._add(r.producer, p, r.first_seq + s0 - off, base + s0, s1 - s0, run.marker.ts_ms, r.epoch)
             off += r.count
+
+    def _add(self, pid: str, p: Producer, seq: int, index: int, count: int, ts_ms: int, epoch: int) -> None:
+        """Credit entries to `p` (just touched: the most recent), then keep the span budget."""
+        before = p.span_count
+        p.add(seq, index, count, ts_ms, epoch)
+        self.span_count += p.span_count - before
+        if p.span_count > SPANS + 1:
+            self.long[pid] = None  # new here, or moved to the end already by the touch
+        else:
+            self.long.pop(pid, None)  # a new epoch
+        if self.span_count > self.max_spans:
+            self._trim()
+
+    def _trim(self) -> None:
+        """Over the span budget: the least recently used producers with spans to spare keep
+        only their epoch's first and the SPANS most recent, in table order, until within it
+        (each producer keeps those whatever the budget)."""
+        while self.span_count > self.max_spans and self.long:
+            pid, _ = self.long.popitem(last=False)
+            self.span_count -= self.producers[pid].trim()
 
     def _create(self, pid: str, owner: str) -> Producer:
         """A new producer of `owner`; at its cap, or with the table full, that owner's least
@@ -320,9 +425,13 @@ class ProducerTable:
     def _touch(self, pid: str, p: Producer) -> None:
         self.producers.move_to_end(pid)
         self.owned[p.owner].move_to_end(pid)
+        if pid in self.long:
+            self.long.move_to_end(pid)
 
     def _drop(self, pid: str) -> None:
         p = self.producers.pop(pid)
+        self.span_count -= p.span_count
+        self.long.pop(pid, None)
         mine = self.owned[p.owner]
         del mine[pid]
         if not mine:
@@ -353,6 +462,8 @@ class ProducerTable:
         """The committed table becomes an empty one folded through `folded`."""
         self.producers.clear()
         self.owned.clear()
+        self.long.clear()
+        self.span_count = 0
         self.folded, self.open = folded, None
 
     def skip_to(self, index: int) -> None:
@@ -377,9 +488,12 @@ class ProducerTable:
         self.open = _OpenRun(saved.open[0], saved.open[1], saved.open[3], saved.open[2]) if saved.open else None
         self.producers = OrderedDict((s.id, Producer(s.last_seq, s.ts_ms, array("q", s.spans), s.epoch, s.owner))
                                      for s in saved.producers)
-        self.owned = {}
+        self.owned, self.long, self.span_count = {}, OrderedDict(), 0
         for pid, p in self.producers.items():
             self.owned.setdefault(p.owner, OrderedDict())[pid] = None
+            self.span_count += p.span_count
+            if p.span_count > SPANS + 1:
+                self.long[pid] = None
 
 
 class CreationLimiter:

@@ -23,8 +23,9 @@ evicted (UNKNOWN_PRODUCER) starts a new session by itself: the next epoch, seque
 0, the call's bodies sent again; bodies whose outcome was unknown when it was evicted may
 then be stored twice. PRODUCER_RATE_LIMITED (too many producers created by this principal;
 nothing was written) is waited out and sent again within the call's timeout;
-PRODUCER_NOT_OWNED and SEQUENCE_REUSED are raised (another principal's id; an id reused for
-other bodies: start a new epoch or use another id).
+PRODUCER_NOT_OWNED, SEQUENCE_REUSED and DUPLICATE_UNVERIFIABLE are raised at once, never sent
+again (another principal's id; an id reused for other bodies; a duplicate too old for the
+leader to compare with the stored entry: start a new epoch or use another id).
 """
 
 from __future__ import annotations

@@ -16,6 +16,8 @@ Within a task an append whose outcome is unknown (the leader died) is sent again
 client, and again here until `writeTimeoutSeconds`: no task fails for a failover, nor for
 PRODUCER_RATE_LIMITED (nothing written). What retrying cannot mend fails the task at once,
 saying why: a retry whose rows differ from what an attempt stored (SEQUENCE_REUSED), a
+retry re-sending rows older than the leader can still compare with what is stored
+(DUPLICATE_UNVERIFIABLE: beyond max_producer_spans, or deleted by retention), a
 producer id another principal made (PRODUCER_NOT_OWNED), a producer the leader forgot
 (UNKNOWN_PRODUCER: the task's epochs are Spark's batch ids, so the client must not start a
 session of its own, which would take the next micro-batch's epoch).
@@ -66,12 +68,16 @@ MAX_WRITE_ID = 80  # the producer id adds the partition (and a batch): 128 chara
 _FATAL = {ResponseCode.UNEXPECTED_ARGUMENT, ResponseCode.UNKNOWN_GROUP, ResponseCode.UNAUTHENTICATED,
           ResponseCode.OUT_OF_ORDER_SEQUENCE, ResponseCode.UNKNOWN_PRODUCER, ResponseCode.UNSUPPORTED,
           ResponseCode.PRODUCER_FENCED, ResponseCode.PRODUCER_NOT_OWNED, ResponseCode.SEQUENCE_REUSED,
-          ResponseCode.REQUEST_WITH_EMPTY_BODYS}
+          ResponseCode.DUPLICATE_UNVERIFIABLE, ResponseCode.REQUEST_WITH_EMPTY_BODYS}
 # what an operator should know beside the code
 _HINTS = {
     ResponseCode.SEQUENCE_REUSED: "this attempt's rows differ from those an earlier attempt (or an earlier write "
                                   "with the same writeId) stored under the same numbers: make the plan deterministic "
                                   "(sort within partitions, or partition by a key), or use a new writeId",
+    ResponseCode.DUPLICATE_UNVERIFIABLE: "the retried task re-sent entries older than the leader can still compare "
+                                         "with what an earlier attempt stored (its producer's places were trimmed "
+                                         "beyond max_producer_spans, or the entries deleted by retention): raise "
+                                         "max_producer_spans on the members, or use a new writeId",
     ResponseCode.PRODUCER_NOT_OWNED: "another principal (certificate or token) created this producer id: use "
                                      "another writeId (or query), or this job's own credentials",
     ResponseCode.UNKNOWN_PRODUCER: "the group forgot this task's producer (evicted or expired): rows this task "
