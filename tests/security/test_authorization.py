@@ -13,6 +13,7 @@ import os
 import socket
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 
 import msgspec
@@ -179,14 +180,17 @@ def test_without_tls_or_a_token_only_loopback_is_served(tmp_path: Path, insecure
     outside = _outside_address()
     if outside is None:
         pytest.skip("this machine has no address but loopback")
-    port = free_ports(1)[0]
+    port, metrics = free_ports(2)
     cmd = [sys.executable, "-m", "dledger", "server", "--id", "n0", "--peers", f"n0-0.0.0.0:{port}",
-           "--store-dir", str(tmp_path / "n0"), "--store", "memory", *(["--insecure"] if insecure else [])]
+           "--store-dir", str(tmp_path / "n0"), "--store", "memory", "--metrics-port", str(metrics),
+           *(["--insecure"] if insecure else [])]
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         with DLedgerClient(f"n0-127.0.0.1:{port}", timeout=30) as local:
             assert local.append(b"from loopback").index >= 0
             assert local.metadata("n0").security == ("insecure" if insecure else "loopback")
+        scraped = urllib.request.urlopen(f"http://127.0.0.1:{metrics}/metrics", timeout=10).read().decode()
+        assert f'dledger_insecure{{group="default",member="n0"}} {1.0 if insecure else 0.0}' in scraped
         got, text = answer(f"{outside}:{port}", RequestCode.METADATA, encode(ReadRequest("default")))
         if insecure:
             assert got == ResponseCode.UNEXPECTED_ARGUMENT or got == ResponseCode.SUCCESS, (got, text)

@@ -59,3 +59,14 @@ def test_a_member_astray_or_not_asked_is_not_healthy() -> None:
     partial: dict[str, Metadata | DLedgerError] = {"n1": view("n1", "leader", end=102)}  # --peers named one
     h = assess(partial)
     assert not h.ok and "n0: not asked (not in --peers; the members name it)" in h.problems
+
+
+def test_an_insecure_member_is_named_in_the_verdict() -> None:
+    """--insecure is healthy (the group works) but said in the one line and in JSON."""
+    views = healthy_views()
+    views["n2"] = view("n2", security="insecure")
+    h = assess(views)
+    assert h.ok and h.insecure == ["n2"] and "INSECURE (n2 run --insecure" in h.line
+    assert h.as_json()["insecure"] == ["n2"]
+    assert assess({m: view(m, "leader" if m == "n1" else "follower", security="tls")
+                   for m in MEMBERS}).insecure == []
