@@ -125,10 +125,11 @@ def test_a_write_id_reused_for_other_rows_fails_its_task(spark: SparkSession, gr
     assert sorted(got) == sorted(f"{write_id}/first-{i}".encode() for i in range(100))
 
 
-def _write_rows(spark: SparkSession, peers: str, write_id: str, rows: list[str], batch: int = 40) -> None:
+def _write_rows(spark: SparkSession, g: Group, write_id: str, rows: list[str], batch: int = 40) -> None:
     """One partition (in order), `batch` rows per request."""
     spark.createDataFrame([(r,) for r in rows], "body string").coalesce(1).write.format("dledger") \
-        .mode("append").option("peers", peers).option("writeId", write_id).option("batchSize", str(batch)).save()
+        .mode("append").option("peers", g.peers).option("group", g.name).option("writeId", write_id) \
+        .option("batchSize", str(batch)).save()
 
 
 def test_a_long_partition_retried_is_compared_whole(spark: SparkSession, group: Group) -> None:
@@ -138,11 +139,11 @@ def test_a_long_partition_retried_is_compared_whole(spark: SparkSession, group: 
     start = group.committed_next()
     write_id = f"long-{uuid.uuid4().hex}"
     rows = [f"{write_id}-{i}" for i in range(2000)]
-    _write_rows(spark, group.peers, write_id, rows[:1600])  # 40 requests
-    _write_rows(spark, group.peers, write_id, rows)  # the retry: 40 requests answered, 10 appended
-    changed = rows[:100] + [f"{write_id}-other"] + rows[101:]
+    _write_rows(spark, group, write_id, rows[:1600])  # 40 requests
+    _write_rows(spark, group, write_id, rows)  # the retry: 40 requests answered, 10 appended
+    changed = [*rows[:100], f"{write_id}-other", *rows[101:]]
     with pytest.raises(Exception, match=r"SEQUENCE_REUSED \(436\)"):
-        _write_rows(spark, group.peers, write_id, changed)  # row 100: in the third request of 50
+        _write_rows(spark, group, write_id, changed)  # row 100: in the third request of 50
     got = Counter(e.body for e in read_all(group.client, start) if e.body.startswith(write_id.encode()))
     assert sorted(got) == sorted(r.encode() for r in rows) and set(got.values()) == {1}
 
@@ -155,9 +156,9 @@ def test_a_retry_older_than_the_span_budget_fails_saying_why(spark: SparkSession
         start = g.committed_next()
         write_id = f"spans-{uuid.uuid4().hex}"
         rows = [f"{write_id}-{i}" for i in range(2000)]
-        _write_rows(spark, g.peers, write_id, rows)  # 50 requests: over the budget, the middle ones trimmed
+        _write_rows(spark, g, write_id, rows)  # 50 requests: over the budget, the middle ones trimmed
         with pytest.raises(Exception, match=r"DUPLICATE_UNVERIFIABLE \(438\).*raise max_producer_spans"):
-            _write_rows(spark, g.peers, write_id, rows)
+            _write_rows(spark, g, write_id, rows)
         got = Counter(e.body for e in read_all(g.client, start) if e.body.startswith(write_id.encode()))
         assert sorted(got) == sorted(r.encode() for r in rows) and set(got.values()) == {1}
     finally:

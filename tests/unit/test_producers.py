@@ -329,7 +329,7 @@ def test_the_leaders_plan_holds_only_what_is_not_folded() -> None:
     plan.add(50, store.end_index + 2, 1, 1000)
     t.note_own([("a", plan)])
     d = t.decide(t.lookup("a"), "a", 3, 49)
-    assert d.duplicates == 48 and d.indexes == where[3:] + [store.end_index + 2]
+    assert d.duplicates == 48 and d.indexes == [*where[3:], store.end_index + 2]
     assert len(a.copy().spans) == len(a.spans)  # a whole copy by default
 
 

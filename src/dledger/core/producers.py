@@ -142,7 +142,8 @@ class Producer:
     def indexes(self, first: int, n: int) -> list[int]:
         """The indexes of sequences first .. first + n - 1 (-1 where not kept): one binary
         search, then span by span (a retry of a whole partition asks for thousands)."""
-        s, out, seq, end = self.spans, [], first, first + n
+        s, seq, end = self.spans, first, first + n
+        out: list[int] = []
         k = self._span_at(first)
         while seq < end:
             while k + 3 < len(s) and s[k + 3] <= seq:
@@ -277,7 +278,8 @@ class ProducerTable:
                principal: str = "") -> Decision:
         """Check an append of `n` bodies from `first_seq` (in `epoch`, by `principal`) against
         `view` (the producer as the log holds it, with the writes planned before this one);
-        DLedgerError when refused. Another principal's id is refused first: it learns nothing."""
+        DLedgerError when refused. Another principal's id is refused first: it learns nothing.
+        A duplicate whose place is not kept cannot be compared, so it is refused too."""
         if view is not None and view.owner != principal:
             raise DLedgerError(ResponseCode.PRODUCER_NOT_OWNED,
                                f"producer {producer!r} belongs to another principal: use an id of your own")

@@ -5,7 +5,9 @@ A few producers append through SimCluster as the real idempotent client does
 outcome is unknown (a leader change, no quorum in time, no answer) sent again with the same
 sequence. What must hold whatever the faults: no body is ever in the committed log twice,
 no sequence is refused (the producers send in order), and every acknowledged body is where
-its answer said.
+its answer said. A retry the leader cannot compare with the stored entry (a new leader
+deleted it already: DUPLICATE_UNVERIFIABLE) is given up, as the client raises it: its bodies
+are neither acknowledged nor sent again, and the producer goes on under a fresh id.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ class _Producer:
     next_seq: int = 0
     in_flight: tuple[int, int, list[bytes]] | None = None  # (request id, sequence, bodies)
     resent: int = 0
+    renewed: int = 0  # fresh ids taken after DUPLICATE_UNVERIFIABLE
 
 
 @dataclass
@@ -81,6 +84,9 @@ class SimProducers:
         elif res.code in _REFUSED:
             self.violations.append(f"{p.name}: sequence {seq} refused ({ResponseCode(res.code).name})")
             p.in_flight = None
+        elif res.code == ResponseCode.DUPLICATE_UNVERIFIABLE:  # raised by the client: never sent again
+            p.renewed += 1
+            p.name, p.next_seq, p.in_flight = f"{p.name.split('.')[0]}.{p.renewed}", 0, None
         else:  # a definite refusal (a full disk, …): nothing stored, the same bodies go again later
             self._send(p, seq, bodies)
 
