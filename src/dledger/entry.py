@@ -29,6 +29,8 @@ BLANK = struct.Struct(">ii")
 BLANK_SIZE = BLANK.size
 _CHAIN = struct.Struct(">qqI")
 
+# 1 is also upstream DLedger's only record magic (DLedgerMmapFileStore.MAGIC_1, CURRENT_MAGIC)
+# and 2 its NOOP record's: a store upstream wrote has nothing but these and blanks
 MAGIC_NORMAL = 1
 MAGIC_NOOP = 2
 MAGIC_CONFIG_CHANGE = 3
@@ -39,6 +41,55 @@ MAGIC_BLANK = -1  # 0xFFFFFFFF read as a signed int
 ENTRY_MAGICS = frozenset((MAGIC_NORMAL, MAGIC_NOOP, MAGIC_CONFIG_CHANGE, MAGIC_SESSION))
 
 assert HEADER_SIZE == 48 and INDEX_UNIT_SIZE == 32
+
+# --- the record-header rules (docs/format.md, "On disk"), written once ----------------------------
+# Every reader of records applies these: `scan` (followers, recovery, `dledger store inspect`),
+# `decode_entry`, Spark's dledger-files scan and the offline view (store/offline.py). Only what a
+# reader does with a failure differs (stop, cut, raise, report a row).
+
+RUNS_PAST = "record runs past the end of the buffer"
+
+
+def magic_stop(buf: bytes | bytearray | memoryview | object, off: int) -> str:
+    """Why the 8 bytes at `off` start no entry record (their magic is not in ENTRY_MAGICS):
+    "blank" (the blank record that closes a data file), "zero" (never written), else
+    "corrupt: bad magic N"."""
+    magic = int.from_bytes(buf[off : off + 4], "big", signed=True)  # type: ignore[index]
+    if magic == MAGIC_BLANK:
+        return "blank"
+    if magic == 0 and not any(buf[off : off + 8]):  # type: ignore[index]
+        return "zero"
+    return f"corrupt: bad magic {magic}"
+
+
+def record_fault(size: int, body_size: int, index: int, pos: int, channel: int, term: int, room: int,
+                 want_index: int, want_pos: int, term_floor: int) -> str | None:
+    """The first header rule a record breaks, None when it keeps them all (its magic is an
+    entry's): size is 48 + body size and fits in the `room` bytes from the record's start
+    (`RUNS_PAST` when not), it holds the index and position expected, its term does not go
+    below the previous record's, channel 0. CRCs are checked by the caller (body_crc_fault,
+    chain_crc): some readers report them without stopping."""
+    if size != HEADER_SIZE + body_size or body_size < 0:
+        return f"bad size {size} (body {body_size})"
+    if size > room:
+        return RUNS_PAST
+    if index != want_index:
+        return f"index {index}, expected {want_index}"
+    if pos != want_pos:
+        return f"pos {pos}, expected {want_pos}"
+    if term < term_floor:
+        return f"term {term} below previous term {term_floor}"
+    if channel != 0:
+        return f"bad channel {channel} (reserved, must be 0)"
+    return None
+
+
+def header_fault(h: tuple[int, ...], room: int) -> str | None:
+    """The rules one header `h` (HEADER.unpack) can be checked against alone, without its
+    neighbours: an entry's magic, then record_fault's size and channel rules."""
+    if h[0] not in ENTRY_MAGICS:
+        return f"bad magic {h[0]}"
+    return record_fault(h[1], h[8], h[2], h[4], h[5], h[3], room, h[2], h[4], h[3])
 
 
 class Entry(msgspec.Struct, frozen=True, gc=False):
@@ -165,6 +216,7 @@ def scan(
     unpack_header = HEADER.unpack_from
     chain_pack = _CHAIN.pack
     crc32 = zlib.crc32
+    fault = record_fault
     mv = memoryview(buf)  # type: ignore[arg-type]
     off = start
     count = 0
@@ -175,14 +227,9 @@ def scan(
         while off + 8 <= end and count != max_count:
             magic = int.from_bytes(mv[off : off + 4], "big", signed=True)
             if magic not in ENTRY_MAGICS:
-                if magic == MAGIC_BLANK:
-                    stop = "blank"
-                elif magic == 0 and not any(mv[off : off + 8]):
-                    stop = "zero"
-                else:
-                    if strict:
-                        raise CorruptRecord(f"bad magic {magic}", off, index)
-                    stop = f"corrupt: bad magic {magic}"
+                stop = magic_stop(mv, off)
+                if strict and stop.startswith("corrupt: "):
+                    raise CorruptRecord(stop.removeprefix("corrupt: "), off, index)
                 break
             if off + HEADER_SIZE > end:
                 if strict:
@@ -190,25 +237,11 @@ def scan(
                 stop = "end"
                 break
             (_, size, idx, term, rpos, channel, ccrc, bcrc, bsize) = unpack_header(mv, off)
-            reason = None
-            if size != HEADER_SIZE + bsize or bsize < 0:
-                reason = f"bad size {size} (body {bsize})"
-            elif off + size > end:
-                # before the field checks: a follower scans up to the room left in a data
-                # file, and the record past it legitimately carries the next file's pos
-                if strict:
-                    reason = "record runs past the end of the buffer"
-                else:
-                    stop = "end"
-                    break
-            elif idx != index:
-                reason = f"index {idx}, expected {index}"
-            elif rpos != pos:
-                reason = f"pos {rpos}, expected {pos}"
-            elif term < term_floor:
-                reason = f"term {term} below previous term {term_floor}"
-            elif channel != 0:
-                reason = f"bad channel {channel} (reserved, must be 0)"
+            reason = fault(size, bsize, idx, rpos, channel, term, end - off, index, pos, term_floor)
+            if reason is RUNS_PAST and not strict:
+                # a follower scans up to the room left in a data file, and the record past
+                # it legitimately carries the next file's pos: the end, not a fault
+                break
             if reason is None:
                 if crc32(mv[off + HEADER_SIZE : off + size]) != bcrc:
                     reason = "body crc mismatch"
@@ -241,13 +274,11 @@ def decode_entry(buf: bytes | bytearray | memoryview | object, offset: int = 0) 
     try:
         if len(mv) - offset < HEADER_SIZE:
             raise CorruptRecord("truncated header", offset)
-        magic, size, idx, term, rpos, _ch, ccrc, bcrc, bsize = HEADER.unpack_from(mv, offset)
-        if magic not in ENTRY_MAGICS:
-            raise CorruptRecord(f"bad magic {magic}", offset)
-        if size != HEADER_SIZE + bsize or bsize < 0 or offset + size > len(mv):
-            raise CorruptRecord(f"bad size {size}", offset)
-        if _ch != 0:
-            raise CorruptRecord(f"bad channel {_ch} (reserved, must be 0)", offset)
+        h = HEADER.unpack_from(mv, offset)
+        magic, size, idx, term, rpos, _ch, ccrc, bcrc, _bsize = h
+        reason = header_fault(h, len(mv) - offset)
+        if reason is not None:
+            raise CorruptRecord(reason, offset)
         body = bytes(mv[offset + HEADER_SIZE : offset + size])
     finally:
         mv.release()

@@ -9,28 +9,33 @@ leave behind; a term below the log's; a corrupt record).
 `repair-term` rewrites `currterm` while holding the store's lock (store/lock.py), so never
 under a running member, through the store's own atomic writer (checkpoint.write_atomic).
 
-Records are validated by `entry.scan`, the validator recovery uses; nothing here parses
-the record format itself.
+The directory is read through store/offline.py (file names, checkpoint, currterm, the log
+begin) and records are validated by `entry.scan`, the validator recovery uses; nothing here
+parses the record format itself.
 """
 
 from __future__ import annotations
 
 import mmap
-import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from dledger.codes import ResponseCode
 from dledger.core.messages import LIMIT
-from dledger.entry import BLANK, ENTRY_MAGICS, HEADER, HEADER_SIZE, scan
+from dledger.entry import BLANK, scan
 from dledger.store.base import StoreError
-from dledger.store.checkpoint import read_json, write_atomic
+from dledger.store.checkpoint import write_atomic
 from dledger.store.lock import StoreDirLock
-from dledger.store.recovery import _chain_before
-
-CURRTERM = "currterm"
-_NAME = re.compile(r"^\d{20}$")
+from dledger.store.offline import (
+    CURRTERM,
+    UnreadableFile,
+    chain_before,
+    derive_begin,
+    list_files,
+    read_checkpoint,
+    read_currterm,
+    read_header,
+)
 
 
 @dataclass(frozen=True)
@@ -57,58 +62,51 @@ def check_store_dir(store_dir: Path) -> None:
                          f"{store_dir} is not a dledger store directory (no data/ in it)")
 
 
-def read_currterm(store_dir: Path) -> CurrTerm:
-    path = store_dir / CURRTERM
-    if not path.exists():
-        return CurrTerm(None, None, "")
-    data = read_json(path)
-    if data is None or not isinstance(data.get("term"), int) or isinstance(data.get("term"), bool):
-        return CurrTerm(None, None, f"{path} is unreadable (no integer term in it)")
-    voted = data.get("voted_for")
-    return CurrTerm(data["term"], voted if isinstance(voted, str) else None, "")
-
-
-def _data_files(store_dir: Path) -> list[tuple[Path, int, int]]:
-    """(path, logical start, size) of the data files, in order."""
-    out = []
-    for p in sorted((store_dir / "data").iterdir()):
-        if _NAME.match(p.name) and p.is_file():
-            out.append((p, int(p.name), p.stat().st_size))
-    return out
+def read_currterm_view(store_dir: Path) -> CurrTerm:
+    """`currterm` as inspect shows it: an unreadable one is a problem to report."""
+    try:
+        tf = read_currterm(store_dir)
+    except UnreadableFile as e:
+        return CurrTerm(None, None, e.message)
+    return CurrTerm(None, None, "") if tf is None else CurrTerm(tf.term, tf.voted_for, "")
 
 
 def read_log_end(store_dir: Path) -> LogEnd:
-    """Scan the data files from the log begin (checkpoint), as recovery does, without writing."""
-    ckpt = read_json(store_dir / "checkpoint")
-    files = _data_files(store_dir)
-    committed = _int(ckpt, "committed_index", -1)
-    chain: int | None
-    if ckpt is not None and "begin_index" in ckpt:
-        index, pos = _int(ckpt, "begin_index", 0), _int(ckpt, "begin_pos", 0)
-        chain, term = _int(ckpt, "begin_chain_crc", 0), _int(ckpt, "begin_term", -1)
-    else:  # as recovery: the first record is the begin
-        index, pos, chain, term = 0, files[0][1] if files else 0, 0, -1
-        if files:
-            with open(files[0][0], "rb") as f:
-                h = f.read(HEADER_SIZE)
-            if len(h) == HEADER_SIZE and HEADER.unpack(h)[0] in ENTRY_MAGICS and HEADER.unpack(h)[4] == pos:
-                index = HEADER.unpack(h)[2]
-                chain = None if index else 0
-    begin = index
-    problem = ""
-    k = next((k for k, (_, start, size) in enumerate(files) if start <= pos < start + size), len(files))
+    """Scan the data files from the log begin (checkpoint), as recovery does, without writing.
+
+    An unreadable checkpoint, which stops a member from starting, is the problem reported;
+    the scan then goes on as without one (the log begin derived from the data)."""
+    problem = ckpt_problem = ""
+    try:
+        ckpt = read_checkpoint(store_dir)
+    except UnreadableFile as e:
+        ckpt, ckpt_problem = None, f"{e.message}: a member refuses to start on it"
+    files = list_files(store_dir / "data")
+    committed = ckpt.committed_index if ckpt is not None else -1
+    begin = ckpt.begin if ckpt is not None else None
+    if begin is None:  # as recovery: the first record is the begin
+        first = files[0] if files else None
+        begin = derive_begin(read_header(first.path, 0) if first else None, first.start if first else 0,
+                             first.size if first else 0)
+    index, pos, term = begin.index, begin.pos, begin.term
+    chain: int | None = begin.chain_crc
+    k = next((k for k, f in enumerate(files) if f.start <= pos < f.end), len(files))
     while k < len(files):
-        path, start, size = files[k]
+        f = files[k]
+        path, start, size = f.path, f.start, f.size
         if size == 0:
             break
-        if k and files[k - 1][1] + files[k - 1][2] != start:
+        if k and files[k - 1].end != start:
             problem = f"{path} does not follow the data file before it (a file is missing or has the wrong size)"
             break
-        with open(path, "rb") as f:
-            mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        with open(path, "rb") as fh:
+            mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
         try:
             off = pos - start
-            first_chain = _chain_before(mm, off) if chain is None else chain
+            first_chain = chain
+            if first_chain is None:
+                h = read_header(path, off)
+                first_chain = chain_before(h) if h is not None else None
             res = scan(mm, off, size, index, pos, first_chain or 0, term)
             if res.count:
                 chain, term = res.last_chain, res.last_term
@@ -126,19 +124,14 @@ def read_log_end(store_dir: Path) -> LogEnd:
         finally:
             mm.close()
         break
-    return LogEnd(begin, index - 1, term, committed, problem)
-
-
-def _int(data: dict[str, Any] | None, key: str, default: int) -> int:
-    v = (data or {}).get(key, default)
-    return v if isinstance(v, int) and not isinstance(v, bool) else default
+    return LogEnd(begin.index, index - 1, term, committed, "; ".join(p for p in (ckpt_problem, problem) if p))
 
 
 def inspect(store_dir: str | Path) -> dict[str, object]:
     """What `dledger store inspect` prints: one JSON object."""
     d = Path(store_dir)
     check_store_dir(d)
-    ct = read_currterm(d)
+    ct = read_currterm_view(d)
     log_end = read_log_end(d)
     problems = [p for p in (ct.problem, log_end.problem) if p]
     if ct.term is not None:
@@ -179,7 +172,7 @@ def repair_term(store_dir: str | Path, term: int | None = None) -> dict[str, obj
     check_store_dir(d)
     lock = StoreDirLock(d)  # refuses, naming the holder, when a member has the store open
     try:
-        before = read_currterm(d)
+        before = read_currterm_view(d)
         log_end = read_log_end(d)
         last = log_end.last_term
         new = max(last, 0) if term is None else term
@@ -203,4 +196,4 @@ def repair_term(store_dir: str | Path, term: int | None = None) -> dict[str, obj
     }
 
 
-__all__ = ["CurrTerm", "LogEnd", "check_store_dir", "inspect", "read_currterm", "read_log_end", "repair_term"]
+__all__ = ["CurrTerm", "LogEnd", "check_store_dir", "inspect", "read_currterm_view", "read_log_end", "repair_term"]

@@ -58,10 +58,11 @@ from dledger.store.base import (
     positions_of,
     push_error,
 )
-from dledger.store.checkpoint import read_json, write_atomic
+from dledger.store.checkpoint import write_atomic
 from dledger.store.flusher import FlushService
 from dledger.store.lock import StoreDirLock
 from dledger.store.mapped_file import MappedFile, MappedFileList
+from dledger.store.offline import UnreadableFile, read_currterm
 from dledger.store.recovery import rebuild_units, recover
 from dledger.store.retention import Candidate, Plan, disk_usage_ratio, plan_deletions
 
@@ -783,14 +784,11 @@ class FileLedgerStore(LedgerStore):
         return self._term_vote
 
     def _read_term(self) -> TermVote:
-        path = self.dir / "currterm"
-        if not path.exists():
-            return TermVote(0, None)
-        data = read_json(path)
-        if data is None or not isinstance(data.get("term"), int):
-            raise StoreError(ResponseCode.DISK_ERROR, f"{path} is unreadable; refusing to forget a vote")
-        voted = data.get("voted_for")
-        return TermVote(data["term"], voted if isinstance(voted, str) else None)
+        try:
+            tf = read_currterm(self.dir)  # offline.py's rule: missing is None, damaged an error
+        except UnreadableFile as e:
+            raise StoreError(ResponseCode.DISK_ERROR, f"{e.message}; refusing to forget a vote") from e
+        return TermVote(0, None) if tf is None else TermVote(tf.term, tf.voted_for)
 
     # --- lifecycle -------------------------------------------------------------
 

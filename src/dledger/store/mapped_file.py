@@ -10,20 +10,14 @@ import contextlib
 import logging
 import mmap
 import os
-import re
 from pathlib import Path
 
 from dledger.codes import ResponseCode
 from dledger.fsutil import fsync_path
 from dledger.store.base import StoreError, os_error
+from dledger.store.offline import file_name, list_files
 
 log = logging.getLogger(__name__)
-
-_NAME = re.compile(r"^\d{20}$")
-
-
-def file_name(start: int) -> str:
-    return f"{start:020d}"
 
 
 class MappedFile:
@@ -113,8 +107,7 @@ class MappedFileList:
         self.file_size = file_size
         directory.mkdir(parents=True, exist_ok=True)
         self.files: list[MappedFile] = []
-        starts = sorted(int(p.name) for p in directory.iterdir() if _NAME.match(p.name))
-        for start in starts:
+        for start in (f.start for f in list_files(directory)):
             if start % file_size:
                 raise StoreError(
                     ResponseCode.DISK_ERROR,

@@ -1,7 +1,9 @@
 """Recovery of a FileLedgerStore on open.
 
-1. Begin of the log and the trusted point come from `checkpoint`: the last
-   record known durable. It must still be there, else DISK_ERROR: durable,
+1. Begin of the log and the trusted point come from `checkpoint` (read by
+   store/offline.py: an unreadable one is a DISK_ERROR, never guessed around;
+   without a log begin in it, the begin is derived from the first record): the
+   last record known durable. It must still be there, else DISK_ERROR: durable,
    acknowledged data is never silently dropped. A trusted record (or one before
    it in the same data file) that rotted but whose extent is certain — from the
    checkpoint, its header or its index unit as written — is kept and reported in
@@ -19,8 +21,6 @@
 from __future__ import annotations
 
 import logging
-import struct
-import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -37,11 +37,12 @@ from dledger.entry import (
     CorruptRecord,
     chain_crc,
     decode_entry,
+    header_fault,
     scan,
 )
 from dledger.store.base import CorruptEntryError, StoreError
-from dledger.store.checkpoint import read_json
 from dledger.store.mapped_file import MappedFileList
+from dledger.store.offline import Checkpoint, chain_before, derive_begin, first_record_index, read_checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -79,11 +80,11 @@ class _Start:
 
 
 def recover(store: RecoverableStore) -> None:
-    ckpt = read_json(store.dir / "checkpoint")
-    _load_begin(store, ckpt)
+    ckpt = read_checkpoint(store.dir)  # UnreadableFile (DISK_ERROR): never guess the committed index
+    begin_chain = _load_begin(store, ckpt)
     _drop_leftovers(store)
-    committed = int(ckpt.get("committed_index", -1)) if ckpt else -1
-    start = _trusted_start(store, ckpt)
+    committed = ckpt.committed_index if ckpt else -1
+    start = _trusted_start(store, ckpt, begin_chain)
     if start.trusted_pos is not None:
         _check_units(store, start.index - 1, start.trusted_pos)
     index, pos, chain, term = _scan_forward(store, start, committed)
@@ -103,26 +104,21 @@ def recover(store: RecoverableStore) -> None:
     )
 
 
-def _load_begin(store: RecoverableStore, ckpt: dict[str, Any] | None) -> None:
-    if ckpt is not None:
-        try:
-            store.begin_index = int(ckpt["begin_index"])
-            store.begin_term = int(ckpt["begin_term"])
-            store.begin_pos = int(ckpt["begin_pos"])
-            store.begin_chain_crc = int(ckpt["begin_chain_crc"])
-            return
-        except (KeyError, TypeError, ValueError):
+def _load_begin(store: RecoverableStore, ckpt: Checkpoint | None) -> int | None:
+    """Set the store's log begin; returns the chain CRC before it (None: unknown, the
+    first record's own is taken, see offline.derive_begin)."""
+    begin = ckpt.begin if ckpt is not None else None
+    if begin is None:
+        if ckpt is not None:
             log.warning("checkpoint of %s lacks the log begin; deriving it from the data", store.dir)
-    store.begin_chain_crc = 0
-    store.begin_term = -1
-    if not store.data.files:
-        store.begin_index = 0
-        store.begin_pos = 0
-        return
-    f = store.data.files[0]
-    h = HEADER.unpack_from(f.mm, 0)
-    store.begin_pos = f.start
-    store.begin_index = int(h[2]) if h[0] in ENTRY_MAGICS and h[4] == f.start else 0
+        if store.data.files:
+            f = store.data.files[0]
+            begin = derive_begin(HEADER.unpack_from(f.mm, 0), f.start, f.size)
+        else:
+            begin = derive_begin(None, 0, 0)
+    store.begin_index, store.begin_term, store.begin_pos = begin.index, begin.term, begin.pos
+    store.begin_chain_crc = begin.chain_crc or 0
+    return begin.chain_crc
 
 
 def _drop_leftovers(store: RecoverableStore) -> None:
@@ -135,13 +131,12 @@ def _drop_leftovers(store: RecoverableStore) -> None:
         store.index.drop_first()
 
 
-def _trusted_start(store: RecoverableStore, ckpt: dict[str, Any] | None) -> _Start:
-    t = ckpt.get("trusted") if ckpt else None
-    begin_chain = store.begin_chain_crc if ckpt is not None or store.begin_index == 0 else None
+def _trusted_start(store: RecoverableStore, ckpt: Checkpoint | None, begin_chain: int | None) -> _Start:
+    t = ckpt.trusted if ckpt else None
     begin = _Start(store.begin_index, store.begin_pos, begin_chain, store.begin_term)
-    if not isinstance(t, dict) or int(t.get("index", -1)) < store.begin_index:
+    if t is None or t.index < store.begin_index:
         return begin
-    index, pos, term, chain = int(t["index"]), int(t["pos"]), int(t["term"]), int(t["chain_crc"])
+    index, pos, term, chain = t.index, t.pos, t.term, t.chain_crc
     where = f"durable record {index} at position {pos}"
     try:
         f = store.data.locate(pos)
@@ -177,7 +172,7 @@ def _scan_forward(
         f = data.locate(pos)
         first_chain = chain
         if chain is None:  # no checkpoint: take the first record's chain as given
-            first_chain = _chain_before(f.mm, pos - f.start)
+            first_chain = chain_before(HEADER.unpack_from(f.mm, pos - f.start)) if pos + HEADER_SIZE <= f.end else 0
         units = bytearray()
         res = scan(f.mm, pos - f.start, f.size, index, pos, first_chain or 0, term, units=units)
         _write_units(store, index, units)
@@ -238,7 +233,7 @@ def _whole_header(f: Any, pos: int, index: int, term: int, chain: int) -> int | 
     if off + HEADER_SIZE > f.size:
         return None
     h = HEADER.unpack_from(f.mm, off)
-    ok = h[0] in ENTRY_MAGICS and h[8] >= 0 and h[1] == HEADER_SIZE + h[8] and off + h[1] <= f.size
+    ok = header_fault(h, f.size - off) is None
     return int(h[1]) if ok and (h[2], h[3], h[4], h[6]) == (index, term, pos, chain) else None
 
 
@@ -258,35 +253,6 @@ def _note_rotten(store: RecoverableStore, index: int, reason: str) -> None:
               "the leader's copy", store.dir, index, reason)
     if store.recovered_corrupt is None:
         store.recovered_corrupt = (index, reason)
-
-
-def _chain_before(mm: Any, off: int) -> int | None:
-    """The chain value `prev` under which the record at `off` has a valid chain CRC.
-
-    Used only without a checkpoint on a log that does not start at index 0:
-    the first record is then taken as given and all later ones are checked.
-    crc32(msg, prev) is affine in prev over GF(2), so solve A·prev = target ^ crc32(msg, 0)
-    with an XOR basis of the 32 columns A·e_b.
-    """
-    h = HEADER.unpack_from(mm, off)
-    if h[0] not in ENTRY_MAGICS:
-        return None
-    msg = struct.pack(">qqI", h[2], h[3], h[7])
-    base = zlib.crc32(msg, 0)
-    basis: list[tuple[int, int]] = []  # (vector, which e_b combine to it), leading bits distinct
-    for b in range(32):
-        v, comb = zlib.crc32(msg, 1 << b) ^ base, 1 << b
-        for bv, bc in basis:
-            if v ^ bv < v:
-                v, comb = v ^ bv, comb ^ bc
-        if v:
-            basis.append((v, comb))
-            basis.sort(reverse=True)
-    want, result = h[6] ^ base, 0
-    for bv, bc in basis:
-        if want ^ bv < want:
-            want, result = want ^ bv, result ^ bc
-    return result if want == 0 else None
 
 
 def _write_units(store: RecoverableStore, index: int, units: bytes | bytearray) -> None:
@@ -334,8 +300,7 @@ def _chain_at(store: RecoverableStore, pos: int) -> int:
 
 def _first_index_at(store: RecoverableStore, pos: int) -> int | None:
     f = store.data.locate(pos)
-    h = HEADER.unpack_from(f.mm, pos - f.start)
-    return int(h[2]) if h[0] in ENTRY_MAGICS and h[4] == pos else None
+    return first_record_index(HEADER.unpack_from(f.mm, pos - f.start), pos, f.end - pos)
 
 
 def rebuild_units(
@@ -364,11 +329,11 @@ def rebuild_units(
         if magic == MAGIC_BLANK:
             pos = f.end
             continue
-        h = HEADER.unpack_from(f.mm, off) if off + HEADER.size <= f.size else (0, 0, -1, 0, -1)
+        h = HEADER.unpack_from(f.mm, off) if off + HEADER.size <= f.size else None
         bad = ""
         # the size is not under the chain CRC: it must agree with the body size beside it, or a
         # rotten one would be written into the unit (and the record could never be repaired)
-        if h[0] not in ENTRY_MAGICS or h[2] != index or h[4] != pos or h[8] < 0 or h[1] != HEADER_SIZE + h[8]:
+        if h is None or header_fault(h, f.size - off) is not None or h[2] != index or h[4] != pos:
             bad = "no valid record header"
         elif chain is not None and chain_crc(index, h[3], h[7], chain) != h[6]:
             bad = "chain CRC mismatch"
@@ -380,6 +345,7 @@ def rebuild_units(
             _note_rotten(store, index, f"{bad} at {f.path} offset {off}")
             chain, pos, index = None, pos + u[2], index + 1  # the next chain CRC is unchecked
             continue
+        assert h is not None  # `bad` otherwise
         chain = h[6]
         unit = INDEX_UNIT.pack(h[0], pos, h[1], index, h[3])
         p = index * INDEX_UNIT_SIZE
