@@ -108,6 +108,36 @@ def test_each_header_rule_names_what_it_found() -> None:
     assert record_fault(100, 52, 7, 1000, 9, 3, 100, 7, 1000, 3) == "bad channel 9 (reserved, must be 0)"
 
 
+@pytest.mark.parametrize(("field", "value"), [
+    (1, 61),  # size, not 48 + body size
+    (8, -4),  # body size
+    (1, 48 + 5000),  # size and body size agree, past the buffer
+    (2, 9),  # index
+    (4, 7),  # pos
+    (3, 1),  # term below the previous
+    (5, 2),  # channel
+])
+def test_scan_applies_record_fault_rule_by_rule(field: int, value: int) -> None:
+    """entry.scan decides the common case inline (its per-record path): every rule still
+    fails it with record_fault's reason, strict or not."""
+    first = encode_entry(b"a" * 10, index=4, term=2, pos=0)
+    second = encode_entry(b"b" * 12, index=5, term=2, pos=len(first), prev_chain=HEADER.unpack_from(first)[6])
+    h = list(HEADER.unpack_from(second))
+    h[field] = value
+    if field == 1 and value > 1000:
+        h[8] = value - HEADER_SIZE
+    buf = first + HEADER.pack(*h) + second[HEADER_SIZE:]
+    reason = record_fault(h[1], h[8], h[2], h[4], h[5], h[3], len(buf) - len(first), 5, len(first), 2)
+    assert reason is not None
+    res = scan(buf, 0, len(buf), 4, 0, 0, strict=False)
+    assert res.count == 1
+    assert res.stop == ("end" if reason is RUNS_PAST else "corrupt: " + reason)
+    with pytest.raises(CorruptRecord) as e:
+        scan(buf, 0, len(buf), 4, 0, 0, strict=True)
+    assert e.value.reason == reason and e.value.offset == len(first)
+    assert scan(first + second, 0, len(first) + len(second), 4, 0, 0).count == 2  # unchanged: both pass
+
+
 def test_magic_stop_and_header_fault() -> None:
     rec = encode_entry(b"body", index=3, term=2, pos=96)
     h = HEADER.unpack_from(rec)

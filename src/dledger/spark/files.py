@@ -28,7 +28,9 @@ after the last; rows are masked exactly. A declared narrower schema
 not copied out of the mapping but still CRC-checked in place, unless
 `verifyBodies` is false.
 
-What is validated, for every record read:
+What is validated, for every record read (the header rules are entry.record_fault's, the
+ones recovery and followers apply; the directory, its file names and the checkpoint are read
+through store/offline.py, as recovery and `dledger store inspect` read them):
 - magic (NORMAL, NOOP, CONFIG_CHANGE; a blank 0xFFFFFFFF closes a file and its
   length must reach the end of the file), size (48 + body size, within the file),
   channel 0;
@@ -54,8 +56,6 @@ read with a warning, as recovery would cut it).
 from __future__ import annotations
 
 import bisect
-import itertools
-import json
 import logging
 import mmap
 import os
@@ -78,9 +78,10 @@ from dledger.entry import (
     HEADER_SIZE,
     INDEX_UNIT,
     INDEX_UNIT_SIZE,
-    MAGIC_BLANK,
     MAGIC_NORMAL,
     chain_crc,
+    magic_stop,
+    record_fault,
 )
 from dledger.spark.options import (
     FILES_OPTIONS,
@@ -100,13 +101,21 @@ from dledger.spark.schema import (
     declared_columns,
     entry_batch,
 )
+from dledger.store.offline import (
+    Checkpoint,
+    UnreadableFile,
+    derive_begin,
+    first_gap,
+    list_files,
+    read_header,
+)
+from dledger.store.offline import read_checkpoint as _read_checkpoint
 
 if TYPE_CHECKING:
     from pyspark.sql.datasource import Filter
 
 log = logging.getLogger(__name__)
 
-_NAME = re.compile(r"^\d{20}$")
 BATCH_ROWS = 4096  # rows per Arrow batch
 NO_LIMIT = (1 << 63) - 1
 # Bytes of a data file per task: 8 tasks for a full 1 GiB data file. Measured (one core, page
@@ -180,24 +189,17 @@ def _meets(lo: int, hi: int | None, want_lo: int, want_hi: int | None) -> bool:
     return (want_hi is None or lo < want_hi) and (hi is None or hi > want_lo)
 
 
-def read_checkpoint(store_dir: Path) -> dict[str, object]:
-    """The checkpoint JSON, read without writing anything; {} when missing."""
-    p = store_dir / "checkpoint"
+def read_checkpoint(store_dir: Path) -> Checkpoint | None:
+    """The checkpoint (store/offline.py), read without writing anything; None when missing.
+    An unreadable one fails the read (CorruptStoreError): without it the committed index,
+    so what the read may return, is unknown."""
     try:
-        data = json.loads(p.read_bytes())
-    except FileNotFoundError:
+        ckpt = _read_checkpoint(store_dir)
+    except UnreadableFile as e:
+        raise CorruptStoreError(e.message) from e
+    if ckpt is None:
         log.warning("%s has no checkpoint: no entry is known committed", store_dir)
-        return {}
-    except ValueError as e:
-        raise CorruptStoreError(f"{p}: unreadable checkpoint: {e}") from e
-    if not isinstance(data, dict):
-        raise CorruptStoreError(f"{p}: checkpoint is not a JSON object")
-    return data
-
-
-def _int(data: Mapping[str, object], key: str, default: int) -> int:
-    v = data.get(key, default)
-    return int(v) if isinstance(v, (int, str)) else default
+    return ckpt
 
 
 def layout(store_dir: Path, group: str | None = None, member: str | None = None) -> StoreLayout:
@@ -212,23 +214,24 @@ def layout(store_dir: Path, group: str | None = None, member: str | None = None)
     if not data_dir.is_dir():
         raise OptionError(f"{store_dir} is not a dledger store directory (no data/ in it)")
     ckpt = read_checkpoint(store_dir)
-    files: list[tuple[Path, int, int]] = []
-    for p in sorted(data_dir.iterdir()):
-        if _NAME.match(p.name) and p.is_file():
-            files.append((p, int(p.name), p.stat().st_size))
-    for (p, start, size), (q, nstart, _) in itertools.pairwise(files):
-        if start + size != nstart:
-            raise CorruptStoreError(f"{q}: data file starts at {nstart}, but {p.name} ends at {start + size} "
-                                    "(a data file is missing or has the wrong size)")
-    begin_chain = ckpt.get("begin_chain_crc")
+    listed = list_files(data_dir)
+    if (gap := first_gap(listed)) is not None:
+        a, b = gap
+        raise CorruptStoreError(f"{b.path}: data file starts at {b.start}, but {a.path.name} ends at {a.end} "
+                                "(a data file is missing or has the wrong size)")
+    begin = ckpt.begin if ckpt is not None else None
+    if begin is None:  # as recovery: the first record of the first file
+        first = listed[0] if listed else None
+        begin = derive_begin(read_header(first.path, 0) if first else None, first.start if first else 0,
+                             first.size if first else 0)
     return StoreLayout(
         member=member or store_dir.resolve().name,
         group=group or store_dir.resolve().parent.name,
-        committed_index=confirmed if confirmed is not None else _int(ckpt, "committed_index", -1),
-        begin_index=_int(ckpt, "begin_index", 0),
-        begin_pos=_int(ckpt, "begin_pos", files[0][1] if files else 0),
-        begin_chain_crc=int(begin_chain) if isinstance(begin_chain, int) else None,
-        files=files,
+        committed_index=confirmed if confirmed is not None else (ckpt.committed_index if ckpt else -1),
+        begin_index=begin.index,
+        begin_pos=begin.pos,
+        begin_chain_crc=begin.chain_crc,
+        files=[(f.path, f.start, f.size) for f in listed],
         store_dir=store_dir,
     )
 
@@ -272,13 +275,13 @@ class IndexFiles:
         self.dir = index_dir
         if not index_dir.is_dir():
             raise IndexUnavailable(f"{index_dir} is missing")
-        self.files: list[tuple[int, int, Path]] = sorted(
-            (int(p.name), p.stat().st_size, p) for p in index_dir.iterdir() if _NAME.match(p.name) and p.is_file())
+        listed = list_files(index_dir)
+        self.files: list[tuple[int, int, Path]] = [(f.start, f.size, f.path) for f in listed]
         if not self.files:
             raise IndexUnavailable(f"{index_dir} holds no index file")
-        for (a, asize, ap), (b, _, bp) in itertools.pairwise(self.files):
-            if a + asize != b:
-                raise IndexUnavailable(f"{bp} starts at {b}, but {ap.name} ends at {a + asize}")
+        if (gap := first_gap(listed)) is not None:
+            a, b = gap
+            raise IndexUnavailable(f"{b.path} starts at {b.start}, but {a.path.name} ends at {a.end}")
         self._starts = [start for start, _, _ in self.files]
         last_start, last_size, _ = self.files[-1]
         self.end_index = (last_start + last_size) // INDEX_UNIT_SIZE  # no unit at or past this index
@@ -584,6 +587,8 @@ def read_file(p: FilePartition) -> Iterator[pa.RecordBatch]:
 def _scan(p: FilePartition, mm: mmap.mmap, view: memoryview, size: int) -> Iterator[pa.RecordBatch]:
     unpack = HEADER.unpack_from
     crc32 = zlib.crc32
+    fault = record_fault
+    magics = ENTRY_MAGICS
     rows = _Rows()
     off = p.scan_from - p.file_start
     index, pos = p.first_index, p.scan_from
@@ -616,36 +621,22 @@ def _scan(p: FilePartition, mm: mmap.mmap, view: memoryview, size: int) -> Itera
         if off + 8 > size:
             break
         magic = int.from_bytes(mm[off : off + 4], "big", signed=True)
-        if magic == MAGIC_BLANK:
-            length = BLANK.unpack_from(mm, off)[1]
-            if length != size - off:
-                stop = fail(f"blank record of length {length}, expected {size - off} (the rest of the file)", off)
-            else:
-                stop = "blank"
-            break
-        if magic == 0 and not any(mm[off : off + 8]):
-            stop = "zero"
-            break
-        if magic not in ENTRY_MAGICS:
-            stop = fail(f"bad magic {magic}", off)
+        if magic not in magics:
+            stop = magic_stop(mm, off)
+            if stop == "blank":
+                length = BLANK.unpack_from(mm, off)[1]
+                if length != size - off:
+                    stop = fail(f"blank record of length {length}, expected {size - off} (the rest of the file)", off)
+            elif stop != "zero":
+                stop = fail(stop.removeprefix("corrupt: "), off)
             break
         if off + HEADER_SIZE > size:
             stop = fail("truncated header", off)
             break
         (_, rsize, idx, term, rpos, channel, ccrc, bcrc, bsize) = unpack(mm, off)
-        reason = None
-        if rsize != HEADER_SIZE + bsize or bsize < 0:
-            reason = f"bad size {rsize} (body {bsize})"
-        elif off + rsize > size:
-            reason = f"record of {rsize} bytes runs past the end of the file"
-        elif idx != index:
-            reason = f"index {idx}, expected {index}"
-        elif rpos != pos:
-            reason = f"pos {rpos}, expected {pos}"
-        elif channel != 0:
-            reason = f"bad channel {channel} (reserved, must be 0)"
-        elif term < term_floor:
-            reason = f"term {term} below the previous term {term_floor}"
+        # entry.record_fault: the header rules every reader applies (a record running past
+        # the end of its file is a fault here: a data file holds whole records)
+        reason = fault(rsize, bsize, idx, rpos, channel, term, size - off, index, pos, term_floor)
         if reason is not None:
             stop = fail(reason, off)
             break
