@@ -246,10 +246,10 @@ def scan(
                 reason = None
             else:
                 reason = fault(size, bsize, idx, rpos, channel, term, end - off, index, pos, term_floor)
-            if reason is RUNS_PAST and not strict:
-                # a follower scans up to the room left in a data file, and the record past
-                # it legitimately carries the next file's pos: the end, not a fault
-                break
+                if reason is RUNS_PAST and not strict:
+                    # a follower scans up to the room left in a data file, and the record past
+                    # it legitimately carries the next file's pos: the end, not a fault
+                    break
             if reason is None:
                 if crc32(mv[off + HEADER_SIZE : off + size]) != bcrc:
                     reason = "body crc mismatch"

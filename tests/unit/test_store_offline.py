@@ -345,3 +345,30 @@ def test_a_store_upstream_wrote_lists_and_passes_the_header_rules(tmp_path: Path
     problems = view["problems"]
     assert any("currterm is unreadable" in p for p in problems)  # type: ignore[attr-defined]
     assert any("crc mismatch" in p and "offset 0" in p for p in problems), problems  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(("field", "value"), [(1, 61), (8, -4), (1, 48 + 70_000), (2, 9), (4, 7), (3, 0), (5, 2)])
+def test_dledger_files_applies_record_fault_rule_by_rule(tmp_path: Path, field: int, value: int) -> None:
+    """Spark's copy-free scan decides the common case inline too: every rule still fails a
+    committed record with record_fault's reason, naming the file and offset."""
+    pytest.importorskip("pyspark")
+    from dledger.spark.files import CorruptStoreError, plan, read_file
+
+    d = written_store(tmp_path / "s")
+    path = list_files(d / "data")[0].path
+    buf = bytearray(path.read_bytes())
+    off = 0
+    for _ in range(5):  # to record 5
+        off += HEADER.unpack_from(buf, off)[1]
+    h = list(HEADER.unpack_from(buf, off))
+    h[field] = value
+    if field == 1 and value > 1000:
+        h[8] = value - HEADER_SIZE
+    HEADER.pack_into(buf, off, *h)
+    path.write_bytes(bytes(buf))
+    reason = record_fault(h[1], h[8], h[2], h[4], h[5], h[3], len(buf) - off, 5, off, 1)
+    assert reason is not None
+    with pytest.raises(CorruptStoreError) as e:
+        for p in plan(d, include_uncommitted=False):
+            list(read_file(p))
+    assert f"{path}: corrupt record at offset {off} (index 5 expected): {reason}" in str(e.value)
