@@ -296,13 +296,14 @@ def decode_entry(buf: bytes | bytearray | memoryview | object, offset: int = 0) 
 
 
 def iter_headers(buf: bytes | bytearray | memoryview, start: int = 0) -> list[tuple[int, ...]]:
-    """Headers of the contiguous records in buf (no CRC check), for pushes and tools."""
+    """Headers of the contiguous records in buf that keep header_fault's rules (no CRC check),
+    for pushes and tools."""
     out = []
     off = start
     end = len(buf)
     while off + HEADER_SIZE <= end:
         h = HEADER.unpack_from(buf, off)
-        if h[0] not in ENTRY_MAGICS or h[1] < HEADER_SIZE:
+        if header_fault(h, end - off) is not None:
             break
         out.append(h)
         off += h[1]
