@@ -43,7 +43,7 @@ from dledger.codes import ResponseCode
 from dledger.entry import ENTRY_MAGICS, HEADER, HEADER_SIZE, header_fault
 from dledger.store.base import StoreError
 
-NAME = re.compile(r"^\d{20}$")  # a data or index file, a snapshot directory: its start, 20 digits
+NAME = re.compile(r"^\d{20}$")  # a data or index file: its logical start offset, 20 digits
 CHECKPOINT = "checkpoint"
 CURRTERM = "currterm"
 
