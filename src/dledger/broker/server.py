@@ -236,15 +236,21 @@ class BrokerServer:
     async def _call(self, token: int, req: cm.Request) -> None:
         if isinstance(req, cm.ElectMaster):  # (when asked, for the controller's log)
             req = msgspec.structs.replace(req, invoke_time=int(time.time() * 1000))
+        resp: cm.Response | None = None
         try:
-            resp: cm.Response | None = await self.controller.call(req)
+            resp = await self.controller.call(req)
         except DLedgerError as e:
             log.debug("broker %s: %s: no answer (%s)", self.config.name, type(req).__name__, e.message)
-            resp = None
+        except Exception:  # a bug: the agent still gets its answer (none), or it would wait forever
+            log.exception("broker %s: %s failed", self.config.name, type(req).__name__)
         self._run(self.agent.answered(token, now_ms(), resp))
 
     async def _beat(self, token: int, hb: cm.BrokerHeartbeat) -> None:
-        answers = await self.controller.heartbeat(hb, timeout=self.config.heartbeat_interval_ms * 3 / 1000)
+        answers: list[cm.Response] = []
+        try:
+            answers = await self.controller.heartbeat(hb, timeout=self.config.heartbeat_interval_ms * 3 / 1000)
+        except Exception:  # (a bug: as in _call)
+            log.exception("broker %s: heartbeat failed", self.config.name)
         self._run(self.agent.heartbeat_answered(token, now_ms(), answers))
 
     async def _register(self, token: int) -> None:
@@ -256,6 +262,8 @@ class BrokerServer:
             log.info("broker %s: controller not reachable yet: %s", self.config.name, e.message)
         except OSError as e:  # an identity file could not be written: registered again later
             log.error("broker %s: registering failed: %s", self.config.name, e)
+        except Exception:  # (a bug: as in _call)
+            log.exception("broker %s: registering failed", self.config.name)
         resp = self.registration.response if ok else None
         self._run(self.agent.register_answered(token, now_ms(), self.registration.broker_id, resp))
 

@@ -1,8 +1,10 @@
 """Controllers and a broker set under seeded faults, in simulated time (issue 14).
 
-`python -m dledger.sim --brokers --seeds N`. One broker set of three replicas: each a
-ReplicaState (roles, lease, confirm offset) over a BrokerLog on a SimDiskStore (durable only
-once "fsynced"), with the sans-I/O HA pieces talking over simulated FIFO connections. The
+`python -m dledger.sim --brokers --seeds N`. One broker set of three replicas: each the
+shipped BrokerAgent (every decision a broker makes: registration, roles, the alter loop, the
+lease heartbeat, ack waits; the same object BrokerServer drives) over a BrokerLog on a
+SimDiskStore (durable only once "fsynced"), with the sans-I/O HA pieces talking over
+simulated FIFO connections; `Broker` is only the agent's driver, as BrokerServer is. The
 controller group is one linearizable state machine (ControllerStateMachine's `process`) with
 the service's Liveness (heartbeats, lease grants, the new leader's grace, which sets need an
 election); a controller leader failover stops grants at once (the old leader's Raft lease)
