@@ -227,10 +227,6 @@ class BrokerAgent:
     def role(self) -> Role:
         return self.replica.role
 
-    @property
-    def registered(self) -> bool:
-        return self._registered is not None
-
     def _token(self) -> int:
         return next(self._tokens)
 
