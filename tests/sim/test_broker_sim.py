@@ -5,9 +5,14 @@ The invariants of sim.brokers are checked after every event."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 import pytest
 
-from dledger.sim.brokers import BrokerSim, run_broker_seed
+from dledger.broker.agent import BrokerAgent, Effect
+from dledger.controller import messages as m
+from dledger.sim.brokers import run_broker_seed
 
 pytestmark = pytest.mark.sim
 
@@ -23,19 +28,33 @@ def test_broker_seeds_keep_the_invariants() -> None:
     assert truncations > 0
 
 
-def test_a_broken_rule_is_caught() -> None:
-    """The checks can fail: a master that acknowledges without waiting for its slaves breaks
-    the all-ack invariant at once."""
-    sim = BrokerSim(990_000)
-    for b in sim.brokers.values():
-        original = b.settle
+def _instant_acks(self: BrokerAgent, s: Any, now: int) -> list[Effect]:
+    """Broken on purpose: a send is answered once written, before the SyncStateSet holds it."""
+    return [self._finish(s, now)]
 
-        def careless(b=b, original=original) -> None:  # type: ignore[no-untyped-def]
-            r = b.replica
-            if r.master_ha is not None:
-                r.master_ha.acked = lambda next_offset, need: True
-            original()
 
-        b.settle = careless  # type: ignore[method-assign]
-    report = sim.run()
-    assert not report.ok and any("not on SyncStateSet member" in v for v in report.violations)
+def _ungranted_lease(self: BrokerAgent, token: int, now: int, answers: Sequence[m.Response]) -> list[Effect]:
+    """Broken on purpose: a master takes its lease whether or not the controller granted it."""
+    return ORIGINAL_HEARTBEAT_ANSWERED(self, token, now, [m.Response(lease_granted=True)])
+
+
+ORIGINAL_HEARTBEAT_ANSWERED = BrokerAgent.heartbeat_answered
+BROKEN = {
+    "acks before the SyncStateSet holds the send": ("_wait_acks", _instant_acks, "not on SyncStateSet member"),
+    "takes a lease the controller did not grant": ("heartbeat_answered", _ungranted_lease, "lease"),
+}
+SEEDS = range(990_000, 990_008)
+
+
+@pytest.mark.parametrize("broken", list(BROKEN))
+def test_the_simulator_checks_the_shipped_agent(broken: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The simulator drives the shipped BrokerAgent (not a copy of its rules): break one of
+    its decisions and a few seeds show it; the same seeds pass with the real agent."""
+    name, fake, expected = BROKEN[broken]
+    with monkeypatch.context() as patch:
+        patch.setattr(BrokerAgent, name, fake)
+        caught = [seed for seed in SEEDS if any(expected in v for v in run_broker_seed(seed).violations)]
+    assert caught, f"the broken agent ({broken}) passed seeds {list(SEEDS)}"
+    for seed in caught:
+        report = run_broker_seed(seed)
+        assert report.ok, (report.summary(), report.violations)

@@ -1,9 +1,9 @@
 """A broker replica's role, lease and confirm offset (CONTROLLER.md §6, ReplicasManager), sans-I/O.
 
-The runtime (broker.server) and the simulator (sim.brokers) drive the same object: they tell
-it what the controller said (`change_role`, `alter_answered`, `sync_state_set_read`, `lease_granted`)
-and ask it what it may do (`send_refusal`, `acked`); it says which role change happened so
-they can do the I/O (reset HA connections, connect to the new master). Time is passed in.
+Its owner, broker.agent.BrokerAgent (which the runtime and the simulator both drive), tells
+it what the controller said (`change_role`, `alter_answered`, `sync_state_set_read`,
+`lease_granted`) and asks it what it may do (`send_refusal`, `acked`); it says which role
+change happened so the agent can say what I/O it needs. Time is passed in.
 
 Role changes happen only for a higher master epoch. A new master keeps its log (its valid
 unconfirmed tail becomes part of the new epoch, as upstream and Raft leaders do) and starts

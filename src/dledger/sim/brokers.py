@@ -1,8 +1,10 @@
 """Controllers and a broker set under seeded faults, in simulated time (issue 14).
 
-`python -m dledger.sim --brokers --seeds N`. One broker set of three replicas: each a
-ReplicaState (roles, lease, confirm offset) over a BrokerLog on a SimDiskStore (durable only
-once "fsynced"), with the sans-I/O HA pieces talking over simulated FIFO connections. The
+`python -m dledger.sim --brokers --seeds N`. One broker set of three replicas: each the
+shipped BrokerAgent (every decision a broker makes: registration, roles, the alter loop, the
+lease heartbeat, ack waits; the same object BrokerServer drives) over a BrokerLog on a
+SimDiskStore (durable only once "fsynced"), with the sans-I/O HA pieces talking over
+simulated FIFO connections; `Broker` is only the agent's driver, as BrokerServer is. The
 controller group is one linearizable state machine (ControllerStateMachine's `process`) with
 the service's Liveness (heartbeats, lease grants, the new leader's grace, which sets need an
 election); a controller leader failover stops grants at once (the old leader's Raft lease)
@@ -32,15 +34,32 @@ import itertools
 import logging
 import random
 from collections.abc import Callable, Hashable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from functools import partial
 
+from dledger.broker import messages as bm
+from dledger.broker.agent import (
+    AgentSettings,
+    AwaitDurable,
+    BrokerAgent,
+    CallController,
+    ConfirmMoved,
+    Effect,
+    FollowMaster,
+    Register,
+    ResetHA,
+    SaveConfirm,
+    SendDone,
+    SendHeartbeat,
+    WakeHA,
+)
 from dledger.broker.epoch_file import EpochFileCache
 from dledger.broker.ha_master import HAConfig, HAProtocolError
 from dledger.broker.ha_packets import PacketError
 from dledger.broker.ha_service import AckSettings, MasterHA
 from dledger.broker.ha_slave import SlaveClient
 from dledger.broker.log import BrokerLog
-from dledger.broker.replica import Change, ReplicaState, Role
+from dledger.broker.replica import ReplicaState, Role
 from dledger.codes import ControllerResponseCode as RC
 from dledger.codes import DLedgerError, ResponseCode
 from dledger.controller import messages as m
@@ -61,6 +80,10 @@ HEAL_MS = 8_000  # after the last fault: time to converge before the end checks
 HA = HAConfig(heartbeat_ms=500, housekeeping_ms=2_000, transfer_batch_bytes=8 << 10, max_not_catchup_ms=2_000)
 ACKS = AckSettings(all_ack=True)
 LEASE_MS, HEARTBEAT_MS, SLAVE_TIMEOUT_MS = 1_000, 300, 3_000
+CALL_TIMEOUT_MS = 3_000  # a request to the controller leader (the runtime's ControllerClient timeout)
+# flush=sync semantics: a send is acknowledged once on every SyncStateSet member's disk
+SETTINGS = AgentSettings(CLUSTER, NAME, "", heartbeat_interval_ms=HEARTBEAT_MS, sync_metadata_ms=1_000,
+                         check_sync_state_set_ms=1_000, slave_timeout_ms=SLAVE_TIMEOUT_MS, wait_durable=True)
 CONTROLLER = ControllerConfig(broker_heartbeat_timeout_ms=1_500, broker_lease_drift_ms=200)
 
 
@@ -99,14 +122,6 @@ class Acked:
 
 
 @dataclass
-class Waiter:
-    next_offset: int
-    start: int
-    deadline: int
-    ha: MasterHA
-
-
-@dataclass
 class Pipe:
     """One HA connection: FIFO both ways, closed when either side restarts or changes role."""
 
@@ -123,6 +138,9 @@ class Pipe:
 
 
 class Broker:
+    """One replica: the shipped BrokerAgent, driven in simulated time (this class is its
+    driver, as BrokerServer is at runtime: it carries out the agent's effects)."""
+
     def __init__(self, sim: BrokerSim, broker_id: int) -> None:
         self.sim, self.id = sim, broker_id
         self.incarnation = 0
@@ -131,23 +149,22 @@ class Broker:
         self.log = BrokerLog(self.disk)
         self.epochs = EpochFileCache()  # written through (temp + rename): it survives any crash
         self.up = False
-        self.incarnation = 0
         self.saved_confirm = -1
-        self.replica = self._fresh()
+        self.agent = self._fresh()
         self.pipes: list[Pipe] = []
-        self.waiters: list[Waiter] = []
-        self.altering = False
-        self.registered = False
+        self.sends: dict[int, tuple[int, int]] = {}  # send id -> the bytes it wrote, [start, end)
+        self._send_ids = itertools.count(1)
+        self._armed = 0  # when the agent's next tick is scheduled
         self.last_confirm = -1
-        self.querying: object | None = None  # the replica-info query in flight for hints (one at a time)
-        self.hinted_again = False
 
-    def _fresh(self) -> ReplicaState:
-        r = ReplicaState(NAME, self.log, self.epochs, HA, ACKS, LEASE_MS, ack_durable=True,
-                         confirm_offset=self.saved_confirm)
-        r.broker_id = self.id
-        self.altering = False
-        return r
+    def _fresh(self) -> BrokerAgent:
+        return BrokerAgent(replace(SETTINGS, address=self.address), self.log, self.epochs, HA, ACKS, LEASE_MS,
+                           now_ms=self.sim.now, broker_id=self.id, ack_durable=True,
+                           confirm_offset=self.saved_confirm)
+
+    @property
+    def replica(self) -> ReplicaState:
+        return self.agent.replica
 
     @property
     def address(self) -> str:
@@ -159,23 +176,16 @@ class Broker:
         if self.up:
             return  # the heal restarted it before its own restart came
         self.up, self.incarnation = True, self.incarnation + 1
-        self.replica = self._fresh()
+        self.agent = self._fresh()
         self.last_confirm = self.replica.confirm_offset
         self.sim.trace(f"b{self.id} up (log {self.log.max_offset}, epochs {self.epochs.entries})")
-        self.registered = False
-        self.querying, self.hinted_again = None, False
-        self._register(self.incarnation)
+        self._armed = -1
+        self._wake(self.incarnation, -1)
         self._tick(self.incarnation)
-
-    def _register(self, inc: int) -> None:
-        """Until the controller answers (as the server's startup loop)."""
-        if self.up and inc == self.incarnation and not self.registered:
-            self.sim.call_controller(self, m.RegisterBroker(CLUSTER, NAME, self.id, self.address), self._registered)
-            self.sim.after(500, self._register, inc)
 
     def stop(self, power_loss: bool) -> None:
         self.up = False
-        self.waiters.clear()
+        self.sends.clear()
         for p in list(self.pipes):
             self.sim.close(p, "crash")
         if power_loss:
@@ -185,77 +195,106 @@ class Broker:
         self.sim.controller.connection_closed((self.id, self.incarnation))
         self.sim.trace(f"b{self.id} {'power loss' if power_loss else 'killed'} (log {self.log.max_offset})")
 
-    def _registered(self, resp: m.Response) -> None:
-        if resp.code != RC.SUCCESS or self.registered:
+    # --- the agent's inputs and effects ------------------------------------------------------
+
+    def run(self, effects: list[Effect]) -> None:
+        """Carry out what the agent decided, in order (as BrokerServer._run)."""
+        if not self.up:
             return
-        self.registered = True
-        if resp.master_broker_id is not None and resp.master_address and resp.master_epoch is not None:
-            self.change_role(resp)
-        else:
-            self.sim.call_controller(self, m.ElectMaster(CLUSTER, NAME, self.id), self._elect_answer)
+        for e in effects:
+            match e:
+                case SendDone(send_id, result):
+                    start, end = self.sends.pop(send_id, (0, 0))
+                    if isinstance(result, bm.SendResponse):
+                        self.sim.acknowledge(Acked(start, end, self.disk.bytes_at(start, end), self.id,
+                                                   result.epoch, self.sim.now))
+                case CallController(token, req):
+                    self._ask(req, CALL_TIMEOUT_MS, partial(self._answered, token))
+                case SendHeartbeat(token, hb):
+                    self._ask(hb, HEARTBEAT_MS * 3, partial(self._beat_answered, token))
+                case Register(token):
+                    self._ask(m.RegisterBroker(CLUSTER, NAME, self.id, self.address), CALL_TIMEOUT_MS,
+                              partial(self._registered, token))
+                case WakeHA() | ConfirmMoved():
+                    self.pump()
+                case AwaitDurable():
+                    self.disk.request_flush()
+                case ResetHA():
+                    self.sim.trace(f"b{self.id} {self.replica.role.value} at epoch {self.replica.master_epoch}")
+                    for p in list(self.pipes):
+                        self.sim.close(p, "role change")
+                case FollowMaster():
+                    pass  # the slave tick connects (the runtime's SlaveRunner)
+                case SaveConfirm(offset):
+                    self.saved_confirm = offset
+        self.sim.check_confirm(self)
+        self._arm()
 
-    def _elect_answer(self, resp: m.Response) -> None:
-        if resp.code in (RC.SUCCESS, RC.CONTROLLER_MASTER_STILL_EXIST):
-            self.change_role(resp)
+    def _ask(self, req: m.Request, timeout_ms: int, answer: Callable[[m.Response | None], list[Effect]]) -> None:
+        """A request to the controllers, answered once: their answer, or None after the timeout."""
+        inc, done = self.incarnation, [False]
 
-    # --- roles -----------------------------------------------------------------------------
+        def once(resp: m.Response | None) -> None:
+            if done[0] or not self.up or self.incarnation != inc:
+                return
+            done[0] = True
+            self.run(answer(resp))
+
+        self.sim.call_controller(self, req, once)
+        self.sim.after(timeout_ms, once, None)
+
+    def _answered(self, token: int, resp: m.Response | None) -> list[Effect]:
+        return self.agent.answered(token, self.sim.now, resp)
+
+    def _beat_answered(self, token: int, resp: m.Response | None) -> list[Effect]:
+        return self.agent.heartbeat_answered(token, self.sim.now, [resp] if resp is not None else [])
+
+    def _registered(self, token: int, resp: m.Response | None) -> list[Effect]:
+        """(The ids were applied for before the run: a registration pass is REGISTER_BROKER.)"""
+        ok = resp is not None and resp.code == RC.SUCCESS
+        return self.agent.register_answered(token, self.sim.now, self.id, resp if ok else None)
+
+    def _arm(self) -> None:
+        """Schedule the agent's next tick when it wants one earlier than the one scheduled."""
+        at = max(self.agent.next_tick_at(), self.sim.now)
+        if self._armed < self.sim.now or at < self._armed:
+            self._armed = at
+            self.sim.after(at - self.sim.now, self._wake, self.incarnation, at)
+
+    def _wake(self, inc: int, at: int) -> None:
+        if self.up and inc == self.incarnation and at == self._armed:
+            self._armed = -1
+            self.run(self.agent.tick(self.sim.now))
 
     def hint(self, note: m.NotifyBrokerRoleChanged | None = None) -> None:
-        """A NOTIFY (the controller's or a forged one) or the poll: ask the controller leader
-        for replica info, one query in flight (as the server's _follow_controller); a note's
-        own fields are never used."""
-        if not self.up or not self.registered:
-            return
-        if self.querying is not None:
-            self.hinted_again = True
-            return
-        token = self.querying = object()
+        """A NOTIFY (the controller's or a forged one): the agent asks the controller leader;
+        a note's own fields are never used."""
+        if self.up:
+            self.run(self.agent.hint(self.sim.now))
 
-        def done(resp: m.Response | None) -> None:
-            if self.querying is not token:
-                return
-            self.querying = None
-            if resp is not None:
-                self._replica_info(resp)
-            if self.hinted_again:
-                self.hinted_again = False
-                self.hint()
+    def proposal(self) -> None:
+        self.run(self.agent.proposal(self.sim.now))
 
-        self.sim.call_controller(self, m.GetReplicaInfo(NAME), done)
-        self.sim.after(3_000, done, None)  # the request's timeout
+    def send(self, bodies: list[bytes]) -> None:
+        if not self.up:
+            return
+        send_id, start = next(self._send_ids), self.log.max_offset
+        try:
+            effects = self.agent.send(send_id, bodies, self.sim.now)
+        except DLedgerError:
+            return
+        self.sends[send_id] = (start, self.log.max_offset)
+        self.run(effects)
 
-    def change_role(self, resp: m.Response) -> None:
-        """Take the role a controller answer names (register, election, replica info)."""
-        if not self.up or resp.master_broker_id is None or not resp.master_address:
-            return
-        epoch = resp.master_epoch or 0
-        change = self.replica.change_role(resp.master_broker_id, resp.master_address, epoch,
-                                          resp.sync_state_set_epoch or 0, set(resp.sync_state_set or ()),
-                                          self.address)
-        if change == Change.NONE:
-            self.settle()
-            return
-        self.sim.trace(f"b{self.id} {change.name} at epoch {epoch}")
-        for p in list(self.pipes):
-            self.sim.close(p, "role change")
-        self.waiters.clear()
-        if change == Change.MASTER:
-            self.heartbeat()
+    # --- HA: what the runtime's HAListener and SlaveRunner do ---------------------------------
 
     def _tick(self, inc: int) -> None:
-        """Every 100 ms: HA timers, connects, waiters; heartbeats, polls and checks on their periods."""
+        """Every 100 ms: HA timers and connects, and the agent's housekeeping (as the runtime's)."""
         if not self.up or inc != self.incarnation:
             return
         now = self.sim.now
+        self.run(self.agent.tick(now))
         r = self.replica
-        if now % HEARTBEAT_MS < 100:
-            self.heartbeat()
-        if now % 1000 < 100 and self.registered:
-            self.saved_confirm = r.confirm_offset
-            self.hint()
-            if r.master_ha is not None:
-                r.master_ha.shrink(now)
-                self.alter()
         if r.slave is not None:
             self._slave_tick(now)
         if r.master_ha is not None:
@@ -263,7 +302,6 @@ class Broker:
                 if (conn := r.master_ha.connections.get(p.key)) is not None and conn.expired(now):
                     self.sim.close(p, "housekeeping")
             self.pump()
-        self.settle()
         self.sim.after(100, self._tick, inc)
 
     def _slave_tick(self, now: int) -> None:
@@ -281,100 +319,6 @@ class Broker:
             return
         self.sim.send_up(pipe, c.tick(now) + c.ack_if_grew(now))
 
-    def _replica_info(self, resp: m.Response) -> None:
-        if resp.code != RC.SUCCESS or resp.master_epoch is None:
-            return
-        if resp.master_epoch == self.replica.master_epoch:
-            self.replica.sync_state_set_read(resp.master_epoch, set(resp.sync_state_set or ()),
-                                             resp.sync_state_set_epoch or 0)
-            self.settle()
-            self.alter()
-            return
-        if resp.master_epoch > self.replica.master_epoch and resp.master_broker_id is None:
-            self.sim.call_controller(self, m.ElectMaster(CLUSTER, NAME, self.id), self._elect_answer)
-        elif resp.master_broker_id is not None:
-            self.change_role(resp)
-
-    def heartbeat(self) -> None:
-        r = self.replica
-        sent, epoch = self.sim.now, r.master_epoch
-        hb = m.BrokerHeartbeat(CLUSTER, self.address, NAME, self.id, self.epochs.last_epoch, self.log.max_offset,
-                               r.confirm_offset, lease_ms=r.heartbeat_lease_ms)
-
-        def granted(resp: m.Response) -> None:
-            if resp.lease_granted and self.up:
-                r.lease_granted(sent, epoch)
-                self.settle()
-
-        self.sim.call_controller(self, hb, granted)
-
-    def alter(self, proposal: frozenset[int] | None = None) -> None:
-        """Send the next wanted SyncStateSet change, one at a time (as the server's alter loop)."""
-        if self.altering:
-            return
-        r = self.replica
-        req = r.next_alter()
-        if req is None:
-            return
-        self.altering = True
-        self.sim.trace(f"b{self.id} proposes {req.sync_state_set} (set epoch {req.sync_state_set_epoch})")
-        answered = {"done": False}
-
-        def answer(resp: m.Response | None) -> None:
-            if answered["done"] or r is not self.replica or not self.up:
-                return
-            answered["done"] = True
-            self.altering = False
-            self.sim.trace(f"b{self.id} proposal {req.sync_state_set}: "
-                           f"{'no answer' if resp is None else (resp.code, resp.sync_state_set)}")
-            if resp is not None and resp.code == ResponseCode.UNAUTHENTICATED:
-                resp = None  # not over our heartbeats' connection: sent again (as the server)
-            r.alter_answered(req, resp)
-            if r.unresolved:
-                self.sim.call_controller(self, m.GetReplicaInfo(NAME), self._replica_info)
-            self.settle()
-            self.sim.after(100 if resp is None or r.unresolved else 0, self.alter)
-
-        self.sim.call_controller(self, req, answer)
-        self.sim.after(3_000, answer, None)  # the request's timeout
-
-    # --- sends and acks ----------------------------------------------------------------------
-
-    def send(self, bodies: list[bytes]) -> None:
-        r, now = self.replica, self.sim.now
-        if not self.up or r.send_refusal(now) is not None:
-            return
-        ha = r.master_ha
-        assert ha is not None
-        start = self.log.max_offset
-        try:
-            r.append(bodies)
-        except DLedgerError:
-            return
-        self.waiters.append(Waiter(self.log.max_offset, start, now + SLAVE_TIMEOUT_MS, ha))
-        self.disk.request_flush()
-        self.pump()
-        self.settle()
-
-    def settle(self) -> None:
-        """Acknowledge the sends that are on every copy they need, while the lease holds."""
-        if not self.up:
-            return
-        r, now = self.replica, self.sim.now
-        if r.master_ha is not None:
-            r.master_ha.recompute_confirm()
-        self.sim.check_confirm(self)
-        while self.waiters:
-            w = self.waiters[0]
-            if w.ha is not r.master_ha or w.deadline <= now:
-                self.waiters.pop(0)
-                continue
-            if not (r.acked(w.next_offset) and self.log.durable_offset >= w.next_offset and r.lease_valid(now)):
-                return
-            self.waiters.pop(0)
-            self.sim.acknowledge(Acked(w.start, w.next_offset, self.disk.bytes_at(w.start, w.next_offset), self.id,
-                                       r.master_epoch, now))
-
     def _flushed(self, inc: int) -> None:
         if inc != self.incarnation or not self.up:
             return
@@ -383,7 +327,7 @@ class Broker:
             pipe = next((p for p in self.pipes if p.client is self.replica.slave), None)
             if pipe is not None:
                 self.sim.send_up(pipe, self.replica.slave.ack_if_grew(self.sim.now))
-        self.settle()
+        self.run(self.agent.durable(self.sim.now, self.disk.durable_index))
 
     def pump(self) -> None:
         """The master writes what each connection has to send."""
@@ -599,7 +543,7 @@ class BrokerSim:
         p.client.disconnected()
         proposal = p.ha.closed(p.key)
         if proposal is not None and p.master.up and p.master.replica.master_ha is p.ha:
-            p.master.alter(proposal)
+            p.master.proposal()
 
     def send_down(self, p: Pipe, frames: list[bytes]) -> None:
         if frames:
@@ -620,11 +564,9 @@ class BrokerSim:
             self.trace(f"b{p.slave.id}: HA closed: {e}")
             self.close(p, "slave error")
             return
-        if p.client.truncated_at is not None:
-            p.slave.replica.sync_slave_truncation()
         p.slave.disk.request_flush()
         self.send_up(p, out)
-        self.check_confirm(p.slave)
+        p.slave.run(p.slave.agent.slave_progress(self.now))
 
     def _deliver_up(self, p: Pipe, data: bytes) -> None:
         if not self._live(p):
@@ -636,9 +578,9 @@ class BrokerSim:
             self.close(p, "master error")
             return
         if proposal is not None:
-            p.master.alter(proposal)
+            p.master.proposal()
+        p.master.run(p.master.agent.slave_acked(self.now))
         p.master.pump()
-        p.master.settle()
 
     # --- invariants --------------------------------------------------------------------------
 
