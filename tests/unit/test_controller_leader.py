@@ -292,11 +292,18 @@ def test_a_push_is_not_repeated_while_one_as_new_is_in_flight() -> None:
 # --- the group's in-process API (a real single-member group) ---------------------------------
 
 
-def _member(tmp_path: Path) -> tuple[DLedgerConfig, ControllerStateMachine]:
-    (port,) = free_ports(1)
+def _member(tmp_path: Path, metrics: bool = False) -> tuple[DLedgerConfig, ControllerStateMachine]:
+    port, metrics_port = free_ports(2)
     cfg = DLedgerConfig(group="ctl", self_id="c0", peers=f"c0-127.0.0.1:{port}", store_dir=str(tmp_path),
-                        store_type="memory")
+                        store_type="memory", metrics_port=metrics_port if metrics else 0)
     return cfg, ControllerStateMachine()
+
+
+def _client_requests(server: DLedgerServer) -> dict[tuple[str, str], float]:
+    """dledger_requests_total of kind client: (request, code) -> value."""
+    assert server.metrics is not None
+    return {(s.labels["request"], s.labels["code"]): s.value for fam in server.metrics.registry.collect()
+            for s in fam.samples if s.name == "dledger_requests_total" and s.labels["kind"] == "client"}
 
 
 async def _leader_status(g: GroupRuntime, timeout: float = 30.0) -> None:
@@ -307,7 +314,8 @@ async def _leader_status(g: GroupRuntime, timeout: float = 30.0) -> None:
 
 
 def test_propose_query_and_status_without_the_wire(tmp_path: Path) -> None:
-    cfg, machine = _member(tmp_path)
+    """Counted as a client's requests still (docs/metrics.md: the service is the group's client)."""
+    cfg, machine = _member(tmp_path, metrics=True)
 
     async def main() -> None:
         server = DLedgerServer(cfg, {"ctl": machine})
@@ -329,6 +337,8 @@ def test_propose_query_and_status_without_the_wire(tmp_path: Path) -> None:
             assert machine.state.get("b") is not None
             briefs = await g.read_state(machine.brief)
             assert [b.name for b in briefs] == ["b"]
+            assert _client_requests(server) == {("APPEND", "SUCCESS"): 1, ("QUERY", "SUCCESS"): 1,
+                                                ("QUERY", "UNEXPECTED_ARGUMENT"): 1}
         finally:
             await server.stop()
 

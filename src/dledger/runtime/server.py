@@ -273,21 +273,23 @@ class GroupRuntime:
 
         def done(resp: Message) -> None:
             if resp.code == ResponseCode.SUCCESS:
-                bodies = req.bodies  # type: ignore[attr-defined]
-                self._m_latency.observe(time.perf_counter() - started)
-                self._m_batch.observe(len(bodies))
-                self._m_bytes.inc(sum(map(len, bodies)))
-                self._m_entries.inc(len(bodies))
+                self._observe_append(req.bodies, started)  # type: ignore[attr-defined]
             respond(resp)
 
         return done
+
+    def _observe_append(self, bodies: list[bytes], started: float) -> None:
+        self._m_latency.observe(time.perf_counter() - started)
+        self._m_batch.observe(len(bodies))
+        self._m_bytes.inc(sum(map(len, bodies)))
+        self._m_entries.inc(len(bodies))
 
     # --- the in-process API: a service on this member uses its group without the wire ---------
 
     async def propose(self, body: bytes) -> bytes:
         """Append `body` as one entry and wait until this member applied it: the state
         machine's result for it. The node takes the request as a value (no encoding, no
-        decoding, no request counted). Raises GroupRefused (not the leader, say): the entry
+        decoding; counted in the metrics as a client's APPEND). Raises GroupRefused (not the leader, say): the entry
         was not appended, or its fate is unknown (the member stops, leadership was lost)."""
         resp = await self._local_request(RequestCode.APPEND, AppendRequest(self.cfg.group, bodies=[body],
                                                                            want_results=True))
@@ -338,12 +340,19 @@ class GroupRuntime:
         token = next(self._tokens)
         fut: asyncio.Future[msgspec.Struct] = self.loop.create_future()
         self._local[token] = fut
+        started = time.perf_counter()
         try:
             self.node.handle(code, req, b"", token, now_ms())
             self._schedule_drain()
-            return await fut
+            resp = await fut
         finally:
             self._local.pop(token, None)  # answered, or the caller gave up waiting
+        if self.metrics is not None:  # counted as a client's (docs/metrics.md: the service is the group's client)
+            answer = int(getattr(resp, "code", ResponseCode.SUCCESS))
+            self.count(code, False, answer)
+            if answer == ResponseCode.SUCCESS and isinstance(req, AppendRequest):
+                self._observe_append(req.bodies, started)
+        return resp
 
     def _schedule_drain(self) -> None:
         """Run the node's actions once per loop iteration: concurrent requests then
