@@ -476,12 +476,12 @@ class SimControllerGroup:
 
     def _push(self, leader: ControllerLeader, push: Notify) -> None:
         """A NOTIFY on its way to a broker (a network delay; lost if it is down or cut off)."""
-        b = self.sim.brokers[push.broker_id]
+        b = self.sim.brokers.get(push.broker_id)
         epoch = push.note.master_epoch
 
         def arrive() -> None:
             leader.notify_done(push.address, epoch)
-            if b.up and not self.sim.blocked(CTL, b.address):
+            if b is not None and b.up and not self.sim.blocked(CTL, b.address):
                 b.hint(push.note)
 
         self.sim.after(self.sim.rng.randint(1, 20), arrive)
