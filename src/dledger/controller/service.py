@@ -1,6 +1,6 @@
 """The controller's request pipeline on a member of its Raft group (CONTROLLER.md §1.2, §1.5).
 
-Controller requests arrive on the group's own port (DLedgerServer.services). Every member
+Controller requests arrive on the group's own port (mounted: DLedgerServer.mount). Every member
 answers heartbeats, metadata and its config; only the leader ("active controller") serves
 the rest — a follower answers CONTROLLER_NOT_LEADER naming the leader. A write is logged as
 a `Command` carrying the leader's liveness facts and validated when it is applied (so two
