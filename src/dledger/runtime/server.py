@@ -14,9 +14,10 @@ import functools
 import itertools
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import CancelledError, Future
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 import msgspec
 from prometheus_client import Counter
@@ -31,8 +32,11 @@ from dledger.core.messages import (
     READ_INDEX,
     SNAPSHOT,
     AppendRequest,
+    AppendResponse,
     FaultRequest,
     LeadershipTransferRequest,
+    Msg,
+    QueryRequest,
     QueryResponse,
     ReadRequest,
     SimpleResponse,
@@ -83,6 +87,7 @@ from dledger.store import open_store
 
 log = logging.getLogger(__name__)
 
+T = TypeVar("T")
 TICK_S = 0.01
 MEMBER_BACKOFF_MAX_S = 0.5
 FAULT_DISABLED = "fault injection is disabled on this member; start it with --enable-fault-injection"
@@ -90,6 +95,45 @@ FAULT_DISABLED = "fault injection is disabled on this member; start it with --en
 
 def now_ms() -> int:
     return time.monotonic_ns() // 1_000_000
+
+
+class GroupRefused(Exception):
+    """The group did not carry an in-process proposal or query through (`GroupRuntime.propose`,
+    `query`): its answer's code and message, and the leader it named ("" none known)."""
+
+    def __init__(self, code: int, message: str, leader_id: str = "") -> None:
+        super().__init__(f"{code}: {message}" if message else str(code))
+        self.code, self.message, self.leader_id = code, message, leader_id
+
+
+@dataclass(frozen=True)
+class GroupStatus:
+    """What a service on the member reads of its group (`GroupRuntime.status`): a copy, taken
+    between two inputs to the node, so it never changes under its reader."""
+
+    group: str
+    self_id: str
+    term: int
+    is_leader: bool
+    leader_id: str  # "" none known
+    leader_address: str  # where the leader takes client requests ("" unknown)
+    lease_valid: bool  # the leader's Raft lease holds: no other member can lead before it ends
+    committed_index: int
+    applied_index: int  # -1: no state machine, or nothing applied
+    members: tuple[tuple[str, str], ...]  # (member id, client address), in configuration order
+
+
+@dataclass(frozen=True)
+class ServiceMount:
+    """A service a process serves beside a group, on the group's port (`DLedgerServer.mount`):
+    its request codes with their handlers and the roles each needs (checked by the transport
+    before the handler runs), what it wants to hear of closed connections, and whether the
+    group's log is its alone (sealed: client appends refused, the service proposes in-process)."""
+
+    handlers: Mapping[int, DirectHandler]
+    access: Mapping[int, Access]
+    connection_lost: tuple[Callable[[Caller], None], ...] = field(default=())
+    sealed: bool = True
 
 
 class GroupRuntime:
@@ -130,6 +174,7 @@ class GroupRuntime:
         self._warn = RateLimitedLog(log).warning  # lines a peer's answers can trigger
         self._tokens = itertools.count()
         self._waiting: dict[int, Respond] = {}  # token -> how to answer that request
+        self._local: dict[int, asyncio.Future[msgspec.Struct]] = {}  # token -> an in-process request's answer
         self._tasks: set[asyncio.Task[None]] = set()
         self._drain_scheduled = False
         self._ticker: asyncio.Task[None] | None = None
@@ -158,6 +203,10 @@ class GroupRuntime:
         waiting, self._waiting = self._waiting, {}
         for respond in waiting.values():
             respond(Message(ResponseCode.NETWORK_ERROR, encode_error("member is stopping")))
+        local, self._local = self._local, {}
+        for fut in local.values():
+            if not fut.done():
+                fut.set_result(SimpleResponse(int(ResponseCode.NETWORK_ERROR), message="member is stopping"))
         await asyncio.to_thread(self.host.close)
         await asyncio.to_thread(self.store.close)
 
@@ -224,14 +273,86 @@ class GroupRuntime:
 
         def done(resp: Message) -> None:
             if resp.code == ResponseCode.SUCCESS:
-                bodies = req.bodies  # type: ignore[attr-defined]
-                self._m_latency.observe(time.perf_counter() - started)
-                self._m_batch.observe(len(bodies))
-                self._m_bytes.inc(sum(map(len, bodies)))
-                self._m_entries.inc(len(bodies))
+                self._observe_append(req.bodies, started)  # type: ignore[attr-defined]
             respond(resp)
 
         return done
+
+    def _observe_append(self, bodies: list[bytes], started: float) -> None:
+        self._m_latency.observe(time.perf_counter() - started)
+        self._m_batch.observe(len(bodies))
+        self._m_bytes.inc(sum(map(len, bodies)))
+        self._m_entries.inc(len(bodies))
+
+    # --- the in-process API: a service on this member uses its group without the wire ---------
+
+    async def propose(self, body: bytes) -> bytes:
+        """Append `body` as one entry and wait until this member applied it: the state
+        machine's result for it. The node takes the request as a value (no encoding, no
+        decoding; counted in the metrics as a client's APPEND). Raises GroupRefused (not the leader, say): the entry
+        was not appended, or its fate is unknown (the member stops, leadership was lost)."""
+        resp = await self._local_request(RequestCode.APPEND, AppendRequest(self.cfg.group, bodies=[body],
+                                                                           want_results=True))
+        if isinstance(resp, AppendResponse) and resp.code == ResponseCode.SUCCESS and len(resp.results) == 1:
+            return resp.results[0]
+        raise _refused(resp)
+
+    async def query(self, request: bytes) -> bytes:
+        """`StateMachine.query(request)`, linearizable (after a read index confirmed this
+        member leads, as a client's QUERY). Raises GroupRefused."""
+        resp = await self._local_request(QUERY, QueryRequest(self.cfg.group, request=request))
+        if isinstance(resp, QueryResponse) and resp.code == ResponseCode.SUCCESS:
+            return resp.result
+        raise _refused(resp)
+
+    def status(self) -> GroupStatus:
+        """The group as this member sees it now (a frozen copy)."""
+        node, cfg = self.node, self.cfg
+        member, peers = node.member, cfg.peer_map
+        leader = member.leader_id or ""
+        applier = node.applier
+        return GroupStatus(cfg.group, cfg.self_id, member.term, member.is_leader, leader,
+                           peers[leader].address if leader in peers else "",
+                           member.is_leader and node.reads.lease_valid(), node.store.committed_index,
+                           applier.applied_index if applier is not None else -1,
+                           tuple((p.id, p.address) for p in peers.values()))
+
+    async def read_state(self, fn: Callable[[], T]) -> T:
+        """fn() on the state machine's thread, between two applies (the state never changes
+        under it): a local read of the applied state, not a linearizable one."""
+        fut: asyncio.Future[T] = self.loop.create_future()
+
+        def done(f: Future[T]) -> None:
+            if fut.done():
+                return
+            if f.cancelled():
+                fut.cancel()
+            elif (err := f.exception()) is not None:
+                fut.set_exception(err)
+            else:
+                fut.set_result(f.result())
+
+        self.host.submit(fn, done=done)
+        return await fut
+
+    async def _local_request(self, code: int, req: Msg) -> msgspec.Struct:
+        """Give the node a request from this process; its answer as the node made it."""
+        token = next(self._tokens)
+        fut: asyncio.Future[msgspec.Struct] = self.loop.create_future()
+        self._local[token] = fut
+        started = time.perf_counter()
+        try:
+            self.node.handle(code, req, b"", token, now_ms())
+            self._schedule_drain()
+            resp = await fut
+        finally:
+            self._local.pop(token, None)  # answered, or the caller gave up waiting
+        if self.metrics is not None:  # counted as a client's (docs/metrics.md: the service is the group's client)
+            answer = int(getattr(resp, "code", ResponseCode.SUCCESS))
+            self.count(code, False, answer)
+            if answer == ResponseCode.SUCCESS and isinstance(req, AppendRequest):
+                self._observe_append(req.bodies, started)
+        return resp
 
     def _schedule_drain(self) -> None:
         """Run the node's actions once per loop iteration: concurrent requests then
@@ -244,10 +365,7 @@ class GroupRuntime:
         self._drain_scheduled = False
         for action in self.node.drain():
             if isinstance(action, Reply):
-                respond = self._waiting.pop(action.token, None)
-                if respond is not None:
-                    code = getattr(action.msg, "code", ResponseCode.SUCCESS)
-                    respond(Message(int(code), encode(action.msg), action.data))
+                self._reply(action.token, action.msg, action.data)
             elif isinstance(action, Send):
                 self._spawn(self._send(action))
             elif isinstance(action, Apply):
@@ -293,9 +411,22 @@ class GroupRuntime:
         assert self.host.sm is not None
         return self.host.sm.query(q.request)
 
+    def _reply(self, token: int, msg: msgspec.Struct, data: bytes = b"") -> None:
+        """Answer request `token`: an in-process one with the value itself, else encoded."""
+        fut = self._local.pop(token, None)
+        if fut is not None:
+            if not fut.done():
+                fut.set_result(msg)
+            return
+        respond = self._waiting.pop(token, None)
+        if respond is not None:
+            code = getattr(msg, "code", ResponseCode.SUCCESS)
+            respond(Message(int(code), encode(msg), data))
+
     def _answer_query(self, q: RunQuery, fut: Future[bytes]) -> None:
-        respond = self._waiting.pop(q.token, None)
-        if respond is None or fut.cancelled():
+        if fut.cancelled():  # stopping: nobody is answered
+            self._waiting.pop(q.token, None)
+            self._local.pop(q.token, None)
             return
         leader = self.node.member.leader_id or ""
         try:
@@ -307,7 +438,7 @@ class GroupRuntime:
         except Exception as e:
             log.exception("%s/%s: a query raised", self.cfg.group, self.cfg.self_id)
             msg = QueryResponse(int(ResponseCode.INTERNAL_ERROR), leader, message=f"{type(e).__name__}: {e}")
-        respond(Message(msg.code, encode(msg)))
+        self._reply(q.token, msg)
 
     def _take_snapshot(self, s: TakeSnapshot) -> None:
         def done(fut: Future[SnapshotMeta]) -> None:
@@ -431,14 +562,38 @@ class DLedgerServer:
         # transport checks it before any handler; services add theirs with register_service
         self.access: dict[int, Access] = dict(RAFT_ACCESS)
         self.sealed_groups: set[str] = set()  # groups whose log only this process writes: no client appends
-        self.on_connection_lost: Callable[[Caller], None] | None = None
+        self.connection_lost: list[Callable[[Caller], None]] = []  # each told of every closed connection
 
-    def register_service(self, handlers: dict[int, DirectHandler], access: dict[int, Access]) -> None:
+    def register_service(self, handlers: Mapping[int, DirectHandler], access: Mapping[int, Access]) -> None:
         """Serve more request codes on this port (before start): each with the roles it needs."""
         if set(handlers) != set(access):
             raise ValueError(f"codes without an access entry: {sorted(set(handlers) ^ set(access))}")
+        if self.server is not None:
+            raise RuntimeError("services are registered before the server starts")
         self.services.update(handlers)
         self.access.update(access)
+
+    def mount(self, group: str, service: ServiceMount) -> None:
+        """Serve `service` beside `group` (before start): its request codes on this port, its
+        connection-lost listeners, and, if sealed, no client appends to the group (the service
+        writes it through `GroupRuntime.propose`)."""
+        if group not in {c.group for c in self.configs}:
+            raise ValueError(f"no group {group!r} here to mount a service on")
+        taken = set(service.handlers) & set(self.services)
+        if taken:
+            raise ValueError(f"request codes {sorted(taken)} already served here")
+        self.register_service(service.handlers, service.access)
+        self.connection_lost.extend(service.connection_lost)
+        if service.sealed:
+            self.sealed_groups.add(group)
+
+    def _connection_closed(self, caller: Caller) -> None:
+        """The transport's one slot, told to every listener (one failing does not stop the others)."""
+        for listener in self.connection_lost:
+            try:
+                listener(caller)
+            except Exception:
+                log.exception("a connection-lost listener failed")
 
     async def start(self) -> None:
         """Open every group and listen. If a step fails (a store directory another process
@@ -482,7 +637,8 @@ class DLedgerServer:
         self.server = TransportServer(direct=self._handle, max_frame_bytes=max_frame,
                                       ssl=server_context(tls) if tls else None, tokens=tokens, limits=limits,
                                       policy=self.access, loopback_only=cfg0.security_mode == "loopback")
-        self.server.on_connection_lost = self.on_connection_lost
+        if self.connection_lost:
+            self.server.on_connection_lost = self._connection_closed
         if self.metrics is not None:
             self.server.on_refused = self._count_other
         split = self.member_address != self.address
@@ -616,6 +772,14 @@ def _refusal(cfg: DLedgerConfig, code: int, req: Any, caller: Caller, member_msg
     elif isinstance(req, AppendRequest):
         caller.charge(len(req.bodies) >> 6)
     return None
+
+
+def _refused(resp: msgspec.Struct) -> GroupRefused:
+    """An in-process request's failed answer as the exception its caller gets."""
+    code = int(getattr(resp, "code", ResponseCode.INTERNAL_ERROR))
+    if code == ResponseCode.SUCCESS:  # a proposal answered without its one result: not applied here
+        return GroupRefused(int(ResponseCode.INTERNAL_ERROR), "the entry's result is missing")
+    return GroupRefused(code, getattr(resp, "message", ""), getattr(resp, "leader_id", ""))
 
 
 def _error(code: ResponseCode, text: str) -> Message:

@@ -29,6 +29,7 @@ Invariants, after every event:
 
 from __future__ import annotations
 
+import functools
 import heapq
 import itertools
 import logging
@@ -64,7 +65,7 @@ from dledger.codes import ControllerResponseCode as RC
 from dledger.codes import DLedgerError, ResponseCode
 from dledger.controller import messages as m
 from dledger.controller.config import ControllerConfig
-from dledger.controller.elect_policy import LiveInfo
+from dledger.controller.leader import ControllerLeader, Notify, Refuse, Wait
 from dledger.controller.liveness import Liveness
 from dledger.controller.machine import ControllerStateMachine
 from dledger.controller.processor import process
@@ -347,21 +348,25 @@ class Broker:
 
 
 class SimControllerGroup:
-    """The controller group as one linearizable state machine, with a leader's Liveness."""
+    """The controller group as one linearizable state machine, driving the shipped leader
+    (controller.leader.ControllerLeader) as ControllerService does: heartbeats and leases,
+    when an election may be logged, the scan, and whom to push a new master to."""
 
     def __init__(self, sim: BrokerSim) -> None:
         self.sim = sim
         self.machine = ControllerStateMachine()
-        self.liveness = Liveness(CONTROLLER)
+        self.leader = ControllerLeader(CONTROLLER)
         self.term = 1
         self.available = True
         self.lose_replies = False
         for i in IDS:  # ids applied for and accepted before the run (registration is tested apart)
-            self._apply(m.ApplyBrokerId(CLUSTER, NAME, i, f"b{i};0"))
+            self._apply(self.leader.command(m.ApplyBrokerId(CLUSTER, NAME, i, f"b{i};0"), sim.now))
 
-    def _apply(self, req: m.WriteRequest | m.ReadRequest, live: dict[int, LiveInfo] | None = None) -> m.Response:
-        now = self.sim.now
-        cmd = m.Command(req, {NAME: self.liveness.table.live_infos(NAME, now) if live is None else live})
+    @property
+    def liveness(self) -> Liveness:
+        return self.leader.liveness
+
+    def _apply(self, cmd: m.Command) -> m.Response:
         resp, events = process(self.machine.state, cmd)
         for ev in events:
             self.machine.state.apply(ev)
@@ -372,73 +377,82 @@ class SimControllerGroup:
         called with the answer, now or (an election waiting out a lease) later, or never."""
         now = self.sim.now
         if isinstance(req, m.BrokerHeartbeat):
-            answer(self.liveness.heartbeat(req, now, conn, self.available))
+            answer(self.leader.heartbeat(req, now, conn, self.available))
             return
         if not self.available:
             return
         assert isinstance(req, m.WriteRequest | m.ReadRequest)
-        if isinstance(req, m.AlterSyncStateSet) and not self.liveness.table.beats_on(NAME, req.master_broker_id, conn):
-            answer(m.Response(int(ResponseCode.UNAUTHENTICATED), "not over the master's heartbeat connection"))
+        if isinstance(req, m.AlterSyncStateSet) and (problem := self.leader.alter_refusal(req, conn)) is not None:
+            answer(m.Response(int(ResponseCode.UNAUTHENTICATED), problem))
             return
         if not isinstance(req, m.ElectMaster):
-            answer(self._apply(req))
+            answer(self._apply(self.leader.command(req, now)))
             return
         self.elect(req, answer)
 
-    def elect(self, req: m.ElectMaster, answer: Callable[[m.Response], None] = lambda _: None) -> None:
-        """As the service's _elect: logged only once no lease it granted can still hold a
-        master this election could replace."""
+    def elect(self, req: m.ElectMaster, answer: Callable[[m.Response], None] = lambda _: None,
+              deadline: int | None = None) -> None:
+        """As the service's _elect: logged once the leader says no lease it granted can still
+        hold a master this election could replace; its pushes sent after."""
         now = self.sim.now
-        live = self.liveness.table.live_infos(NAME, now)
-        wait = self.liveness.election_wait(NAME, live, req.designate_elect, now)
-        if wait:
-            self.sim.trace(f"election waits {wait} ms for the master's lease")
-            term = self.term
-
-            def again() -> None:
-                if self.available and self.term == term:
-                    self.elect(req, answer)
-
-            self.sim.after(wait, again)
+        if deadline is None:
+            deadline = now + CONTROLLER.request_timeout_ms
+        leader = self.leader
+        step = leader.election_step(req, now, deadline)
+        if isinstance(step, Refuse):
+            answer(step.response)
             return
-        self.liveness.election_started(NAME)
-        resp = self._apply(req, live)
-        self.liveness.election_ended(NAME, resp)
+        if isinstance(step, Wait):
+            self.sim.trace(f"election waits {step.ms} ms for the master's lease")
+
+            def again() -> None:  # the same leader, still leading (a new one starts afresh)
+                if self.available and self.leader is leader:
+                    self.elect(req, answer, deadline)
+
+            self.sim.after(step.ms, again)
+            return
+        resp = self._apply(step.command)
         if resp.code == RC.SUCCESS:
             self.sim.trace(f"controller elected b{resp.master_broker_id} at epoch {resp.master_epoch}")
-            note = m.NotifyBrokerRoleChanged(NAME, f"b{resp.master_broker_id}", resp.master_epoch or 0,
-                                             resp.sync_state_set_epoch or 0, resp.master_broker_id,
-                                             resp.sync_state_set or [])
-            for b in self.sim.brokers.values():
-                if b.up and not self.sim.blocked(CTL, b.address):
-                    self.sim.after(self.sim.rng.randint(1, 20), b.hint, note)
+        for push in leader.election_ended(NAME, resp, now):
+            self._push(leader, push)
         answer(resp)
 
+    def _push(self, leader: ControllerLeader, push: Notify) -> None:
+        """A NOTIFY on its way to a broker (a network delay; lost if it is down or cut off)."""
+        b = self.sim.brokers.get(push.broker_id)
+        epoch = push.note.master_epoch
+
+        def arrive() -> None:
+            leader.notify_done(push.address, epoch)
+            if b is not None and b.up and not self.sim.blocked(CTL, b.address):
+                b.hint(push.note)
+
+        self.sim.after(self.sim.rng.randint(1, 20), arrive)
+
     def connection_closed(self, conn: Hashable) -> None:
-        self.liveness.table.connection_closed(conn, self.sim.now)
+        self.leader.connection_closed(conn, self.sim.now)
 
     def scan(self) -> None:
-        now = self.sim.now
-        self.liveness.table.expire(now)
-        if self.available:
-            s = self.machine.brief()[0]
-            self.liveness.note_master(s.name, s.master_id, s.master_epoch)
-            if self.liveness.leading(self.term, now) and self.liveness.needs_election(s, now):
-                self.elect(m.ElectMaster(broker_name=NAME))
+        """As the service's scan, every 250 ms (its scan_interval_ms)."""
+        leader = self.leader
+        if not self.available:
+            leader.tick(self.sim.now, None)
+        else:
+            for req in leader.tick(self.sim.now, self.term, self.machine.brief()):
+                self.elect(req, functools.partial(leader.scan_election_done, req.broker_name))
         self.sim.after(250, lambda: self.scan())
 
     def failover(self, gap_ms: int) -> None:
         """The leader is lost: no grants at once (its Raft lease ended before anyone else
         leads), a new leader after `gap_ms` with the heartbeats it saw as a follower."""
         self.available = False
-        self.liveness.leading(None, self.sim.now)
+        self.leader.tick(self.sim.now, None)
         self.sim.trace(f"controller leader lost for {gap_ms} ms")
 
         def back() -> None:
             self.term += 1
-            table = self.liveness.table
-            self.liveness = Liveness(CONTROLLER)
-            self.liveness.table = table
+            self.leader = ControllerLeader(CONTROLLER, self.leader.table)
             self.available = True
             self.sim.trace(f"controller leader at term {self.term}")
 
