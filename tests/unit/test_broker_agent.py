@@ -5,12 +5,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import pytest
 
 from dledger.broker import messages as bm
 from dledger.broker.agent import (
+    REQUEST_DEADLINE_MS,
     AgentSettings,
     AwaitDurable,
     BrokerAgent,
@@ -29,10 +30,11 @@ from dledger.broker.ha_master import HAConfig
 from dledger.broker.ha_service import AckSettings, MasterHA
 from dledger.broker.ha_slave import SlaveClient
 from dledger.broker.log import BrokerLog
-from dledger.broker.replica import Role
+from dledger.broker.replica import Change, Role
 from dledger.codes import ControllerResponseCode as RC
 from dledger.codes import DLedgerError, ResponseCode
 from dledger.controller import messages as m
+from dledger.store.base import StoreError
 from dledger.store.memory import MemoryLedgerStore
 
 HA = HAConfig(heartbeat_ms=100, housekeeping_ms=1000, transfer_batch_bytes=1 << 16, max_not_catchup_ms=500)
@@ -419,3 +421,120 @@ def test_the_confirm_offset_is_saved_every_second() -> None:
 def test_a_slaves_progress_moves_its_readers() -> None:
     a = started("slave")
     assert a.slave_progress(10) == [ConfirmMoved()]
+
+
+# --- failures: an input that raises, an answer that never comes ------------------------------------
+
+def fail_once(a: BrokerAgent, error: Exception) -> None:
+    """Its replica's change_role fails the first time (MasterHA reading a failing store, an
+    epoch file that cannot be written), then works."""
+    real, calls = a.replica.change_role, []
+
+    def change_role(*args: Any) -> Change:
+        calls.append(1)
+        if len(calls) == 1:
+            raise error
+        return real(*args)
+
+    a.replica.change_role = change_role  # type: ignore[method-assign,assignment]
+
+
+def test_a_store_error_while_taking_a_role_at_startup_is_retried() -> None:
+    a = make()
+    fail_once(a, StoreError(ResponseCode.DISK_ERROR, "slot unreadable"))
+    reg = one(a.tick(0), Register)
+    beat = one(a.register_answered(reg.token, 1, 1, info(1, 1, [1])), SendHeartbeat)
+    assert a.heartbeat_answered(beat.token, 2, []) == []  # no role: fenced, and retried
+    assert a.role == Role.FENCED
+    reg = one(a.tick(502), Register)
+    beat = one(a.register_answered(reg.token, 503, 1, info(1, 1, [1])), SendHeartbeat)
+    a.heartbeat_answered(beat.token, 504, [])
+    assert role(a) == Role.MASTER
+
+
+def test_a_store_error_in_a_role_change_while_following_is_retried_at_the_next_poll() -> None:
+    a = started("slave")
+    fail_once(a, StoreError(ResponseCode.DISK_ERROR, "slot unreadable"))
+    query = one(a.tick(1010), CallController)
+    assert a.answered(query.token, 1011, info(1, 2, [1])) == []
+    assert a.role == Role.SLAVE and a.replica.master_epoch == 1
+    query = one(a.tick(2011), CallController)
+    a.answered(query.token, 2012, info(1, 2, [1]))
+    assert role(a) == Role.MASTER and a.replica.master_epoch == 2
+
+
+def test_an_input_that_raises_leaves_the_chain_going() -> None:
+    """A bug (any exception) in handling an answer: the driver logs it; the chain still polls."""
+    a = started("slave")
+    fail_once(a, RuntimeError("a bug"))
+    query = one(a.tick(1010), CallController)
+    with pytest.raises(RuntimeError):
+        a.answered(query.token, 1011, info(1, 2, [1]))
+    query = one(a.tick(2011), CallController)
+    assert query.request == m.GetReplicaInfo("b0")
+    a.answered(query.token, 2012, info(1, 2, [1]))
+    assert role(a) == Role.MASTER
+
+
+def test_an_input_that_raises_leaves_the_alter_loop_going() -> None:
+    a = started("master")
+    ha = a.replica.master_ha
+    assert ha is not None
+    ha.tracker._propose(frozenset({1, 2}))
+    alter = one(a.proposal(10), CallController)
+
+    real = a.replica.alter_answered
+
+    def broken(req: m.AlterSyncStateSet, resp: m.Response | None) -> None:
+        real(req, resp)
+        raise RuntimeError("a bug")
+
+    a.replica.alter_answered = broken  # type: ignore[method-assign]
+    with pytest.raises(RuntimeError):
+        a.answered(alter.token, 20, m.Response(OK, new_sync_state_set_epoch=2, sync_state_set=[1, 2]))
+    a.replica.alter_answered = real  # type: ignore[method-assign]
+    assert a.replica.sync_state_set == {1, 2}
+    assert of(a.tick(519), CallController) == []
+    a.tick(520)  # the pause after the failure: the loop runs again
+    ha.tracker._propose(frozenset({1, 3}))
+    nxt = one(a.proposal(530), CallController)
+    assert isinstance(nxt.request, m.AlterSyncStateSet) and nxt.request.sync_state_set == [1, 3]
+
+
+def test_an_answer_that_never_comes_counts_as_none_after_the_deadline() -> None:
+    """The backstop for a driver that lost an answer: the chain, the alter loop and the
+    heartbeats go on."""
+    a = started("master")
+    out = a.tick(1010)
+    query, beat = one(out, CallController), periodic_beat(a, out)  # never answered
+    assert a.replica.master_ha is not None
+    a.replica.master_ha.tracker._propose(frozenset({1, 2}))
+    alter = one(a.proposal(1020), CallController)  # nor this
+    assert query.token != alter.token and beat.token
+    assert of(a.tick(REQUEST_DEADLINE_MS), CallController) == []
+    out = a.tick(REQUEST_DEADLINE_MS + 1020)
+    assert of(out, CallController) == []  # the step is over, the alter paused
+    out = a.tick(REQUEST_DEADLINE_MS + 1520)
+    assert one(out, CallController).request == alter.request  # sent again after the pause
+    assert periodic_beat(a, out)
+    assert one(a.tick(REQUEST_DEADLINE_MS + 2020), CallController).request == m.GetReplicaInfo("b0")
+
+
+def test_a_new_mastership_does_not_send_the_old_ones_alter_again() -> None:
+    a = started("master")
+    assert a.replica.master_ha is not None
+    a.replica.master_ha.tracker._propose(frozenset({1, 2}))
+    alter = one(a.proposal(10), CallController)
+    a.answered(alter.token, 20, None)  # no answer: to be sent again at 520
+    query = one(a.hint(30), CallController)
+    a.answered(query.token, 31, info(1, 2, [1]))  # master again, at epoch 2
+    assert role(a) == Role.MASTER and a.replica.master_epoch == 2
+    alters = [c.request for c in of(a.tick(520), CallController) if isinstance(c.request, m.AlterSyncStateSet)]
+    assert alters == []  # epoch 1's is fenced: its tracker is gone
+    assert not a.replica.unresolved
+
+
+def test_flush_sync_also_makes_the_replica_count_durable_copies_only() -> None:
+    assert started("master", wait_durable=True).replica.ack_durable
+    assert not started("master").replica.ack_durable
+    assert make(wait_durable=True).replica.ack_durable

@@ -27,6 +27,9 @@ The rules (upstream ReplicasManager, AutoSwitchHAService):
   after `alter_retry_ms`.
 - A heartbeat every `heartbeat_interval_ms` after the previous one's answers; a master asks
   for its lease in it and holds it from the heartbeat's send time.
+- Every request the agent makes gets its answer (or None) from the driver; as a backstop, one
+  outstanding for `REQUEST_DEADLINE_MS` counts as unanswered, and an input that raises still
+  leaves the chain, the alter loop and the heartbeats going (they retry, as above).
 - Sends (§4.11): refused before the write without mastership, lease or min-in-sync replicas;
   after it, durable first (flush=sync), then acknowledged by enough of the SyncStateSet
   (`acks`) within `slave_timeout_ms`, and answered only if the mastership and its lease held
@@ -38,7 +41,8 @@ from __future__ import annotations
 import itertools
 import logging
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from enum import Enum
 
@@ -61,6 +65,9 @@ log = logging.getLogger(__name__)
 STARTUP_RETRY_MS = 500  # upstream: 5 s
 ALTER_RETRY_MS = 500
 SAVE_CONFIRM_MS = 1000
+# A backstop far beyond any request's own timeout (a registration pass is at most three
+# controller calls of a few seconds): a driver that lost an answer must not stop the agent.
+REQUEST_DEADLINE_MS = 60_000
 
 
 @dataclass(frozen=True)
@@ -190,14 +197,17 @@ class _Send:
 
 class BrokerAgent:
     def __init__(self, settings: AgentSettings, log_: BrokerLog, epochs: EpochFileCache, ha: HAConfig,
-                 acks: AckSettings, lease_ms: int, *, now_ms: int, broker_id: int = -1, ack_durable: bool = False,
+                 acks: AckSettings, lease_ms: int, *, now_ms: int, broker_id: int = -1,
                  confirm_offset: int = -1) -> None:
         """`broker_id`: the persistent id already held (the identity file), -1 before the first
-        registration; it heartbeats from the start when it has one."""
+        registration; it heartbeats from the start when it has one. flush=sync
+        (`settings.wait_durable`) also makes the replica count only durable copies (a slave acks
+        what it fsynced, a master's own copy counts once fsynced)."""
         self.settings = settings
         self.log = log_
         self.epochs = epochs
-        self.replica = ReplicaState(settings.name, log_, epochs, ha, acks, lease_ms, ack_durable=ack_durable,
+        self.replica = ReplicaState(settings.name, log_, epochs, ha, acks, lease_ms,
+                                    ack_durable=settings.wait_durable,
                                     confirm_offset=confirm_offset)
         self.broker_id = broker_id
         self.replica_info_queries = 0  # GET_REPLICA_INFO asked by the poll and hints (runtime info)
@@ -206,6 +216,7 @@ class BrokerAgent:
         # the controller chain: startup until a role is taken, then following the controller
         self._following = False
         self._step: tuple[int, _Step] | None = None
+        self._step_at = now_ms  # when the step in flight was asked (the deadline backstop)
         self._chain_at = now_ms
         self._hinted = False
         self._registered: m.Response | None = None
@@ -216,6 +227,7 @@ class BrokerAgent:
         # the alter loop: the request in flight (alter, or the replica-info read after a refusal)
         self._altering = False
         self._alter_call: tuple[int, m.AlterSyncStateSet | None] | None = None
+        self._alter_at = now_ms
         self._alter_paused_until: int | None = None
         # housekeeping
         self._checked_at = self._saved_at = now_ms
@@ -235,27 +247,76 @@ class BrokerAgent:
     def tick(self, now: int) -> list[Effect]:
         """Timers: startup retries, the replica-info poll, heartbeats, the alter loop's pause,
         send deadlines, the SyncStateSet shrink check and saving the confirm offset."""
+        with self._settled(now):
+            out = self._overdue(now)
+            if self._step is None and (now >= self._chain_at or (self._following and self._hinted)):
+                out += self._chain_next(now)
+            if self._beat_token is None and now >= self._beat_at:
+                if self.broker_id != -1:
+                    self._beat_token = self._token()
+                    out.append(self._heartbeat(self._beat_token, now))
+                else:
+                    self._beat_at = now + self.settings.heartbeat_interval_ms
+            # (each timer below may read the store: one that fails leaves the others running)
+            if self._alter_paused_until is not None and now >= self._alter_paused_until:
+                self._alter_paused_until = None
+                out += self._safely("resuming the alter loop", self._alter_resume, now)
+            out += self._safely("expiring sends", self._expire, now)
+            ha = self.replica.master_ha
+            if ha is not None and now - self._checked_at >= self.settings.check_sync_state_set_ms:
+                self._checked_at = now
+                if ha.shrink(now) is not None:
+                    out += self._safely("proposing a SyncStateSet", self._propose, now)
+            if now - self._saved_at >= self.settings.save_confirm_ms:
+                self._saved_at = now
+                out += self._safely("reading the confirm offset", lambda t: [SaveConfirm(self.replica.confirm_offset)],
+                                    now)
+            return out
+
+    def _safely(self, what: str, step: Callable[[int], list[Effect]], now: int) -> list[Effect]:
+        """A timer's step; a store or disk error is logged and the step tried again next time."""
+        try:
+            return step(now)
+        except (OSError, DLedgerError) as e:
+            self._warn(what, "broker %s: %s failed: %s", self.settings.name, what, e)
+            return []
+
+    @contextmanager
+    def _settled(self, now: int, token: int | None = None) -> Iterator[None]:
+        """What holds however an input ends, raising included (a store error in a role
+        change, say; the driver logs it): the chain step `token` answered is over, so the
+        chain goes on at its next time; a running alter loop has a request in flight or a
+        pause, so it goes on after the pause. (On a normal return both hold already.)"""
+        try:
+            yield
+        finally:
+            if token is not None and self._step is not None and self._step[0] == token:
+                self._step = None
+                self._chain_at = now + (self.settings.sync_metadata_ms if self._following
+                                        else self.settings.startup_retry_ms)
+            if self._altering and self._alter_call is None and self._alter_paused_until is None:
+                self._alter_paused_until = now + self.settings.alter_retry_ms
+
+    def _overdue(self, now: int) -> list[Effect]:
+        """The backstop: a request still unanswered after REQUEST_DEADLINE_MS counts as
+        answered with None (a driver that lost an answer would otherwise stop the chain, the
+        alter loop or the heartbeats for good)."""
         out: list[Effect] = []
-        if self._step is None and (now >= self._chain_at or (self._following and self._hinted)):
-            out += self._chain_next(now)
-        if self._beat_token is None and now >= self._beat_at:
-            if self.broker_id != -1:
-                self._beat_token = self._token()
-                out.append(self._heartbeat(self._beat_token, now))
+        late = now - REQUEST_DEADLINE_MS
+        if self._step is not None and self._step_at <= late:
+            token, step = self._step
+            log.warning("broker %s: no answer to %s in %d ms: going on without it", self.settings.name,
+                        step.name, REQUEST_DEADLINE_MS)
+            if step in (_Step.REGISTER, _Step.REREGISTER):
+                out += self.register_answered(token, now, self.broker_id, None)
+            elif step == _Step.STARTUP_HEARTBEAT:
+                out += self.heartbeat_answered(token, now, [])
             else:
-                self._beat_at = now + self.settings.heartbeat_interval_ms
-        if self._alter_paused_until is not None and now >= self._alter_paused_until:
-            self._alter_paused_until = None
-            out += self._alter_resume(now)
-        out += self._expire(now)
-        ha = self.replica.master_ha
-        if ha is not None and now - self._checked_at >= self.settings.check_sync_state_set_ms:
-            self._checked_at = now
-            if ha.shrink(now) is not None:
-                out += self._propose()
-        if now - self._saved_at >= self.settings.save_confirm_ms:
-            self._saved_at = now
-            out.append(SaveConfirm(self.replica.confirm_offset))
+                out += self.answered(token, now, None)
+        if self._alter_call is not None and self._alter_at <= late:
+            out += self.answered(self._alter_call[0], now, None)
+        for token in [t for t, (sent, _) in self._beats.items() if sent <= late]:
+            out += self.heartbeat_answered(token, now, [])
         return out
 
     def next_tick_at(self) -> int:
@@ -263,6 +324,12 @@ class BrokerAgent:
         times = [self._saved_at + self.settings.save_confirm_ms]
         if self._step is None:
             times.append(self._chain_at)
+        else:
+            times.append(self._step_at + REQUEST_DEADLINE_MS)
+        if self._alter_call is not None:
+            times.append(self._alter_at + REQUEST_DEADLINE_MS)
+        if self._beats:
+            times.append(min(sent for sent, _ in self._beats.values()) + REQUEST_DEADLINE_MS)
         if self._beat_token is None:
             times.append(self._beat_at)
         if self._alter_paused_until is not None:
@@ -277,17 +344,19 @@ class BrokerAgent:
 
     def _chain_next(self, now: int) -> list[Effect]:
         if not self._following:
-            token = self._token()
-            self._step = (token, _Step.REGISTER)
-            return [Register(token)]
+            return [Register(self._ask(_Step.REGISTER, now))]
         self._hinted = False
         self.replica_info_queries += 1
-        return self._chain_call(_Step.QUERY, m.GetReplicaInfo(self.settings.name))
+        return self._chain_call(_Step.QUERY, m.GetReplicaInfo(self.settings.name), now)
 
-    def _chain_call(self, step: _Step, req: m.Request) -> list[Effect]:
+    def _ask(self, step: _Step, now: int) -> int:
+        """The chain's next request: its token."""
         token = self._token()
-        self._step = (token, step)
-        return [CallController(token, req)]
+        self._step, self._step_at = (token, step), now
+        return token
+
+    def _chain_call(self, step: _Step, req: m.Request, now: int) -> list[Effect]:
+        return [CallController(self._ask(step, now), req)]
 
     def _elect_request(self) -> m.ElectMaster:
         return m.ElectMaster(self.settings.cluster, self.settings.name, self.broker_id)
@@ -307,31 +376,30 @@ class BrokerAgent:
     def register_answered(self, token: int, now: int, broker_id: int, response: m.Response | None) -> list[Effect]:
         """A registration pass ended: `broker_id` is the id it holds now (-1: none yet),
         `response` the controller's REGISTER_BROKER answer if it registered (None: it did not)."""
-        self.broker_id = broker_id
-        if response is not None:
-            self._registered = response
-        if self._waiting(token, _Step.REREGISTER):
-            return self._chain_done(now)
-        if not self._waiting(token, _Step.REGISTER):
-            return []
-        if response is None:
-            return self._chain_done(now)
-        log.info("broker %s registered as id %d", self.settings.name, broker_id)
-        beat = self._token()
-        self._step = (beat, _Step.STARTUP_HEARTBEAT)
-        return [self._heartbeat(beat, now)]
+        with self._settled(now, token):
+            self.broker_id = broker_id
+            if response is not None:
+                self._registered = response
+            if self._waiting(token, _Step.REREGISTER):
+                return self._chain_done(now)
+            if not self._waiting(token, _Step.REGISTER):
+                return []
+            if response is None:
+                return self._chain_done(now)
+            log.info("broker %s registered as id %d", self.settings.name, broker_id)
+            return [self._heartbeat(self._ask(_Step.STARTUP_HEARTBEAT, now), now)]
 
     def _startup_heartbeat_answered(self, now: int) -> list[Effect]:
         resp = self._registered
         if resp is None or resp.master_broker_id is None or resp.master_address is None:
-            return self._chain_call(_Step.STARTUP_ELECT, self._elect_request())
+            return self._chain_call(_Step.STARTUP_ELECT, self._elect_request(), now)
         return self._take_role(resp, now)
 
     def _take_role(self, resp: m.Response, now: int) -> list[Effect]:
         """The end of a startup attempt: take the role a controller answer names."""
         try:
             out = self._apply_replica_info(resp, now)
-        except OSError as e:  # the epoch file or the store could not be written: stay fenced, retry
+        except (OSError, DLedgerError) as e:  # the epoch file or the store failed: stay fenced, retry
             log.error("broker %s: taking a role failed: %s", self.settings.name, e)
             out = []
         if self.role != Role.FENCED:
@@ -353,23 +421,25 @@ class BrokerAgent:
         if resp is None:
             return self._chain_done(now)
         if resp.code == RC.CONTROLLER_BROKER_METADATA_NOT_EXIST:
-            token = self._token()
-            self._step = (token, _Step.REREGISTER)
-            return [Register(token)]
+            return [Register(self._ask(_Step.REREGISTER, now))]
         if resp.code != RC.SUCCESS or resp.master_epoch is None:
             return self._chain_done(now)
         r.principals_read(resp.principals)
         out: list[Effect] = []
         if resp.master_epoch > r.master_epoch:
             if resp.master_broker_id is None:
-                return self._chain_call(_Step.ELECT, self._elect_request())
+                return self._chain_call(_Step.ELECT, self._elect_request(), now)
             try:
                 out = self._apply_replica_info(resp, now)
-            except OSError as e:
+            except (OSError, DLedgerError) as e:  # as at startup: the next poll tries again
                 log.error("broker %s: a role change failed: %s", self.settings.name, e)
         elif resp.master_epoch == r.master_epoch and self.role == Role.MASTER:
             r.sync_state_set_read(resp.master_epoch, set(resp.sync_state_set or ()), resp.sync_state_set_epoch or 0)
-            out = self._after_confirm_change() + self._propose()
+            try:
+                out = self._after_confirm_change()
+            except (OSError, DLedgerError) as e:
+                log.error("broker %s: reading the confirm offset failed: %s", self.settings.name, e)
+            out += self._propose(now)
         return out + self._chain_done(now)
 
     def hint(self, now: int) -> list[Effect]:
@@ -417,64 +487,71 @@ class BrokerAgent:
         sent = self._beats.pop(token, None)
         if sent is None:
             return []
-        r = self.replica
-        if any(x.lease_granted for x in answers):
-            r.lease_granted(*sent)
-        elif r.heartbeat_lease_ms:
-            remark = next((x.remark for x in answers if x.remark), "")
-            if remark:
-                log.warning("broker %s: %s", self.settings.name, remark)
-        if token == self._beat_token:
+        if token == self._beat_token:  # (first: the next heartbeat is due whatever follows)
             self._beat_token = None
             self._beat_at = now + self.settings.heartbeat_interval_ms
-        if self._waiting(token, _Step.STARTUP_HEARTBEAT):
-            return self._startup_heartbeat_answered(now)
-        return []
+        with self._settled(now, token):
+            r = self.replica
+            if any(x.lease_granted for x in answers):
+                r.lease_granted(*sent)
+            elif r.heartbeat_lease_ms:
+                remark = next((x.remark for x in answers if x.remark), "")
+                if remark:
+                    log.warning("broker %s: %s", self.settings.name, remark)
+            if self._waiting(token, _Step.STARTUP_HEARTBEAT):
+                return self._startup_heartbeat_answered(now)
+            return []
 
     # --- controller answers ----------------------------------------------------------------------
 
     def answered(self, token: int, now: int, resp: m.Response | None) -> list[Effect]:
         """The answer to a CallController (None: none came in time)."""
-        if self._alter_call is not None and self._alter_call[0] == token:
-            req = self._alter_call[1]
-            self._alter_call = None
-            return self._alter_answered(req, resp, now) if req is not None else self._alter_read(resp, now)
-        if self._step is None or self._step[0] != token:
-            return []
-        step = self._step[1]
-        if step == _Step.QUERY:
-            return self._replica_info_answered(resp, now)
-        if step == _Step.STARTUP_ELECT:
-            if resp is None:
-                return self._chain_done(now)
-            if resp.code not in (RC.SUCCESS, RC.CONTROLLER_MASTER_STILL_EXIST):
-                log.info("broker %s: no master yet (%s)", self.settings.name, resp.remark or resp.code)
-                return self._chain_done(now)
-            return self._take_role(resp, now)
-        # ELECT: the election's outcome arrives as replica info (the next poll, or its NOTIFY)
-        return self._chain_done(now)
+        with self._settled(now, token):
+            if self._alter_call is not None and self._alter_call[0] == token:
+                req = self._alter_call[1]
+                self._alter_call = None
+                return self._alter_answered(req, resp, now) if req is not None else self._alter_read(resp, now)
+            if self._step is None or self._step[0] != token:
+                return []
+            step = self._step[1]
+            if step == _Step.QUERY:
+                return self._replica_info_answered(resp, now)
+            if step == _Step.STARTUP_ELECT:
+                if resp is None:
+                    return self._chain_done(now)
+                if resp.code not in (RC.SUCCESS, RC.CONTROLLER_MASTER_STILL_EXIST):
+                    log.info("broker %s: no master yet (%s)", self.settings.name, resp.remark or resp.code)
+                    return self._chain_done(now)
+                return self._take_role(resp, now)
+            # ELECT: the election's outcome arrives as replica info (the next poll, or its NOTIFY)
+            return self._chain_done(now)
 
     # --- SyncStateSet proposals (§4.9, §6.4) -----------------------------------------------------
 
     def proposal(self, now: int) -> list[Effect]:
         """The master's HA service wants a SyncStateSet change (a slave caught up, or its
         connection closed): the alter loop sends it unless it runs."""
-        return self._propose()
+        with self._settled(now):
+            return self._propose(now)
 
-    def _propose(self) -> list[Effect]:
+    def _propose(self, now: int) -> list[Effect]:
         if self._altering:
             return []
         self._altering = True
-        return self._alter_next()
+        return self._alter_next(now)
 
-    def _alter_next(self) -> list[Effect]:
+    def _alter_next(self, now: int) -> list[Effect]:
         req = self.replica.next_alter()
         if req is None:
             self._altering = False
             return []
+        return [self._alter_ask(req, now)]
+
+    def _alter_ask(self, req: m.Request, now: int) -> CallController:
         token = self._token()
-        self._alter_call = (token, req)
-        return [CallController(token, req)]
+        self._alter_call = (token, req if isinstance(req, m.AlterSyncStateSet) else None)
+        self._alter_at = now
+        return CallController(token, req)
 
     def _alter_answered(self, req: m.AlterSyncStateSet, resp: m.Response | None, now: int) -> list[Effect]:
         r = self.replica
@@ -489,9 +566,7 @@ class BrokerAgent:
             resp = None
         r.alter_answered(req, resp)
         if r.unresolved:
-            token = self._token()
-            self._alter_call = (token, None)
-            return [CallController(token, m.GetReplicaInfo(self.settings.name))]
+            return [self._alter_ask(m.GetReplicaInfo(self.settings.name), now)]
         if resp is None:
             return self._alter_pause(now)
         log.info("broker %s: SyncStateSet %s (epoch %d)", self.settings.name, sorted(r.sync_state_set),
@@ -514,13 +589,14 @@ class BrokerAgent:
     def _alter_resume(self, now: int) -> list[Effect]:
         """After an answer (or the pause after none): release what the set change allows, then
         the next change."""
-        return self._release(now) + self._alter_next()
+        return self._release(now) + self._alter_next(now)
 
     # --- HA progress ---------------------------------------------------------------------------
 
     def slave_acked(self, now: int) -> list[Effect]:
         """A slave's ack reached the master's HA service: the confirm offset and waiting sends."""
-        return self._release(now)
+        with self._settled(now):
+            return self._release(now)
 
     def slave_progress(self, now: int) -> list[Effect]:
         """A slave's log or confirm offset moved (a frame from its master)."""
@@ -559,7 +635,7 @@ class BrokerAgent:
     def durable(self, now: int, index: int) -> list[Effect]:
         """Entries up to `index` are fsynced: the sends waiting for them wait for their acks
         (and a master's own copy now counts for the confirm offset)."""
-        out = self._release(now)
+        out = self._safely("reading the confirm offset", self._release, now)
         while self._durable_wait and self._durable_wait[0].durable_index <= index:
             out += self._wait_acks(self._durable_wait.popleft(), now)
         return out

@@ -99,6 +99,9 @@ class ReplicaState:
         self._stop_slave()
         self.master_epoch, self.master_id, self.master_address = master_epoch, master_id, master_address
         self.lease_until_ms = 0  # a lease is for one epoch
+        # an alter in doubt was the old mastership's: its epoch is fenced now, and the new
+        # master's tracker starts from the controller's set
+        self._resend, self.unresolved = None, False
         if master_id == self.broker_id:
             self.master_address = my_address
             self.sync_state_set, self.sync_state_set_epoch = frozenset(sss), sss_epoch

@@ -109,7 +109,7 @@ class BrokerServer:
         self.controller = ControllerClient(config.controller, timeout=3.0, tls=tls, faults=self.faults)
         self.agent = BrokerAgent(AgentSettings.from_config(config), self.log, self.epochs, config.ha, config.acks,
                                  config.lease_ms, now_ms=now_ms(), broker_id=self.registration.broker_id,
-                                 ack_durable=config.flush == "sync", confirm_offset=read_confirm(root)[0])
+                                 confirm_offset=read_confirm(root)[0])
         self.replica = self.agent.replica
         self._saved_confirm = self.replica.confirm_offset
         self._slave_task: asyncio.Task[None] | None = None

@@ -160,7 +160,7 @@ class Broker:
 
     def _fresh(self) -> BrokerAgent:
         return BrokerAgent(replace(SETTINGS, address=self.address), self.log, self.epochs, HA, ACKS, LEASE_MS,
-                           now_ms=self.sim.now, broker_id=self.id, ack_durable=True,
+                           now_ms=self.sim.now, broker_id=self.id,
                            confirm_offset=self.saved_confirm)
 
     @property
