@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import logging
 import time
@@ -112,6 +113,9 @@ class BrokerServer:
                                  confirm_offset=read_confirm(root)[0])
         self.replica = self.agent.replica
         self._saved_confirm = self.replica.confirm_offset
+        self._confirm_to_save = self._saved_confirm  # the newest SaveConfirm's offset
+        self._saver: asyncio.Task[None] | None = None  # the one confirm-offset save in flight
+        self._stopping = False
         self._slave_task: asyncio.Task[None] | None = None
         self._sends: dict[int, asyncio.Future[bm.SendResponse | DLedgerError]] = {}  # send id -> its answer
         self._send_ids = itertools.count(1)
@@ -140,7 +144,7 @@ class BrokerServer:
         await self.ha.start(self.config.ha_listen)
         self._log_security()
         self._durable = DurabilityWaiter(self.store)
-        self._spawn(self._drive())
+        self._spawn(self._drive()).add_done_callback(self._drive_ended)
 
     @property
     def security(self) -> str:
@@ -157,10 +161,12 @@ class BrokerServer:
                         "to serve other hosts; docs/security.md)", name)
 
     async def stop(self) -> None:
-        tasks = [*self._tasks, *([self._slave_task] if self._slave_task else [])]
+        self._stopping = True  # (closing the HA listener may still report a proposal: not acted on)
+        saver = self._saver  # finishes its write (a cancelled thread would not stop, and race the last save)
+        tasks = [t for t in (*self._tasks, *([self._slave_task] if self._slave_task else [])) if t is not saver]
         for t in tasks:
             t.cancel()
-        for t in tasks:
+        for t in [*tasks, *([saver] if saver else [])]:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
         await self.ha.close()
@@ -178,10 +184,31 @@ class BrokerServer:
     # --- the confirm offset ------------------------------------------------------------------
 
     def _save_confirm(self) -> None:
+        """The last save, at stop (on the loop, after any save in flight ended)."""
         value = self.replica.confirm_offset
         if value != self._saved_confirm:
             write_confirm(self.config.store_path, value, self.log.last_index_within(value))
             self._saved_confirm = value
+
+    def _save_confirm_later(self, value: int) -> None:
+        """SaveConfirm: one save at a time (write_confirm's temp file has one name, so two at
+        once could leave a torn file); one asked for meanwhile saves the newest value after."""
+        self._confirm_to_save = value
+        if self._saver is None and not self._stopping and value != self._saved_confirm:
+            self._saver = self._spawn(self._save_confirms())
+
+    async def _save_confirms(self) -> None:
+        try:
+            while (value := self._confirm_to_save) != self._saved_confirm:
+                within = self.log.last_index_within(value)  # (the store is read on the loop only)
+                try:
+                    await asyncio.to_thread(write_confirm, self.config.store_path, value, within)
+                except OSError as e:  # tried again at the next SaveConfirm
+                    log.warning("broker %s: saving the confirm offset failed: %s", self.config.name, e)
+                    return
+                self._saved_confirm = value
+        finally:
+            self._saver = None
 
     @property
     def role(self) -> Role:
@@ -193,45 +220,77 @@ class BrokerServer:
 
     # --- carrying out the agent's decisions ----------------------------------------------------
 
+    def _feed(self, what: str, step: Callable[[], list[Effect]]) -> None:
+        """Give the agent an input and carry out its effects. An exception (a bug: the agent
+        handles the disk and store errors it expects) is logged here, not lost in a task or
+        raised into the HA or transport callback that fed it; the agent's own bookkeeping
+        keeps its chain, alter loop and heartbeats going after it."""
+        if self._stopping:
+            return
+        try:
+            effects = step()
+        except Exception:
+            log.exception("broker %s: the agent failed on %s", self.config.name, what)
+            return
+        self._run(effects)
+
     def _run(self, effects: list[Effect]) -> None:
-        """Do what the agent decided, in order."""
+        """Do what the agent decided, in order (one that fails does not stop the others)."""
         for e in effects:
-            match e:
-                case SendDone(send_id, result):
-                    fut = self._sends.pop(send_id, None)
-                    if fut is not None and not fut.done():
-                        fut.set_result(result)
-                case CallController(token, req):
-                    self._spawn(self._call(token, req))
-                case SendHeartbeat(token, hb):
-                    self._spawn(self._beat(token, hb))
-                case Register(token):
-                    self._spawn(self._register(token))
-                case WakeHA():
-                    self.ha.wake()
-                case ConfirmMoved():
-                    self.ha.wake()
-                    self._progress.set()
-                case AwaitDurable(index):
-                    self._spawn(self._await_durable(index))
-                case ResetHA():
-                    self.ha.reset()
-                    if self._slave_task is not None:
-                        self._slave_task.cancel()
-                        self._slave_task = None
-                case FollowMaster(_, ha_address, client):
-                    if ha_address:
-                        self._follow_master(ha_address, client)
-                case SaveConfirm():
-                    self._spawn(self._save_confirm_soon())
+            try:
+                self._do(e)
+            except Exception:
+                log.exception("broker %s: carrying out %s failed", self.config.name, type(e).__name__)
+
+    def _do(self, e: Effect) -> None:
+        if self._stopping and isinstance(e, CallController | SendHeartbeat | Register | AwaitDurable):
+            return  # (stop() cancelled the tasks: none starts after)
+        match e:
+            case SendDone(send_id, result):
+                fut = self._sends.pop(send_id, None)
+                if fut is not None and not fut.done():
+                    fut.set_result(result)
+            case CallController(token, req):
+                self._spawn(self._call(token, req))
+            case SendHeartbeat(token, hb):
+                self._spawn(self._beat(token, hb))
+            case Register(token):
+                self._spawn(self._register(token))
+            case WakeHA():
+                self.ha.wake()
+            case ConfirmMoved():
+                self.ha.wake()
+                self._progress.set()
+            case AwaitDurable(index):
+                self._spawn(self._await_durable(index))
+            case ResetHA():
+                self.ha.reset()
+                if self._slave_task is not None:
+                    self._slave_task.cancel()
+                    self._slave_task = None
+            case FollowMaster(_, ha_address, client):
+                if ha_address:
+                    self._follow_master(ha_address, client)
+            case SaveConfirm(offset):
+                self._save_confirm_later(offset)
 
     async def _drive(self) -> None:
-        """The agent's timers: ticked when it asks, at least every HOUSEKEEPING_S."""
+        """The agent's timers: ticked when it asks, at least every HOUSEKEEPING_S. Every timer
+        of the broker hangs on this loop, so nothing ends it but stop()."""
         while True:
-            now = now_ms()
-            self._run(self.agent.tick(now))
-            wait_ms = min(max(self.agent.next_tick_at() - now, 1), int(HOUSEKEEPING_S * 1000))
+            wait_ms = int(HOUSEKEEPING_S * 1000)
+            try:
+                now = now_ms()
+                self._feed("tick", functools.partial(self.agent.tick, now))
+                wait_ms = min(max(self.agent.next_tick_at() - now, 1), wait_ms)
+            except Exception:
+                log.exception("broker %s: the agent's timers failed", self.config.name)
             await asyncio.sleep(wait_ms / 1000)
+
+    def _drive_ended(self, task: asyncio.Task[Any]) -> None:
+        if not task.cancelled():
+            log.error("broker %s: the agent's timer loop ended (%s): no more retries, polls or heartbeats",
+                      self.config.name, task.exception())
 
     async def _call(self, token: int, req: cm.Request) -> None:
         if isinstance(req, cm.ElectMaster):  # (when asked, for the controller's log)
@@ -243,7 +302,7 @@ class BrokerServer:
             log.debug("broker %s: %s: no answer (%s)", self.config.name, type(req).__name__, e.message)
         except Exception:  # a bug: the agent still gets its answer (none), or it would wait forever
             log.exception("broker %s: %s failed", self.config.name, type(req).__name__)
-        self._run(self.agent.answered(token, now_ms(), resp))
+        self._feed(type(req).__name__, lambda: self.agent.answered(token, now_ms(), resp))
 
     async def _beat(self, token: int, hb: cm.BrokerHeartbeat) -> None:
         answers: list[cm.Response] = []
@@ -251,7 +310,7 @@ class BrokerServer:
             answers = await self.controller.heartbeat(hb, timeout=self.config.heartbeat_interval_ms * 3 / 1000)
         except Exception:  # (a bug: as in _call)
             log.exception("broker %s: heartbeat failed", self.config.name)
-        self._run(self.agent.heartbeat_answered(token, now_ms(), answers))
+        self._feed("a heartbeat's answers", lambda: self.agent.heartbeat_answered(token, now_ms(), answers))
 
     async def _register(self, token: int) -> None:
         """One registration pass (identity files, id application, REGISTER_BROKER)."""
@@ -265,16 +324,13 @@ class BrokerServer:
         except Exception:  # (a bug: as in _call)
             log.exception("broker %s: registering failed", self.config.name)
         resp = self.registration.response if ok else None
-        self._run(self.agent.register_answered(token, now_ms(), self.registration.broker_id, resp))
+        self._feed("a registration", lambda: self.agent.register_answered(token, now_ms(),
+                                                                           self.registration.broker_id, resp))
 
     async def _await_durable(self, index: int) -> None:
         if self._durable is not None:
             await self._durable.wait(index)
-        self._run(self.agent.durable(now_ms(), index))
-
-    async def _save_confirm_soon(self) -> None:
-        with contextlib.suppress(OSError):
-            await asyncio.to_thread(self._save_confirm)
+        self._feed("an fsync", lambda: self.agent.durable(now_ms(), index))
 
     def _follow_master(self, ha_address: str, client: SlaveClient) -> None:
         durable = self._durable.wait if client.ack_durable and self._durable is not None else None
@@ -283,16 +339,16 @@ class BrokerServer:
         self._slave_task = asyncio.get_running_loop().create_task(runner.run())
 
     def _on_slave_progress(self) -> None:
-        self._run(self.agent.slave_progress(now_ms()))
+        self._feed("the master's progress", lambda: self.agent.slave_progress(now_ms()))
 
     def _on_proposal(self, proposal: frozenset[int]) -> None:
-        self._run(self.agent.proposal(now_ms()))
+        self._feed("a SyncStateSet proposal", lambda: self.agent.proposal(now_ms()))
 
     def _on_slave_ack(self) -> None:
-        self._run(self.agent.slave_acked(now_ms()))
+        self._feed("a slave's ack", lambda: self.agent.slave_acked(now_ms()))
 
     def _on_unknown_slave(self) -> None:
-        self._run(self.agent.hint(now_ms()))
+        self._feed("an unknown slave", lambda: self.agent.hint(now_ms()))
 
     # --- client requests ---------------------------------------------------------------------
 
@@ -336,7 +392,7 @@ class BrokerServer:
         assert isinstance(req, cm.NotifyBrokerRoleChanged)
         if req.broker_name not in ("", self.config.name):
             return _error(ResponseCode.UNEXPECTED_ARGUMENT, f"this is broker {self.config.name}, not {req.broker_name}")
-        self._run(self.agent.hint(now_ms()))  # (before a role is taken: asked once following)
+        self._feed("a NOTIFY", lambda: self.agent.hint(now_ms()))  # (before a role is taken: asked once following)
         return Message(int(ResponseCode.SUCCESS), cm.encode(cm.Response()))
 
     def _fault(self, msg: Message) -> Message:
@@ -420,10 +476,11 @@ class BrokerServer:
         left = max(0, r.lease_until_ms - now_ms()) if self.role == Role.MASTER else 0
         sss = r.master_ha.tracker.effective if r.master_ha is not None else r.sync_state_set
         confirm = r.confirm_offset
-        return bm.RuntimeInfo(self.config.cluster, self.config.name, self.agent.broker_id, self.role.value,
+        broker_id = self.registration.broker_id  # (live: the agent learns it when a registration pass ends)
+        return bm.RuntimeInfo(self.config.cluster, self.config.name, broker_id, self.role.value,
                               r.master_epoch, r.master_id, r.master_address, sorted(sss),
                               r.sync_state_set_epoch, self.log.max_offset, confirm,
                               self.store.end_index, left, r.truncated_at,
-                              self.agent.broker_id != -1 and self.role != Role.FENCED,
+                              broker_id != -1 and self.role != Role.FENCED,
                               self.store.begin_index, self.log.last_index_within(confirm),
                               self.replica_info_queries, self.security)
