@@ -1,6 +1,7 @@
-"""Controllers and a broker set under seeded faults (issue 14): kills, power losses,
-partitions (a master cut off from the controllers but not its slaves), slow disks, lost
-controller replies, controller failovers, a master and the controller leader lost together.
+"""Controllers and a broker set under seeded faults (issue 14), flush=sync and flush=async
+seeds: kills, power losses, partitions (a master cut off from the controllers but not its
+slaves), slow disks, lost controller replies, controller failovers, a master and the
+controller leader lost together.
 The invariants of sim.brokers are checked after every event."""
 
 from __future__ import annotations
@@ -19,13 +20,16 @@ pytestmark = pytest.mark.sim
 
 def test_broker_seeds_keep_the_invariants() -> None:
     acked = truncations = 0
+    flushes = set()
     for seed in range(990_000, 990_025):
         report = run_broker_seed(seed)
         assert report.ok, (report.summary(), report.violations, report.trace[-40:])
         acked += report.acked
+        flushes.add(report.flush)
         truncations += sum("truncated" in t or "power loss" in t for t in report.trace)
     assert acked > 10_000  # the workload is real: sends were acknowledged through the faults
     assert truncations > 0
+    assert flushes == {"sync", "async"}  # the runtime's default, flush=async, is simulated too
 
 
 def _instant_acks(self: BrokerAgent, s: Any, now: int) -> list[Effect]:

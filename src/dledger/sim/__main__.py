@@ -52,10 +52,11 @@ def _brokers(start: int, seeds: int, trace: bool) -> int:
     from dledger.sim.brokers import run_broker_seed
 
     t0 = time.monotonic()
-    failed = acked = faults = elections = 0
+    failed = acked = faults = elections = async_flush = 0
     for seed in range(start, start + seeds):
         rep = run_broker_seed(seed)
         acked, faults, elections = acked + rep.acked, faults + rep.faults, elections + rep.elections
+        async_flush += rep.flush == "async"
         if not rep.ok:
             failed += 1
             print(rep.summary())
@@ -63,8 +64,8 @@ def _brokers(start: int, seeds: int, trace: bool) -> int:
                 print("  violation:", v)
             if trace:
                 print("\n".join("  " + t for t in rep.trace[-80:]))
-    print(f"{seeds} seeds, {failed} failed, {acked} acknowledged sends checked, {faults} faults, "
-          f"{elections} master epochs, {time.monotonic() - t0:.1f} s")
+    print(f"{seeds} seeds ({async_flush} flush=async), {failed} failed, {acked} acknowledged sends checked, "
+          f"{faults} faults, {elections} master epochs, {time.monotonic() - t0:.1f} s")
     return 1 if failed else 0
 
 
