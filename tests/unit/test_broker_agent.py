@@ -412,6 +412,16 @@ def test_flush_sync_waits_for_the_fsync_before_the_acks() -> None:
     assert isinstance(done.result, bm.SendResponse)
 
 
+def test_a_failed_fsync_answers_the_sends_waiting_for_it() -> None:
+    a = started("master", wait_durable=True)
+    first = one(a.send(1, [b"x"], 10), AwaitDurable)
+    second = one(a.send(2, [b"y"], 11), AwaitDurable)
+    error = StoreError(ResponseCode.DISK_ERROR, "fsync failed")
+    done = one(a.durable_failed(12, first.index, error), SendDone)
+    assert done == SendDone(1, error)
+    assert one(a.durable(13, second.index), SendDone).send_id == 2  # the next fsync worked
+
+
 def test_the_confirm_offset_is_saved_every_second() -> None:
     a = started("slave")
     assert of(a.tick(999), SaveConfirm) == []

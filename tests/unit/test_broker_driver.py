@@ -1,6 +1,7 @@
 """BrokerServer as the asyncio driver of its BrokerAgent, without sockets (never started): a
 failure in one input, one effect or one tick costs that input, never the broker's timers or
-an answer the agent waits for; confirm-offset saves run one at a time (docs/brokers.md)."""
+an answer the agent (or a send) waits for; confirm-offset saves run one at a time
+(docs/brokers.md)."""
 
 from __future__ import annotations
 
@@ -19,8 +20,9 @@ from dledger.broker import server as server_module
 from dledger.broker.agent import CallController, Effect, SaveConfirm, SendDone, WakeHA
 from dledger.broker.config import BrokerConfig
 from dledger.broker.server import BrokerServer
-from dledger.codes import DLedgerError
+from dledger.codes import DLedgerError, ResponseCode
 from dledger.controller import messages as cm
+from dledger.store.base import StoreError
 
 DEADLINE_S = 30.0  # a generous bound for a condition on a busy machine (never a timing assertion)
 
@@ -150,5 +152,26 @@ def test_nothing_starts_once_stopping(tmp_path: Path) -> None:
         await b.stop()
         await asyncio.sleep(0.05)
         assert calls == [] and not b._tasks
+
+    run(tmp_path, body)
+
+
+def test_a_failed_fsync_wait_is_told_to_the_agent(tmp_path: Path) -> None:
+    """(The sends waiting for it get an answer, as when a send's own wait raised.)"""
+    told: list[tuple[int, DLedgerError]] = []
+
+    class BrokenFlush:
+        async def wait(self, index: int) -> None:
+            raise StoreError(ResponseCode.DISK_ERROR, "the flush thread is gone")
+
+    def durable_failed(now: int, index: int, error: DLedgerError) -> list[Effect]:
+        told.append((index, error))
+        return []
+
+    async def body(b: BrokerServer) -> None:
+        b._durable = BrokenFlush()  # type: ignore[assignment]
+        b.agent.durable_failed = durable_failed  # type: ignore[method-assign]
+        await b._await_durable(7)
+        assert len(told) == 1 and told[0][0] == 7 and told[0][1].code == ResponseCode.DISK_ERROR
 
     run(tmp_path, body)

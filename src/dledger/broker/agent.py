@@ -640,6 +640,14 @@ class BrokerAgent:
             out += self._wait_acks(self._durable_wait.popleft(), now)
         return out
 
+    def durable_failed(self, now: int, index: int, error: DLedgerError) -> list[Effect]:
+        """Waiting for entries up to `index` to be fsynced failed (the store's flush): the
+        sends waiting for them are answered with `error` (written, not known durable)."""
+        out: list[Effect] = []
+        while self._durable_wait and self._durable_wait[0].durable_index <= index:
+            out.append(SendDone(self._durable_wait.popleft().send_id, error))
+        return out
+
     def _wait_acks(self, s: _Send, now: int) -> list[Effect]:
         if self.replica.acked(s.next_offset):
             return [self._finish(s, now)]

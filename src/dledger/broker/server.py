@@ -328,8 +328,15 @@ class BrokerServer:
                                                                            self.registration.broker_id, resp))
 
     async def _await_durable(self, index: int) -> None:
-        if self._durable is not None:
-            await self._durable.wait(index)
+        try:
+            if self._durable is not None:
+                await self._durable.wait(index)
+        except Exception as e:  # the sends waiting for it get an answer (as a send's own error did)
+            log.exception("broker %s: waiting for the fsync of entry %d failed", self.config.name, index)
+            error = e if isinstance(e, DLedgerError) else DLedgerError(ResponseCode.INTERNAL_ERROR,
+                                                                        f"{type(e).__name__}: {e}")
+            self._feed("a failed fsync", lambda: self.agent.durable_failed(now_ms(), index, error))
+            return
         self._feed("an fsync", lambda: self.agent.durable(now_ms(), index))
 
     def _follow_master(self, ha_address: str, client: SlaveClient) -> None:
