@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from pathlib import Path
 
 import pytest
@@ -543,6 +543,45 @@ def test_no_lease_for_the_old_master_while_a_timed_out_election_may_still_apply(
             machine.gate.set()
             beats.cancel()
             await svc.stop()
+            await server.stop()
+
+    asyncio.run(main())
+
+
+def test_a_scan_whose_leadership_changed_during_its_state_read_decides_nothing(tmp_path: Path) -> None:
+    """The term and leadership a scan acts on are re-read after the state read: a member that
+    stepped down meanwhile must not elect or note masters on the old term's behalf."""
+    cfg, machine = _member(tmp_path)
+
+    async def main() -> None:
+        server = DLedgerServer(cfg, {"ctl": machine})
+        svc = ControllerService(server, "ctl", ControllerConfig(), machine)  # not started: no scan loop
+        await server.start()
+        try:
+            g = server.groups["ctl"]
+            await _leader_status(g)
+            read_state = g.read_state
+            ticks: list[int | None] = []
+            tick = svc.leader.tick
+
+            async def stepping_down(fn: Callable[[], list[BrokerSetBrief]]) -> list[BrokerSetBrief]:
+                out = await read_state(fn)
+                g.node.step_down("test: leadership lost during the scan's state read")
+                return out
+
+            def recorded(now: int, term: int | None, *args: object) -> list[m.ElectMaster]:
+                ticks.append(term)
+                return tick(now, term, *args)  # type: ignore[arg-type]
+
+            g.read_state = stepping_down  # type: ignore[method-assign,assignment]
+            svc.leader.tick = recorded  # type: ignore[method-assign,assignment]
+            await svc._scan()
+            assert ticks == []
+            g.read_state = read_state  # type: ignore[method-assign]
+            await _leader_status(g)
+            await svc._scan()
+            assert ticks == [g.status().term]
+        finally:
             await server.stop()
 
     asyncio.run(main())
