@@ -19,24 +19,32 @@ from pathlib import Path
 import msgspec
 import pytest
 
+from dledger.broker.local import local_broker_cluster
 from dledger.codes import DLedgerError, RequestCode, ResponseCode
+from dledger.controller import messages as cm
+from dledger.controller.client import ControllerClient
 from dledger.core.messages import (
     FAULT,
+    QUERY,
     READ,
     READ_INDEX,
     SNAPSHOT,
+    AppendRequest,
     FaultRequest,
+    GetRequest,
     HeartBeatRequest,
     InstallSnapshotRequest,
     LeadershipTransferRequest,
+    MetadataRequest,
     PushRequest,
+    QueryRequest,
     ReadIndexRequest,
     ReadRequest,
     SnapshotRequest,
     VoteRequest,
     encode,
 )
-from dledger.ports import free_ports
+from dledger.ports import free_port_run, free_ports
 from dledger.runtime.client import DLedgerClient
 from dledger.runtime.transport import Message, TransportClient
 from dledger.security.certs import make_certs
@@ -317,3 +325,48 @@ def test_without_tls_or_a_token_another_users_loopback_connection_is_refused(tmp
     finally:
         p.terminate()
         p.wait(30)
+
+
+def test_the_controller_group_serves_no_client_its_log(tmp_path: Path) -> None:
+    """The controller's log is its own (sealed): no client certificate, nor an admin's,
+    appends to it, reads it (certificate names, addresses) or queries it with a hand-made
+    command past the controller's role checks; METADATA and the controller's requests
+    still work."""
+    import asyncio
+
+    with local_broker_cluster(tmp_path, controllers=1, broker_sets=1, replicas=1, base_port=free_port_run(3),
+                              tls_dir=tmp_path / "tls") as d:
+        assert d.tls is not None and d.admin_tls is not None
+        group, address = "controller", d.controller
+        forged = cm.encode(cm.Command(cm.GetNextBrokerId("DefaultCluster", "b0")))
+        data_plane = {
+            "APPEND": (RequestCode.APPEND, encode(AppendRequest(group, bodies=[b"x"]))),
+            "GET": (RequestCode.GET, encode(GetRequest(group, index=0))),
+            "GET_FOLLOWER": (RequestCode.GET, encode(GetRequest(group, index=0, follower_read=True))),
+            "READ": (READ, encode(ReadRequest(group, from_index=0))),
+            "READ_LOCAL": (READ, encode(ReadRequest(group, from_index=0, local=True))),
+            "QUERY": (QUERY, encode(QueryRequest(group, request=forged))),
+        }
+
+        async def ask(tls: object, code: int, meta: bytes) -> Message:
+            t = TransportClient(ssl=client_context(tls), connect_timeout_s=5)  # type: ignore[arg-type]
+            try:
+                return await t.request(address, Message(code, meta), 10.0)
+            finally:
+                await t.close()
+
+        for who in (d.tls, d.admin_tls):
+            for name, (code, meta) in data_plane.items():
+                got = asyncio.run(ask(who, code, meta))
+                assert got.code == ResponseCode.UNSUPPORTED, (name, got.code)
+                assert b"members only" in bytes(got.meta), (name, bytes(got.meta))
+                assert b"CN=" not in bytes(got.meta) + bytes(got.data), name
+            got = asyncio.run(ask(who, RequestCode.METADATA, encode(MetadataRequest(group))))
+            assert got.code == ResponseCode.SUCCESS
+
+        async def controller_metadata() -> bool:
+            async with ControllerClient(d.controller, timeout=10.0, tls=d.tls) as c:
+                return any(not isinstance(v, str) and v.is_leader for v in (await c.metadata()).values())
+
+        assert asyncio.run(controller_metadata())
+        assert d.master_of("b0")  # the controller still serves its brokers

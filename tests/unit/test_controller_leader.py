@@ -6,8 +6,9 @@ real single-member group."""
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable, Sequence
 from pathlib import Path
 
 import pytest
@@ -20,11 +21,13 @@ from dledger.controller.config import ControllerConfig
 from dledger.controller.elect_policy import LiveInfo
 from dledger.controller.leader import ControllerLeader, Notify, Propose, Refuse, Wait
 from dledger.controller.machine import BrokerSetBrief, ControllerStateMachine
-from dledger.core.messages import AppendRequest, encode
+from dledger.controller.service import ControllerService
+from dledger.core.messages import QUERY, READ, AppendRequest, GetRequest, QueryRequest, ReadRequest, encode
 from dledger.ports import free_ports
 from dledger.runtime.server import DLedgerServer, GroupRefused, GroupRuntime, ServiceMount
 from dledger.runtime.transport import Caller, Message, Respond, TransportClient
 from dledger.security.roles import ALL_ROLES, Access
+from dledger.statemachine.api import AppliedEntry
 
 TIMEOUT, DRIFT = 1500, 200  # the heartbeat timeout (the new leader's grace) and the lease drift
 SET = BrokerSetBrief("b", 1, 1, frozenset({1, 2}), frozenset({1, 2}))  # master 1 at epoch 1, 2 in sync
@@ -233,12 +236,55 @@ def test_no_lease_while_an_election_is_in_flight_or_an_admin_revokes() -> None:
     _leading(c)
     assert isinstance(c.election_step(m.ElectMaster("k", "b", 1), 1600), Propose)
     assert not _beat(c, 1, 1600, "m", lease_ms=1000).lease_granted
-    c.election_ended("b", None, 1600)  # outcome unknown
+    c.election_ended("b", None, 1600)  # surely not stored (refused before the append)
     assert _beat(c, 1, 1700, "m", lease_ms=1000).lease_granted
     assert c.revoke("b", 1800) == 1100  # the wait until the lease granted at 1700 ended
     assert not _beat(c, 1, 1900, "m", lease_ms=1000).lease_granted
     c.end_revoke("b")
     assert _beat(c, 1, 2000, "m", lease_ms=1000).lease_granted
+
+
+def test_an_election_whose_answer_was_lost_holds_leases_until_a_scan_shows_it_applied() -> None:
+    """Timed out (or the term changed): it may still take effect, so the old master gets no
+    lease until a scan reads a state applied at or past the index its entry can be at."""
+    c = _leader()
+    _leading(c)
+    assert isinstance(c.election_step(m.ElectMaster("k", "b", 2, designate_elect=True), 1600), Propose)
+    c.election_ended("b", None, 1600, doubt=(1, 40))  # term 1, the leader's last index 40
+    assert not _beat(c, 1, 1700, "m", lease_ms=1000).lease_granted
+    c.tick(1800, 1, [SET])  # no index known: still in doubt
+    c.tick(1900, 1, [SET], applied_index=39, last_index=41)  # not yet applied that far
+    assert not _beat(c, 1, 2000, "m", lease_ms=1000).lease_granted
+    c.tick(2100, 1, [SET], applied_index=40, last_index=41)  # the state shows it: master 1 stays
+    assert _beat(c, 1, 2200, "m", lease_ms=1000).lease_granted
+
+
+def test_an_election_in_doubt_stays_so_across_a_leadership_change() -> None:
+    """Not leading: still in doubt. Leading again in a newer term: the entry commits, if ever,
+    at or before the new leader's last index, which the applied state must then pass."""
+    c = _leader()
+    _leading(c)
+    assert isinstance(c.election_step(m.ElectMaster("k", "b", 2, designate_elect=True), 1600), Propose)
+    c.election_ended("b", None, 1600, doubt=(1, 40))
+    c.tick(1700, None)
+    c.tick(1800, 2, [SET], applied_index=45, last_index=50)  # term 2: re-bounded to 50
+    for t in range(1800, 1800 + TIMEOUT + 1, 300):
+        _beat(c, 1, t, "m")
+    assert not _beat(c, 1, 3400, "m", lease_ms=1000).lease_granted
+    c.tick(3500, 2, [SET], applied_index=50, last_index=52)
+    assert _beat(c, 1, 3600, "m", lease_ms=1000).lease_granted
+
+
+def test_concurrent_admin_revokes_are_counted() -> None:
+    """Two admins elect in one set: the first one finishing does not let leases resume."""
+    c = _leader()
+    _leading(c)
+    c.revoke("b", 1600)
+    c.revoke("b", 1600)
+    c.end_revoke("b")
+    assert not _beat(c, 1, 1700, "m", lease_ms=1000).lease_granted
+    c.end_revoke("b")
+    assert _beat(c, 1, 1800, "m", lease_ms=1000).lease_granted
 
 
 def test_an_election_s_answer_makes_its_master_the_one_leases_go_to() -> None:
@@ -365,6 +411,9 @@ def test_a_mounted_service_is_served_sealed_and_told_of_closed_connections(tmp_p
             server.mount("ctl", ServiceMount({code: echo}, {code: Access("ECHO", ALL_ROLES)}))
         with pytest.raises(ValueError, match="no group"):
             server.mount("other", ServiceMount({}, {}))
+        for raft in (RequestCode.PUSH, READ):  # the group's own codes are not a service's to take
+            with pytest.raises(ValueError, match="already served"):
+                server.mount("ctl", ServiceMount({raft: echo}, {raft: Access("ECHO", ALL_ROLES)}))
         await server.start()
         try:
             await _leader_status(server.groups["ctl"])
@@ -375,6 +424,11 @@ def test_a_mounted_service_is_served_sealed_and_told_of_closed_connections(tmp_p
                 append = AppendRequest("ctl", bodies=[b"x"])
                 raw = await client.request(addr, Message(RequestCode.APPEND, encode(append)), 10)
                 assert raw.code == ResponseCode.UNSUPPORTED  # sealed: the service writes the log
+                for c, req in ((RequestCode.GET, GetRequest("ctl", index=0)),  # nor does a client read it
+                               (READ, ReadRequest("ctl", from_index=0)),
+                               (QUERY, QueryRequest("ctl", request=b"x"))):
+                    raw = await client.request(addr, Message(c, encode(req)), 10)
+                    assert raw.code == ResponseCode.UNSUPPORTED, c
             finally:
                 await client.close()
             with pytest.raises(RuntimeError):
@@ -384,6 +438,149 @@ def test_a_mounted_service_is_served_sealed_and_told_of_closed_connections(tmp_p
                 assert time.monotonic() < deadline, "no listener heard the connection close"
                 await asyncio.sleep(0.05)
             assert lost[0] is lost_too[0]
+        finally:
+            await server.stop()
+
+    asyncio.run(main())
+
+
+class _Gated(ControllerStateMachine):
+    """Applies only while `gate` is set (a slow apply: a proposal's answer times out while its
+    entry is still to be applied)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = threading.Event()
+        self.gate.set()
+
+    def apply(self, entries: Sequence[AppliedEntry]) -> list[bytes]:
+        self.gate.wait(30)
+        return list(super().apply(entries))
+
+
+async def _eventually(check: object, what: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():  # type: ignore[operator]
+        assert time.monotonic() < deadline, what
+        await asyncio.sleep(0.05)
+
+
+def test_a_timed_out_proposal_is_counted_with_the_answer_it_gets(tmp_path: Path) -> None:
+    cfg, _ = _member(tmp_path, metrics=True)
+    machine = _Gated()
+
+    async def main() -> None:
+        server = DLedgerServer(cfg, {"ctl": machine})
+        await server.start()
+        try:
+            g = server.groups["ctl"]
+            await _leader_status(g)
+            machine.gate.clear()
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(g.propose(m.encode(m.Command(m.ApplyBrokerId("k", "b", 1, "h1:1;x")))), 0.2)
+            assert _client_requests(server) == {}
+            machine.gate.set()
+            await _eventually(lambda: _client_requests(server) == {("APPEND", "SUCCESS"): 1},
+                              "the timed-out proposal was never counted")
+        finally:
+            machine.gate.set()
+            await server.stop()
+
+    asyncio.run(main())
+
+
+def test_no_lease_for_the_old_master_while_a_timed_out_election_may_still_apply(tmp_path: Path) -> None:
+    """An admin's election whose answer timed out ("it may still take effect"): the old master
+    gets no lease until a scan reads the state the entry was applied to."""
+    cfg, _ = _member(tmp_path)
+    machine = _Gated()
+    config = ControllerConfig(request_timeout_ms=1000, broker_heartbeat_timeout_ms=1500, broker_lease_drift_ms=200,
+                              scan_interval_ms=50)
+
+    async def main() -> None:
+        server = DLedgerServer(cfg, {"ctl": machine})
+        svc = ControllerService(server, "ctl", config, machine)
+        await server.start()
+        await svc.start()
+
+        def beat(i: int, lease: int = 0, epoch: int = 1) -> m.Response:  # as a leader whose Raft lease holds
+            return svc.leader.heartbeat(m.BrokerHeartbeat("k", f"h{i}:1", "b", i, epoch=epoch, lease_ms=lease),
+                                        time.monotonic_ns() // 1_000_000, f"conn{i}", True)
+
+        async def beating() -> None:
+            while True:
+                beat(1)
+                beat(2)
+                await asyncio.sleep(0.1)
+
+        beats = asyncio.get_running_loop().create_task(beating())
+        try:
+            await _leader_status(server.groups["ctl"])
+            for i in (1, 2):
+                assert (await svc.submit(m.ApplyBrokerId("k", "b", i, f"h{i}:1;x"))).code == RC.SUCCESS
+                assert (await svc.submit(m.RegisterBroker("k", "b", i, f"h{i}:1"))).code == RC.SUCCESS
+            r = await svc.submit(m.ElectMaster("k", "b", 1))
+            assert (r.code, r.master_broker_id) == (RC.SUCCESS, 1)
+            assert r.master_epoch is not None and r.sync_state_set_epoch is not None
+            r = await svc.submit(m.AlterSyncStateSet("b", 1, r.master_epoch, [1, 2], r.sync_state_set_epoch))
+            assert r.code == RC.SUCCESS
+            await _eventually(lambda: beat(1, 1000).lease_granted, "a scan never noted master 1")
+            await asyncio.sleep(1.3)  # the lease (+ drift) ended: the admin's election goes at once
+            machine.gate.clear()  # its entry is logged, then not applied before its answer times out
+            answers: list[int] = []
+            await svc._serve(m.ElectMaster("k", "b", 2, designate_elect=True), lambda msg: answers.append(msg.code),
+                             "")
+            assert answers == [RC.SYSTEM_ERROR]
+            assert not beat(1, 1000).lease_granted  # the election may still make 2 master
+            await asyncio.sleep(0.3)  # scans run; the entry is still not applied
+            assert not beat(1, 1000).lease_granted
+            machine.gate.set()
+            await _eventually(lambda: beat(2, 1000, epoch=2).lease_granted, "the new master never got a lease")
+            s = machine.state.get("b")
+            assert s is not None and (s.master_id, s.master_epoch) == (2, 2)
+            assert not beat(1, 1000).lease_granted
+        finally:
+            machine.gate.set()
+            beats.cancel()
+            await svc.stop()
+            await server.stop()
+
+    asyncio.run(main())
+
+
+def test_a_scan_whose_leadership_changed_during_its_state_read_decides_nothing(tmp_path: Path) -> None:
+    """The term and leadership a scan acts on are re-read after the state read: a member that
+    stepped down meanwhile must not elect or note masters on the old term's behalf."""
+    cfg, machine = _member(tmp_path)
+
+    async def main() -> None:
+        server = DLedgerServer(cfg, {"ctl": machine})
+        svc = ControllerService(server, "ctl", ControllerConfig(), machine)  # not started: no scan loop
+        await server.start()
+        try:
+            g = server.groups["ctl"]
+            await _leader_status(g)
+            read_state = g.read_state
+            ticks: list[int | None] = []
+            tick = svc.leader.tick
+
+            async def stepping_down(fn: Callable[[], list[BrokerSetBrief]]) -> list[BrokerSetBrief]:
+                out = await read_state(fn)
+                g.node.step_down("test: leadership lost during the scan's state read")
+                return out
+
+            def recorded(now: int, term: int | None, *args: object) -> list[m.ElectMaster]:
+                ticks.append(term)
+                return tick(now, term, *args)  # type: ignore[arg-type]
+
+            g.read_state = stepping_down  # type: ignore[method-assign,assignment]
+            svc.leader.tick = recorded  # type: ignore[method-assign,assignment]
+            await svc._scan()
+            assert ticks == []
+            g.read_state = read_state  # type: ignore[method-assign]
+            await _leader_status(g)
+            await svc._scan()
+            assert ticks == [g.status().term]
         finally:
             await server.stop()
 

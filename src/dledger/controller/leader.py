@@ -11,10 +11,12 @@ every output is a value:
   with its command), must wait out a master lease first (`Wait`), or cannot before the
   deadline (`Refuse`). No election of a set that could replace a lease's holder is logged
   before that lease + drift has ended (docs/brokers.md, "The master lease").
-- `election_ended(name, resp, now)`: the pushes to send (`Notify`): the set's live replicas
+- `election_ended(name, resp, now, doubt)`: the pushes to send (`Notify`): the set's live replicas
   are told of the new master (NOTIFY_BROKER_ROLE_CHANGED, a hint: brokers also poll); a push
-  to an address is not repeated for an epoch no newer than the one in flight there.
-- `tick(now, term, briefs)`: the scan (scanInactiveMasterAndTriggerReelect): the broker sets
+  to an address is not repeated for an epoch no newer than the one in flight there. An
+  election whose answer was lost (`doubt`) may still take effect: its set gets no lease
+  until a scan's state shows the index its entry can be at applied.
+- `tick(now, term, briefs, applied_index, last_index)`: the scan (scanInactiveMasterAndTriggerReelect): the broker sets
   whose master died while a replica lives (#5009/#6382), or that have no master and a live
   candidate. Nothing is elected before the leader has led for one heartbeat timeout (#5712:
   a new leader that has not heard every broker yet would see them all dead), and no set is
@@ -149,10 +151,14 @@ class ControllerLeader:
         self.liveness.election_started(name)
         return Propose(m.Command(req, {name: live}, self.config.enable_elect_unclean_master, principal))
 
-    def election_ended(self, name: str, resp: m.Response | None, now_ms: int) -> list[Notify]:
-        """A proposed election's answer (None: it failed, its outcome unknown); the pushes
-        its success calls for."""
-        self.liveness.election_ended(name, resp)
+    def election_ended(self, name: str, resp: m.Response | None, now_ms: int,
+                       doubt: tuple[int, int] | None = None) -> list[Notify]:
+        """A proposed election's answer (None: none came); the pushes its success calls for.
+        `doubt`, with no answer: the entry may still be applied (timed out, the term changed):
+        (the term it was proposed in, the leader's last log index when the answer was lost);
+        the set then gets no lease until a scan settles it. None with no answer: the entry was
+        surely not stored (refused before the append)."""
+        self.liveness.election_ended(name, resp, doubt)
         if resp is None or resp.code != RC.SUCCESS:
             return []
         return self._notifications(name, resp, now_ms)
@@ -186,10 +192,13 @@ class ControllerLeader:
         """The leader at `term` has led, as the scans saw, for one heartbeat timeout."""
         return self.liveness.may_elect(term, now_ms)
 
-    def tick(self, now_ms: int, term: int | None, briefs: Iterable[BrokerSetBrief] = ()) -> list[m.ElectMaster]:
+    def tick(self, now_ms: int, term: int | None, briefs: Iterable[BrokerSetBrief] = (),
+             applied_index: int | None = None, last_index: int | None = None) -> list[m.ElectMaster]:
         """A scan: `term` is the term this member leads in (None: it does not lead), `briefs`
-        every broker set of the applied state (read while leading). The elections to run, one
-        per set at a time: report each one's end with `scan_election_done`."""
+        every broker set of the applied state (read while leading), a state applied at least
+        up to `applied_index` (None: unknown), read while the log ended at `last_index`. The
+        elections to run, one per set at a time: report each one's end with
+        `scan_election_done`. Elections in doubt stay so while this member does not lead."""
         self.table.expire(now_ms)
         if term is None:
             self.liveness.leading(None, now_ms)
@@ -202,6 +211,7 @@ class ControllerLeader:
         self.liveness.keep_only({s.name for s in sets})
         for s in sets:
             self.liveness.note_master(s.name, s.master_id, s.master_epoch)
+        self.liveness.settle(term, applied_index, last_index)
         if not may_elect:
             return []
         out = []

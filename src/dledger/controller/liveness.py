@@ -1,13 +1,19 @@
-"""One controller's view of broker liveness and master leases (CONTROLLER.md §1.5), sans-I/O.
+"""One controller's view of broker liveness and master leases (docs/controller.md), sans-I/O.
 
 The service (controller.service) and the simulator (sim.brokers) drive it; time is passed in.
 
 - Heartbeats go into the HeartbeatTable; a master's heartbeat asks for its lease.
 - A lease is granted only by a leader sure of its leadership (its own Raft lease holds: no
   other controller can lead before that ends), only to the broker the leader knows as the
-  master at the heartbeat's epoch, never while an election of its set is in flight or an
-  admin's election revokes it, and only if lease + drift fits in the heartbeat timeout (what
-  a new leader waits before electing).
+  master at the heartbeat's epoch, never while an election of its set is in flight, in doubt
+  or an admin's election revokes it, and only if lease + drift fits in the heartbeat timeout
+  (what a new leader waits before electing).
+- An election whose answer never came (timed out, the term changed, the member stopped: "it
+  may still take effect") is in doubt, not over: its entry may still be applied and make
+  another broker master. The set stays without leases until a scan reads a state applied at
+  or past the index the entry can be at (the leader's last index when the answer was lost;
+  once this member leads in a newer term, its last index then: an older term's entry commits
+  under a new leader only if that leader's log already holds it).
 - A granted lease's end only grows per broker set (so per set, master and epoch): later
   heartbeats, lease_ms=0 or not, and closed connections never shorten it. No election of a
   set that could replace the lease's holder, whoever asks for it, is logged before the set's
@@ -36,7 +42,8 @@ class Liveness:
         self.table = HeartbeatTable(config.broker_heartbeat_timeout_ms, config.broker_lease_drift_ms)
         self._lease_ends: dict[str, int] = {}  # broker set -> when its granted leases surely ended (only grows)
         self._lease_holders: dict[str, int | None] = {}  # broker set -> the master its last lease went to
-        self._revoking: set[str] = set()
+        self._revoking: dict[str, int] = {}  # broker set -> admin elections revoking its leases
+        self._in_doubt: dict[str, tuple[int, int]] = {}  # broker set -> (term, index) of elections in doubt
         self._masters: dict[str, tuple[int | None, int]] = {}  # broker set -> (master id, master epoch)
         self._in_flight: dict[str, int] = {}  # broker set -> elections in flight
         self._leader_term = -1
@@ -65,7 +72,7 @@ class Liveness:
             return m.Response(remark=f"lease of {req.lease_ms} ms not granted: lease + drift ({drift} ms) must "
                                      f"be within controller.broker_heartbeat_timeout_ms ({timeout})")
         name = req.broker_name
-        if (not leader_sure or name in self._revoking or name in self._in_flight
+        if (not leader_sure or name in self._revoking or name in self._in_flight or name in self._in_doubt
                 or self._masters.get(name) != (req.broker_id, req.epoch)):
             return m.Response()  # not (or no longer) the master at that epoch: an old master gets no lease
         self._lease_ends[name] = max(self._lease_ends.get(name, 0), now_ms + req.lease_ms + drift)
@@ -75,7 +82,7 @@ class Liveness:
     def revoke(self, name: str, now_ms: int) -> int:
         """Before an admin's election: no more leases in the set; the ms to wait until the last
         one has surely ended."""
-        self._revoking.add(name)
+        self._revoking[name] = self._revoking.get(name, 0) + 1  # two admins may elect at once
         return self.lease_wait(name, now_ms)
 
     def lease_wait(self, name: str, now_ms: int) -> int:
@@ -96,19 +103,44 @@ class Liveness:
         return wait
 
     def end_revoke(self, name: str) -> None:
-        self._revoking.discard(name)
+        """One admin's election is over (leases resume once every revoke ended, and no election
+        of the set is in flight or in doubt)."""
+        left = self._revoking.pop(name, 1) - 1
+        if left:
+            self._revoking[name] = left
 
     # --- the leader's view of masters --------------------------------------------------------
 
     def election_started(self, name: str) -> None:
         self._in_flight[name] = self._in_flight.get(name, 0) + 1
 
-    def election_ended(self, name: str, resp: m.Response | None) -> None:
+    def election_ended(self, name: str, resp: m.Response | None, doubt: tuple[int, int] | None = None) -> None:
+        """`doubt`: no answer came and the entry may still be applied: (the term it was proposed
+        in, the leader's last index when the answer was lost, at or past the entry's index if
+        it was stored)."""
         if resp is not None and resp.master_epoch is not None:
             self.note_master(name, resp.master_broker_id, resp.master_epoch)
+        if resp is None and doubt is not None:
+            old = self._in_doubt.get(name)
+            self._in_doubt[name] = doubt if old is None else (max(old[0], doubt[0]), max(old[1], doubt[1]))
         left = self._in_flight.pop(name, 1) - 1
         if left:
             self._in_flight[name] = left
+
+    def in_doubt(self, name: str) -> bool:
+        return name in self._in_doubt
+
+    def settle(self, term: int, applied_index: int | None, last_index: int | None) -> None:
+        """A scan leading at `term` read the state applied at `applied_index` or later (None:
+        unknown) while its log ended at `last_index`: the elections in doubt that state shows
+        are settled (the scan's masters are then the truth). One proposed in an older term may
+        still commit under this leader only at or before its last index now."""
+        for name, (t, index) in list(self._in_doubt.items()):
+            if t != term and last_index is not None:
+                t, index = term, max(index, last_index)
+                self._in_doubt[name] = (t, index)
+            if t == term and applied_index is not None and applied_index >= index:
+                del self._in_doubt[name]
 
     def note_master(self, name: str, master_id: int | None, epoch: int) -> None:
         """Only newer epochs replace what is known (a scan's copy may be older than an

@@ -1,4 +1,4 @@
-"""The controller's request pipeline on a member of its Raft group (CONTROLLER.md §1.2, §1.5).
+"""The controller's request pipeline on a member of its Raft group (docs/controller.md).
 
 Controller requests arrive on the group's own port (mounted: DLedgerServer.mount). Every member
 answers heartbeats, metadata and its config; only the leader ("active controller") serves
@@ -78,12 +78,20 @@ def now_ms() -> int:
     return time.monotonic_ns() // 1_000_000
 
 
-class _Failed(Exception):
-    """A request the controller could not carry through (answered with `response`)."""
+# The group's refusals of an in-process proposal made before its entry was stored (node:
+# checked when the append is taken or stored): the entry surely never takes effect. Any other
+# failure (a timeout, TERM_CHANGED, the member stopping) leaves its fate unknown.
+NOT_STORED = frozenset((ResponseCode.NOT_LEADER, ResponseCode.LEADER_TRANSFERRING, ResponseCode.LEADER_PENDING_FULL))
 
-    def __init__(self, response: m.Response) -> None:
+
+class _Failed(Exception):
+    """A request the controller could not carry through (answered with `response`);
+    `unknown`: a write that may still take effect."""
+
+    def __init__(self, response: m.Response, unknown: bool = False) -> None:
         super().__init__(response.remark)
         self.response = response
+        self.unknown = unknown
 
 
 def role_refusal(req: m.AnyRequest, principal: Principal) -> str | None:
@@ -260,12 +268,21 @@ class ControllerService:
             log.info("broker set %s: waiting %d ms for the master's lease before electing", req.broker_name, step.ms)
             await asyncio.sleep(step.ms / 1000)
             step = self.leader.election_step(req, now_ms(), deadline, principal)
-        # from the step on, until election_ended: no lease is granted in the set
+        # from the step on, until election_ended (and, if its fate is unknown then, until a
+        # scan's state shows it applied): no lease is granted in the set
         resp: m.Response | None = None
+        unknown = True  # a cancel (the service stops) leaves the fate unknown too
         try:
             resp = m.decode_response(await self._carry(self.runtime.propose(m.encode(step.command))))
+        except _Failed as e:
+            unknown = e.unknown
+            raise
         finally:
-            for push in self.leader.election_ended(req.broker_name, resp, now_ms()):
+            doubt = None
+            if resp is None and unknown:  # its entry, if stored, is at or before the leader's last index
+                st = self.runtime.status()
+                doubt = (st.term, st.last_index)
+            for push in self.leader.election_ended(req.broker_name, resp, now_ms(), doubt):
                 self._push(push)
         return resp
 
@@ -276,13 +293,15 @@ class ControllerService:
                 return await call
         except TimeoutError:
             raise _Failed(m.Response(int(RC.SYSTEM_ERROR), f"not applied within {self.config.request_timeout_ms} "
-                                     "ms (no quorum of controllers?): it may still take effect")) from None
+                                     "ms (no quorum of controllers?): it may still take effect"), True) from None
         except GroupRefused as e:
             st = self.runtime.status()
+            unknown = e.code not in NOT_STORED
             if e.code == ResponseCode.NOT_LEADER or not st.is_leader:
-                raise _Failed(self._not_leader(st)) from None
+                raise _Failed(self._not_leader(st), unknown) from None
             raise _Failed(m.Response(int(RC.SYSTEM_ERROR),
-                                     f"the controller log refused the request ({e.code}): {e.message}")) from None
+                                     f"the controller log refused the request ({e.code}): {e.message}"),
+                          unknown) from None
 
     # --- liveness and elections --------------------------------------------------------------
 
@@ -311,13 +330,16 @@ class ControllerService:
                 log.exception("controller scan failed")
 
     async def _scan(self) -> None:
-        now = now_ms()
         st = self.runtime.status()
         if not st.is_leader:
-            self.leader.tick(now, None)
+            self.leader.tick(now_ms(), None)
             return
+        # the state read is applied at least up to st.applied_index (the worker applies in order)
         briefs = await self.runtime.read_state(self.machine.brief)
-        for req in self.leader.tick(now, st.term, briefs):
+        after = self.runtime.status()
+        if not after.is_leader or after.term != st.term:
+            return  # leadership changed during the read: the next scan sees the new term
+        for req in self.leader.tick(now_ms(), st.term, briefs, st.applied_index, st.last_index):
             self._spawn(self._controller_elect(req))
 
     async def _controller_elect(self, req: m.ElectMaster) -> None:

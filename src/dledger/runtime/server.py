@@ -91,6 +91,11 @@ T = TypeVar("T")
 TICK_S = 0.01
 MEMBER_BACKOFF_MAX_S = 0.5
 FAULT_DISABLED = "fault injection is disabled on this member; start it with --enable-fault-injection"
+# A sealed group's client data plane: refused to every client (docs/security.md). Its raw log
+# holds what the service's own requests guard (certificate names, addresses), and a QUERY
+# would run a hand-made command past the service's role checks. Member traffic (PUSH, VOTE,
+# READ_INDEX, ...), METADATA, LEADERSHIP_TRANSFER, SNAPSHOT and FAULT are served as for any group.
+SEALED_CODES = frozenset((RequestCode.APPEND, RequestCode.GET, READ, QUERY))
 
 
 def now_ms() -> int:
@@ -120,6 +125,7 @@ class GroupStatus:
     lease_valid: bool  # the leader's Raft lease holds: no other member can lead before it ends
     committed_index: int
     applied_index: int  # -1: no state machine, or nothing applied
+    last_index: int  # the last index of this member's log (a leader's entries, if stored, are at or before it)
     members: tuple[tuple[str, str], ...]  # (member id, client address), in configuration order
 
 
@@ -128,7 +134,8 @@ class ServiceMount:
     """A service a process serves beside a group, on the group's port (`DLedgerServer.mount`):
     its request codes with their handlers and the roles each needs (checked by the transport
     before the handler runs), what it wants to hear of closed connections, and whether the
-    group's log is its alone (sealed: client appends refused, the service proposes in-process)."""
+    group's log is its alone (sealed: clients neither append to it nor read or query it,
+    SEALED_CODES; the service proposes and queries in-process)."""
 
     handlers: Mapping[int, DirectHandler]
     access: Mapping[int, Access]
@@ -175,6 +182,9 @@ class GroupRuntime:
         self._tokens = itertools.count()
         self._waiting: dict[int, Respond] = {}  # token -> how to answer that request
         self._local: dict[int, asyncio.Future[msgspec.Struct]] = {}  # token -> an in-process request's answer
+        # token -> how to count an in-process request's answer (with metrics): kept when its caller
+        # gives up, so a request that timed out is counted with the answer it gets in the end
+        self._local_count: dict[int, Callable[[msgspec.Struct], None]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._drain_scheduled = False
         self._ticker: asyncio.Task[None] | None = None
@@ -204,9 +214,13 @@ class GroupRuntime:
         for respond in waiting.values():
             respond(Message(ResponseCode.NETWORK_ERROR, encode_error("member is stopping")))
         local, self._local = self._local, {}
+        counts, self._local_count = self._local_count, {}
+        stopping = SimpleResponse(int(ResponseCode.NETWORK_ERROR), message="member is stopping")
         for fut in local.values():
             if not fut.done():
-                fut.set_result(SimpleResponse(int(ResponseCode.NETWORK_ERROR), message="member is stopping"))
+                fut.set_result(stopping)
+        for count in counts.values():
+            count(stopping)
         await asyncio.to_thread(self.host.close)
         await asyncio.to_thread(self.store.close)
 
@@ -314,7 +328,7 @@ class GroupRuntime:
         return GroupStatus(cfg.group, cfg.self_id, member.term, member.is_leader, leader,
                            peers[leader].address if leader in peers else "",
                            member.is_leader and node.reads.lease_valid(), node.store.committed_index,
-                           applier.applied_index if applier is not None else -1,
+                           applier.applied_index if applier is not None else -1, node.store.end_index,
                            tuple((p.id, p.address) for p in peers.values()))
 
     async def read_state(self, fn: Callable[[], T]) -> T:
@@ -340,19 +354,20 @@ class GroupRuntime:
         token = next(self._tokens)
         fut: asyncio.Future[msgspec.Struct] = self.loop.create_future()
         self._local[token] = fut
-        started = time.perf_counter()
+        if self.metrics is not None:  # counted as a client's (docs/metrics.md: the service is the group's client)
+            self._local_count[token] = functools.partial(self._count_local, code, req, time.perf_counter())
         try:
             self.node.handle(code, req, b"", token, now_ms())
             self._schedule_drain()
-            resp = await fut
+            return await fut
         finally:
-            self._local.pop(token, None)  # answered, or the caller gave up waiting
-        if self.metrics is not None:  # counted as a client's (docs/metrics.md: the service is the group's client)
-            answer = int(getattr(resp, "code", ResponseCode.SUCCESS))
-            self.count(code, False, answer)
-            if answer == ResponseCode.SUCCESS and isinstance(req, AppendRequest):
-                self._observe_append(req.bodies, started)
-        return resp
+            self._local.pop(token, None)  # answered, or the caller gave up waiting (still counted when answered)
+
+    def _count_local(self, code: int, req: Msg, started: float, resp: msgspec.Struct) -> None:
+        answer = int(getattr(resp, "code", ResponseCode.SUCCESS))
+        self.count(code, False, answer)
+        if answer == ResponseCode.SUCCESS and isinstance(req, AppendRequest):
+            self._observe_append(req.bodies, started)
 
     def _schedule_drain(self) -> None:
         """Run the node's actions once per loop iteration: concurrent requests then
@@ -413,9 +428,12 @@ class GroupRuntime:
 
     def _reply(self, token: int, msg: msgspec.Struct, data: bytes = b"") -> None:
         """Answer request `token`: an in-process one with the value itself, else encoded."""
+        count = self._local_count.pop(token, None)
+        if count is not None:
+            count(msg)
         fut = self._local.pop(token, None)
-        if fut is not None:
-            if not fut.done():
+        if fut is not None or count is not None:
+            if fut is not None and not fut.done():
                 fut.set_result(msg)
             return
         respond = self._waiting.pop(token, None)
@@ -427,6 +445,7 @@ class GroupRuntime:
         if fut.cancelled():  # stopping: nobody is answered
             self._waiting.pop(q.token, None)
             self._local.pop(q.token, None)
+            self._local_count.pop(q.token, None)
             return
         leader = self.node.member.leader_id or ""
         try:
@@ -575,11 +594,11 @@ class DLedgerServer:
 
     def mount(self, group: str, service: ServiceMount) -> None:
         """Serve `service` beside `group` (before start): its request codes on this port, its
-        connection-lost listeners, and, if sealed, no client appends to the group (the service
-        writes it through `GroupRuntime.propose`)."""
+        connection-lost listeners, and, if sealed, no client data plane for the group
+        (SEALED_CODES: the service writes and queries it in-process)."""
         if group not in {c.group for c in self.configs}:
             raise ValueError(f"no group {group!r} here to mount a service on")
-        taken = set(service.handlers) & set(self.services)
+        taken = set(service.handlers) & (set(self.services) | set(RAFT_ACCESS))
         if taken:
             raise ValueError(f"request codes {sorted(taken)} already served here")
         self.register_service(service.handlers, service.access)
@@ -692,9 +711,11 @@ class DLedgerServer:
             refusal = _error(ResponseCode.UNAUTHENTICATED, problem)
         if refusal is not None:
             self._answer(respond, refusal, code, member, g)
-        elif code == RequestCode.APPEND and req.group in self.sealed_groups:
-            self._answer(respond, _error(ResponseCode.UNSUPPORTED, f"group {req.group!r} is written by its members "
-                                         "only"), code, member, g)
+        elif code in SEALED_CODES and req.group in self.sealed_groups:
+            self._answer(respond, _error(ResponseCode.UNSUPPORTED, f"group {req.group!r} is a service's own log "
+                                         f"(the controller's, say): it is written and read by its members only; "
+                                         f"{_REQUEST_NAMES[code]} is not served (use the service's requests; "
+                                         "METADATA still says who leads)"), code, member, g)
         elif code == FAULT:
             # any client can send FAULT: obeying it lets anyone partition the group, so
             # only a member started for tests or chaos runs does

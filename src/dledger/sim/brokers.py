@@ -16,7 +16,8 @@ by design (docs/brokers.md), so their crashes are kills.
 
 Faults by seed: broker kills (the page cache survives) and power losses (it does not),
 partitions between a broker and the controllers (a master cut off from them but not from its
-slaves) or between brokers, slow disks, lost controller replies, controller leader failovers,
+slaves) or between brokers, slow disks, lost controller replies (an election's answer too: its
+entry is applied after its proposer gave up), controller leader failovers (any member may lead next),
 and forgeries (docs/brokers.md): a NOTIFY naming any master and epoch up to 2**31-1 (a broker
 takes it as a hint and asks the controller), a heartbeat for the master with lease_ms=0 on a
 connection that then closes (the lease still holds), an alter-sync-state-set on a connection
@@ -68,6 +69,7 @@ from dledger.codes import ControllerResponseCode as RC
 from dledger.codes import DLedgerError, ResponseCode
 from dledger.controller import messages as m
 from dledger.controller.config import ControllerConfig
+from dledger.controller.heartbeats import HeartbeatTable
 from dledger.controller.leader import ControllerLeader, Notify, Refuse, Wait
 from dledger.controller.liveness import Liveness
 from dledger.controller.machine import ControllerStateMachine
@@ -89,6 +91,7 @@ CALL_TIMEOUT_MS = 3_000  # a request to the controller leader (the runtime's Con
 SETTINGS = AgentSettings(CLUSTER, NAME, "", heartbeat_interval_ms=HEARTBEAT_MS, sync_metadata_ms=1_000,
                          check_sync_state_set_ms=1_000, slave_timeout_ms=SLAVE_TIMEOUT_MS, wait_durable=True)
 CONTROLLER = ControllerConfig(broker_heartbeat_timeout_ms=1_500, broker_lease_drift_ms=200)
+CONTROLLERS = 3  # members of the controller group
 
 
 class Cut(SimDiskStore):
@@ -351,33 +354,58 @@ class Broker:
 
 
 class SimControllerGroup:
-    """The controller group as one linearizable state machine, driving the shipped leader
-    (controller.leader.ControllerLeader) as ControllerService does: heartbeats and leases,
-    when an election may be logged, the scan, and whom to push a new master to."""
+    """The controller group as one linearizable log and state machine, driving the shipped
+    leader (controller.leader.ControllerLeader) as ControllerService does: heartbeats and
+    leases, when an election may be logged, the scan, and whom to push a new master to.
+
+    Three members, each with its own ControllerLeader kept across terms (a member that leads
+    again finds what it knew); they share one heartbeat table (every controller takes every
+    broker's heartbeats). Entries are logged at increasing indexes and applied in order; while
+    replies are being lost, an election's answer may be lost too: its entry is logged, the
+    log stalls (applies nothing) for a while, the proposer hears nothing before its timeout
+    (the election is in doubt), and the entry is applied after (it still takes effect)."""
 
     def __init__(self, sim: BrokerSim) -> None:
         self.sim = sim
         self.machine = ControllerStateMachine()
-        self.leader = ControllerLeader(CONTROLLER)
+        table = HeartbeatTable(CONTROLLER.broker_heartbeat_timeout_ms, CONTROLLER.broker_lease_drift_ms)
+        self.members = [ControllerLeader(CONTROLLER, table) for _ in range(CONTROLLERS)]
+        self.leader = self.members[0]
         self.term = 1
         self.available = True
         self.lose_replies = False
+        self.last_index = -1  # the log's last index
+        self.applied_index = -1
+        self._pending: list[tuple[m.Command, Callable[[m.Response], None]]] = []  # logged, not yet applied
+        self._stalls = 0  # lost election answers whose entries are not applied yet
         for i in IDS:  # ids applied for and accepted before the run (registration is tested apart)
-            self._apply(self.leader.command(m.ApplyBrokerId(CLUSTER, NAME, i, f"b{i};0"), sim.now))
+            self._log(self.leader.command(m.ApplyBrokerId(CLUSTER, NAME, i, f"b{i};0"), sim.now), lambda _: None)
+        sim.after(sim.rng.randint(2_000, DURATION_MS), self._admin_fault)
 
     @property
     def liveness(self) -> Liveness:
         return self.leader.liveness
 
-    def _apply(self, cmd: m.Command) -> m.Response:
-        resp, events = process(self.machine.state, cmd)
-        for ev in events:
-            self.machine.state.apply(ev)
-        return resp
+    def _log(self, cmd: m.Command, done: Callable[[m.Response], None]) -> None:
+        """Log `cmd` (reads too: a linearizable query waits for what was logged before it);
+        `done` gets its answer once applied (at once unless the log stalls)."""
+        self.last_index += 1
+        self._pending.append((cmd, done))
+        self._apply_pending()
+
+    def _apply_pending(self) -> None:
+        while self._pending and not self._stalls:
+            cmd, done = self._pending.pop(0)
+            resp, events = process(self.machine.state, cmd)
+            for ev in events:
+                self.machine.state.apply(ev)
+            self.applied_index += 1
+            done(resp)
 
     def handle(self, conn: Hashable, req: m.Request, answer: Callable[[m.Response], None]) -> None:
         """A request on connection `conn` (a broker incarnation's, or a forger's); `answer` is
-        called with the answer, now or (an election waiting out a lease) later, or never."""
+        called with the answer, now or (an election waiting out a lease, a stalled log) later,
+        or never."""
         now = self.sim.now
         if isinstance(req, m.BrokerHeartbeat):
             answer(self.leader.heartbeat(req, now, conn, self.available))
@@ -389,18 +417,25 @@ class SimControllerGroup:
             answer(m.Response(int(ResponseCode.UNAUTHENTICATED), problem))
             return
         if not isinstance(req, m.ElectMaster):
-            answer(self._apply(self.leader.command(req, now)))
+            leader, term = self.leader, self.term
+
+            def applied(resp: m.Response) -> None:  # answered only by the member that took it, still leading
+                if self.available and self.leader is leader and self.term == term:
+                    answer(resp)
+
+            self._log(self.leader.command(req, now), applied)
             return
         self.elect(req, answer)
 
     def elect(self, req: m.ElectMaster, answer: Callable[[m.Response], None] = lambda _: None,
-              deadline: int | None = None) -> None:
+              deadline: int | None = None, lose: bool = False) -> None:
         """As the service's _elect: logged once the leader says no lease it granted can still
-        hold a master this election could replace; its pushes sent after."""
+        hold a master this election could replace; its pushes sent after; its answer lost
+        (the election in doubt) if `lose`, or at random while replies are being lost."""
         now = self.sim.now
         if deadline is None:
             deadline = now + CONTROLLER.request_timeout_ms
-        leader = self.leader
+        leader, term = self.leader, self.term
         step = leader.election_step(req, now, deadline)
         if isinstance(step, Refuse):
             answer(step.response)
@@ -408,18 +443,76 @@ class SimControllerGroup:
         if isinstance(step, Wait):
             self.sim.trace(f"election waits {step.ms} ms for the master's lease")
 
-            def again() -> None:  # the same leader, still leading (a new one starts afresh)
-                if self.available and self.leader is leader:
-                    self.elect(req, answer, deadline)
+            def again() -> None:  # the same member, still leading in the same term, proposes it
+                if self.available and self.leader is leader and self.term == term:
+                    self.elect(req, answer, deadline, lose)
+                else:  # else its proposal is refused before it is stored (the service's NOT_LEADER)
+                    answer(m.Response(int(RC.CONTROLLER_NOT_LEADER), "the controller is not leader"))
 
             self.sim.after(step.ms, again)
             return
-        resp = self._apply(step.command)
-        if resp.code == RC.SUCCESS:
-            self.sim.trace(f"controller elected b{resp.master_broker_id} at epoch {resp.master_epoch}")
-        for push in leader.election_ended(NAME, resp, now):
-            self._push(leader, push)
-        answer(resp)
+        if lose or (self.lose_replies and self.sim.rng.random() < 0.5):
+            self._lose_answer(leader, step.command, answer)
+            return
+
+        def applied(resp: m.Response) -> None:
+            if resp.code == RC.SUCCESS:
+                self.sim.trace(f"controller elected b{resp.master_broker_id} at epoch {resp.master_epoch}")
+            for push in leader.election_ended(NAME, resp, self.sim.now):
+                self._push(leader, push)
+            answer(resp)
+
+        self._log(step.command, applied)
+
+    def _admin_fault(self) -> None:
+        """Once a run: an admin names another replica master; half the time its answer is lost
+        while its entry still applies (the election in doubt: no lease in the set meanwhile)."""
+        s = self.machine.state.get(NAME)
+        target = self.sim.rng.choice([i for i in IDS if s is None or i != s.master_id])
+        lose = self.sim.rng.random() < 0.5
+        self.sim.trace(f"fault admin_elect (b{target}{', its answer lost' if lose else ''})")
+        self.admin_elect(target, lose)
+
+    def admin_elect(self, broker_id: int, lose: bool) -> None:
+        """An admin names the next master (as the service's _serve: the set's leases revoked
+        for the election's whole wait and life); its answer lost if `lose`."""
+        if not self.available:
+            return
+        leader = self.leader
+        leader.revoke(NAME, self.sim.now)
+
+        def done(resp: m.Response) -> None:
+            leader.end_revoke(NAME)
+            self.sim.trace(f"admin election of b{broker_id} answered {resp.code}")
+
+        self.elect(m.ElectMaster(CLUSTER, NAME, broker_id, designate_elect=True), done, lose=lose)
+
+    def _lose_answer(self, leader: ControllerLeader, cmd: m.Command, answer: Callable[[m.Response], None]) -> None:
+        """The election is logged, but the log stalls: its proposer times out first (the
+        election in doubt: "it may still take effect"), and the entry is applied after."""
+        timeout = self.sim.rng.randint(100, 600)
+        stall = timeout + self.sim.rng.randint(100, 1_500)
+        self._stalls += 1
+        term = self.term
+
+        def applied(resp: m.Response) -> None:
+            self.sim.trace(f"an election whose answer was lost applied: {resp.code} b{resp.master_broker_id} "
+                           f"at epoch {resp.master_epoch}")
+
+        self._log(cmd, applied)
+        index = self.last_index
+        self.sim.trace(f"controller election logged at {index}; its answer is lost, the log stalls {stall} ms")
+
+        def timed_out() -> None:  # the proposer's bound: its entry is at or before this index
+            leader.election_ended(NAME, None, self.sim.now, (term, max(index, self.last_index)))
+            answer(m.Response(int(RC.SYSTEM_ERROR), "not applied in time: it may still take effect"))
+
+        def unstall() -> None:
+            self._stalls -= 1
+            self._apply_pending()
+
+        self.sim.after(timeout, timed_out)
+        self.sim.after(stall, unstall)
 
     def _push(self, leader: ControllerLeader, push: Notify) -> None:
         """A NOTIFY on its way to a broker (a network delay; lost if it is down or cut off)."""
@@ -437,27 +530,31 @@ class SimControllerGroup:
         self.leader.connection_closed(conn, self.sim.now)
 
     def scan(self) -> None:
-        """As the service's scan, every 250 ms (its scan_interval_ms)."""
+        """As the service's scan, every scan_interval_ms: the state it reads is applied up to
+        `applied_index` while the log ends at `last_index`."""
         leader = self.leader
         if not self.available:
             leader.tick(self.sim.now, None)
         else:
-            for req in leader.tick(self.sim.now, self.term, self.machine.brief()):
+            for req in leader.tick(self.sim.now, self.term, self.machine.brief(), self.applied_index,
+                                   self.last_index):
                 self.elect(req, functools.partial(leader.scan_election_done, req.broker_name))
-        self.sim.after(250, lambda: self.scan())
+        self.sim.after(CONTROLLER.scan_interval_ms, lambda: self.scan())
 
     def failover(self, gap_ms: int) -> None:
         """The leader is lost: no grants at once (its Raft lease ended before anyone else
-        leads), a new leader after `gap_ms` with the heartbeats it saw as a follower."""
+        leads), a new leader after `gap_ms` (any member, the old one too) with the heartbeats
+        it saw as a follower."""
         self.available = False
         self.leader.tick(self.sim.now, None)
         self.sim.trace(f"controller leader lost for {gap_ms} ms")
 
         def back() -> None:
             self.term += 1
-            self.leader = ControllerLeader(CONTROLLER, self.leader.table)
+            k = self.sim.rng.randrange(len(self.members))
+            self.leader = self.members[k]
             self.available = True
-            self.sim.trace(f"controller leader at term {self.term}")
+            self.sim.trace(f"controller leader c{k} at term {self.term}")
 
         self.sim.after(gap_ms, back)
 
