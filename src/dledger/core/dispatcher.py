@@ -70,7 +70,7 @@ class EntryDispatcher:
         self.peer = peer
         self.state = State.COMPARE
         self.epoch = 0
-        self.match_index = -1
+        self.progress = node.progress[peer]  # what we know of the follower (shared with elector and quorum)
         self.next_index = node.store.end_index + 1
         self.compare_index = node.store.end_index - 1  # a new leader's NOOP is not there yet
         self.compare_floor = -1  # highest index known to match (COMPARE searches above it)
@@ -78,16 +78,10 @@ class EntryDispatcher:
         self.inflight: deque[tuple[int, int, int]] = deque()  # (seq, first, last) in send order
         self.early: dict[int, PushResponse | None] = {}  # answers that overtook an earlier push
         self.seq = 0
-        self.follower_commit = -1
         self.tokens = float(node.cfg.peer_push_quota)
         self.last_refill = node.now
-        self.durable = -1  # highest durable_index the follower reported in this term
         self.paused_until = 0  # its disk failed: retry from then
-        self.disk_fault = False  # logged once per episode
-        self.needs_snapshot = False  # it needs entries below our log begin (metric, logged once)
         self.sender = SnapshotSender(node, peer)  # INSTALL state: our snapshot, chunk by chunk
-        self.installed_through = -1  # it installed our snapshot through here and is catching up
-        self.repair_index = -1  # the follower's first corrupt record, to send again (-1: none)
         self.repair_busy = False  # a REPAIR push is in flight
         self.repair_paused_until = 0
         # the follower's answers (one per push of ours) trigger these lines: rate-limited
@@ -105,8 +99,8 @@ class EntryDispatcher:
         self.early.clear()
         self.busy = False
         self.sender.stop()
-        self.compare_floor = self.match_index
-        self.compare_index = max(min(compare_at, self.node.store.end_index), self.match_index)
+        self.compare_floor = self.progress.match_index
+        self.compare_index = max(min(compare_at, self.node.store.end_index), self.progress.match_index)
 
     # --- sending -----------------------------------------------------------------------
 
@@ -122,8 +116,8 @@ class EntryDispatcher:
             return
         if self.state == State.APPEND:
             self._send_appends()
-            if not self.inflight and not self.busy and self.follower_commit < node.store.committed_index:
-                self._send(PushType.COMMIT, self.match_index)
+            if not self.inflight and not self.busy and self.progress.follower_commit < node.store.committed_index:
+                self._send(PushType.COMMIT, self.progress.match_index)
         elif self.state == State.INSTALL:
             if not self.sender.active and not self.sender.start():
                 self._stranded()
@@ -190,7 +184,7 @@ class EntryDispatcher:
         quota = cfg.peer_push_quota
         self.tokens = min(float(quota), self.tokens + (node.now - self.last_refill) * quota / 1000)
         self.last_refill = node.now
-        if self.match_index >= node.store.committed_index - cfg.max_pending_requests:
+        if self.progress.match_index >= node.store.committed_index - cfg.max_pending_requests:
             return True
         return self.tokens > 0
 
@@ -221,13 +215,13 @@ class EntryDispatcher:
                 # its own record is damaged: REPAIR runs beside; do not re-probe in a tight loop
                 self.paused_until = self.node.now + self.node.cfg.heart_beat_time_interval_ms
             if resp.code == ResponseCode.SUCCESS:
-                self.node.elector.ack(self.peer)
-                self.disk_fault = False
+                self.progress.last_ack = self.node.now  # it still follows us
+                self.progress.disk_fault = False
             elif resp.code in DISK_FAULTS:
-                if not self.disk_fault:
+                if not self.progress.disk_fault:
                     self._warn("disk", "push to %s: its disk cannot write (%s); retrying every %d ms", self.peer,
                                ResponseCode(resp.code).name, self.node.cfg.heart_beat_time_interval_ms)
-                self.disk_fault = True
+                self.progress.disk_fault = True
                 self.paused_until = self.node.now + self.node.cfg.heart_beat_time_interval_ms
                 # it says nothing of its log: try the same push again later
                 self.reset(self.compare_index if self.state == State.COMPARE else self.next_index - 1,
@@ -246,7 +240,8 @@ class EntryDispatcher:
         ok = resp.code == ResponseCode.SUCCESS
         if kind == PushType.COMMIT:
             if ok:
-                self.follower_commit = max(self.follower_commit, min(resp.end_index, self.node.store.committed_index))
+                pr = self.progress
+                pr.follower_commit = max(pr.follower_commit, min(resp.end_index, self.node.store.committed_index))
             else:
                 self.reset(self.next_index - 1, f"COMMIT answered {resp.code}")
         elif kind == PushType.COMPARE:
@@ -277,8 +272,8 @@ class EntryDispatcher:
                 # acknowledges entries anew.
                 self._warn("lost", "push to %s: its log ends at %d, below the %d it had acknowledged; matching again",
                            self.peer, resp.end_index, self.compare_floor)
-                self.match_index = self.compare_floor = self.durable = -1
-                self.node.quorum.match[self.peer] = -1
+                self.progress.lost()
+                self.compare_floor = -1
             nxt = self._next_compare(i, resp)
             if nxt > self.compare_floor:
                 if nxt < self.node.store.begin_index - 1:  # the search goes where our log was deleted
@@ -308,15 +303,15 @@ class EntryDispatcher:
             last = self._last_index_of_term(resp.x_term, i - 1)
             nxt = last if last >= resp.x_index else resp.x_index - 1
         if nxt >= store.begin_index - 1:
-            self.needs_snapshot = False
+            self.progress.needs_snapshot = False
         return max(nxt, -1)
 
     # --- INSTALL -------------------------------------------------------------------------------
 
     def _install(self) -> None:
         """It needs entries before our log begin: send our snapshot instead."""
-        self.needs_snapshot = True
-        self.reset(self.match_index, "it needs entries before our log begin")  # a new epoch, nothing in flight
+        self.progress.needs_snapshot = True
+        self.reset(self.progress.match_index, "it needs entries before our log begin")  # a new epoch, nothing in flight
         if self.sender.start():
             self.state = State.INSTALL
         else:
@@ -326,7 +321,7 @@ class EntryDispatcher:
         """No snapshot reaches our log begin (a state machine whose log was lost before its
         first snapshot): ask again now and then, not in a tight loop."""
         self.state = State.COMPARE
-        self.compare_index = max(self.node.store.begin_index - 1, self.match_index)
+        self.compare_index = max(self.node.store.begin_index - 1, self.progress.match_index)
         self.paused_until = self.node.now + STRANDED_RETRY_MS
 
     def install_hold(self) -> int:
@@ -336,11 +331,11 @@ class EntryDispatcher:
         when installs take longer than compacting)."""
         if self.sender.meta is not None:
             return self.sender.meta.last_index + 1
-        if self.installed_through >= 0:
-            if self.match_index >= self.node.store.committed_index:
-                self.installed_through = -1
+        if self.progress.installed_through >= 0:
+            if self.progress.match_index >= self.node.store.committed_index:
+                self.progress.installed_through = -1
                 return -1
-            return max(self.installed_through, self.match_index) + 1
+            return max(self.progress.installed_through, self.progress.match_index) + 1
         return -1
 
     def note_apply_needs(self, index: int) -> None:
@@ -385,8 +380,8 @@ class EntryDispatcher:
                 self.note_durable(resp.durable_index)
         if self.sender.on_response(resp):
             # it holds our log through last_index now: match from there (its end may be higher)
-            self.needs_snapshot = False
-            self.installed_through = last_index
+            self.progress.needs_snapshot = False
+            self.progress.installed_through = last_index
             self._matched(last_index)
             self.reset(resp.end_index if resp is not None else last_index, f"snapshot {last_index} installed")
         node.request_pump()
@@ -425,13 +420,14 @@ class EntryDispatcher:
                 return
             self.inflight.popleft()
             self._matched(last)
-            self.follower_commit = max(self.follower_commit, min(r.end_index, self.node.store.committed_index))
+            pr = self.progress
+            pr.follower_commit = max(pr.follower_commit, min(r.end_index, self.node.store.committed_index))
 
     def _matched(self, index: int) -> None:
-        if index > self.match_index:
-            self.match_index = index
+        if index > self.progress.match_index:
+            self.progress.match_index = index
             if self.node.cfg.flush == "async":
-                self.node.quorum.ack(self.peer, index)
+                self.node.quorum.advance()
 
     # --- data faults ------------------------------------------------------------------------
 
@@ -458,27 +454,27 @@ class EntryDispatcher:
 
     def note_corrupt(self, index: int) -> None:
         """The follower's answers report its first corrupt record (-1: none): repair it."""
-        self.node.elector.peer_corrupt[self.peer] = index >= 0
+        self.progress.corrupt = index >= 0
         if index < 0:
-            if self.repair_index >= 0 and not self.repair_busy:
+            if self.progress.repair_index >= 0 and not self.repair_busy:
                 self._log.info("corrupt", "push to %s: it reports no corrupt record any more", self.peer)
-                self.repair_index = -1
+                self.progress.repair_index = -1
             return
-        if index != self.repair_index:
-            if self.repair_index < 0:
+        if index != self.progress.repair_index:
+            if self.progress.repair_index < 0:
                 self._warn("corrupt", "push to %s: it reports a corrupt record at index %d; sending it our copy",
                            self.peer, index)
-            self.repair_index = index
+            self.progress.repair_index = index
             self.node.request_pump()
 
     def _pump_repair(self) -> None:
         """Send the follower our copies of the records from its first corrupt one (verified
         here first: a damaged copy of ours is never sent; it makes us corrupt instead)."""
         node = self.node
-        if self.repair_index < 0 or self.repair_busy or node.now < self.repair_paused_until:
+        if self.progress.repair_index < 0 or self.repair_busy or node.now < self.repair_paused_until:
             return
         store, hb = node.store, node.cfg.heart_beat_time_interval_ms
-        i = self.repair_index
+        i = self.progress.repair_index
         if i < store.begin_index:
             self._warn("repair", "follower %s: its record %d is corrupt and ours was deleted by retention (log "
                        "begins at %d): it cannot be repaired; told it so", self.peer, i, store.begin_index)
@@ -521,7 +517,7 @@ class EntryDispatcher:
         if node.elector.observe_term(resp.term):
             return
         if resp.code == ResponseCode.SUCCESS:
-            node.elector.ack(self.peer)
+            self.progress.last_ack = node.now
             if resp.corrupt_index < 0:
                 self._warn("repaired", "push to %s: its corrupt records are repaired", self.peer)
             elif resp.corrupt_index == first:  # still damaged after our copy: do not loop
@@ -540,9 +536,9 @@ class EntryDispatcher:
         match it again now rather than on the next append."""
         self._warn("lost", "push to %s: its log ends at %d, below the %d it had acknowledged (store wiped or tail "
                    "lost); matching again", self.peer, end, matched)
-        self.match_index = self.compare_floor = self.durable = -1
-        self.follower_commit = -1
-        self.node.quorum.match[self.peer] = -1
+        self.progress.lost()
+        self.compare_floor = -1
+        self.progress.follower_commit = -1
         self.paused_until = 0
         self.reset(end, "its log ends below its match")
         self.node.request_pump()
@@ -550,10 +546,10 @@ class EntryDispatcher:
     def note_durable(self, durable: int) -> None:
         """The follower's fsynced prefix equal to our log (any answer carries it); in sync
         mode it is what counts toward the commit."""
-        if durable > self.durable:
-            self.durable = durable
+        if durable > self.progress.durable:
+            self.progress.durable = durable
             if self.node.cfg.flush == "sync":
-                self.node.quorum.ack(self.peer, durable)
+                self.node.quorum.advance()
 
 
 def _code_name(code: int) -> str:

@@ -70,9 +70,7 @@ class LeaderElector:
         self.responses: dict[str, int] = {}
         self.next_heartbeat = 0
         self.leader_since = 0
-        self.last_ack: dict[str, int] = {}
-        self.peer_full: dict[str, bool] = {}  # followers refusing client appends (disk full), from heartbeats
-        self.peer_corrupt: dict[str, bool] = {}  # followers reporting a corrupt record: no leadership to them
+        self.progress = node.progress  # what we know of each follower (core.progress)
         self.transfer: _Transfer | None = None
         self.awaiting: _Transfer | None = None  # transfer handed over; waiting for the new leader
         self.elections = 0  # real (not pre-vote) rounds started, for metrics
@@ -140,7 +138,7 @@ class LeaderElector:
             self.heartbeat_now()
         # check quorum: a leader that cannot reach a majority steps down
         window = self.leader_lease_ms
-        alive = 1 + sum(1 for p in self.node.member.others if now - self.last_ack.get(p, self.leader_since) < window)
+        alive = 1 + sum(1 for p in self.progress.values() if p.heard_within(now, window, self.leader_since))
         if not self.node.member.is_quorum(alive):
             self.node.step_down(f"reached only {alive} members in {window} ms (check quorum)")
             self.election_deadline = now + self._election_timeout()
@@ -215,7 +213,6 @@ class LeaderElector:
                 self.start_round(pre_vote=False)
             else:
                 self.leader_since = self.node.now
-                self.last_ack = {}
                 self.next_heartbeat = 0
                 if not self.node.become_leader():
                     self.election_deadline = self.node.now + self._election_timeout()
@@ -330,9 +327,8 @@ class LeaderElector:
         for p in m.others:
             req = HeartBeatRequest(m.group, m.self_id, p, m.term, node.store.committed_index, floor, holder,
                                    self.leader_lease_ms)
-            d = node.dispatchers.get(p)
             # what it had acknowledged when we asked: its answer must not report less
-            matched = d.match_index if d is not None else -1
+            matched = self.progress[p].match_index
             node.send(p, RequestCode.HEART_BEAT, req, ("hb", p, m.term, matched, round_),
                       timeout_ms=self.leader_lease_ms)
 
@@ -346,8 +342,9 @@ class LeaderElector:
         if resp.code == ResponseCode.SUCCESS and term == self.node.member.term and self.node.member.is_leader:
             self.ack(peer)
             self.node.reads.on_ack(peer, round_)
-            self.peer_full[peer] = resp.store_full
-            self.peer_corrupt[peer] = resp.corrupt_index >= 0
+            pr = self.progress[peer]
+            pr.store_full = resp.store_full
+            pr.corrupt = resp.corrupt_index >= 0
             d = self.node.dispatchers.get(peer)
             if d is not None:
                 if resp.end_index is not None and resp.end_index < matched:
@@ -358,7 +355,7 @@ class LeaderElector:
 
     def ack(self, peer: str) -> None:
         """Any successful answer from a follower proves it still follows us."""
-        self.last_ack[peer] = self.node.now
+        self.progress[peer].last_ack = self.node.now
 
     def observe_term(self, term: int) -> bool:
         """A higher term seen in a response ends our leadership; True if so."""
@@ -396,7 +393,7 @@ class LeaderElector:
             err = ResponseCode.UNKNOWN_MEMBER
         elif self.transfer is not None:
             err = ResponseCode.LEADER_TRANSFERRING
-        elif self.peer_corrupt.get(target, False):
+        elif target in self.progress and self.progress[target].corrupt:
             why = f"{target} reports a corrupt record; it takes no leadership until it is repaired"
             failed = int(ResponseCode.TAKE_LEADERSHIP_FAILED)
             node.reply(token, RequestCode.LEADERSHIP_TRANSFER, SimpleResponse(failed, m.term, m.leader_id or "", why))
@@ -425,8 +422,8 @@ class LeaderElector:
             self._finish_transfer(t, ResponseCode.TAKE_LEADERSHIP_FAILED, f"{t.target} did not take over in time")
             log.warning("%s: transfer to %s timed out; resuming", m.self_id, t.target)
             return
-        d = node.dispatchers.get(t.target)
-        if not t.sent and d is not None and d.match_index >= node.store.end_index:
+        pr = self.progress.get(t.target)
+        if not t.sent and pr is not None and pr.match_index >= node.store.end_index:
             t.sent = True
             node.reads.end_leases()  # the hand-over's votes ignore our lease, even after a time-out
             req = LeadershipTransferRequest(m.group, m.self_id, t.target, m.term, m.self_id, t.target)
@@ -457,9 +454,7 @@ class LeaderElector:
         if not preferred or m.self_id in preferred or node.corrupt is not None:
             return
         for pid in preferred:
-            d = node.dispatchers.get(pid)
-            alive = node.now - self.last_ack.get(pid, -(1 << 62)) < self.leader_lease_ms
-            if d is not None and alive and not self.peer_full.get(pid) and not d.disk_fault \
-                    and not self.peer_corrupt.get(pid) and d.match_index >= node.store.end_index:
+            pr = self.progress.get(pid)
+            if pr is not None and pr.fit_to_lead(node.now, self.leader_lease_ms, node.store.end_index):
                 self.begin_transfer(pid, None)
                 return

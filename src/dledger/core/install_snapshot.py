@@ -154,7 +154,7 @@ class SnapshotSender:
                 node.want_snapshot()  # ours may be damaged (or not byte-for-byte reproducible): a new one
             self.meta = None  # start again with our newest (the follower dropped its partial copy)
             return False
-        node.elector.ack(self.peer)
+        node.progress[self.peer].last_ack = node.now  # it still follows us
         if resp.done:
             node.installs_sent += 1
             self._log.info("installed", "push to %s: snapshot %d installed (%d bytes in %d ms)", self.peer,

@@ -68,6 +68,7 @@ from dledger.core.messages import (
     is_member_message,
 )
 from dledger.core.producers import CreationLimiter, Decision, Producer, ProducerTable, Run, marker_body, unverifiable
+from dledger.core.progress import Progress
 from dledger.core.quorum import QuorumAckChecker
 from dledger.core.read_index import ReadIndex, describe
 from dledger.entry import MAGIC_NOOP, MAGIC_NORMAL, MAGIC_SESSION
@@ -230,7 +231,10 @@ class Node:
         self.now = now_ms
         self.member = MemberState(cfg.group, cfg.self_id, list(cfg.peer_map), store)
         self.actions: list[Action] = []
-        self.quorum = QuorumAckChecker(self.member, store, self._complete_append)
+        # what this member, as leader, knows of each follower (core.progress): one object each,
+        # shared by the dispatchers, the elector and the quorum
+        self.progress: dict[str, Progress] = {p: Progress(p) for p in self.member.others}
+        self.quorum = QuorumAckChecker(self.member, store, self._complete_append, self.progress, cfg.flush == "sync")
         self.elector = LeaderElector(self)
         self.reads = ReadIndex(self)
         self.follower_reads = FollowerReads(self)
@@ -426,7 +430,7 @@ class Node:
         el = self.elector
         if el.transferring:
             return
-        target = next((p for p, d in self._caught_up_followers() if not d.disk_fault), None)
+        target = next(self._fit_followers(), None)
         if target is None:
             self.step_down(why)
             return
@@ -434,15 +438,15 @@ class Node:
                     self.member.self_id, why, target, self.store.end_index)
         el.begin_transfer(target, None)
 
-    def _caught_up_followers(self) -> Iterator[tuple[str, EntryDispatcher]]:
-        """Live followers with room and no corrupt record that hold our whole log: they can
-        take leadership at once, needing nothing from us."""
-        el = self.elector
-        for p, d in self.dispatchers.items():
-            alive = self.now - el.last_ack.get(p, -(1 << 62)) < el.leader_lease_ms
-            if alive and not el.peer_full.get(p, True) and not el.peer_corrupt.get(p, False) \
-                    and d.match_index >= self.store.end_index:
-                yield p, d
+    def _fit_followers(self) -> Iterator[str]:
+        """Followers that can take leadership at once, needing nothing from us
+        (`Progress.fit_to_lead`)."""
+        if not self.member.is_leader:
+            return
+        lease, end = self.elector.leader_lease_ms, self.store.end_index
+        for p, pr in self.progress.items():
+            if pr.fit_to_lead(self.now, lease, end):
+                yield p
 
     def repaired(self, first: int, last: int, indexes: list[int]) -> None:
         """The leader's REPAIR push covered [first, last]; `indexes` were rewritten. Once the
@@ -545,7 +549,7 @@ class Node:
         el = self.elector
         if self.store.pressure_error() is None or el.transferring:
             return
-        for p, _ in self._caught_up_followers():
+        for p in self._fit_followers():
             log.warning("%s/%s: disk full; handing leadership to %s", self.member.group, self.member.self_id, p)
             el.begin_transfer(p, None)
             return
@@ -563,17 +567,14 @@ class Node:
         leads next can serve them."""
         # fsynced prefixes, not matches: a power loss takes the rest back (ours too)
         floor, holder = self.store.durable_index + 1, f"leader {self.member.self_id}"
-        for p, d in self.dispatchers.items():
-            heard = self.elector.last_ack.get(p, self.elector.leader_since)
-            if self.now - heard >= self.cfg.retention_hold_ms:
+        since, hold_ms, plain = self.elector.leader_since, self.cfg.retention_hold_ms, self.applier is None
+        for d in self.dispatchers.values():
+            pr = d.progress
+            if not pr.heard_within(self.now, hold_ms, since):
                 continue  # silent too long: it holds nothing back (nor a repair, nor an install)
-            hold = d.install_hold()
-            if 0 <= hold < floor:
-                floor, holder = hold, f"follower {p} (installing a snapshot, or catching up after one)"
-            if d.durable + 1 < floor and self.applier is None:
-                floor, holder = d.durable + 1, f"follower {p}"
-            if 0 <= d.repair_index < floor:  # our copy is what can repair its record
-                floor, holder = d.repair_index, f"follower {p} (repairing record {d.repair_index})"
+            held = pr.retention_hold(d.install_hold(), plain, floor)
+            if held is not None:
+                floor, holder = held
         return floor, holder
 
     def follow_retention_floor(self, floor: int, holder: str) -> None:
@@ -987,6 +988,8 @@ class Node:
         m.leader_id = m.self_id
         self.reads.reset(ResponseCode.NOT_LEADER, "leadership changed")
         self.quorum.reset(res.first_index)
+        for pr in self.progress.values():
+            pr.begin_term()
         self.dispatchers = {p: EntryDispatcher(self, p) for p in m.others}
         if self.cfg.flush == "async" or self.store.durable_index >= res.last_index:
             self.quorum.ack_self(self.store.end_index)

@@ -160,9 +160,9 @@ class _StateCollector(Collector):
             behind.add_metric(v, 0 if m.is_leader else max(0, n.handler.leader_committed - s.end_index))
             read_bytes.add_metric(v, n.read_body_bytes)
             for peer, d in n.dispatchers.items():
-                lag.add_metric([*v, peer], s.end_index - d.match_index)
-                stranded.add_metric([*v, peer], 1 if d.needs_snapshot else 0)
-                repairing.add_metric([*v, peer], 1 if d.repair_index >= 0 else 0)
+                lag.add_metric([*v, peer], s.end_index - d.progress.match_index)
+                stranded.add_metric([*v, peer], 1 if d.progress.needs_snapshot else 0)
+                repairing.add_metric([*v, peer], 1 if d.progress.repair_index >= 0 else 0)
         yield from fams.values()
         yield lag
         yield behind
