@@ -173,7 +173,7 @@ class ControllerService:
             respond(_reply(self._update_config(req.properties)))
         elif isinstance(req, m.NotifyBrokerRoleChanged):
             respond(_reply(m.Response(int(RC.REQUEST_CODE_NOT_SUPPORTED), "brokers, not controllers, take this")))
-        elif not self.runtime.node.member.is_leader:
+        elif not self.runtime.node.status().is_leader:
             respond(_reply(self._not_leader()))
         elif self._serving >= MAX_SERVING:
             respond(_reply(m.Response(int(RC.SYSTEM_ERROR), f"the controller is busy ({MAX_SERVING} requests "
@@ -194,8 +194,8 @@ class ControllerService:
         if p.bound and bound and p.name != bound:  # a replica beats for its own id only
             return m.Response(int(ResponseCode.UNAUTHENTICATED), f"certificate CN={p.name} may not beat for broker "
                               f"{req.broker_id} of {req.broker_name}: it is bound to CN={bound}")
-        node = self.runtime.node
-        return self.liveness.heartbeat(req, now_ms(), caller, node.member.is_leader and node.reads.lease_valid())
+        st = self.runtime.node.status()
+        return self.liveness.heartbeat(req, now_ms(), caller, st.is_leader and st.lease_valid)
 
     def _alter_refusal(self, req: m.AlterSyncStateSet, caller: Caller) -> str | None:
         """Only the master alters its SyncStateSet, over the connection its own heartbeats come
@@ -217,15 +217,13 @@ class ControllerService:
         return m.Response()
 
     def metadata(self) -> m.MetadataInfo:
-        node, cfg = self.runtime.node, self.runtime.cfg
+        st, cfg = self.runtime.node.status(), self.runtime.cfg
         peers = cfg.peer_map
-        leader = node.member.leader_id or ""
-        applier = node.applier
+        leader = st.leader_id
         return m.MetadataInfo(cfg.group, leader, peers[leader].address if leader in peers else "",
-                              node.member.is_leader, "".join(f"{p.id}:{p.address};" for p in peers.values()),
-                              cfg.self_id, node.member.term, node.store.committed_index,
-                              applier.applied_index if applier is not None else -1,
-                              node.member.is_leader and self.liveness.may_elect(node.member.term, now_ms()))
+                              st.is_leader, "".join(f"{p.id}:{p.address};" for p in peers.values()),
+                              cfg.self_id, st.term, st.committed_index, st.applied_index,
+                              st.is_leader and self.liveness.may_elect(st.term, now_ms()))
 
     def _not_leader(self) -> m.Response:
         meta = self.metadata()
@@ -312,7 +310,7 @@ class ControllerService:
         raise _Failed(self._failure(resp.code, resp.message, self.runtime))  # type: ignore[attr-defined]
 
     def _failure(self, code: int, message: str, g: GroupRuntime) -> m.Response:
-        if code == ResponseCode.NOT_LEADER or not g.node.member.is_leader:
+        if code == ResponseCode.NOT_LEADER or not g.node.status().is_leader:
             return self._not_leader()
         return m.Response(int(RC.SYSTEM_ERROR), f"the controller log refused the request ({code}): {message}")
 
@@ -361,7 +359,7 @@ class ControllerService:
     async def _scan(self) -> None:
         now = now_ms()
         self.table.expire(now)
-        member = self.runtime.node.member
+        member = self.runtime.node.status()
         if not member.is_leader:
             self.liveness.leading(None, now)
             return

@@ -159,10 +159,7 @@ class LeaderElector:
 
     def start_round(self, pre_vote: bool, transfer: bool = False) -> None:
         node, m = self.node, self.node.member
-        if m.role == Role.LEADER:
-            node.step_down("starting an election")
-        m.role = Role.CANDIDATE
-        m.leader_id = None
+        node.become_candidate()
         self.round += 1
         self.round_active = True
         self.round_pre_vote = pre_vote
@@ -212,8 +209,6 @@ class LeaderElector:
             if self.round_pre_vote:
                 self.start_round(pre_vote=False)
             else:
-                self.leader_since = self.node.now
-                self.next_heartbeat = 0
                 if not self.node.become_leader():
                     self.election_deadline = self.node.now + self._election_timeout()
                     return
@@ -285,11 +280,9 @@ class LeaderElector:
             self.round_active = False
             node.step_down(f"{leader_id} leads term {term}")
         if m.leader_id is None:
-            m.leader_id = leader_id
+            node.follow(leader_id)
             # (a forged heartbeat of a higher term each time would log this for every one)
             self._log.info("follows", "%s/%s: follows %s in term %d", m.group, m.self_id, leader_id, term)
-            node.handler.on_leader_change()
-            node.forget_beyond_repair()
         elif m.leader_id != leader_id:
             return ResponseCode.INCONSISTENT_LEADER
         self.last_leader_contact = node.now
@@ -435,6 +428,11 @@ class LeaderElector:
             return
         if resp is None or not isinstance(resp, SimpleResponse) or resp.code != ResponseCode.SUCCESS:
             t.sent = False  # try again while the deadline allows
+
+    def on_leader(self) -> None:
+        """We lead now (Node._change_role): heartbeats go at once, check-quorum counts from here."""
+        self.leader_since = self.node.now
+        self.next_heartbeat = 0
 
     def on_step_down(self) -> None:
         """Leadership ended: a transfer in flight now waits to see the target lead."""

@@ -71,6 +71,7 @@ from dledger.core.producers import CreationLimiter, Decision, Producer, Producer
 from dledger.core.progress import Progress
 from dledger.core.quorum import QuorumAckChecker
 from dledger.core.read_index import ReadIndex, describe
+from dledger.core.status import FollowerStatus, NodeStatus
 from dledger.entry import MAGIC_NOOP, MAGIC_NORMAL, MAGIC_SESSION
 from dledger.statemachine.applier import Applier, ApplyBatch, Proposal
 from dledger.statemachine.snapshot import PRODUCERS_FILE, SnapshotMeta
@@ -968,7 +969,7 @@ class Node:
     def request_pump(self) -> None:
         self._pump_needed = True
 
-    # --- role changes (called by the elector) -----------------------------------
+    # --- role changes (called by the elector; reset in one place: _change_role) -----------
 
     def become_leader(self) -> bool:
         """All or nothing: the NOOP is stored first; if the store cannot take it, this member
@@ -983,14 +984,7 @@ class Node:
         except StoreError as e:
             self.store_failed(e)
             return False
-        self.producers.drop_overlay()
-        m.role = Role.LEADER
-        m.leader_id = m.self_id
-        self.reads.reset(ResponseCode.NOT_LEADER, "leadership changed")
-        self.quorum.reset(res.first_index)
-        for pr in self.progress.values():
-            pr.begin_term()
-        self.dispatchers = {p: EntryDispatcher(self, p) for p in m.others}
+        self._change_role(Role.LEADER, "won the election", term_start=res.first_index)
         if self.cfg.flush == "async" or self.store.durable_index >= res.last_index:
             self.quorum.ack_self(self.store.end_index)
         else:
@@ -1001,7 +995,53 @@ class Node:
 
     def step_down(self, reason: str) -> None:
         """Leave leadership (or candidacy); waiting appends learn the term changed."""
+        self._change_role(Role.FOLLOWER, reason)
+
+    def become_candidate(self) -> None:
+        """Start an election round: a leader steps down first; no leader is known meanwhile."""
+        if self.member.is_leader:
+            self.step_down("starting an election")
+        self._change_role(Role.CANDIDATE, "starting an election")
+
+    def follow(self, leader_id: str) -> None:
+        """A follower (that knew no leader) learnt its leader of this term."""
+        self._change_role(Role.FOLLOWER, f"follows {leader_id}", leader_id=leader_id)
+
+    def _change_role(self, role: Role, reason: str, term_start: int = -1, leader_id: str = "") -> None:
+        """The one place state tied to a role is reset (h11's one-owner rule). Every change
+        goes through here, in this order:
+        - to LEADER (its NOOP stored at `term_start`): the producers' overlay and waiting reads
+          of an earlier leadership go, the quorum counts from the NOOP, every follower's
+          `Progress` starts over (`begin_term`) and gets a new dispatcher, the elector's
+          heartbeat and check-quorum clocks start;
+        - to CANDIDATE (a follower's, or a deposed leader's, round): no leader is known;
+        - to FOLLOWER of a leader now known (`leader_id`): what the handler matched of the
+          previous one proves nothing, a record the previous leader could not repair may be
+          repairable by this one;
+        - to FOLLOWER (step down, from any role): dispatchers stop, a transfer in flight waits
+          to see its target lead; a leader's waiting appends, reads and long polls are answered
+          (the client asks the next leader); the handler forgets the old leader."""
         m = self.member
+        if role == Role.LEADER:
+            self.producers.drop_overlay()
+            m.role = Role.LEADER
+            m.leader_id = m.self_id
+            self.reads.reset(ResponseCode.NOT_LEADER, "leadership changed")
+            self.quorum.reset(term_start)
+            for pr in self.progress.values():
+                pr.begin_term()
+            self.dispatchers = {p: EntryDispatcher(self, p) for p in m.others}
+            self.elector.on_leader()
+            return
+        if role == Role.CANDIDATE:
+            m.role = Role.CANDIDATE
+            m.leader_id = None
+            return
+        if leader_id:
+            m.leader_id = leader_id
+            self.handler.on_leader_change()
+            self.forget_beyond_repair()
+            return
         was_leader = m.is_leader
         m.role = Role.FOLLOWER
         if m.leader_id == m.self_id:
@@ -1456,24 +1496,48 @@ class Node:
         if store.committed_index < 0 or store.term_at(store.committed_index) != m.term:
             raise DLedgerError(ResponseCode.LEADER_NOT_READY, f"term {m.term}: nothing of this term committed yet")
 
+    def status(self) -> NodeStatus:
+        """A frozen view of this member (core.status): what metrics, METADATA, health, the
+        controller and the simulator read."""
+        m, s, a, r = self.member, self.store, self.applier, self.receiver
+        install_index, install_bytes, install_total = r.progress()
+        unwritable, full = self.unwritable(), self.full()
+        followers: tuple[FollowerStatus, ...] = ()
+        if m.is_leader:
+            followers = tuple(FollowerStatus(p, d.progress.match_index, d.progress.needs_snapshot,
+                                             d.progress.repair_index) for p, d in self.dispatchers.items())
+        c = self.corrupt
+        return NodeStatus(
+            m.group, m.self_id, m.role, m.term, m.leader_id or "", s.begin_index, s.end_index, s.end_term,
+            s.committed_index, s.durable_index, self.quorum.pending,
+            _why(unwritable), _why(full),
+            s.retention_held_by, c[0] if c is not None else -1, c[1] if c is not None else "",
+            a.applied_index if a is not None else -1, self.snapshot_index,
+            (a.stopped or "") if a is not None else "", a is not None, self.reads.lease_valid(),
+            self.handler.leader_committed, self.cfg.security_mode, self.elector.elections, m.leader_changes,
+            self.corruptions_found, self.records_repaired, r.installs, r.bytes, r.meta is not None,
+            install_index, install_bytes, install_total, self.installs_sent, self.install_bytes_sent,
+            self.entries_read, self.read_body_bytes, followers)
+
     def metadata(self) -> MetadataResponse:
-        m, s = self.member, self.store
-        install_index, install_bytes, install_total = self.receiver.progress()
-        err = self.full()
-        problems = [err.message] if err is not None else []
-        if self.corrupt is not None:
-            problems.append(f"corrupt record at index {self.corrupt[0]} ({self.corrupt[1]}); "
+        st = self.status()
+        problems = [st.full] if st.full else []
+        if st.corrupt_index >= 0:
+            problems.append(f"corrupt record at index {st.corrupt_index} ({st.corrupt_reason}); "
                             "not leading until it is repaired from the leader")
         return MetadataResponse(
-            200, m.group, m.self_id, m.role.name.lower(), m.leader_id or "", m.term, self.cfg.peers,
-            s.begin_index, s.end_index, s.end_term, s.committed_index,
-            store_error="; ".join(problems), retention_held_by=s.retention_held_by,
-            applied_index=self.applier.applied_index if self.applier is not None else -1,
-            snapshot_index=self.snapshot_index,
-            state_machine_error=(self.applier.stopped or "") if self.applier is not None else "",
-            install_index=install_index, install_bytes=install_bytes, install_total=install_total,
-            security=self.cfg.security_mode,
+            200, st.group, st.self_id, st.role.name.lower(), st.leader_id, st.term, self.cfg.peers,
+            st.begin_index, st.end_index, st.end_term, st.committed_index,
+            store_error="; ".join(problems), retention_held_by=st.retention_held_by,
+            applied_index=st.applied_index, snapshot_index=st.snapshot_index,
+            state_machine_error=st.state_machine_error,
+            install_index=st.install_index, install_bytes=st.install_bytes, install_total=st.install_total,
+            security=st.security_mode,
         )
+
+
+def _why(e: DLedgerError | None) -> str:
+    return "" if e is None else (e.message or ResponseCode(e.code).name)
 
 
 def _add_run(runs: list[Run], run: Run) -> None:

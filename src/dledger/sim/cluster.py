@@ -147,7 +147,7 @@ class SimCluster:
                     snapshot=snapshot, producers=producers)
         self.nodes[member] = node
         self.last_commit[member] = store.committed_index
-        self.trace.append(f"{self.now} start {member} (end {store.end_index}, term {node.member.term})")
+        self.trace.append(f"{self.now} start {member} (end {store.end_index}, term {node.status().term})")
         self._schedule(self.now + self.rng.randint(0, self.tick_ms), "tick", (member,))
 
     def crash(self, member: str, lose_unsynced: bool = True) -> None:
@@ -294,8 +294,9 @@ class SimCluster:
         return cond()
 
     def leader(self) -> str | None:
-        leaders = [i for i, n in self.nodes.items() if n is not None and n.member.role == Role.LEADER]
-        return max(leaders, key=lambda i: self._node(i).member.term) if leaders else None
+        views = {i: n.status() for i, n in self.nodes.items() if n is not None}
+        leaders = [i for i, st in views.items() if st.role == Role.LEADER]
+        return max(leaders, key=lambda i: views[i].term) if leaders else None
 
     def _node(self, member: str) -> Node:
         node = self.nodes[member]
@@ -404,12 +405,11 @@ class SimCluster:
             return  # the member crashed: what its worker had queued is gone
         if isinstance(action, Apply):
             node.on_applied(m.apply(member, action.batch.entries), self.now)
-            assert node.applier is not None
-            problem = m.check(member, node.applier.applied_index)
+            problem = m.check(member, node.status().applied_index)
             if problem is not None:
                 self.violations.append(f"{self.now}: {problem}")
         elif isinstance(action, RunQuery):
-            resp = QueryResponse(200, node.member.leader_id or "", m.query(member, action.request),
+            resp = QueryResponse(200, node.status().leader_id, m.query(member, action.request),
                                  action.applied_index)
             self._reply(member, Reply(action.token, QUERY, resp))
         elif isinstance(action, TakeSnapshot):
@@ -426,8 +426,8 @@ class SimCluster:
             node.on_chunk_installed(action.token, action.meta, nxt, done, "", self.now)
         else:
             node.on_restored(action.meta, "", self.now, m.restore_installed(member, action.meta))
-            if node.applier is not None:
-                problem = m.check(member, node.applier.applied_index)
+            if (st := node.status()).has_state_machine:
+                problem = m.check(member, st.applied_index)
                 if problem is not None:
                     self.violations.append(f"{self.now}: after installing a snapshot: {problem}")
         self._flush(member)
@@ -494,7 +494,7 @@ class SimCluster:
         for i, node in self.nodes.items():
             if node is None:
                 continue
-            m = node.member
+            m = node.status()
             store = self.stores[i]
             c = store.committed_index
             if c < self.last_commit.get(i, -1):
@@ -507,11 +507,11 @@ class SimCluster:
                     if seen != tc:
                         self.violations.append(f"{self.now}: {i} committed a different entry at {idx}")
             self.last_commit[i] = c
-            if m.role == Role.LEADER and node.corrupt is not None:
+            if m.role == Role.LEADER and m.corrupt_index >= 0:
                 since = self._corrupt_lead.setdefault((i, m.term), self.now)
                 if self.now - since > node.cfg.leadership_transfer_timeout_ms + 2 * self.tick_ms:
                     self.violations.append(f"{self.now}: {i} still leads term {m.term} with a corrupt record "
-                                           f"{node.corrupt[0]} known since {since}")
+                                           f"{m.corrupt_index} known since {since}")
                     self._corrupt_lead[(i, m.term)] = 1 << 62  # report once
             if m.role == Role.LEADER:
                 other = self.leaders_by_term.setdefault(m.term, i)
@@ -535,7 +535,7 @@ class SimCluster:
     def _check_completeness(self, leader: str, store: SimDiskStore) -> None:
         # Leader Completeness covers entries committed in earlier terms: a leader of a lower
         # term elected (on delayed answers) after a higher term committed need not hold those
-        term = self.nodes[leader].member.term  # type: ignore[union-attr]
+        term = self._node(leader).status().term
         top = max((i for i, t in self.commit_term.items() if t < term), default=-1)
         if store.end_index < top:
             self.violations.append(f"{self.now}: leader {leader} lacks committed entries {store.end_index + 1}..{top}")
