@@ -37,11 +37,12 @@ from __future__ import annotations
 import logging
 from collections import deque
 from enum import IntEnum
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import msgspec
 
 from dledger.codes import DISK_FAULTS, PushType, RequestCode, ResponseCode
+from dledger.core.contexts import ChunkCtx, InstallCtx, PushCtx
 from dledger.core.install_snapshot import SnapshotSender
 from dledger.core.messages import InstallSnapshotResponse, PushRequest, PushResponse
 from dledger.entry import HEADER, scan
@@ -143,10 +144,10 @@ class EntryDispatcher:
         if kind == PushType.APPEND:
             self.seq += 1
             self.inflight.append((self.seq, first, first + count - 1))
-            ctx: tuple[Any, ...] = ("push", self.peer, self.epoch, self.seq, int(kind), prev_index, m.term)
+            ctx = PushCtx(self.peer, self.epoch, self.seq, int(kind), prev_index, m.term)
         else:
             self.busy = True
-            ctx = ("push", self.peer, self.epoch, 0, int(kind), prev_index, m.term)
+            ctx = PushCtx(self.peer, self.epoch, 0, int(kind), prev_index, m.term)
         node.send(self.peer, RequestCode.PUSH, req, ctx, data)
 
     def _send_appends(self) -> None:
@@ -190,8 +191,8 @@ class EntryDispatcher:
 
     # --- answers -----------------------------------------------------------------------
 
-    def on_response(self, ctx: Any, resp: msgspec.Struct | None) -> None:
-        _, _, epoch, seq, kind, prev_index, term = ctx
+    def on_response(self, ctx: PushCtx, resp: msgspec.Struct | None) -> None:
+        epoch, seq, kind, prev_index, term = ctx.epoch, ctx.seq, ctx.kind, ctx.prev_index, ctx.term
         if kind == PushType.REPAIR:  # beside the COMPARE / APPEND states: epochs do not apply
             if term == self.node.member.term and self.node.member.is_leader:
                 self._on_repair(prev_index, resp)
@@ -358,8 +359,8 @@ class EntryDispatcher:
             self.node.want_snapshot()
         return False
 
-    def on_chunk_read(self, ctx: Any, data: bytes, crc: int, error: str) -> None:
-        epoch, last_index, offset = ctx
+    def on_chunk_read(self, ctx: ChunkCtx, data: bytes, crc: int, error: str) -> None:
+        epoch, last_index, offset = ctx.epoch, ctx.last_index, ctx.offset
         s = self.sender
         if epoch != self.epoch or self.state != State.INSTALL or s.meta is None or \
                 (s.meta.last_index, s.offset) != (last_index, offset):
@@ -367,8 +368,8 @@ class EntryDispatcher:
         s.on_chunk(epoch, data, crc, error)
         self.node.request_pump()
 
-    def on_install_response(self, ctx: Any, resp: InstallSnapshotResponse | None) -> None:
-        _, _, epoch, term, last_index, _ = ctx
+    def on_install_response(self, ctx: InstallCtx, resp: InstallSnapshotResponse | None) -> None:
+        epoch, term, last_index = ctx.epoch, ctx.term, ctx.last_index
         node = self.node
         if epoch != self.epoch or term != node.member.term or not node.member.is_leader or \
                 self.state != State.INSTALL:
@@ -504,7 +505,7 @@ class EntryDispatcher:
                           store.term_at(first - 1), first, count, store.committed_index)
         self.repair_busy = True
         node.send(self.peer, RequestCode.PUSH, req,
-                  ("push", self.peer, self.epoch, 0, int(PushType.REPAIR), first, m.term), data)
+                  PushCtx(self.peer, self.epoch, 0, int(PushType.REPAIR), first, m.term), data)
 
     def _on_repair(self, first: int, resp: msgspec.Struct | None) -> None:
         node = self.node

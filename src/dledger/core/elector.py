@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from dledger.codes import RequestCode, ResponseCode
+from dledger.core.contexts import HeartbeatCtx, TransferCtx, VoteCtx
 from dledger.core.messages import (
     HeartBeatRequest,
     HeartBeatResponse,
@@ -180,12 +181,12 @@ class LeaderElector:
         log.debug("%s: %s round %d for term %d", m.self_id, "pre-vote" if pre_vote else "vote", self.round, term)
         for p in m.others:
             req = VoteRequest(m.group, m.self_id, p, term, store.end_index, store.end_term, pre_vote, transfer)
-            ctx = ("vote", self.round, pre_vote, p)
+            ctx = VoteCtx(self.round, pre_vote, p)
             node.send(p, RequestCode.VOTE, req, ctx, timeout_ms=node.cfg.max_vote_interval_ms)
         self._check_round()
 
-    def on_vote_response(self, ctx: Any, resp: msgspec.Struct | None) -> None:
-        _, rnd, _, peer = ctx
+    def on_vote_response(self, ctx: VoteCtx, resp: msgspec.Struct | None) -> None:
+        rnd, peer = ctx.round, ctx.peer
         m = self.node.member
         if rnd != self.round or not self.round_active or m.role != Role.CANDIDATE:
             return
@@ -322,11 +323,11 @@ class LeaderElector:
                                    self.leader_lease_ms)
             # what it had acknowledged when we asked: its answer must not report less
             matched = self.progress[p].match_index
-            node.send(p, RequestCode.HEART_BEAT, req, ("hb", p, m.term, matched, round_),
+            node.send(p, RequestCode.HEART_BEAT, req, HeartbeatCtx(p, m.term, matched, round_),
                       timeout_ms=self.leader_lease_ms)
 
-    def on_heartbeat_response(self, ctx: Any, resp: msgspec.Struct | None) -> None:
-        _, peer, term, matched, round_ = ctx
+    def on_heartbeat_response(self, ctx: HeartbeatCtx, resp: msgspec.Struct | None) -> None:
+        peer, term, matched, round_ = ctx.peer, ctx.term, ctx.matched, ctx.round
         if resp is None:
             return
         assert isinstance(resp, HeartBeatResponse)
@@ -420,11 +421,11 @@ class LeaderElector:
             t.sent = True
             node.reads.end_leases()  # the hand-over's votes ignore our lease, even after a time-out
             req = LeadershipTransferRequest(m.group, m.self_id, t.target, m.term, m.self_id, t.target)
-            node.send(t.target, RequestCode.LEADERSHIP_TRANSFER, req, ("transfer", t.target, m.term))
+            node.send(t.target, RequestCode.LEADERSHIP_TRANSFER, req, TransferCtx(t.target, m.term))
 
-    def on_transfer_response(self, ctx: Any, resp: msgspec.Struct | None) -> None:
+    def on_transfer_response(self, ctx: TransferCtx, resp: msgspec.Struct | None) -> None:
         t = self.transfer
-        if t is None or t.target != ctx[1]:
+        if t is None or t.target != ctx.target:
             return
         if resp is None or not isinstance(resp, SimpleResponse) or resp.code != ResponseCode.SUCCESS:
             t.sent = False  # try again while the deadline allows

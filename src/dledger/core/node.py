@@ -30,6 +30,25 @@ import msgspec
 
 from dledger.codes import DISK_FAULTS, DLedgerError, PushType, RequestCode, ResponseCode
 from dledger.config import DLedgerConfig
+from dledger.core.contexts import (
+    Answered,
+    Applied,
+    ApplyFailed,
+    ChunkCtx,
+    ChunkInstalled,
+    ChunkRead,
+    Completion,
+    Context,
+    Durable,
+    HeartbeatCtx,
+    InstallCtx,
+    PushCtx,
+    ReadIndexCtx,
+    Restored,
+    SnapshotTaken,
+    TransferCtx,
+    VoteCtx,
+)
 from dledger.core.dispatcher import EntryDispatcher
 from dledger.core.elector import LeaderElector
 from dledger.core.follower_read import FollowerReads
@@ -117,7 +136,7 @@ class Send:
     code: int
     msg: msgspec.Struct
     data: bytes | memoryview
-    ctx: Any  # handed back to on_response
+    ctx: Context  # handed back to on_response (core.contexts)
     timeout_ms: int
 
 
@@ -167,7 +186,7 @@ class ReadChunk:
     meta: SnapshotMeta
     offset: int
     max_bytes: int
-    ctx: Any
+    ctx: ChunkCtx
 
 
 @dataclass(slots=True)
@@ -290,7 +309,28 @@ class Node:
             if self._hard_fault(e):
                 self.store_failed(e)  # e.g. a vote whose term could not be persisted
 
-    def on_response(self, ctx: Any, resp: msgspec.Struct | None, now_ms: int) -> None:
+    def complete(self, c: Completion, now_ms: int) -> None:
+        """One input for every report of work the node asked for (core.contexts): answers to
+        Sends, chunks read or installed, batches applied, snapshots taken or restored, fsyncs."""
+        match c:
+            case Answered(ctx, resp):
+                self.on_response(ctx, resp, now_ms)
+            case ChunkRead(peer, ctx, data, crc, error):
+                self.on_chunk_read(peer, ctx, data, crc, error, now_ms)
+            case ChunkInstalled(token, meta, next_offset, done, error):
+                self.on_chunk_installed(token, meta, next_offset, done, error, now_ms)
+            case Applied(results):
+                self.on_applied(results, now_ms)
+            case ApplyFailed(reason):
+                self.on_apply_failed(reason, now_ms)
+            case SnapshotTaken(index, error, meta):
+                self.on_snapshot(index, error, now_ms, meta)
+            case Restored(meta, error, producers):
+                self.on_restored(meta, error, now_ms, producers)
+            case Durable(index):
+                self.on_durable(index, now_ms)
+
+    def on_response(self, ctx: Context, resp: msgspec.Struct | None, now_ms: int) -> None:
         """The answer to one of our Sends (None: timeout or network failure)."""
         self.now = now_ms
         try:
@@ -298,24 +338,24 @@ class Node:
         except StoreError as e:  # e.g. persisting a higher term on a full disk
             self.store_error(e)
 
-    def _on_response(self, ctx: Any, resp: msgspec.Struct | None) -> None:
-        kind = ctx[0]
-        if kind == "vote":
-            self.elector.on_vote_response(ctx, resp)
-        elif kind == "hb":
-            self.elector.on_heartbeat_response(ctx, resp)
-        elif kind == "push":
-            d = self.dispatchers.get(ctx[1])
-            if d is not None:
-                d.on_response(ctx, resp)
-        elif kind == "transfer":
-            self.elector.on_transfer_response(ctx, resp)
-        elif kind == "read_index":
-            self.follower_reads.on_response(ctx, resp if isinstance(resp, ReadIndexResponse) else None)
-        elif kind == "install":
-            d = self.dispatchers.get(ctx[1])
-            if d is not None:
-                d.on_install_response(ctx, resp if isinstance(resp, InstallSnapshotResponse) else None)
+    def _on_response(self, ctx: Context, resp: msgspec.Struct | None) -> None:
+        match ctx:
+            case PushCtx():
+                d = self.dispatchers.get(ctx.peer)
+                if d is not None:
+                    d.on_response(ctx, resp)
+            case HeartbeatCtx():
+                self.elector.on_heartbeat_response(ctx, resp)
+            case VoteCtx():
+                self.elector.on_vote_response(ctx, resp)
+            case TransferCtx():
+                self.elector.on_transfer_response(ctx, resp)
+            case ReadIndexCtx():
+                self.follower_reads.on_response(ctx, resp if isinstance(resp, ReadIndexResponse) else None)
+            case InstallCtx():
+                d = self.dispatchers.get(ctx.peer)
+                if d is not None:
+                    d.on_install_response(ctx, resp if isinstance(resp, InstallSnapshotResponse) else None)
 
     def tick(self, now_ms: int) -> None:
         self.now = now_ms
@@ -788,10 +828,10 @@ class Node:
         store = self.store
         return store.get(index).pos if index <= store.end_index else store.pos_of_next()
 
-    def read_chunk(self, peer: str, meta: SnapshotMeta, offset: int, max_bytes: int, ctx: Any) -> None:
+    def read_chunk(self, peer: str, meta: SnapshotMeta, offset: int, max_bytes: int, ctx: ChunkCtx) -> None:
         self.actions.append(ReadChunk(peer, meta, offset, max_bytes, ctx))
 
-    def on_chunk_read(self, peer: str, ctx: Any, data: bytes, crc: int, error: str, now_ms: int) -> None:
+    def on_chunk_read(self, peer: str, ctx: ChunkCtx, data: bytes, crc: int, error: str, now_ms: int) -> None:
         self.now = now_ms
         d = self.dispatchers.get(peer)
         if d is not None and self.member.is_leader:
@@ -959,7 +999,7 @@ class Node:
 
     # --- outputs (used by the components) --------------------------------------
 
-    def send(self, peer: str, code: int, msg: msgspec.Struct, ctx: Any,
+    def send(self, peer: str, code: int, msg: msgspec.Struct, ctx: Context,
              data: bytes | memoryview = b"", timeout_ms: int | None = None) -> None:
         self.actions.append(Send(peer, code, msg, data, ctx, timeout_ms or self.cfg.max_push_timeout_ms))
 

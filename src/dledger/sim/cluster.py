@@ -27,6 +27,7 @@ from typing import Any
 
 from dledger.codes import RequestCode, ResponseCode
 from dledger.config import DLedgerConfig
+from dledger.core.contexts import Answered, Applied, ChunkInstalled, ChunkRead, Durable, Restored, SnapshotTaken
 from dledger.core.messages import (
     QUERY,
     READ,
@@ -350,7 +351,7 @@ class SimCluster:
         node = self.nodes[member]
         if node is None or self.stores[member].generation != generation:
             return
-        node.on_durable(durable, self.now)
+        node.complete(Durable(durable), self.now)
         self._flush(member)
 
     def _on_client(self, member: str, cid: int, meta: bytes) -> None:
@@ -374,7 +375,7 @@ class SimCluster:
         if pending is None or node is None or pending[0] != dst or pending[2] is not node:
             return
         resp = decode_response(code, meta) if meta is not None else None
-        node.on_response(pending[1], resp, self.now)
+        node.complete(Answered(pending[1], resp), self.now)
         self._flush(dst)
 
     def _flush(self, member: str) -> None:
@@ -395,7 +396,7 @@ class SimCluster:
         if self.nodes[member] is not node:
             return
         data, crc, error = self.machines.read_chunk(member, a.meta, a.offset, a.max_bytes)
-        node.on_chunk_read(a.peer, a.ctx, data, crc, error, self.now)
+        node.complete(ChunkRead(a.peer, a.ctx, data, crc, error), self.now)
         self._flush(member)
 
     def _on_work(self, member: str, node: Node, action: Apply | RunQuery | TakeSnapshot | InstallChunk
@@ -404,7 +405,7 @@ class SimCluster:
         if self.nodes[member] is not node:
             return  # the member crashed: what its worker had queued is gone
         if isinstance(action, Apply):
-            node.on_applied(m.apply(member, action.batch.entries), self.now)
+            node.complete(Applied(m.apply(member, action.batch.entries)), self.now)
             problem = m.check(member, node.status().applied_index)
             if problem is not None:
                 self.violations.append(f"{self.now}: {problem}")
@@ -416,16 +417,16 @@ class SimCluster:
             meta = m.snapshot(member, action.index, action.term, action.chain_crc, action.next_pos,
                               node.cfg.peers, action.keep, action.producers)
             self.trace.append(f"{self.now} {member} snapshot through {action.index}")
-            node.on_snapshot(action.index, "", self.now, meta)
+            node.complete(SnapshotTaken(action.index, "", meta), self.now)
         elif isinstance(action, DropInstall):
             m.drop_install(member)
         elif isinstance(action, InstallChunk):
             nxt, done = m.install_chunk(member, action.meta, action.offset, action.data, action.crc)
             if done:
                 self.trace.append(f"{self.now} {member} installed snapshot {action.meta.last_index}")
-            node.on_chunk_installed(action.token, action.meta, nxt, done, "", self.now)
+            node.complete(ChunkInstalled(action.token, action.meta, nxt, done, ""), self.now)
         else:
-            node.on_restored(action.meta, "", self.now, m.restore_installed(member, action.meta))
+            node.complete(Restored(action.meta, "", m.restore_installed(member, action.meta)), self.now)
             if (st := node.status()).has_state_machine:
                 problem = m.check(member, st.applied_index)
                 if problem is not None:
