@@ -558,7 +558,7 @@ def test_a_corrupt_mark_ends_when_retention_deletes_the_record() -> None:
     assert c.run_until(lambda: not c.damaged(), 10_000)
     # and the clearing itself: a mark below the log begin (deleted) goes at the next tick
     node = c._node(a)
-    node.corrupt = (c.stores[a].begin_index - 1, "deleted")
+    node.integrity.corrupt = (c.stores[a].begin_index - 1, "deleted")
     c.run(3 * c.tick_ms)
     assert node.corrupt is None
     assert not c.violations
@@ -591,7 +591,7 @@ def test_the_scrub_finds_rot_on_a_member_that_is_never_idle() -> None:
     for k in range(3_000):
         c.append(c.leader() or leader, [b"load%d" % k])
         c.run(5)
-    assert c._node(a).corruptions_found >= 1
+    assert c._node(a).status().corruptions_found >= 1
     assert c.run_until(lambda: not c.damaged(), 20_000)
 
 

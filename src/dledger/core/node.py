@@ -54,6 +54,7 @@ from dledger.core.elector import LeaderElector
 from dledger.core.follower_read import FollowerReads
 from dledger.core.handler import EntryHandler
 from dledger.core.install_snapshot import SnapshotReceiver, holds
+from dledger.core.integrity import Integrity
 from dledger.core.long_poll import MAX_WAIT_MS, LongPolls
 from dledger.core.member_state import MemberState
 from dledger.core.messages import (
@@ -108,12 +109,6 @@ _ENTRY_OVERHEAD = 48
 LONG_POLL_PAGE_BYTES = 1 << 20
 LONG_POLL_DRAIN_BYTES = 8 << 20
 
-# The scrub: in ticks with no append and no push, verify up to this many committed records
-# (or bytes), cycling over the log; a pass that reached the commit index waits SCRUB_PAUSE_MS.
-SCRUB_ENTRIES = 16
-SCRUB_BYTES = 256 << 10
-SCRUB_PAUSE_MS = 10_000
-SCRUB_BUSY_EVERY = 10  # ticks: a member never idle still verifies one record this often
 PRODUCERS_SAVE_ENTRIES = 10_000  # a plain log's producer table is saved after this many entries folded,
 PRODUCERS_SAVE_MS = 30_000  # or this long after it changed
 
@@ -269,18 +264,10 @@ class Node:
         self._appends: list[_Append] = []  # client appends taken since the last drain
         # a write that failed although the store did not report itself failed: no campaign until then
         self._store_fault: tuple[StoreError, int] | None = None
-        # (index, reason) of our first record known to fail verification: no leading, no campaign
-        self.corrupt: tuple[int, str] | None = None
-        self.corruptions_found = 0  # records found corrupt here (metrics)
+        # our own records that fail verification, and the scrub (core.integrity)
+        self.integrity = Integrity(store, cfg.group, cfg.self_id, now_ms)
         self.entries_read = 0  # entries sent in GET/READ answers (metrics)
         self.read_body_bytes = 0  # ... and their body bytes (a READ without bodies sends none)
-        self.records_repaired = 0  # records rewritten from the leader's copy (metrics)
-        self.scrub_entries = SCRUB_ENTRIES  # per idle tick (0: no scrub)
-        self._scrub_next = store.begin_index
-        self._scrub_at = now_ms  # a (re)started member checks its log soon
-        self._active = False  # an append or a push came since the last tick: no scrub then
-        self._busy_ticks = 0  # ticks in a row that were not idle
-        self._beyond_repair = -1  # the leader's log begin when it told us it cannot repair us
         # until a leader says what its followers need, retention deletes nothing (any member may
         # lead next, and a follower needing a deleted prefix could never catch up)
         store.set_retention_floor(store.begin_index, "a follower (no leader known yet)")
@@ -363,8 +350,7 @@ class Node:
             if self.member.is_leader and (err := self.unwritable()) is not None:
                 self.step_down(f"its store cannot write: {err.message}")
             self.elector.tick()
-            if self.corrupt is not None and self.corrupt[0] < self.store.begin_index:
-                self._clear_corrupt(f"corrupt record {self.corrupt[0]} deleted by retention")
+            self.integrity.forget_deleted()
             if self.member.is_leader and self.corrupt is not None and not self.elector.transferring:
                 # no healthy follower took over in time (or none could): leave anyway; after
                 # the elector's tick, so a transfer that just timed out is not replaced
@@ -385,7 +371,8 @@ class Node:
                     self.reply(q.token, QUERY, QueryResponse(int(ResponseCode.TIMEOUT), self.member.leader_id or "",
                                                              message="the state machine did not reach the read index "
                                                                      f"{q.read_index} in time"))
-            self._scrub()
+            for index, reason in self.integrity.scrub(self.now):
+                self.mark_corrupt(index, reason)
             self._save_producers()
         except StoreError as e:
             self.store_error(e)
@@ -441,23 +428,34 @@ class Node:
     # --- corrupt records ---------------------------------------------------------------------
 
     @property
+    def corrupt(self) -> tuple[int, str] | None:
+        """(index, reason) of our first record known to fail verification (core.integrity)."""
+        return self.integrity.corrupt
+
+    @property
     def corrupt_index(self) -> int:
-        return self.corrupt[0] if self.corrupt is not None else -1
+        return self.integrity.corrupt_index
+
+    @property
+    def scrub_entries(self) -> int:
+        return self.integrity.scrub_entries
+
+    @scrub_entries.setter
+    def scrub_entries(self, n: int) -> None:
+        self.integrity.scrub_entries = n
+
+    @property
+    def records_repaired(self) -> int:
+        return self.integrity.records_repaired
 
     def mark_corrupt(self, index: int, reason: str) -> None:
         """One of our records fails verification. We keep the log as it is (its end and last
         term decide votes: shrinking it could let a candidate lacking committed entries win
         ours), say so loudly, leave leadership and stay out of elections until the leader's
         copy restored it (`repaired`)."""
-        known = self.corrupt
-        if (known is not None and known[0] <= index) or index < self._beyond_repair:
+        if not self.integrity.mark(index, reason):
             return  # known already, or below what the leader still holds (see beyond_repair)
         m = self.member
-        self.corrupt = (index, reason)
-        self.corruptions_found += 1
-        log.error("%s/%s: corrupt record at index %d (committed %d): %s; not leading or campaigning "
-                  "until it is repaired from the leader's copy", m.group, m.self_id, index,
-                  self.store.committed_index, reason)
         if m.is_leader:
             self._hand_over(f"corrupt record at index {index}")
         elif m.role == Role.CANDIDATE:
@@ -490,27 +488,12 @@ class Node:
                 yield p
 
     def repaired(self, first: int, last: int, indexes: list[int]) -> None:
-        """The leader's REPAIR push covered [first, last]; `indexes` were rewritten. Once the
-        first known corrupt record verifies again the mark clears; the scrub goes on right
-        after the range, where more damage may be."""
-        self.records_repaired += len(indexes)
-        if indexes:
-            log.warning("%s/%s: repaired records %s from the leader's copy", self.member.group,
-                        self.member.self_id, _ranges(indexes))
-        c = self.corrupt
-        if c is not None and first <= c[0] <= last and self.store.verify(c[0]) is None:
-            self._clear_corrupt(f"record {c[0]} verifies again; no known corrupt record left")
-            self._scrub_next, self._scrub_at = last + 1, self.now
+        """The leader's REPAIR push covered [first, last]; `indexes` were rewritten."""
+        self.integrity.repaired(first, last, indexes, self.now)
 
     def beyond_repair(self, leader_begin: int) -> None:
-        """The leader's retention deleted everything below `leader_begin`: no member needs our
-        copies there and none can restore them. A corrupt one is dropped by our retention in
-        time and no longer keeps us from leading (a read of it still fails: never served)."""
-        self._beyond_repair = max(self._beyond_repair, leader_begin)
-        c = self.corrupt
-        if c is not None and c[0] < leader_begin:
-            self._clear_corrupt(f"corrupt record {c[0]} is below the leader's log begin {leader_begin}: "
-                                "beyond repair, and needed by no member")
+        """The leader's retention deleted everything below `leader_begin` (Integrity.beyond_repair)."""
+        self.integrity.beyond_repair(leader_begin)
 
     def want_snapshot(self) -> None:
         """Take a snapshot soon (between batches): a follower needs one past a record of ours
@@ -519,52 +502,14 @@ class Node:
 
     def is_beyond_repair(self, index: int) -> bool:
         """A leader told us our record `index` is below what any member still holds."""
-        return index < self._beyond_repair
+        return self.integrity.is_beyond_repair(index)
 
     def forget_beyond_repair(self) -> None:
-        """A new leader may still hold what the last one had deleted: a rotten record of ours
-        below the old leader's log begin is reported (and repaired) again."""
-        self._beyond_repair = -1
+        self.integrity.forget_beyond_repair()
 
     def forget_corrupt_above(self, end: int) -> None:
         """A truncate removed our records after `end`: a corrupt one among them is gone."""
-        if self.corrupt is not None and self.corrupt[0] > end:
-            self._clear_corrupt(f"corrupt record {self.corrupt[0]} removed by a truncate")
-
-    def _clear_corrupt(self, why: str) -> None:
-        log.warning("%s/%s: %s", self.member.group, self.member.self_id, why)
-        self.corrupt = None
-
-    def _scrub(self) -> None:
-        """Idle ticks verify a few committed records each (body CRC, header, chain link),
-        cycling over the log, so damage is found before a read or a lagging follower needs it."""
-        limit = self.scrub_entries
-        if self._active:
-            self._active = False
-            self._busy_ticks += 1
-            if self._busy_ticks < SCRUB_BUSY_EVERY:
-                return
-            limit = min(limit, 1)  # under steady load still a record now and then, or rot hides
-        self._busy_ticks = 0
-        store = self.store
-        if limit <= 0 or self.now < self._scrub_at:
-            return
-        i = max(self._scrub_next, store.begin_index)
-        top = store.committed_index
-        n = size = 0
-        while i <= top and n < limit and size < SCRUB_BYTES:
-            try:
-                size += store.verify_entry(i).size
-            except CorruptEntryError as e:
-                self.mark_corrupt(e.index, e.message)
-            except StoreError:
-                break  # retention moved the log begin meanwhile: next tick
-            i += 1
-            n += 1
-        if i > top:
-            self._scrub_next, self._scrub_at = store.begin_index, self.now + SCRUB_PAUSE_MS
-        else:
-            self._scrub_next = i
+        self.integrity.forget_above(end)
 
     def store_failed(self, e: StoreError) -> None:
         """A write failed: remember it (for a few election rounds when the store itself does
@@ -668,7 +613,7 @@ class Node:
             return
         try:
             if not table.fold(store, store.committed_index):
-                self._active = True  # a long log (a restart): the rest at the next drains
+                self.integrity.active = True  # a long log (a restart): the rest at the next drains
         except CorruptEntryError as e:
             self.mark_corrupt(e.index, e.message)
         except StoreError as e:
@@ -854,7 +799,7 @@ class Node:
         L = meta.last_index
         self.store.reset(L + 1, meta.last_term, meta.chain_crc, meta.next_pos)
         self.handler.after_reset(L)
-        self._scrub_next = self.store.begin_index
+        self.integrity.scrub_next = self.store.begin_index
         if self.applier is not None:
             self.restore_from(meta)
         elif PRODUCERS_FILE in meta.files:  # a plain log's snapshot carries only the producer table
@@ -878,7 +823,7 @@ class Node:
         a = self.applier
         if a is None or a.installing or a.stopped is not None:
             return -1
-        readable_from = max(self.store.begin_index, self._beyond_repair)
+        readable_from = self.integrity.readable_from
         return readable_from - 1 if a.handed_index + 1 < readable_from else -1
 
     def on_restored(self, meta: SnapshotMeta, error: str, now_ms: int, producers: bytes | None = None) -> None:
@@ -1106,7 +1051,7 @@ class Node:
         if code == RequestCode.PUSH:
             assert isinstance(msg, PushRequest)
             if msg.type != PushType.COMMIT:
-                self._active = True
+                self.integrity.active = True
             self.handler.handle_push(msg, data, token)
         elif code == RequestCode.HEART_BEAT:
             assert isinstance(msg, HeartBeatRequest)
@@ -1145,7 +1090,7 @@ class Node:
             self._handle_snapshot(token)
         elif code == RequestCode.INSTALL_SNAPSHOT:
             assert isinstance(msg, InstallSnapshotRequest)
-            self._active = True
+            self.integrity.active = True
             self.receiver.handle(msg, data, token)
         else:
             raise DLedgerError(ResponseCode.UNSUPPORTED, f"request code {code}")
@@ -1193,7 +1138,7 @@ class Node:
                 raise DLedgerError(ResponseCode.INTERNAL_ERROR, f"state machine stopped: {self.applier.stopped}")
             self._proposers.add(token)
         self._appends.append(_Append(token, msg.bodies, msg.producer, msg.sequence, msg.epoch, principal))
-        self._active = True
+        self.integrity.active = True
 
     def _store_appends(self) -> None:
         """Store the appends taken since the last drain with one store write (group append:
@@ -1555,7 +1500,7 @@ class Node:
             a.applied_index if a is not None else -1, self.snapshot_index,
             (a.stopped or "") if a is not None else "", a is not None, self.reads.lease_valid(),
             self.handler.leader_committed, self.cfg.security_mode, self.elector.elections, m.leader_changes,
-            self.corruptions_found, self.records_repaired, r.installs, r.bytes, r.meta is not None,
+            self.integrity.corruptions_found, self.integrity.records_repaired, r.installs, r.bytes, r.meta is not None,
             install_index, install_bytes, install_total, self.installs_sent, self.install_bytes_sent,
             self.entries_read, self.read_body_bytes, followers)
 
@@ -1588,20 +1533,6 @@ def _add_run(runs: list[Run], run: Run) -> None:
         runs[-1] = Run(run.producer, last.first_seq, last.count + run.count, run.epoch, run.owner)
     else:
         runs.append(run)
-
-
-def _ranges(indexes: list[int]) -> str:
-    """[3, 4, 5, 9] -> "3..5, 9"."""
-    out: list[str] = []
-    start = prev = indexes[0]
-    for i in indexes[1:]:
-        if i == prev + 1:
-            prev = i
-            continue
-        out.append(str(start) if start == prev else f"{start}..{prev}")
-        start = prev = i
-    out.append(str(start) if start == prev else f"{start}..{prev}")
-    return ", ".join(out)
 
 
 def _error_for(code: int, err: ResponseCode, node: Node, message: str = "") -> msgspec.Struct:
