@@ -22,7 +22,7 @@ import logging
 import random
 import zlib
 from array import array
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, TypeGuard
 
@@ -55,10 +55,8 @@ from dledger.core.follower_read import FollowerReads
 from dledger.core.handler import EntryHandler
 from dledger.core.install_snapshot import SnapshotReceiver, holds
 from dledger.core.integrity import Integrity
-from dledger.core.long_poll import MAX_WAIT_MS, LongPolls
 from dledger.core.member_state import MemberState
 from dledger.core.messages import (
-    CONSISTENCY,
     QUERY,
     READ,
     READ_INDEX,
@@ -66,7 +64,6 @@ from dledger.core.messages import (
     AppendRequest,
     AppendResponse,
     EntriesResponse,
-    EntryMsg,
     GetRequest,
     HeartBeatRequest,
     InstallSnapshotRequest,
@@ -90,7 +87,8 @@ from dledger.core.messages import (
 from dledger.core.producers import CreationLimiter, Decision, Producer, ProducerTable, Run, marker_body, unverifiable
 from dledger.core.progress import Progress
 from dledger.core.quorum import QuorumAckChecker
-from dledger.core.read_index import ReadIndex, describe
+from dledger.core.read_index import ReadIndex
+from dledger.core.reads import ReadPath
 from dledger.core.status import FollowerStatus, NodeStatus
 from dledger.entry import MAGIC_NOOP, MAGIC_NORMAL, MAGIC_SESSION
 from dledger.statemachine.applier import Applier, ApplyBatch, Proposal
@@ -98,16 +96,6 @@ from dledger.statemachine.snapshot import PRODUCERS_FILE, SnapshotMeta
 from dledger.store.base import AppendResult, CorruptEntryError, LedgerStore, StoreError
 
 log = logging.getLogger(__name__)
-
-# What an entry costs an answer beyond its body (its fields, encoded): empty bodies count too.
-_ENTRY_OVERHEAD = 48
-# Long polls released by a commit (core.long_poll): each answer is a smaller page than a
-# plain READ's (a follower of the tail asks again from `next_index` for the rest), and one
-# drain answers parked polls worth at most LONG_POLL_DRAIN_BYTES (at least one), the rest
-# at the next drains in index order: 50 polls released by one 16 MiB append took a member
-# from 87 to 497 MB, and deposed the leader.
-LONG_POLL_PAGE_BYTES = 1 << 20
-LONG_POLL_DRAIN_BYTES = 8 << 20
 
 PRODUCERS_SAVE_ENTRIES = 10_000  # a plain log's producer table is saved after this many entries folded,
 PRODUCERS_SAVE_MS = 30_000  # or this long after it changed
@@ -253,7 +241,10 @@ class Node:
         self.elector = LeaderElector(self)
         self.reads = ReadIndex(self)
         self.follower_reads = FollowerReads(self)
-        self.long_polls = LongPolls()
+        self.read_path = ReadPath(store, self.member, cfg, self.reply,
+                                  lambda code, err, message: _error_for(code, err, self, message),
+                                  lambda: self.now, lambda: self.elector.transferring, self.mark_corrupt,
+                                  self.reads, self.follower_reads)
         self.handler = EntryHandler(self)
         self.receiver = SnapshotReceiver(self)
         self.restoring = False  # a RestoreSnapshot is on the worker: nothing is applied until it is done
@@ -266,8 +257,6 @@ class Node:
         self._store_fault: tuple[StoreError, int] | None = None
         # our own records that fail verification, and the scrub (core.integrity)
         self.integrity = Integrity(store, cfg.group, cfg.self_id, now_ms)
-        self.entries_read = 0  # entries sent in GET/READ answers (metrics)
-        self.read_body_bytes = 0  # ... and their body bytes (a READ without bodies sends none)
         # until a leader says what its followers need, retention deletes nothing (any member may
         # lead next, and a follower needing a deleted prefix could never catch up)
         store.set_retention_floor(store.begin_index, "a follower (no leader known yet)")
@@ -598,7 +587,7 @@ class Node:
                 self.store_error(e)
         if self.reads.want_round and self.member.is_leader:
             self.elector.heartbeat_now()  # reads wait for a confirming round: no tick's delay
-        self._wake_reads()
+        self.read_path.wake()
         self.follower_reads.wake()
         self._fold_producers()
         self._feed_applier()
@@ -931,7 +920,7 @@ class Node:
         if msg.consistency == "local":
             run_at(self.store.committed_index)  # our own commit index: may trail the leader's
         else:
-            self._when_confirmed(QUERY, msg.consistency, token, run_at, msg.follower_read)
+            self.read_path.when_confirmed(QUERY, msg.consistency, token, run_at, msg.follower_read)
 
     def _handle_snapshot(self, token: Any) -> None:
         a = self.applier
@@ -1039,7 +1028,7 @@ class Node:
             self.producers.drop_overlay()
             # reads change nothing: the client asks the next leader
             self.reads.reset(ResponseCode.NOT_LEADER, f"leader stepped down before the read was confirmed: {reason}")
-            for r in self.long_polls.take_leader_reads():
+            for r in self.read_path.long_polls.take_leader_reads():
                 self.reply(r.token, READ,
                            _error_for(READ, ResponseCode.NOT_LEADER, self, f"leader stepped down: {reason}"))
         self.handler.on_leader_change()
@@ -1064,20 +1053,21 @@ class Node:
             self._handle_append(msg, token, principal)
         elif code == RequestCode.GET:
             assert isinstance(msg, GetRequest)
-            self._handle_read(code, msg.index, 1, 1 << 30, False, msg.local, msg.consistency, token,
+            self.read_path.handle_read(code, msg.index, 1, 1 << 30, False, msg.local, msg.consistency, token,
                               addressed=msg.follower_read)
         elif code == READ:
             assert isinstance(msg, ReadRequest)
-            self._handle_read(code, msg.from_index, msg.max_entries, msg.max_bytes, msg.only_normal, msg.local,
+            self.read_path.handle_read(code, msg.from_index, msg.max_entries, msg.max_bytes, msg.only_normal, msg.local,
                               msg.consistency, token, msg.wait_ms, msg.follower_read, msg.bodies)
         elif code == READ_INDEX:
             assert isinstance(msg, ReadIndexRequest)
-            self._when_confirmed(code, msg.consistency, token,
+            self.read_path.when_confirmed(code, msg.consistency, token,
                                  lambda ri: self.reply(token, code, ReadIndexResponse(200, self.member.self_id, ri)))
         elif code == RequestCode.METADATA:
             assert isinstance(msg, MetadataRequest)
             if msg.consistency:  # a confirmed leader's view
-                self._when_confirmed(code, msg.consistency, token, lambda _: self.reply(token, code, self.metadata()))
+                self.read_path.when_confirmed(code, msg.consistency, token,
+                                              lambda _: self.reply(token, code, self.metadata()))
             else:
                 self.reply(token, code, self.metadata())
         elif code == RequestCode.LEADERSHIP_TRANSFER:
@@ -1332,155 +1322,6 @@ class Node:
         return AppendResponse(int(ResponseCode.SUCCESS), self.member.self_id, self.member.term, indexes[0], positions,
                               indexes=indexes, terms=terms, duplicates=duplicates)
 
-    def _handle_read(self, code: int, start: int, max_entries: int, max_bytes: int, only_normal: bool,
-                     local: bool, consistency: str, token: Any, wait_ms: int = 0, addressed: bool = False,
-                     bodies: bool = True) -> None:
-        """Committed entries only, from the leader unless the reader asked for this member's
-        own copy (`local`), whose commit index may lag. From the leader an append acknowledged
-        to one client is readable by every other client at once; `linearizable` and `lease`
-        also rule out a deposed leader that does not know it yet (see read_index), and a
-        follower serves a follower read (`follower_read`) once it committed the leader's read index."""
-        def own_copy() -> bool:  # a follower's read (local or a follower read) is its own copy
-            return local or not self.member.is_leader
-
-        def answer(cap: int = max_bytes) -> int:
-            return self._answer_read(code, start, max_entries, cap, only_normal, own_copy(), token, bodies)
-
-        def answer_or_wait(_: int = -1) -> None:
-            if wait_ms > 0 and start > self.store.committed_index:
-                self._park_read(start, wait_ms, own_copy(), lambda: answer(min(max_bytes, LONG_POLL_PAGE_BYTES)),
-                                token)
-            else:
-                answer()
-
-        if local:
-            answer_or_wait()
-        else:
-            self._when_confirmed(code, consistency, token, answer_or_wait, addressed)
-
-    def _park_read(self, start: int, wait_ms: int, local: bool, answer: Callable[[], int], token: Any) -> None:
-        deadline = self.now + min(wait_ms, MAX_WAIT_MS)
-        if not self.long_polls.park(start, deadline, local, answer, token):
-            self._answer_empty(token, start)  # too many waiting: the client asks again
-
-    def _answer_empty(self, token: Any, start: int) -> None:
-        self.reply(token, READ, EntriesResponse(200, self.member.leader_id or "", [], start,
-                                                self.store.committed_index))
-
-    def _wake_reads(self) -> None:
-        """Long-poll READs whose index committed get their entries, LONG_POLL_DRAIN_BYTES of
-        answers per drain (the rest at the next drains, a tick's at the latest); those past
-        their wait an empty answer (checked on every drain, and by the tick)."""
-        polls = self.long_polls
-        if not len(polls):
-            return
-        # (a leader's own parked reads all leave when it steps down: see step_down)
-        spent = 0
-        while spent < LONG_POLL_DRAIN_BYTES and (r := polls.pop_due(self.store.committed_index)) is not None:
-            try:
-                spent += r.answer()
-            except DLedgerError as e:
-                self.reply(r.token, READ, _error_for(READ, e.code, self, e.message))
-        for r in polls.expired(self.now):
-            self._answer_empty(r.token, r.start)
-
-    def _when_confirmed(self, code: int, consistency: str, token: Any, serve: Callable[[int], None],
-                        addressed: bool = False) -> None:
-        """Run `serve(read_index)` on the leader once `consistency` allows: at once for
-        `leader`, after a confirming heartbeat round (or within the lease) otherwise; on a
-        follower for a follower read (`addressed`) once it committed the leader's read index
-        (core.follower_read). Errors raised by `serve` later become the request's answer."""
-        if consistency not in CONSISTENCY or consistency == "local":
-            raise DLedgerError(ResponseCode.UNEXPECTED_ARGUMENT, describe(consistency))
-        follower_read = addressed and not self.member.is_leader and consistency != "leader"
-        if not follower_read:
-            self._check_read_leader()
-        if self.elector.transferring and consistency != "leader":
-            raise DLedgerError(ResponseCode.LEADER_TRANSFERRING, "leadership transfer in progress")
-
-        def safely(read_index: int) -> None:
-            try:
-                serve(read_index)
-            except CorruptEntryError as e:
-                self.reply(token, code, _error_for(code, e.code, self, e.message))
-                self.mark_corrupt(e.index, e.message)
-            except DLedgerError as e:
-                self.reply(token, code, _error_for(code, e.code, self, e.message))
-
-        def fail(err: ResponseCode, message: str) -> None:
-            self.reply(token, code, _error_for(code, err, self, message))
-
-        if follower_read:
-            self.follower_reads.read(consistency, safely, fail)
-        elif consistency == "leader":
-            safely(self.store.committed_index)
-        else:
-            self.reads.read(consistency, self.store.committed_index, safely, fail)
-
-    def _answer_read(self, code: int, start: int, max_entries: int, max_bytes: int, only_normal: bool,
-                     local: bool, token: Any, bodies: bool = True) -> int:
-        """Without `bodies` every entry goes with an empty body (a reader that needs only the
-        indexes and terms); the size of the bodies still bounds the answer, as the store reads them.
-        Returns the bytes read (what the answer cost: a long poll's budget counts them)."""
-        store = self.store
-        committed = store.committed_index
-        if start > committed:
-            raise DLedgerError(ResponseCode.INDEX_OUT_OF_RANGE, f"index {start} is beyond the committed {committed}")
-        out: list[EntryMsg] = []
-        index = start
-        size = 0
-        # the member's limit, whatever the request asks: an answer is built in memory first
-        max_bytes = min(max_bytes, self.cfg.max_read_bytes)
-        while index <= committed and len(out) < max_entries and size < max_bytes:
-            try:
-                batch = store.read(index, min(max_entries - len(out), committed - index + 1), max_bytes - size)
-            except CorruptEntryError as err:
-                self._read_hit_corrupt(err, local)
-                if err.index <= index:
-                    if out:
-                        break  # what verified before it; the next read names the damage
-                    raise
-                batch = store.read(index, err.index - index, max_bytes - size)  # the good part before it
-            if not batch:
-                break
-            for e in batch:
-                if e.index > committed:
-                    break
-                index = e.index + 1
-                size += len(e.body) + _ENTRY_OVERHEAD
-                if e.magic == MAGIC_SESSION:  # producers' ids, epochs, sequences: never shown to clients
-                    if code == RequestCode.GET:
-                        raise DLedgerError(ResponseCode.INDEX_OUT_OF_RANGE,
-                                           f"entry {e.index} is an idempotent producer's session marker, which is "
-                                           f"not returned to clients")
-                    continue
-                if not only_normal or e.magic == MAGIC_NORMAL:
-                    out.append(EntryMsg(e.index, e.term, e.pos, e.magic, e.body if bodies else b"", e.chain_crc))
-                    self.read_body_bytes += len(out[-1].body)
-        self.entries_read += len(out)
-        self.reply(token, code, EntriesResponse(200, self.member.leader_id or "", out, index, committed))
-        return size
-
-    def _read_hit_corrupt(self, e: CorruptEntryError, local: bool) -> None:
-        """A read found a committed record of ours corrupt: never serve it. A leader hands
-        leadership over, and its reader is told to retry (then at the new leader, whose copy
-        is good); a local reader is told our copy is damaged."""
-        self.mark_corrupt(e.index, e.message)
-        if local:
-            return
-        m = self.member
-        e.code = ResponseCode.LEADER_TRANSFERRING if m.is_leader else ResponseCode.NOT_LEADER
-        e.message = f"record {e.index} is corrupt on {m.self_id} ({e.message}): leadership moves to a healthy member"
-
-    def _check_read_leader(self) -> None:
-        """A new leader knows the true commit index only once an entry of its own term is
-        committed (its NOOP, Raft §8); until then it could deny an acknowledged entry."""
-        m, store = self.member, self.store
-        if not m.is_leader:
-            raise DLedgerError(ResponseCode.NOT_LEADER, f"leader is {m.leader_id or 'unknown'}")
-        if store.committed_index < 0 or store.term_at(store.committed_index) != m.term:
-            raise DLedgerError(ResponseCode.LEADER_NOT_READY, f"term {m.term}: nothing of this term committed yet")
-
     def status(self) -> NodeStatus:
         """A frozen view of this member (core.status): what metrics, METADATA, health, the
         controller and the simulator read."""
@@ -1502,7 +1343,7 @@ class Node:
             self.handler.leader_committed, self.cfg.security_mode, self.elector.elections, m.leader_changes,
             self.integrity.corruptions_found, self.integrity.records_repaired, r.installs, r.bytes, r.meta is not None,
             install_index, install_bytes, install_total, self.installs_sent, self.install_bytes_sent,
-            self.entries_read, self.read_body_bytes, followers)
+            self.read_path.entries_read, self.read_path.read_body_bytes, followers)
 
     def metadata(self) -> MetadataResponse:
         st = self.status()
