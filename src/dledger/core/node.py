@@ -89,7 +89,7 @@ from dledger.core.progress import Progress
 from dledger.core.quorum import QuorumAckChecker
 from dledger.core.read_index import ReadIndex
 from dledger.core.reads import ReadPath
-from dledger.core.status import FollowerStatus, NodeStatus
+from dledger.core.status import FollowerStatus, NodeStatus, RoleView
 from dledger.entry import MAGIC_NOOP, MAGIC_NORMAL, MAGIC_SESSION
 from dledger.statemachine.applier import Applier, ApplyBatch, Proposal
 from dledger.statemachine.snapshot import PRODUCERS_FILE, SnapshotMeta
@@ -1321,6 +1321,13 @@ class Node:
             positions.append(pos)
         return AppendResponse(int(ResponseCode.SUCCESS), self.member.self_id, self.member.term, indexes[0], positions,
                               indexes=indexes, terms=terms, duplicates=duplicates)
+
+    def role_view(self) -> RoleView:
+        """Role, term, leader, corrupt record and applied index (core.status): cheap, for readers
+        that look after every event."""
+        m, a, c = self.member, self.applier, self.integrity.corrupt
+        return RoleView(m.role, m.term, m.leader_id or "", c[0] if c is not None else -1,
+                        a.applied_index if a is not None else -1, a is not None)
 
     def status(self) -> NodeStatus:
         """A frozen view of this member (core.status): what metrics, METADATA, health, the

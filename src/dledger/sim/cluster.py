@@ -148,7 +148,7 @@ class SimCluster:
                     snapshot=snapshot, producers=producers)
         self.nodes[member] = node
         self.last_commit[member] = store.committed_index
-        self.trace.append(f"{self.now} start {member} (end {store.end_index}, term {node.status().term})")
+        self.trace.append(f"{self.now} start {member} (end {store.end_index}, term {node.role_view().term})")
         self._schedule(self.now + self.rng.randint(0, self.tick_ms), "tick", (member,))
 
     def crash(self, member: str, lose_unsynced: bool = True) -> None:
@@ -295,7 +295,7 @@ class SimCluster:
         return cond()
 
     def leader(self) -> str | None:
-        views = {i: n.status() for i, n in self.nodes.items() if n is not None}
+        views = {i: n.role_view() for i, n in self.nodes.items() if n is not None}
         leaders = [i for i, st in views.items() if st.role == Role.LEADER]
         return max(leaders, key=lambda i: views[i].term) if leaders else None
 
@@ -406,11 +406,11 @@ class SimCluster:
             return  # the member crashed: what its worker had queued is gone
         if isinstance(action, Apply):
             node.complete(Applied(m.apply(member, action.batch.entries)), self.now)
-            problem = m.check(member, node.status().applied_index)
+            problem = m.check(member, node.role_view().applied_index)
             if problem is not None:
                 self.violations.append(f"{self.now}: {problem}")
         elif isinstance(action, RunQuery):
-            resp = QueryResponse(200, node.status().leader_id, m.query(member, action.request),
+            resp = QueryResponse(200, node.role_view().leader_id, m.query(member, action.request),
                                  action.applied_index)
             self._reply(member, Reply(action.token, QUERY, resp))
         elif isinstance(action, TakeSnapshot):
@@ -427,7 +427,7 @@ class SimCluster:
             node.complete(ChunkInstalled(action.token, action.meta, nxt, done, ""), self.now)
         else:
             node.complete(Restored(action.meta, "", m.restore_installed(member, action.meta)), self.now)
-            if (st := node.status()).has_state_machine:
+            if (st := node.role_view()).has_state_machine:
                 problem = m.check(member, st.applied_index)
                 if problem is not None:
                     self.violations.append(f"{self.now}: after installing a snapshot: {problem}")
@@ -495,7 +495,7 @@ class SimCluster:
         for i, node in self.nodes.items():
             if node is None:
                 continue
-            m = node.status()
+            m = node.role_view()
             store = self.stores[i]
             c = store.committed_index
             if c < self.last_commit.get(i, -1):
@@ -536,7 +536,7 @@ class SimCluster:
     def _check_completeness(self, leader: str, store: SimDiskStore) -> None:
         # Leader Completeness covers entries committed in earlier terms: a leader of a lower
         # term elected (on delayed answers) after a higher term committed need not hold those
-        term = self._node(leader).status().term
+        term = self._node(leader).role_view().term
         top = max((i for i, t in self.commit_term.items() if t < term), default=-1)
         if store.end_index < top:
             self.violations.append(f"{self.now}: leader {leader} lacks committed entries {store.end_index + 1}..{top}")

@@ -184,7 +184,7 @@ def _check_applied(c: SimCluster, report: SimReport) -> None:
     """Every running member's state machine applies up to its commit index (none stopped):
     one that was away while the others compacted installs the leader's snapshot."""
     def applied() -> bool:
-        return all((st := n.status()).has_state_machine and st.applied_index >= c.stores[i].committed_index
+        return all((st := n.role_view()).has_state_machine and st.applied_index >= c.stores[i].committed_index
                    for i, n in c.nodes.items() if n is not None)
 
     if not c.run_until(applied, 10_000):
