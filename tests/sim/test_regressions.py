@@ -248,7 +248,8 @@ def test_an_answer_to_a_push_of_an_earlier_term_is_not_counted() -> None:
     c.run(5)
     cid = c.append(lead, [b"acked-in-term-3"])
     c.run_until(lambda: cid in c.client_results, 800)
-    assert c._node(lead).quorum.match.get(f, -1) < 1
+    node = c._node(lead)
+    assert node.progress[f].counted(node.quorum.sync) < 1
     assert not c.violations
 
 
@@ -464,7 +465,7 @@ def test_a_corrupt_follower_does_not_take_leadership_and_is_repaired_by_the_scru
     assert node.member.role == Role.FOLLOWER and node.member.term == term
     # the leader learns it from a's next heartbeat answer: it refuses a client's transfer to a
     # at once, and repairs a
-    assert c.run_until(lambda: c._node(leader).elector.peer_corrupt.get(a, False), 2_000)
+    assert c.run_until(lambda: c._node(leader).progress[a].corrupt, 2_000)
     resp = _ask(c, leader, RequestCode.LEADERSHIP_TRANSFER, LeadershipTransferRequest(transferee_id=a))
     assert resp is not None and resp.code == ResponseCode.TAKE_LEADERSHIP_FAILED, resp
     assert c.run_until(lambda: node.corrupt is None and not c.damaged(), 10_000)
@@ -557,7 +558,7 @@ def test_a_corrupt_mark_ends_when_retention_deletes_the_record() -> None:
     assert c.run_until(lambda: not c.damaged(), 10_000)
     # and the clearing itself: a mark below the log begin (deleted) goes at the next tick
     node = c._node(a)
-    node.corrupt = (c.stores[a].begin_index - 1, "deleted")
+    node.integrity.corrupt = (c.stores[a].begin_index - 1, "deleted")
     c.run(3 * c.tick_ms)
     assert node.corrupt is None
     assert not c.violations
@@ -572,7 +573,7 @@ def test_a_repair_hold_expires_for_a_follower_silent_past_retention_hold_ms() ->
     c.corrupt(a, indexes[1])
     _ask(c, a, RequestCode.GET, GetRequest(index=indexes[1], local=True))
     c.heal()
-    assert c.run_until(lambda: c._node(leader).dispatchers[a].repair_index >= 0, 2_000)
+    assert c.run_until(lambda: c._node(leader).progress[a].repair_index >= 0, 2_000)
     c.crash(a)
     _write(c, leader, 50)
     c.run(5_000)
@@ -590,7 +591,7 @@ def test_the_scrub_finds_rot_on_a_member_that_is_never_idle() -> None:
     for k in range(3_000):
         c.append(c.leader() or leader, [b"load%d" % k])
         c.run(5)
-    assert c._node(a).corruptions_found >= 1
+    assert c._node(a).status().corruptions_found >= 1
     assert c.run_until(lambda: not c.damaged(), 20_000)
 
 

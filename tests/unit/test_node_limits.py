@@ -14,7 +14,7 @@ import pytest
 
 from dledger.codes import PushType, RequestCode, ResponseCode
 from dledger.config import DLedgerConfig
-from dledger.core import node as node_module
+from dledger.core import reads as reads_module
 from dledger.core.messages import (
     READ,
     SNAPSHOT,
@@ -110,8 +110,8 @@ def test_snapshot_requests_during_a_snapshot_share_it() -> None:
 
 def test_long_polls_released_by_one_append_are_answered_a_budget_per_drain(monkeypatch: pytest.MonkeyPatch) -> None:
     page, budget, body = 16 << 10, 64 << 10, 10 << 10
-    monkeypatch.setattr(node_module, "LONG_POLL_PAGE_BYTES", page)
-    monkeypatch.setattr(node_module, "LONG_POLL_DRAIN_BYTES", budget)
+    monkeypatch.setattr(reads_module, "LONG_POLL_PAGE_BYTES", page)
+    monkeypatch.setattr(reads_module, "LONG_POLL_DRAIN_BYTES", budget)
     d = Driver().lead()
     start = d.store.end_index + 1
     polls = {("poll", k): start + (k % 3) for k in range(30)}  # parked at three indexes

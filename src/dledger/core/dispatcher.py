@@ -37,11 +37,12 @@ from __future__ import annotations
 import logging
 from collections import deque
 from enum import IntEnum
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import msgspec
 
 from dledger.codes import DISK_FAULTS, PushType, RequestCode, ResponseCode
+from dledger.core.contexts import ChunkCtx, InstallCtx, PushCtx
 from dledger.core.install_snapshot import SnapshotSender
 from dledger.core.messages import InstallSnapshotResponse, PushRequest, PushResponse
 from dledger.entry import HEADER, scan
@@ -70,7 +71,7 @@ class EntryDispatcher:
         self.peer = peer
         self.state = State.COMPARE
         self.epoch = 0
-        self.match_index = -1
+        self.progress = node.progress[peer]  # what we know of the follower (shared with elector and quorum)
         self.next_index = node.store.end_index + 1
         self.compare_index = node.store.end_index - 1  # a new leader's NOOP is not there yet
         self.compare_floor = -1  # highest index known to match (COMPARE searches above it)
@@ -78,16 +79,10 @@ class EntryDispatcher:
         self.inflight: deque[tuple[int, int, int]] = deque()  # (seq, first, last) in send order
         self.early: dict[int, PushResponse | None] = {}  # answers that overtook an earlier push
         self.seq = 0
-        self.follower_commit = -1
         self.tokens = float(node.cfg.peer_push_quota)
         self.last_refill = node.now
-        self.durable = -1  # highest durable_index the follower reported in this term
         self.paused_until = 0  # its disk failed: retry from then
-        self.disk_fault = False  # logged once per episode
-        self.needs_snapshot = False  # it needs entries below our log begin (metric, logged once)
         self.sender = SnapshotSender(node, peer)  # INSTALL state: our snapshot, chunk by chunk
-        self.installed_through = -1  # it installed our snapshot through here and is catching up
-        self.repair_index = -1  # the follower's first corrupt record, to send again (-1: none)
         self.repair_busy = False  # a REPAIR push is in flight
         self.repair_paused_until = 0
         # the follower's answers (one per push of ours) trigger these lines: rate-limited
@@ -105,8 +100,8 @@ class EntryDispatcher:
         self.early.clear()
         self.busy = False
         self.sender.stop()
-        self.compare_floor = self.match_index
-        self.compare_index = max(min(compare_at, self.node.store.end_index), self.match_index)
+        self.compare_floor = self.progress.match_index
+        self.compare_index = max(min(compare_at, self.node.store.end_index), self.progress.match_index)
 
     # --- sending -----------------------------------------------------------------------
 
@@ -122,8 +117,8 @@ class EntryDispatcher:
             return
         if self.state == State.APPEND:
             self._send_appends()
-            if not self.inflight and not self.busy and self.follower_commit < node.store.committed_index:
-                self._send(PushType.COMMIT, self.match_index)
+            if not self.inflight and not self.busy and self.progress.follower_commit < node.store.committed_index:
+                self._send(PushType.COMMIT, self.progress.match_index)
         elif self.state == State.INSTALL:
             if not self.sender.active and not self.sender.start():
                 self._stranded()
@@ -149,10 +144,10 @@ class EntryDispatcher:
         if kind == PushType.APPEND:
             self.seq += 1
             self.inflight.append((self.seq, first, first + count - 1))
-            ctx: tuple[Any, ...] = ("push", self.peer, self.epoch, self.seq, int(kind), prev_index, m.term)
+            ctx = PushCtx(self.peer, self.epoch, self.seq, int(kind), prev_index, m.term)
         else:
             self.busy = True
-            ctx = ("push", self.peer, self.epoch, 0, int(kind), prev_index, m.term)
+            ctx = PushCtx(self.peer, self.epoch, 0, int(kind), prev_index, m.term)
         node.send(self.peer, RequestCode.PUSH, req, ctx, data)
 
     def _send_appends(self) -> None:
@@ -190,14 +185,14 @@ class EntryDispatcher:
         quota = cfg.peer_push_quota
         self.tokens = min(float(quota), self.tokens + (node.now - self.last_refill) * quota / 1000)
         self.last_refill = node.now
-        if self.match_index >= node.store.committed_index - cfg.max_pending_requests:
+        if self.progress.match_index >= node.store.committed_index - cfg.max_pending_requests:
             return True
         return self.tokens > 0
 
     # --- answers -----------------------------------------------------------------------
 
-    def on_response(self, ctx: Any, resp: msgspec.Struct | None) -> None:
-        _, _, epoch, seq, kind, prev_index, term = ctx
+    def on_response(self, ctx: PushCtx, resp: msgspec.Struct | None) -> None:
+        epoch, seq, kind, prev_index, term = ctx.epoch, ctx.seq, ctx.kind, ctx.prev_index, ctx.term
         if kind == PushType.REPAIR:  # beside the COMPARE / APPEND states: epochs do not apply
             if term == self.node.member.term and self.node.member.is_leader:
                 self._on_repair(prev_index, resp)
@@ -221,13 +216,13 @@ class EntryDispatcher:
                 # its own record is damaged: REPAIR runs beside; do not re-probe in a tight loop
                 self.paused_until = self.node.now + self.node.cfg.heart_beat_time_interval_ms
             if resp.code == ResponseCode.SUCCESS:
-                self.node.elector.ack(self.peer)
-                self.disk_fault = False
+                self.progress.last_ack = self.node.now  # it still follows us
+                self.progress.disk_fault = False
             elif resp.code in DISK_FAULTS:
-                if not self.disk_fault:
+                if not self.progress.disk_fault:
                     self._warn("disk", "push to %s: its disk cannot write (%s); retrying every %d ms", self.peer,
                                ResponseCode(resp.code).name, self.node.cfg.heart_beat_time_interval_ms)
-                self.disk_fault = True
+                self.progress.disk_fault = True
                 self.paused_until = self.node.now + self.node.cfg.heart_beat_time_interval_ms
                 # it says nothing of its log: try the same push again later
                 self.reset(self.compare_index if self.state == State.COMPARE else self.next_index - 1,
@@ -246,7 +241,8 @@ class EntryDispatcher:
         ok = resp.code == ResponseCode.SUCCESS
         if kind == PushType.COMMIT:
             if ok:
-                self.follower_commit = max(self.follower_commit, min(resp.end_index, self.node.store.committed_index))
+                pr = self.progress
+                pr.follower_commit = max(pr.follower_commit, min(resp.end_index, self.node.store.committed_index))
             else:
                 self.reset(self.next_index - 1, f"COMMIT answered {resp.code}")
         elif kind == PushType.COMPARE:
@@ -277,8 +273,8 @@ class EntryDispatcher:
                 # acknowledges entries anew.
                 self._warn("lost", "push to %s: its log ends at %d, below the %d it had acknowledged; matching again",
                            self.peer, resp.end_index, self.compare_floor)
-                self.match_index = self.compare_floor = self.durable = -1
-                self.node.quorum.match[self.peer] = -1
+                self.progress.lost()
+                self.compare_floor = -1
             nxt = self._next_compare(i, resp)
             if nxt > self.compare_floor:
                 if nxt < self.node.store.begin_index - 1:  # the search goes where our log was deleted
@@ -308,15 +304,15 @@ class EntryDispatcher:
             last = self._last_index_of_term(resp.x_term, i - 1)
             nxt = last if last >= resp.x_index else resp.x_index - 1
         if nxt >= store.begin_index - 1:
-            self.needs_snapshot = False
+            self.progress.needs_snapshot = False
         return max(nxt, -1)
 
     # --- INSTALL -------------------------------------------------------------------------------
 
     def _install(self) -> None:
         """It needs entries before our log begin: send our snapshot instead."""
-        self.needs_snapshot = True
-        self.reset(self.match_index, "it needs entries before our log begin")  # a new epoch, nothing in flight
+        self.progress.needs_snapshot = True
+        self.reset(self.progress.match_index, "it needs entries before our log begin")  # a new epoch, nothing in flight
         if self.sender.start():
             self.state = State.INSTALL
         else:
@@ -326,7 +322,7 @@ class EntryDispatcher:
         """No snapshot reaches our log begin (a state machine whose log was lost before its
         first snapshot): ask again now and then, not in a tight loop."""
         self.state = State.COMPARE
-        self.compare_index = max(self.node.store.begin_index - 1, self.match_index)
+        self.compare_index = max(self.node.store.begin_index - 1, self.progress.match_index)
         self.paused_until = self.node.now + STRANDED_RETRY_MS
 
     def install_hold(self) -> int:
@@ -336,11 +332,11 @@ class EntryDispatcher:
         when installs take longer than compacting)."""
         if self.sender.meta is not None:
             return self.sender.meta.last_index + 1
-        if self.installed_through >= 0:
-            if self.match_index >= self.node.store.committed_index:
-                self.installed_through = -1
+        if self.progress.installed_through >= 0:
+            if self.progress.match_index >= self.node.store.committed_index:
+                self.progress.installed_through = -1
                 return -1
-            return max(self.installed_through, self.match_index) + 1
+            return max(self.progress.installed_through, self.progress.match_index) + 1
         return -1
 
     def note_apply_needs(self, index: int) -> None:
@@ -363,8 +359,8 @@ class EntryDispatcher:
             self.node.want_snapshot()
         return False
 
-    def on_chunk_read(self, ctx: Any, data: bytes, crc: int, error: str) -> None:
-        epoch, last_index, offset = ctx
+    def on_chunk_read(self, ctx: ChunkCtx, data: bytes, crc: int, error: str) -> None:
+        epoch, last_index, offset = ctx.epoch, ctx.last_index, ctx.offset
         s = self.sender
         if epoch != self.epoch or self.state != State.INSTALL or s.meta is None or \
                 (s.meta.last_index, s.offset) != (last_index, offset):
@@ -372,8 +368,8 @@ class EntryDispatcher:
         s.on_chunk(epoch, data, crc, error)
         self.node.request_pump()
 
-    def on_install_response(self, ctx: Any, resp: InstallSnapshotResponse | None) -> None:
-        _, _, epoch, term, last_index, _ = ctx
+    def on_install_response(self, ctx: InstallCtx, resp: InstallSnapshotResponse | None) -> None:
+        epoch, term, last_index = ctx.epoch, ctx.term, ctx.last_index
         node = self.node
         if epoch != self.epoch or term != node.member.term or not node.member.is_leader or \
                 self.state != State.INSTALL:
@@ -385,8 +381,8 @@ class EntryDispatcher:
                 self.note_durable(resp.durable_index)
         if self.sender.on_response(resp):
             # it holds our log through last_index now: match from there (its end may be higher)
-            self.needs_snapshot = False
-            self.installed_through = last_index
+            self.progress.needs_snapshot = False
+            self.progress.installed_through = last_index
             self._matched(last_index)
             self.reset(resp.end_index if resp is not None else last_index, f"snapshot {last_index} installed")
         node.request_pump()
@@ -425,13 +421,14 @@ class EntryDispatcher:
                 return
             self.inflight.popleft()
             self._matched(last)
-            self.follower_commit = max(self.follower_commit, min(r.end_index, self.node.store.committed_index))
+            pr = self.progress
+            pr.follower_commit = max(pr.follower_commit, min(r.end_index, self.node.store.committed_index))
 
     def _matched(self, index: int) -> None:
-        if index > self.match_index:
-            self.match_index = index
+        if index > self.progress.match_index:
+            self.progress.match_index = index
             if self.node.cfg.flush == "async":
-                self.node.quorum.ack(self.peer, index)
+                self.node.quorum.advance()
 
     # --- data faults ------------------------------------------------------------------------
 
@@ -458,27 +455,27 @@ class EntryDispatcher:
 
     def note_corrupt(self, index: int) -> None:
         """The follower's answers report its first corrupt record (-1: none): repair it."""
-        self.node.elector.peer_corrupt[self.peer] = index >= 0
+        self.progress.corrupt = index >= 0
         if index < 0:
-            if self.repair_index >= 0 and not self.repair_busy:
+            if self.progress.repair_index >= 0 and not self.repair_busy:
                 self._log.info("corrupt", "push to %s: it reports no corrupt record any more", self.peer)
-                self.repair_index = -1
+                self.progress.repair_index = -1
             return
-        if index != self.repair_index:
-            if self.repair_index < 0:
+        if index != self.progress.repair_index:
+            if self.progress.repair_index < 0:
                 self._warn("corrupt", "push to %s: it reports a corrupt record at index %d; sending it our copy",
                            self.peer, index)
-            self.repair_index = index
+            self.progress.repair_index = index
             self.node.request_pump()
 
     def _pump_repair(self) -> None:
         """Send the follower our copies of the records from its first corrupt one (verified
         here first: a damaged copy of ours is never sent; it makes us corrupt instead)."""
         node = self.node
-        if self.repair_index < 0 or self.repair_busy or node.now < self.repair_paused_until:
+        if self.progress.repair_index < 0 or self.repair_busy or node.now < self.repair_paused_until:
             return
         store, hb = node.store, node.cfg.heart_beat_time_interval_ms
-        i = self.repair_index
+        i = self.progress.repair_index
         if i < store.begin_index:
             self._warn("repair", "follower %s: its record %d is corrupt and ours was deleted by retention (log "
                        "begins at %d): it cannot be repaired; told it so", self.peer, i, store.begin_index)
@@ -508,7 +505,7 @@ class EntryDispatcher:
                           store.term_at(first - 1), first, count, store.committed_index)
         self.repair_busy = True
         node.send(self.peer, RequestCode.PUSH, req,
-                  ("push", self.peer, self.epoch, 0, int(PushType.REPAIR), first, m.term), data)
+                  PushCtx(self.peer, self.epoch, 0, int(PushType.REPAIR), first, m.term), data)
 
     def _on_repair(self, first: int, resp: msgspec.Struct | None) -> None:
         node = self.node
@@ -521,7 +518,7 @@ class EntryDispatcher:
         if node.elector.observe_term(resp.term):
             return
         if resp.code == ResponseCode.SUCCESS:
-            node.elector.ack(self.peer)
+            self.progress.last_ack = node.now
             if resp.corrupt_index < 0:
                 self._warn("repaired", "push to %s: its corrupt records are repaired", self.peer)
             elif resp.corrupt_index == first:  # still damaged after our copy: do not loop
@@ -540,9 +537,9 @@ class EntryDispatcher:
         match it again now rather than on the next append."""
         self._warn("lost", "push to %s: its log ends at %d, below the %d it had acknowledged (store wiped or tail "
                    "lost); matching again", self.peer, end, matched)
-        self.match_index = self.compare_floor = self.durable = -1
-        self.follower_commit = -1
-        self.node.quorum.match[self.peer] = -1
+        self.progress.lost()
+        self.compare_floor = -1
+        self.progress.follower_commit = -1
         self.paused_until = 0
         self.reset(end, "its log ends below its match")
         self.node.request_pump()
@@ -550,10 +547,10 @@ class EntryDispatcher:
     def note_durable(self, durable: int) -> None:
         """The follower's fsynced prefix equal to our log (any answer carries it); in sync
         mode it is what counts toward the commit."""
-        if durable > self.durable:
-            self.durable = durable
+        if durable > self.progress.durable:
+            self.progress.durable = durable
             if self.node.cfg.flush == "sync":
-                self.node.quorum.ack(self.peer, durable)
+                self.node.quorum.advance()
 
 
 def _code_name(code: int) -> str:

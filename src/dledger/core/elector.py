@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from dledger.codes import RequestCode, ResponseCode
+from dledger.core.contexts import HeartbeatCtx, TransferCtx, VoteCtx
 from dledger.core.messages import (
     HeartBeatRequest,
     HeartBeatResponse,
@@ -70,9 +71,7 @@ class LeaderElector:
         self.responses: dict[str, int] = {}
         self.next_heartbeat = 0
         self.leader_since = 0
-        self.last_ack: dict[str, int] = {}
-        self.peer_full: dict[str, bool] = {}  # followers refusing client appends (disk full), from heartbeats
-        self.peer_corrupt: dict[str, bool] = {}  # followers reporting a corrupt record: no leadership to them
+        self.progress = node.progress  # what we know of each follower (core.progress)
         self.transfer: _Transfer | None = None
         self.awaiting: _Transfer | None = None  # transfer handed over; waiting for the new leader
         self.elections = 0  # real (not pre-vote) rounds started, for metrics
@@ -140,7 +139,7 @@ class LeaderElector:
             self.heartbeat_now()
         # check quorum: a leader that cannot reach a majority steps down
         window = self.leader_lease_ms
-        alive = 1 + sum(1 for p in self.node.member.others if now - self.last_ack.get(p, self.leader_since) < window)
+        alive = 1 + sum(1 for p in self.progress.values() if p.heard_within(now, window, self.leader_since))
         if not self.node.member.is_quorum(alive):
             self.node.step_down(f"reached only {alive} members in {window} ms (check quorum)")
             self.election_deadline = now + self._election_timeout()
@@ -161,10 +160,7 @@ class LeaderElector:
 
     def start_round(self, pre_vote: bool, transfer: bool = False) -> None:
         node, m = self.node, self.node.member
-        if m.role == Role.LEADER:
-            node.step_down("starting an election")
-        m.role = Role.CANDIDATE
-        m.leader_id = None
+        node.become_candidate()
         self.round += 1
         self.round_active = True
         self.round_pre_vote = pre_vote
@@ -185,12 +181,12 @@ class LeaderElector:
         log.debug("%s: %s round %d for term %d", m.self_id, "pre-vote" if pre_vote else "vote", self.round, term)
         for p in m.others:
             req = VoteRequest(m.group, m.self_id, p, term, store.end_index, store.end_term, pre_vote, transfer)
-            ctx = ("vote", self.round, pre_vote, p)
+            ctx = VoteCtx(self.round, pre_vote, p)
             node.send(p, RequestCode.VOTE, req, ctx, timeout_ms=node.cfg.max_vote_interval_ms)
         self._check_round()
 
-    def on_vote_response(self, ctx: Any, resp: msgspec.Struct | None) -> None:
-        _, rnd, _, peer = ctx
+    def on_vote_response(self, ctx: VoteCtx, resp: msgspec.Struct | None) -> None:
+        rnd, peer = ctx.round, ctx.peer
         m = self.node.member
         if rnd != self.round or not self.round_active or m.role != Role.CANDIDATE:
             return
@@ -214,9 +210,6 @@ class LeaderElector:
             if self.round_pre_vote:
                 self.start_round(pre_vote=False)
             else:
-                self.leader_since = self.node.now
-                self.last_ack = {}
-                self.next_heartbeat = 0
                 if not self.node.become_leader():
                     self.election_deadline = self.node.now + self._election_timeout()
                     return
@@ -288,11 +281,9 @@ class LeaderElector:
             self.round_active = False
             node.step_down(f"{leader_id} leads term {term}")
         if m.leader_id is None:
-            m.leader_id = leader_id
+            node.follow(leader_id)
             # (a forged heartbeat of a higher term each time would log this for every one)
             self._log.info("follows", "%s/%s: follows %s in term %d", m.group, m.self_id, leader_id, term)
-            node.handler.on_leader_change()
-            node.forget_beyond_repair()
         elif m.leader_id != leader_id:
             return ResponseCode.INCONSISTENT_LEADER
         self.last_leader_contact = node.now
@@ -330,14 +321,13 @@ class LeaderElector:
         for p in m.others:
             req = HeartBeatRequest(m.group, m.self_id, p, m.term, node.store.committed_index, floor, holder,
                                    self.leader_lease_ms)
-            d = node.dispatchers.get(p)
             # what it had acknowledged when we asked: its answer must not report less
-            matched = d.match_index if d is not None else -1
-            node.send(p, RequestCode.HEART_BEAT, req, ("hb", p, m.term, matched, round_),
+            matched = self.progress[p].match_index
+            node.send(p, RequestCode.HEART_BEAT, req, HeartbeatCtx(p, m.term, matched, round_),
                       timeout_ms=self.leader_lease_ms)
 
-    def on_heartbeat_response(self, ctx: Any, resp: msgspec.Struct | None) -> None:
-        _, peer, term, matched, round_ = ctx
+    def on_heartbeat_response(self, ctx: HeartbeatCtx, resp: msgspec.Struct | None) -> None:
+        peer, term, matched, round_ = ctx.peer, ctx.term, ctx.matched, ctx.round
         if resp is None:
             return
         assert isinstance(resp, HeartBeatResponse)
@@ -346,8 +336,9 @@ class LeaderElector:
         if resp.code == ResponseCode.SUCCESS and term == self.node.member.term and self.node.member.is_leader:
             self.ack(peer)
             self.node.reads.on_ack(peer, round_)
-            self.peer_full[peer] = resp.store_full
-            self.peer_corrupt[peer] = resp.corrupt_index >= 0
+            pr = self.progress[peer]
+            pr.store_full = resp.store_full
+            pr.corrupt = resp.corrupt_index >= 0
             d = self.node.dispatchers.get(peer)
             if d is not None:
                 if resp.end_index is not None and resp.end_index < matched:
@@ -358,7 +349,7 @@ class LeaderElector:
 
     def ack(self, peer: str) -> None:
         """Any successful answer from a follower proves it still follows us."""
-        self.last_ack[peer] = self.node.now
+        self.progress[peer].last_ack = self.node.now
 
     def observe_term(self, term: int) -> bool:
         """A higher term seen in a response ends our leadership; True if so."""
@@ -396,7 +387,7 @@ class LeaderElector:
             err = ResponseCode.UNKNOWN_MEMBER
         elif self.transfer is not None:
             err = ResponseCode.LEADER_TRANSFERRING
-        elif self.peer_corrupt.get(target, False):
+        elif target in self.progress and self.progress[target].corrupt:
             why = f"{target} reports a corrupt record; it takes no leadership until it is repaired"
             failed = int(ResponseCode.TAKE_LEADERSHIP_FAILED)
             node.reply(token, RequestCode.LEADERSHIP_TRANSFER, SimpleResponse(failed, m.term, m.leader_id or "", why))
@@ -425,19 +416,24 @@ class LeaderElector:
             self._finish_transfer(t, ResponseCode.TAKE_LEADERSHIP_FAILED, f"{t.target} did not take over in time")
             log.warning("%s: transfer to %s timed out; resuming", m.self_id, t.target)
             return
-        d = node.dispatchers.get(t.target)
-        if not t.sent and d is not None and d.match_index >= node.store.end_index:
+        pr = self.progress.get(t.target)
+        if not t.sent and pr is not None and pr.match_index >= node.store.end_index:
             t.sent = True
             node.reads.end_leases()  # the hand-over's votes ignore our lease, even after a time-out
             req = LeadershipTransferRequest(m.group, m.self_id, t.target, m.term, m.self_id, t.target)
-            node.send(t.target, RequestCode.LEADERSHIP_TRANSFER, req, ("transfer", t.target, m.term))
+            node.send(t.target, RequestCode.LEADERSHIP_TRANSFER, req, TransferCtx(t.target, m.term))
 
-    def on_transfer_response(self, ctx: Any, resp: msgspec.Struct | None) -> None:
+    def on_transfer_response(self, ctx: TransferCtx, resp: msgspec.Struct | None) -> None:
         t = self.transfer
-        if t is None or t.target != ctx[1]:
+        if t is None or t.target != ctx.target:
             return
         if resp is None or not isinstance(resp, SimpleResponse) or resp.code != ResponseCode.SUCCESS:
             t.sent = False  # try again while the deadline allows
+
+    def on_leader(self) -> None:
+        """We lead now (Node._change_role): heartbeats go at once, check-quorum counts from here."""
+        self.leader_since = self.node.now
+        self.next_heartbeat = 0
 
     def on_step_down(self) -> None:
         """Leadership ended: a transfer in flight now waits to see the target lead."""
@@ -457,9 +453,7 @@ class LeaderElector:
         if not preferred or m.self_id in preferred or node.corrupt is not None:
             return
         for pid in preferred:
-            d = node.dispatchers.get(pid)
-            alive = node.now - self.last_ack.get(pid, -(1 << 62)) < self.leader_lease_ms
-            if d is not None and alive and not self.peer_full.get(pid) and not d.disk_fault \
-                    and not self.peer_corrupt.get(pid) and d.match_index >= node.store.end_index:
+            pr = self.progress.get(pid)
+            if pr is not None and pr.fit_to_lead(node.now, self.leader_lease_ms, node.store.end_index):
                 self.begin_transfer(pid, None)
                 return

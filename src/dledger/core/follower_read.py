@@ -19,9 +19,10 @@ import itertools
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from dledger.codes import ResponseCode
+from dledger.core.contexts import ReadIndexCtx
 from dledger.core.messages import READ_INDEX, ReadIndexRequest, ReadIndexResponse
 
 if TYPE_CHECKING:
@@ -59,10 +60,10 @@ class FollowerReads:
         rid = next(self._ids)
         self._asked[rid] = _Waiting(-1, node.now + node.cfg.max_wait_ack_ms, serve, fail)
         node.send(m.leader_id, READ_INDEX, ReadIndexRequest(m.group, m.self_id, m.leader_id, consistency),
-                  ("read_index", rid))
+                  ReadIndexCtx(rid))
 
-    def on_response(self, ctx: Any, resp: ReadIndexResponse | None) -> None:
-        w = self._asked.pop(ctx[1], None)
+    def on_response(self, ctx: ReadIndexCtx, resp: ReadIndexResponse | None) -> None:
+        w = self._asked.pop(ctx.rid, None)
         if w is None:
             return
         if resp is None:

@@ -27,6 +27,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from dledger.codes import DISK_FAULTS, DLedgerError, RequestCode, ResponseCode
+from dledger.core.contexts import ChunkCtx, InstallCtx
 from dledger.core.messages import InstallSnapshotRequest, InstallSnapshotResponse, SnapshotFile
 from dledger.ratelog import RateLimitedLog
 from dledger.statemachine.snapshot import FileInfo, SnapshotMeta
@@ -108,7 +109,7 @@ class SnapshotSender:
             self._send(epoch, b"", 0)
         else:
             self.node.read_chunk(self.peer, meta, self.offset, self.node.cfg.install_chunk_bytes,
-                                 (epoch, meta.last_index, self.offset))
+                                 ChunkCtx(epoch, meta.last_index, self.offset))
 
     def on_chunk(self, epoch: int, data: bytes, crc: int, error: str) -> None:
         """The runtime read the chunk asked for (or failed: our snapshot went, a newer one
@@ -131,7 +132,7 @@ class SnapshotSender:
                                      meta.chain_crc, max(meta.next_pos, 0), meta.members, files, self.offset, crc,
                                      node.store.committed_index)
         node.send(self.peer, RequestCode.INSTALL_SNAPSHOT, req,
-                  ("install", self.peer, epoch, m.term, meta.last_index, self.offset), data,
+                  InstallCtx(self.peer, epoch, m.term, meta.last_index, self.offset), data,
                   TIMEOUT_FACTOR * node.cfg.max_push_timeout_ms)
         node.install_bytes_sent += len(data)
 
@@ -154,7 +155,7 @@ class SnapshotSender:
                 node.want_snapshot()  # ours may be damaged (or not byte-for-byte reproducible): a new one
             self.meta = None  # start again with our newest (the follower dropped its partial copy)
             return False
-        node.elector.ack(self.peer)
+        node.progress[self.peer].last_ack = node.now  # it still follows us
         if resp.done:
             node.installs_sent += 1
             self._log.info("installed", "push to %s: snapshot %d installed (%d bytes in %d ms)", self.peer,

@@ -22,7 +22,7 @@ import logging
 import random
 import zlib
 from array import array
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, TypeGuard
 
@@ -30,15 +30,33 @@ import msgspec
 
 from dledger.codes import DISK_FAULTS, DLedgerError, PushType, RequestCode, ResponseCode
 from dledger.config import DLedgerConfig
+from dledger.core.contexts import (
+    Answered,
+    Applied,
+    ApplyFailed,
+    ChunkCtx,
+    ChunkInstalled,
+    ChunkRead,
+    Completion,
+    Context,
+    Durable,
+    HeartbeatCtx,
+    InstallCtx,
+    PushCtx,
+    ReadIndexCtx,
+    Restored,
+    SnapshotTaken,
+    TransferCtx,
+    VoteCtx,
+)
 from dledger.core.dispatcher import EntryDispatcher
 from dledger.core.elector import LeaderElector
 from dledger.core.follower_read import FollowerReads
 from dledger.core.handler import EntryHandler
 from dledger.core.install_snapshot import SnapshotReceiver, holds
-from dledger.core.long_poll import MAX_WAIT_MS, LongPolls
+from dledger.core.integrity import Integrity
 from dledger.core.member_state import MemberState
 from dledger.core.messages import (
-    CONSISTENCY,
     QUERY,
     READ,
     READ_INDEX,
@@ -46,7 +64,6 @@ from dledger.core.messages import (
     AppendRequest,
     AppendResponse,
     EntriesResponse,
-    EntryMsg,
     GetRequest,
     HeartBeatRequest,
     InstallSnapshotRequest,
@@ -68,8 +85,11 @@ from dledger.core.messages import (
     is_member_message,
 )
 from dledger.core.producers import CreationLimiter, Decision, Producer, ProducerTable, Run, marker_body, unverifiable
+from dledger.core.progress import Progress
 from dledger.core.quorum import QuorumAckChecker
-from dledger.core.read_index import ReadIndex, describe
+from dledger.core.read_index import ReadIndex
+from dledger.core.reads import ReadPath
+from dledger.core.status import FollowerStatus, NodeStatus, RoleView
 from dledger.entry import MAGIC_NOOP, MAGIC_NORMAL, MAGIC_SESSION
 from dledger.statemachine.applier import Applier, ApplyBatch, Proposal
 from dledger.statemachine.snapshot import PRODUCERS_FILE, SnapshotMeta
@@ -77,22 +97,6 @@ from dledger.store.base import AppendResult, CorruptEntryError, LedgerStore, Sto
 
 log = logging.getLogger(__name__)
 
-# What an entry costs an answer beyond its body (its fields, encoded): empty bodies count too.
-_ENTRY_OVERHEAD = 48
-# Long polls released by a commit (core.long_poll): each answer is a smaller page than a
-# plain READ's (a follower of the tail asks again from `next_index` for the rest), and one
-# drain answers parked polls worth at most LONG_POLL_DRAIN_BYTES (at least one), the rest
-# at the next drains in index order: 50 polls released by one 16 MiB append took a member
-# from 87 to 497 MB, and deposed the leader.
-LONG_POLL_PAGE_BYTES = 1 << 20
-LONG_POLL_DRAIN_BYTES = 8 << 20
-
-# The scrub: in ticks with no append and no push, verify up to this many committed records
-# (or bytes), cycling over the log; a pass that reached the commit index waits SCRUB_PAUSE_MS.
-SCRUB_ENTRIES = 16
-SCRUB_BYTES = 256 << 10
-SCRUB_PAUSE_MS = 10_000
-SCRUB_BUSY_EVERY = 10  # ticks: a member never idle still verifies one record this often
 PRODUCERS_SAVE_ENTRIES = 10_000  # a plain log's producer table is saved after this many entries folded,
 PRODUCERS_SAVE_MS = 30_000  # or this long after it changed
 
@@ -115,7 +119,7 @@ class Send:
     code: int
     msg: msgspec.Struct
     data: bytes | memoryview
-    ctx: Any  # handed back to on_response
+    ctx: Context  # handed back to on_response (core.contexts)
     timeout_ms: int
 
 
@@ -165,7 +169,7 @@ class ReadChunk:
     meta: SnapshotMeta
     offset: int
     max_bytes: int
-    ctx: Any
+    ctx: ChunkCtx
 
 
 @dataclass(slots=True)
@@ -230,11 +234,17 @@ class Node:
         self.now = now_ms
         self.member = MemberState(cfg.group, cfg.self_id, list(cfg.peer_map), store)
         self.actions: list[Action] = []
-        self.quorum = QuorumAckChecker(self.member, store, self._complete_append)
+        # what this member, as leader, knows of each follower (core.progress): one object each,
+        # shared by the dispatchers, the elector and the quorum
+        self.progress: dict[str, Progress] = {p: Progress(p) for p in self.member.others}
+        self.quorum = QuorumAckChecker(self.member, store, self._complete_append, self.progress, cfg.flush == "sync")
         self.elector = LeaderElector(self)
         self.reads = ReadIndex(self)
         self.follower_reads = FollowerReads(self)
-        self.long_polls = LongPolls()
+        self.read_path = ReadPath(store, self.member, cfg, self.reply,
+                                  lambda code, err, message: _error_for(code, err, self, message),
+                                  lambda: self.now, lambda: self.elector.transferring, self.mark_corrupt,
+                                  self.reads, self.follower_reads)
         self.handler = EntryHandler(self)
         self.receiver = SnapshotReceiver(self)
         self.restoring = False  # a RestoreSnapshot is on the worker: nothing is applied until it is done
@@ -245,18 +255,8 @@ class Node:
         self._appends: list[_Append] = []  # client appends taken since the last drain
         # a write that failed although the store did not report itself failed: no campaign until then
         self._store_fault: tuple[StoreError, int] | None = None
-        # (index, reason) of our first record known to fail verification: no leading, no campaign
-        self.corrupt: tuple[int, str] | None = None
-        self.corruptions_found = 0  # records found corrupt here (metrics)
-        self.entries_read = 0  # entries sent in GET/READ answers (metrics)
-        self.read_body_bytes = 0  # ... and their body bytes (a READ without bodies sends none)
-        self.records_repaired = 0  # records rewritten from the leader's copy (metrics)
-        self.scrub_entries = SCRUB_ENTRIES  # per idle tick (0: no scrub)
-        self._scrub_next = store.begin_index
-        self._scrub_at = now_ms  # a (re)started member checks its log soon
-        self._active = False  # an append or a push came since the last tick: no scrub then
-        self._busy_ticks = 0  # ticks in a row that were not idle
-        self._beyond_repair = -1  # the leader's log begin when it told us it cannot repair us
+        # our own records that fail verification, and the scrub (core.integrity)
+        self.integrity = Integrity(store, cfg.group, cfg.self_id, now_ms)
         # until a leader says what its followers need, retention deletes nothing (any member may
         # lead next, and a follower needing a deleted prefix could never catch up)
         store.set_retention_floor(store.begin_index, "a follower (no leader known yet)")
@@ -285,7 +285,28 @@ class Node:
             if self._hard_fault(e):
                 self.store_failed(e)  # e.g. a vote whose term could not be persisted
 
-    def on_response(self, ctx: Any, resp: msgspec.Struct | None, now_ms: int) -> None:
+    def complete(self, c: Completion, now_ms: int) -> None:
+        """One input for every report of work the node asked for (core.contexts): answers to
+        Sends, chunks read or installed, batches applied, snapshots taken or restored, fsyncs."""
+        match c:
+            case Answered(ctx, resp):
+                self.on_response(ctx, resp, now_ms)
+            case ChunkRead(peer, ctx, data, crc, error):
+                self.on_chunk_read(peer, ctx, data, crc, error, now_ms)
+            case ChunkInstalled(token, meta, next_offset, done, error):
+                self.on_chunk_installed(token, meta, next_offset, done, error, now_ms)
+            case Applied(results):
+                self.on_applied(results, now_ms)
+            case ApplyFailed(reason):
+                self.on_apply_failed(reason, now_ms)
+            case SnapshotTaken(index, error, meta):
+                self.on_snapshot(index, error, now_ms, meta)
+            case Restored(meta, error, producers):
+                self.on_restored(meta, error, now_ms, producers)
+            case Durable(index):
+                self.on_durable(index, now_ms)
+
+    def on_response(self, ctx: Context, resp: msgspec.Struct | None, now_ms: int) -> None:
         """The answer to one of our Sends (None: timeout or network failure)."""
         self.now = now_ms
         try:
@@ -293,24 +314,24 @@ class Node:
         except StoreError as e:  # e.g. persisting a higher term on a full disk
             self.store_error(e)
 
-    def _on_response(self, ctx: Any, resp: msgspec.Struct | None) -> None:
-        kind = ctx[0]
-        if kind == "vote":
-            self.elector.on_vote_response(ctx, resp)
-        elif kind == "hb":
-            self.elector.on_heartbeat_response(ctx, resp)
-        elif kind == "push":
-            d = self.dispatchers.get(ctx[1])
-            if d is not None:
-                d.on_response(ctx, resp)
-        elif kind == "transfer":
-            self.elector.on_transfer_response(ctx, resp)
-        elif kind == "read_index":
-            self.follower_reads.on_response(ctx, resp if isinstance(resp, ReadIndexResponse) else None)
-        elif kind == "install":
-            d = self.dispatchers.get(ctx[1])
-            if d is not None:
-                d.on_install_response(ctx, resp if isinstance(resp, InstallSnapshotResponse) else None)
+    def _on_response(self, ctx: Context, resp: msgspec.Struct | None) -> None:
+        match ctx:
+            case PushCtx():
+                d = self.dispatchers.get(ctx.peer)
+                if d is not None:
+                    d.on_response(ctx, resp)
+            case HeartbeatCtx():
+                self.elector.on_heartbeat_response(ctx, resp)
+            case VoteCtx():
+                self.elector.on_vote_response(ctx, resp)
+            case TransferCtx():
+                self.elector.on_transfer_response(ctx, resp)
+            case ReadIndexCtx():
+                self.follower_reads.on_response(ctx, resp if isinstance(resp, ReadIndexResponse) else None)
+            case InstallCtx():
+                d = self.dispatchers.get(ctx.peer)
+                if d is not None:
+                    d.on_install_response(ctx, resp if isinstance(resp, InstallSnapshotResponse) else None)
 
     def tick(self, now_ms: int) -> None:
         self.now = now_ms
@@ -318,8 +339,7 @@ class Node:
             if self.member.is_leader and (err := self.unwritable()) is not None:
                 self.step_down(f"its store cannot write: {err.message}")
             self.elector.tick()
-            if self.corrupt is not None and self.corrupt[0] < self.store.begin_index:
-                self._clear_corrupt(f"corrupt record {self.corrupt[0]} deleted by retention")
+            self.integrity.forget_deleted()
             if self.member.is_leader and self.corrupt is not None and not self.elector.transferring:
                 # no healthy follower took over in time (or none could): leave anyway; after
                 # the elector's tick, so a transfer that just timed out is not replaced
@@ -340,7 +360,8 @@ class Node:
                     self.reply(q.token, QUERY, QueryResponse(int(ResponseCode.TIMEOUT), self.member.leader_id or "",
                                                              message="the state machine did not reach the read index "
                                                                      f"{q.read_index} in time"))
-            self._scrub()
+            for index, reason in self.integrity.scrub(self.now):
+                self.mark_corrupt(index, reason)
             self._save_producers()
         except StoreError as e:
             self.store_error(e)
@@ -396,23 +417,34 @@ class Node:
     # --- corrupt records ---------------------------------------------------------------------
 
     @property
+    def corrupt(self) -> tuple[int, str] | None:
+        """(index, reason) of our first record known to fail verification (core.integrity)."""
+        return self.integrity.corrupt
+
+    @property
     def corrupt_index(self) -> int:
-        return self.corrupt[0] if self.corrupt is not None else -1
+        return self.integrity.corrupt_index
+
+    @property
+    def scrub_entries(self) -> int:
+        return self.integrity.scrub_entries
+
+    @scrub_entries.setter
+    def scrub_entries(self, n: int) -> None:
+        self.integrity.scrub_entries = n
+
+    @property
+    def records_repaired(self) -> int:
+        return self.integrity.records_repaired
 
     def mark_corrupt(self, index: int, reason: str) -> None:
         """One of our records fails verification. We keep the log as it is (its end and last
         term decide votes: shrinking it could let a candidate lacking committed entries win
         ours), say so loudly, leave leadership and stay out of elections until the leader's
         copy restored it (`repaired`)."""
-        known = self.corrupt
-        if (known is not None and known[0] <= index) or index < self._beyond_repair:
+        if not self.integrity.mark(index, reason):
             return  # known already, or below what the leader still holds (see beyond_repair)
         m = self.member
-        self.corrupt = (index, reason)
-        self.corruptions_found += 1
-        log.error("%s/%s: corrupt record at index %d (committed %d): %s; not leading or campaigning "
-                  "until it is repaired from the leader's copy", m.group, m.self_id, index,
-                  self.store.committed_index, reason)
         if m.is_leader:
             self._hand_over(f"corrupt record at index {index}")
         elif m.role == Role.CANDIDATE:
@@ -426,7 +458,7 @@ class Node:
         el = self.elector
         if el.transferring:
             return
-        target = next((p for p, d in self._caught_up_followers() if not d.disk_fault), None)
+        target = next(self._fit_followers(), None)
         if target is None:
             self.step_down(why)
             return
@@ -434,38 +466,23 @@ class Node:
                     self.member.self_id, why, target, self.store.end_index)
         el.begin_transfer(target, None)
 
-    def _caught_up_followers(self) -> Iterator[tuple[str, EntryDispatcher]]:
-        """Live followers with room and no corrupt record that hold our whole log: they can
-        take leadership at once, needing nothing from us."""
-        el = self.elector
-        for p, d in self.dispatchers.items():
-            alive = self.now - el.last_ack.get(p, -(1 << 62)) < el.leader_lease_ms
-            if alive and not el.peer_full.get(p, True) and not el.peer_corrupt.get(p, False) \
-                    and d.match_index >= self.store.end_index:
-                yield p, d
+    def _fit_followers(self) -> Iterator[str]:
+        """Followers that can take leadership at once, needing nothing from us
+        (`Progress.fit_to_lead`)."""
+        if not self.member.is_leader:
+            return
+        lease, end = self.elector.leader_lease_ms, self.store.end_index
+        for p, pr in self.progress.items():
+            if pr.fit_to_lead(self.now, lease, end):
+                yield p
 
     def repaired(self, first: int, last: int, indexes: list[int]) -> None:
-        """The leader's REPAIR push covered [first, last]; `indexes` were rewritten. Once the
-        first known corrupt record verifies again the mark clears; the scrub goes on right
-        after the range, where more damage may be."""
-        self.records_repaired += len(indexes)
-        if indexes:
-            log.warning("%s/%s: repaired records %s from the leader's copy", self.member.group,
-                        self.member.self_id, _ranges(indexes))
-        c = self.corrupt
-        if c is not None and first <= c[0] <= last and self.store.verify(c[0]) is None:
-            self._clear_corrupt(f"record {c[0]} verifies again; no known corrupt record left")
-            self._scrub_next, self._scrub_at = last + 1, self.now
+        """The leader's REPAIR push covered [first, last]; `indexes` were rewritten."""
+        self.integrity.repaired(first, last, indexes, self.now)
 
     def beyond_repair(self, leader_begin: int) -> None:
-        """The leader's retention deleted everything below `leader_begin`: no member needs our
-        copies there and none can restore them. A corrupt one is dropped by our retention in
-        time and no longer keeps us from leading (a read of it still fails: never served)."""
-        self._beyond_repair = max(self._beyond_repair, leader_begin)
-        c = self.corrupt
-        if c is not None and c[0] < leader_begin:
-            self._clear_corrupt(f"corrupt record {c[0]} is below the leader's log begin {leader_begin}: "
-                                "beyond repair, and needed by no member")
+        """The leader's retention deleted everything below `leader_begin` (Integrity.beyond_repair)."""
+        self.integrity.beyond_repair(leader_begin)
 
     def want_snapshot(self) -> None:
         """Take a snapshot soon (between batches): a follower needs one past a record of ours
@@ -474,52 +491,14 @@ class Node:
 
     def is_beyond_repair(self, index: int) -> bool:
         """A leader told us our record `index` is below what any member still holds."""
-        return index < self._beyond_repair
+        return self.integrity.is_beyond_repair(index)
 
     def forget_beyond_repair(self) -> None:
-        """A new leader may still hold what the last one had deleted: a rotten record of ours
-        below the old leader's log begin is reported (and repaired) again."""
-        self._beyond_repair = -1
+        self.integrity.forget_beyond_repair()
 
     def forget_corrupt_above(self, end: int) -> None:
         """A truncate removed our records after `end`: a corrupt one among them is gone."""
-        if self.corrupt is not None and self.corrupt[0] > end:
-            self._clear_corrupt(f"corrupt record {self.corrupt[0]} removed by a truncate")
-
-    def _clear_corrupt(self, why: str) -> None:
-        log.warning("%s/%s: %s", self.member.group, self.member.self_id, why)
-        self.corrupt = None
-
-    def _scrub(self) -> None:
-        """Idle ticks verify a few committed records each (body CRC, header, chain link),
-        cycling over the log, so damage is found before a read or a lagging follower needs it."""
-        limit = self.scrub_entries
-        if self._active:
-            self._active = False
-            self._busy_ticks += 1
-            if self._busy_ticks < SCRUB_BUSY_EVERY:
-                return
-            limit = min(limit, 1)  # under steady load still a record now and then, or rot hides
-        self._busy_ticks = 0
-        store = self.store
-        if limit <= 0 or self.now < self._scrub_at:
-            return
-        i = max(self._scrub_next, store.begin_index)
-        top = store.committed_index
-        n = size = 0
-        while i <= top and n < limit and size < SCRUB_BYTES:
-            try:
-                size += store.verify_entry(i).size
-            except CorruptEntryError as e:
-                self.mark_corrupt(e.index, e.message)
-            except StoreError:
-                break  # retention moved the log begin meanwhile: next tick
-            i += 1
-            n += 1
-        if i > top:
-            self._scrub_next, self._scrub_at = store.begin_index, self.now + SCRUB_PAUSE_MS
-        else:
-            self._scrub_next = i
+        self.integrity.forget_above(end)
 
     def store_failed(self, e: StoreError) -> None:
         """A write failed: remember it (for a few election rounds when the store itself does
@@ -545,7 +524,7 @@ class Node:
         el = self.elector
         if self.store.pressure_error() is None or el.transferring:
             return
-        for p, _ in self._caught_up_followers():
+        for p in self._fit_followers():
             log.warning("%s/%s: disk full; handing leadership to %s", self.member.group, self.member.self_id, p)
             el.begin_transfer(p, None)
             return
@@ -563,17 +542,14 @@ class Node:
         leads next can serve them."""
         # fsynced prefixes, not matches: a power loss takes the rest back (ours too)
         floor, holder = self.store.durable_index + 1, f"leader {self.member.self_id}"
-        for p, d in self.dispatchers.items():
-            heard = self.elector.last_ack.get(p, self.elector.leader_since)
-            if self.now - heard >= self.cfg.retention_hold_ms:
+        since, hold_ms, plain = self.elector.leader_since, self.cfg.retention_hold_ms, self.applier is None
+        for d in self.dispatchers.values():
+            pr = d.progress
+            if not pr.heard_within(self.now, hold_ms, since):
                 continue  # silent too long: it holds nothing back (nor a repair, nor an install)
-            hold = d.install_hold()
-            if 0 <= hold < floor:
-                floor, holder = hold, f"follower {p} (installing a snapshot, or catching up after one)"
-            if d.durable + 1 < floor and self.applier is None:
-                floor, holder = d.durable + 1, f"follower {p}"
-            if 0 <= d.repair_index < floor:  # our copy is what can repair its record
-                floor, holder = d.repair_index, f"follower {p} (repairing record {d.repair_index})"
+            held = pr.retention_hold(d.install_hold(), plain, floor)
+            if held is not None:
+                floor, holder = held
         return floor, holder
 
     def follow_retention_floor(self, floor: int, holder: str) -> None:
@@ -611,7 +587,7 @@ class Node:
                 self.store_error(e)
         if self.reads.want_round and self.member.is_leader:
             self.elector.heartbeat_now()  # reads wait for a confirming round: no tick's delay
-        self._wake_reads()
+        self.read_path.wake()
         self.follower_reads.wake()
         self._fold_producers()
         self._feed_applier()
@@ -626,7 +602,7 @@ class Node:
             return
         try:
             if not table.fold(store, store.committed_index):
-                self._active = True  # a long log (a restart): the rest at the next drains
+                self.integrity.active = True  # a long log (a restart): the rest at the next drains
         except CorruptEntryError as e:
             self.mark_corrupt(e.index, e.message)
         except StoreError as e:
@@ -786,10 +762,10 @@ class Node:
         store = self.store
         return store.get(index).pos if index <= store.end_index else store.pos_of_next()
 
-    def read_chunk(self, peer: str, meta: SnapshotMeta, offset: int, max_bytes: int, ctx: Any) -> None:
+    def read_chunk(self, peer: str, meta: SnapshotMeta, offset: int, max_bytes: int, ctx: ChunkCtx) -> None:
         self.actions.append(ReadChunk(peer, meta, offset, max_bytes, ctx))
 
-    def on_chunk_read(self, peer: str, ctx: Any, data: bytes, crc: int, error: str, now_ms: int) -> None:
+    def on_chunk_read(self, peer: str, ctx: ChunkCtx, data: bytes, crc: int, error: str, now_ms: int) -> None:
         self.now = now_ms
         d = self.dispatchers.get(peer)
         if d is not None and self.member.is_leader:
@@ -812,7 +788,7 @@ class Node:
         L = meta.last_index
         self.store.reset(L + 1, meta.last_term, meta.chain_crc, meta.next_pos)
         self.handler.after_reset(L)
-        self._scrub_next = self.store.begin_index
+        self.integrity.scrub_next = self.store.begin_index
         if self.applier is not None:
             self.restore_from(meta)
         elif PRODUCERS_FILE in meta.files:  # a plain log's snapshot carries only the producer table
@@ -836,7 +812,7 @@ class Node:
         a = self.applier
         if a is None or a.installing or a.stopped is not None:
             return -1
-        readable_from = max(self.store.begin_index, self._beyond_repair)
+        readable_from = self.integrity.readable_from
         return readable_from - 1 if a.handed_index + 1 < readable_from else -1
 
     def on_restored(self, meta: SnapshotMeta, error: str, now_ms: int, producers: bytes | None = None) -> None:
@@ -944,7 +920,7 @@ class Node:
         if msg.consistency == "local":
             run_at(self.store.committed_index)  # our own commit index: may trail the leader's
         else:
-            self._when_confirmed(QUERY, msg.consistency, token, run_at, msg.follower_read)
+            self.read_path.when_confirmed(QUERY, msg.consistency, token, run_at, msg.follower_read)
 
     def _handle_snapshot(self, token: Any) -> None:
         a = self.applier
@@ -957,7 +933,7 @@ class Node:
 
     # --- outputs (used by the components) --------------------------------------
 
-    def send(self, peer: str, code: int, msg: msgspec.Struct, ctx: Any,
+    def send(self, peer: str, code: int, msg: msgspec.Struct, ctx: Context,
              data: bytes | memoryview = b"", timeout_ms: int | None = None) -> None:
         self.actions.append(Send(peer, code, msg, data, ctx, timeout_ms or self.cfg.max_push_timeout_ms))
 
@@ -967,7 +943,7 @@ class Node:
     def request_pump(self) -> None:
         self._pump_needed = True
 
-    # --- role changes (called by the elector) -----------------------------------
+    # --- role changes (called by the elector; reset in one place: _change_role) -----------
 
     def become_leader(self) -> bool:
         """All or nothing: the NOOP is stored first; if the store cannot take it, this member
@@ -982,12 +958,7 @@ class Node:
         except StoreError as e:
             self.store_failed(e)
             return False
-        self.producers.drop_overlay()
-        m.role = Role.LEADER
-        m.leader_id = m.self_id
-        self.reads.reset(ResponseCode.NOT_LEADER, "leadership changed")
-        self.quorum.reset(res.first_index)
-        self.dispatchers = {p: EntryDispatcher(self, p) for p in m.others}
+        self._change_role(Role.LEADER, "won the election", term_start=res.first_index)
         if self.cfg.flush == "async" or self.store.durable_index >= res.last_index:
             self.quorum.ack_self(self.store.end_index)
         else:
@@ -998,7 +969,53 @@ class Node:
 
     def step_down(self, reason: str) -> None:
         """Leave leadership (or candidacy); waiting appends learn the term changed."""
+        self._change_role(Role.FOLLOWER, reason)
+
+    def become_candidate(self) -> None:
+        """Start an election round: a leader steps down first; no leader is known meanwhile."""
+        if self.member.is_leader:
+            self.step_down("starting an election")
+        self._change_role(Role.CANDIDATE, "starting an election")
+
+    def follow(self, leader_id: str) -> None:
+        """A follower (that knew no leader) learnt its leader of this term."""
+        self._change_role(Role.FOLLOWER, f"follows {leader_id}", leader_id=leader_id)
+
+    def _change_role(self, role: Role, reason: str, term_start: int = -1, leader_id: str = "") -> None:
+        """The one place state tied to a role is reset (h11's one-owner rule). Every change
+        goes through here, in this order:
+        - to LEADER (its NOOP stored at `term_start`): the producers' overlay and waiting reads
+          of an earlier leadership go, the quorum counts from the NOOP, every follower's
+          `Progress` starts over (`begin_term`) and gets a new dispatcher, the elector's
+          heartbeat and check-quorum clocks start;
+        - to CANDIDATE (a follower's, or a deposed leader's, round): no leader is known;
+        - to FOLLOWER of a leader now known (`leader_id`): what the handler matched of the
+          previous one proves nothing, a record the previous leader could not repair may be
+          repairable by this one;
+        - to FOLLOWER (step down, from any role): dispatchers stop, a transfer in flight waits
+          to see its target lead; a leader's waiting appends, reads and long polls are answered
+          (the client asks the next leader); the handler forgets the old leader."""
         m = self.member
+        if role == Role.LEADER:
+            self.producers.drop_overlay()
+            m.role = Role.LEADER
+            m.leader_id = m.self_id
+            self.reads.reset(ResponseCode.NOT_LEADER, "leadership changed")
+            self.quorum.reset(term_start)
+            for pr in self.progress.values():
+                pr.begin_term()
+            self.dispatchers = {p: EntryDispatcher(self, p) for p in m.others}
+            self.elector.on_leader()
+            return
+        if role == Role.CANDIDATE:
+            m.role = Role.CANDIDATE
+            m.leader_id = None
+            return
+        if leader_id:
+            m.leader_id = leader_id
+            self.handler.on_leader_change()
+            self.forget_beyond_repair()
+            return
         was_leader = m.is_leader
         m.role = Role.FOLLOWER
         if m.leader_id == m.self_id:
@@ -1011,7 +1028,7 @@ class Node:
             self.producers.drop_overlay()
             # reads change nothing: the client asks the next leader
             self.reads.reset(ResponseCode.NOT_LEADER, f"leader stepped down before the read was confirmed: {reason}")
-            for r in self.long_polls.take_leader_reads():
+            for r in self.read_path.long_polls.take_leader_reads():
                 self.reply(r.token, READ,
                            _error_for(READ, ResponseCode.NOT_LEADER, self, f"leader stepped down: {reason}"))
         self.handler.on_leader_change()
@@ -1023,7 +1040,7 @@ class Node:
         if code == RequestCode.PUSH:
             assert isinstance(msg, PushRequest)
             if msg.type != PushType.COMMIT:
-                self._active = True
+                self.integrity.active = True
             self.handler.handle_push(msg, data, token)
         elif code == RequestCode.HEART_BEAT:
             assert isinstance(msg, HeartBeatRequest)
@@ -1036,20 +1053,21 @@ class Node:
             self._handle_append(msg, token, principal)
         elif code == RequestCode.GET:
             assert isinstance(msg, GetRequest)
-            self._handle_read(code, msg.index, 1, 1 << 30, False, msg.local, msg.consistency, token,
+            self.read_path.handle_read(code, msg.index, 1, 1 << 30, False, msg.local, msg.consistency, token,
                               addressed=msg.follower_read)
         elif code == READ:
             assert isinstance(msg, ReadRequest)
-            self._handle_read(code, msg.from_index, msg.max_entries, msg.max_bytes, msg.only_normal, msg.local,
+            self.read_path.handle_read(code, msg.from_index, msg.max_entries, msg.max_bytes, msg.only_normal, msg.local,
                               msg.consistency, token, msg.wait_ms, msg.follower_read, msg.bodies)
         elif code == READ_INDEX:
             assert isinstance(msg, ReadIndexRequest)
-            self._when_confirmed(code, msg.consistency, token,
+            self.read_path.when_confirmed(code, msg.consistency, token,
                                  lambda ri: self.reply(token, code, ReadIndexResponse(200, self.member.self_id, ri)))
         elif code == RequestCode.METADATA:
             assert isinstance(msg, MetadataRequest)
             if msg.consistency:  # a confirmed leader's view
-                self._when_confirmed(code, msg.consistency, token, lambda _: self.reply(token, code, self.metadata()))
+                self.read_path.when_confirmed(code, msg.consistency, token,
+                                              lambda _: self.reply(token, code, self.metadata()))
             else:
                 self.reply(token, code, self.metadata())
         elif code == RequestCode.LEADERSHIP_TRANSFER:
@@ -1062,7 +1080,7 @@ class Node:
             self._handle_snapshot(token)
         elif code == RequestCode.INSTALL_SNAPSHOT:
             assert isinstance(msg, InstallSnapshotRequest)
-            self._active = True
+            self.integrity.active = True
             self.receiver.handle(msg, data, token)
         else:
             raise DLedgerError(ResponseCode.UNSUPPORTED, f"request code {code}")
@@ -1110,7 +1128,7 @@ class Node:
                 raise DLedgerError(ResponseCode.INTERNAL_ERROR, f"state machine stopped: {self.applier.stopped}")
             self._proposers.add(token)
         self._appends.append(_Append(token, msg.bodies, msg.producer, msg.sequence, msg.epoch, principal))
-        self._active = True
+        self.integrity.active = True
 
     def _store_appends(self) -> None:
         """Store the appends taken since the last drain with one store write (group append:
@@ -1304,173 +1322,55 @@ class Node:
         return AppendResponse(int(ResponseCode.SUCCESS), self.member.self_id, self.member.term, indexes[0], positions,
                               indexes=indexes, terms=terms, duplicates=duplicates)
 
-    def _handle_read(self, code: int, start: int, max_entries: int, max_bytes: int, only_normal: bool,
-                     local: bool, consistency: str, token: Any, wait_ms: int = 0, addressed: bool = False,
-                     bodies: bool = True) -> None:
-        """Committed entries only, from the leader unless the reader asked for this member's
-        own copy (`local`), whose commit index may lag. From the leader an append acknowledged
-        to one client is readable by every other client at once; `linearizable` and `lease`
-        also rule out a deposed leader that does not know it yet (see read_index), and a
-        follower serves a follower read (`follower_read`) once it committed the leader's read index."""
-        def own_copy() -> bool:  # a follower's read (local or a follower read) is its own copy
-            return local or not self.member.is_leader
+    def role_view(self) -> RoleView:
+        """Role, term, leader, corrupt record and applied index (core.status): cheap, for readers
+        that look after every event."""
+        m, a, c = self.member, self.applier, self.integrity.corrupt
+        return RoleView(m.role, m.term, m.leader_id or "", c[0] if c is not None else -1,
+                        a.applied_index if a is not None else -1, a is not None)
 
-        def answer(cap: int = max_bytes) -> int:
-            return self._answer_read(code, start, max_entries, cap, only_normal, own_copy(), token, bodies)
-
-        def answer_or_wait(_: int = -1) -> None:
-            if wait_ms > 0 and start > self.store.committed_index:
-                self._park_read(start, wait_ms, own_copy(), lambda: answer(min(max_bytes, LONG_POLL_PAGE_BYTES)),
-                                token)
-            else:
-                answer()
-
-        if local:
-            answer_or_wait()
-        else:
-            self._when_confirmed(code, consistency, token, answer_or_wait, addressed)
-
-    def _park_read(self, start: int, wait_ms: int, local: bool, answer: Callable[[], int], token: Any) -> None:
-        deadline = self.now + min(wait_ms, MAX_WAIT_MS)
-        if not self.long_polls.park(start, deadline, local, answer, token):
-            self._answer_empty(token, start)  # too many waiting: the client asks again
-
-    def _answer_empty(self, token: Any, start: int) -> None:
-        self.reply(token, READ, EntriesResponse(200, self.member.leader_id or "", [], start,
-                                                self.store.committed_index))
-
-    def _wake_reads(self) -> None:
-        """Long-poll READs whose index committed get their entries, LONG_POLL_DRAIN_BYTES of
-        answers per drain (the rest at the next drains, a tick's at the latest); those past
-        their wait an empty answer (checked on every drain, and by the tick)."""
-        polls = self.long_polls
-        if not len(polls):
-            return
-        # (a leader's own parked reads all leave when it steps down: see step_down)
-        spent = 0
-        while spent < LONG_POLL_DRAIN_BYTES and (r := polls.pop_due(self.store.committed_index)) is not None:
-            try:
-                spent += r.answer()
-            except DLedgerError as e:
-                self.reply(r.token, READ, _error_for(READ, e.code, self, e.message))
-        for r in polls.expired(self.now):
-            self._answer_empty(r.token, r.start)
-
-    def _when_confirmed(self, code: int, consistency: str, token: Any, serve: Callable[[int], None],
-                        addressed: bool = False) -> None:
-        """Run `serve(read_index)` on the leader once `consistency` allows: at once for
-        `leader`, after a confirming heartbeat round (or within the lease) otherwise; on a
-        follower for a follower read (`addressed`) once it committed the leader's read index
-        (core.follower_read). Errors raised by `serve` later become the request's answer."""
-        if consistency not in CONSISTENCY or consistency == "local":
-            raise DLedgerError(ResponseCode.UNEXPECTED_ARGUMENT, describe(consistency))
-        follower_read = addressed and not self.member.is_leader and consistency != "leader"
-        if not follower_read:
-            self._check_read_leader()
-        if self.elector.transferring and consistency != "leader":
-            raise DLedgerError(ResponseCode.LEADER_TRANSFERRING, "leadership transfer in progress")
-
-        def safely(read_index: int) -> None:
-            try:
-                serve(read_index)
-            except CorruptEntryError as e:
-                self.reply(token, code, _error_for(code, e.code, self, e.message))
-                self.mark_corrupt(e.index, e.message)
-            except DLedgerError as e:
-                self.reply(token, code, _error_for(code, e.code, self, e.message))
-
-        def fail(err: ResponseCode, message: str) -> None:
-            self.reply(token, code, _error_for(code, err, self, message))
-
-        if follower_read:
-            self.follower_reads.read(consistency, safely, fail)
-        elif consistency == "leader":
-            safely(self.store.committed_index)
-        else:
-            self.reads.read(consistency, self.store.committed_index, safely, fail)
-
-    def _answer_read(self, code: int, start: int, max_entries: int, max_bytes: int, only_normal: bool,
-                     local: bool, token: Any, bodies: bool = True) -> int:
-        """Without `bodies` every entry goes with an empty body (a reader that needs only the
-        indexes and terms); the size of the bodies still bounds the answer, as the store reads them.
-        Returns the bytes read (what the answer cost: a long poll's budget counts them)."""
-        store = self.store
-        committed = store.committed_index
-        if start > committed:
-            raise DLedgerError(ResponseCode.INDEX_OUT_OF_RANGE, f"index {start} is beyond the committed {committed}")
-        out: list[EntryMsg] = []
-        index = start
-        size = 0
-        # the member's limit, whatever the request asks: an answer is built in memory first
-        max_bytes = min(max_bytes, self.cfg.max_read_bytes)
-        while index <= committed and len(out) < max_entries and size < max_bytes:
-            try:
-                batch = store.read(index, min(max_entries - len(out), committed - index + 1), max_bytes - size)
-            except CorruptEntryError as err:
-                self._read_hit_corrupt(err, local)
-                if err.index <= index:
-                    if out:
-                        break  # what verified before it; the next read names the damage
-                    raise
-                batch = store.read(index, err.index - index, max_bytes - size)  # the good part before it
-            if not batch:
-                break
-            for e in batch:
-                if e.index > committed:
-                    break
-                index = e.index + 1
-                size += len(e.body) + _ENTRY_OVERHEAD
-                if e.magic == MAGIC_SESSION:  # producers' ids, epochs, sequences: never shown to clients
-                    if code == RequestCode.GET:
-                        raise DLedgerError(ResponseCode.INDEX_OUT_OF_RANGE,
-                                           f"entry {e.index} is an idempotent producer's session marker, which is "
-                                           f"not returned to clients")
-                    continue
-                if not only_normal or e.magic == MAGIC_NORMAL:
-                    out.append(EntryMsg(e.index, e.term, e.pos, e.magic, e.body if bodies else b"", e.chain_crc))
-                    self.read_body_bytes += len(out[-1].body)
-        self.entries_read += len(out)
-        self.reply(token, code, EntriesResponse(200, self.member.leader_id or "", out, index, committed))
-        return size
-
-    def _read_hit_corrupt(self, e: CorruptEntryError, local: bool) -> None:
-        """A read found a committed record of ours corrupt: never serve it. A leader hands
-        leadership over, and its reader is told to retry (then at the new leader, whose copy
-        is good); a local reader is told our copy is damaged."""
-        self.mark_corrupt(e.index, e.message)
-        if local:
-            return
-        m = self.member
-        e.code = ResponseCode.LEADER_TRANSFERRING if m.is_leader else ResponseCode.NOT_LEADER
-        e.message = f"record {e.index} is corrupt on {m.self_id} ({e.message}): leadership moves to a healthy member"
-
-    def _check_read_leader(self) -> None:
-        """A new leader knows the true commit index only once an entry of its own term is
-        committed (its NOOP, Raft §8); until then it could deny an acknowledged entry."""
-        m, store = self.member, self.store
-        if not m.is_leader:
-            raise DLedgerError(ResponseCode.NOT_LEADER, f"leader is {m.leader_id or 'unknown'}")
-        if store.committed_index < 0 or store.term_at(store.committed_index) != m.term:
-            raise DLedgerError(ResponseCode.LEADER_NOT_READY, f"term {m.term}: nothing of this term committed yet")
+    def status(self) -> NodeStatus:
+        """A frozen view of this member (core.status): what metrics, METADATA, health, the
+        controller and the simulator read."""
+        m, s, a, r = self.member, self.store, self.applier, self.receiver
+        install_index, install_bytes, install_total = r.progress()
+        unwritable, full = self.unwritable(), self.full()
+        followers: tuple[FollowerStatus, ...] = ()
+        if m.is_leader:
+            followers = tuple(FollowerStatus(p, d.progress.match_index, d.progress.needs_snapshot,
+                                             d.progress.repair_index) for p, d in self.dispatchers.items())
+        c = self.corrupt
+        return NodeStatus(
+            m.group, m.self_id, m.role, m.term, m.leader_id or "", s.begin_index, s.end_index, s.end_term,
+            s.committed_index, s.durable_index, self.quorum.pending,
+            _why(unwritable), _why(full),
+            s.retention_held_by, c[0] if c is not None else -1, c[1] if c is not None else "",
+            a.applied_index if a is not None else -1, self.snapshot_index,
+            (a.stopped or "") if a is not None else "", a is not None, self.reads.lease_valid(),
+            self.handler.leader_committed, self.cfg.security_mode, self.elector.elections, m.leader_changes,
+            self.integrity.corruptions_found, self.integrity.records_repaired, r.installs, r.bytes, r.meta is not None,
+            install_index, install_bytes, install_total, self.installs_sent, self.install_bytes_sent,
+            self.read_path.entries_read, self.read_path.read_body_bytes, followers)
 
     def metadata(self) -> MetadataResponse:
-        m, s = self.member, self.store
-        install_index, install_bytes, install_total = self.receiver.progress()
-        err = self.full()
-        problems = [err.message] if err is not None else []
-        if self.corrupt is not None:
-            problems.append(f"corrupt record at index {self.corrupt[0]} ({self.corrupt[1]}); "
+        st = self.status()
+        problems = [st.full] if st.full else []
+        if st.corrupt_index >= 0:
+            problems.append(f"corrupt record at index {st.corrupt_index} ({st.corrupt_reason}); "
                             "not leading until it is repaired from the leader")
         return MetadataResponse(
-            200, m.group, m.self_id, m.role.name.lower(), m.leader_id or "", m.term, self.cfg.peers,
-            s.begin_index, s.end_index, s.end_term, s.committed_index,
-            store_error="; ".join(problems), retention_held_by=s.retention_held_by,
-            applied_index=self.applier.applied_index if self.applier is not None else -1,
-            snapshot_index=self.snapshot_index,
-            state_machine_error=(self.applier.stopped or "") if self.applier is not None else "",
-            install_index=install_index, install_bytes=install_bytes, install_total=install_total,
-            security=self.cfg.security_mode,
+            200, st.group, st.self_id, st.role.name.lower(), st.leader_id, st.term, self.cfg.peers,
+            st.begin_index, st.end_index, st.end_term, st.committed_index,
+            store_error="; ".join(problems), retention_held_by=st.retention_held_by,
+            applied_index=st.applied_index, snapshot_index=st.snapshot_index,
+            state_machine_error=st.state_machine_error,
+            install_index=st.install_index, install_bytes=st.install_bytes, install_total=st.install_total,
+            security=st.security_mode,
         )
+
+
+def _why(e: DLedgerError | None) -> str:
+    return "" if e is None else (e.message or ResponseCode(e.code).name)
 
 
 def _add_run(runs: list[Run], run: Run) -> None:
@@ -1481,20 +1381,6 @@ def _add_run(runs: list[Run], run: Run) -> None:
         runs[-1] = Run(run.producer, last.first_seq, last.count + run.count, run.epoch, run.owner)
     else:
         runs.append(run)
-
-
-def _ranges(indexes: list[int]) -> str:
-    """[3, 4, 5, 9] -> "3..5, 9"."""
-    out: list[str] = []
-    start = prev = indexes[0]
-    for i in indexes[1:]:
-        if i == prev + 1:
-            prev = i
-            continue
-        out.append(str(start) if start == prev else f"{start}..{prev}")
-        start = prev = i
-    out.append(str(start) if start == prev else f"{start}..{prev}")
-    return ", ".join(out)
 
 
 def _error_for(code: int, err: ResponseCode, node: Node, message: str = "") -> msgspec.Struct:

@@ -3,7 +3,8 @@
 The commit index is the highest index stored on a majority (in `sync` flush
 mode: durable on a majority), counted only for entries of the leader's own
 term (Raft's rule; the NOOP a new leader appends makes earlier entries follow).
-It never moves backwards.
+It never moves backwards. The followers' marks are their `Progress` (core.progress):
+the match index, or in `sync` mode the durable prefix they reported.
 """
 
 from __future__ import annotations
@@ -16,17 +17,20 @@ from typing import Any
 
 from dledger.codes import ResponseCode
 from dledger.core.member_state import MemberState
+from dledger.core.progress import Progress
 from dledger.store.base import AppendResult, LedgerStore
 
 Complete = Callable[[Any, ResponseCode, AppendResult | None, str], None]
 
 
 class QuorumAckChecker:
-    def __init__(self, member: MemberState, store: LedgerStore, complete: Complete) -> None:
+    def __init__(self, member: MemberState, store: LedgerStore, complete: Complete,
+                 progress: dict[str, Progress], sync: bool) -> None:
         self.member = member
         self.store = store
         self.complete = complete
-        self.match: dict[str, int] = {}  # per follower, for the current term only
+        self.progress = progress  # per follower; its replication facts hold for the current term only
+        self.sync = sync
         self.leader_index = -1  # what the leader itself counts (end, or durable in sync mode)
         self.term_start = 1 << 62  # index of the leader's NOOP: entries from here on are of its term
         # a waiting append is in _items; _by_index orders release, _by_deadline expiry
@@ -41,8 +45,7 @@ class QuorumAckChecker:
 
     def reset(self, term_start: int) -> None:
         """A new term, whose first entry is at `term_start`: watermarks of the old term
-        mean nothing for this one."""
-        self.match = {p: -1 for p in self.member.others}
+        mean nothing for this one (the followers' are cleared by `Progress.begin_term`)."""
         self.leader_index = -1
         self.term_start = term_start
 
@@ -53,12 +56,6 @@ class QuorumAckChecker:
         heapq.heappush(self._by_index, (result.last_index if wait_index is None else wait_index, seq))
         self._by_deadline.append((deadline_ms, seq))
 
-    def ack(self, peer: str, index: int) -> bool:
-        if index > self.match.get(peer, -1):
-            self.match[peer] = index
-            return self.advance()
-        return False
-
     def ack_self(self, index: int) -> bool:
         if index > self.leader_index:
             self.leader_index = index
@@ -67,7 +64,8 @@ class QuorumAckChecker:
 
     def advance(self) -> bool:
         """Move the commit index to the quorum watermark; complete covered appends."""
-        marks = sorted([self.leader_index, *self.match.values()], reverse=True)
+        sync = self.sync
+        marks = sorted([self.leader_index, *(p.counted(sync) for p in self.progress.values())], reverse=True)
         candidate = marks[self.member.quorum - 1]
         store = self.store
         if candidate <= store.committed_index or candidate > store.end_index:

@@ -27,6 +27,7 @@ from typing import Any
 
 from dledger.codes import RequestCode, ResponseCode
 from dledger.config import DLedgerConfig
+from dledger.core.contexts import Answered, Applied, ChunkInstalled, ChunkRead, Durable, Restored, SnapshotTaken
 from dledger.core.messages import (
     QUERY,
     READ,
@@ -147,7 +148,7 @@ class SimCluster:
                     snapshot=snapshot, producers=producers)
         self.nodes[member] = node
         self.last_commit[member] = store.committed_index
-        self.trace.append(f"{self.now} start {member} (end {store.end_index}, term {node.member.term})")
+        self.trace.append(f"{self.now} start {member} (end {store.end_index}, term {node.role_view().term})")
         self._schedule(self.now + self.rng.randint(0, self.tick_ms), "tick", (member,))
 
     def crash(self, member: str, lose_unsynced: bool = True) -> None:
@@ -294,8 +295,9 @@ class SimCluster:
         return cond()
 
     def leader(self) -> str | None:
-        leaders = [i for i, n in self.nodes.items() if n is not None and n.member.role == Role.LEADER]
-        return max(leaders, key=lambda i: self._node(i).member.term) if leaders else None
+        views = {i: n.role_view() for i, n in self.nodes.items() if n is not None}
+        leaders = [i for i, st in views.items() if st.role == Role.LEADER]
+        return max(leaders, key=lambda i: views[i].term) if leaders else None
 
     def _node(self, member: str) -> Node:
         node = self.nodes[member]
@@ -349,7 +351,7 @@ class SimCluster:
         node = self.nodes[member]
         if node is None or self.stores[member].generation != generation:
             return
-        node.on_durable(durable, self.now)
+        node.complete(Durable(durable), self.now)
         self._flush(member)
 
     def _on_client(self, member: str, cid: int, meta: bytes) -> None:
@@ -373,7 +375,7 @@ class SimCluster:
         if pending is None or node is None or pending[0] != dst or pending[2] is not node:
             return
         resp = decode_response(code, meta) if meta is not None else None
-        node.on_response(pending[1], resp, self.now)
+        node.complete(Answered(pending[1], resp), self.now)
         self._flush(dst)
 
     def _flush(self, member: str) -> None:
@@ -394,7 +396,7 @@ class SimCluster:
         if self.nodes[member] is not node:
             return
         data, crc, error = self.machines.read_chunk(member, a.meta, a.offset, a.max_bytes)
-        node.on_chunk_read(a.peer, a.ctx, data, crc, error, self.now)
+        node.complete(ChunkRead(a.peer, a.ctx, data, crc, error), self.now)
         self._flush(member)
 
     def _on_work(self, member: str, node: Node, action: Apply | RunQuery | TakeSnapshot | InstallChunk
@@ -403,31 +405,30 @@ class SimCluster:
         if self.nodes[member] is not node:
             return  # the member crashed: what its worker had queued is gone
         if isinstance(action, Apply):
-            node.on_applied(m.apply(member, action.batch.entries), self.now)
-            assert node.applier is not None
-            problem = m.check(member, node.applier.applied_index)
+            node.complete(Applied(m.apply(member, action.batch.entries)), self.now)
+            problem = m.check(member, node.role_view().applied_index)
             if problem is not None:
                 self.violations.append(f"{self.now}: {problem}")
         elif isinstance(action, RunQuery):
-            resp = QueryResponse(200, node.member.leader_id or "", m.query(member, action.request),
+            resp = QueryResponse(200, node.role_view().leader_id, m.query(member, action.request),
                                  action.applied_index)
             self._reply(member, Reply(action.token, QUERY, resp))
         elif isinstance(action, TakeSnapshot):
             meta = m.snapshot(member, action.index, action.term, action.chain_crc, action.next_pos,
                               node.cfg.peers, action.keep, action.producers)
             self.trace.append(f"{self.now} {member} snapshot through {action.index}")
-            node.on_snapshot(action.index, "", self.now, meta)
+            node.complete(SnapshotTaken(action.index, "", meta), self.now)
         elif isinstance(action, DropInstall):
             m.drop_install(member)
         elif isinstance(action, InstallChunk):
             nxt, done = m.install_chunk(member, action.meta, action.offset, action.data, action.crc)
             if done:
                 self.trace.append(f"{self.now} {member} installed snapshot {action.meta.last_index}")
-            node.on_chunk_installed(action.token, action.meta, nxt, done, "", self.now)
+            node.complete(ChunkInstalled(action.token, action.meta, nxt, done, ""), self.now)
         else:
-            node.on_restored(action.meta, "", self.now, m.restore_installed(member, action.meta))
-            if node.applier is not None:
-                problem = m.check(member, node.applier.applied_index)
+            node.complete(Restored(action.meta, "", m.restore_installed(member, action.meta)), self.now)
+            if (st := node.role_view()).has_state_machine:
+                problem = m.check(member, st.applied_index)
                 if problem is not None:
                     self.violations.append(f"{self.now}: after installing a snapshot: {problem}")
         self._flush(member)
@@ -494,7 +495,7 @@ class SimCluster:
         for i, node in self.nodes.items():
             if node is None:
                 continue
-            m = node.member
+            m = node.role_view()
             store = self.stores[i]
             c = store.committed_index
             if c < self.last_commit.get(i, -1):
@@ -507,11 +508,11 @@ class SimCluster:
                     if seen != tc:
                         self.violations.append(f"{self.now}: {i} committed a different entry at {idx}")
             self.last_commit[i] = c
-            if m.role == Role.LEADER and node.corrupt is not None:
+            if m.role == Role.LEADER and m.corrupt_index >= 0:
                 since = self._corrupt_lead.setdefault((i, m.term), self.now)
                 if self.now - since > node.cfg.leadership_transfer_timeout_ms + 2 * self.tick_ms:
                     self.violations.append(f"{self.now}: {i} still leads term {m.term} with a corrupt record "
-                                           f"{node.corrupt[0]} known since {since}")
+                                           f"{m.corrupt_index} known since {since}")
                     self._corrupt_lead[(i, m.term)] = 1 << 62  # report once
             if m.role == Role.LEADER:
                 other = self.leaders_by_term.setdefault(m.term, i)
@@ -535,7 +536,7 @@ class SimCluster:
     def _check_completeness(self, leader: str, store: SimDiskStore) -> None:
         # Leader Completeness covers entries committed in earlier terms: a leader of a lower
         # term elected (on delayed answers) after a higher term committed need not hold those
-        term = self.nodes[leader].member.term  # type: ignore[union-attr]
+        term = self._node(leader).role_view().term
         top = max((i for i, t in self.commit_term.items() if t < term), default=-1)
         if store.end_index < top:
             self.violations.append(f"{self.now}: leader {leader} lacks committed entries {store.end_index + 1}..{top}")

@@ -184,12 +184,13 @@ def _check_applied(c: SimCluster, report: SimReport) -> None:
     """Every running member's state machine applies up to its commit index (none stopped):
     one that was away while the others compacted installs the leader's snapshot."""
     def applied() -> bool:
-        return all(n.applier is not None and n.applier.applied_index >= c.stores[i].committed_index
+        return all((st := n.role_view()).has_state_machine and st.applied_index >= c.stores[i].committed_index
                    for i, n in c.nodes.items() if n is not None)
 
     if not c.run_until(applied, 10_000):
-        state = {i: (n.applier.applied_index if n.applier else None, c.stores[i].committed_index,
-                     n.applier.stopped if n.applier else None) for i, n in c.nodes.items() if n is not None}
+        views = {i: n.status() for i, n in c.nodes.items() if n is not None}
+        state = {i: (st.applied_index if st.has_state_machine else None, c.stores[i].committed_index,
+                     st.state_machine_error or None if st.has_state_machine else None) for i, st in views.items()}
         report.violations.append(f"state machines did not apply up to the commit index: {state}")
 
 

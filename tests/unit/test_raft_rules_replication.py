@@ -1,0 +1,204 @@
+"""Log replication against the Raft thesis (§3.5, §3.6.2), one test per rule, in the style of
+etcd's raft_paper_test: the follower's EntryHandler, the leader's EntryDispatcher and
+QuorumAckChecker, and the follower's Progress they share, all built without sockets."""
+
+from __future__ import annotations
+
+from array import array
+from typing import Any
+
+from dledger.codes import PushType, RequestCode, ResponseCode
+from dledger.core.contexts import PushCtx
+from dledger.core.member_state import MemberState
+from dledger.core.messages import PushRequest, PushResponse, Role
+from dledger.core.progress import Progress
+from dledger.core.quorum import QuorumAckChecker
+from dledger.entry import MAGIC_NOOP, MAGIC_NORMAL
+from dledger.store.base import AppendResult
+from dledger.store.memory import MemoryLedgerStore
+
+from .raft_harness import Member, answer_pushes, leading
+
+
+def _leader_log(terms: list[int]) -> MemoryLedgerStore:
+    s = MemoryLedgerStore()
+    for t in terms:
+        s.append_as_leader([f"t{t}".encode()], t, MAGIC_NORMAL)
+    return s
+
+
+def _push(f: Member, leader: MemoryLedgerStore, kind: PushType, prev: int, term: int, first: int = 0,
+          count: int = 0, committed: int = -1) -> PushResponse:
+    data = b""
+    if kind == PushType.APPEND:
+        raw = leader.read_raw(first, 1 << 20)
+        data = bytes(raw.data)[: sum(leader.slot(i)[1] for i in range(first, first + count))] \
+            if raw.count > count else bytes(raw.data)
+    prev_term = leader.term_at(prev) if prev >= 0 else -1
+    next_term = leader.term_at(prev + 1) if kind == PushType.TRUNCATE and prev + 1 <= leader.end_index else -1
+    req = PushRequest("default", "n1", f.cfg.self_id, term, int(kind), prev, prev_term, first, count, committed,
+                      next_term)
+    resp = f.handle(RequestCode.PUSH, req, data, token=("push", f.now, kind, prev))
+    assert isinstance(resp, PushResponse)
+    return resp
+
+
+# --- the follower (EntryHandler) -----------------------------------------------------------------
+
+
+def test_append_is_refused_when_the_previous_entry_differs() -> None:
+    """The consistency check (§3.5): a push whose (prev_index, prev_term) the follower does not
+    hold is refused, and the follower's log stays as it was."""
+    f = Member(terms=[1, 1])
+    leader = _leader_log([1, 2, 2])  # differs at index 1
+    resp = _push(f, leader, PushType.APPEND, 1, 2, first=2, count=1)
+    assert resp.code != ResponseCode.SUCCESS
+    assert (f.store.end_index, f.store.end_term) == (1, 1)
+
+
+def test_compare_names_the_conflicting_term_and_its_first_index() -> None:
+    """The conflict-term optimisation (§3.5 end): the answer lets the leader skip a term at once."""
+    f = Member(terms=[1, 3, 3, 3])
+    leader = _leader_log([1, 2, 2, 2, 2])
+    resp = _push(f, leader, PushType.COMPARE, 3, 4)
+    assert resp.code == ResponseCode.INCONSISTENT_STATE
+    assert (resp.x_term, resp.x_index) == (3, 1)
+
+
+def test_conflicting_entries_are_truncated_and_the_leaders_appended() -> None:
+    """A follower deletes an existing entry that conflicts with a new one, and all after it."""
+    f = Member(terms=[1, 3, 3])
+    leader = _leader_log([1, 2, 2, 4])
+    assert _push(f, leader, PushType.COMPARE, 0, 4).code == ResponseCode.SUCCESS
+    assert _push(f, leader, PushType.TRUNCATE, 0, 4).code == ResponseCode.SUCCESS
+    assert f.store.end_index == 0
+    assert _push(f, leader, PushType.APPEND, 0, 4, first=1, count=3).code == ResponseCode.SUCCESS
+    assert [f.store.term_at(i) for i in range(4)] == [1, 2, 2, 4]
+
+
+def test_a_late_truncate_never_removes_entries_of_the_leaders_term() -> None:
+    """A duplicated TRUNCATE arriving after the APPEND it preceded must not undo it."""
+    f = Member(terms=[1])
+    leader = _leader_log([1, 4, 4])
+    assert _push(f, leader, PushType.APPEND, 0, 4, first=1, count=2).code == ResponseCode.SUCCESS
+    assert _push(f, leader, PushType.TRUNCATE, 0, 4).code == ResponseCode.SUCCESS
+    assert f.store.end_index == 2
+
+
+def test_follower_commits_no_further_than_it_matches_the_leader() -> None:
+    """A follower applies the leader's commit index only to entries known equal to the leader's."""
+    f = Member(terms=[1, 1, 1])
+    leader = _leader_log([1, 2, 2, 2])
+    assert _push(f, leader, PushType.COMPARE, 0, 2, committed=3).code == ResponseCode.SUCCESS
+    assert f.store.committed_index == 0  # its entries 1..2 (term 1) are not the leader's
+
+
+def test_a_push_of_an_older_term_is_refused() -> None:
+    f = Member(terms=[1])
+    f.node.member.set_term(5)
+    resp = _push(f, _leader_log([1, 2]), PushType.APPEND, 0, 2, first=1, count=1)
+    assert resp.code == ResponseCode.EXPIRED_TERM and resp.term == 5
+    assert f.store.end_index == 0
+
+
+def test_a_push_of_a_newer_term_makes_a_candidate_follow() -> None:
+    f = Member(terms=[1])
+    f.node.member.role = Role.CANDIDATE
+    assert _push(f, _leader_log([1, 2]), PushType.COMPARE, 0, 2).code == ResponseCode.SUCCESS
+    assert f.node.member.role == Role.FOLLOWER and f.node.member.leader_id == "n1"
+
+
+# --- the leader (QuorumAckChecker, Progress) ------------------------------------------------------
+
+
+def _quorum(terms: list[int], term_start: int, sync: bool = False) -> tuple[QuorumAckChecker, dict[str, Progress],
+                                                                           list[Any]]:
+    store = _leader_log(terms)
+    member = MemberState("default", "n0", ["n0", "n1", "n2", "n3", "n4"], store)
+    progress = {p: Progress(p) for p in member.others}
+    done: list[Any] = []
+    q = QuorumAckChecker(member, store, lambda tok, code, res, msg: done.append((tok, code)), progress, sync)
+    q.reset(term_start)
+    return q, progress, done
+
+
+def test_commits_an_entry_once_a_majority_stores_it() -> None:
+    q, pr, _ = _quorum([2, 2, 2], term_start=0)
+    q.ack_self(2)
+    pr["n1"].match_index = 2
+    assert not q.advance()  # 2 of 5
+    pr["n2"].match_index = 1
+    assert q.advance() and q.store.committed_index == 1  # 3 of 5 hold index 1
+
+
+def test_entries_of_earlier_terms_are_not_committed_by_counting() -> None:
+    """§3.6.2: only an entry of the leader's own term commits by counting replicas; earlier ones
+    commit with it."""
+    q, pr, _ = _quorum([1, 1, 3], term_start=2)  # the leader's NOOP of term 3 at index 2
+    q.ack_self(2)
+    for p in ("n1", "n2", "n3"):
+        pr[p].match_index = 1
+    assert not q.advance() and q.store.committed_index == -1
+    pr["n1"].match_index = pr["n2"].match_index = 2
+    assert q.advance() and q.store.committed_index == 2
+
+
+def test_the_commit_index_never_moves_back() -> None:
+    q, pr, _ = _quorum([1, 1, 1], term_start=0)
+    q.ack_self(2)
+    pr["n1"].match_index = pr["n2"].match_index = 2
+    assert q.advance() and q.store.committed_index == 2
+    pr["n1"].lost()  # a follower that lost its tail no longer counts...
+    pr["n2"].lost()
+    assert not q.advance() and q.store.committed_index == 2  # ...but nothing committed is undone
+
+
+def test_sync_mode_counts_only_what_followers_report_durable() -> None:
+    q, pr, _ = _quorum([1, 1], term_start=0, sync=True)
+    q.ack_self(1)
+    pr["n1"].match_index = pr["n2"].match_index = 1
+    assert not q.advance()
+    pr["n1"].durable = pr["n2"].durable = 1
+    assert q.advance() and q.store.committed_index == 1
+
+
+def test_waiting_appends_complete_when_their_entry_commits() -> None:
+    q, pr, done = _quorum([2, 2], term_start=0)
+    q.add("a", AppendResult(1, 2, array("q", [0])), deadline_ms=1000)
+    q.ack_self(1)
+    pr["n1"].match_index = pr["n2"].match_index = 1
+    q.advance()
+    assert done == [("a", ResponseCode.SUCCESS)]
+
+
+def test_match_index_only_grows() -> None:
+    """A late answer for an earlier push never lowers what the leader knows the follower holds."""
+    m = leading()
+    term, end = m.node.member.term, m.store.end_index
+    answer_pushes(m, "n1", PushResponse(int(ResponseCode.SUCCESS), term, end))  # COMPARE at end - 1
+    m.tick()
+    answer_pushes(m, "n1", PushResponse(int(ResponseCode.SUCCESS), term, end))  # APPEND through end
+    assert m.node.progress["n1"].match_index == end
+    stale = PushCtx("n1", m.node.dispatchers["n1"].epoch, 0, int(PushType.COMPARE), end - 1, term)
+    m.node.on_response(stale, PushResponse(int(ResponseCode.SUCCESS), term, end - 1), m.now)
+    assert m.node.progress["n1"].match_index == end
+
+
+def test_a_new_leader_appends_a_noop_and_commits_earlier_entries_with_it() -> None:
+    m = leading()
+    noop = m.store.end_index
+    assert m.store.get(noop).magic == MAGIC_NOOP
+    term = m.node.member.term
+    answer_pushes(m, "n1", PushResponse(int(ResponseCode.SUCCESS), term, 0))  # COMPARE at 0
+    m.tick()
+    answer_pushes(m, "n1", PushResponse(int(ResponseCode.SUCCESS), term, noop))
+    assert m.store.committed_index == noop  # the term-1 entry commits with the NOOP
+
+
+def test_answers_of_an_earlier_leadership_are_ignored() -> None:
+    """Every term's dispatchers count epochs from 0: the term in the context tells them apart."""
+    m = leading()
+    end = m.store.end_index
+    old = PushCtx("n1", m.node.dispatchers["n1"].epoch, 0, int(PushType.COMPARE), end, m.node.member.term - 1)
+    m.node.on_response(old, PushResponse(int(ResponseCode.SUCCESS), m.node.member.term, end), m.now)
+    assert m.node.progress["n1"].match_index == -1
