@@ -1,11 +1,11 @@
 """A broker of a broker set (`dledger broker`): registration, roles, HA, sends and reads.
 
-Startup (CONTROLLER.md §1.4): fenced (no writes) until registered with a persistent id;
+Startup (upstream's ReplicasManager.startBasicService): fenced (no writes) until registered with a persistent id;
 then the role comes from the controller leader's own answers only (register, an election it
 asks for, replica info). A NOTIFY_BROKER_ROLE_CHANGED is a hint: it makes the broker ask the
 leader for replica info now (at most one query in flight however many arrive) and nothing it
 says is used, so a forged one changes nothing and no epoch the controller does not hold is
-ever written. Role changes (§6) run one at a time and only for a higher master epoch. A
+ever written. Role changes run one at a time and only for a higher master epoch. A
 master appends its epoch to the epoch file before writing in it and closes every HA
 connection on any epoch change (#9689).
 
@@ -15,7 +15,7 @@ lease + drift after its last heartbeat (even when its connection closes). A mast
 send only while its lease (from the heartbeat's send time) holds, so it has stopped
 acknowledging before any replacement can be elected.
 
-Acks (§4.11): a send is refused before it is written when fewer than min-in-sync-replicas
+Acks: a send is refused before it is written when fewer than min-in-sync-replicas
 are in the SyncStateSet (IN_SYNC_REPLICAS_NOT_ENOUGH); after the write it waits until
 in-sync-replicas copies (or every SyncStateSet member with all-ack) have it, at most
 slave_timeout_ms (then FLUSH_SLAVE_TIMEOUT: written, not acknowledged). Reads return only
@@ -36,10 +36,11 @@ from dledger.broker import messages as bm
 from dledger.broker.config import BrokerConfig, split_address
 from dledger.broker.confirm_file import read_confirm, write_confirm
 from dledger.broker.epoch_file import EpochFileCache
-from dledger.broker.ha_runtime import HAListener, SlaveRunner, now_ms
+from dledger.broker.ha_runtime import HAListener, SlaveRunner
 from dledger.broker.identity import Registration
 from dledger.broker.log import BrokerLog
 from dledger.broker.replica import Change, ReplicaState, Role
+from dledger.clock import now_ms
 from dledger.codes import ControllerRequestCode, DLedgerError, ResponseCode
 from dledger.codes import ControllerResponseCode as RC
 from dledger.controller import messages as cm
@@ -193,7 +194,7 @@ class BrokerServer:
     def role(self) -> Role:
         return self.replica.role
 
-    # --- registration and roles (§1.3, §1.4, §6) ---------------------------------------------
+    # --- registration and roles ---------------------------------------------
 
     async def _startup(self) -> None:
         """Register, learn (or ask for) the master, then follow the controller forever."""
@@ -300,7 +301,7 @@ class BrokerServer:
         self.replica.sync_slave_truncation()
         self._progress.set()
 
-    # --- SyncStateSet proposals (§4.9, §6.4) --------------------------------------------------
+    # --- SyncStateSet proposals --------------------------------------------------
 
     def _propose(self, proposal: frozenset[int] | None = None) -> None:
         """A SyncStateSet change is wanted: run the alter loop unless it runs."""
@@ -345,7 +346,7 @@ class BrokerServer:
         finally:
             self._altering = False
 
-    # --- heartbeats and the lease (§1.5) -----------------------------------------------------
+    # --- heartbeats and the lease -----------------------------------------------------
 
     async def _beat_forever(self) -> None:
         while True:

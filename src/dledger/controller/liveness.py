@@ -1,4 +1,5 @@
-"""One controller's view of broker liveness and master leases (CONTROLLER.md §1.5), sans-I/O.
+"""One controller's view of broker liveness and master leases (upstream's
+DefaultBrokerHeartbeatManager; docs/brokers.md, "The master lease"), sans-I/O.
 
 The service (controller.service) and the simulator (sim.brokers) drive it; time is passed in.
 

@@ -1,4 +1,5 @@
-"""The controller's request pipeline on a member of its Raft group (CONTROLLER.md §1.2, §1.5).
+"""The controller's request pipeline on a member of its Raft group (upstream's ControllerManager
+and ControllerRequestProcessor).
 
 Controller requests arrive on the group's own port (DLedgerServer.services). Every member
 answers heartbeats, metadata and its config; only the leader ("active controller") serves
@@ -27,11 +28,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from collections.abc import Callable, Coroutine
 from concurrent.futures import Future
 from typing import Any, TypeVar
 
+from dledger.clock import now_ms
 from dledger.codes import ControllerRequestCode, RequestCode, ResponseCode
 from dledger.codes import ControllerResponseCode as RC
 from dledger.config import ConfigError
@@ -72,10 +73,6 @@ CONTROLLER_ACCESS: dict[int, Access] = {
     _C.CONTROLLER_GET_NEXT_BROKER_ID: needs("CONTROLLER_GET_NEXT_BROKER_ID", Role.BROKER),
     _C.CONTROLLER_APPLY_BROKER_ID: needs("CONTROLLER_APPLY_BROKER_ID", Role.BROKER),
 }
-
-
-def now_ms() -> int:
-    return time.monotonic_ns() // 1_000_000
 
 
 class _Failed(Exception):

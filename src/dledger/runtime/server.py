@@ -21,6 +21,7 @@ from typing import Any
 import msgspec
 from prometheus_client import Counter
 
+from dledger.clock import now_ms
 from dledger.codes import DLedgerError, RequestCode, ResponseCode
 from dledger.config import DLedgerConfig, Peer
 from dledger.core.messages import (
@@ -86,10 +87,6 @@ log = logging.getLogger(__name__)
 TICK_S = 0.01
 MEMBER_BACKOFF_MAX_S = 0.5
 FAULT_DISABLED = "fault injection is disabled on this member; start it with --enable-fault-injection"
-
-
-def now_ms() -> int:
-    return time.monotonic_ns() // 1_000_000
 
 
 class GroupRuntime:

@@ -1,4 +1,4 @@
-"""Controllers and a broker set under seeded faults, in simulated time (issue 14).
+"""Controllers and a broker set under seeded faults, in simulated time (docs/brokers.md).
 
 `python -m dledger.sim --brokers --seeds N`. One broker set of three replicas: each a
 ReplicaState (roles, lease, confirm offset) over a BrokerLog on a SimDiskStore (durable only
