@@ -86,7 +86,7 @@ class ResponseCode(IntEnum):
 
 
 class ControllerRequestCode(IntEnum):
-    """Controller mode (CONTROLLER.md §2.4): RocketMQ's request codes, so tools interoperate."""
+    """Controller mode (upstream's RequestCode and ResponseCode): RocketMQ's request codes, so tools interoperate."""
 
     BROKER_HEARTBEAT = 904
     CONTROLLER_ALTER_SYNC_STATE_SET = 1001
@@ -105,7 +105,7 @@ class ControllerRequestCode(IntEnum):
 
 
 class ControllerResponseCode(IntEnum):
-    """Controller mode answers (CONTROLLER.md §2.4), RocketMQ's numbers."""
+    """Controller mode answers (upstream's RequestCode and ResponseCode), RocketMQ's numbers."""
 
     SUCCESS = 0
     SYSTEM_ERROR = 1

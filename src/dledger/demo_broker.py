@@ -1,4 +1,4 @@
-"""The controller mode stage of `make demo` (issue 14): a broker set of two replicas with
+"""The controller mode stage of `make demo` (docs/brokers.md): a broker set of two replicas with
 all-ack, elected and failed over by three controllers.
 
 Writers send under load; the master's replication is paused for a moment (a network hiccup:

@@ -1,4 +1,4 @@
-"""The key-value stage of `make demo`: a replicated state machine on the log (issue 12).
+"""The key-value stage of `make demo`: a replicated state machine on the log (docs/state-machines.md).
 
 Three members run `--state-machine kv` with small snapshot thresholds (and small data files,
 so compaction behind snapshots deletes some). The demo writes keys through proposals (each

@@ -1,6 +1,6 @@
 """Broker sets on real processes (issue 14): three `dledger controller` members and `dledger
 broker` replicas on 127.0.0.1, upstream's AutoSwitchRoleIntegrationTest and AutoSwitchHATest
-scenarios (CONTROLLER.md §9), the old master truncating its unconfirmed tail, and the master
+scenarios (upstream's AutoSwitchHATest), the old master truncating its unconfirmed tail, and the master
 lease (a master cut off from the controllers stops acknowledging).
 
 Every wait is for a condition with a generous deadline; assertions on epochs say "at least":

@@ -1,4 +1,4 @@
-"""The `dledger` command against a running group (SPEC §5), as a user runs it."""
+"""The `dledger` command against a running group (docs/cli.md), as a user runs it."""
 
 from __future__ import annotations
 

@@ -127,7 +127,7 @@ async def start_broker(ctl: str, broker_id: int, port: int) -> Broker:
 
 
 async def register(ctl: str, n: int, ports: list[int]) -> list[Broker]:
-    """n brokers of SET: get an id, apply it, register, beat (the §1.3 registration)."""
+    """n brokers of SET: get an id, apply it, register, beat (upstream's ReplicasManager registration)."""
     brokers = []
     for k in range(n):
         b = await start_broker(ctl, 0, ports[k])
@@ -312,7 +312,7 @@ def test_a_controller_leader_change_keeps_the_state_and_no_broker_fails_over(
 
 def test_concurrent_requests_are_never_validated_against_the_same_state(
         controllers: Callable[..., Cluster]) -> None:
-    """§1.2 [improve]: many alter-sync-state-set requests with the same epochs, and many
+    """many alter-sync-state-set requests with the same epochs, and many
     apply-broker-id requests for the same id with different check codes, sent at once:
     exactly one of each wins."""
     c = controllers()

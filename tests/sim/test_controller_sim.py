@@ -1,6 +1,6 @@
 """The controller's state machine under the simulator's fault schedules (issue 13): every
 member applies it, clients send a mix of controller requests made from members' (often stale)
-views, and CONTROLLER.md §2.7's invariants are checked at every apply on every member."""
+views, and docs/controller.md's guarantees are checked at every apply on every member."""
 
 from __future__ import annotations
 

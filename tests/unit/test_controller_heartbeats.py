@@ -1,4 +1,4 @@
-"""Broker liveness on one controller (CONTROLLER.md §1.5) and the controller's own settings,
+"""Broker liveness on one controller (upstream's DefaultBrokerHeartbeatManagerTest) and the controller's own settings,
 without a network: time is passed in."""
 
 from __future__ import annotations

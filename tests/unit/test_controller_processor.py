@@ -1,6 +1,6 @@
-"""The controller's requests without Raft (CONTROLLER.md §9, upstream's ReplicasInfoManagerTest,
+"""The controller's requests without Raft (upstream's ReplicasInfoManagerTest,
 with the same expectations; and the [improve] list): every request goes through the state
-machine's apply as a log entry would, liveness is the command's facts, and §2.7's invariants
+machine's apply as a log entry would, liveness is the command's facts, and docs/controller.md's guarantees
 are checked after every step."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ B = "broker-a"
 
 
 class Controller:
-    """A ControllerStateMachine fed commands as log entries, checking §2.7 after each."""
+    """A ControllerStateMachine fed commands as log entries, checking the guarantees after each."""
 
     def __init__(self) -> None:
         self.sm = ControllerStateMachine()
@@ -244,7 +244,7 @@ def test_clean_broker_data(c: Controller) -> None:
 
 
 def test_alter_sync_state_set_checks_in_order(c: Controller) -> None:
-    """§2.3's validation order, each step's code; then two alters on the same epoch: one wins."""
+    """upstream's validation order, each step's code; then two alters on the same epoch: one wins."""
     mock_meta_data(c, alter=False)
     assert c(m.AlterSyncStateSet("nope", 1, 1, [1, 2], 1)).code == RC.CONTROLLER_ALTER_SYNC_STATE_SET_FAILED
     assert c(m.AlterSyncStateSet(B, 1, 1, [1], 1)).code == RC.CONTROLLER_ALTER_SYNC_STATE_SET_FAILED  # same set

@@ -1,5 +1,5 @@
-"""The controller's state and events (CONTROLLER.md §2.1-2.2, §2.5, §2.7) and its elect policy
-(§3), without Raft: upstream's worked trace, the events' apply rules and quirks, a snapshot
+"""The controller's state and events (docs/controller.md, "What is guaranteed") and its elect
+policy, without Raft: upstream's worked trace, the events' apply rules and quirks, a snapshot
 round trip, and the election order with offsets 2^31 apart (#10578)."""
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ def _registered(ids: tuple[int, ...] = (1, 2, 3)) -> ControllerState:
 
 
 def test_the_worked_trace_of_the_reference() -> None:
-    """§2.5: register 1,2,3; broker 1 elected first; the master widens the SyncStateSet; broker 1
+    """register 1,2,3; broker 1 elected first; the master widens the SyncStateSet; broker 1
     dies and another is elected with the epochs moving as upstream's."""
     s = _registered()
     b = s.get("b")

@@ -1,6 +1,6 @@
-"""Property tests of the record and index-unit codecs (SPEC §2, `dledger.entry`).
+"""Property tests of the record and index-unit codecs (docs/format.md, `dledger.entry`).
 
-Field offsets are checked by unpacking bytes by hand at the SPEC offsets, so a
+Field offsets are checked by unpacking bytes by hand at docs/format.md's offsets, so a
 change of the struct formats in `dledger.entry` cannot hide a format change.
 """
 
@@ -74,7 +74,7 @@ def _check_header_by_hand(
     chain: int,
     body: bytes,
 ) -> None:
-    """Every field of one record at the SPEC §2 offsets (big-endian)."""
+    """Every field of one record at docs/format.md's offsets (big-endian)."""
     assert _u32(rec, off + 0) == magic
     assert _i32(rec, off + 4) == HEADER_SIZE + len(body) == 48 + len(body)
     assert _i64(rec, off + 8) == index
@@ -345,7 +345,7 @@ def test_scan_detects_any_flipped_byte(
     size = 48 + len(run.bodies[k])
     j = data.draw(st.integers(0, size - 1), label="byte in record")
     xor = data.draw(st.integers(1, 255), label="xor")
-    # The magic is covered by no checksum in the SPEC format: NORMAL/NOOP/CONFIG_CHANGE
+    # The magic is covered by no checksum in the record format (docs/format.md): NORMAL/NOOP/CONFIG_CHANGE
     # differ in their low bits only, so such a flip is undetectable by design.
     assume(not (j < 4 and _magic_still_valid(run.magics[k], j, xor)))
     buf = bytearray(run.buf)

@@ -1,4 +1,4 @@
-"""A broker's epoch file (CONTROLLER.md §5) and the truncation point (§4.8): upstream's
+"""A broker's epoch file (upstream's EpochFileCache) and the truncation point: upstream's
 EpochFileCacheTest, the file format's worked examples byte for byte, and the [improve]s."""
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ def test_find_by_offset(cache: EpochFileCache) -> None:
 ])
 def test_find_consistent_point(local: list[tuple[int, int, int]], master: list[tuple[int, int, int]],
                                point: int) -> None:
-    """upstream's testFindConsistentPointSample1..4 (§4.8's table)."""
+    """upstream's testFindConsistentPointSample1..4 (upstream's EpochFileCacheTest)."""
     assert find_consistent_point([EpochEntry(*e) for e in local], [EpochEntry(*e) for e in master]) == point
 
 

@@ -1,4 +1,4 @@
-"""AutoSwitch HA packets (CONTROLLER.md §4.2-§4.5): the exact byte layouts, big-endian, and
+"""AutoSwitch HA packets (upstream's AutoSwitchHAConnection): the exact byte layouts, big-endian, and
 readers that wait for whole packets whatever the bytes' arrival."""
 
 from __future__ import annotations

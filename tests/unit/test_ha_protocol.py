@@ -103,7 +103,7 @@ def test_no_frame_spans_two_epochs() -> None:
 
 
 def test_old_master_truncates_its_unconfirmed_tail(tmp_path: Path) -> None:
-    """§4.8 on real stores: the old master wrote in epoch 1 past what the new master has; it
+    """The truncation point on real stores: the old master wrote in epoch 1 past what the new master has; it
     rejoins as a slave, cuts at the consistent point, and the cut is on disk (#10666)."""
     old = Replica(1, FileLedgerStore(tmp_path / "old", data_file_size=1 << 20))
     new = Replica(2, FileLedgerStore(tmp_path / "new", data_file_size=1 << 20))

@@ -185,7 +185,7 @@ _filter = st.one_of(_leaf, _leaf, st.builds(Not, _leaf))
 
 _row = st.fixed_dictionaries({
     "group": st.sampled_from(GROUPS),
-    "index": st.integers(0, 20),  # never negative (SPEC §1)
+    "index": st.integers(0, 20),  # never negative (docs/format.md)
     "term": st.integers(0, 6),
     "pos": st.integers(0, 40),
     "body": st.binary(max_size=3),

@@ -26,7 +26,7 @@ def _ack_heartbeats(m: Member, *peers: str) -> None:
 
 
 def test_a_new_leader_serves_no_read_before_an_entry_of_its_term_commits() -> None:
-    """§8: until its NOOP commits, its commit index may trail what the last leader acknowledged."""
+    """until its NOOP commits, its commit index may trail what the last leader acknowledged."""
     m = leading()
     assert m.store.committed_index < m.store.end_index
     resp = _get(m, 0, "leader")

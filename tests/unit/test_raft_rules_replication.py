@@ -1,4 +1,4 @@
-"""Log replication against the Raft thesis (§3.5, §3.6.2), one test per rule, in the style of
+"""Log replication against the Raft thesis, one test per rule, in the style of
 etcd's raft_paper_test: the follower's EntryHandler, the leader's EntryDispatcher and
 QuorumAckChecker, and the follower's Progress they share, all built without sockets."""
 
@@ -47,7 +47,7 @@ def _push(f: Member, leader: MemoryLedgerStore, kind: PushType, prev: int, term:
 
 
 def test_append_is_refused_when_the_previous_entry_differs() -> None:
-    """The consistency check (§3.5): a push whose (prev_index, prev_term) the follower does not
+    """The consistency check: a push whose (prev_index, prev_term) the follower does not
     hold is refused, and the follower's log stays as it was."""
     f = Member(terms=[1, 1])
     leader = _leader_log([1, 2, 2])  # differs at index 1
@@ -132,7 +132,7 @@ def test_commits_an_entry_once_a_majority_stores_it() -> None:
 
 
 def test_entries_of_earlier_terms_are_not_committed_by_counting() -> None:
-    """§3.6.2: only an entry of the leader's own term commits by counting replicas; earlier ones
+    """only an entry of the leader's own term commits by counting replicas; earlier ones
     commit with it."""
     q, pr, _ = _quorum([1, 1, 3], term_start=2)  # the leader's NOOP of term 3 at index 2
     q.ack_self(2)

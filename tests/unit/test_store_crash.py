@@ -346,7 +346,7 @@ def test_damage_in_trusted_region_is_never_served(tmp_path: Path) -> None:
         xor = rng.randint(1, 255)
         if _magic_flip_stays_valid(j, old, xor):
             # NORMAL/NOOP/CONFIG_CHANGE differ in their low bits and no CRC covers the
-            # magic (SPEC §2): such a flip is undetectable by the format
+            # magic (docs/format.md): such a flip is undetectable by the format
             xor = 0x80
         patch_file(d, pos, bytes([old ^ xor]))
         try:

@@ -1,4 +1,4 @@
-"""A master's SyncStateSet and confirm offset (CONTROLLER.md §4.9-§4.10), without a network."""
+"""A master's SyncStateSet and confirm offset (upstream's AutoSwitchHAService), without a network."""
 
 from __future__ import annotations
 

@@ -1,1 +1,1 @@
-"""Controller mode, part 2 (issue 14): broker replica sets — AutoSwitch HA replication."""
+"""Controller mode, part 2 (docs/brokers.md): broker replica sets — AutoSwitch HA replication."""

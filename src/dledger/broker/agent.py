@@ -30,7 +30,7 @@ The rules (upstream ReplicasManager, AutoSwitchHAService):
 - Every request the agent makes gets its answer (or None) from the driver; as a backstop, one
   outstanding for `REQUEST_DEADLINE_MS` counts as unanswered, and an input that raises still
   leaves the chain, the alter loop and the heartbeats going (they retry, as above).
-- Sends (§4.11): refused before the write without mastership, lease or min-in-sync replicas;
+- Sends: refused before the write without mastership, lease or min-in-sync replicas;
   after it, durable first (flush=sync), then acknowledged by enough of the SyncStateSet
   (`acks`) within `slave_timeout_ms`, and answered only if the mastership and its lease held
   until then (else FLUSH_SLAVE_TIMEOUT: written, not acknowledged).
@@ -473,7 +473,7 @@ class BrokerAgent:
         out.append(FollowMaster(master_id, split_address(master_address)[1], slave))
         return out
 
-    # --- heartbeats and the lease (§1.5) -------------------------------------------------------
+    # --- heartbeats and the lease -------------------------------------------------------
 
     def _heartbeat(self, token: int, now: int) -> SendHeartbeat:
         r, s = self.replica, self.settings
@@ -526,7 +526,7 @@ class BrokerAgent:
             # ELECT: the election's outcome arrives as replica info (the next poll, or its NOTIFY)
             return self._chain_done(now)
 
-    # --- SyncStateSet proposals (§4.9, §6.4) -----------------------------------------------------
+    # --- SyncStateSet proposals -----------------------------------------------------
 
     def proposal(self, now: int) -> list[Effect]:
         """The master's HA service wants a SyncStateSet change (a slave caught up, or its

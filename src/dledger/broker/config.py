@@ -1,5 +1,5 @@
 """A broker's settings: the `dledger broker` options and the same keys in TOML (`[broker]` table
-or top level). Defaults aim at a 2 s failover (upstream's add up to 15 s, CONTROLLER.md §7).
+or top level). Defaults aim at a 2 s failover (upstream's add up to 15 s; docs/brokers.md, "Failover").
 
 A broker's advertised address carries both its ports, `host:port|host:haport`, so the
 master's HA address travels in the controller's metadata (upstream took it from NameServer).

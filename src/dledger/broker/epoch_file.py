@@ -1,5 +1,5 @@
-"""A broker's epoch file (CONTROLLER.md §5, upstream's EpochFileCache): which master epoch wrote
-which byte range of the log, used to find where a slave's log and its master's diverge (§4.8).
+"""A broker's epoch file (upstream's EpochFileCache): which master epoch wrote
+which byte range of the log, used to find where a slave's log and its master's diverge.
 
 On disk (upstream's CheckpointFile, byte for byte):
 
@@ -97,7 +97,7 @@ class EpochFileCache:
                 damaged.append(f"{candidate}: {e.message}")
                 continue
             return entries
-        if damaged:  # §5: an error, not an empty file (the replica would lose its epochs)
+        if damaged:  # an error, not an empty file (the replica would lose its epochs)
             raise EpochFileError(f"the epoch file cannot be read ({'; '.join(damaged)}): restore it, or move the "
                                  "store directory away and let the replica copy its log again")
         return []
@@ -157,7 +157,7 @@ class EpochFileCache:
 
 
 def find_consistent_point(local: list[EpochEntry], master: list[EpochEntry]) -> int:
-    """Where the slave's log stops agreeing with its master's (§4.8): for the newest local epoch
+    """Where the slave's log stops agreeing with its master's: for the newest local epoch
     that the master has with the same start, the lesser of the two ends; -1 when there is none.
     Both lists carry real ends (`with_last_end`)."""
     theirs = {e.epoch: e for e in master}

@@ -1,4 +1,4 @@
-"""One slave's HA connection on the master (CONTROLLER.md §4.6, AutoSwitchHAConnection), sans-I/O.
+"""One slave's HA connection on the master (upstream's AutoSwitchHAConnection), sans-I/O.
 
 The runtime feeds what the socket read (`receive`) and writes what `output` returns; time is
 passed in. Handshakes are answered from the current epoch file and max offset (each one: a
@@ -27,7 +27,7 @@ from dledger.broker.log import BrokerLog
 
 @dataclass(frozen=True)
 class HAConfig:
-    """The HA timings and sizes (§7; ours are shorter for a 2 s failover)."""
+    """The HA timings and sizes (ours are shorter for a 2 s failover)."""
 
     heartbeat_ms: int = 1000  # haSendHeartbeatInterval (upstream 5000)
     housekeeping_ms: int = 5000  # haHousekeepingInterval: silence that closes a connection (20000)

@@ -1,4 +1,5 @@
-"""AutoSwitch HA packets (CONTROLLER.md §4.1-§4.5), byte for byte as upstream's: big-endian,
+"""AutoSwitch HA packets (upstream's HAConnection handshake and transfer headers; docs/format.md),
+byte for byte as upstream's: big-endian,
 fixed headers, the connection state's ordinal first.
 
 slave -> master: HANDSHAKE (16 bytes: state, isSyncFromLastFile, isAsyncLearner, broker id) and

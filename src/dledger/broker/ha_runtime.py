@@ -13,13 +13,13 @@ import asyncio
 import contextlib
 import logging
 import ssl
-import time
 from collections.abc import Awaitable, Callable
 
 from dledger.broker.ha_master import HAProtocolError, UnknownSlave
 from dledger.broker.ha_packets import PacketError
 from dledger.broker.ha_service import MasterHA
 from dledger.broker.ha_slave import SlaveClient
+from dledger.clock import now_ms
 from dledger.codes import DLedgerError
 from dledger.ratelog import RateLimitedLog
 from dledger.security.peer_uid import not_local
@@ -33,10 +33,6 @@ HANDSHAKE_S = 5.0  # a connection that has not handshaken by then is closed
 WRITE_BYTES = 1 << 20  # transfer body per wake-up before draining
 RETRY_S = 0.2
 HA_ERRORS = (HAProtocolError, PacketError, DLedgerError, OSError, ConnectionError)
-
-
-def now_ms() -> int:
-    return time.monotonic_ns() // 1_000_000
 
 
 def _host_port(address: str) -> tuple[str, int]:

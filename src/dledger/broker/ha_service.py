@@ -1,4 +1,4 @@
-"""The master's HA service (CONTROLLER.md §4.9-§4.11, AutoSwitchHAService), sans-I/O: its slaves'
+"""The master's HA service (upstream's AutoSwitchHAService), sans-I/O: its slaves'
 connections, the SyncStateSet, the confirm offset and the producer-ack rule.
 
 Connections are keyed by whatever the runtime uses for them. Proposals to change the
@@ -23,7 +23,7 @@ ALL_ACK = -1  # MixAll.ALL_ACK_IN_SYNC_STATE_SET
 
 @dataclass(frozen=True)
 class AckSettings:
-    """§4.11: how many copies a send waits for (the master counts)."""
+    """how many copies a send waits for (the master counts)."""
 
     in_sync_replicas: int = 1
     min_in_sync_replicas: int = 1

@@ -1,4 +1,4 @@
-"""A slave's HA client (CONTROLLER.md §4.7, AutoSwitchHAClient), sans-I/O.
+"""A slave's HA client (upstream's AutoSwitchHAClient), sans-I/O.
 
 READY -> (connected) HANDSHAKE -> (answer: truncate at the consistent point) TRANSFER.
 The slave computes where its log stops agreeing with the master's (`find_consistent_point`

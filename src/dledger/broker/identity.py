@@ -1,4 +1,4 @@
-"""A broker's persistent id (CONTROLLER.md §1.3, ReplicasManager.register).
+"""A broker's persistent id (upstream's ReplicasManager.register).
 
 `brokerIdentity` holds `cluster#broker#id` once the controller accepted the id;
 `brokerIdentity-temp` holds `cluster#broker#id#checkCode` while it is being applied for.

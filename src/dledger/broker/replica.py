@@ -1,4 +1,4 @@
-"""A broker replica's role, lease and confirm offset (CONTROLLER.md §6, ReplicasManager), sans-I/O.
+"""A broker replica's role, lease and confirm offset (upstream's ReplicasManager), sans-I/O.
 
 Its owner, broker.agent.BrokerAgent (which the runtime and the simulator both drive), tells
 it what the controller said (`change_role`, `alter_answered`, `sync_state_set_read`,
@@ -132,7 +132,7 @@ class ReplicaState:
         self.sync_slave_truncation()
         self.slave = None
 
-    # --- SyncStateSet changes, one at a time (§4.9, §6.4) ----------------------------------
+    # --- SyncStateSet changes, one at a time ----------------------------------
 
     def next_alter(self) -> m.AlterSyncStateSet | None:
         """The alter-sync-state-set request to send now, or None. An unanswered one is sent

@@ -42,11 +42,12 @@ from dledger.broker.agent import (
 from dledger.broker.config import BrokerConfig
 from dledger.broker.confirm_file import read_confirm, write_confirm
 from dledger.broker.epoch_file import EpochFileCache
-from dledger.broker.ha_runtime import HAListener, SlaveRunner, now_ms
+from dledger.broker.ha_runtime import HAListener, SlaveRunner
 from dledger.broker.ha_slave import SlaveClient
 from dledger.broker.identity import Registration
 from dledger.broker.log import BrokerLog
 from dledger.broker.replica import Role
+from dledger.clock import now_ms
 from dledger.codes import ControllerRequestCode, DLedgerError, ResponseCode
 from dledger.controller import messages as cm
 from dledger.controller.client import ControllerClient

@@ -1,4 +1,4 @@
-"""A master's SyncStateSet and confirm offset (CONTROLLER.md §4.9-§4.10, AutoSwitchHAService),
+"""A master's SyncStateSet and confirm offset (upstream's AutoSwitchHAService),
 sans-I/O: times and offsets are passed in, proposals come back for the caller to send to the
 controller (alter-sync-state-set).
 

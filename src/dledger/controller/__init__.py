@@ -1,2 +1,2 @@
-"""Controller mode (issue 13, seed 001): a controller that elects masters for broker replica
-sets, on a dledger group whose state machine is the controller state (CONTROLLER.md)."""
+"""Controller mode (docs/controller.md): a controller that elects masters for broker replica
+sets, on a dledger group whose state machine is the controller state (upstream's ReplicasInfoManager)."""

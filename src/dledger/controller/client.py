@@ -134,7 +134,7 @@ class ControllerClient:
         values = await asyncio.gather(*(one(a) for a in self.addresses))
         return dict(zip(self.addresses, values, strict=True))
 
-    # --- the requests of CONTROLLER.md §2.3 ---------------------------------------------------
+    # --- the requests of docs/controller.md ---------------------------------------------------
 
     async def get_next_broker_id(self, cluster: str, broker: str) -> m.Response:
         return await self.call(m.GetNextBrokerId(cluster, broker))

@@ -1,4 +1,4 @@
-"""The controller's own settings (CONTROLLER.md §7), the `[controller]` table of its TOML file;
+"""The controller's own settings (upstream's ControllerConfig), the `[controller]` table of its TOML file;
 the rest of the file is an ordinary member's configuration (config.DLedgerConfig).
 
 Defaults are for a 2 s master failover end to end: brokers beat every 300 ms and are dead

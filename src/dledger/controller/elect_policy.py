@@ -1,4 +1,4 @@
-"""Who becomes master of a broker set (CONTROLLER.md §3, upstream's DefaultElectPolicy).
+"""Who becomes master of a broker set (upstream's DefaultElectPolicy).
 
 Candidates are the SyncStateSet's live replicas (with unclean election, then any live
 replica). The old master stays while it is alive (unless an admin names another); an admin's

@@ -1,4 +1,4 @@
-"""Broker liveness on one controller (CONTROLLER.md §1.5, DefaultBrokerHeartbeatManager).
+"""Broker liveness on one controller (upstream's DefaultBrokerHeartbeatManager).
 
 Every controller keeps its own table from the heartbeats brokers send to all of them (it is
 not replicated). A broker is alive while its last heartbeat is younger than its timeout.

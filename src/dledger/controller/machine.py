@@ -4,7 +4,7 @@ leader's liveness facts), applied by `processor.process` in log order on every c
 Apply's result for an entry is the encoded answer, which the leader hands back to whoever
 sent the request. Reads are queries with the same shape (answered from the applied state,
 after the read index confirmed the leader: never a stale answer after a silent leader loss,
-unlike upstream's default). Snapshots hold the tables as JSON (§2.6 [improve]): a controller
+unlike upstream's default). Snapshots hold the tables as JSON: a controller
 restarts from its newest snapshot, not from the whole log (upstream never snapshots, #5585).
 """
 

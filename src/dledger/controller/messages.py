@@ -1,9 +1,10 @@
-"""The controller's wire messages (CONTROLLER.md §2.3): RocketMQ's requests and answers, with
+"""The controller's wire messages (upstream's controller RequestHeaders and ResponseHeaders):
+RocketMQ's requests and answers, with
 its request codes and field names (snake_case), as msgspec structs encoded as msgpack maps.
 
 A request struct is also what the controller logs: a write request travels through the Raft
 log inside a `Command`, with the liveness facts the leader took for it, and is validated when
-it is applied (never against a state another request may change first: §1.2 [improve]).
+it is applied (never against a state another request may change first; beyond upstream).
 Bounds are checked when a request is decoded, so a forged one is an error answer, not an
 exception later.
 """
@@ -166,7 +167,7 @@ class Response(msgspec.Struct, omit_defaults=True):
     leader_id: str = ""  # CONTROLLER_NOT_LEADER: who is (when known)
     leader_address: str = ""
     lease_granted: bool = False  # a heartbeat's: the leader renewed the master's lease
-    # headers (CONTROLLER.md §2.3)
+    # headers (upstream's controller RequestHeaders and ResponseHeaders)
     cluster_name: str = ""
     broker_name: str = ""
     next_broker_id: int | None = None

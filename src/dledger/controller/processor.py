@@ -1,9 +1,9 @@
-"""What a controller request does to the state (CONTROLLER.md §2.3), as a pure function.
+"""What a controller request does to the state (upstream's ReplicasInfoManager), as a pure function.
 
 `process(state, command)` validates the request in upstream's exact order (first failure
 wins) against the state *as of the command's place in the log*, and returns the answer and
-the events (§2.2) to apply. It runs inside the state machine's apply, on every controller,
-so two requests can never both be validated against the same state (§1.2 [improve]: upstream
+the events to apply. It runs inside the state machine's apply, on every controller,
+so two requests can never both be validated against the same state (upstream
 validated on the leader before logging, and two alters with the same epoch could both pass).
 Liveness is the leader's, written into the command: apply stays deterministic.
 

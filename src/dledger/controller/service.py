@@ -30,10 +30,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from collections.abc import Awaitable, Coroutine
 from typing import Any, TypeVar
 
+from dledger.clock import now_ms
 from dledger.codes import ControllerRequestCode, ResponseCode
 from dledger.codes import ControllerResponseCode as RC
 from dledger.config import ConfigError
@@ -72,10 +72,6 @@ CONTROLLER_ACCESS: dict[int, Access] = {
     _C.CONTROLLER_GET_NEXT_BROKER_ID: needs("CONTROLLER_GET_NEXT_BROKER_ID", Role.BROKER),
     _C.CONTROLLER_APPLY_BROKER_ID: needs("CONTROLLER_APPLY_BROKER_ID", Role.BROKER),
 }
-
-
-def now_ms() -> int:
-    return time.monotonic_ns() // 1_000_000
 
 
 # The group's refusals of an in-process proposal made before its entry was stored (node:

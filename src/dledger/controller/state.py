@@ -1,4 +1,5 @@
-"""The controller's replicated state (CONTROLLER.md §2.1) and the events that change it (§2.2).
+"""The controller's replicated state (upstream's ReplicasInfoManager: BrokerReplicaInfo,
+SyncStateInfo) and the events that change it.
 
 For every broker set (a broker name): its registered replicas (id -> address, register check
 code), the next id to hand out, the master, the master epoch, the SyncStateSet and its epoch.
@@ -7,7 +8,7 @@ on every controller; `apply` is a pure function of the state and the event, so e
 controller holds the same state at the same index. Liveness is never part of it (heartbeats
 are not logged: the leader writes the liveness facts a request needs into its log entry).
 
-Upstream quirks kept on purpose (§2.1, §2.2): `next_assign_id` is 1 + the number of ids ever
+Upstream quirks kept on purpose: `next_assign_id` is 1 + the number of ids ever
 added (not max id + 1); a failed election (`ElectMasterEvent(elected=False)`) bumps the master
 epoch and keeps the SyncStateSet; cleaning an id does not bump an epoch.
 """
@@ -179,7 +180,8 @@ class ControllerState:
         if not s.replicas:
             del self.sets[s.name]
 
-    # --- snapshots (CONTROLLER.md §2.6 [improve]): the tables, no liveness ---------------------
+
+    # --- snapshots (beyond upstream, whose snapshot is the whole manager): the tables, no liveness -----
 
     def dump(self) -> bytes:
         return msgspec.json.encode([_SetRecord.of(s) for s in sorted(self.sets.values(), key=lambda s: s.name)])

@@ -1,7 +1,8 @@
-"""LeaderElector: elections with pre-vote, heartbeats, check-quorum and transfer (seed 003).
+"""LeaderElector: elections with pre-vote, heartbeats, check-quorum and transfer (upstream's
+DLedgerLeaderElector; docs/architecture.md).
 
 Differences from DLedger, on purpose:
-- a term change always clears the vote, persisted with the term (seed 003's flaw);
+- a term change always clears the vote, persisted with the term (a vote kept across terms breaks Raft thesis §3.4);
 - a receiver adopts a higher term at once (Raft), instead of DLedger's
   TERM_NOT_READY round trip;
 - pre-vote: a candidate first asks whether it *could* win without raising its

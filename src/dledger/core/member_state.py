@@ -40,7 +40,7 @@ class MemberState:
 
     def set_term(self, term: int, voted_for: str | None = None) -> None:
         """Persist, then adopt, a new term. The vote always resets with the term:
-        carrying a vote into a new term is the flaw seed 003 describes."""
+        carrying a vote into a new term is the flaw of a vote kept across terms (Raft thesis §3.4)."""
         if term < self.term:
             raise ValueError(f"term must not go back ({term} < {self.term})")
         if term > self.term:

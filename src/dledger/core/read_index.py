@@ -1,4 +1,4 @@
-"""ReadIndex: linearizable reads on the leader (Raft thesis §6.4) and leader leases (§6.4.1).
+"""ReadIndex: linearizable reads on the leader (Raft thesis §6.4) and leader leases.
 
 A read that must not be stale takes the commit index when it arrives (its read index) and
 is served once a majority acknowledged a heartbeat round the leader *started after* it

@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 import msgspec
 from prometheus_client import Counter
 
+from dledger.clock import now_ms
 from dledger.codes import DLedgerError, RequestCode, ResponseCode
 from dledger.config import DLedgerConfig, Peer
 from dledger.core.messages import (
@@ -96,10 +97,6 @@ FAULT_DISABLED = "fault injection is disabled on this member; start it with --en
 # would run a hand-made command past the service's role checks. Member traffic (PUSH, VOTE,
 # READ_INDEX, ...), METADATA, LEADERSHIP_TRANSFER, SNAPSHOT and FAULT are served as for any group.
 SEALED_CODES = frozenset((RequestCode.APPEND, RequestCode.GET, READ, QUERY))
-
-
-def now_ms() -> int:
-    return time.monotonic_ns() // 1_000_000
 
 
 class GroupRefused(Exception):

@@ -18,7 +18,7 @@ def main() -> int:
     ap.add_argument("--start", type=int, default=0)
     ap.add_argument("--steps", type=int, default=14)
     ap.add_argument("--trace", action="store_true", help="print the trace of every failing seed")
-    ap.add_argument("--controller", action="store_true", help="members run the controller (CONTROLLER.md §2.7)")
+    ap.add_argument("--controller", action="store_true", help="members run the controller (docs/controller.md)")
     ap.add_argument("--brokers", action="store_true", help="controllers and a broker set (AutoSwitch HA, sim.brokers)")
     ap.add_argument("--idempotent", action="store_true",
                     help="appends from idempotent producers, checked for bodies stored twice (sim.producers)")

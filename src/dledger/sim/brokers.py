@@ -1,4 +1,4 @@
-"""Controllers and a broker set under seeded faults, in simulated time (issue 14).
+"""Controllers and a broker set under seeded faults, in simulated time (docs/brokers.md).
 
 `python -m dledger.sim --brokers --seeds N`. One broker set of three replicas: each the
 shipped BrokerAgent (every decision a broker makes: registration, roles, the alter loop, the

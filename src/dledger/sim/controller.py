@@ -1,4 +1,4 @@
-"""The controller's state machine under the simulator's fault schedules (issue 13).
+"""The controller's state machine under the simulator's fault schedules (docs/controller.md).
 
 Every member applies `ControllerStateMachine` (`python -m dledger.sim --controller`); clients
 append controller commands for a few broker sets: id applications, registrations, elections
@@ -7,7 +7,7 @@ missed an election), cleans — each with liveness facts drawn by the seed, as a
 have written them. The commands are made from some member's applied state, so many are
 valid and many are stale by the time they are applied.
 
-Invariants (CONTROLLER.md §2.7), checked at every apply on every member, by `CheckedController`:
+Invariants (docs/controller.md, "What is guaranteed"), checked at every apply on every member, by `CheckedController`:
 - a broker set's master epoch and SyncStateSet epoch never decrease;
 - after a successful election or alter the master is in the SyncStateSet;
 - an alter succeeds only if its master id, master epoch and SyncStateSet epoch were all

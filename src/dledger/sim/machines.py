@@ -1,4 +1,4 @@
-"""State machines in the simulator (issue 12): each member's KV store (or none: a plain log),
+"""State machines in the simulator (docs/state-machines.md): each member's KV store (or none: a plain log),
 its worker (the node's Apply / RunQuery / TakeSnapshot / InstallChunk / RestoreSnapshot
 actions run as events, in order, a few ms each) and its snapshots (kept in memory, written
 whole or not at all: a crash before the worker's event loses the snapshot, as a crash before

@@ -1,4 +1,4 @@
-"""InstallSnapshot's byte stream, without the protocol (issue 12; the leader's and follower's
+"""InstallSnapshot's byte stream, without the protocol (docs/state-machines.md; the leader's and follower's
 sides of the push come next).
 
 A snapshot travels as one stream: its files in name order, back to back (the meta, which
