@@ -32,6 +32,7 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
+from dledger.address import parse_address
 from dledger.broker import messages as bm
 from dledger.broker.config import BrokerConfig, split_address
 from dledger.broker.confirm_file import read_confirm, write_confirm
@@ -140,8 +141,8 @@ class BrokerServer:
     # --- lifecycle -------------------------------------------------------------------------
 
     async def start(self) -> None:
-        host, _, port = self.config.listen.rpartition(":")
-        await self.transport.start(host, int(port))
+        host, port = parse_address(self.config.listen, "--listen")
+        await self.transport.start(host, port)
         await self.ha.start(self.config.ha_listen)
         self._log_security()
         self._durable = DurabilityWaiter(self.store)

@@ -21,6 +21,7 @@ from typing import Any
 import msgspec
 from prometheus_client import Counter
 
+from dledger.address import parse_address
 from dledger.codes import DLedgerError, RequestCode, ResponseCode
 from dledger.config import DLedgerConfig, Peer
 from dledger.core.messages import (
@@ -497,8 +498,8 @@ class DLedgerServer:
 
     async def _listen(self, address: str, listener: str) -> None:
         assert self.server is not None
-        host, _, port = address.rpartition(":")
-        await self.server.start(host.strip("[]"), int(port), listener)
+        host, port = parse_address(address)
+        await self.server.start(host, port, listener)
 
     async def stop(self) -> None:
         if self.server is not None:
