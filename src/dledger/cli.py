@@ -259,7 +259,7 @@ def _controller_cluster(data_dir: Path, base_port: int, controllers: int, broker
         click.echo(f"controller peers: {deployment.peers}")
         for key, spec in deployment.specs.items():
             info = deployment.info(key)
-            click.echo(f"broker {key}: {spec.address} (HA 127.0.0.1:{spec.ha_port}) id {info.broker_id} {info.role}")
+            click.echo(f"broker {key}: {spec.address} (HA {spec.ha_address}) id {info.broker_id} {info.role}")
         _say_tls(tls_dir)
         click.echo(f"try: dledger send --controller '{deployment.controller}' --broker b0 hello")
         sys.stdout.flush()
