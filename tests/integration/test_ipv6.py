@@ -28,8 +28,11 @@ def test_a_raft_group_on_ipv6_loopback(tmp_path: Path) -> None:
         indexes = [r.index for r in results]
         assert indexes == list(range(indexes[0], indexes[0] + 10))
         for member in ("n0", "n1", "n2"):
-            wait_until(lambda m=member: c.metadata(m).committed_index >= indexes[-1], 30,
-                       f"{member} committed the appends")
+
+            def committed(m: str = member) -> bool:
+                return c.metadata(m).committed_index >= indexes[-1]
+
+            wait_until(committed, 30, f"{member} committed the appends")
             got = [e.body for e in c.read(indexes[0], 10, member=member)]
             assert got == [b"v6-%d" % i for i in range(10)], member
 
@@ -47,5 +50,8 @@ def test_a_broker_set_on_ipv6_loopback(tmp_path: Path) -> None:
             sent = [c.send(b"m%d" % i) for i in range(20)]
             assert [r.index for r in sent] == list(range(20))
             for s in d.specs.values():
-                wait_until(lambda a=s.address: [r.body for r in c.read(0, 100, replica=a)] ==
-                           [b"m%d" % i for i in range(20)], 30, f"{s.key}'s records")
+
+                def has_all(address: str = s.address) -> bool:
+                    return [r.body for r in c.read(0, 100, replica=address)] == [b"m%d" % i for i in range(20)]
+
+                wait_until(has_all, 30, f"{s.key}'s records")
