@@ -18,6 +18,7 @@ from pathlib import Path
 
 import click
 
+from dledger.address import format_address
 from dledger.clitools import (
     PEERS_HELP,
     Rows,
@@ -513,7 +514,7 @@ def top(peers: str, group: str, interval: float, iterations: int, metrics_port: 
     if metrics_port and metrics_base_port:
         raise click.UsageError("give --metrics-port (one port on every host) or --metrics-base-port, not both")
     members = parse_peers(peers)
-    urls = {m: f"http://{p.host}:{metrics_port or metrics_base_port + k}/metrics"
+    urls = {m: f"http://{format_address(p.host, metrics_port or metrics_base_port + k)}/metrics"
             for k, (m, p) in enumerate(members.items())} if metrics_port or metrics_base_port else {}
     with make_client(peers, group, timeout=2.0) as c, contextlib.suppress(KeyboardInterrupt):  # Ctrl-C: as q
         run(c, group, urls, interval, iterations or None)

@@ -629,7 +629,7 @@ async def serve_forever(configs: DLedgerConfig | list[DLedgerConfig], stop: asyn
     await server.start()
     for cfg in configs if isinstance(configs, list) else [configs]:
         me = cfg.peer_map[cfg.self_id]
-        where = f"{me.host}:{me.port}" + (" (clients; members on the peer listener)" if cfg.peer_listen else "")
+        where = me.address + (" (clients; members on the peer listener)" if cfg.peer_listen else "")
         extras = [f"metrics on :{cfg.metrics_port}" if cfg.metrics_port else "", SECURITY_SHOWN[cfg.security_mode],
                   f"flush={cfg.flush}"]
         # a memory store writes nothing under store_dir: naming that directory would mislead
