@@ -158,7 +158,7 @@ class DLedgerConfig:
 
     group: str = "default"  # the group's name (a process may serve several groups)
     self_id: str = "n0"  # this member's id: one of the ids in peers
-    peers: str = "n0-127.0.0.1:20911"  # every member: id-host:port, ";" between (clients connect there too)
+    peers: str = "n0-127.0.0.1:20911"  # every member: id-host:port ([v6]:port), ";" between (clients connect there too)
     store_dir: str = "./data/default/n0"  # this member's store directory (data/, index/, checkpoint, ...)
     store_type: str = "file"  # file | memory (nothing survives a restart; tests and benchmarks)
     flush: str = "async"  # async: acknowledged in the page cache of a majority; sync: fsynced on a majority
