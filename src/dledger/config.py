@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import re
 import tomllib
 import types
@@ -31,9 +32,10 @@ class Peer:
     host: str
     port: int
 
-    @property
+    @functools.cached_property
     def address(self) -> str:
-        """`host:port` (`[v6]:port`): the key members, clients and fault injection know it by."""
+        """`host:port` (`[v6]:port`): the key members, clients and fault injection know it by
+        (made once: a leader looks it up for every message it sends)."""
         return format_address(self.host, self.port)
 
 
