@@ -18,6 +18,7 @@ from pathlib import Path
 
 import click
 
+from dledger.address import format_address
 from dledger.clitools import (
     PEERS_HELP,
     Rows,
@@ -259,7 +260,7 @@ def _controller_cluster(data_dir: Path, base_port: int, controllers: int, broker
         click.echo(f"controller peers: {deployment.peers}")
         for key, spec in deployment.specs.items():
             info = deployment.info(key)
-            click.echo(f"broker {key}: {spec.address} (HA 127.0.0.1:{spec.ha_port}) id {info.broker_id} {info.role}")
+            click.echo(f"broker {key}: {spec.address} (HA {spec.ha_address}) id {info.broker_id} {info.role}")
         _say_tls(tls_dir)
         click.echo(f"try: dledger send --controller '{deployment.controller}' --broker b0 hello")
         sys.stdout.flush()
@@ -513,7 +514,7 @@ def top(peers: str, group: str, interval: float, iterations: int, metrics_port: 
     if metrics_port and metrics_base_port:
         raise click.UsageError("give --metrics-port (one port on every host) or --metrics-base-port, not both")
     members = parse_peers(peers)
-    urls = {m: f"http://{p.host}:{metrics_port or metrics_base_port + k}/metrics"
+    urls = {m: f"http://{format_address(p.host, metrics_port or metrics_base_port + k)}/metrics"
             for k, (m, p) in enumerate(members.items())} if metrics_port or metrics_base_port else {}
     with make_client(peers, group, timeout=2.0) as c, contextlib.suppress(KeyboardInterrupt):  # Ctrl-C: as q
         run(c, group, urls, interval, iterations or None)

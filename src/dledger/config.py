@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import re
 import tomllib
 import types
@@ -16,12 +17,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dledger.address import AddressError, format_address, parse_address
 from dledger.codes import DLedgerError, ResponseCode
 
 MiB = 1024 * 1024
 GiB = 1024 * MiB
 
-_PEER_RE = re.compile(r"^(?P<id>[A-Za-z0-9_.]+)-(?P<host>[^:;\s]+):(?P<port>\d{1,5})$")
+_PEER_ID_RE = re.compile(r"[A-Za-z0-9_.]+")
 
 
 @dataclass(frozen=True)
@@ -30,33 +32,37 @@ class Peer:
     host: str
     port: int
 
-    @property
+    @functools.cached_property
     def address(self) -> str:
-        return f"{self.host}:{self.port}"
+        """`host:port` (`[v6]:port`): the key members, clients and fault injection know it by
+        (made once: a leader looks it up for every message it sends)."""
+        return format_address(self.host, self.port)
 
 
 def parse_peers(peers: str) -> dict[str, Peer]:
-    """Parse DLedger's peers string `n0-127.0.0.1:20911;n1-…` into an ordered map."""
+    """Parse DLedger's peers string `n0-127.0.0.1:20911;n1-…` (an IPv6 member: `n2-[::1]:20913`)
+    into an ordered map. The id ends at the first '-' (ids have none); the rest is an address."""
     out: dict[str, Peer] = {}
     for part in (p.strip() for p in peers.split(";")):
         if not part:
             continue
-        m = _PEER_RE.match(part)
-        if m is None:
+        pid, sep, address = part.partition("-")
+        if not sep or not _PEER_ID_RE.fullmatch(pid):
             raise ConfigError(f"bad peer {part!r}: expected id-host:port, e.g. n0-127.0.0.1:20911")
-        port = int(m["port"])
-        if not 0 < port < 65536:
-            raise ConfigError(f"bad peer {part!r}: port {port} out of range")
-        if m["id"] in out:
-            raise ConfigError(f"bad peers string: member id {m['id']!r} appears twice")
-        out[m["id"]] = Peer(m["id"], m["host"], port)
+        try:
+            host, port = parse_address(address)
+        except AddressError as e:
+            raise ConfigError(f"bad peer {part!r}: {e}") from None
+        if pid in out:
+            raise ConfigError(f"bad peers string: member id {pid!r} appears twice")
+        out[pid] = Peer(pid, host, port)
     if not out:
         raise ConfigError(f"bad peers string {peers!r}: no members")
     return out
 
 
 def format_peers(peers: dict[str, Peer]) -> str:
-    return ";".join(f"{p.id}-{p.host}:{p.port}" for p in peers.values())
+    return ";".join(f"{p.id}-{p.address}" for p in peers.values())
 
 
 class ConfigError(DLedgerError):
@@ -154,7 +160,7 @@ class DLedgerConfig:
 
     group: str = "default"  # the group's name (a process may serve several groups)
     self_id: str = "n0"  # this member's id: one of the ids in peers
-    peers: str = "n0-127.0.0.1:20911"  # every member: id-host:port, ";" between (clients connect there too)
+    peers: str = "n0-127.0.0.1:20911"  # every member: id-host:port ([v6]:port), ";" between (clients connect there too)
     store_dir: str = "./data/default/n0"  # this member's store directory (data/, index/, checkpoint, ...)
     store_type: str = "file"  # file | memory (nothing survives a restart; tests and benchmarks)
     flush: str = "async"  # async: acknowledged in the page cache of a majority; sync: fsynced on a majority

@@ -280,7 +280,8 @@ def test_a_broker_without_tls_serves_loopback_only(tmp_path: Path, caplog: pytes
 
 _RAW_CLIENT = """
 import socket, struct, sys
-family, host = (socket.AF_INET6, "::ffff:127.0.0.1") if sys.argv[2] == "6" else (socket.AF_INET, "127.0.0.1")
+family, host = {"4": (socket.AF_INET, "127.0.0.1"), "6": (socket.AF_INET6, "::ffff:127.0.0.1"),
+                "v6": (socket.AF_INET6, "::1")}[sys.argv[2]]
 s = socket.socket(family, socket.SOCK_STREAM)
 s.settimeout(10)
 s.connect((host, int(sys.argv[1])))
@@ -299,15 +300,17 @@ print(code, body[:mlen].decode("utf-8", "replace"))
 
 @pytest.mark.skipif(not hasattr(os, "setuid") or os.getuid() != 0 or not Path("/proc/net/tcp").exists(),
                     reason="needs root (to connect as another user) and Linux's /proc/net/tcp")
-def test_without_tls_or_a_token_another_users_loopback_connection_is_refused(tmp_path: Path) -> None:
+@pytest.mark.parametrize("host", ["127.0.0.1", "[::1]"])
+def test_without_tls_or_a_token_another_users_loopback_connection_is_refused(tmp_path: Path, host: str) -> None:
     """Loopback mode trusts this machine's processes of the member's own user (they could as
-    well write its store); another user's process gets 430, as from another host."""
+    well write its store); another user's process gets 430, as from another host. On IPv6
+    loopback too (its sockets are in /proc/net/tcp6)."""
     port = free_ports(1)[0]
-    cmd = [sys.executable, "-m", "dledger", "server", "--id", "n0", "--peers", f"n0-127.0.0.1:{port}",
+    cmd = [sys.executable, "-m", "dledger", "server", "--id", "n0", "--peers", f"n0-{host}:{port}",
            "--store-dir", str(tmp_path / "n0"), "--store", "memory"]
     p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        with DLedgerClient(f"n0-127.0.0.1:{port}", timeout=30) as own:
+        with DLedgerClient(f"n0-{host}:{port}", timeout=30) as own:
             assert own.append(b"from this user").index >= 0
 
         def as_nobody() -> None:
@@ -317,7 +320,8 @@ def test_without_tls_or_a_token_another_users_loopback_connection_is_refused(tmp
         python = next((x for x in ("/usr/bin/python3", "/usr/local/bin/python3") if Path(x).exists()), None)
         if python is None:
             pytest.skip("no Python another user may run (the venv's is under /root)")
-        for family in ("4", "6"):  # (an IPv6 socket to ::ffff:127.0.0.1 is listed in the other table)
+        # (an IPv6 socket to ::ffff:127.0.0.1 is listed in the other table)
+        for family in ("4", "6") if host == "127.0.0.1" else ("v6",):
             out = subprocess.run([python, "-c", _RAW_CLIENT, str(port), family], capture_output=True, text=True,
                                  timeout=60, preexec_fn=as_nobody, cwd="/")
             code, _, text = out.stdout.strip().partition(" ")

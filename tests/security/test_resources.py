@@ -1,7 +1,7 @@
 """Resource exhaustion by hostile clients, against real member processes (issue 11).
 
 Each test replays one observed attack over raw sockets and the wire format (see the
-docstring of dledger.runtime.transport) and checks what the member does about it: memory
+docstring of dledger.runtime.frames) and checks what the member does about it: memory
 stays bounded (VmRSS of the member process), connections it must drop are dropped, and
 it goes on answering clients and keeping its leadership. Nothing here asserts on timings:
 waits poll a condition with a generous deadline.

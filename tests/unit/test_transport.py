@@ -30,10 +30,10 @@ from dledger.runtime.transport import (
     Message,
     TransportClient,
     TransportServer,
-    _ClientConnection,
     encode_frame,
     install_uvloop,
 )
+from dledger.runtime.transport_client import _ClientConnection
 
 T = TypeVar("T")
 Handler = Callable[[Message], Awaitable[Message]]

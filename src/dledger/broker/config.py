@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dledger.address import AddressError, parse_address
 from dledger.broker.ha_master import HAConfig
 from dledger.broker.ha_service import AckSettings
 from dledger.config import ConfigError, read_toml
@@ -30,9 +31,11 @@ def split_address(address: str) -> tuple[str, str]:
 
 
 def check_host_port(what: str, value: str) -> str:
-    host, sep, port = value.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ConfigError(f"{what} must be host:port, not {value!r}")
+    """`value` if it is an address (`host:port`, `[v6]:port`), else a ConfigError saying why."""
+    try:
+        parse_address(value, what)
+    except AddressError as e:
+        raise ConfigError(str(e)) from None
     return value
 
 
@@ -77,6 +80,9 @@ class BrokerConfig:
                 raise ConfigError(f"broker.{key} may not contain '#', ';', '|' or a newline")
         check_host_port("--listen", self.listen)
         check_host_port("--ha-listen", self.ha_listen)
+        for what, value in (("--advertise", self.advertise), ("--ha-advertise", self.ha_advertise)):
+            if value:
+                check_host_port(what, value)
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
             if f.type == "int" and (not isinstance(value, int) or isinstance(value, bool) or value < 1):

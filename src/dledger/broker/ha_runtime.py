@@ -15,6 +15,7 @@ import logging
 import ssl
 from collections.abc import Awaitable, Callable
 
+from dledger.address import parse_address
 from dledger.broker.ha_master import HAProtocolError, UnknownSlave
 from dledger.broker.ha_packets import PacketError
 from dledger.broker.ha_service import MasterHA
@@ -33,11 +34,6 @@ HANDSHAKE_S = 5.0  # a connection that has not handshaken by then is closed
 WRITE_BYTES = 1 << 20  # transfer body per wake-up before draining
 RETRY_S = 0.2
 HA_ERRORS = (HAProtocolError, PacketError, DLedgerError, OSError, ConnectionError)
-
-
-def _host_port(address: str) -> tuple[str, int]:
-    host, _, port = address.rpartition(":")
-    return host, int(port)
 
 
 class HAListener:
@@ -64,7 +60,7 @@ class HAListener:
         self.paused = False  # fault injection: send nothing to the slaves
 
     async def start(self, address: str) -> None:
-        host, port = _host_port(address)
+        host, port = parse_address(address, "HA address")
         self._server = await asyncio.start_server(self._serve, host, port, ssl=self._ssl,
                                                   ssl_handshake_timeout=HANDSHAKE_S if self._ssl else None)
 
@@ -181,7 +177,7 @@ class SlaveRunner:
         self._cut = cut  # fault injection: no connection to the master while it says so
 
     async def run(self) -> None:
-        host, port = _host_port(self.address)
+        host, port = parse_address(self.address, "the master's HA address")
         while True:
             if self._cut():
                 await asyncio.sleep(RETRY_S)

@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from dledger.address import format_address
 from dledger.broker import messages as bm
 from dledger.broker.client import BrokerClient
 from dledger.codes import DLedgerError, ResponseCode
@@ -31,10 +32,15 @@ class BrokerSpec:
     port: int
     ha_port: int
     store_dir: Path
+    host: str = "127.0.0.1"  # an IPv6 literal without brackets ("::1")
 
     @property
     def address(self) -> str:
-        return f"127.0.0.1:{self.port}"
+        return format_address(self.host, self.port)
+
+    @property
+    def ha_address(self) -> str:
+        return format_address(self.host, self.ha_port)
 
     @property
     def key(self) -> str:
@@ -47,23 +53,25 @@ class local_broker_cluster:
     def __init__(self, data_dir: Path, controllers: int = 3, broker_sets: int = 2, replicas: int = 2,
                  base_port: int = 30911, broker_args: list[str] | None = None,
                  controller_args: list[str] | None = None, tls_dir: Path | None = None, *,
-                 group: str = "controller", flush: str = "async", metrics_base_port: int = 0) -> None:
+                 group: str = "controller", flush: str = "async", metrics_base_port: int = 0,
+                 host: str = "127.0.0.1") -> None:
         """`tls_dir`: where the deployment's certificates are (made there when missing, by
         local_certs: controllers cK.pem, broker replicas bS-rR.pem, client.pem, admin.pem);
-        None: no TLS."""
+        None: no TLS. `host`: where every process listens (a loopback address: "::1" for IPv6)."""
+        self.host = host
         self.data_dir = data_dir
         self.tls_dir = tls_dir
         self.tls = client_tls(tls_dir)
         self.admin_tls = client_tls(tls_dir, "admin")
-        self.peers = format_peers({f"c{k}": Peer(f"c{k}", "127.0.0.1", base_port + k) for k in range(controllers)})
+        self.peers = format_peers({f"c{k}": Peer(f"c{k}", host, base_port + k) for k in range(controllers)})
         self.controller_ports = [base_port + k for k in range(controllers)]
-        self.controller = ";".join(f"127.0.0.1:{p}" for p in self.controller_ports)
+        self.controller = ";".join(format_address(host, p) for p in self.controller_ports)
         self.broker_args = broker_args or []
         self.specs: dict[str, BrokerSpec] = {}
         port = base_port + controllers
         for s in range(broker_sets):
             for r in range(replicas):
-                spec = BrokerSpec(f"b{s}", r, port, port + 1, data_dir / "brokers" / f"b{s}" / f"r{r}")
+                spec = BrokerSpec(f"b{s}", r, port, port + 1, data_dir / "brokers" / f"b{s}" / f"r{r}", host)
                 self.specs[spec.key] = spec
                 port += 2
         if tls_dir is not None:
@@ -77,7 +85,7 @@ class local_broker_cluster:
     def add_replica(self, name: str, port: int, ha_port: int) -> str:
         """One more replica of `name` (start it with start_broker); its key."""
         replica = sum(1 for s in self.specs.values() if s.name == name)
-        spec = BrokerSpec(name, replica, port, ha_port, self.data_dir / "brokers" / name / f"r{replica}")
+        spec = BrokerSpec(name, replica, port, ha_port, self.data_dir / "brokers" / name / f"r{replica}", self.host)
         self.specs[spec.key] = spec
         if self.tls_dir is not None:
             local_certs(self.tls_dir, controllers=list(parse_peers(self.peers)), brokers=list(self.specs))
@@ -96,7 +104,7 @@ class local_broker_cluster:
     def start_broker(self, key: str, extra: list[str] | None = None) -> subprocess.Popen[bytes]:
         s = self.specs[key]
         cmd = [sys.executable, "-m", "dledger", "broker", "--cluster", CLUSTER, "--name", s.name,
-               "--controller", self.controller, "--listen", s.address, "--ha-listen", f"127.0.0.1:{s.ha_port}",
+               "--controller", self.controller, "--listen", s.address, "--ha-listen", s.ha_address,
                "--store-dir", str(s.store_dir), *self.broker_args, *(extra or [])]
         t = client_tls(self.tls_dir, broker_file_stem(key))
         if t is not None:

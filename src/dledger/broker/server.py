@@ -23,6 +23,7 @@ from typing import Any
 
 import msgspec
 
+from dledger.address import parse_address
 from dledger.broker import messages as bm
 from dledger.broker.agent import (
     AgentSettings,
@@ -140,8 +141,8 @@ class BrokerServer:
     # --- lifecycle -------------------------------------------------------------------------
 
     async def start(self) -> None:
-        host, _, port = self.config.listen.rpartition(":")
-        await self.transport.start(host, int(port))
+        host, port = parse_address(self.config.listen, "--listen")
+        await self.transport.start(host, port)
         await self.ha.start(self.config.ha_listen)
         self._log_security()
         self._durable = DurabilityWaiter(self.store)

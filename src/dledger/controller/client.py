@@ -12,6 +12,7 @@ import asyncio
 import time
 from collections.abc import Callable, Iterable, Sequence
 
+from dledger.address import AddressError, parse_address
 from dledger.codes import ControllerResponseCode as RC
 from dledger.codes import DLedgerError, ResponseCode
 from dledger.config import ConfigError, parse_peers
@@ -31,9 +32,10 @@ def parse_controllers(text: str) -> list[str]:
     if all("-" in p.split(":")[0] for p in parts):
         return [p.address for p in parse_peers(";".join(parts)).values()]
     for p in parts:
-        host, sep, port = p.rpartition(":")
-        if not sep or not host or not port.isdigit():
-            raise ConfigError(f"controller address {p!r} is not host:port")
+        try:
+            parse_address(p, "controller address")
+        except AddressError as e:
+            raise ConfigError(str(e)) from None
     return parts
 
 

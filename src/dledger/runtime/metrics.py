@@ -14,6 +14,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from dledger.address import format_address
 from dledger.core.messages import Role
 
 if TYPE_CHECKING:
@@ -57,7 +58,7 @@ class Metrics:
 
     def serve(self, port: int, host: str = "0.0.0.0") -> None:
         start_http_server(port, addr=host, registry=self.registry)
-        log.info("metrics on %s:%d/metrics", host, port)
+        log.info("metrics on %s/metrics", format_address(host, port))
 
 
 class _StateCollector(Collector):

@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 import msgspec
 from prometheus_client import Counter
 
+from dledger.address import parse_address
 from dledger.clock import now_ms
 from dledger.codes import DLedgerError, RequestCode, ResponseCode
 from dledger.config import DLedgerConfig, Peer
@@ -669,8 +670,8 @@ class DLedgerServer:
 
     async def _listen(self, address: str, listener: str) -> None:
         assert self.server is not None
-        host, _, port = address.rpartition(":")
-        await self.server.start(host.strip("[]"), int(port), listener)
+        host, port = parse_address(address)
+        await self.server.start(host, port, listener)
 
     async def stop(self) -> None:
         if self.server is not None:
@@ -810,7 +811,7 @@ async def serve_forever(configs: DLedgerConfig | list[DLedgerConfig], stop: asyn
     await server.start()
     for cfg in configs if isinstance(configs, list) else [configs]:
         me = cfg.peer_map[cfg.self_id]
-        where = f"{me.host}:{me.port}" + (" (clients; members on the peer listener)" if cfg.peer_listen else "")
+        where = me.address + (" (clients; members on the peer listener)" if cfg.peer_listen else "")
         extras = [f"metrics on :{cfg.metrics_port}" if cfg.metrics_port else "", SECURITY_SHOWN[cfg.security_mode],
                   f"flush={cfg.flush}"]
         # a memory store writes nothing under store_dir: naming that directory would mislead
