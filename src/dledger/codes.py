@@ -6,6 +6,9 @@ from enum import IntEnum
 
 
 class RequestCode(IntEnum):
+    """Every request code in one enum: DLedger's, dledger's own, the controller's and a
+    broker's (RocketMQ's numbers where it has them); numbers never collide."""
+
     METADATA = 50000
     APPEND = 50001
     GET = 50002
@@ -16,6 +19,37 @@ class RequestCode(IntEnum):
     LEADERSHIP_TRANSFER = 51005
     INSTALL_SNAPSHOT = 51006
     USER_DEFINE_REQUEST = 59999
+    # ours, beside DLedger's (docs/format.md)
+    FAULT = 52001  # tests only: obeyed with --enable-fault-injection
+    READ = 52002
+    AUTH = 52003  # a connection's first request when the server wants a token: meta is the token
+    QUERY = 52004
+    SNAPSHOT = 52005
+    READ_INDEX = 52006
+    BROKER_FAULT = 52101  # a broker's FAULT, tests only
+    # controller mode: RocketMQ's request codes (RequestCode.java), so tools interoperate
+    BROKER_HEARTBEAT = 904
+    CONTROLLER_ALTER_SYNC_STATE_SET = 1001
+    CONTROLLER_ELECT_MASTER = 1002
+    CONTROLLER_REGISTER_BROKER = 1003
+    CONTROLLER_GET_REPLICA_INFO = 1004
+    CONTROLLER_GET_METADATA_INFO = 1005
+    CONTROLLER_GET_SYNC_STATE_DATA = 1006
+    GET_BROKER_EPOCH_CACHE = 1007
+    NOTIFY_BROKER_ROLE_CHANGED = 1008
+    UPDATE_CONTROLLER_CONFIG = 1009
+    GET_CONTROLLER_CONFIG = 1010
+    CLEAN_BROKER_DATA = 1011
+    CONTROLLER_GET_NEXT_BROKER_ID = 1012
+    CONTROLLER_APPLY_BROKER_ID = 1013
+    # a broker's: RocketMQ's where it has one
+    SEND_MESSAGE = 10
+    PULL_MESSAGE = 11
+    GET_BROKER_RUNTIME_INFO = 28
+
+
+# RocketMQ's controller requests (BROKER_HEARTBEAT and 1001-1013), as upstream numbers them
+CONTROLLER_REQUESTS = frozenset(c for c in RequestCode if c == 904 or 1001 <= c <= 1013)
 
 
 class ResponseCode(IntEnum):
@@ -83,25 +117,6 @@ class ResponseCode(IntEnum):
     # answer it as one: its place is no longer kept (beyond max_producer_spans) or its entry
     # was deleted (retention, a snapshot). Nothing was written; sending it again cannot help
     DUPLICATE_UNVERIFIABLE = 438
-
-
-class ControllerRequestCode(IntEnum):
-    """Controller mode (upstream's RequestCode and ResponseCode): RocketMQ's request codes, so tools interoperate."""
-
-    BROKER_HEARTBEAT = 904
-    CONTROLLER_ALTER_SYNC_STATE_SET = 1001
-    CONTROLLER_ELECT_MASTER = 1002
-    CONTROLLER_REGISTER_BROKER = 1003
-    CONTROLLER_GET_REPLICA_INFO = 1004
-    CONTROLLER_GET_METADATA_INFO = 1005
-    CONTROLLER_GET_SYNC_STATE_DATA = 1006
-    GET_BROKER_EPOCH_CACHE = 1007
-    NOTIFY_BROKER_ROLE_CHANGED = 1008
-    UPDATE_CONTROLLER_CONFIG = 1009
-    GET_CONTROLLER_CONFIG = 1010
-    CLEAN_BROKER_DATA = 1011
-    CONTROLLER_GET_NEXT_BROKER_ID = 1012
-    CONTROLLER_APPLY_BROKER_ID = 1013
 
 
 class ControllerResponseCode(IntEnum):

@@ -23,8 +23,8 @@ from typing import Any, TypeVar
 
 import pytest
 
-from dledger.codes import ControllerRequestCode
 from dledger.codes import ControllerResponseCode as RC
+from dledger.codes import RequestCode
 from dledger.controller import messages as m
 from dledger.controller.client import ControllerClient
 from dledger.ports import free_ports
@@ -456,10 +456,10 @@ def test_a_follower_and_a_bad_request(controllers: Callable[..., Cluster]) -> No
         async with ControllerClient(ctl) as admin:
             address = admin.addresses[0]
             raw = await admin._transport.request(
-                address, Message(int(ControllerRequestCode.CONTROLLER_ELECT_MASTER), b"\xc1garbage"), 5.0)
+                address, Message(int(RequestCode.CONTROLLER_ELECT_MASTER), b"\xc1garbage"), 5.0)
             assert m.decode_response(raw.meta).code == RC.CONTROLLER_INVALID_REQUEST
             tagged_wrong = await admin._transport.request(
-                address, Message(int(ControllerRequestCode.CONTROLLER_ELECT_MASTER), m.encode(m.GetReplicaInfo(SET))),
+                address, Message(int(RequestCode.CONTROLLER_ELECT_MASTER), m.encode(m.GetReplicaInfo(SET))),
                 5.0)
             assert m.decode_response(tagged_wrong.meta).code == RC.CONTROLLER_INVALID_REQUEST
             hb = await admin.call_at(address, m.BrokerHeartbeat("c", "127.0.0.1:1", SET, None))

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from dledger.codes import DLedgerError, ResponseCode
-from dledger.core.messages import READ, EntriesResponse, ReadRequest, decode_response, encode
+from dledger.codes import DLedgerError, RequestCode, ResponseCode
+from dledger.core.messages import EntriesResponse, ReadRequest, decode_response, encode
 from dledger.runtime.client import DLedgerClient
 from dledger.runtime.transport import Message, TransportClient
 from integration.harness import Cluster, MakeCluster, wait_until
@@ -30,10 +30,10 @@ async def _read(client: TransportClient, address: str, group: str, member: str, 
     entries' bodies, or its error code."""
     req = ReadRequest(group, "", "", 0, 100_000, 4 << 20, True, False, consistency)
     try:
-        raw = await client.request(address, Message(READ, encode(req)), 30.0)
+        raw = await client.request(address, Message(RequestCode.READ, encode(req)), 30.0)
     except DLedgerError as e:
         return e.code
-    resp = decode_response(READ, raw.meta)
+    resp = decode_response(RequestCode.READ, raw.meta)
     assert isinstance(resp, EntriesResponse)
     return [e.body for e in resp.entries] if resp.code == ResponseCode.SUCCESS else ResponseCode(resp.code)
 

@@ -24,11 +24,6 @@ from dledger.codes import DLedgerError, RequestCode, ResponseCode
 from dledger.controller import messages as cm
 from dledger.controller.client import ControllerClient
 from dledger.core.messages import (
-    FAULT,
-    QUERY,
-    READ,
-    READ_INDEX,
-    SNAPSHOT,
     AppendRequest,
     FaultRequest,
     GetRequest,
@@ -93,7 +88,7 @@ def member_requests(c: Cluster, leader: str, target: str, term: int) -> dict[str
         "TRUNCATE": (RequestCode.PUSH, encode(PushRequest(g, leader, target, term + 1, 1, 0, 0))),
         "INSTALL_SNAPSHOT": (RequestCode.INSTALL_SNAPSHOT, encode(InstallSnapshotRequest(
             g, leader, target, term, 1_000_000, term))),
-        "READ_INDEX": (READ_INDEX, encode(ReadIndexRequest(g, leader, target))),
+        "READ_INDEX": (RequestCode.READ_INDEX, encode(ReadIndexRequest(g, leader, target))),
     }
 
 
@@ -111,8 +106,8 @@ def test_a_client_certificate_may_read_and_write_and_nothing_else(make_cluster: 
         assert "CN=client" in text, text
     g = c.group
     for name, code, meta in [
-        ("SNAPSHOT", SNAPSHOT, encode(SnapshotRequest(g))),
-        ("FAULT", FAULT, encode(FaultRequest(g, blocked=[follower]))),
+        ("SNAPSHOT", RequestCode.SNAPSHOT, encode(SnapshotRequest(g))),
+        ("FAULT", RequestCode.FAULT, encode(FaultRequest(g, blocked=[follower]))),
         ("LEADERSHIP_TRANSFER", RequestCode.LEADERSHIP_TRANSFER,
          encode(LeadershipTransferRequest(g, transferee_id=follower))),
     ]:
@@ -125,7 +120,7 @@ def test_a_client_certificate_may_read_and_write_and_nothing_else(make_cluster: 
     assert client.get(first.index).body == b"acknowledged"
     # what a client is for, it may do
     read = encode(ReadRequest(g, from_index=first.index))
-    assert answer(address_of(c, leader), READ, read, ctx=as_client)[0] == ResponseCode.SUCCESS
+    assert answer(address_of(c, leader), RequestCode.READ, read, ctx=as_client)[0] == ResponseCode.SUCCESS
 
 
 def test_an_admin_certificate_steers_but_cannot_speak_as_a_member(make_cluster: MakeCluster, certs: Path) -> None:
@@ -163,7 +158,7 @@ def test_tokens_give_their_roles(make_cluster: MakeCluster) -> None:
         for token in (b"client-secret", b"admin-secret"):
             got, text = answer(address_of(c, follower), code, meta, token=token)
             assert got == ResponseCode.UNAUTHENTICATED and "member role" in text, (name, token, got, text)
-    got, _ = answer(address_of(c, leader), SNAPSHOT, encode(SnapshotRequest(g)), token=b"client-secret")
+    got, _ = answer(address_of(c, leader), RequestCode.SNAPSHOT, encode(SnapshotRequest(g)), token=b"client-secret")
     assert got == ResponseCode.UNAUTHENTICATED
     assert terms(c) == before
     with DLedgerClient(c.peers, g, timeout=10.0, auth_token="admin-secret") as admin:
@@ -231,7 +226,7 @@ def test_a_producer_belongs_to_its_principal_and_its_markers_stay_hidden(make_cl
         entries = [x for x in reader.read(first.index - 1, 100) if x.index >= first.index - 1]
     assert [x.body for x in entries if x.body.startswith(b"victim")] == [b"victim 0", b"victim 1"]
     read_all = encode(ReadRequest(c.group, from_index=0, only_normal=False))
-    got, _ = answer(address_of(c, leader), READ, read_all, ctx=client_context(tls_of(certs)))
+    got, _ = answer(address_of(c, leader), RequestCode.READ, read_all, ctx=client_context(tls_of(certs)))
     assert got == ResponseCode.SUCCESS
     with DLedgerClient(c.peers, c.group, timeout=10.0, tls=tls_of(certs)) as plain:
         shown = plain._run(plain._async.read(0, 1000, only_normal=False))
@@ -259,10 +254,10 @@ def test_a_broker_without_tls_serves_loopback_only(tmp_path: Path, caplog: pytes
         await broker.start()
         t = TransportClient(connect_timeout_s=5)
         try:
-            info = await t.request(f"127.0.0.1:{port}", Message(bm.BrokerRequestCode.GET_BROKER_RUNTIME_INFO), 10)
+            info = await t.request(f"127.0.0.1:{port}", Message(RequestCode.GET_BROKER_RUNTIME_INFO), 10)
             assert info.code == ResponseCode.SUCCESS
             assert msgspec.msgpack.decode(info.meta, type=bm.RuntimeInfo).security == "loopback"
-            refused = await t.request(f"{outside}:{port}", Message(bm.BrokerRequestCode.GET_BROKER_RUNTIME_INFO), 10)
+            refused = await t.request(f"{outside}:{port}", Message(RequestCode.GET_BROKER_RUNTIME_INFO), 10)
             assert refused.code == ResponseCode.UNAUTHENTICATED and LOOPBACK_ONLY.encode() in refused.meta
             for host in ("127.0.0.1", outside):
                 reader, writer = await asyncio.open_connection(host, ha_port)
@@ -347,9 +342,9 @@ def test_the_controller_group_serves_no_client_its_log(tmp_path: Path) -> None:
             "APPEND": (RequestCode.APPEND, encode(AppendRequest(group, bodies=[b"x"]))),
             "GET": (RequestCode.GET, encode(GetRequest(group, index=0))),
             "GET_FOLLOWER": (RequestCode.GET, encode(GetRequest(group, index=0, follower_read=True))),
-            "READ": (READ, encode(ReadRequest(group, from_index=0))),
-            "READ_LOCAL": (READ, encode(ReadRequest(group, from_index=0, local=True))),
-            "QUERY": (QUERY, encode(QueryRequest(group, request=forged))),
+            "READ": (RequestCode.READ, encode(ReadRequest(group, from_index=0))),
+            "READ_LOCAL": (RequestCode.READ, encode(ReadRequest(group, from_index=0, local=True))),
+            "QUERY": (RequestCode.QUERY, encode(QueryRequest(group, request=forged))),
         }
 
         async def ask(tls: object, code: int, meta: bytes) -> Message:

@@ -30,8 +30,8 @@ from dledger.broker.epoch_file import EpochFileCache
 from dledger.broker.ha_packets import Ack, Handshake
 from dledger.broker.local import local_broker_cluster
 from dledger.broker.server import EPOCH_FILE
-from dledger.codes import ControllerRequestCode, ResponseCode
 from dledger.codes import ControllerResponseCode as RC
+from dledger.codes import RequestCode, ResponseCode
 from dledger.controller import messages as m
 from dledger.controller.client import ControllerClient
 from dledger.local_cluster import client_tls
@@ -44,7 +44,7 @@ from integration.harness import wait_until
 pytestmark = pytest.mark.integration
 
 ALL_ACK = ["--all-ack-in-sync-state-set"]
-NOTIFY = int(ControllerRequestCode.NOTIFY_BROKER_ROLE_CHANGED)
+NOTIFY = int(RequestCode.NOTIFY_BROKER_ROLE_CHANGED)
 UNAUTHENTICATED = int(ResponseCode.UNAUTHENTICATED)
 LEASE_S = 1.0  # the brokers' lease_ms default
 HEARTBEAT_S = 0.3  # their heartbeat_interval_ms default
@@ -141,7 +141,7 @@ def forge_heartbeats_then_close(d: local_broker_cluster, broker_id: int, times: 
             t = TransportClient()
             try:
                 for port in d.controller_ports:
-                    await t.request(f"127.0.0.1:{port}", Message(int(ControllerRequestCode.BROKER_HEARTBEAT), hb), 10.0)
+                    await t.request(f"127.0.0.1:{port}", Message(int(RequestCode.BROKER_HEARTBEAT), hb), 10.0)
             finally:
                 await t.close()
 
@@ -482,7 +482,7 @@ def test_pipelined_long_polls_are_answered_beyond_a_cap(plain: local_broker_clus
             t = TransportClient()
             try:
                 calls = [asyncio.ensure_future(t.request(d.specs[master].address,
-                                                         Message(bm.BrokerRequestCode.PULL_MESSAGE, poll), 90.0))
+                                                         Message(RequestCode.PULL_MESSAGE, poll), 90.0))
                          for _ in range(2_000)]
                 deadline = time.monotonic() + 30  # well inside the polls' own 60 s wait
                 while time.monotonic() < deadline:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from dledger.core.messages import READ
+from dledger.codes import RequestCode
 from dledger.security.certs import make_certs
 from dledger.security.tls import TlsConfig, client_context
 from integration.harness import Cluster, MakeCluster, wait_until
@@ -84,7 +84,7 @@ def test_unread_read_answers_stay_within_the_answer_budget(make_cluster: MakeClu
     c = make_cluster(3, tls_dir=certs)
     leader = c.wait_leader()
     first = fill(c, 20)
-    read = frame(READ, fields(c.group, "", "", first, 100_000, 16 * MiB))
+    read = frame(RequestCode.READ, fields(c.group, "", "", first, 100_000, 16 * MiB))
     ctx = client_context(TlsConfig.from_dir(certs)) if certs is not None else None
     socks: list[socket.socket] = []
     with sockets_closed_after(socks), peak_memory(c, leader) as mem:
@@ -112,7 +112,8 @@ def test_parked_long_polls_released_by_a_big_append_stay_bounded(make_cluster: M
     leader = c.wait_leader()
     writer = c.client(timeout=60)
     end = writer.append(b"start").index
-    poll = frame(READ, fields(c.group, "", "", end + 1, 100_000, 16 * MiB, True, False, "linearizable", 30_000))
+    poll = frame(RequestCode.READ,
+                 fields(c.group, "", "", end + 1, 100_000, 16 * MiB, True, False, "linearizable", 30_000))
     socks: list[socket.socket] = []
     with sockets_closed_after(socks), peak_memory(c, leader) as mem:
         for _ in range(50):

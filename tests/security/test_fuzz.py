@@ -41,9 +41,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dledger.codes import PushType, RequestCode, ResponseCode
-from dledger.core.messages import FAULT, READ
 from dledger.runtime.client import AsyncDLedgerClient
-from dledger.runtime.transport import AUTH_CODE, HEADER_SIZE, KIND_REQUEST, KIND_RESPONSE
+from dledger.runtime.transport import HEADER_SIZE, KIND_REQUEST, KIND_RESPONSE
 from integration.harness import Cluster, wait_until
 
 pytestmark = pytest.mark.integration
@@ -256,14 +255,14 @@ SCHEMAS: dict[int, list[str]] = {
     RequestCode.METADATA: [],
     RequestCode.APPEND: ["bodies"],
     RequestCode.GET: ["index", "bool"],
-    READ: ["index", "count", "count", "bool", "bool"],
+    RequestCode.READ: ["index", "count", "count", "bool", "bool"],
     RequestCode.VOTE: ["term", "index", "term", "bool", "bool"],
     RequestCode.HEART_BEAT: ["term", "index", "index", "name"],
     RequestCode.PUSH: ["term", "pushtype", "index", "term", "index", "count", "index", "term"],
     RequestCode.LEADERSHIP_TRANSFER: ["term", "transfer", "transferee"],
-    FAULT: ["names"],
+    RequestCode.FAULT: ["names"],
 }
-OTHER_CODES = [RequestCode.PULL, RequestCode.INSTALL_SNAPSHOT, RequestCode.USER_DEFINE_REQUEST, AUTH_CODE, 0, -1]
+OTHER_CODES = [RequestCode.PULL, RequestCode.INSTALL_SNAPSHOT, RequestCode.USER_DEFINE_REQUEST, RequestCode.AUTH, 0, -1]
 
 
 @st.composite

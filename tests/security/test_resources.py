@@ -26,7 +26,7 @@ import msgspec
 import pytest
 
 from dledger.codes import PushType, RequestCode, ResponseCode
-from dledger.core.messages import READ, EntriesResponse
+from dledger.core.messages import EntriesResponse
 from dledger.runtime.transport import DEFAULT_MAX_FRAME_BYTES, HEADER_SIZE, KIND_REQUEST, KIND_RESPONSE
 from integration.harness import Cluster, MakeCluster, holds_for, wait_until
 
@@ -420,7 +420,7 @@ def test_costly_requests_pipelined_do_not_depose_the_leader(make_cluster: MakeCl
     for _ in range(8):
         client.append_batch([b"x" * 262144] * 4)
     base = rss(c, leader)
-    read = frame(READ, fields(c.group, "", "", 0, 100_000, (1 << 31) - 1))
+    read = frame(RequestCode.READ, fields(c.group, "", "", 0, 100_000, (1 << 31) - 1))
     peak = _flood_keeps_leader(c, leader, read * 64)
     assert peak - base < 300 * MiB, f"unread READ answers grew the leader by {(peak - base) / MiB:.0f} MiB"
     bodies = frame(RequestCode.APPEND, fields(c.group, "", "", [b"b"] * 10_000))
@@ -464,9 +464,10 @@ def test_read_answers_are_bounded_by_max_read_bytes(make_cluster: MakeCluster, t
             start = results[0].index
     c.wait_caught_up()
     with Raw(c, leader, timeout=30) as r:
-        huge = r.request(READ, fields(c.group, "", "", start, 2**40, 2**40, True, False), request_id=1)
+        huge = r.request(RequestCode.READ, fields(c.group, "", "", start, 2**40, 2**40, True, False), request_id=1)
         assert huge.code == ResponseCode.UNEXPECTED_ARGUMENT, f"READ of 2**40 answered {huge.code}"
-        big = r.request(READ, fields(c.group, "", "", start, 2**31 - 1, 2**31 - 1, True, False), request_id=2)
+        big = r.request(RequestCode.READ, fields(c.group, "", "", start, 2**31 - 1, 2**31 - 1, True, False),
+                        request_id=2)
     assert big.code == ResponseCode.SUCCESS, f"answered {big.code}: {big.decoded()!r}"
     slack = body_size + 64 * 1024  # one entry past the limit, plus framing
     assert big.length <= cap + slack, f"a READ answer of {big.length} bytes, max_read_bytes is {cap}"
@@ -535,7 +536,7 @@ def test_malformed_payloads_are_411_without_a_traceback(make_cluster: MakeCluste
         ("short push at the end", follower, RequestCode.PUSH, push(end), b"\x01" * 30),
         ("APPEND, group not UTF-8", leader, RequestCode.APPEND, raw_array(bad_group, enc(""), enc(""), enc([b"x"])),
          b""),
-        ("READ, remote not UTF-8", leader, READ, raw_array(enc(c.group), enc(""), bad_remote, enc(0)), b""),
+        ("READ, remote not UTF-8", leader, RequestCode.READ, raw_array(enc(c.group), enc(""), bad_remote, enc(0)), b""),
         ("GET, group not UTF-8", leader, RequestCode.GET, raw_array(bad_group, enc(""), enc(""), enc(0)), b""),
     ]
     base: dict[str, int] = {}

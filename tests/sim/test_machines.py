@@ -8,8 +8,8 @@ import itertools
 
 import pytest
 
-from dledger.codes import ResponseCode
-from dledger.core.messages import QUERY, QueryRequest
+from dledger.codes import RequestCode, ResponseCode
+from dledger.core.messages import QueryRequest
 from dledger.kv.commands import Get, Put, decode_item, encode
 from dledger.sim.cluster import SimCluster
 
@@ -44,7 +44,7 @@ def test_members_snapshot_compact_and_rebuild_the_same_state(seed: int) -> None:
     assert c.run_until(lambda: c._node(x).applier.applied_index  # type: ignore[union-attr]
                        >= c.stores[leader].committed_index, 10_000)
     token = ("test", next(_TOKENS))
-    c._node(leader).handle(QUERY, QueryRequest(request=encode(Get(b"k2"))), b"", token, c.now)
+    c._node(leader).handle(RequestCode.QUERY, QueryRequest(request=encode(Get(b"k2"))), b"", token, c.now)
     c._flush(leader)
     assert c.run_until(lambda: token in c.test_answers, 3_000)
     item = decode_item(c.test_answers[token].result)

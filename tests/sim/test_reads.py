@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from dledger.codes import RequestCode, ResponseCode
-from dledger.core.messages import READ, EntriesResponse, LeadershipTransferRequest, ReadRequest, Role
+from dledger.core.messages import EntriesResponse, LeadershipTransferRequest, ReadRequest, Role
 from dledger.sim.cluster import SimCluster
 
 pytestmark = pytest.mark.sim
@@ -57,7 +57,7 @@ def _with_three_entries(seed: int) -> tuple[SimCluster, str, str, str]:
 @pytest.mark.parametrize("seed", range(5))
 def test_a_transfer_cut_off_midway_leaves_a_stale_leader_only_leader_mode_reads_from(seed: int) -> None:
     c, old, target, other = _with_three_entries(seed)
-    before = _bodies(_answer(c, _send(c, old, READ, ReadRequest(consistency="leader"))))
+    before = _bodies(_answer(c, _send(c, old, RequestCode.READ, ReadRequest(consistency="leader"))))
 
     # the hand-over is on its way to the target (the simulated network delivers what was sent
     # before a partition); the old leader is cut off right after sending it
@@ -72,7 +72,7 @@ def test_a_transfer_cut_off_midway_leaves_a_stale_leader_only_leader_mode_reads_
     assert c.client_results[after].code == ResponseCode.SUCCESS
     assert c._node(old).member.is_leader  # it does not know yet
 
-    stale = _bodies(_answer(c, _send(c, old, READ, ReadRequest(consistency="leader"))))
+    stale = _bodies(_answer(c, _send(c, old, RequestCode.READ, ReadRequest(consistency="leader"))))
     assert stale == before and b"after" not in stale  # the acknowledged append is missing
     # the reads invariant the seeds check (SimCluster.read) flags it too
     c.read(old, "leader")
@@ -83,11 +83,11 @@ def test_a_transfer_cut_off_midway_leaves_a_stale_leader_only_leader_mode_reads_
     c.read(other, "linearizable", addressed=True)
 
     for mode in ("linearizable", "lease"):
-        resp = _answer(c, _send(c, old, READ, ReadRequest(consistency=mode)))
+        resp = _answer(c, _send(c, old, RequestCode.READ, ReadRequest(consistency=mode)))
         assert resp is not None and resp.code != ResponseCode.SUCCESS, (mode, resp)
     c.heal()
     assert c.run_until(lambda: c.leader() == target and not c._node(old).member.is_leader, 10_000)
-    fresh = _bodies(_answer(c, _send(c, target, READ, ReadRequest(consistency="linearizable"))))
+    fresh = _bodies(_answer(c, _send(c, target, RequestCode.READ, ReadRequest(consistency="linearizable"))))
     assert fresh == [*before, b"after"]
     assert not c.violations
 
@@ -102,7 +102,7 @@ def test_linearizable_reads_share_one_heartbeat_round_and_lease_reads_need_none(
     rounds = node.reads.round
     tokens = [("test", next(_TOKENS)) for _ in range(5)]
     for t in tokens:  # arriving together (one drain), as reads in one event-loop turn do
-        node.handle(READ, ReadRequest(consistency="linearizable"), b"", t, c.now)
+        node.handle(RequestCode.READ, ReadRequest(consistency="linearizable"), b"", t, c.now)
     c._flush(leader)
     answers = [_answer(c, t) for t in tokens]
     assert all(a is not None and a.code == ResponseCode.SUCCESS for a in answers)
@@ -110,7 +110,7 @@ def test_linearizable_reads_share_one_heartbeat_round_and_lease_reads_need_none(
     assert node.reads.round - rounds <= 2  # the five shared one round (a tick may have sent another)
     assert node.reads.lease_valid()  # that round started a lease
     lease_reads = node.reads.lease_reads
-    resp = _answer(c, _send(c, leader, READ, ReadRequest(consistency="lease")))
+    resp = _answer(c, _send(c, leader, RequestCode.READ, ReadRequest(consistency="lease")))
     assert resp.code == ResponseCode.SUCCESS and node.reads.lease_reads == lease_reads + 1
 
 
@@ -142,7 +142,7 @@ def test_no_lease_read_after_a_hand_over_was_sent_even_once_the_transfer_timed_o
     assert c.run_until(lambda: after in c.client_results, 2_000)
     assert c.client_results[after].code == ResponseCode.SUCCESS
     if c._node(old).member.is_leader:  # still believes it leads: it must not serve from its lease
-        resp = _answer(c, _send(c, old, READ, ReadRequest(consistency="lease")))
+        resp = _answer(c, _send(c, old, RequestCode.READ, ReadRequest(consistency="lease")))
         assert resp is None or resp.code != ResponseCode.SUCCESS or b"after" in _bodies(resp), resp
     assert not c.violations
 
@@ -158,20 +158,21 @@ def test_a_follower_read_waits_for_the_leaders_read_index_where_a_local_read_is_
     after = c.append(leader, [b"after"])
     assert c.run_until(lambda: after in c.client_results, 5_000)
     assert c.client_results[after].code == ResponseCode.SUCCESS
-    local = _bodies(_answer(c, _send(c, b, READ, ReadRequest(local=True, consistency="local"))))
+    local = _bodies(_answer(c, _send(c, b, RequestCode.READ, ReadRequest(local=True, consistency="local"))))
     assert b"after" not in local  # its own copy is behind
     for mode in ("linearizable", "lease"):
-        resp = _answer(c, _send(c, b, READ, ReadRequest(remote_id=b, consistency=mode, follower_read=True)), 5_000)
+        req = ReadRequest(remote_id=b, consistency=mode, follower_read=True)
+        resp = _answer(c, _send(c, b, RequestCode.READ, req), 5_000)
         # the leader's answer cannot reach b: no answer, or one that says why; never a stale one
         assert resp is None or resp.code != ResponseCode.SUCCESS or b"after" in _bodies(resp), (mode, resp)
     c.blocked = set()
     assert c.run_until(lambda: c._node(b).member.leader_id is not None and c.leader() is not None, 5_000)
     now_leader = c.leader()
-    token = _send(c, b, READ, ReadRequest(remote_id=b, consistency="linearizable", follower_read=True))
+    token = _send(c, b, RequestCode.READ, ReadRequest(remote_id=b, consistency="linearizable", follower_read=True))
     assert b"after" in _bodies(_answer(c, token, 5_000))
     assert c._node(b).follower_reads.served >= 1
     # one that is not a follower read (even naming b as its receiver) is redirected to the leader
-    resp = _answer(c, _send(c, b, READ, ReadRequest(remote_id=b, consistency="linearizable")))
+    resp = _answer(c, _send(c, b, RequestCode.READ, ReadRequest(remote_id=b, consistency="linearizable")))
     assert resp.code == ResponseCode.NOT_LEADER and resp.leader_id == now_leader
     assert not c.violations
 

@@ -16,7 +16,7 @@ from dledger.codes import RequestCode, ResponseCode
 from dledger.core.messages import GetRequest, LeadershipTransferRequest, PushResponse, Role, encode
 from dledger.sim.cluster import SimCluster
 from dledger.sim.disk import SimDiskStore
-from dledger.store.base import AppendResult, StoreError
+from dledger.store.base import AppendedBatch, StoreError
 
 pytestmark = pytest.mark.sim
 
@@ -103,7 +103,7 @@ def _full_disk_wins(seed: int) -> tuple[SimCluster, str, str, dict[str, bool]] |
     full = {"on": True, "won": False}
     orig_append, orig_become = st.append_as_leader, node.become_leader
 
-    def append_as_leader(*args: Any, **kw: Any) -> AppendResult:
+    def append_as_leader(*args: Any, **kw: Any) -> AppendedBatch:
         if full["on"]:
             raise StoreError(ResponseCode.DISK_FULL, "disk full")
         return orig_append(*args, **kw)

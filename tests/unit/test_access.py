@@ -22,13 +22,12 @@ from dledger.controller.service import CONTROLLER_ACCESS, ControllerService
 from dledger.core.messages import REQUEST_TYPES, LeadershipTransferRequest
 from dledger.runtime.access import RAFT_ACCESS, content_refusal
 from dledger.runtime.server import DLedgerServer
-from dledger.runtime.transport import AUTH_CODE
-from dledger.security.roles import ANONYMOUS, Principal, Role, Tokens, cert_principal, roles_of_units
+from dledger.security.roles import ANONYMOUS, AccessRole, Principal, Tokens, cert_principal, roles_of_units
 
 
 def test_every_group_protocol_code_has_an_entry_and_nothing_else_does() -> None:
     assert set(REQUEST_TYPES) == set(RAFT_ACCESS)
-    assert AUTH_CODE not in RAFT_ACCESS  # the transport's own gate, before any role
+    assert RequestCode.AUTH not in RAFT_ACCESS  # the transport's own gate, before any role
 
 
 def test_a_member_with_the_controller_service_registers_every_code_with_its_roles(tmp_path: Path) -> None:
@@ -59,31 +58,31 @@ def test_a_broker_serves_exactly_the_codes_of_its_table(tmp_path: Path) -> None:
 
 
 def test_roles_come_from_the_certificate_units() -> None:
-    assert roles_of_units([]) == (frozenset({Role.CLIENT}), "")  # no role unit: a client only
-    assert roles_of_units(["member", "controller"]) == (frozenset({Role.MEMBER, Role.CONTROLLER}), "")
-    assert roles_of_units(["broker:b0"]) == (frozenset({Role.BROKER}), "b0")
-    assert roles_of_units(["Member", "root", "broker:"]) == (frozenset({Role.CLIENT}), "")  # exact values only
+    assert roles_of_units([]) == (frozenset({AccessRole.CLIENT}), "")  # no role unit: a client only
+    assert roles_of_units(["member", "controller"]) == (frozenset({AccessRole.MEMBER, AccessRole.CONTROLLER}), "")
+    assert roles_of_units(["broker:b0"]) == (frozenset({AccessRole.BROKER}), "b0")
+    assert roles_of_units(["Member", "root", "broker:"]) == (frozenset({AccessRole.CLIENT}), "")  # exact values only
     p = cert_principal({"subject": ((("organizationalUnitName", "admin"),), (("commonName", "ops"),)),
                         "subjectAltName": (("DNS", "ops"), ("IP Address", "127.0.0.1"))})
-    assert p.name == "ops" and p.has(Role.ADMIN) and p.has(Role.CLIENT) and not p.has(Role.MEMBER)
+    assert p.name == "ops" and p.has(AccessRole.ADMIN) and p.has(AccessRole.CLIENT) and not p.has(AccessRole.MEMBER)
     assert p.names == frozenset({"ops"}) and p.bound
     assert not cert_principal(None).roles
 
 
 def test_tokens_make_principals_by_role() -> None:
     alone = dict(Tokens.of("c").principals())
-    assert alone[b"c"].roles == frozenset(Role)  # one shared token: every role, as before roles
+    assert alone[b"c"].roles == frozenset(AccessRole)  # one shared token: every role, as before roles
     three = dict(Tokens.of("c", "client-secret", "admin-secret").principals())
-    assert three[b"c"].has(Role.MEMBER) and not three[b"c"].has(Role.CLIENT)
-    assert three[b"client-secret"].roles == frozenset({Role.CLIENT})
-    assert three[b"admin-secret"].has(Role.CLIENT) and not three[b"admin-secret"].has(Role.MEMBER)
+    assert three[b"c"].has(AccessRole.MEMBER) and not three[b"c"].has(AccessRole.CLIENT)
+    assert three[b"client-secret"].roles == frozenset({AccessRole.CLIENT})
+    assert three[b"admin-secret"].has(AccessRole.CLIENT) and not three[b"admin-secret"].has(AccessRole.MEMBER)
     assert not any(p.bound for p in three.values())
 
 
 def test_a_transfer_is_a_members_hand_over_or_an_admins_request() -> None:
-    client = Principal("app", frozenset({Role.CLIENT}))
-    member = Principal("n0", frozenset({Role.MEMBER}), frozenset({"n0"}))
-    admin = Principal("ops", frozenset({Role.ADMIN}))
+    client = Principal("app", frozenset({AccessRole.CLIENT}))
+    member = Principal("n0", frozenset({AccessRole.MEMBER}), frozenset({"n0"}))
+    admin = Principal("ops", frozenset({AccessRole.ADMIN}))
     ask = LeadershipTransferRequest("g", transferee_id="n1")
     hand_over = LeadershipTransferRequest("g", "n0", "n1", transfer_id="n0", transferee_id="n1")
     code = RequestCode.LEADERSHIP_TRANSFER

@@ -30,7 +30,7 @@ from dledger.broker.ha_master import HAConfig
 from dledger.broker.ha_service import AckSettings, MasterHA
 from dledger.broker.ha_slave import SlaveClient
 from dledger.broker.log import BrokerLog
-from dledger.broker.replica import Change, Role
+from dledger.broker.replica import BrokerRole, Change
 from dledger.codes import ControllerResponseCode as RC
 from dledger.codes import DLedgerError, ResponseCode
 from dledger.controller import messages as m
@@ -87,13 +87,13 @@ def started(role: str = "master", broker_id: int = 1, acks: AckSettings = ONE_CO
     if role == "master":
         lease = one(out, SendHeartbeat)  # a new master asks for its lease at once
         a.heartbeat_answered(lease.token, 3, granted())
-        assert a.role == Role.MASTER and a.replica.lease_valid(3)
+        assert a.role == BrokerRole.MASTER and a.replica.lease_valid(3)
     else:
-        assert a.role == Role.SLAVE
+        assert a.role == BrokerRole.SLAVE
     return a
 
 
-def role(a: BrokerAgent) -> Role:
+def role(a: BrokerAgent) -> BrokerRole:
     """(Read through a call: mypy narrows a property it saw compared before.)"""
     return a.role
 
@@ -113,9 +113,9 @@ def test_startup_registers_then_heartbeats_then_takes_the_role_the_registration_
     reg = one(out, Register)
     out = a.register_answered(reg.token, 5, 1, info(1, 1, [1]))
     beat = one(out, SendHeartbeat)  # counted alive before anything else
-    assert a.role == Role.FENCED and beat.request.broker_id == 1 and beat.request.lease_ms == 0
+    assert a.role == BrokerRole.FENCED and beat.request.broker_id == 1 and beat.request.lease_ms == 0
     out = a.heartbeat_answered(beat.token, 6, [])
-    assert role(a) == Role.MASTER and a.replica.master_epoch == 1
+    assert role(a) == BrokerRole.MASTER and a.replica.master_epoch == 1
     assert one(out, ResetHA) and one(out, SendHeartbeat).request.lease_ms == 1000
 
 
@@ -126,7 +126,7 @@ def test_a_registration_naming_no_master_asks_for_an_election() -> None:
     elect = one(a.heartbeat_answered(beat.token, 2, []), CallController)
     assert elect.request == m.ElectMaster("c", "b0", 1)
     out = a.answered(elect.token, 3, info(2, 1, [2]))
-    assert a.role == Role.SLAVE
+    assert a.role == BrokerRole.SLAVE
     follow = one(out, FollowMaster)
     assert follow.master_id == 2 and follow.ha_address == "h2:2" and follow.client is a.replica.slave
 
@@ -140,7 +140,7 @@ def test_startup_is_retried_after_the_startup_pause() -> None:
     beat = one(a.register_answered(reg.token, 600, 1, m.Response(OK)), SendHeartbeat)
     elect = one(a.heartbeat_answered(beat.token, 601, []), CallController)
     a.answered(elect.token, 602, m.Response(int(RC.CONTROLLER_ELECT_MASTER_FAILED)))  # no master yet
-    assert a.role == Role.FENCED and of(a.tick(1101), Register) == []
+    assert a.role == BrokerRole.FENCED and of(a.tick(1101), Register) == []
     assert one(a.tick(1102), Register)
 
 
@@ -156,7 +156,7 @@ def test_an_unknown_set_registers_again() -> None:
     assert query.request == m.GetReplicaInfo("b0")
     reg = one(a.answered(query.token, 1011, m.Response(int(RC.CONTROLLER_BROKER_METADATA_NOT_EXIST))), Register)
     assert a.register_answered(reg.token, 1012, 1, m.Response(OK)) == []
-    assert a.role == Role.SLAVE  # the role comes from replica info, as ever
+    assert a.role == BrokerRole.SLAVE  # the role comes from replica info, as ever
     assert one(a.tick(2012), CallController).request == m.GetReplicaInfo("b0")
 
 
@@ -178,7 +178,7 @@ def test_a_hint_before_a_role_is_taken_is_asked_once_following() -> None:
     assert of(a.hint(1), CallController) == []
     beat = one(a.register_answered(reg.token, 2, 1, info(2, 1, [2])), SendHeartbeat)
     out = a.heartbeat_answered(beat.token, 3, [])
-    assert a.role == Role.SLAVE and one(out, CallController).request == m.GetReplicaInfo("b0")
+    assert a.role == BrokerRole.SLAVE and one(out, CallController).request == m.GetReplicaInfo("b0")
 
 
 def test_only_a_controller_answer_with_a_higher_epoch_changes_the_role() -> None:
@@ -186,10 +186,10 @@ def test_only_a_controller_answer_with_a_higher_epoch_changes_the_role() -> None
     query = one(a.hint(100), CallController)
     # the controller still says epoch 1 (whatever the NOTIFY claimed): nothing changes
     assert a.answered(query.token, 101, info(1, 1, [1])) == []
-    assert a.role == Role.SLAVE and a.replica.master_id == 2
+    assert a.role == BrokerRole.SLAVE and a.replica.master_id == 2
     query = one(a.tick(1101), CallController)
     out = a.answered(query.token, 1102, info(1, 2, [1]))
-    assert role(a) == Role.MASTER and a.replica.master_epoch == 2
+    assert role(a) == BrokerRole.MASTER and a.replica.master_epoch == 2
     assert one(out, ResetHA) and one(out, SendHeartbeat).request.lease_ms == 1000
 
 
@@ -199,7 +199,7 @@ def test_a_higher_epoch_without_a_master_asks_for_an_election_whose_answer_is_no
     elect = one(a.answered(query.token, 1011, info(None, 2)), CallController)
     assert elect.request == m.ElectMaster("c", "b0", 1)
     assert a.answered(elect.token, 1012, info(1, 2, [1])) == []  # known from replica info only
-    assert a.role == Role.SLAVE and a.replica.master_epoch == 1
+    assert a.role == BrokerRole.SLAVE and a.replica.master_epoch == 1
 
 
 def test_replica_info_is_polled_every_sync_metadata_ms() -> None:
@@ -219,7 +219,7 @@ def test_a_role_change_fails_the_sends_still_waiting() -> None:
     query = one(a.hint(20), CallController)
     out = a.answered(query.token, 21, info(2, 2, [2]))
     done = one(out, SendDone)
-    assert a.role == Role.SLAVE and isinstance(done.result, DLedgerError)
+    assert a.role == BrokerRole.SLAVE and isinstance(done.result, DLedgerError)
     assert done.result.code == ResponseCode.FLUSH_SLAVE_TIMEOUT
 
 
@@ -455,11 +455,11 @@ def test_a_store_error_while_taking_a_role_at_startup_is_retried() -> None:
     reg = one(a.tick(0), Register)
     beat = one(a.register_answered(reg.token, 1, 1, info(1, 1, [1])), SendHeartbeat)
     assert a.heartbeat_answered(beat.token, 2, []) == []  # no role: fenced, and retried
-    assert a.role == Role.FENCED
+    assert a.role == BrokerRole.FENCED
     reg = one(a.tick(502), Register)
     beat = one(a.register_answered(reg.token, 503, 1, info(1, 1, [1])), SendHeartbeat)
     a.heartbeat_answered(beat.token, 504, [])
-    assert role(a) == Role.MASTER
+    assert role(a) == BrokerRole.MASTER
 
 
 def test_a_store_error_in_a_role_change_while_following_is_retried_at_the_next_poll() -> None:
@@ -467,10 +467,10 @@ def test_a_store_error_in_a_role_change_while_following_is_retried_at_the_next_p
     fail_once(a, StoreError(ResponseCode.DISK_ERROR, "slot unreadable"))
     query = one(a.tick(1010), CallController)
     assert a.answered(query.token, 1011, info(1, 2, [1])) == []
-    assert a.role == Role.SLAVE and a.replica.master_epoch == 1
+    assert a.role == BrokerRole.SLAVE and a.replica.master_epoch == 1
     query = one(a.tick(2011), CallController)
     a.answered(query.token, 2012, info(1, 2, [1]))
-    assert role(a) == Role.MASTER and a.replica.master_epoch == 2
+    assert role(a) == BrokerRole.MASTER and a.replica.master_epoch == 2
 
 
 def test_an_input_that_raises_leaves_the_chain_going() -> None:
@@ -483,7 +483,7 @@ def test_an_input_that_raises_leaves_the_chain_going() -> None:
     query = one(a.tick(2011), CallController)
     assert query.request == m.GetReplicaInfo("b0")
     a.answered(query.token, 2012, info(1, 2, [1]))
-    assert role(a) == Role.MASTER
+    assert role(a) == BrokerRole.MASTER
 
 
 def test_an_input_that_raises_leaves_the_alter_loop_going() -> None:
@@ -538,7 +538,7 @@ def test_a_new_mastership_does_not_send_the_old_ones_alter_again() -> None:
     a.answered(alter.token, 20, None)  # no answer: to be sent again at 520
     query = one(a.hint(30), CallController)
     a.answered(query.token, 31, info(1, 2, [1]))  # master again, at epoch 2
-    assert role(a) == Role.MASTER and a.replica.master_epoch == 2
+    assert role(a) == BrokerRole.MASTER and a.replica.master_epoch == 2
     alters = [c.request for c in of(a.tick(520), CallController) if isinstance(c.request, m.AlterSyncStateSet)]
     assert alters == []  # epoch 1's is fenced: its tracker is gone
     assert not a.replica.unresolved

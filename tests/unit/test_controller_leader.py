@@ -22,7 +22,7 @@ from dledger.controller.elect_policy import LiveInfo
 from dledger.controller.leader import ControllerLeader, Notify, Propose, Refuse, Wait
 from dledger.controller.machine import BrokerSetBrief, ControllerStateMachine
 from dledger.controller.service import ControllerService
-from dledger.core.messages import QUERY, READ, AppendRequest, GetRequest, QueryRequest, ReadRequest, encode
+from dledger.core.messages import AppendRequest, GetRequest, QueryRequest, ReadRequest, encode
 from dledger.ports import free_ports
 from dledger.runtime.server import DLedgerServer, GroupRefused, GroupRuntime, ServiceMount
 from dledger.runtime.transport import Caller, Message, Respond, TransportClient
@@ -411,7 +411,7 @@ def test_a_mounted_service_is_served_sealed_and_told_of_closed_connections(tmp_p
             server.mount("ctl", ServiceMount({code: echo}, {code: Access("ECHO", ALL_ROLES)}))
         with pytest.raises(ValueError, match="no group"):
             server.mount("other", ServiceMount({}, {}))
-        for raft in (RequestCode.PUSH, READ):  # the group's own codes are not a service's to take
+        for raft in (RequestCode.PUSH, RequestCode.READ):  # the group's own codes are not a service's to take
             with pytest.raises(ValueError, match="already served"):
                 server.mount("ctl", ServiceMount({raft: echo}, {raft: Access("ECHO", ALL_ROLES)}))
         await server.start()
@@ -425,8 +425,8 @@ def test_a_mounted_service_is_served_sealed_and_told_of_closed_connections(tmp_p
                 raw = await client.request(addr, Message(RequestCode.APPEND, encode(append)), 10)
                 assert raw.code == ResponseCode.UNSUPPORTED  # sealed: the service writes the log
                 for c, req in ((RequestCode.GET, GetRequest("ctl", index=0)),  # nor does a client read it
-                               (READ, ReadRequest("ctl", from_index=0)),
-                               (QUERY, QueryRequest("ctl", request=b"x"))):
+                               (RequestCode.READ, ReadRequest("ctl", from_index=0)),
+                               (RequestCode.QUERY, QueryRequest("ctl", request=b"x"))):
                     raw = await client.request(addr, Message(c, encode(req)), 10)
                     assert raw.code == ResponseCode.UNSUPPORTED, c
             finally:

@@ -16,8 +16,6 @@ from dledger.codes import PushType, RequestCode, ResponseCode
 from dledger.config import DLedgerConfig
 from dledger.core import reads as reads_module
 from dledger.core.messages import (
-    READ,
-    SNAPSHOT,
     AppendRequest,
     EntriesResponse,
     InstallSnapshotRequest,
@@ -87,13 +85,13 @@ def test_snapshot_requests_during_a_snapshot_share_it() -> None:
     d.send(RequestCode.APPEND, AppendRequest(bodies=[b"x"]), "put")
     d.drain()
     for k in range(5):
-        d.send(SNAPSHOT, SnapshotRequest(), ("s", k))
+        d.send(RequestCode.SNAPSHOT, SnapshotRequest(), ("s", k))
     first = d.drain()
     taken = [a for a in first if isinstance(a, TakeSnapshot)]
     assert len(taken) == 1 and not _replies(first).keys() & {("s", k) for k in range(5)}
     d.send(RequestCode.APPEND, AppendRequest(bodies=[b"y"]), "put2")  # applied meanwhile: no matter
     for k in range(5, 10):
-        d.send(SNAPSHOT, SnapshotRequest(), ("s", k))
+        d.send(RequestCode.SNAPSHOT, SnapshotRequest(), ("s", k))
     for _ in range(3):
         assert not any(isinstance(a, TakeSnapshot) for a in d.tick())
     d.node.on_snapshot(taken[0].index, "", d.now)
@@ -101,7 +99,7 @@ def test_snapshot_requests_during_a_snapshot_share_it() -> None:
     snaps = [answers[("s", k)] for k in range(10)]
     assert all(isinstance(r, SnapshotResponse) and r.code == 200 and r.snapshot_index == taken[0].index
                for r in snaps)
-    d.send(SNAPSHOT, SnapshotRequest(), "later")  # after it: a new one
+    d.send(RequestCode.SNAPSHOT, SnapshotRequest(), "later")  # after it: a new one
     assert [a.index for a in d.drain() if isinstance(a, TakeSnapshot)] == [d.node.applier.applied_index]  # type: ignore[union-attr]
 
 
@@ -116,7 +114,7 @@ def test_long_polls_released_by_one_append_are_answered_a_budget_per_drain(monke
     start = d.store.end_index + 1
     polls = {("poll", k): start + (k % 3) for k in range(30)}  # parked at three indexes
     for token, at in polls.items():
-        d.send(READ, ReadRequest(from_index=at, consistency="leader", wait_ms=30_000), token)
+        d.send(RequestCode.READ, ReadRequest(from_index=at, consistency="leader", wait_ms=30_000), token)
     assert not _replies(d.drain())
     bodies = [bytes([k]) * body for k in range(12)]
     d.send(RequestCode.APPEND, AppendRequest(bodies=bodies), "append")
@@ -137,7 +135,7 @@ def test_long_polls_released_by_one_append_are_answered_a_budget_per_drain(monke
         n = len(r.entries)
         assert [e.index for e in r.entries] == list(range(at, at + n)) and r.next_index == at + n
         assert [e.body for e in r.entries] == bodies[at - start : at - start + n]
-    d.send(READ, ReadRequest(from_index=start, consistency="leader"), "plain")
+    d.send(RequestCode.READ, ReadRequest(from_index=start, consistency="leader"), "plain")
     assert len(_replies(d.drain())["plain"].entries) == 12  # a plain READ is not cut to the page
 
 

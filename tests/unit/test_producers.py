@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from dledger.codes import DLedgerError, RequestCode, ResponseCode
 from dledger.config import ConfigError, DLedgerConfig
 from dledger.core import producers as producers_mod
-from dledger.core.messages import READ, AppendRequest, AppendResponse, EntriesResponse, GetRequest, ReadRequest
+from dledger.core.messages import AppendRequest, AppendResponse, EntriesResponse, GetRequest, ReadRequest
 from dledger.core.node import Node, Reply
 from dledger.core.producers import SPANS, CreationLimiter, ProducerTable, Run, SessionMarker, marker_body
 from dledger.entry import MAGIC_NOOP, MAGIC_SESSION
@@ -576,12 +576,12 @@ def test_session_markers_are_never_returned_to_readers() -> None:
     marker = r.index - 1
     assert g.store.get(marker).magic == MAGIC_SESSION
     for local in (False, True):
-        read = g.ask(READ, ReadRequest("g", "", "", 0, 100, 1 << 20, False, local, "leader"))
+        read = g.ask(RequestCode.READ, ReadRequest("g", "", "", 0, 100, 1 << 20, False, local, "leader"))
         assert isinstance(read, EntriesResponse) and read.code == ResponseCode.SUCCESS
         assert [e.body for e in read.entries if e.magic != MAGIC_NOOP] == [b"x", b"y"]
         assert all(e.magic != MAGIC_SESSION for e in read.entries)
         assert read.next_index == g.store.end_index + 1
         got = g.ask(RequestCode.GET, GetRequest("g", "", "", marker, local, "leader"))
         assert got.code == ResponseCode.INDEX_OUT_OF_RANGE and not got.entries
-    only_marker = g.ask(READ, ReadRequest("g", "", "", marker, 1, 1 << 20, False, False, "leader"))
+    only_marker = g.ask(RequestCode.READ, ReadRequest("g", "", "", marker, 1, 1 << 20, False, False, "leader"))
     assert [e.body for e in only_marker.entries] == [b"x"] and only_marker.next_index == marker + 2  # past it

@@ -14,7 +14,7 @@ from dledger.core.messages import PushRequest, PushResponse, Role
 from dledger.core.progress import Progress
 from dledger.core.quorum import QuorumAckChecker
 from dledger.entry import MAGIC_NOOP, MAGIC_NORMAL
-from dledger.store.base import AppendResult
+from dledger.store.base import AppendedBatch
 from dledger.store.memory import MemoryLedgerStore
 
 from .raft_harness import Member, answer_pushes, leading
@@ -164,7 +164,7 @@ def test_sync_mode_counts_only_what_followers_report_durable() -> None:
 
 def test_waiting_appends_complete_when_their_entry_commits() -> None:
     q, pr, done = _quorum([2, 2], term_start=0)
-    q.add("a", AppendResult(1, 2, array("q", [0])), deadline_ms=1000)
+    q.add("a", AppendedBatch(1, 2, array("q", [0])), deadline_ms=1000)
     q.ack_self(1)
     pr["n1"].match_index = pr["n2"].match_index = 1
     q.advance()

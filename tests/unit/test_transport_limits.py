@@ -21,9 +21,8 @@ from typing import Any, TypeVar
 import pytest
 import uvloop
 
-from dledger.codes import DLedgerError, ResponseCode
+from dledger.codes import DLedgerError, RequestCode, ResponseCode
 from dledger.runtime.transport import (
-    AUTH_CODE,
     KIND_REQUEST,
     ByteBudget,
     Caller,
@@ -348,7 +347,7 @@ def test_the_auth_token_gates_every_request(loop: str) -> None:
             assert answer.code == ResponseCode.UNAUTHENTICATED
             # a raw AUTH with the wrong token is answered, then the connection closes
             reader, writer = await raw_connection(server)
-            writer.write(frame(5, AUTH_CODE, b"nope"))
+            writer.write(frame(5, RequestCode.AUTH, b"nope"))
             assert (await read_frame(reader))[1] == ResponseCode.UNAUTHENTICATED
             assert await closed_by_peer(reader)
             writer.close()
@@ -440,8 +439,9 @@ def test_frames_after_a_refused_token_reach_nobody() -> None:
         try:
             reader, writer = await raw_connection(server)
             # a good AUTH, a request, then a wrong AUTH and requests after it, in one send
-            writer.write(frame(1, AUTH_CODE, b"right") + frame(2, meta=b"before") + frame(3, AUTH_CODE, b"wrong")
-                         + frame(4, meta=b"after") + frame(5, AUTH_CODE, b"right") + frame(6, meta=b"later"))
+            writer.write(frame(1, RequestCode.AUTH, b"right") + frame(2, meta=b"before")
+                         + frame(3, RequestCode.AUTH, b"wrong") + frame(4, meta=b"after")
+                         + frame(5, RequestCode.AUTH, b"right") + frame(6, meta=b"later"))
             answers = []
             with pytest.raises((asyncio.IncompleteReadError, ConnectionError)):
                 while True:
@@ -464,10 +464,10 @@ def test_a_stranger_is_closed_unless_it_presents_the_token_and_sends_only_small_
             silent_r, silent_w = await raw_connection(server)
             assert await closed_by_peer(silent_r)
             big_r, big_w = await raw_connection(server)
-            big_w.write(_HEADER.pack(17 + 100_000, KIND_REQUEST, 1, AUTH_CODE, 0))  # a big frame, no token yet
+            big_w.write(_HEADER.pack(17 + 100_000, KIND_REQUEST, 1, RequestCode.AUTH, 0))  # a big frame, no token yet
             assert await closed_by_peer(big_r)
             ok_r, ok_w = await raw_connection(server)
-            ok_w.write(frame(1, AUTH_CODE, b"t") + frame(2, data=b"z" * 100_000))  # after the token: fine
+            ok_w.write(frame(1, RequestCode.AUTH, b"t") + frame(2, data=b"z" * 100_000))  # after the token: fine
             assert (await read_frame(ok_r))[1] == ResponseCode.SUCCESS
             assert (await read_frame(ok_r))[:2] == (2, ResponseCode.SUCCESS)
             for w in (silent_w, big_w, ok_w):

@@ -53,7 +53,7 @@ from dledger.broker.ha_master import HAConfig
 from dledger.broker.ha_service import AckSettings, MasterHA
 from dledger.broker.ha_slave import SlaveClient
 from dledger.broker.log import BrokerLog
-from dledger.broker.replica import Change, ReplicaState, Role
+from dledger.broker.replica import BrokerRole, Change, ReplicaState
 from dledger.codes import ControllerResponseCode as RC
 from dledger.codes import DLedgerError, ResponseCode
 from dledger.controller import messages as m
@@ -236,7 +236,7 @@ class BrokerAgent:
         self._ack_wait: deque[_Send] = deque()
 
     @property
-    def role(self) -> Role:
+    def role(self) -> BrokerRole:
         return self.replica.role
 
     def _token(self) -> int:
@@ -402,7 +402,7 @@ class BrokerAgent:
         except (OSError, DLedgerError) as e:  # the epoch file or the store failed: stay fenced, retry
             log.error("broker %s: taking a role failed: %s", self.settings.name, e)
             out = []
-        if self.role != Role.FENCED:
+        if self.role != BrokerRole.FENCED:
             self._following = True
         return out + self._chain_done(now)
 
@@ -433,7 +433,7 @@ class BrokerAgent:
                 out = self._apply_replica_info(resp, now)
             except (OSError, DLedgerError) as e:  # as at startup: the next poll tries again
                 log.error("broker %s: a role change failed: %s", self.settings.name, e)
-        elif resp.master_epoch == r.master_epoch and self.role == Role.MASTER:
+        elif resp.master_epoch == r.master_epoch and self.role == BrokerRole.MASTER:
             r.sync_state_set_read(resp.master_epoch, set(resp.sync_state_set or ()), resp.sync_state_set_epoch or 0)
             try:
                 out = self._after_confirm_change()

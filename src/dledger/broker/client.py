@@ -20,12 +20,12 @@ from typing import TypeVar
 from dledger.broker import messages as bm
 from dledger.broker.config import split_address
 from dledger.codes import ControllerResponseCode as RC
-from dledger.codes import DLedgerError, ResponseCode
+from dledger.codes import DLedgerError, RequestCode, ResponseCode
 from dledger.controller.client import ControllerClient
 from dledger.runtime.blocking import LoopThread
 from dledger.runtime.client import error_text, never_sent
 from dledger.runtime.transport import Message, TransportClient
-from dledger.security.roles import Role, expect_role
+from dledger.security.roles import AccessRole, expect_role
 from dledger.security.tls import TlsConfig, client_context
 
 T = TypeVar("T")
@@ -55,7 +55,7 @@ class AsyncBrokerClient:
         self.broker, self.timeout = broker, timeout
         self.controllers = ControllerClient(controller, timeout=min(timeout, 3.0), tls=tls)
         self._transport = TransportClient(backoff_max_s=0.5, ssl=client_context(tls) if tls else None,
-                                          server_check=expect_role(Role.BROKER, broker))
+                                          server_check=expect_role(AccessRole.BROKER, broker))
         self._master: str | None = None  # client address
         self._replicas: list[str] = []
 
@@ -101,7 +101,7 @@ class AsyncBrokerClient:
         if not bodies:
             return []
         meta = bm.encode(bm.SendRequest(self.broker, list(bodies)))
-        resp = await self._call_master(Message(int(bm.BrokerRequestCode.SEND_MESSAGE), meta))
+        resp = await self._call_master(Message(int(RequestCode.SEND_MESSAGE), meta))
         r = bm.send_response.decode(resp.meta)
         return [SendResult(off, r.first_index + i, r.epoch) for i, off in enumerate(r.offsets)]
 
@@ -145,7 +145,7 @@ class AsyncBrokerClient:
         master or, when it does not answer, another replica (or only from `replica`, an
         address: what that replica has confirmed)."""
         req = bm.PullRequest(self.broker, from_offset, max_entries, int(wait * 1000))
-        msg = Message(int(bm.BrokerRequestCode.PULL_MESSAGE), bm.encode(req))
+        msg = Message(int(RequestCode.PULL_MESSAGE), bm.encode(req))
         last: DLedgerError | None = None
         first = await self._quiet_master() if replica is None else replica
         candidates = [first] if first else []
@@ -211,7 +211,7 @@ class AsyncBrokerClient:
         requests to `blocked`, stop sending to its slaves (`ha_paused`) or, a slave, drop its
         master (`ha_cut`); no arguments heal it."""
         req = bm.FaultRequest(list(blocked), ha_paused, ha_cut)
-        reply = await self._transport.request(address, Message(int(bm.BrokerRequestCode.FAULT), bm.encode(req)),
+        reply = await self._transport.request(address, Message(int(RequestCode.BROKER_FAULT), bm.encode(req)),
                                               self.timeout)
         if reply.code != ResponseCode.SUCCESS:
             raise _as_error(reply)
@@ -221,7 +221,7 @@ class AsyncBrokerClient:
         target = address or await self.master(refresh=True)
         if target is None:
             raise DLedgerError(ResponseCode.SERVICE_NOT_AVAILABLE, f"broker set {self.broker} has no master")
-        msg = Message(int(bm.BrokerRequestCode.GET_BROKER_RUNTIME_INFO), bm.encode(bm.RuntimeInfoRequest()))
+        msg = Message(int(RequestCode.GET_BROKER_RUNTIME_INFO), bm.encode(bm.RuntimeInfoRequest()))
         reply = await self._transport.request(target, msg, self.timeout)
         if reply.code != ResponseCode.SUCCESS:
             raise _as_error(reply)

@@ -24,7 +24,7 @@ from dledger.clock import now_ms
 from dledger.codes import DLedgerError
 from dledger.ratelog import RateLimitedLog
 from dledger.security.peer_uid import not_local
-from dledger.security.roles import Role, cert_principal, expect_role
+from dledger.security.roles import AccessRole, cert_principal, expect_role
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +85,7 @@ class HAListener:
         peer = writer.get_extra_info("peername")
         if self._ssl is not None:
             principal = cert_principal(writer.get_extra_info("peercert"))
-            return expect_role(Role.BROKER, self.broker_set)(str(peer), principal)
+            return expect_role(AccessRole.BROKER, self.broker_set)(str(peer), principal)
         if self.loopback_only:
             why = not_local(writer.get_extra_info("sockname"), peer)
             return None if why is None else f"{peer}: {why}"
@@ -202,7 +202,7 @@ class SlaveRunner:
     def _check_master(self, writer: asyncio.StreamWriter) -> None:
         if self._ssl is None:
             return
-        problem = expect_role(Role.BROKER, self.broker_set)(self.address,
+        problem = expect_role(AccessRole.BROKER, self.broker_set)(self.address,
                                                           cert_principal(writer.get_extra_info("peercert")))
         if problem is not None:
             raise HAProtocolError(f"not the master's HA port: {problem}")

@@ -14,8 +14,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from dledger.codes import ResponseCode
-from dledger.entry import Entry
-from dledger.store.base import AppendResult, LedgerStore, StoreError
+from dledger.entry import LogEntry
+from dledger.store.base import AppendedBatch, LedgerStore, StoreError
 
 
 class BrokerLog:
@@ -65,7 +65,7 @@ class BrokerLog:
             raise StoreError(ResponseCode.INDEX_OUT_OF_RANGE, f"offset {offset} is inside entry {lo - 1}")
         return lo
 
-    def append(self, bodies: Sequence[bytes], epoch: int) -> AppendResult:
+    def append(self, bodies: Sequence[bytes], epoch: int) -> AppendedBatch:
         return self.store.append_as_leader(bodies, epoch)
 
     def read_records(self, offset: int, max_bytes: int, limit: int) -> tuple[int, bytes]:
@@ -112,7 +112,7 @@ class BrokerLog:
                 hi = mid - 1
         return lo
 
-    def entries(self, from_index: int, max_entries: int, up_to_offset: int) -> list[Entry]:
+    def entries(self, from_index: int, max_entries: int, up_to_offset: int) -> list[LogEntry]:
         """Entries from `from_index` that end at or before `up_to_offset` (the confirm offset)."""
         s = self.store
         if from_index > s.end_index or max_entries <= 0:

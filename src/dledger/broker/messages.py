@@ -6,19 +6,11 @@ PULL_MESSAGE 11, GET_BROKER_RUNTIME_INFO 28); the controller's NOTIFY_BROKER_ROL
 
 from __future__ import annotations
 
-from enum import IntEnum
 from typing import Annotated
 
 import msgspec
 
 MAX_BATCH = 10_000
-
-
-class BrokerRequestCode(IntEnum):
-    SEND_MESSAGE = 10
-    PULL_MESSAGE = 11
-    GET_BROKER_RUNTIME_INFO = 28
-    FAULT = 52101  # ours, tests only: obeyed with --enable-fault-injection
 
 
 class SendRequest(msgspec.Struct, omit_defaults=True):

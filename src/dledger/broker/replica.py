@@ -26,12 +26,12 @@ from dledger.broker.log import BrokerLog
 from dledger.codes import ControllerResponseCode as RC
 from dledger.codes import DLedgerError, ResponseCode
 from dledger.controller import messages as m
-from dledger.store.base import AppendResult
+from dledger.store.base import AppendedBatch
 
 log = logging.getLogger(__name__)
 
 
-class Role(Enum):
+class BrokerRole(Enum):
     FENCED = "FENCED"
     MASTER = "MASTER"
     SLAVE = "SLAVE"
@@ -49,7 +49,7 @@ class ReplicaState:
         self.name, self.log, self.epochs, self.ha_config, self.acks = name, log_, epochs, ha, acks
         self.lease_ms, self.ack_durable = lease_ms, ack_durable
         self.broker_id = -1  # until registered
-        self.role = Role.FENCED
+        self.role = BrokerRole.FENCED
         self.master_epoch = 0
         self.master_id: int | None = None
         self.master_address: str | None = None
@@ -76,7 +76,7 @@ class ReplicaState:
         """changeBrokerRole: only a higher master epoch changes the role (the same epoch may
         bring a newer SyncStateSet to a master)."""
         if master_epoch <= self.master_epoch:
-            if master_epoch == self.master_epoch and self.role == Role.MASTER:
+            if master_epoch == self.master_epoch and self.role == BrokerRole.MASTER:
                 self.sync_state_set_read(master_epoch, sss, sss_epoch)
             return Change.NONE
         if master_id == self.broker_id and master_epoch <= self.epochs.last_epoch:
@@ -107,7 +107,7 @@ class ReplicaState:
             self.sync_state_set, self.sync_state_set_epoch = frozenset(sss), sss_epoch
             self.master_ha = MasterHA(self.broker_id, self.log, self.epochs, self.ha_config, sss, confirm,
                                       durable_only=self.ack_durable, bindings=self.principals)
-            self.role = Role.MASTER
+            self.role = BrokerRole.MASTER
             log.warning("broker %s id %d: MASTER at epoch %d (log ends at %d, confirmed %d)", self.name,
                         self.broker_id, master_epoch, self.log.max_offset, self.master_ha.confirm_offset)
             return Change.MASTER
@@ -116,7 +116,7 @@ class ReplicaState:
         self.slave = SlaveClient(self.broker_id, self.log, self.epochs, self.ha_config, self.ack_durable, master_epoch)
         self.slave.confirm_offset = confirm
         self._seen_cuts = 0
-        self.role = Role.SLAVE
+        self.role = BrokerRole.SLAVE
         log.warning("broker %s id %d: SLAVE of %d at epoch %d%s", self.name, self.broker_id, master_id, master_epoch,
                     " (was master)" if was_master else "")
         return Change.SLAVE
@@ -184,15 +184,15 @@ class ReplicaState:
     def lease_granted(self, sent_ms: int, epoch: int) -> None:
         """The controller leader granted the lease asked for by a heartbeat sent at `sent_ms`
         while we were master at `epoch`."""
-        if self.role == Role.MASTER and epoch == self.master_epoch:
+        if self.role == BrokerRole.MASTER and epoch == self.master_epoch:
             self.lease_until_ms = max(self.lease_until_ms, sent_ms + self.lease_ms)
 
     def lease_valid(self, now_ms: int) -> bool:
-        return self.role == Role.MASTER and now_ms < self.lease_until_ms
+        return self.role == BrokerRole.MASTER and now_ms < self.lease_until_ms
 
     @property
     def heartbeat_lease_ms(self) -> int:
-        return self.lease_ms if self.role == Role.MASTER else 0
+        return self.lease_ms if self.role == BrokerRole.MASTER else 0
 
     # --- the confirm offset ----------------------------------------------------------------
 
@@ -229,7 +229,7 @@ class ReplicaState:
             return DLedgerError(ResponseCode.IN_SYNC_REPLICAS_NOT_ENOUGH, reason)
         return None
 
-    def append(self, bodies: Sequence[bytes]) -> AppendResult:
+    def append(self, bodies: Sequence[bytes]) -> AppendedBatch:
         """Write as master (after `send_refusal` said None); the confirm offset follows."""
         result = self.log.append(bodies, self.master_epoch)
         if self.master_ha is not None:

@@ -47,9 +47,9 @@ from dledger.broker.ha_runtime import HAListener, SlaveRunner
 from dledger.broker.ha_slave import SlaveClient
 from dledger.broker.identity import Registration
 from dledger.broker.log import BrokerLog
-from dledger.broker.replica import Role
+from dledger.broker.replica import BrokerRole
 from dledger.clock import now_ms
-from dledger.codes import ControllerRequestCode, DLedgerError, ResponseCode
+from dledger.codes import DLedgerError, RequestCode, ResponseCode
 from dledger.controller import messages as cm
 from dledger.controller.client import ControllerClient
 from dledger.runtime.transport import (
@@ -62,24 +62,23 @@ from dledger.runtime.transport import (
     connection_cap,
     encode_error,
 )
-from dledger.security.roles import Access, needs
-from dledger.security.roles import Role as Needs
+from dledger.security.roles import Access, AccessRole, needs
 from dledger.security.tls import check_broker_cert, client_context, server_context
 from dledger.store.durability import DurabilityWaiter
 from dledger.store.file import FileLedgerStore
 
 log = logging.getLogger(__name__)
 
-NOTIFY = int(ControllerRequestCode.NOTIFY_BROKER_ROLE_CHANGED)
+NOTIFY = int(RequestCode.NOTIFY_BROKER_ROLE_CHANGED)
 # The roles each request a broker serves needs (docs/security.md, "Roles"); the transport
 # refuses any other code, and anyone without the role, before a handler runs.
 BROKER_ACCESS: dict[int, Access] = {
-    bm.BrokerRequestCode.SEND_MESSAGE: needs("SEND_MESSAGE", Needs.CLIENT),
-    bm.BrokerRequestCode.PULL_MESSAGE: needs("PULL_MESSAGE", Needs.CLIENT),
-    bm.BrokerRequestCode.GET_BROKER_RUNTIME_INFO: needs("GET_BROKER_RUNTIME_INFO", Needs.CLIENT, Needs.BROKER,
-                                                        Needs.CONTROLLER),
-    NOTIFY: needs("NOTIFY_BROKER_ROLE_CHANGED", Needs.CONTROLLER),
-    bm.BrokerRequestCode.FAULT: needs("FAULT", Needs.ADMIN),
+    RequestCode.SEND_MESSAGE: needs("SEND_MESSAGE", AccessRole.CLIENT),
+    RequestCode.PULL_MESSAGE: needs("PULL_MESSAGE", AccessRole.CLIENT),
+    RequestCode.GET_BROKER_RUNTIME_INFO: needs("GET_BROKER_RUNTIME_INFO", AccessRole.CLIENT, AccessRole.BROKER,
+                                                        AccessRole.CONTROLLER),
+    NOTIFY: needs("NOTIFY_BROKER_ROLE_CHANGED", AccessRole.CONTROLLER),
+    RequestCode.BROKER_FAULT: needs("FAULT", AccessRole.ADMIN),
 }
 EPOCH_FILE = "epochFileCheckpoint"
 # Long-poll PULLs waiting for records: per connection, and in all (a client that asks for more
@@ -213,7 +212,7 @@ class BrokerServer:
             self._saver = None
 
     @property
-    def role(self) -> Role:
+    def role(self) -> BrokerRole:
         return self.replica.role
 
     @property
@@ -364,14 +363,14 @@ class BrokerServer:
     def _handlers(self) -> dict[int, Callable[[Message, Respond, Caller], None]]:
         """Every request code a broker serves (each has its roles in BROKER_ACCESS)."""
         return {
-            bm.BrokerRequestCode.SEND_MESSAGE: lambda msg, respond, _: self._spawn(self._answer(self._send(msg),
+            RequestCode.SEND_MESSAGE: lambda msg, respond, _: self._spawn(self._answer(self._send(msg),
                                                                                                   respond)),
-            bm.BrokerRequestCode.PULL_MESSAGE: lambda msg, respond, caller: self._spawn(
+            RequestCode.PULL_MESSAGE: lambda msg, respond, caller: self._spawn(
                 self._answer(self._pull(msg, caller), respond)),
-            bm.BrokerRequestCode.GET_BROKER_RUNTIME_INFO: lambda _, respond, __: respond(
+            RequestCode.GET_BROKER_RUNTIME_INFO: lambda _, respond, __: respond(
                 Message(int(ResponseCode.SUCCESS), bm.encode(self.runtime_info()))),
             NOTIFY: lambda msg, respond, caller: respond(self._notify(msg, caller)),
-            bm.BrokerRequestCode.FAULT: lambda msg, respond, _: respond(self._fault(msg)),
+            RequestCode.BROKER_FAULT: lambda msg, respond, _: respond(self._fault(msg)),
         }
 
     def _handle(self, msg: Message, respond: Respond, caller: Caller) -> None:
@@ -482,7 +481,7 @@ class BrokerServer:
 
     def runtime_info(self) -> bm.RuntimeInfo:
         r = self.replica
-        left = max(0, r.lease_until_ms - now_ms()) if self.role == Role.MASTER else 0
+        left = max(0, r.lease_until_ms - now_ms()) if self.role == BrokerRole.MASTER else 0
         sss = r.master_ha.tracker.effective if r.master_ha is not None else r.sync_state_set
         confirm = r.confirm_offset
         broker_id = self.registration.broker_id  # (live: the agent learns it when a registration pass ends)
@@ -490,6 +489,6 @@ class BrokerServer:
                               r.master_epoch, r.master_id, r.master_address, sorted(sss),
                               r.sync_state_set_epoch, self.log.max_offset, confirm,
                               self.store.end_index, left, r.truncated_at,
-                              broker_id != -1 and self.role != Role.FENCED,
+                              broker_id != -1 and self.role != BrokerRole.FENCED,
                               self.store.begin_index, self.log.last_index_within(confirm),
                               self.replica_info_queries, self.security)

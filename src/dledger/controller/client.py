@@ -18,7 +18,7 @@ from dledger.codes import DLedgerError, ResponseCode
 from dledger.config import ConfigError, parse_peers
 from dledger.controller import messages as m
 from dledger.runtime.transport import FaultInjector, Message, TransportClient
-from dledger.security.roles import Role, expect_role
+from dledger.security.roles import AccessRole, expect_role
 from dledger.security.tls import TlsConfig, client_context
 
 RETRY_PAUSE_S = 0.1
@@ -45,7 +45,7 @@ class ControllerClient:
         self.addresses = parse_controllers(controllers) if isinstance(controllers, str) else list(controllers)
         self.timeout = timeout
         self._transport = TransportClient(ssl=client_context(tls) if tls else None,
-                                          server_check=expect_role(Role.CONTROLLER),
+                                          server_check=expect_role(AccessRole.CONTROLLER),
                                           auth_token=auth_token.encode() if auth_token else None,
                                           backoff_max_s=0.5, faults=faults)
         self._leader: str | None = None

@@ -15,7 +15,7 @@ from typing import Annotated
 
 import msgspec
 
-from dledger.codes import ControllerRequestCode as Code
+from dledger.codes import CONTROLLER_REQUESTS, RequestCode
 from dledger.controller.elect_policy import PRIORITY_DEFAULT, LiveInfo
 
 Name = Annotated[str, msgspec.Meta(max_length=256)]
@@ -40,7 +40,7 @@ class Request(msgspec.Struct, omit_defaults=True, tag_field="code"):
     """Every controller request (its tag is its request code)."""
 
 
-class BrokerHeartbeat(Request, tag=int(Code.BROKER_HEARTBEAT)):
+class BrokerHeartbeat(Request, tag=int(RequestCode.BROKER_HEARTBEAT)):
     cluster_name: Name = ""
     broker_addr: Address = ""
     broker_name: Name = ""
@@ -58,7 +58,7 @@ class BrokerHeartbeat(Request, tag=int(Code.BROKER_HEARTBEAT)):
     lease_ms: Annotated[int, msgspec.Meta(ge=0, le=60_000)] = 0
 
 
-class AlterSyncStateSet(Request, tag=int(Code.CONTROLLER_ALTER_SYNC_STATE_SET)):
+class AlterSyncStateSet(Request, tag=int(RequestCode.CONTROLLER_ALTER_SYNC_STATE_SET)):
     broker_name: Name = ""
     master_broker_id: BrokerId = NO_ID
     master_epoch: Epoch = -1
@@ -66,7 +66,7 @@ class AlterSyncStateSet(Request, tag=int(Code.CONTROLLER_ALTER_SYNC_STATE_SET)):
     sync_state_set_epoch: Epoch = -1  # the epoch the master believes is current
 
 
-class ElectMaster(Request, tag=int(Code.CONTROLLER_ELECT_MASTER)):
+class ElectMaster(Request, tag=int(RequestCode.CONTROLLER_ELECT_MASTER)):
     """ofBrokerTrigger (a broker's id), ofControllerTrigger (NO_ID), ofAdminTrigger (designate_elect)."""
 
     cluster_name: Name = ""
@@ -76,53 +76,53 @@ class ElectMaster(Request, tag=int(Code.CONTROLLER_ELECT_MASTER)):
     invoke_time: int = 0
 
 
-class RegisterBroker(Request, tag=int(Code.CONTROLLER_REGISTER_BROKER)):
+class RegisterBroker(Request, tag=int(RequestCode.CONTROLLER_REGISTER_BROKER)):
     cluster_name: Name = ""
     broker_name: Name = ""
     broker_id: BrokerId = NO_ID
     broker_address: Address = ""
 
 
-class GetReplicaInfo(Request, tag=int(Code.CONTROLLER_GET_REPLICA_INFO)):
+class GetReplicaInfo(Request, tag=int(RequestCode.CONTROLLER_GET_REPLICA_INFO)):
     broker_name: Name = ""
 
 
-class GetMetadataInfo(Request, tag=int(Code.CONTROLLER_GET_METADATA_INFO)):
+class GetMetadataInfo(Request, tag=int(RequestCode.CONTROLLER_GET_METADATA_INFO)):
     pass
 
 
-class GetSyncStateData(Request, tag=int(Code.CONTROLLER_GET_SYNC_STATE_DATA)):
+class GetSyncStateData(Request, tag=int(RequestCode.CONTROLLER_GET_SYNC_STATE_DATA)):
     broker_names: Annotated[list[Name], msgspec.Meta(max_length=MAX_SET)] = []
 
 
-class UpdateControllerConfig(Request, tag=int(Code.UPDATE_CONTROLLER_CONFIG)):
+class UpdateControllerConfig(Request, tag=int(RequestCode.UPDATE_CONTROLLER_CONFIG)):
     properties: Annotated[str, msgspec.Meta(max_length=1 << 16)] = ""  # key=value lines
 
 
-class GetControllerConfig(Request, tag=int(Code.GET_CONTROLLER_CONFIG)):
+class GetControllerConfig(Request, tag=int(RequestCode.GET_CONTROLLER_CONFIG)):
     pass
 
 
-class CleanBrokerData(Request, tag=int(Code.CLEAN_BROKER_DATA)):
+class CleanBrokerData(Request, tag=int(RequestCode.CLEAN_BROKER_DATA)):
     cluster_name: Name = ""
     broker_name: Name = ""
     broker_controller_ids_to_clean: Annotated[str, msgspec.Meta(max_length=1 << 14)] = ""  # "1;2;3"
     clean_living_broker: bool = False
 
 
-class GetNextBrokerId(Request, tag=int(Code.CONTROLLER_GET_NEXT_BROKER_ID)):
+class GetNextBrokerId(Request, tag=int(RequestCode.CONTROLLER_GET_NEXT_BROKER_ID)):
     cluster_name: Name = ""
     broker_name: Name = ""
 
 
-class ApplyBrokerId(Request, tag=int(Code.CONTROLLER_APPLY_BROKER_ID)):
+class ApplyBrokerId(Request, tag=int(RequestCode.CONTROLLER_APPLY_BROKER_ID)):
     cluster_name: Name = ""
     broker_name: Name = ""
     applied_broker_id: BrokerId = NO_ID
     register_check_code: Address = ""  # "address;millis": the address is what comes before ';'
 
 
-class NotifyBrokerRoleChanged(Request, tag=int(Code.NOTIFY_BROKER_ROLE_CHANGED)):
+class NotifyBrokerRoleChanged(Request, tag=int(RequestCode.NOTIFY_BROKER_ROLE_CHANGED)):
     """Controller -> broker, when a master was elected (pushed; brokers also poll replica info)."""
 
     broker_name: Name = ""
@@ -140,7 +140,7 @@ ReadRequest = GetNextBrokerId | GetReplicaInfo | GetSyncStateData
 AnyRequest = (BrokerHeartbeat | AlterSyncStateSet | ElectMaster | RegisterBroker | GetReplicaInfo | GetMetadataInfo
               | GetSyncStateData | UpdateControllerConfig | GetControllerConfig | CleanBrokerData | GetNextBrokerId
               | ApplyBrokerId | NotifyBrokerRoleChanged)
-CODES = frozenset(int(c) for c in Code if c != Code.GET_BROKER_EPOCH_CACHE)  # 1007 is a broker's request
+CODES = frozenset(int(c) for c in CONTROLLER_REQUESTS if c != RequestCode.GET_BROKER_EPOCH_CACHE)  # 1007: a broker's
 
 
 class Command(msgspec.Struct, omit_defaults=True):

@@ -34,8 +34,8 @@ from collections.abc import Awaitable, Coroutine
 from typing import Any, TypeVar
 
 from dledger.clock import now_ms
-from dledger.codes import ControllerRequestCode, ResponseCode
 from dledger.codes import ControllerResponseCode as RC
+from dledger.codes import RequestCode, ResponseCode
 from dledger.config import ConfigError
 from dledger.controller import messages as m
 from dledger.controller.config import ControllerConfig
@@ -44,7 +44,7 @@ from dledger.controller.leader import ControllerLeader, Notify, Propose, Refuse
 from dledger.controller.machine import ControllerStateMachine
 from dledger.runtime.server import DLedgerServer, GroupRefused, GroupRuntime, GroupStatus, ServiceMount
 from dledger.runtime.transport import LISTENER_MEMBER, Caller, Message, Respond
-from dledger.security.roles import ALL_ROLES, Access, Principal, Role, needs, refusal_text
+from dledger.security.roles import ALL_ROLES, Access, AccessRole, Principal, needs, refusal_text
 from dledger.security.tls import TlsConfig, check_member_cert
 
 log = logging.getLogger(__name__)
@@ -52,25 +52,25 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 NOTIFY_TIMEOUT_S = 3.0
 MAX_SERVING = 4096  # leader-only requests in flight (upstream's event queue holds 1024)
-NOTIFY_CODE = int(ControllerRequestCode.NOTIFY_BROKER_ROLE_CHANGED)
-_C = ControllerRequestCode
+NOTIFY_CODE = int(RequestCode.NOTIFY_BROKER_ROLE_CHANGED)
+_C = RequestCode
 # The roles each controller request needs (docs/security.md, "Roles"); checked by the transport
 # before handle() runs. ELECT_MASTER is a broker's for its own set, else an admin's (handle
 # narrows it once decoded).
 CONTROLLER_ACCESS: dict[int, Access] = {
-    _C.BROKER_HEARTBEAT: needs("BROKER_HEARTBEAT", Role.BROKER),
-    _C.CONTROLLER_ALTER_SYNC_STATE_SET: needs("CONTROLLER_ALTER_SYNC_STATE_SET", Role.BROKER),
-    _C.CONTROLLER_ELECT_MASTER: needs("CONTROLLER_ELECT_MASTER", Role.BROKER, Role.ADMIN),
-    _C.CONTROLLER_REGISTER_BROKER: needs("CONTROLLER_REGISTER_BROKER", Role.BROKER),
-    _C.CONTROLLER_GET_REPLICA_INFO: needs("CONTROLLER_GET_REPLICA_INFO", Role.BROKER, Role.CLIENT),
+    _C.BROKER_HEARTBEAT: needs("BROKER_HEARTBEAT", AccessRole.BROKER),
+    _C.CONTROLLER_ALTER_SYNC_STATE_SET: needs("CONTROLLER_ALTER_SYNC_STATE_SET", AccessRole.BROKER),
+    _C.CONTROLLER_ELECT_MASTER: needs("CONTROLLER_ELECT_MASTER", AccessRole.BROKER, AccessRole.ADMIN),
+    _C.CONTROLLER_REGISTER_BROKER: needs("CONTROLLER_REGISTER_BROKER", AccessRole.BROKER),
+    _C.CONTROLLER_GET_REPLICA_INFO: needs("CONTROLLER_GET_REPLICA_INFO", AccessRole.BROKER, AccessRole.CLIENT),
     _C.CONTROLLER_GET_METADATA_INFO: Access("CONTROLLER_GET_METADATA_INFO", ALL_ROLES),
-    _C.CONTROLLER_GET_SYNC_STATE_DATA: needs("CONTROLLER_GET_SYNC_STATE_DATA", Role.BROKER, Role.CLIENT),
-    _C.NOTIFY_BROKER_ROLE_CHANGED: needs("NOTIFY_BROKER_ROLE_CHANGED", Role.CONTROLLER),
-    _C.UPDATE_CONTROLLER_CONFIG: needs("UPDATE_CONTROLLER_CONFIG", Role.ADMIN),
-    _C.GET_CONTROLLER_CONFIG: needs("GET_CONTROLLER_CONFIG", Role.ADMIN),
-    _C.CLEAN_BROKER_DATA: needs("CLEAN_BROKER_DATA", Role.ADMIN),
-    _C.CONTROLLER_GET_NEXT_BROKER_ID: needs("CONTROLLER_GET_NEXT_BROKER_ID", Role.BROKER),
-    _C.CONTROLLER_APPLY_BROKER_ID: needs("CONTROLLER_APPLY_BROKER_ID", Role.BROKER),
+    _C.CONTROLLER_GET_SYNC_STATE_DATA: needs("CONTROLLER_GET_SYNC_STATE_DATA", AccessRole.BROKER, AccessRole.CLIENT),
+    _C.NOTIFY_BROKER_ROLE_CHANGED: needs("NOTIFY_BROKER_ROLE_CHANGED", AccessRole.CONTROLLER),
+    _C.UPDATE_CONTROLLER_CONFIG: needs("UPDATE_CONTROLLER_CONFIG", AccessRole.ADMIN),
+    _C.GET_CONTROLLER_CONFIG: needs("GET_CONTROLLER_CONFIG", AccessRole.ADMIN),
+    _C.CLEAN_BROKER_DATA: needs("CLEAN_BROKER_DATA", AccessRole.ADMIN),
+    _C.CONTROLLER_GET_NEXT_BROKER_ID: needs("CONTROLLER_GET_NEXT_BROKER_ID", AccessRole.BROKER),
+    _C.CONTROLLER_APPLY_BROKER_ID: needs("CONTROLLER_APPLY_BROKER_ID", AccessRole.BROKER),
 }
 
 
@@ -94,12 +94,12 @@ def role_refusal(req: m.AnyRequest, principal: Principal) -> str | None:
     """What the code's roles (CONTROLLER_ACCESS) did not settle: an election a broker did not
     ask for itself is an admin's; a replica's certificate speaks for its own broker set only."""
     if isinstance(req, m.ElectMaster) and (req.designate_elect or req.broker_id == m.NO_ID):
-        if not principal.has(Role.ADMIN):
-            return refusal_text("CONTROLLER_ELECT_MASTER (an admin's or the controller's election)", (Role.ADMIN,),
-                                principal)
+        if not principal.has(AccessRole.ADMIN):
+            return refusal_text("CONTROLLER_ELECT_MASTER (an admin's or the controller's election)",
+                                (AccessRole.ADMIN,), principal)
         return None
     name = getattr(req, "broker_name", None)
-    if (principal.bound and principal.has(Role.BROKER) and not principal.has(Role.ADMIN)
+    if (principal.bound and principal.has(AccessRole.BROKER) and not principal.has(AccessRole.ADMIN)
             and isinstance(req, m.BrokerRequest) and name != principal.broker_set):
         return f"{principal.describe()} may not speak for broker set {name!r}"
     return None
@@ -121,7 +121,7 @@ class ControllerService:
         for cfg in server.configs:  # brokers take NOTIFYs from a controller's certificate only
             tls = TlsConfig.from_config(cfg)
             if tls is not None and cfg.group == group:
-                check_member_cert(tls, cfg.self_id, Role.CONTROLLER)
+                check_member_cert(tls, cfg.self_id, AccessRole.CONTROLLER)
         self.leader = ControllerLeader(config)
         server.mount(group, ServiceMount({code: self.handle for code in m.CODES}, CONTROLLER_ACCESS,
                                          connection_lost=(self._connection_lost,), sealed=True))

@@ -21,9 +21,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from dledger.codes import ResponseCode
+from dledger.codes import RequestCode, ResponseCode
 from dledger.core.contexts import ReadIndexCtx
-from dledger.core.messages import READ_INDEX, ReadIndexRequest, ReadIndexResponse
+from dledger.core.messages import ReadIndexRequest, ReadIndexResponse
 
 if TYPE_CHECKING:
     from dledger.core.node import Node
@@ -59,7 +59,7 @@ class FollowerReads:
             return
         rid = next(self._ids)
         self._asked[rid] = _Waiting(-1, node.now + node.cfg.max_wait_ack_ms, serve, fail)
-        node.send(m.leader_id, READ_INDEX, ReadIndexRequest(m.group, m.self_id, m.leader_id, consistency),
+        node.send(m.leader_id, RequestCode.READ_INDEX, ReadIndexRequest(m.group, m.self_id, m.leader_id, consistency),
                   ReadIndexCtx(rid))
 
     def on_response(self, ctx: ReadIndexCtx, resp: ReadIndexResponse | None) -> None:

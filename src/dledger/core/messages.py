@@ -257,13 +257,6 @@ class FaultRequest(Msg):
     spare_handover: bool = False
 
 
-FAULT = 52001
-READ = 52002
-# 52003 is the transport's AUTH
-QUERY = 52004
-SNAPSHOT = 52005
-READ_INDEX = 52006
-
 CONSISTENCY = ("linearizable", "lease", "leader", "local")
 
 
@@ -349,14 +342,14 @@ REQUEST_TYPES: dict[int, type[Msg]] = {
     RequestCode.PUSH: PushRequest,
     RequestCode.APPEND: AppendRequest,
     RequestCode.GET: GetRequest,
-    READ: ReadRequest,
+    RequestCode.READ: ReadRequest,
     RequestCode.METADATA: MetadataRequest,
     RequestCode.LEADERSHIP_TRANSFER: LeadershipTransferRequest,
-    FAULT: FaultRequest,
-    QUERY: QueryRequest,
-    SNAPSHOT: SnapshotRequest,
+    RequestCode.FAULT: FaultRequest,
+    RequestCode.QUERY: QueryRequest,
+    RequestCode.SNAPSHOT: SnapshotRequest,
     RequestCode.INSTALL_SNAPSHOT: InstallSnapshotRequest,
-    READ_INDEX: ReadIndexRequest,
+    RequestCode.READ_INDEX: ReadIndexRequest,
 }
 
 RESPONSE_TYPES: dict[int, type[msgspec.Struct]] = {
@@ -365,14 +358,14 @@ RESPONSE_TYPES: dict[int, type[msgspec.Struct]] = {
     RequestCode.PUSH: PushResponse,
     RequestCode.APPEND: AppendResponse,
     RequestCode.GET: EntriesResponse,
-    READ: EntriesResponse,
+    RequestCode.READ: EntriesResponse,
     RequestCode.METADATA: MetadataResponse,
     RequestCode.LEADERSHIP_TRANSFER: SimpleResponse,
-    FAULT: SimpleResponse,
-    QUERY: QueryResponse,
-    SNAPSHOT: SnapshotResponse,
+    RequestCode.FAULT: SimpleResponse,
+    RequestCode.QUERY: QueryResponse,
+    RequestCode.SNAPSHOT: SnapshotResponse,
     RequestCode.INSTALL_SNAPSHOT: InstallSnapshotResponse,
-    READ_INDEX: ReadIndexResponse,
+    RequestCode.READ_INDEX: ReadIndexResponse,
 }
 
 _encoder = msgspec.msgpack.Encoder()
@@ -388,7 +381,7 @@ DECODE_ERRORS = (msgspec.DecodeError, UnicodeDecodeError)  # invalid UTF-8 is no
 
 
 _MEMBER_CODES = frozenset((RequestCode.VOTE, RequestCode.HEART_BEAT, RequestCode.PUSH, RequestCode.INSTALL_SNAPSHOT,
-                           READ_INDEX))
+                           RequestCode.READ_INDEX))
 
 
 def is_member_message(code: int, msg: Msg) -> bool:

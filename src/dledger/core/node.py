@@ -57,10 +57,6 @@ from dledger.core.install_snapshot import SnapshotReceiver, holds
 from dledger.core.integrity import Integrity
 from dledger.core.member_state import MemberState
 from dledger.core.messages import (
-    QUERY,
-    READ,
-    READ_INDEX,
-    SNAPSHOT,
     AppendRequest,
     AppendResponse,
     EntriesResponse,
@@ -93,7 +89,7 @@ from dledger.core.status import FollowerStatus, NodeStatus, RoleView
 from dledger.entry import MAGIC_NOOP, MAGIC_NORMAL, MAGIC_SESSION
 from dledger.statemachine.applier import Applier, ApplyBatch, Proposal
 from dledger.statemachine.snapshot import PRODUCERS_FILE, SnapshotMeta
-from dledger.store.base import AppendResult, CorruptEntryError, LedgerStore, StoreError
+from dledger.store.base import AppendedBatch, CorruptEntryError, LedgerStore, StoreError
 
 log = logging.getLogger(__name__)
 
@@ -357,9 +353,10 @@ class Node:
             self.handler.tick()
             if self.applier is not None:
                 for q in self.applier.expired_queries(now_ms):
-                    self.reply(q.token, QUERY, QueryResponse(int(ResponseCode.TIMEOUT), self.member.leader_id or "",
-                                                             message="the state machine did not reach the read index "
-                                                                     f"{q.read_index} in time"))
+                    self.reply(q.token, RequestCode.QUERY,
+                               QueryResponse(int(ResponseCode.TIMEOUT), self.member.leader_id or "",
+                                             message="the state machine did not reach the read index "
+                                                     f"{q.read_index} in time"))
             for index, reason in self.integrity.scrub(self.now):
                 self.mark_corrupt(index, reason)
             self._save_producers()
@@ -864,7 +861,7 @@ class Node:
     def _answer_snapshot(self, code: ResponseCode, message: str, index: int = -1) -> None:
         waiters, self._snapshot_waiters = self._snapshot_waiters, []
         for token in waiters:
-            self.reply(token, SNAPSHOT, SnapshotResponse(int(code), index, message))
+            self.reply(token, RequestCode.SNAPSHOT, SnapshotResponse(int(code), index, message))
 
     def on_applied(self, results: list[bytes], now_ms: int) -> None:
         """The worker applied the batch in flight: answer its proposers and due queries."""
@@ -895,7 +892,7 @@ class Node:
         for p in a.drop_proposals():
             self.reply(p.token, RequestCode.APPEND, AppendResponse(int(ResponseCode.INTERNAL_ERROR), message=msg))
         for q in a.drop_queries():
-            self.reply(q.token, QUERY, QueryResponse(int(ResponseCode.INTERNAL_ERROR), message=msg))
+            self.reply(q.token, RequestCode.QUERY, QueryResponse(int(ResponseCode.INTERNAL_ERROR), message=msg))
 
     def _run_due_queries(self) -> None:
         a = self.applier
@@ -920,14 +917,14 @@ class Node:
         if msg.consistency == "local":
             run_at(self.store.committed_index)  # our own commit index: may trail the leader's
         else:
-            self.read_path.when_confirmed(QUERY, msg.consistency, token, run_at, msg.follower_read)
+            self.read_path.when_confirmed(RequestCode.QUERY, msg.consistency, token, run_at, msg.follower_read)
 
     def _handle_snapshot(self, token: Any) -> None:
         a = self.applier
         if a is not None and a.stopped is not None:
             raise DLedgerError(ResponseCode.INTERNAL_ERROR, f"state machine stopped: {a.stopped}")
         if (a.applied_index if a is not None else self.store.committed_index) < 0:
-            self.reply(token, SNAPSHOT, SnapshotResponse(200, -1, "nothing committed yet"))
+            self.reply(token, RequestCode.SNAPSHOT, SnapshotResponse(200, -1, "nothing committed yet"))
             return
         self._snapshot_waiters.append(token)
 
@@ -1029,8 +1026,9 @@ class Node:
             # reads change nothing: the client asks the next leader
             self.reads.reset(ResponseCode.NOT_LEADER, f"leader stepped down before the read was confirmed: {reason}")
             for r in self.read_path.long_polls.take_leader_reads():
-                self.reply(r.token, READ,
-                           _error_for(READ, ResponseCode.NOT_LEADER, self, f"leader stepped down: {reason}"))
+                self.reply(r.token, RequestCode.READ,
+                           _error_for(RequestCode.READ, ResponseCode.NOT_LEADER, self,
+                                      f"leader stepped down: {reason}"))
         self.handler.on_leader_change()
 
     # --- request dispatch -----------------------------------------------------
@@ -1055,11 +1053,11 @@ class Node:
             assert isinstance(msg, GetRequest)
             self.read_path.handle_read(code, msg.index, 1, 1 << 30, False, msg.local, msg.consistency, token,
                               addressed=msg.follower_read)
-        elif code == READ:
+        elif code == RequestCode.READ:
             assert isinstance(msg, ReadRequest)
             self.read_path.handle_read(code, msg.from_index, msg.max_entries, msg.max_bytes, msg.only_normal, msg.local,
                               msg.consistency, token, msg.wait_ms, msg.follower_read, msg.bodies)
-        elif code == READ_INDEX:
+        elif code == RequestCode.READ_INDEX:
             assert isinstance(msg, ReadIndexRequest)
             self.read_path.when_confirmed(code, msg.consistency, token,
                                  lambda ri: self.reply(token, code, ReadIndexResponse(200, self.member.self_id, ri)))
@@ -1073,10 +1071,10 @@ class Node:
         elif code == RequestCode.LEADERSHIP_TRANSFER:
             assert isinstance(msg, LeadershipTransferRequest)
             self.elector.handle_transfer(msg, token)
-        elif code == QUERY:
+        elif code == RequestCode.QUERY:
             assert isinstance(msg, QueryRequest)
             self._handle_query(msg, token)
-        elif code == SNAPSHOT:
+        elif code == RequestCode.SNAPSHOT:
             self._handle_snapshot(token)
         elif code == RequestCode.INSTALL_SNAPSHOT:
             assert isinstance(msg, InstallSnapshotRequest)
@@ -1156,7 +1154,7 @@ class Node:
             off = 0
             for a in batch:
                 n = len(a.bodies)
-                self.quorum.add(a.token, AppendResult(res.first_index + off, res.term, res.positions[off : off + n]),
+                self.quorum.add(a.token, AppendedBatch(res.first_index + off, res.term, res.positions[off : off + n]),
                                 deadline)
                 off += n
         self._written(res)
@@ -1167,7 +1165,7 @@ class Node:
         if self._hard_fault(e):
             self.store_failed(e)
 
-    def _written(self, res: AppendResult) -> None:
+    def _written(self, res: AppendedBatch) -> None:
         """Entries through res are stored: the leader counts itself once they are durable enough."""
         if self.cfg.flush == "async" or self.store.durable_index >= res.last_index:
             self.quorum.ack_self(res.last_index)
@@ -1224,7 +1222,7 @@ class Node:
         deadline = self.now + self.cfg.max_wait_ack_ms
         for a, d, at, n in taken:
             k = at - res.first_index if res is not None else 0
-            result = AppendResult(at, term, res.positions[k : k + n] if res is not None else array("q"))
+            result = AppendedBatch(at, term, res.positions[k : k + n] if res is not None else array("q"))
             if not d.duplicates:
                 self.quorum.add(a.token, result, deadline)
                 continue
@@ -1267,7 +1265,7 @@ class Node:
                                    f"body: this producer id is being reused; start a new session (a new epoch) or "
                                    f"use another id")
 
-    def _write_marked(self, marker: bytes, bodies: list[bytes], batch: list[_Append]) -> AppendResult | None:
+    def _write_marked(self, marker: bytes, bodies: list[bytes], batch: list[_Append]) -> AppendedBatch | None:
         """Store the session marker, then the bodies: both or neither (a marker must never be
         followed by entries it does not describe). None: failed, the appends answered."""
         store, term = self.store, self.member.term
@@ -1286,7 +1284,7 @@ class Node:
             self._fail_write(batch, e)
             return None
 
-    def _complete_append(self, token: Any, code: ResponseCode, res: AppendResult | None, message: str) -> None:
+    def _complete_append(self, token: Any, code: ResponseCode, res: AppendedBatch | None, message: str) -> None:
         m = self.member
         dup = self._duplicates.pop(token, None)
         if token in self._proposers:
@@ -1389,15 +1387,15 @@ def _error_for(code: int, err: ResponseCode, node: Node, message: str = "") -> m
     leader = m.leader_id or ""
     if code == RequestCode.APPEND:
         return AppendResponse(int(err), leader, m.term, message=message)
-    if code in (RequestCode.GET, READ):
+    if code in (RequestCode.GET, RequestCode.READ):
         return EntriesResponse(int(err), leader, message=message, committed_index=node.store.committed_index)
     if code == RequestCode.METADATA:
         return MetadataResponse(int(err), message=message)
-    if code == QUERY:
+    if code == RequestCode.QUERY:
         return QueryResponse(int(err), leader, message=message)
-    if code == SNAPSHOT:
+    if code == RequestCode.SNAPSHOT:
         return SnapshotResponse(int(err), message=message)
-    if code == READ_INDEX:
+    if code == RequestCode.READ_INDEX:
         return ReadIndexResponse(int(err), leader, message=message)
     if code == RequestCode.INSTALL_SNAPSHOT:
         return InstallSnapshotResponse(int(err), m.term, end_index=node.store.end_index, reason=message[:512])

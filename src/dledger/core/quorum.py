@@ -18,9 +18,9 @@ from typing import Any
 from dledger.codes import ResponseCode
 from dledger.core.member_state import MemberState
 from dledger.core.progress import Progress
-from dledger.store.base import AppendResult, LedgerStore
+from dledger.store.base import AppendedBatch, LedgerStore
 
-Complete = Callable[[Any, ResponseCode, AppendResult | None, str], None]
+Complete = Callable[[Any, ResponseCode, AppendedBatch | None, str], None]
 
 
 class QuorumAckChecker:
@@ -34,7 +34,7 @@ class QuorumAckChecker:
         self.leader_index = -1  # what the leader itself counts (end, or durable in sync mode)
         self.term_start = 1 << 62  # index of the leader's NOOP: entries from here on are of its term
         # a waiting append is in _items; _by_index orders release, _by_deadline expiry
-        self._items: dict[int, tuple[Any, AppendResult]] = {}
+        self._items: dict[int, tuple[Any, AppendedBatch]] = {}
         self._by_index: list[tuple[int, int]] = []
         self._by_deadline: deque[tuple[int, int]] = deque()  # deadlines grow: a FIFO suffices
         self._seq = itertools.count()
@@ -49,7 +49,7 @@ class QuorumAckChecker:
         self.leader_index = -1
         self.term_start = term_start
 
-    def add(self, token: Any, result: AppendResult, deadline_ms: int, wait_index: int | None = None) -> None:
+    def add(self, token: Any, result: AppendedBatch, deadline_ms: int, wait_index: int | None = None) -> None:
         """Answer `token` once `wait_index` (default: the result's last index) is committed."""
         seq = next(self._seq)
         self._items[seq] = (token, result)

@@ -21,7 +21,7 @@ from dledger.config import DLedgerConfig
 from dledger.core.follower_read import FollowerReads
 from dledger.core.long_poll import MAX_WAIT_MS, LongPolls
 from dledger.core.member_state import MemberState
-from dledger.core.messages import CONSISTENCY, READ, EntriesResponse, EntryMsg
+from dledger.core.messages import CONSISTENCY, EntriesResponse, EntryMsg
 from dledger.core.read_index import ReadIndex, describe
 from dledger.entry import MAGIC_NORMAL, MAGIC_SESSION
 from dledger.store.base import CorruptEntryError, LedgerStore
@@ -91,7 +91,7 @@ class ReadPath:
             self.answer_empty(token, start)  # too many waiting: the client asks again
 
     def answer_empty(self, token: Any, start: int) -> None:
-        self._reply(token, READ, EntriesResponse(200, self.member.leader_id or "", [], start,
+        self._reply(token, RequestCode.READ, EntriesResponse(200, self.member.leader_id or "", [], start,
                                                 self.store.committed_index))
 
     def wake(self) -> None:
@@ -107,7 +107,7 @@ class ReadPath:
             try:
                 spent += r.answer()
             except DLedgerError as e:
-                self._reply(r.token, READ, self._error(READ, e.code, e.message))
+                self._reply(r.token, RequestCode.READ, self._error(RequestCode.READ, e.code, e.message))
         for r in polls.expired(self._now()):
             self.answer_empty(r.token, r.start)
 

@@ -12,32 +12,32 @@ from __future__ import annotations
 from typing import Any
 
 from dledger.codes import RequestCode
-from dledger.core.messages import FAULT, QUERY, READ, READ_INDEX, SNAPSHOT, LeadershipTransferRequest
-from dledger.security.roles import ALL_ROLES, Access, Principal, Role, needs, refusal_text
+from dledger.core.messages import LeadershipTransferRequest
+from dledger.security.roles import ALL_ROLES, Access, AccessRole, Principal, needs, refusal_text
 
 # Raft messages between members, client requests, operator requests.
 RAFT_ACCESS: dict[int, Access] = {
-    RequestCode.VOTE: needs("VOTE", Role.MEMBER),
-    RequestCode.HEART_BEAT: needs("HEART_BEAT", Role.MEMBER),
-    RequestCode.PUSH: needs("PUSH", Role.MEMBER),
-    RequestCode.INSTALL_SNAPSHOT: needs("INSTALL_SNAPSHOT", Role.MEMBER),
-    READ_INDEX: needs("READ_INDEX", Role.MEMBER),
-    RequestCode.LEADERSHIP_TRANSFER: needs("LEADERSHIP_TRANSFER", Role.MEMBER, Role.ADMIN),
-    RequestCode.APPEND: needs("APPEND", Role.CLIENT),
-    RequestCode.GET: needs("GET", Role.CLIENT),
-    READ: needs("READ", Role.CLIENT),
-    QUERY: needs("QUERY", Role.CLIENT),
+    RequestCode.VOTE: needs("VOTE", AccessRole.MEMBER),
+    RequestCode.HEART_BEAT: needs("HEART_BEAT", AccessRole.MEMBER),
+    RequestCode.PUSH: needs("PUSH", AccessRole.MEMBER),
+    RequestCode.INSTALL_SNAPSHOT: needs("INSTALL_SNAPSHOT", AccessRole.MEMBER),
+    RequestCode.READ_INDEX: needs("READ_INDEX", AccessRole.MEMBER),
+    RequestCode.LEADERSHIP_TRANSFER: needs("LEADERSHIP_TRANSFER", AccessRole.MEMBER, AccessRole.ADMIN),
+    RequestCode.APPEND: needs("APPEND", AccessRole.CLIENT),
+    RequestCode.GET: needs("GET", AccessRole.CLIENT),
+    RequestCode.READ: needs("READ", AccessRole.CLIENT),
+    RequestCode.QUERY: needs("QUERY", AccessRole.CLIENT),
     # who leads, every member's view: members, controllers and brokers ask it too
     RequestCode.METADATA: Access("METADATA", ALL_ROLES),
-    SNAPSHOT: needs("SNAPSHOT", Role.ADMIN),
-    FAULT: needs("FAULT", Role.ADMIN),
+    RequestCode.SNAPSHOT: needs("SNAPSHOT", AccessRole.ADMIN),
+    RequestCode.FAULT: needs("FAULT", AccessRole.ADMIN),
 }
 
 
 def content_refusal(code: int, req: Any, principal: Principal) -> str | None:
     """A refusal that depends on the decoded request (the code alone allowed it), or None."""
     if code == RequestCode.LEADERSHIP_TRANSFER and isinstance(req, LeadershipTransferRequest):
-        role = Role.MEMBER if req.transfer_id else Role.ADMIN
+        role = AccessRole.MEMBER if req.transfer_id else AccessRole.ADMIN
         what = "a leader's hand-over (LEADERSHIP_TRANSFER naming the leader)" if req.transfer_id \
             else "LEADERSHIP_TRANSFER (asking the leader to hand over)"
         if not principal.has(role):

@@ -45,11 +45,7 @@ from dledger.config import Peer, parse_peers
 from dledger.core.messages import (
     CONSISTENCY,
     DECODE_ERRORS,
-    FAULT,
     MAX_APPEND_BODIES,
-    QUERY,
-    READ,
-    SNAPSHOT,
     AppendRequest,
     AppendResponse,
     EntriesResponse,
@@ -83,7 +79,7 @@ _RETRYABLE = {
 }
 _UNANSWERED = {ResponseCode.TIMEOUT, ResponseCode.NETWORK_ERROR}  # raised by the transport: no answer
 # safe to ask again after an unknown outcome
-_IDEMPOTENT = {RequestCode.METADATA, RequestCode.GET, READ, QUERY, SNAPSHOT}
+_IDEMPOTENT = {RequestCode.METADATA, RequestCode.GET, RequestCode.READ, RequestCode.QUERY, RequestCode.SNAPSHOT}
 # a subscriber gives up on these (anything else is retried: leader changes, timeouts, ...)
 _FOLLOW_FATAL = {ResponseCode.UNEXPECTED_ARGUMENT, ResponseCode.UNKNOWN_GROUP, ResponseCode.UNAUTHENTICATED,
                  ResponseCode.INDEX_LESS_THAN_LOCAL_BEGIN, ResponseCode.UNSUPPORTED}
@@ -425,7 +421,8 @@ class AsyncDLedgerClient:
         "lease": a follower read — that member asks the leader for a read index and answers
         from its own state once it applied that far."""
         consistency, _, follower = _resolve(consistency, member)
-        resp = await self._ask(member, QUERY, QueryRequest(self.group, "", "", bytes(request), consistency, follower))
+        req = QueryRequest(self.group, "", "", bytes(request), consistency, follower)
+        resp = await self._ask(member, RequestCode.QUERY, req)
         assert isinstance(resp, QueryResponse)
         return resp.result
 
@@ -433,7 +430,7 @@ class AsyncDLedgerClient:
         """Make `member` snapshot its state now; the last index the snapshot covers."""
         if member not in self.peers:
             raise DLedgerError(ResponseCode.UNKNOWN_MEMBER, f"{member} is not in peers")
-        resp = await self._call_member(member, SNAPSHOT, SnapshotRequest(self.group, "", member),
+        resp = await self._call_member(member, RequestCode.SNAPSHOT, SnapshotRequest(self.group, "", member),
                                        request_timeout=max(self.request_timeout, 60.0))
         assert isinstance(resp, SnapshotResponse)
         return resp.snapshot_index
@@ -466,7 +463,7 @@ class AsyncDLedgerClient:
             req = ReadRequest(self.group, "", "", index, min(max_entries - len(out), 1 << 20), 4 << 20, only_normal,
                               local, consistency, follower_read=follower, bodies=bodies)
             try:
-                resp = await self._ask(member, READ, req)
+                resp = await self._ask(member, RequestCode.READ, req)
             except DLedgerError as e:
                 if e.code == ResponseCode.INDEX_OUT_OF_RANGE and (out or index > from_index):
                     break
@@ -494,7 +491,7 @@ class AsyncDLedgerClient:
             req = ReadRequest(self.group, "", "", index, max_entries, 4 << 20, only_normal, consistency == "local",
                               consistency, wait_ms)
             try:
-                resp = await self._call(READ, req, timeout=wait + self.timeout,
+                resp = await self._call(RequestCode.READ, req, timeout=wait + self.timeout,
                                         request_timeout=wait + self.request_timeout)
             except DLedgerError as err:
                 if err.code in _FOLLOW_FATAL:
@@ -560,7 +557,7 @@ class AsyncDLedgerClient:
         `member` drops, and it still sends the hand-over of a leadership transfer (a transfer
         cut off mid-way)."""
         req = FaultRequest(self.group, "", member, list(blocked), spare_handover)
-        await self._call_member(member, FAULT, req)
+        await self._call_member(member, RequestCode.FAULT, req)
 
     # --- plumbing --------------------------------------------------------------------------
 

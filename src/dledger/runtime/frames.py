@@ -32,7 +32,6 @@ from typing import Final, NamedTuple, TypeAlias
 import msgspec
 
 __all__ = [
-    "AUTH_CODE",
     "DEFAULT_MAX_FRAME_BYTES",
     "FIXED",
     "FIXED_SIZE",
@@ -56,8 +55,6 @@ Buffer: TypeAlias = bytes | bytearray | memoryview
 
 KIND_REQUEST: Final = 0
 KIND_RESPONSE: Final = 1
-# A connection's first request when the server wants a shared token: meta is the token.
-AUTH_CODE: Final = 52003
 DEFAULT_MAX_FRAME_BYTES: Final = 64 * 1024 * 1024
 
 _LENGTH = struct.Struct(">I")

@@ -28,11 +28,6 @@ from dledger.codes import DLedgerError, RequestCode, ResponseCode
 from dledger.config import DLedgerConfig, Peer
 from dledger.core.messages import (
     DECODE_ERRORS,
-    FAULT,
-    QUERY,
-    READ,
-    READ_INDEX,
-    SNAPSHOT,
     AppendRequest,
     AppendResponse,
     FaultRequest,
@@ -65,7 +60,6 @@ from dledger.runtime.access import RAFT_ACCESS, content_refusal
 from dledger.runtime.metrics import KIND_CLIENT, KIND_MEMBER, OTHER_GROUP, UNKNOWN_REQUEST, Metrics
 from dledger.runtime.statemachines import StateMachineHost, load_state_machine
 from dledger.runtime.transport import (
-    AUTH_CODE,
     LISTENER_BOTH,
     LISTENER_CLIENT,
     LISTENER_MEMBER,
@@ -97,7 +91,7 @@ FAULT_DISABLED = "fault injection is disabled on this member; start it with --en
 # holds what the service's own requests guard (certificate names, addresses), and a QUERY
 # would run a hand-made command past the service's role checks. Member traffic (PUSH, VOTE,
 # READ_INDEX, ...), METADATA, LEADERSHIP_TRANSFER, SNAPSHOT and FAULT are served as for any group.
-SEALED_CODES = frozenset((RequestCode.APPEND, RequestCode.GET, READ, QUERY))
+SEALED_CODES = frozenset((RequestCode.APPEND, RequestCode.GET, RequestCode.READ, RequestCode.QUERY))
 
 
 class GroupRefused(Exception):
@@ -312,7 +306,7 @@ class GroupRuntime:
     async def query(self, request: bytes) -> bytes:
         """`StateMachine.query(request)`, linearizable (after a read index confirmed this
         member leads, as a client's QUERY). Raises GroupRefused."""
-        resp = await self._local_request(QUERY, QueryRequest(self.cfg.group, request=request))
+        resp = await self._local_request(RequestCode.QUERY, QueryRequest(self.cfg.group, request=request))
         if isinstance(resp, QueryResponse) and resp.code == ResponseCode.SUCCESS:
             return resp.result
         raise _refused(resp)
@@ -714,7 +708,7 @@ class DLedgerServer:
                                          f"(the controller's, say): it is written and read by its members only; "
                                          f"{_REQUEST_NAMES[code]} is not served (use the service's requests; "
                                          "METADATA still says who leads)"), code, member, g)
-        elif code == FAULT:
+        elif code == RequestCode.FAULT:
             # any client can send FAULT: obeying it lets anyone partition the group, so
             # only a member started for tests or chaos runs does
             assert isinstance(req, FaultRequest)
@@ -841,12 +835,9 @@ def _group_of(meta: bytes) -> str:
         return ""
 
 
-# The request label of dledger_requests_total: DLedger's codes and dledger's own (above
-# 52000, the transport's AUTH among them); any other code is UNKNOWN_REQUEST.
-_REQUEST_NAMES: dict[int, str] = {
-    **{int(c): c.name for c in RequestCode},
-    READ: "READ", QUERY: "QUERY", SNAPSHOT: "SNAPSHOT", READ_INDEX: "READ_INDEX", FAULT: "FAULT", AUTH_CODE: "AUTH",
-}
+# The request label of dledger_requests_total: the code's name in RequestCode (DLedger's,
+# dledger's own, the controller's); any other code is UNKNOWN_REQUEST.
+_REQUEST_NAMES: dict[int, str] = {int(c): c.name for c in RequestCode}
 
 
 class _RequestCounts:

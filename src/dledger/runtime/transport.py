@@ -18,7 +18,6 @@ from __future__ import annotations
 from dledger.runtime.connection import install_uvloop
 from dledger.runtime.faults import FaultInjector
 from dledger.runtime.frames import (
-    AUTH_CODE,
     DEFAULT_MAX_FRAME_BYTES,
     HEADER_SIZE,
     KIND_REQUEST,
@@ -45,7 +44,6 @@ from dledger.runtime.transport_server import (
 )
 
 __all__ = [
-    "AUTH_CODE",
     "DEFAULT_MAX_FRAME_BYTES",
     "HEADER_SIZE",
     "KIND_REQUEST",

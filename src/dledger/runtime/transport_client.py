@@ -19,11 +19,10 @@ from collections.abc import Callable
 from typing import Final
 
 from dledger.address import AddressError, parse_address
-from dledger.codes import DLedgerError, ResponseCode
+from dledger.codes import DLedgerError, RequestCode, ResponseCode
 from dledger.runtime.connection import FrameProtocol
 from dledger.runtime.faults import BLOCKED, FaultInjector
 from dledger.runtime.frames import (
-    AUTH_CODE,
     DEFAULT_MAX_FRAME_BYTES,
     FIXED_SIZE,
     KIND_REQUEST,
@@ -316,7 +315,7 @@ class TransportClient:
         fut: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
         request_id = next(self._ids)
         conn.pending[request_id] = fut
-        conn.queue_frame(KIND_REQUEST, request_id, AUTH_CODE, self._auth_token or b"", b"")
+        conn.queue_frame(KIND_REQUEST, request_id, RequestCode.AUTH, self._auth_token or b"", b"")
         resp = await fut
         if resp.code != ResponseCode.SUCCESS:
             conn.abort("auth token refused")

@@ -26,11 +26,10 @@ from dataclasses import dataclass
 from typing import Any, Final, TypeAlias, cast
 
 from dledger.address import socket_address
-from dledger.codes import DLedgerError, ResponseCode
+from dledger.codes import DLedgerError, RequestCode, ResponseCode
 from dledger.ratelog import RateLimitedLog
 from dledger.runtime.connection import WRITE_HIGH_WATER, WRITE_LOW_WATER, FrameProtocol
 from dledger.runtime.frames import (
-    AUTH_CODE,
     DEFAULT_MAX_FRAME_BYTES,
     FIXED,
     FIXED_SIZE,
@@ -407,7 +406,7 @@ class _ServerConnection(FrameProtocol, Caller):
             raise FrameError(f"frame of kind {kind} sent to a server")
         if self.closing:
             return  # a close was decided (a wrong token, say): what follows it is not read
-        if code == AUTH_CODE or self.gate is not None:
+        if code == RequestCode.AUTH or self.gate is not None:
             self._authenticate(request_id, code, meta)
             return
         if code not in self._allowed:  # the policy's word on a code, once per connection and principal
@@ -438,7 +437,7 @@ class _ServerConnection(FrameProtocol, Caller):
         every request is answered UNAUTHENTICATED and reaches nobody. A wrong token, or any
         request from a host a loopback-only server does not serve, closes the connection."""
         server = self._server
-        if code == AUTH_CODE and server.tokens:
+        if code == RequestCode.AUTH and server.tokens:
             principal = server.token_principal(meta)
             if principal is not None:
                 self._open_gate(principal)
@@ -448,12 +447,12 @@ class _ServerConnection(FrameProtocol, Caller):
             self._refuse(request_id, code, ResponseCode.UNAUTHENTICATED, "wrong auth token")
             self.close_gracefully("wrong auth token")
             return
-        if code == AUTH_CODE and self.gate is None:  # no token wanted: a client that has one passes
+        if code == RequestCode.AUTH and self.gate is None:  # no token wanted: a client that has one passes
             self.queue_frame(KIND_RESPONSE, request_id, ResponseCode.SUCCESS, b"", b"")
             return
         text = self.gate or "refused"
         self._refuse(request_id, code, ResponseCode.UNAUTHENTICATED, text)
-        if code == AUTH_CODE or self.gate in (LOOPBACK_ONLY, OTHER_USER):
+        if code == RequestCode.AUTH or self.gate in (LOOPBACK_ONLY, OTHER_USER):
             self.close_gracefully(text)
 
     def _malformed(self, e: FrameError) -> None:
@@ -590,7 +589,7 @@ class TransportServer:
     path of a member, which saves a task, a future and several coroutine frames per request.
     With `ssl` (a server context that requires client certificates) every connection is
     mutual TLS, its handshake run once the connection is counted; with `tokens` each
-    connection must present one first (AUTH_CODE), which gives it its roles.
+    connection must present one first (RequestCode.AUTH), which gives it its roles.
     """
 
     def __init__(self, handler: Handler | None = None, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,

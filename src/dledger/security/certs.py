@@ -35,7 +35,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from dledger.config import ConfigError
 from dledger.fsutil import write_atomic
-from dledger.security.roles import BROKER_PREFIX, Role
+from dledger.security.roles import BROKER_PREFIX, AccessRole
 
 CA_CERT = "ca.pem"
 CA_KEY = "ca-key.pem"
@@ -154,17 +154,17 @@ def make_certs(
     # the CA key first, its certificate last: a crash midway leaves no ca.pem to refuse over
     ca_key_path = _write(out_dir / CA_KEY, _key_pem(ca_key), 0o600)
     for member in members:
-        issue(member, [Role.MEMBER], host_sans([x509.DNSName(member)]), both)
+        issue(member, [AccessRole.MEMBER], host_sans([x509.DNSName(member)]), both)
     for controller in controllers:
-        issue(controller, [Role.MEMBER, Role.CONTROLLER], host_sans([x509.DNSName(controller)]), both)
+        issue(controller, [AccessRole.MEMBER, AccessRole.CONTROLLER], host_sans([x509.DNSName(controller)]), both)
     for replica in brokers:
         broker_set = replica.split("/", 1)[0]
         issue(replica, [BROKER_PREFIX + broker_set], host_sans([]) or [x509.DNSName(broker_set)], both,
               stem=broker_file_stem(replica))
     for client in clients:
-        issue(client, [Role.CLIENT], [x509.DNSName(client)], [ExtendedKeyUsageOID.CLIENT_AUTH])
+        issue(client, [AccessRole.CLIENT], [x509.DNSName(client)], [ExtendedKeyUsageOID.CLIENT_AUTH])
     for admin in admins:
-        issue(admin, [Role.ADMIN], [x509.DNSName(admin)], [ExtendedKeyUsageOID.CLIENT_AUTH])
+        issue(admin, [AccessRole.ADMIN], [x509.DNSName(admin)], [ExtendedKeyUsageOID.CLIENT_AUTH])
     ca_path = _write(out_dir / CA_CERT, ca_cert.public_bytes(serialization.Encoding.PEM), 0o644)
     return {"ca": ca_path, "ca-key": ca_key_path, **written}
 

@@ -33,7 +33,7 @@ from enum import StrEnum
 from typing import Any, TypeAlias
 
 
-class Role(StrEnum):
+class AccessRole(StrEnum):
     MEMBER = "member"  # a member of a Raft group: votes, heartbeats, pushes (its id is its certificate's name)
     CONTROLLER = "controller"  # a member of a controller group: tells brokers who their master is
     BROKER = "broker"  # a replica of a broker set (the certificate says which set: OU broker:<set>)
@@ -41,8 +41,8 @@ class Role(StrEnum):
     ADMIN = "admin"  # steers: controller config, clean broker data, elect master, transfer, snapshot, faults
 
 
-ALL_ROLES = frozenset(Role)
-INTERNAL_ROLES = frozenset((Role.MEMBER, Role.CONTROLLER, Role.BROKER))
+ALL_ROLES = frozenset(AccessRole)
+INTERNAL_ROLES = frozenset((AccessRole.MEMBER, AccessRole.CONTROLLER, AccessRole.BROKER))
 BROKER_PREFIX = "broker:"  # an OU naming a broker set: "broker:b0"
 
 
@@ -55,17 +55,17 @@ class Principal:
     a token)."""
 
     name: str
-    roles: frozenset[Role]
+    roles: frozenset[AccessRole]
     names: frozenset[str] = field(default_factory=frozenset)
     broker_set: str = ""
     authenticated: bool = True
     via: str = "tls"  # "tls", "token" or "none": how the principal was established
 
-    def has(self, role: Role) -> bool:
+    def has(self, role: AccessRole) -> bool:
         """Holds `role` (admin includes client)."""
-        return role in self.roles or (role == Role.CLIENT and Role.ADMIN in self.roles)
+        return role in self.roles or (role == AccessRole.CLIENT and AccessRole.ADMIN in self.roles)
 
-    def has_any(self, roles: Iterable[Role]) -> bool:
+    def has_any(self, roles: Iterable[AccessRole]) -> bool:
         return any(self.has(r) for r in roles)
 
     @property
@@ -111,17 +111,17 @@ def cert_principal(peercert: Mapping[str, Any] | None) -> Principal:
     return Principal(cn, roles, frozenset(names), broker_set, via="tls")
 
 
-def roles_of_units(units: Iterable[str]) -> tuple[frozenset[Role], str]:
+def roles_of_units(units: Iterable[str]) -> tuple[frozenset[AccessRole], str]:
     """The roles and broker set named by a certificate's OU values; no role OU: client."""
-    roles: set[Role] = set()
+    roles: set[AccessRole] = set()
     broker_set = ""
     for unit in units:
         if unit.startswith(BROKER_PREFIX) and len(unit) > len(BROKER_PREFIX):
-            roles.add(Role.BROKER)
+            roles.add(AccessRole.BROKER)
             broker_set = unit[len(BROKER_PREFIX):]
-        elif unit in Role.__members__.values():
-            roles.add(Role(unit))
-    return frozenset(roles or {Role.CLIENT}), broker_set
+        elif unit in AccessRole.__members__.values():
+            roles.add(AccessRole(unit))
+    return frozenset(roles or {AccessRole.CLIENT}), broker_set
 
 
 @dataclass(frozen=True)
@@ -147,9 +147,9 @@ class Tokens:
             alone = not (self.client or self.admin)
             out.append((self.cluster, Principal("cluster token", ALL_ROLES if alone else INTERNAL_ROLES, via="token")))
         if self.client:
-            out.append((self.client, Principal("client token", frozenset({Role.CLIENT}), via="token")))
+            out.append((self.client, Principal("client token", frozenset({AccessRole.CLIENT}), via="token")))
         if self.admin:
-            out.append((self.admin, Principal("admin token", frozenset({Role.ADMIN}), via="token")))
+            out.append((self.admin, Principal("admin token", frozenset({AccessRole.ADMIN}), via="token")))
         return out
 
 
@@ -169,10 +169,10 @@ class Access:
     """What a request code needs: any one of `roles`. `request` names it in refusals."""
 
     request: str
-    roles: frozenset[Role]
+    roles: frozenset[AccessRole]
 
 
-def needs(request: str, *roles: Role) -> Access:
+def needs(request: str, *roles: AccessRole) -> Access:
     return Access(request, frozenset(roles))
 
 
@@ -188,14 +188,14 @@ def expect_members(ids: Mapping[str, str]) -> ServerCheck:
 
     def check(address: str, p: Principal) -> str | None:
         expected = ids.get(address)
-        if expected is None or (p.has(Role.MEMBER) and expected in p.names):
+        if expected is None or (p.has(AccessRole.MEMBER) and expected in p.names):
             return None
         return f"{address}: {p.describe()} is not member {expected}"
 
     return check
 
 
-def expect_role(role: Role, broker_set: str = "") -> ServerCheck:
+def expect_role(role: AccessRole, broker_set: str = "") -> ServerCheck:
     """Any server holding `role` (a broker: of `broker_set`, when given)."""
 
     def check(address: str, p: Principal) -> str | None:
@@ -207,7 +207,7 @@ def expect_role(role: Role, broker_set: str = "") -> ServerCheck:
     return check
 
 
-def refusal_text(request: str, needed: Iterable[Role], principal: Principal) -> str:
+def refusal_text(request: str, needed: Iterable[AccessRole], principal: Principal) -> str:
     """430's message: which role the request needed and what the connection holds."""
     roles = sorted(needed)
     wanted = roles[0] if len(roles) == 1 else " or ".join(roles)
@@ -220,8 +220,8 @@ __all__ = [
     "BROKER_PREFIX",
     "INTERNAL_ROLES",
     "Access",
+    "AccessRole",
     "Principal",
-    "Role",
     "ServerCheck",
     "Tokens",
     "cert_principal",

@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any, NoReturn, Protocol
 
 from dledger.config import ConfigError, DLedgerConfig
-from dledger.security.roles import Role, roles_of_units
+from dledger.security.roles import AccessRole, roles_of_units
 
 DEFAULT_CLIENT_NAME = "client"
 
@@ -151,7 +151,7 @@ def _cert_file(path: str) -> tuple[frozenset[str], list[str]]:
     return frozenset(names), units
 
 
-def check_member_cert(tls: TlsConfig, self_id: str, role: Role = Role.MEMBER) -> None:
+def check_member_cert(tls: TlsConfig, self_id: str, role: AccessRole = AccessRole.MEMBER) -> None:
     """Refuse to start a member whose certificate does not name its own id, or does not carry
     the role it needs (ConfigError): its peers would refuse every message it sends."""
     names, units = _cert_file(tls.cert)
@@ -168,7 +168,7 @@ def check_broker_cert(tls: TlsConfig, broker_set: str) -> None:
     """Refuse to start a broker whose certificate is not a replica of its set (OU broker:<set>)."""
     _, units = _cert_file(tls.cert)
     roles, cert_set = roles_of_units(units)
-    if Role.BROKER not in roles or cert_set != broker_set:
+    if AccessRole.BROKER not in roles or cert_set != broker_set:
         shown = f"broker set {cert_set}" if cert_set else f"the roles {', '.join(sorted(roles))}"
         _fail("tls_cert", tls.cert, f"is a certificate of {shown}, not a replica of broker set {broker_set!r} "
               f"(OU=broker:{broker_set}; `dledger certs --brokers {broker_set}/r0`, docs/security.md)")

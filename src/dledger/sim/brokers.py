@@ -64,7 +64,7 @@ from dledger.broker.ha_packets import PacketError
 from dledger.broker.ha_service import AckSettings, MasterHA
 from dledger.broker.ha_slave import SlaveClient
 from dledger.broker.log import BrokerLog
-from dledger.broker.replica import ReplicaState, Role
+from dledger.broker.replica import BrokerRole, ReplicaState
 from dledger.codes import ControllerResponseCode as RC
 from dledger.codes import DLedgerError, ResponseCode
 from dledger.controller import messages as m
@@ -873,7 +873,7 @@ class BrokerSim:
             self.violation("no master after the faults healed")
             return
         master = self.brokers[s.master_id]
-        if master.replica.role != Role.MASTER:
+        if master.replica.role != BrokerRole.MASTER:
             self.violation(f"the controller's master b{master.id} is {master.replica.role.value}")
         for b in self.brokers.values():
             if b is not master and b.log.max_offset != master.log.max_offset:

@@ -29,8 +29,6 @@ from dledger.codes import RequestCode, ResponseCode
 from dledger.config import DLedgerConfig
 from dledger.core.contexts import Answered, Applied, ChunkInstalled, ChunkRead, Durable, Restored, SnapshotTaken
 from dledger.core.messages import (
-    QUERY,
-    READ,
     AppendRequest,
     AppendResponse,
     EntriesResponse,
@@ -253,7 +251,7 @@ class SimCluster:
         if node is None:
             self._reads.pop(rid, None)
             return
-        node.handle(READ, decode_request(READ, meta), b"", ("read", rid), self.now)
+        node.handle(RequestCode.READ, decode_request(RequestCode.READ, meta), b"", ("read", rid), self.now)
         self._flush(member)
 
     def _check_read(self, member: str, rid: int, r: EntriesResponse) -> None:
@@ -412,7 +410,7 @@ class SimCluster:
         elif isinstance(action, RunQuery):
             resp = QueryResponse(200, node.role_view().leader_id, m.query(member, action.request),
                                  action.applied_index)
-            self._reply(member, Reply(action.token, QUERY, resp))
+            self._reply(member, Reply(action.token, RequestCode.QUERY, resp))
         elif isinstance(action, TakeSnapshot):
             meta = m.snapshot(member, action.index, action.term, action.chain_crc, action.next_pos,
                               node.cfg.peers, action.keep, action.producers)

@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 
 from dledger.codes import ResponseCode
 from dledger.entry import HEADER, HEADER_SIZE, MAGIC_NORMAL
-from dledger.store.base import AppendResult, StoreError
+from dledger.store.base import AppendedBatch, StoreError
 from dledger.store.memory import MemoryLedgerStore
 
 RETENTION_CHUNK = 4  # entries retention deletes at least at once (the file store deletes whole files)
@@ -104,7 +104,7 @@ class SimDiskStore(MemoryLedgerStore):
 
     # --- writes ------------------------------------------------------------------------------
 
-    def append_as_leader(self, bodies: Sequence[bytes], term: int, magic: int = MAGIC_NORMAL) -> AppendResult:
+    def append_as_leader(self, bodies: Sequence[bytes], term: int, magic: int = MAGIC_NORMAL) -> AppendedBatch:
         self._check_write()
         if magic == MAGIC_NORMAL and (full := self.pressure_error()) is not None:
             raise full

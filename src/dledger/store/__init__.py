@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from dledger.config import DLedgerConfig
-from dledger.store.base import AppendResult, LedgerStore, RawRange, StoreError, TermVote
+from dledger.store.base import AppendedBatch, LedgerStore, RawRange, StoreError, TermVote
 from dledger.store.file import FileLedgerStore
 from dledger.store.memory import MemoryLedgerStore
 
 __all__ = [
-    "AppendResult",
+    "AppendedBatch",
     "FileLedgerStore",
     "LedgerStore",
     "MemoryLedgerStore",

@@ -40,7 +40,7 @@ from dledger.entry import (
     MAGIC_BLANK,
     MAGIC_NORMAL,
     CorruptRecord,
-    Entry,
+    LogEntry,
     chain_crc,
     decode_entry,
     encode_into,
@@ -48,7 +48,7 @@ from dledger.entry import (
 )
 from dledger.ratelog import RateLimitedLog
 from dledger.store.base import (
-    AppendResult,
+    AppendedBatch,
     CorruptEntryError,
     LedgerStore,
     RawRange,
@@ -153,7 +153,7 @@ class FileLedgerStore(LedgerStore):
 
     def append_as_leader(
         self, bodies: Sequence[bytes], term: int, magic: int = MAGIC_NORMAL
-    ) -> AppendResult:
+    ) -> AppendedBatch:
         with self._lock:
             self._check_writable()
             if magic == MAGIC_NORMAL and (full := self.pressure_error()) is not None:
@@ -167,7 +167,7 @@ class FileLedgerStore(LedgerStore):
                 raise self._as_store_error(e, "append") from e
         if self.sync_mode:
             self._flusher.request()
-        return AppendResult(first, term, positions)
+        return AppendedBatch(first, term, positions)
 
     def _encode_and_write(self, bodies: Sequence[bytes], term: int, magic: int) -> array[int]:
         """Encode the records into the scratch buffers, one run per data file, and write
@@ -411,7 +411,7 @@ class FileLedgerStore(LedgerStore):
             base.release()
             return RawRange(view, from_index, lo - from_index + 1)
 
-    def get(self, index: int) -> Entry:
+    def get(self, index: int) -> LogEntry:
         with self._lock:
             self._check_readable(index)
             try:
@@ -426,7 +426,7 @@ class FileLedgerStore(LedgerStore):
     def _index_magic(self, index: int) -> int:
         return self.unit(index)[0]
 
-    def verify_entry(self, index: int) -> Entry:
+    def verify_entry(self, index: int) -> LogEntry:
         """get (the header against the unit, magic included, and the chain CRC link), then the
         single-record check of a push (entry.scan: magic, channel, pos, ...)."""
         with self._lock:
@@ -434,7 +434,7 @@ class FileLedgerStore(LedgerStore):
             self._check_record(index, entry.pos, entry.size, entry.term, None)
             return entry
 
-    def _get_locked(self, index: int) -> Entry:
+    def _get_locked(self, index: int) -> LogEntry:
         magic, pos, size, _, term = self.unit(index)
         f = self.data.locate(pos)
         try:

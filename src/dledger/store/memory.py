@@ -11,9 +11,9 @@ from array import array
 from collections.abc import Sequence
 
 from dledger.codes import ResponseCode
-from dledger.entry import HEADER_SIZE, MAGIC_NORMAL, CorruptRecord, Entry, encode_into, scan
+from dledger.entry import HEADER_SIZE, MAGIC_NORMAL, CorruptRecord, LogEntry, encode_into, scan
 from dledger.store.base import (
-    AppendResult,
+    AppendedBatch,
     CorruptEntryError,
     LedgerStore,
     RawRange,
@@ -42,7 +42,7 @@ class MemoryLedgerStore(LedgerStore):
 
     def append_as_leader(
         self, bodies: Sequence[bytes], term: int, magic: int = MAGIC_NORMAL
-    ) -> AppendResult:
+    ) -> AppendedBatch:
         with self._lock:
             self.check_bodies(bodies, term)
             first = self.end_index + 1
@@ -62,7 +62,7 @@ class MemoryLedgerStore(LedgerStore):
             self.end_term = term
             self.end_chain_crc = chain
             self.durable_index = self.end_index
-            return AppendResult(first, term, positions)
+            return AppendedBatch(first, term, positions)
 
     def append_as_follower(self, data: bytes | bytearray | memoryview) -> int:
         with self._lock:
@@ -198,7 +198,7 @@ class MemoryLedgerStore(LedgerStore):
         end = self._offsets[k + 1] if k + 1 < len(self._offsets) else len(self._buf)
         return self._base_pos + start, end - start, self._terms[k], self._magics[k]
 
-    def get(self, index: int) -> Entry:
+    def get(self, index: int) -> LogEntry:
         with self._lock:
             entry = super().get(index)
             pos = self._base_pos + self._offsets[index - self.begin_index]
