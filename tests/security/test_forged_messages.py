@@ -24,8 +24,8 @@ pytestmark = pytest.mark.integration
 
 
 def send_raw(c: Cluster, member: str, code: int, meta: bytes, data: bytes = b"") -> int:
-    """Send one frame to `member`; the response code (a VOTE's answer has none in its frame:
-    a vote refused for an error is result UNKNOWN, reported here as 0)."""
+    """Send one frame to `member`; the response code (a VOTE answered with SUCCESS: its
+    result, ACCEPT or a refusal; a vote refused for an error carries the error's code)."""
     address = c.peer_entry(member).split("-", 1)[1]
 
     async def go() -> int:

@@ -102,7 +102,7 @@ class AsyncBrokerClient:
             return []
         meta = bm.encode(bm.SendRequest(self.broker, list(bodies)))
         resp = await self._call_master(Message(int(RequestCode.SEND_MESSAGE), meta))
-        r = bm.send_response.decode(resp.meta)
+        r = _checked(bm.send_response.decode(resp.meta))
         return [SendResult(off, r.first_index + i, r.epoch) for i, off in enumerate(r.offsets)]
 
     async def _call_master(self, msg: Message) -> Message:
@@ -166,7 +166,7 @@ class AsyncBrokerClient:
                 continue
             if reply.code != ResponseCode.SUCCESS:
                 raise _as_error(reply)
-            r = bm.pull_response.decode(reply.meta)
+            r = _checked(bm.pull_response.decode(reply.meta))
             return [BrokerRecord(e.index, e.offset, e.epoch, e.body) for e in r.entries]
         raise last or DLedgerError(ResponseCode.NETWORK_ERROR, f"no replica of {self.broker} is known")
 
@@ -215,6 +215,8 @@ class AsyncBrokerClient:
                                               self.timeout)
         if reply.code != ResponseCode.SUCCESS:
             raise _as_error(reply)
+        if reply.meta:  # (a broker of the older layout answered nothing)
+            _checked(bm.fault_response.decode(reply.meta))
 
     async def info(self, address: str | None = None) -> bm.RuntimeInfo:
         """A broker's runtime info (the master's by default)."""
@@ -225,7 +227,22 @@ class AsyncBrokerClient:
         reply = await self._transport.request(target, msg, self.timeout)
         if reply.code != ResponseCode.SUCCESS:
             raise _as_error(reply)
-        return bm.runtime_info.decode(reply.meta)
+        return _checked(bm.runtime_info.decode(reply.meta))
+
+
+_Answer = TypeVar("_Answer", bm.SendResponse, bm.PullResponse, bm.RuntimeInfo, bm.FaultResponse)
+
+
+def _checked(answer: _Answer) -> _Answer:
+    """The answer itself, if its code says SUCCESS (errors come as error frames: a message
+    that decoded with another code is one we cannot read as a result)."""
+    if answer.code != ResponseCode.SUCCESS:
+        try:
+            code = ResponseCode(answer.code)
+        except ValueError:
+            code = ResponseCode.UNKNOWN
+        raise DLedgerError(code, f"{type(answer).__name__} with code {answer.code}")
+    return answer
 
 
 def _as_error(reply: Message) -> DLedgerError:

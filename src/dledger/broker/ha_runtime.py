@@ -23,6 +23,7 @@ from dledger.broker.ha_slave import SlaveClient
 from dledger.clock import now_ms
 from dledger.codes import DLedgerError
 from dledger.ratelog import RateLimitedLog
+from dledger.runtime.faults import FaultInjector
 from dledger.security.peer_uid import not_local
 from dledger.security.roles import AccessRole, cert_principal, expect_role
 
@@ -42,11 +43,13 @@ class HAListener:
 
     def __init__(self, master: Callable[[], MasterHA | None], on_proposal: Callable[[frozenset[int]], None],
                  on_ack: Callable[[], None], ssl_context: ssl.SSLContext | None = None, *, broker_set: str = "",
-                 loopback_only: bool = False, on_unknown_slave: Callable[[], None] = lambda: None) -> None:
+                 loopback_only: bool = False, on_unknown_slave: Callable[[], None] = lambda: None,
+                 faults: FaultInjector | None = None) -> None:
         """With TLS only replicas of `broker_set` may connect (their certificates say so), each
         handshaking as the id bound to its certificate (MasterConnection); without it,
         `loopback_only` serves loopback addresses only (docs/security.md). `on_unknown_slave`:
-        a handshake named an id with no known binding (refresh them from the controller)."""
+        a handshake named an id with no known binding (refresh them from the controller).
+        `faults` (--enable-fault-injection only): its `ha_paused` sends nothing to the slaves."""
         self._master, self._on_proposal, self._on_ack = master, on_proposal, on_ack
         self._on_unknown_slave = on_unknown_slave
         self._ssl = ssl_context
@@ -57,7 +60,7 @@ class HAListener:
         self._server: asyncio.Server | None = None
         self._wakers: set[asyncio.Event] = set()
         self._writers: set[asyncio.StreamWriter] = set()
-        self.paused = False  # fault injection: send nothing to the slaves
+        self._faults = faults
 
     async def start(self, address: str) -> None:
         host, port = parse_address(address, "HA address")
@@ -150,7 +153,8 @@ class HAListener:
             conn = ha.connections.get(key)
             if conn is None:
                 return
-            frames = [] if self.paused else conn.output(now_ms(), ha.confirm_offset, WRITE_BYTES)
+            paused = self._faults is not None and self._faults.ha_paused
+            frames = [] if paused else conn.output(now_ms(), ha.confirm_offset, WRITE_BYTES)
             if frames:
                 writer.writelines(frames)
                 await writer.drain()
@@ -168,13 +172,14 @@ class SlaveRunner:
     def __init__(self, client: SlaveClient, master_ha_address: str, on_progress: Callable[[], None],
                  ssl_context: ssl.SSLContext | None = None,
                  durable: Callable[[int], Awaitable[None]] | None = None,
-                 cut: Callable[[], bool] = lambda: False, broker_set: str = "") -> None:
-        """With TLS, the master's certificate must be a replica of `broker_set`."""
+                 faults: FaultInjector | None = None, broker_set: str = "") -> None:
+        """With TLS, the master's certificate must be a replica of `broker_set`. `faults`
+        (--enable-fault-injection only): while its `ha_cut` holds, no connection to the master."""
         self.client, self.address, self._on_progress, self._ssl = client, master_ha_address, on_progress, ssl_context
         self.broker_set = broker_set
         self._warn = RateLimitedLog(log).warning
         self._durable = durable  # waits until an entry is fsynced (acks of durable bytes only)
-        self._cut = cut  # fault injection: no connection to the master while it says so
+        self._faults = faults
 
     async def run(self) -> None:
         host, port = parse_address(self.address, "the master's HA address")
@@ -198,6 +203,9 @@ class SlaveRunner:
                 self.client.disconnected()
                 writer.close()
             await asyncio.sleep(RETRY_S)
+
+    def _cut(self) -> bool:
+        return self._faults is not None and self._faults.ha_cut
 
     def _check_master(self, writer: asyncio.StreamWriter) -> None:
         if self._ssl is None:

@@ -2,6 +2,10 @@
 (docs/format.md framing). Request codes are RocketMQ's where it has one (SEND_MESSAGE 10,
 PULL_MESSAGE 11, GET_BROKER_RUNTIME_INFO 28); the controller's NOTIFY_BROKER_ROLE_CHANGED
 (1008) arrives on the same listener. Bounds are checked on decode.
+
+Every answer carries `code` (docs/format.md, "Response codes"): SUCCESS, the default, which
+omit_defaults leaves off the wire, so the bytes are those of the layout without it and either
+side decodes the other's. Errors are answered as error frames, as before.
 """
 
 from __future__ import annotations
@@ -9,6 +13,8 @@ from __future__ import annotations
 from typing import Annotated
 
 import msgspec
+
+from dledger.codes import ResponseCode
 
 MAX_BATCH = 10_000
 
@@ -18,10 +24,14 @@ class SendRequest(msgspec.Struct, omit_defaults=True):
     bodies: Annotated[list[bytes], msgspec.Meta(min_length=1, max_length=MAX_BATCH)] = []
 
 
+SUCCESS = int(ResponseCode.SUCCESS)  # the default answer code
+
+
 class SendResponse(msgspec.Struct, omit_defaults=True):
     epoch: int
     first_index: int
     offsets: list[int]  # each body's offset (record position)
+    code: int = SUCCESS
 
 
 class PullRequest(msgspec.Struct, omit_defaults=True):
@@ -43,6 +53,7 @@ class PullResponse(msgspec.Struct, omit_defaults=True):
     next_index: int = 0
     begin_index: int = 0
     confirm_offset: int = -1
+    code: int = SUCCESS
 
 
 class FaultRequest(msgspec.Struct, omit_defaults=True):
@@ -53,6 +64,10 @@ class FaultRequest(msgspec.Struct, omit_defaults=True):
     blocked: Annotated[list[str], msgspec.Meta(max_length=64)] = []
     ha_paused: bool = False
     ha_cut: bool = False  # a slave: drop its connection to the master and make none
+
+
+class FaultResponse(msgspec.Struct, omit_defaults=True):
+    code: int = SUCCESS
 
 
 class RuntimeInfoRequest(msgspec.Struct, omit_defaults=True):
@@ -79,6 +94,7 @@ class RuntimeInfo(msgspec.Struct, omit_defaults=True):
     confirmed_index: int = -1  # the last record readers may see (it ends within the confirm offset)
     replica_info_queries: int = 0  # replica info asked of the controller by the poll and by hints (NOTIFY)
     security: str = ""  # tls, loopback (no TLS: loopback connections only) or insecure (--insecure)
+    code: int = SUCCESS  # (GET_BROKER_RUNTIME_INFO's answer)
 
 
 _enc = msgspec.msgpack.Encoder()
@@ -94,3 +110,4 @@ pull_request = msgspec.msgpack.Decoder(PullRequest)
 pull_response = msgspec.msgpack.Decoder(PullResponse)
 runtime_info = msgspec.msgpack.Decoder(RuntimeInfo)
 fault_request = msgspec.msgpack.Decoder(FaultRequest)
+fault_response = msgspec.msgpack.Decoder(FaultResponse)

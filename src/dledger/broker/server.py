@@ -102,7 +102,8 @@ class BrokerServer:
         self.log = BrokerLog(self.store)
         self.epochs = EpochFileCache(root / EPOCH_FILE)
         self.registration = Registration(root, config.cluster, config.name, config.address)
-        self.faults = FaultInjector()
+        # only with --enable-fault-injection: otherwise nothing consults one (FAULT is refused)
+        self.faults = FaultInjector() if config.enable_fault_injection else None
         tls = config.tls
         if tls is not None:
             check_broker_cert(tls, config.name)
@@ -123,7 +124,6 @@ class BrokerServer:
         self._progress = asyncio.Event()  # the confirm offset moved (long-polling readers)
         self._parked: dict[Caller, int] = {}  # PULLs in progress per connection (long polls among them)
         self._parked_total = 0
-        self.ha_cut = False  # fault injection: this slave is cut off from its master
         self._tasks: set[asyncio.Task[Any]] = set()
         self._durable: DurabilityWaiter | None = None
         self._dispatch = self._handlers()
@@ -135,7 +135,7 @@ class BrokerServer:
                                          limits=Limits(max_connections=connection_cap(Limits().max_connections)))
         self.ha = HAListener(lambda: self.replica.master_ha, self._on_proposal, self._on_slave_ack, server_ssl,
                              broker_set=config.name, loopback_only=loopback_only,
-                             on_unknown_slave=self._on_unknown_slave)
+                             on_unknown_slave=self._on_unknown_slave, faults=self.faults)
 
     # --- lifecycle -------------------------------------------------------------------------
 
@@ -343,7 +343,7 @@ class BrokerServer:
     def _follow_master(self, ha_address: str, client: SlaveClient) -> None:
         durable = self._durable.wait if client.ack_durable and self._durable is not None else None
         runner = SlaveRunner(client, ha_address, self._on_slave_progress, self._client_ssl, durable=durable,
-                             cut=lambda: self.ha_cut, broker_set=self.config.name)
+                             faults=self.faults, broker_set=self.config.name)
         self._slave_task = asyncio.get_running_loop().create_task(runner.run())
 
     def _on_slave_progress(self) -> None:
@@ -404,7 +404,7 @@ class BrokerServer:
         return Message(int(ResponseCode.SUCCESS), cm.encode(cm.Response()))
 
     def _fault(self, msg: Message) -> Message:
-        if not self.config.enable_fault_injection:
+        if self.faults is None:
             return _error(ResponseCode.UNSUPPORTED, "fault injection is off (--enable-fault-injection)")
         try:
             req = bm.fault_request.decode(msg.meta)
@@ -413,10 +413,10 @@ class BrokerServer:
         self.faults.unblock_all()
         if req.blocked:
             self.faults.block(req.blocked)
-        self.ha.paused, self.ha_cut = req.ha_paused, req.ha_cut
+        self.faults.ha_paused, self.faults.ha_cut = req.ha_paused, req.ha_cut
         log.warning("broker %s: faults: blocked %s, HA paused %s, HA cut %s", self.config.name, req.blocked,
                     req.ha_paused, req.ha_cut)
-        return Message(int(ResponseCode.SUCCESS), b"")
+        return Message(int(ResponseCode.SUCCESS), bm.encode(bm.FaultResponse()))
 
     async def _send(self, msg: Message) -> Message:
         try:

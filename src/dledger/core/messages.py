@@ -12,7 +12,7 @@ from typing import Annotated
 
 import msgspec
 
-from dledger.codes import PushType, RequestCode
+from dledger.codes import PushType, RequestCode, ResponseCode
 from dledger.statemachine.snapshot import MAX_FILES
 
 
@@ -80,8 +80,10 @@ class VoteRequest(Msg):
 
 class VoteResponse(msgspec.Struct, array_like=True):
     term: int
-    result: int
+    result: int  # VoteResult: the vote itself (a refusal is still an answered vote)
     pre_vote: bool = False
+    # last, defaulted: a peer of the three-field layout decodes it and is decoded (docs/format.md)
+    code: int = int(ResponseCode.SUCCESS)
 
 
 class HeartBeatRequest(Msg):

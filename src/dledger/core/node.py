@@ -1407,5 +1407,5 @@ def _error_for(code: int, err: ResponseCode, node: Node, message: str = "") -> m
     if code == RequestCode.HEART_BEAT:
         return HeartBeatResponse(int(err), m.term, leader)
     if code == RequestCode.VOTE:
-        return VoteResponse(m.term, 0)
+        return VoteResponse(m.term, 0, code=int(err))
     return SimpleResponse(int(err), m.term, leader, message)

@@ -37,6 +37,8 @@ from dledger.core.messages import (
     QueryResponse,
     ReadRequest,
     SimpleResponse,
+    VoteResponse,
+    VoteResult,
     decode_request,
     decode_response,
     encode,
@@ -138,12 +140,12 @@ class ServiceMount:
 class GroupRuntime:
     """One member of one group: its Node, store, ticker and outgoing requests."""
 
-    def __init__(self, cfg: DLedgerConfig, client: TransportClient, faults: FaultInjector,
+    def __init__(self, cfg: DLedgerConfig, client: TransportClient, faults: FaultInjector | None,
                  metrics: Metrics | None = None, state_machine: StateMachine | None = None) -> None:
         self.cfg = cfg
         self.loop = asyncio.get_running_loop()
         self.client = client
-        self.faults = faults
+        self.faults = faults  # None unless started with --enable-fault-injection (then FAULT obeyed)
         self.peers: dict[str, Peer] = cfg.member_map  # where members reach each other
         self.store = open_store(cfg)
         try:
@@ -168,8 +170,6 @@ class GroupRuntime:
             self.host.close()
             self.store.close()
             raise
-        self.blocked_ids: set[str] = set()
-        self.spare_handover = False
         self._warn = RateLimitedLog(log).warning  # lines a peer's answers can trigger
         self._tokens = itertools.count()
         self._waiting: dict[int, Respond] = {}  # token -> how to answer that request
@@ -243,8 +243,7 @@ class GroupRuntime:
         belong to it)."""
         if member is None:
             member = is_member_message(code, req)  # type: ignore[arg-type]
-        sender = getattr(req, "leader_id", "")
-        if sender and sender in self.blocked_ids:
+        if self.faults is not None and self.faults.drops_from(self.cfg.group, getattr(req, "leader_id", "")):
             if self.metrics is not None:  # the transport answers the raise: count it as answered
                 self.count(code, member, ResponseCode.NETWORK_ERROR)
             raise DLedgerError(ResponseCode.NETWORK_ERROR, "dropped by fault injection")
@@ -504,14 +503,18 @@ class GroupRuntime:
 
     async def _send(self, a: Send) -> None:
         resp: msgspec.Struct | None = None
-        handover = isinstance(a.msg, LeadershipTransferRequest) and bool(a.msg.transfer_id)
-        if a.peer not in self.blocked_ids or (self.spare_handover and handover):
+        faults = self.faults
+        if faults is None or not faults.drops_to(
+                self.cfg.group, a.peer, isinstance(a.msg, LeadershipTransferRequest) and bool(a.msg.transfer_id)):
             peer = self.peers[a.peer]
             try:
                 raw = await self.client.request(peer.address, Message(a.code, encode(a.msg), a.data),
                                                 a.timeout_ms / 1000)
                 if raw.code != ResponseCode.NETWORK_ERROR:
                     resp = decode_response(a.code, raw.meta)
+                    if isinstance(resp, VoteResponse) and resp.code != ResponseCode.SUCCESS:
+                        # an error answer (docs/format.md): its term counts, its result is no vote
+                        resp = msgspec.structs.replace(resp, result=int(VoteResult.UNKNOWN))
             except DLedgerError:
                 resp = None
             except DECODE_ERRORS:
@@ -525,12 +528,10 @@ class GroupRuntime:
         member alone drops the traffic, at its own door, and still sends its hand-over of a
         leadership transfer: the transfer is cut off mid-way (the target takes over, this
         member never hears of it)."""
-        self.blocked_ids = set(blocked)
-        self.spare_handover = spare_handover
-        self.faults.unblock_all()
-        addresses = [self.peers[b].address for b in blocked if b in self.peers]
-        if addresses and not spare_handover:
-            self.faults.block(addresses)
+        if self.faults is None:
+            raise DLedgerError(ResponseCode.UNSUPPORTED, FAULT_DISABLED)
+        self.faults.set_member(self.cfg.group, blocked, spare_handover,
+                               [self.peers[b].address for b in blocked if b in self.peers])
         log.warning("%s/%s: fault injection blocks %s%s", self.cfg.group, self.cfg.self_id, sorted(blocked),
                     " (but its hand-overs)" if spare_handover else "")
 
@@ -556,7 +557,9 @@ class DLedgerServer:
             raise DLedgerError(ResponseCode.UNEXPECTED_ARGUMENT, "groups served together need the same TLS, tokens "
                                "and insecure setting")
         self.groups: dict[str, GroupRuntime] = {}
-        self.faults = FaultInjector()
+        # built only for a process started with --enable-fault-injection: otherwise nothing on
+        # the request path consults one (FAULT requests are refused)
+        self.faults = FaultInjector() if any(c.enable_fault_injection for c in self.configs) else None
         self.client: TransportClient | None = None
         self.server: TransportServer | None = None
         self._warn = RateLimitedLog(log).warning
@@ -638,7 +641,8 @@ class DLedgerServer:
                 raise DLedgerError(ResponseCode.UNEXPECTED_ARGUMENT, f"group {cfg.group} configured twice")
             sm = self.state_machines[cfg.group] if cfg.group in self.state_machines \
                 else load_state_machine(cfg.state_machine)
-            self.groups[cfg.group] = GroupRuntime(cfg, self.client, self.faults, self.metrics, sm)
+            self.groups[cfg.group] = GroupRuntime(cfg, self.client, self.faults if cfg.enable_fault_injection else None,
+                                                 self.metrics, sm)
         for g in self.groups.values():
             await g.start()
         limits = Limits(max_connections=connection_cap(cfg0.max_connections),
@@ -712,7 +716,7 @@ class DLedgerServer:
             # any client can send FAULT: obeying it lets anyone partition the group, so
             # only a member started for tests or chaos runs does
             assert isinstance(req, FaultRequest)
-            if not g.cfg.enable_fault_injection:
+            if g.faults is None:
                 self._warn("fault", "%s/%s: refused a FAULT request (fault injection is disabled)",
                            g.cfg.group, g.cfg.self_id)
                 self._answer(respond, _error(ResponseCode.UNSUPPORTED, FAULT_DISABLED), code, member, g)

@@ -9,8 +9,8 @@ that speaks to peers imports one place:
     runtime.transport_server  listeners, admission (max_connections), authentication, the access
                               policy's refusals before any handler, the answer and per-turn budgets
     runtime.transport_client  one multiplexed connection per remote address, backoff, timeouts
-    runtime.faults            FaultInjector: partitions and slow links for tests, consulted only
-                              by clients given one
+    runtime.faults            FaultInjector: every fault hook for tests and chaos runs, built only
+                              with --enable-fault-injection (clients without one consult nothing)
 """
 
 from __future__ import annotations
