@@ -4,7 +4,7 @@ the leader's log begin gets the leader's newest snapshot instead, then entries a
 Leader (`SnapshotSender`, one per follower, driven by its EntryDispatcher): the snapshot's
 files travel as one stream (statemachine.install), `install_chunk_bytes` per request, one in flight:
 the follower's answer paces the next, which is the flow control. The runtime reads a chunk
-off the event loop (`ReadChunk` -> `Node.on_chunk_read`). Every request carries the whole
+off the event loop (`ReadChunk` -> `ChunkRead`). Every request carries the whole
 meta, its offset and CRC; the follower answers where the next chunk must start, so a timeout
 or a dropped connection resends from the last chunk acknowledged, and a follower that
 restarted (its partial copy deleted) answers 0. Its `done` answer says it holds the log

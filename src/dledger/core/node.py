@@ -1,8 +1,9 @@
 """Node: one member of one group, as a pure state machine (DLedgerServer's core).
 
-Inputs, each with the current time in ms: `handle` (a request), `on_response`
-(the answer to a request this node sent, or None when the transport failed),
-`tick`, `on_durable` (the store's flush thread made entries durable).
+Inputs, each with the current time in ms: `handle` (a request), `tick`, and
+`complete` (one input for every report of work the node asked for, core.contexts.Completion:
+the answer to a request this node sent, or None when the transport failed; the store's
+flush thread made entries durable; a worker's job done).
 Data faults: a member that finds one of its records corrupt (a read, the scrub of
 idle ticks, a push) marks itself corrupt (`corrupt`): it hands leadership over, does
 not campaign, and reports the index until the leader's REPAIR push restored it.
@@ -10,9 +11,9 @@ Outputs: `drain()` returns the actions to execute: `Send` a request to a peer,
 `Reply` to a request; with a state machine (an `Applier`) also `Apply` a batch of
 committed entries, `RunQuery`, `TakeSnapshot`, and for InstallSnapshot (core.install_snapshot)
 `InstallChunk`, `RestoreSnapshot` — the runtime runs those, in the order given, on one
-worker thread and reports back (`on_applied`, `on_apply_failed`, `on_snapshot`,
-`on_chunk_installed`, `on_restored`); `ReadChunk` (a leader's snapshot chunk for a follower)
-runs beside them (`on_chunk_read`). The node reads no clock and does no I/O besides its
+worker thread and reports back (`complete` with `Applied`, `ApplyFailed`, `SnapshotTaken`,
+`ChunkInstalled`, `Restored`); `ReadChunk` (a leader's snapshot chunk for a follower)
+runs beside them (`ChunkRead`). The node reads no clock and does no I/O besides its
 LedgerStore, whose appends only touch memory or the page cache.
 """
 
@@ -159,7 +160,7 @@ class TakeSnapshot:
 @dataclass(slots=True)
 class ReadChunk:
     """Read `max_bytes` of snapshot `meta`'s stream from `offset` (off the event loop), then
-    call `on_chunk_read(peer, ctx, data, crc32, error)`."""
+    report `ChunkRead(peer, ctx, data, crc32, error)`."""
 
     peer: str
     meta: SnapshotMeta
@@ -171,7 +172,7 @@ class ReadChunk:
 @dataclass(slots=True)
 class InstallChunk:
     """Write a chunk of the leader's snapshot `meta` (statemachine.install.InstallSink; a new
-    meta starts a new one), then call `on_chunk_installed(token, meta, next_offset, done,
+    meta starts a new one), then report `ChunkInstalled(token, meta, next_offset, done,
     error)`; `done`: the snapshot is whole, verified and in place (not yet restored)."""
 
     token: Any
@@ -188,7 +189,7 @@ class DropInstall:
 
 @dataclass(slots=True)
 class RestoreSnapshot:
-    """Replace the state machine's state with installed snapshot `meta`, then `on_restored`."""
+    """Replace the state machine's state with installed snapshot `meta`, then report `Restored`."""
 
     meta: SnapshotMeta
 
@@ -286,31 +287,31 @@ class Node:
         Sends, chunks read or installed, batches applied, snapshots taken or restored, fsyncs."""
         match c:
             case Answered(ctx, resp):
-                self.on_response(ctx, resp, now_ms)
+                self._answered(ctx, resp, now_ms)
             case ChunkRead(peer, ctx, data, crc, error):
-                self.on_chunk_read(peer, ctx, data, crc, error, now_ms)
+                self._chunk_read(peer, ctx, data, crc, error, now_ms)
             case ChunkInstalled(token, meta, next_offset, done, error):
-                self.on_chunk_installed(token, meta, next_offset, done, error, now_ms)
+                self._chunk_installed(token, meta, next_offset, done, error, now_ms)
             case Applied(results):
-                self.on_applied(results, now_ms)
+                self._applied(results, now_ms)
             case ApplyFailed(reason):
-                self.on_apply_failed(reason, now_ms)
+                self._apply_failed(reason, now_ms)
             case SnapshotTaken(index, error, meta):
-                self.on_snapshot(index, error, now_ms, meta)
+                self._snapshot_taken(index, error, now_ms, meta)
             case Restored(meta, error, producers):
-                self.on_restored(meta, error, now_ms, producers)
+                self._restored(meta, error, now_ms, producers)
             case Durable(index):
-                self.on_durable(index, now_ms)
+                self._durable(index, now_ms)
 
-    def on_response(self, ctx: Context, resp: msgspec.Struct | None, now_ms: int) -> None:
+    def _answered(self, ctx: Context, resp: msgspec.Struct | None, now_ms: int) -> None:
         """The answer to one of our Sends (None: timeout or network failure)."""
         self.now = now_ms
         try:
-            self._on_response(ctx, resp)
+            self._route_answer(ctx, resp)
         except StoreError as e:  # e.g. persisting a higher term on a full disk
             self.store_error(e)
 
-    def _on_response(self, ctx: Context, resp: msgspec.Struct | None) -> None:
+    def _route_answer(self, ctx: Context, resp: msgspec.Struct | None) -> None:
         match ctx:
             case PushCtx():
                 d = self.dispatchers.get(ctx.peer)
@@ -363,7 +364,7 @@ class Node:
         except StoreError as e:
             self.store_error(e)
 
-    def on_durable(self, index: int, now_ms: int) -> None:
+    def _durable(self, index: int, now_ms: int) -> None:
         """The flush thread made entries durable. Its `index` is a hint delivered late (a
         truncate may have lowered the durable index since): the store's own value counts."""
         self.now = now_ms
@@ -695,7 +696,7 @@ class Node:
         self.actions.append(TakeSnapshot(index, term, chain, next_pos, sending, self.producers.encode()
                                          if not self.producers.empty else b""))
 
-    def on_snapshot(self, index: int, error: str, now_ms: int, meta: SnapshotMeta | None = None) -> None:
+    def _snapshot_taken(self, index: int, error: str, now_ms: int, meta: SnapshotMeta | None = None) -> None:
         """The worker wrote the snapshot of `index` (`meta`; or failed: `error`)."""
         self.now = now_ms
         if meta is not None:
@@ -762,7 +763,7 @@ class Node:
     def read_chunk(self, peer: str, meta: SnapshotMeta, offset: int, max_bytes: int, ctx: ChunkCtx) -> None:
         self.actions.append(ReadChunk(peer, meta, offset, max_bytes, ctx))
 
-    def on_chunk_read(self, peer: str, ctx: ChunkCtx, data: bytes, crc: int, error: str, now_ms: int) -> None:
+    def _chunk_read(self, peer: str, ctx: ChunkCtx, data: bytes, crc: int, error: str, now_ms: int) -> None:
         self.now = now_ms
         d = self.dispatchers.get(peer)
         if d is not None and self.member.is_leader:
@@ -771,7 +772,7 @@ class Node:
     def install_chunk(self, token: Any, meta: SnapshotMeta, offset: int, data: bytes | memoryview, crc: int) -> None:
         self.actions.append(InstallChunk(token, meta, offset, data, crc))
 
-    def on_chunk_installed(self, token: Any, meta: SnapshotMeta, next_offset: int, done: bool, error: str,
+    def _chunk_installed(self, token: Any, meta: SnapshotMeta, next_offset: int, done: bool, error: str,
                            now_ms: int) -> None:
         self.now = now_ms
         self.receiver.on_chunk_installed(token, meta, next_offset, done, error)
@@ -812,7 +813,7 @@ class Node:
         readable_from = self.integrity.readable_from
         return readable_from - 1 if a.handed_index + 1 < readable_from else -1
 
-    def on_restored(self, meta: SnapshotMeta, error: str, now_ms: int, producers: bytes | None = None) -> None:
+    def _restored(self, meta: SnapshotMeta, error: str, now_ms: int, producers: bytes | None = None) -> None:
         """The worker restored the state machine from installed snapshot `meta` (or failed);
         `producers`: the snapshot's PRODUCERS_FILE."""
         self.now = now_ms
@@ -863,7 +864,7 @@ class Node:
         for token in waiters:
             self.reply(token, RequestCode.SNAPSHOT, SnapshotResponse(int(code), index, message))
 
-    def on_applied(self, results: list[bytes], now_ms: int) -> None:
+    def _applied(self, results: list[bytes], now_ms: int) -> None:
         """The worker applied the batch in flight: answer its proposers and due queries."""
         self.now = now_ms
         a = self.applier
@@ -873,7 +874,7 @@ class Node:
                        AppendResponse(200, self.member.self_id, p.term, p.first, p.positions, results=p.results))
         self._run_due_queries()
 
-    def on_apply_failed(self, reason: str, now_ms: int) -> None:
+    def _apply_failed(self, reason: str, now_ms: int) -> None:
         """The state machine raised: its state may be half-changed, so nothing more is applied
         here (a restart restores the last snapshot and applies the log again)."""
         self.now = now_ms
