@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from dledger.codes import RequestCode, ResponseCode
+from dledger.core.contexts import Durable
 from dledger.core.messages import GetRequest, LeadershipTransferRequest, PushResponse, Role, encode
 from dledger.sim.cluster import SimCluster
 from dledger.sim.disk import SimDiskStore
@@ -91,7 +92,7 @@ def test_a_late_durable_index_after_a_truncate_is_not_trusted() -> None:
     stale = end + 2
     store.truncate(end + 1)
     store.append_as_leader([b"y1", b"y2"], store.end_term)
-    node.on_durable(stale, c.now)  # the hint arrives late: it must be clamped
+    node.complete(Durable(stale), c.now)  # the hint arrives late: it must be clamped
     assert store.durable_index <= store.synced_index
     assert node.handler.durable_match() <= store.synced_index
 

@@ -8,6 +8,7 @@ from typing import Any, TypeVar
 
 from dledger.codes import RequestCode, ResponseCode
 from dledger.config import DLedgerConfig
+from dledger.core.contexts import Answered
 from dledger.core.messages import PushResponse, VoteRequest, VoteResponse, VoteResult
 from dledger.core.node import Action, Node, Reply, Send
 from dledger.entry import MAGIC_NORMAL
@@ -75,7 +76,7 @@ def leading(flush: str = "async", **cfg: Any) -> Member:
     m.node.elector.start_round(pre_vote=False)
     m.drain()
     for s in m.sends(RequestCode.VOTE):
-        m.node.on_response(s.ctx, VoteResponse(msg_of(s, VoteRequest).term, int(VoteResult.ACCEPT)), m.now)
+        m.node.complete(Answered(s.ctx, VoteResponse(msg_of(s, VoteRequest).term, int(VoteResult.ACCEPT))), m.now)
     m.drain()
     assert m.node.member.is_leader
     return m
@@ -85,7 +86,7 @@ def answer_pushes(m: Member, peer: str, resp: PushResponse) -> None:
     """Answer every push sent to `peer` so far with `resp`."""
     for s in [s for s in m.sends(RequestCode.PUSH) if s.peer == peer]:
         m.out.remove(s)
-        m.node.on_response(s.ctx, resp, m.now)
+        m.node.complete(Answered(s.ctx, resp), m.now)
     m.drain()
 
 

@@ -15,6 +15,7 @@ import pytest
 from dledger.codes import PushType, RequestCode, ResponseCode
 from dledger.config import DLedgerConfig
 from dledger.core import reads as reads_module
+from dledger.core.contexts import Applied, ChunkInstalled, SnapshotTaken
 from dledger.core.messages import (
     AppendRequest,
     EntriesResponse,
@@ -49,7 +50,7 @@ class Driver:
         out: list[Action] = []
         for a in self.node.drain():
             if isinstance(a, Apply):
-                self.node.on_applied([b""] * len(a.batch.entries), self.now)
+                self.node.complete(Applied([b""] * len(a.batch.entries)), self.now)
             else:
                 out.append(a)
         return out
@@ -94,7 +95,7 @@ def test_snapshot_requests_during_a_snapshot_share_it() -> None:
         d.send(RequestCode.SNAPSHOT, SnapshotRequest(), ("s", k))
     for _ in range(3):
         assert not any(isinstance(a, TakeSnapshot) for a in d.tick())
-    d.node.on_snapshot(taken[0].index, "", d.now)
+    d.node.complete(SnapshotTaken(taken[0].index, ""), d.now)
     answers = _replies(d.drain())
     snaps = [answers[("s", k)] for k in range(10)]
     assert all(isinstance(r, SnapshotResponse) and r.code == 200 and r.snapshot_index == taken[0].index
@@ -196,7 +197,8 @@ def test_an_install_declaring_more_than_the_disk_has_is_answered_disk_full() -> 
             host.install_chunk(chunk.meta, chunk.offset, chunk.data, chunk.crc)
         assert not list(host.snapshots.dir.iterdir())  # nothing written, not even a temporary directory
         # (as the runtime reports a worker's failure to the node)
-        d.node.on_chunk_installed("install", chunk.meta, 0, False, f"{type(err.value).__name__}: {err.value}", d.now)
+        failure = f"{type(err.value).__name__}: {err.value}"
+        d.node.complete(ChunkInstalled("install", chunk.meta, 0, False, failure), d.now)
         answer = _replies(d.drain())["install"]
         assert isinstance(answer, InstallSnapshotResponse) and answer.code == ResponseCode.DISK_FULL
         assert "No space left" in answer.reason and str(1 << 61) in answer.reason

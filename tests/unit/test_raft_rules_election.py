@@ -4,7 +4,7 @@ rule, in the style of etcd's raft_paper_test: a member built without sockets, me
 from __future__ import annotations
 
 from dledger.codes import RequestCode, ResponseCode
-from dledger.core.contexts import HeartbeatCtx, VoteCtx
+from dledger.core.contexts import Answered, HeartbeatCtx, VoteCtx
 from dledger.core.messages import HeartBeatRequest, HeartBeatResponse, Role, VoteRequest, VoteResponse, VoteResult
 from dledger.entry import MAGIC_NOOP
 
@@ -32,7 +32,7 @@ def _win(m: Member) -> None:
         m.clear()
         for s in votes:
             req = msg_of(s, VoteRequest)
-            m.node.on_response(s.ctx, VoteResponse(req.term, int(VoteResult.ACCEPT), req.pre_vote), m.now)
+            m.node.complete(Answered(s.ctx, VoteResponse(req.term, int(VoteResult.ACCEPT), req.pre_vote)), m.now)
         m.drain()
     assert m.node.member.role == Role.LEADER
 
@@ -120,7 +120,7 @@ def test_a_leader_steps_down_on_a_higher_term_in_an_answer() -> None:
     m = Member()
     _win(m)
     hb = next(s for s in m.sends(RequestCode.HEART_BEAT) if isinstance(s.ctx, HeartbeatCtx))
-    m.node.on_response(hb.ctx, HeartBeatResponse(int(ResponseCode.SUCCESS), m.node.member.term + 3), m.now)
+    m.node.complete(Answered(hb.ctx, HeartBeatResponse(int(ResponseCode.SUCCESS), m.node.member.term + 3)), m.now)
     assert m.node.member.role == Role.FOLLOWER
     assert m.node.member.term == 4
     assert not m.node.status().followers

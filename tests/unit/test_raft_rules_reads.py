@@ -4,7 +4,7 @@ leases, §8 a new leader's commit index), one test per rule, built without socke
 from __future__ import annotations
 
 from dledger.codes import RequestCode, ResponseCode
-from dledger.core.contexts import HeartbeatCtx
+from dledger.core.contexts import Answered, HeartbeatCtx
 from dledger.core.messages import EntriesResponse, GetRequest, HeartBeatResponse
 
 from .raft_harness import Member, catch_up, leading
@@ -20,8 +20,8 @@ def _ack_heartbeats(m: Member, *peers: str) -> None:
     for s in [s for s in m.sends(RequestCode.HEART_BEAT) if s.peer in peers]:
         m.out.remove(s)
         assert isinstance(s.ctx, HeartbeatCtx)
-        m.node.on_response(s.ctx, HeartBeatResponse(int(ResponseCode.SUCCESS), m.node.member.term, "n0",
-                                                     end_index=m.store.end_index), m.now)
+        m.node.complete(Answered(s.ctx, HeartBeatResponse(int(ResponseCode.SUCCESS), m.node.member.term, "n0",
+                                                          end_index=m.store.end_index)), m.now)
     m.drain()
 
 
@@ -56,8 +56,8 @@ def test_a_round_sent_before_the_read_does_not_confirm_it() -> None:
     assert _get(m, 0) is None
     for s in early:  # the answer to the earlier round
         assert isinstance(s.ctx, HeartbeatCtx)
-        m.node.on_response(s.ctx, HeartBeatResponse(int(ResponseCode.SUCCESS), m.node.member.term, "n0",
-                                                     end_index=m.store.end_index), m.now)
+        m.node.complete(Answered(s.ctx, HeartBeatResponse(int(ResponseCode.SUCCESS), m.node.member.term, "n0",
+                                                          end_index=m.store.end_index)), m.now)
     m.drain()
     assert m.reply_to("r") is None
 

@@ -8,7 +8,7 @@ from array import array
 from typing import Any
 
 from dledger.codes import PushType, RequestCode, ResponseCode
-from dledger.core.contexts import PushCtx
+from dledger.core.contexts import Answered, PushCtx
 from dledger.core.member_state import MemberState
 from dledger.core.messages import PushRequest, PushResponse, Role
 from dledger.core.progress import Progress
@@ -180,7 +180,7 @@ def test_match_index_only_grows() -> None:
     answer_pushes(m, "n1", PushResponse(int(ResponseCode.SUCCESS), term, end))  # APPEND through end
     assert m.node.progress["n1"].match_index == end
     stale = PushCtx("n1", m.node.dispatchers["n1"].epoch, 0, int(PushType.COMPARE), end - 1, term)
-    m.node.on_response(stale, PushResponse(int(ResponseCode.SUCCESS), term, end - 1), m.now)
+    m.node.complete(Answered(stale, PushResponse(int(ResponseCode.SUCCESS), term, end - 1)), m.now)
     assert m.node.progress["n1"].match_index == end
 
 
@@ -200,5 +200,5 @@ def test_answers_of_an_earlier_leadership_are_ignored() -> None:
     m = leading()
     end = m.store.end_index
     old = PushCtx("n1", m.node.dispatchers["n1"].epoch, 0, int(PushType.COMPARE), end, m.node.member.term - 1)
-    m.node.on_response(old, PushResponse(int(ResponseCode.SUCCESS), m.node.member.term, end), m.now)
+    m.node.complete(Answered(old, PushResponse(int(ResponseCode.SUCCESS), m.node.member.term, end)), m.now)
     assert m.node.progress["n1"].match_index == -1

@@ -1,7 +1,7 @@
 """What the node hands the runtime with a request it sends, and gets back with the answer.
 
 `Send.ctx` is one of the contexts below, returned untouched with the answer
-(`Node.on_response`), and `ReadChunk.ctx` a `ChunkCtx`; the node routes each by its class
+(`Answered`, `Node.complete`), and `ReadChunk.ctx` a `ChunkCtx`; the node routes each by its class
 (`match`), and each part checks it against its own state (term, round, epoch), so a late
 answer to an earlier round, term or window is inert. Frozen: the runtime may keep one as long
 as it likes. msgspec structs without GC tracking: one is built per push on the hot path.

@@ -37,19 +37,16 @@ from __future__ import annotations
 import logging
 from collections import deque
 from enum import IntEnum
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import msgspec
 
 from dledger.codes import DISK_FAULTS, PushType, RequestCode, ResponseCode
-from dledger.core.contexts import ChunkCtx, InstallCtx, PushCtx
-from dledger.core.install_snapshot import SnapshotSender
+from dledger.core.contexts import ChunkCtx, Context, InstallCtx, PushCtx
+from dledger.core.install_snapshot import SenderContext, SnapshotSender
 from dledger.core.messages import InstallSnapshotResponse, PushRequest, PushResponse
 from dledger.entry import HEADER, scan
 from dledger.ratelog import RateLimitedLog
-
-if TYPE_CHECKING:
-    from dledger.core.node import Node
 
 log = logging.getLogger(__name__)
 
@@ -65,28 +62,58 @@ class State(IntEnum):
     INSTALL = PushType.INSTALL_SNAPSHOT
 
 
+
+class TermWatch(Protocol):
+    """The elector's reaction to a higher term in an answer (core.elector.LeaderElector)."""
+
+    def observe_term(self, term: int) -> bool: ...
+
+
+class CommitAdvance(Protocol):
+    """The quorum's commit step once a match moved (core.quorum.QuorumAckChecker)."""
+
+    def advance(self) -> bool: ...
+
+
+class DispatcherContext(SenderContext, Protocol):
+    """All an EntryDispatcher needs of its leader (the Node is one): what its SnapshotSender
+    needs, plus the elector's term watch, the quorum's commit step, an outbox for pushes, a
+    pump request, and the integrity calls for a record of ours found damaged."""
+
+    @property
+    def elector(self) -> TermWatch: ...
+    @property
+    def quorum(self) -> CommitAdvance: ...
+
+    def send(self, peer: str, code: int, msg: msgspec.Struct, ctx: Context, data: bytes | memoryview = b"",
+             timeout_ms: int | None = None) -> None: ...
+    def request_pump(self) -> None: ...
+    def mark_corrupt(self, index: int, reason: str) -> None: ...
+    def is_beyond_repair(self, index: int) -> bool: ...
+
+
 class EntryDispatcher:
-    def __init__(self, node: Node, peer: str) -> None:
-        self.node = node
+    def __init__(self, env: DispatcherContext, peer: str) -> None:
+        self.env = env
         self.peer = peer
         self.state = State.COMPARE
         self.epoch = 0
-        self.progress = node.progress[peer]  # what we know of the follower (shared with elector and quorum)
-        self.next_index = node.store.end_index + 1
-        self.compare_index = node.store.end_index - 1  # a new leader's NOOP is not there yet
+        self.progress = env.progress[peer]  # what we know of the follower (shared with elector and quorum)
+        self.next_index = env.store.end_index + 1
+        self.compare_index = env.store.end_index - 1  # a new leader's NOOP is not there yet
         self.compare_floor = -1  # highest index known to match (COMPARE searches above it)
         self.busy = False  # a COMPARE / TRUNCATE / COMMIT is in flight
         self.inflight: deque[tuple[int, int, int]] = deque()  # (seq, first, last) in send order
         self.early: dict[int, PushResponse | None] = {}  # answers that overtook an earlier push
         self.seq = 0
-        self.tokens = float(node.cfg.peer_push_quota)
-        self.last_refill = node.now
+        self.tokens = float(env.cfg.peer_push_quota)
+        self.last_refill = env.now
         self.paused_until = 0  # its disk failed: retry from then
-        self.sender = SnapshotSender(node, peer)  # INSTALL state: our snapshot, chunk by chunk
+        self.sender = SnapshotSender(env, peer)  # INSTALL state: our snapshot, chunk by chunk
         self.repair_busy = False  # a REPAIR push is in flight
         self.repair_paused_until = 0
         # the follower's answers (one per push of ours) trigger these lines: rate-limited
-        self._log = RateLimitedLog.on_ms(log, lambda: self.node.now, WARN_EVERY_MS / 1000)
+        self._log = RateLimitedLog.on_ms(log, lambda: self.env.now, WARN_EVERY_MS / 1000)
         self._warn = self._log.warning
 
     # --- state changes ---------------------------------------------------------------
@@ -101,7 +128,7 @@ class EntryDispatcher:
         self.busy = False
         self.sender.stop()
         self.compare_floor = self.progress.match_index
-        self.compare_index = max(min(compare_at, self.node.store.end_index), self.progress.match_index)
+        self.compare_index = max(min(compare_at, self.env.store.end_index), self.progress.match_index)
 
     # --- sending -----------------------------------------------------------------------
 
@@ -109,15 +136,15 @@ class EntryDispatcher:
         self.pump()
 
     def pump(self) -> None:
-        node = self.node
-        if not node.member.is_leader:
+        env = self.env
+        if not env.member.is_leader:
             return
         self._pump_repair()
-        if node.now < self.paused_until or not node.member.is_leader:
+        if env.now < self.paused_until or not env.member.is_leader:
             return
         if self.state == State.APPEND:
             self._send_appends()
-            if not self.inflight and not self.busy and self.progress.follower_commit < node.store.committed_index:
+            if not self.inflight and not self.busy and self.progress.follower_commit < env.store.committed_index:
                 self._send(PushType.COMMIT, self.progress.match_index)
         elif self.state == State.INSTALL:
             if not self.sender.active and not self.sender.start():
@@ -126,15 +153,15 @@ class EntryDispatcher:
             self.sender.pump(self.epoch)
         elif not self.busy:
             at = self.compare_index if self.state == State.COMPARE else self.compare_floor
-            if at < node.store.begin_index - 1:  # compaction passed it meanwhile
+            if at < env.store.begin_index - 1:  # compaction passed it meanwhile
                 self._install()
                 return
             self._send(PushType(self.state), at)
 
     def _send(self, kind: PushType, prev_index: int, first: int = 0, count: int = 0,
               data: bytes | memoryview = b"") -> None:
-        node, m = self.node, self.node.member
-        store = node.store
+        env, m = self.env, self.env.member
+        store = env.store
         prev_term = store.term_at(prev_index) if prev_index >= store.begin_index - 1 else -1
         next_term = -1
         if kind == PushType.TRUNCATE and prev_index + 1 <= store.end_index:
@@ -148,12 +175,12 @@ class EntryDispatcher:
         else:
             self.busy = True
             ctx = PushCtx(self.peer, self.epoch, 0, int(kind), prev_index, m.term)
-        node.send(self.peer, RequestCode.PUSH, req, ctx, data)
+        env.send(self.peer, RequestCode.PUSH, req, ctx, data)
 
     def _send_appends(self) -> None:
-        node = self.node
-        store = node.store
-        cfg = node.cfg
+        env = self.env
+        store = env.store
+        cfg = env.cfg
         while len(self.inflight) < cfg.max_inflight_pushes and self.next_index <= store.end_index:
             if self.next_index < store.begin_index:  # compaction passed it while it lagged
                 self._install()
@@ -180,12 +207,12 @@ class EntryDispatcher:
         every follower lags so, and commits crawled at the quota: the group stalled for
         minutes. A follower within a window of the commit index is one the commit waits for
         (the commit index is a majority's match), so it is never throttled."""
-        node = self.node
-        cfg = node.cfg
+        env = self.env
+        cfg = env.cfg
         quota = cfg.peer_push_quota
-        self.tokens = min(float(quota), self.tokens + (node.now - self.last_refill) * quota / 1000)
-        self.last_refill = node.now
-        if self.progress.match_index >= node.store.committed_index - cfg.max_pending_requests:
+        self.tokens = min(float(quota), self.tokens + (env.now - self.last_refill) * quota / 1000)
+        self.last_refill = env.now
+        if self.progress.match_index >= env.store.committed_index - cfg.max_pending_requests:
             return True
         return self.tokens > 0
 
@@ -194,40 +221,40 @@ class EntryDispatcher:
     def on_response(self, ctx: PushCtx, resp: msgspec.Struct | None) -> None:
         epoch, seq, kind, prev_index, term = ctx.epoch, ctx.seq, ctx.kind, ctx.prev_index, ctx.term
         if kind == PushType.REPAIR:  # beside the COMPARE / APPEND states: epochs do not apply
-            if term == self.node.member.term and self.node.member.is_leader:
+            if term == self.env.member.term and self.env.member.is_leader:
                 self._on_repair(prev_index, resp)
             return
         # every term's dispatchers count epochs from 0: the term tells an answer to a push
         # of an earlier leadership of ours apart
-        if epoch != self.epoch or term != self.node.member.term or not self.node.member.is_leader:
+        if epoch != self.epoch or term != self.env.member.term or not self.env.member.is_leader:
             return
         if resp is not None:
             assert isinstance(resp, PushResponse)
-            if self.node.elector.observe_term(resp.term):
+            if self.env.elector.observe_term(resp.term):
                 return
-            if resp.term == self.node.member.term:
+            if resp.term == self.env.member.term:
                 self.note_durable(resp.durable_index)
                 self.note_corrupt(resp.corrupt_index)
             if resp.code != ResponseCode.SUCCESS and resp.bad_index >= 0:
                 self._on_rejected_record(resp)
-                self.node.request_pump()
+                self.env.request_pump()
                 return
             if resp.code != ResponseCode.SUCCESS and resp.corrupt_index >= 0:
                 # its own record is damaged: REPAIR runs beside; do not re-probe in a tight loop
-                self.paused_until = self.node.now + self.node.cfg.heart_beat_time_interval_ms
+                self.paused_until = self.env.now + self.env.cfg.heart_beat_time_interval_ms
             if resp.code == ResponseCode.SUCCESS:
-                self.progress.last_ack = self.node.now  # it still follows us
+                self.progress.last_ack = self.env.now  # it still follows us
                 self.progress.disk_fault = False
             elif resp.code in DISK_FAULTS:
                 if not self.progress.disk_fault:
                     self._warn("disk", "push to %s: its disk cannot write (%s); retrying every %d ms", self.peer,
-                               ResponseCode(resp.code).name, self.node.cfg.heart_beat_time_interval_ms)
+                               ResponseCode(resp.code).name, self.env.cfg.heart_beat_time_interval_ms)
                 self.progress.disk_fault = True
-                self.paused_until = self.node.now + self.node.cfg.heart_beat_time_interval_ms
+                self.paused_until = self.env.now + self.env.cfg.heart_beat_time_interval_ms
                 # it says nothing of its log: try the same push again later
                 self.reset(self.compare_index if self.state == State.COMPARE else self.next_index - 1,
                            f"its disk answered {ResponseCode(resp.code).name}")
-                self.node.request_pump()
+                self.env.request_pump()
                 return
         if kind == PushType.APPEND:
             self._on_append(seq, resp if isinstance(resp, PushResponse) else None)
@@ -235,14 +262,14 @@ class EntryDispatcher:
             self.busy = False
             if isinstance(resp, PushResponse):
                 self._on_control(PushType(kind), prev_index, resp)
-        self.node.request_pump()
+        self.env.request_pump()
 
     def _on_control(self, kind: PushType, prev_index: int, resp: PushResponse) -> None:
         ok = resp.code == ResponseCode.SUCCESS
         if kind == PushType.COMMIT:
             if ok:
                 pr = self.progress
-                pr.follower_commit = max(pr.follower_commit, min(resp.end_index, self.node.store.committed_index))
+                pr.follower_commit = max(pr.follower_commit, min(resp.end_index, self.env.store.committed_index))
             else:
                 self.reset(self.next_index - 1, f"COMMIT answered {resp.code}")
         elif kind == PushType.COMPARE:
@@ -251,7 +278,7 @@ class EntryDispatcher:
             if ok:
                 self._start_append()
             else:  # (it refused: at once again it refuses again, a COMPARE and a TRUNCATE per round trip)
-                self.paused_until = self.node.now + self.node.cfg.heart_beat_time_interval_ms
+                self.paused_until = self.env.now + self.env.cfg.heart_beat_time_interval_ms
                 self.reset(self.next_index - 1, f"TRUNCATE answered {resp.code}")
 
     def _on_compare(self, i: int, resp: PushResponse) -> None:
@@ -260,7 +287,7 @@ class EntryDispatcher:
         if resp.code == ResponseCode.SUCCESS:
             self.compare_floor = max(self.compare_floor, i)
             self._matched(i)
-            higher = min(resp.end_index, self.node.store.end_index)
+            higher = min(resp.end_index, self.env.store.end_index)
             if higher > i:
                 self.compare_index = higher  # the follower may share more: probe there
                 return
@@ -277,7 +304,7 @@ class EntryDispatcher:
                 self.compare_floor = -1
             nxt = self._next_compare(i, resp)
             if nxt > self.compare_floor:
-                if nxt < self.node.store.begin_index - 1:  # the search goes where our log was deleted
+                if nxt < self.env.store.begin_index - 1:  # the search goes where our log was deleted
                     self._install()
                     return
                 self.compare_index = nxt
@@ -289,7 +316,7 @@ class EntryDispatcher:
             self._start_append()
 
     def _start_append(self) -> None:
-        if self.compare_floor + 1 < self.node.store.begin_index:  # matched below our log (e.g. both empty
+        if self.compare_floor + 1 < self.env.store.begin_index:  # matched below our log (e.g. both empty
             self._install()  # at -1), but what it needs next is deleted here
             return
         self.state = State.APPEND
@@ -297,7 +324,7 @@ class EntryDispatcher:
 
     def _next_compare(self, i: int, resp: PushResponse) -> int:
         """Where to compare next after a mismatch at i (conflict-term skipping)."""
-        store = self.node.store
+        store = self.env.store
         if resp.x_term < 0:
             nxt = min(resp.end_index, i - 1)  # follower's log ends before i
         else:
@@ -322,8 +349,8 @@ class EntryDispatcher:
         """No snapshot reaches our log begin (a state machine whose log was lost before its
         first snapshot): ask again now and then, not in a tight loop."""
         self.state = State.COMPARE
-        self.compare_index = max(self.node.store.begin_index - 1, self.progress.match_index)
-        self.paused_until = self.node.now + STRANDED_RETRY_MS
+        self.compare_index = max(self.env.store.begin_index - 1, self.progress.match_index)
+        self.paused_until = self.env.now + STRANDED_RETRY_MS
 
     def install_hold(self) -> int:
         """The first entry retention keeps for this follower's install (-1: none): what follows
@@ -333,7 +360,7 @@ class EntryDispatcher:
         if self.sender.meta is not None:
             return self.sender.meta.last_index + 1
         if self.progress.installed_through >= 0:
-            if self.progress.match_index >= self.node.store.committed_index:
+            if self.progress.match_index >= self.env.store.committed_index:
                 self.progress.installed_through = -1
                 return -1
             return max(self.progress.installed_through, self.progress.match_index) + 1
@@ -344,19 +371,19 @@ class EntryDispatcher:
         what comes before: a rotten record beyond repair, its own newer snapshot damaged):
         send ours if it reaches that far, else take one first if our state does."""
         if index >= 0 and self.state != State.INSTALL and self._install_past(index):
-            self.node.request_pump()
+            self.env.request_pump()
 
     def _install_past(self, index: int) -> bool:
         """Send the follower our snapshot if it covers `index` (True); else, if our state machine
         has applied that far, take one now so the next attempt can."""
-        snap, a = self.node.snapshot_meta, self.node.applier
+        snap, a = self.env.snapshot_meta, self.env.applier
         if a is None:
             return False
         if snap is not None and snap.last_index >= index:
             self._install()
             return True
         if a.applied_index >= index:
-            self.node.want_snapshot()
+            self.env.want_snapshot()
         return False
 
     def on_chunk_read(self, ctx: ChunkCtx, data: bytes, crc: int, error: str) -> None:
@@ -366,18 +393,18 @@ class EntryDispatcher:
                 (s.meta.last_index, s.offset) != (last_index, offset):
             return
         s.on_chunk(epoch, data, crc, error)
-        self.node.request_pump()
+        self.env.request_pump()
 
     def on_install_response(self, ctx: InstallCtx, resp: InstallSnapshotResponse | None) -> None:
         epoch, term, last_index = ctx.epoch, ctx.term, ctx.last_index
-        node = self.node
-        if epoch != self.epoch or term != node.member.term or not node.member.is_leader or \
+        env = self.env
+        if epoch != self.epoch or term != env.member.term or not env.member.is_leader or \
                 self.state != State.INSTALL:
             return
         if resp is not None:
-            if node.elector.observe_term(resp.term):
+            if env.elector.observe_term(resp.term):
                 return
-            if resp.term == node.member.term:
+            if resp.term == env.member.term:
                 self.note_durable(resp.durable_index)
         if self.sender.on_response(resp):
             # it holds our log through last_index now: match from there (its end may be higher)
@@ -385,11 +412,11 @@ class EntryDispatcher:
             self.progress.installed_through = last_index
             self._matched(last_index)
             self.reset(resp.end_index if resp is not None else last_index, f"snapshot {last_index} installed")
-        node.request_pump()
+        env.request_pump()
 
     def _last_index_of_term(self, term: int, upto: int) -> int:
         """Highest j <= upto whose term is `term` in our log, or -1."""
-        store = self.node.store
+        store = self.env.store
         lo, hi = store.begin_index, min(upto, store.end_index)
         if hi < lo:
             return -1
@@ -422,35 +449,35 @@ class EntryDispatcher:
             self.inflight.popleft()
             self._matched(last)
             pr = self.progress
-            pr.follower_commit = max(pr.follower_commit, min(r.end_index, self.node.store.committed_index))
+            pr.follower_commit = max(pr.follower_commit, min(r.end_index, self.env.store.committed_index))
 
     def _matched(self, index: int) -> None:
         if index > self.progress.match_index:
             self.progress.match_index = index
-            if self.node.cfg.flush == "async":
-                self.node.quorum.advance()
+            if self.env.cfg.flush == "async":
+                self.env.quorum.advance()
 
     # --- data faults ------------------------------------------------------------------------
 
     def _on_rejected_record(self, resp: PushResponse) -> None:
         """The follower found one of the records we pushed damaged: check our own copy."""
-        node, store = self.node, self.node.store
+        env, store = self.env, self.env.store
         i = resp.bad_index
         own = store.verify(i) if store.begin_index <= i <= store.end_index else None
         if own is not None:
             self._warn("rejected", "push to %s: it rejects our record %d (%s), and our copy is damaged: %s",
                        self.peer, i, resp.reason, own)
             self.reset(self.next_index - 1, f"our record {i} is damaged")
-            if node.is_beyond_repair(i):  # no member holds a good copy: only a snapshot past it helps
+            if env.is_beyond_repair(i):  # no member holds a good copy: only a snapshot past it helps
                 if not self._install_past(i):
-                    self.paused_until = node.now + node.cfg.heart_beat_time_interval_ms  # do not loop
+                    self.paused_until = env.now + env.cfg.heart_beat_time_interval_ms  # do not loop
                 return
-            node.mark_corrupt(i, own)  # hands leadership over (or steps down)
+            env.mark_corrupt(i, own)  # hands leadership over (or steps down)
             return
-        hb = node.cfg.heart_beat_time_interval_ms
+        hb = env.cfg.heart_beat_time_interval_ms
         self._warn("rejected", "push to %s: it rejects our record %d (%s), which verifies here (a network or "
                    "disk fault on its side?); retrying every %d ms", self.peer, i, resp.reason, hb)
-        self.paused_until = node.now + hb
+        self.paused_until = env.now + hb
         self.reset(self.next_index - 1, f"record {i} rejected: {resp.reason}")
 
     def note_corrupt(self, index: int) -> None:
@@ -466,70 +493,70 @@ class EntryDispatcher:
                 self._warn("corrupt", "push to %s: it reports a corrupt record at index %d; sending it our copy",
                            self.peer, index)
             self.progress.repair_index = index
-            self.node.request_pump()
+            self.env.request_pump()
 
     def _pump_repair(self) -> None:
         """Send the follower our copies of the records from its first corrupt one (verified
         here first: a damaged copy of ours is never sent; it makes us corrupt instead)."""
-        node = self.node
-        if self.progress.repair_index < 0 or self.repair_busy or node.now < self.repair_paused_until:
+        env = self.env
+        if self.progress.repair_index < 0 or self.repair_busy or env.now < self.repair_paused_until:
             return
-        store, hb = node.store, node.cfg.heart_beat_time_interval_ms
+        store, hb = env.store, env.cfg.heart_beat_time_interval_ms
         i = self.progress.repair_index
         if i < store.begin_index:
             self._warn("repair", "follower %s: its record %d is corrupt and ours was deleted by retention (log "
                        "begins at %d): it cannot be repaired; told it so", self.peer, i, store.begin_index)
-            self.repair_paused_until = node.now + STRANDED_RETRY_MS
+            self.repair_paused_until = env.now + STRANDED_RETRY_MS
             self._send_repair(store.begin_index, 0, b"")  # no record: "our log begins at first_index"
-            if node.applier is not None and self.state != State.INSTALL:
+            if env.applier is not None and self.state != State.INSTALL:
                 self._install()  # its state machine may need that record: our snapshot replaces it
             return
         if i > store.end_index:  # not an entry of ours: replication truncates it
-            self.repair_paused_until = node.now + hb
+            self.repair_paused_until = env.now + hb
             return
-        raw = store.read_raw(i, node.cfg.max_batch_push_bytes)
+        raw = store.read_raw(i, env.cfg.max_batch_push_bytes)
         data = bytes(raw.data)
         raw.data.release()
         res = scan(data, 0, len(data), i, HEADER.unpack_from(data, 0)[4], store.chain_at(i - 1),
                    store.term_at(i - 1))
         if res.count < raw.count:
             bad = i + res.count
-            node.mark_corrupt(bad, f"record {bad}, read to repair {self.peer}: {res.stop.removeprefix('corrupt: ')}")
-            if res.count == 0 or not node.member.is_leader:
+            env.mark_corrupt(bad, f"record {bad}, read to repair {self.peer}: {res.stop.removeprefix('corrupt: ')}")
+            if res.count == 0 or not env.member.is_leader:
                 return
         self._send_repair(i, res.count, data[: res.consumed])
 
     def _send_repair(self, first: int, count: int, data: bytes) -> None:
-        node, store, m = self.node, self.node.store, self.node.member
+        env, store, m = self.env, self.env.store, self.env.member
         req = PushRequest(m.group, m.self_id, self.peer, m.term, int(PushType.REPAIR), first - 1,
                           store.term_at(first - 1), first, count, store.committed_index)
         self.repair_busy = True
-        node.send(self.peer, RequestCode.PUSH, req,
+        env.send(self.peer, RequestCode.PUSH, req,
                   PushCtx(self.peer, self.epoch, 0, int(PushType.REPAIR), first, m.term), data)
 
     def _on_repair(self, first: int, resp: msgspec.Struct | None) -> None:
-        node = self.node
+        env = self.env
         self.repair_busy = False
-        hb = node.cfg.heart_beat_time_interval_ms
+        hb = env.cfg.heart_beat_time_interval_ms
         if not isinstance(resp, PushResponse):
-            self.repair_paused_until = node.now + hb
-            node.request_pump()
+            self.repair_paused_until = env.now + hb
+            env.request_pump()
             return
-        if node.elector.observe_term(resp.term):
+        if env.elector.observe_term(resp.term):
             return
         if resp.code == ResponseCode.SUCCESS:
-            self.progress.last_ack = node.now
+            self.progress.last_ack = env.now
             if resp.corrupt_index < 0:
                 self._warn("repaired", "push to %s: its corrupt records are repaired", self.peer)
             elif resp.corrupt_index == first:  # still damaged after our copy: do not loop
                 self._warn("repair", "push to %s: record %d still corrupt there after a repair", self.peer, first)
-                self.repair_paused_until = node.now + hb
+                self.repair_paused_until = env.now + hb
         else:
             self._warn("repair", "push to %s: repair from %d failed (%s): %s; retrying every %d ms", self.peer, first,
                        _code_name(resp.code), resp.reason, hb)
-            self.repair_paused_until = node.now + hb
+            self.repair_paused_until = env.now + hb
         self.note_corrupt(resp.corrupt_index)
-        node.request_pump()
+        env.request_pump()
 
     def lost_match(self, end: int, matched: int) -> None:
         """The follower's log ends at `end`, below the `matched` it had acknowledged (its store
@@ -542,15 +569,15 @@ class EntryDispatcher:
         self.progress.follower_commit = -1
         self.paused_until = 0
         self.reset(end, "its log ends below its match")
-        self.node.request_pump()
+        self.env.request_pump()
 
     def note_durable(self, durable: int) -> None:
         """The follower's fsynced prefix equal to our log (any answer carries it); in sync
         mode it is what counts toward the commit."""
         if durable > self.progress.durable:
             self.progress.durable = durable
-            if self.node.cfg.flush == "sync":
-                self.node.quorum.advance()
+            if self.env.cfg.flush == "sync":
+                self.env.quorum.advance()
 
 
 def _code_name(code: int) -> str:

@@ -19,13 +19,17 @@ Differences from DLedger, on purpose:
 from __future__ import annotations
 
 import logging
+import random
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import msgspec
 
 from dledger.codes import RequestCode, ResponseCode
-from dledger.core.contexts import HeartbeatCtx, TransferCtx, VoteCtx
+from dledger.config import DLedgerConfig
+from dledger.core.contexts import Context, HeartbeatCtx, TransferCtx, VoteCtx
+from dledger.core.member_state import MemberState
 from dledger.core.messages import (
     HeartBeatRequest,
     HeartBeatResponse,
@@ -37,11 +41,9 @@ from dledger.core.messages import (
     VoteResponse,
     VoteResult,
 )
+from dledger.core.progress import Progress
 from dledger.ratelog import RateLimitedLog
-from dledger.store.base import StoreError
-
-if TYPE_CHECKING:
-    from dledger.core.node import Node
+from dledger.store.base import LedgerStore, StoreError
 
 log = logging.getLogger(__name__)
 
@@ -54,15 +56,85 @@ class _Transfer:
     sent: bool = False
 
 
+class FollowerNotes(Protocol):
+    """A follower's dispatcher, told what a heartbeat answer says (core.dispatcher.EntryDispatcher)."""
+
+    def lost_match(self, end: int, matched: int) -> None: ...
+    def note_durable(self, durable: int) -> None: ...
+    def note_corrupt(self, index: int) -> None: ...
+    def note_apply_needs(self, index: int) -> None: ...
+
+
+class CommitNotes(Protocol):
+    """The follower's side of commit and durability (core.handler.EntryHandler)."""
+
+    def update_commit(self, leader_commit: int) -> None: ...
+    def durable_match(self) -> int: ...
+
+
+class ReadRounds(Protocol):
+    """ReadIndex's heartbeat rounds and leases (core.read_index.ReadIndex)."""
+
+    def next_round(self) -> int: ...
+    def on_ack(self, peer: str, round_: int) -> None: ...
+    def end_leases(self) -> None: ...
+
+
+class ElectorContext(Protocol):
+    """All a LeaderElector needs of its member (the Node is one): the member, store, options,
+    clock and randomness; what the leader knows of each follower (Progress) and their
+    dispatchers; the follower's commit notes; ReadIndex's rounds; whether the member may lead
+    (store space and faults, corruption, a state machine stuck, the retention floor); an
+    outbox for requests and replies; and the role changes, which the node resets in one place
+    (Node._change_role)."""
+
+    @property
+    def now(self) -> int: ...
+    @property
+    def member(self) -> MemberState: ...
+    @property
+    def store(self) -> LedgerStore: ...
+    @property
+    def cfg(self) -> DLedgerConfig: ...
+    @property
+    def rng(self) -> random.Random: ...
+    @property
+    def progress(self) -> Mapping[str, Progress]: ...
+    @property
+    def dispatchers(self) -> Mapping[str, FollowerNotes]: ...
+    @property
+    def handler(self) -> CommitNotes: ...
+    @property
+    def reads(self) -> ReadRounds: ...
+    @property
+    def corrupt(self) -> tuple[int, str] | None: ...
+    @property
+    def corrupt_index(self) -> int: ...
+
+    def unfit_to_lead(self) -> str: ...
+    def full(self) -> StoreError | None: ...
+    def apply_needs(self) -> int: ...
+    def retention_floor(self) -> tuple[int, str]: ...
+    def follow_retention_floor(self, floor: int, holder: str) -> None: ...
+    def store_failed(self, e: StoreError) -> None: ...
+    def send(self, peer: str, code: int, msg: msgspec.Struct, ctx: Context, data: bytes | memoryview = b"",
+             timeout_ms: int | None = None) -> None: ...
+    def reply(self, token: Any, code: int, msg: msgspec.Struct) -> None: ...
+    def become_candidate(self) -> None: ...
+    def become_leader(self) -> bool: ...
+    def follow(self, leader_id: str) -> None: ...
+    def step_down(self, reason: str) -> None: ...
+
+
 class LeaderElector:
-    def __init__(self, node: Node) -> None:
-        self.node = node
-        cfg = node.cfg
+    def __init__(self, env: ElectorContext) -> None:
+        self.env = env
+        cfg = env.cfg
         self.hb_ms = cfg.heart_beat_time_interval_ms
         self.leader_lease_ms = cfg.heart_beat_time_interval_ms * cfg.max_heart_beat_leak
         self.leader_lease_hint = 0  # our leader's lease, from its heartbeats (it may be configured longer)
         self.last_leader_contact = -(1 << 62)
-        self.election_deadline = node.now + self._election_timeout()
+        self.election_deadline = env.now + self._election_timeout()
         self.round = 0
         self.round_active = False
         self.round_pre_vote = False
@@ -72,15 +144,15 @@ class LeaderElector:
         self.responses: dict[str, int] = {}
         self.next_heartbeat = 0
         self.leader_since = 0
-        self.progress = node.progress  # what we know of each follower (core.progress)
+        self.progress = env.progress  # what we know of each follower (core.progress)
         self.transfer: _Transfer | None = None
         self.awaiting: _Transfer | None = None  # transfer handed over; waiting for the new leader
         self.elections = 0  # real (not pre-vote) rounds started, for metrics
         # a (re)started member may have acknowledged a leader's heartbeat just before it went
         # down: it votes for no one for a lease, as if that leader were still alive (lease reads
         # rely on every acknowledging member keeping out of elections that long)
-        self.no_vote_until = node.now + self.leader_lease_ms
-        self._log = RateLimitedLog.on_ms(log, lambda: node.now)
+        self.no_vote_until = env.now + self.leader_lease_ms
+        self._log = RateLimitedLog.on_ms(log, lambda: env.now)
 
     @property
     def transferring(self) -> bool:
@@ -91,24 +163,24 @@ class LeaderElector:
     def _election_timeout(self) -> int:
         """Lease plus jitter; preferred members draw from the lower half so they
         usually campaign first."""
-        cfg = self.node.cfg
+        cfg = self.env.cfg
         spread = cfg.max_vote_interval_ms - cfg.min_vote_interval_ms
         lo, hi = 0, spread
         if cfg.preferred_leader_ids:
             half = spread // 2
             lo, hi = (0, half) if cfg.self_id in cfg.preferred_leader_ids else (half, spread)
         # never before our leader's lease ends, however short ours is (mixed heartbeat settings)
-        return self._followed_lease_ms + self.node.rng.randint(lo, hi)
+        return self._followed_lease_ms + self.env.rng.randint(lo, hi)
 
     def _revote_delay(self) -> int:
-        cfg = self.node.cfg
-        return self.node.rng.randint(cfg.min_vote_interval_ms, cfg.max_vote_interval_ms)
+        cfg = self.env.cfg
+        return self.env.rng.randint(cfg.min_vote_interval_ms, cfg.max_vote_interval_ms)
 
     def leader_alive(self) -> bool:
-        m = self.node.member
+        m = self.env.member
         if m.role == Role.LEADER:
             return True
-        return m.leader_id is not None and self.node.now - self.last_leader_contact < self._followed_lease_ms
+        return m.leader_id is not None and self.env.now - self.last_leader_contact < self._followed_lease_ms
 
     @property
     def _followed_lease_ms(self) -> int:
@@ -119,8 +191,8 @@ class LeaderElector:
     # --- tick -----------------------------------------------------------------------
 
     def tick(self) -> None:
-        now = self.node.now
-        role = self.node.member.role
+        now = self.env.now
+        role = self.env.member.role
         if role == Role.FOLLOWER:
             if now >= self.election_deadline:
                 self._campaign()
@@ -141,8 +213,8 @@ class LeaderElector:
         # check quorum: a leader that cannot reach a majority steps down
         window = self.leader_lease_ms
         alive = 1 + sum(1 for p in self.progress.values() if p.heard_within(now, window, self.leader_since))
-        if not self.node.member.is_quorum(alive):
-            self.node.step_down(f"reached only {alive} members in {window} ms (check quorum)")
+        if not self.env.member.is_quorum(alive):
+            self.env.step_down(f"reached only {alive} members in {window} ms (check quorum)")
             self.election_deadline = now + self._election_timeout()
             return
         self._tick_transfer(now)
@@ -151,21 +223,21 @@ class LeaderElector:
 
     def _campaign(self) -> None:
         """Start a pre-vote round, unless our store cannot write: then wait another timeout."""
-        why = self.node.unfit_to_lead()
+        why = self.env.unfit_to_lead()
         if why:
-            if self.node.member.role == Role.CANDIDATE:
-                self.node.step_down(why)
-            self.election_deadline = self.node.now + self._election_timeout()
+            if self.env.member.role == Role.CANDIDATE:
+                self.env.step_down(why)
+            self.election_deadline = self.env.now + self._election_timeout()
             return
         self.start_round(pre_vote=True)
 
     def start_round(self, pre_vote: bool, transfer: bool = False) -> None:
-        node, m = self.node, self.node.member
-        node.become_candidate()
+        env, m = self.env, self.env.member
+        env.become_candidate()
         self.round += 1
         self.round_active = True
         self.round_pre_vote = pre_vote
-        self.round_deadline = node.now + node.cfg.max_vote_interval_ms
+        self.round_deadline = env.now + env.cfg.max_vote_interval_ms
         self.accepted = {m.self_id}
         self.responses = {}
         if not pre_vote:
@@ -173,22 +245,22 @@ class LeaderElector:
                 m.set_term(m.term + 1, voted_for=m.self_id)
             except StoreError as e:  # the term cannot be persisted: no round
                 self.round_active = False
-                node.store_failed(e)
-                self.election_deadline = node.now + self._election_timeout()
+                env.store_failed(e)
+                self.election_deadline = env.now + self._election_timeout()
                 return
             self.elections += 1
         term = m.term + 1 if pre_vote else m.term
-        store = node.store
+        store = env.store
         log.debug("%s: %s round %d for term %d", m.self_id, "pre-vote" if pre_vote else "vote", self.round, term)
         for p in m.others:
             req = VoteRequest(m.group, m.self_id, p, term, store.end_index, store.end_term, pre_vote, transfer)
             ctx = VoteCtx(self.round, pre_vote, p)
-            node.send(p, RequestCode.VOTE, req, ctx, timeout_ms=node.cfg.max_vote_interval_ms)
+            env.send(p, RequestCode.VOTE, req, ctx, timeout_ms=env.cfg.max_vote_interval_ms)
         self._check_round()
 
     def on_vote_response(self, ctx: VoteCtx, resp: msgspec.Struct | None) -> None:
         rnd, peer = ctx.round, ctx.peer
-        m = self.node.member
+        m = self.env.member
         if rnd != self.round or not self.round_active or m.role != Role.CANDIDATE:
             return
         if resp is None:
@@ -205,39 +277,39 @@ class LeaderElector:
         self._check_round()
 
     def _check_round(self) -> None:
-        m = self.node.member
+        m = self.env.member
         if m.is_quorum(len(self.accepted)):
             self.round_active = False
             if self.round_pre_vote:
                 self.start_round(pre_vote=False)
             else:
-                if not self.node.become_leader():
-                    self.election_deadline = self.node.now + self._election_timeout()
+                if not self.env.become_leader():
+                    self.election_deadline = self.env.now + self._election_timeout()
                     return
                 self._send_heartbeats()
-                self.next_heartbeat = self.node.now + self.hb_ms
+                self.next_heartbeat = self.env.now + self.hb_ms
         elif len(self.responses) + 1 >= len(m.peer_ids):
             self._end_round(ParseResult.WAIT_TO_REVOTE)
 
     def _end_round(self, result: ParseResult) -> None:
         self.round_active = False
-        self.next_round_at = self.node.now + self._revote_delay()
-        log.debug("%s: round %d ended %s: %s", self.node.member.self_id, self.round, result.name,
+        self.next_round_at = self.env.now + self._revote_delay()
+        log.debug("%s: round %d ended %s: %s", self.env.member.self_id, self.round, result.name,
                   {p: VoteResult(r).name for p, r in self.responses.items()})
 
     # --- voter -------------------------------------------------------------------------
 
     def handle_vote(self, req: VoteRequest, token: Any) -> None:
         result = self._vote(req)
-        self.node.reply(token, RequestCode.VOTE, VoteResponse(self.node.member.term, int(result), req.pre_vote))
+        self.env.reply(token, RequestCode.VOTE, VoteResponse(self.env.member.term, int(result), req.pre_vote))
 
     def _vote(self, req: VoteRequest) -> VoteResult:
-        m, node = self.node.member, self.node
+        m, env = self.env.member, self.env
         if req.term < m.term:
             return VoteResult.REJECT_EXPIRED_VOTE_TERM
         if self.leader_alive() and not req.transfer and m.leader_id != req.leader_id:
             return VoteResult.REJECT_ALREADY_HAS_LEADER
-        if node.now < self.no_vote_until and not req.transfer:
+        if env.now < self.no_vote_until and not req.transfer:
             return VoteResult.REJECT_ALREADY_HAS_LEADER  # just started: a lease we acknowledged may hold
         ledger = self._compare_ledger(req)
         if req.pre_vote:
@@ -245,18 +317,18 @@ class LeaderElector:
         if req.term > m.term:
             m.set_term(req.term)
             if m.role != Role.FOLLOWER:
-                node.step_down(f"vote request of term {req.term}")
+                env.step_down(f"vote request of term {req.term}")
         if m.voted_for not in (None, req.leader_id):
             return VoteResult.REJECT_ALREADY_VOTED
         if ledger != VoteResult.ACCEPT:
             return ledger
         m.vote_for(req.leader_id)
-        self.election_deadline = node.now + self._election_timeout()
+        self.election_deadline = env.now + self._election_timeout()
         return VoteResult.ACCEPT
 
     def _compare_ledger(self, req: VoteRequest) -> VoteResult:
         """Raft's up-to-date check: the later last term wins, then the longer log."""
-        store = self.node.store
+        store = self.env.store
         if req.ledger_end_term < store.end_term:
             return VoteResult.REJECT_EXPIRED_LEDGER_TERM
         if req.ledger_end_term == store.end_term and req.ledger_end_index < store.end_index:
@@ -267,7 +339,7 @@ class LeaderElector:
 
     def accept_leader(self, term: int, leader_id: str) -> ResponseCode | None:
         """Checks shared by heartbeats and pushes; on success the sender is our leader."""
-        m, node = self.node.member, self.node
+        m, env = self.env.member, self.env
         if term < m.term:
             return ResponseCode.EXPIRED_TERM
         if term > m.term:
@@ -275,20 +347,20 @@ class LeaderElector:
             if m.role == Role.LEADER:
                 # a leader of an older term: adopting the term ends its leadership (found
                 # by the simulator: keeping the role made two leaders in one term)
-                node.step_down(f"{leader_id} leads the newer term {term}")
+                env.step_down(f"{leader_id} leads the newer term {term}")
         if m.role == Role.LEADER:
             return ResponseCode.INCONSISTENT_LEADER  # two leaders in one term cannot be
         if m.role == Role.CANDIDATE:
             self.round_active = False
-            node.step_down(f"{leader_id} leads term {term}")
+            env.step_down(f"{leader_id} leads term {term}")
         if m.leader_id is None:
-            node.follow(leader_id)
+            env.follow(leader_id)
             # (a forged heartbeat of a higher term each time would log this for every one)
             self._log.info("follows", "%s/%s: follows %s in term %d", m.group, m.self_id, leader_id, term)
         elif m.leader_id != leader_id:
             return ResponseCode.INCONSISTENT_LEADER
-        self.last_leader_contact = node.now
-        self.election_deadline = node.now + self._election_timeout()
+        self.last_leader_contact = env.now
+        self.election_deadline = env.now + self._election_timeout()
         if self.awaiting is not None and self.awaiting.target == leader_id:
             self._finish_transfer(self.awaiting, ResponseCode.SUCCESS, "")
             self.awaiting = None
@@ -296,35 +368,35 @@ class LeaderElector:
 
     def handle_heartbeat(self, req: HeartBeatRequest, token: Any) -> None:
         err = self.accept_leader(req.term, req.leader_id)
-        m = self.node.member
+        m = self.env.member
         if err is None:
             if req.lease_ms != self.leader_lease_hint:
                 self.leader_lease_hint = req.lease_ms
-                self.election_deadline = self.node.now + self._election_timeout()
-            self.node.handler.update_commit(req.committed_index)
-            self.node.follow_retention_floor(req.retention_floor, req.retention_holder)
+                self.election_deadline = self.env.now + self._election_timeout()
+            self.env.handler.update_commit(req.committed_index)
+            self.env.follow_retention_floor(req.retention_floor, req.retention_holder)
         code = ResponseCode.SUCCESS if err is None else err
-        node = self.node
-        resp = HeartBeatResponse(int(code), m.term, m.leader_id or "", node.handler.durable_match(),
-                                 node.full() is not None, node.store.end_index, node.corrupt_index,
-                                 node.apply_needs())
-        self.node.reply(token, RequestCode.HEART_BEAT, resp)
+        env = self.env
+        resp = HeartBeatResponse(int(code), m.term, m.leader_id or "", env.handler.durable_match(),
+                                 env.full() is not None, env.store.end_index, env.corrupt_index,
+                                 env.apply_needs())
+        self.env.reply(token, RequestCode.HEART_BEAT, resp)
 
     def heartbeat_now(self) -> None:
         """Send a heartbeat round now (its tick, or reads waiting to be confirmed)."""
-        self.next_heartbeat = self.node.now + self.hb_ms
+        self.next_heartbeat = self.env.now + self.hb_ms
         self._send_heartbeats()
 
     def _send_heartbeats(self) -> None:
-        node, m = self.node, self.node.member
-        floor, holder = node.retention_floor()
-        round_ = node.reads.next_round()  # a majority acknowledging it confirms waiting reads
+        env, m = self.env, self.env.member
+        floor, holder = env.retention_floor()
+        round_ = env.reads.next_round()  # a majority acknowledging it confirms waiting reads
         for p in m.others:
-            req = HeartBeatRequest(m.group, m.self_id, p, m.term, node.store.committed_index, floor, holder,
+            req = HeartBeatRequest(m.group, m.self_id, p, m.term, env.store.committed_index, floor, holder,
                                    self.leader_lease_ms)
             # what it had acknowledged when we asked: its answer must not report less
             matched = self.progress[p].match_index
-            node.send(p, RequestCode.HEART_BEAT, req, HeartbeatCtx(p, m.term, matched, round_),
+            env.send(p, RequestCode.HEART_BEAT, req, HeartbeatCtx(p, m.term, matched, round_),
                       timeout_ms=self.leader_lease_ms)
 
     def on_heartbeat_response(self, ctx: HeartbeatCtx, resp: msgspec.Struct | None) -> None:
@@ -334,13 +406,13 @@ class LeaderElector:
         assert isinstance(resp, HeartBeatResponse)
         if self.observe_term(resp.term):
             return
-        if resp.code == ResponseCode.SUCCESS and term == self.node.member.term and self.node.member.is_leader:
+        if resp.code == ResponseCode.SUCCESS and term == self.env.member.term and self.env.member.is_leader:
             self.ack(peer)
-            self.node.reads.on_ack(peer, round_)
+            self.env.reads.on_ack(peer, round_)
             pr = self.progress[peer]
             pr.store_full = resp.store_full
             pr.corrupt = resp.corrupt_index >= 0
-            d = self.node.dispatchers.get(peer)
+            d = self.env.dispatchers.get(peer)
             if d is not None:
                 if resp.end_index is not None and resp.end_index < matched:
                     d.lost_match(resp.end_index, matched)  # wiped, or lost its tail: catch it up now
@@ -350,14 +422,14 @@ class LeaderElector:
 
     def ack(self, peer: str) -> None:
         """Any successful answer from a follower proves it still follows us."""
-        self.progress[peer].last_ack = self.node.now
+        self.progress[peer].last_ack = self.env.now
 
     def observe_term(self, term: int) -> bool:
         """A higher term seen in a response ends our leadership; True if so."""
-        m = self.node.member
+        m = self.env.member
         if term > m.term:
-            self.node.step_down(f"a member is at term {term}")  # even if the term cannot be persisted
-            self.election_deadline = self.node.now + self._election_timeout()
+            self.env.step_down(f"a member is at term {term}")  # even if the term cannot be persisted
+            self.election_deadline = self.env.now + self._election_timeout()
             m.set_term(term)
             return True
         return False
@@ -365,19 +437,19 @@ class LeaderElector:
     # --- leadership transfer ------------------------------------------------------------
 
     def handle_transfer(self, req: LeadershipTransferRequest, token: Any) -> None:
-        node, m = self.node, self.node.member
+        env, m = self.env, self.env.member
         if req.transfer_id and req.transferee_id == m.self_id:
             # the leader hands over to us: campaign now, past the leader's lease
             if req.term != m.term or req.transfer_id != m.leader_id:
                 code = ResponseCode.EXPIRED_TERM if req.term < m.term else ResponseCode.INCONSISTENT_LEADER
-                node.reply(token, RequestCode.LEADERSHIP_TRANSFER, SimpleResponse(int(code), m.term))
+                env.reply(token, RequestCode.LEADERSHIP_TRANSFER, SimpleResponse(int(code), m.term))
                 return
-            why = node.unfit_to_lead()  # we would win and fail the NOOP, or serve a damaged record
+            why = env.unfit_to_lead()  # we would win and fail the NOOP, or serve a damaged record
             if why:
                 refusal = SimpleResponse(int(ResponseCode.TAKE_LEADERSHIP_FAILED), m.term, m.leader_id or "", why)
-                node.reply(token, RequestCode.LEADERSHIP_TRANSFER, refusal)
+                env.reply(token, RequestCode.LEADERSHIP_TRANSFER, refusal)
                 return
-            node.reply(token, RequestCode.LEADERSHIP_TRANSFER, SimpleResponse(200, m.term))
+            env.reply(token, RequestCode.LEADERSHIP_TRANSFER, SimpleResponse(200, m.term))
             self.start_round(pre_vote=False, transfer=True)
             return
         target = req.transferee_id
@@ -391,23 +463,23 @@ class LeaderElector:
         elif target in self.progress and self.progress[target].corrupt:
             why = f"{target} reports a corrupt record; it takes no leadership until it is repaired"
             failed = int(ResponseCode.TAKE_LEADERSHIP_FAILED)
-            node.reply(token, RequestCode.LEADERSHIP_TRANSFER, SimpleResponse(failed, m.term, m.leader_id or "", why))
+            env.reply(token, RequestCode.LEADERSHIP_TRANSFER, SimpleResponse(failed, m.term, m.leader_id or "", why))
             return
         if err is not None:
-            node.reply(token, RequestCode.LEADERSHIP_TRANSFER, SimpleResponse(int(err), m.term, m.leader_id or ""))
+            env.reply(token, RequestCode.LEADERSHIP_TRANSFER, SimpleResponse(int(err), m.term, m.leader_id or ""))
             return
         if target == m.self_id:
-            node.reply(token, RequestCode.LEADERSHIP_TRANSFER, SimpleResponse(200, m.term, m.self_id))
+            env.reply(token, RequestCode.LEADERSHIP_TRANSFER, SimpleResponse(200, m.term, m.self_id))
             return
         self.begin_transfer(target, token)
 
     def begin_transfer(self, target: str, token: Any) -> None:
         """Stop taking appends (LEADER_TRANSFERRING) until the target has caught up."""
-        log.info("%s: transferring leadership to %s", self.node.member.self_id, target)
-        self.transfer = _Transfer(target, token, self.node.now + self.node.cfg.leadership_transfer_timeout_ms)
+        log.info("%s: transferring leadership to %s", self.env.member.self_id, target)
+        self.transfer = _Transfer(target, token, self.env.now + self.env.cfg.leadership_transfer_timeout_ms)
 
     def _tick_transfer(self, now: int) -> None:
-        node, m = self.node, self.node.member
+        env, m = self.env, self.env.member
         t = self.transfer
         if t is None:
             self._check_preferred()
@@ -418,11 +490,11 @@ class LeaderElector:
             log.warning("%s: transfer to %s timed out; resuming", m.self_id, t.target)
             return
         pr = self.progress.get(t.target)
-        if not t.sent and pr is not None and pr.match_index >= node.store.end_index:
+        if not t.sent and pr is not None and pr.match_index >= env.store.end_index:
             t.sent = True
-            node.reads.end_leases()  # the hand-over's votes ignore our lease, even after a time-out
+            env.reads.end_leases()  # the hand-over's votes ignore our lease, even after a time-out
             req = LeadershipTransferRequest(m.group, m.self_id, t.target, m.term, m.self_id, t.target)
-            node.send(t.target, RequestCode.LEADERSHIP_TRANSFER, req, TransferCtx(t.target, m.term))
+            env.send(t.target, RequestCode.LEADERSHIP_TRANSFER, req, TransferCtx(t.target, m.term))
 
     def on_transfer_response(self, ctx: TransferCtx, resp: msgspec.Struct | None) -> None:
         t = self.transfer
@@ -433,7 +505,7 @@ class LeaderElector:
 
     def on_leader(self) -> None:
         """We lead now (Node._change_role): heartbeats go at once, check-quorum counts from here."""
-        self.leader_since = self.node.now
+        self.leader_since = self.env.now
         self.next_heartbeat = 0
 
     def on_step_down(self) -> None:
@@ -443,18 +515,18 @@ class LeaderElector:
 
     def _finish_transfer(self, t: _Transfer, code: ResponseCode, message: str) -> None:
         if t.token is not None:
-            m = self.node.member
+            m = self.env.member
             resp = SimpleResponse(int(code), m.term, m.leader_id or "", message)
-            self.node.reply(t.token, RequestCode.LEADERSHIP_TRANSFER, resp)
+            self.env.reply(t.token, RequestCode.LEADERSHIP_TRANSFER, resp)
 
     def _check_preferred(self) -> None:
         """Hand leadership to a preferred member once it is caught up."""
-        node, m = self.node, self.node.member
-        preferred = node.cfg.preferred_leader_ids
-        if not preferred or m.self_id in preferred or node.corrupt is not None:
+        env, m = self.env, self.env.member
+        preferred = env.cfg.preferred_leader_ids
+        if not preferred or m.self_id in preferred or env.corrupt is not None:
             return
         for pid in preferred:
             pr = self.progress.get(pid)
-            if pr is not None and pr.fit_to_lead(node.now, self.leader_lease_ms, node.store.end_index):
+            if pr is not None and pr.fit_to_lead(env.now, self.leader_lease_ms, env.store.end_index):
                 self.begin_transfer(pid, None)
                 return

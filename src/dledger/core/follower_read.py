@@ -19,14 +19,16 @@ import itertools
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
+
+import msgspec
 
 from dledger.codes import RequestCode, ResponseCode
+from dledger.config import DLedgerConfig
 from dledger.core.contexts import ReadIndexCtx
+from dledger.core.member_state import MemberState
 from dledger.core.messages import ReadIndexRequest, ReadIndexResponse
-
-if TYPE_CHECKING:
-    from dledger.core.node import Node
+from dledger.store.base import LedgerStore
 
 log = logging.getLogger(__name__)
 
@@ -41,16 +43,32 @@ class _Waiting:
     fail: Callable[[ResponseCode, str], None]
 
 
+class FollowerReadsContext(Protocol):
+    """All follower reads need of their member (the Node is one): who leads, the commit index,
+    the wait bound, the clock, and an outbox for the READ_INDEX request."""
+
+    @property
+    def now(self) -> int: ...
+    @property
+    def member(self) -> MemberState: ...
+    @property
+    def store(self) -> LedgerStore: ...
+    @property
+    def cfg(self) -> DLedgerConfig: ...
+
+    def send(self, peer: str, code: int, msg: msgspec.Struct, ctx: ReadIndexCtx) -> None: ...
+
+
 class FollowerReads:
-    def __init__(self, node: Node) -> None:
-        self.node = node
+    def __init__(self, env: FollowerReadsContext) -> None:
+        self.env = env
         self._ids = itertools.count()
         self._asked: dict[int, _Waiting] = {}  # READ_INDEX requests in flight (read_index unknown yet)
         self._waiting: list[_Waiting] = []  # read index known, our commit index not there yet
         self.served = 0  # metrics
 
     def read(self, consistency: str, serve: Callable[[int], None], fail: Callable[[ResponseCode, str], None]) -> None:
-        node, m = self.node, self.node.member
+        env, m = self.env, self.env.member
         if len(self._asked) + len(self._waiting) >= MAX_WAITING:
             fail(ResponseCode.LEADER_PENDING_FULL, f"{MAX_WAITING} follower reads wait on {m.self_id}")
             return
@@ -58,8 +76,8 @@ class FollowerReads:
             fail(ResponseCode.NOT_LEADER, f"{m.self_id} knows no leader to confirm a read with")
             return
         rid = next(self._ids)
-        self._asked[rid] = _Waiting(-1, node.now + node.cfg.max_wait_ack_ms, serve, fail)
-        node.send(m.leader_id, RequestCode.READ_INDEX, ReadIndexRequest(m.group, m.self_id, m.leader_id, consistency),
+        self._asked[rid] = _Waiting(-1, env.now + env.cfg.max_wait_ack_ms, serve, fail)
+        env.send(m.leader_id, RequestCode.READ_INDEX, ReadIndexRequest(m.group, m.self_id, m.leader_id, consistency),
                   ReadIndexCtx(rid))
 
     def on_response(self, ctx: ReadIndexCtx, resp: ReadIndexResponse | None) -> None:
@@ -80,15 +98,15 @@ class FollowerReads:
         """Serve the reads whose read index we committed; fail those past their deadline."""
         if not self._waiting:
             return
-        node = self.node
-        committed, now = node.store.committed_index, node.now
+        env = self.env
+        committed, now = env.store.committed_index, env.now
         keep = []
         for w in self._waiting:
             if w.read_index <= committed:
                 self.served += 1
                 w.serve(w.read_index)
             elif now >= w.deadline:
-                w.fail(ResponseCode.TIMEOUT, f"{node.member.self_id} did not commit up to the read index "
+                w.fail(ResponseCode.TIMEOUT, f"{env.member.self_id} did not commit up to the read index "
                                              f"{w.read_index} in time (committed {committed})")
             else:
                 keep.append(w)

@@ -31,30 +31,69 @@ power loss keeps what was fsynced), so the leader may keep the highest it saw.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
+
+import msgspec
 
 from dledger.codes import DISK_FAULTS, DLedgerError, PushType, RequestCode, ResponseCode
+from dledger.config import DLedgerConfig
+from dledger.core.install_snapshot import LeaderCheck
+from dledger.core.member_state import MemberState
 from dledger.core.messages import PushRequest, PushResponse
 from dledger.entry import HEADER, HEADER_SIZE
 from dledger.ratelog import RateLimitedLog
-from dledger.store.base import CorruptEntryError, PushRejected, StoreError
-
-if TYPE_CHECKING:
-    from dledger.core.node import Node
+from dledger.statemachine.snapshot import SnapshotMeta
+from dledger.store.base import CorruptEntryError, LedgerStore, PushRejected, StoreError
 
 log = logging.getLogger(__name__)
 
 
+class PartialInstall(Protocol):
+    """The snapshot being received, if any (core.install_snapshot.SnapshotReceiver)."""
+
+    @property
+    def meta(self) -> SnapshotMeta | None: ...
+
+    def drop_partial(self) -> None: ...
+
+
+class HandlerContext(Protocol):
+    """All an EntryHandler needs of its follower (the Node is one): the member, store, options
+    and clock; the elector's leader check; the install in progress (a leader that extends our
+    log makes it moot); the integrity calls for our own records; and an outbox for replies."""
+
+    @property
+    def now(self) -> int: ...
+    @property
+    def member(self) -> MemberState: ...
+    @property
+    def store(self) -> LedgerStore: ...
+    @property
+    def cfg(self) -> DLedgerConfig: ...
+    @property
+    def elector(self) -> LeaderCheck: ...
+    @property
+    def receiver(self) -> PartialInstall: ...
+    @property
+    def corrupt_index(self) -> int: ...
+
+    def mark_corrupt(self, index: int, reason: str) -> None: ...
+    def forget_corrupt_above(self, end: int) -> None: ...
+    def beyond_repair(self, leader_begin: int) -> None: ...
+    def repaired(self, first: int, last: int, indexes: list[int]) -> None: ...
+    def reply(self, token: Any, code: int, msg: msgspec.Struct) -> None: ...
+
+
 class EntryHandler:
-    def __init__(self, node: Node) -> None:
-        self.node = node
+    def __init__(self, env: HandlerContext) -> None:
+        self.env = env
         self._matched = (-1, -1)  # (term, highest index known equal to that term's leader's log)
         self.pending: dict[int, tuple[PushRequest, bytes, Any, int]] = {}  # first_index -> push
         self.unsynced: list[tuple[int, Any]] = []  # (end, token): APPEND answers waiting for fsync
         self.leader_committed = -1  # the highest commit index a leader's push named (a follower's lag, metrics)
         # every line below can be had for one push each (a forged HEART_BEAT + TRUNCATE made an old
         # leader log "refusing to truncate committed entries" at 175 KB/s): one per kind per 10 s
-        self._log = RateLimitedLog.on_ms(log, lambda: node.now)
+        self._log = RateLimitedLog.on_ms(log, lambda: env.now)
 
     def on_leader_change(self) -> None:
         """A new leader (or none): what matched the old one proves nothing now, and answers
@@ -70,7 +109,7 @@ class EntryHandler:
         keep = []
         for end, token in self.unsynced:
             if end > above:
-                self.node.reply(token, RequestCode.PUSH, self._response(ResponseCode.INCONSISTENT_STATE))
+                self.env.reply(token, RequestCode.PUSH, self._response(ResponseCode.INCONSISTENT_STATE))
             else:
                 keep.append((end, token))
         self.unsynced = keep
@@ -81,10 +120,10 @@ class EntryHandler:
         before hearing the new leader, an answer to the old leader's push must not report
         a match against a log the new term may have truncated."""
         term, index = self._matched
-        return index if term == self.node.member.term else -1
+        return index if term == self.env.member.term else -1
 
     def _match(self, index: int) -> None:
-        self._matched = (self.node.member.term, max(self.matched_index, index))
+        self._matched = (self.env.member.term, max(self.matched_index, index))
 
     def note_match(self, index: int, leader_commit: int) -> None:
         """Our log is known equal to the leader's through `index` (an InstallSnapshot found
@@ -100,13 +139,13 @@ class EntryHandler:
 
     def durable_match(self) -> int:
         """The prefix both fsynced here and known equal to the leader's log."""
-        return min(self.node.store.durable_index, self.matched_index)
+        return min(self.env.store.durable_index, self.matched_index)
 
     # --- entry point -------------------------------------------------------------------
 
     def handle_push(self, req: PushRequest, data: memoryview | bytes | bytearray, token: Any) -> None:
-        node = self.node
-        err = node.elector.accept_leader(req.term, req.leader_id)
+        env = self.env
+        err = env.elector.accept_leader(req.term, req.leader_id)
         if err is not None:
             self._answer(token, err, req)
             return
@@ -129,21 +168,21 @@ class EntryHandler:
         except CorruptEntryError as e:
             # one of our own records fails verification: the answer names it (corrupt_index),
             # and the leader sends it again
-            node.mark_corrupt(e.index, e.message)
+            env.mark_corrupt(e.index, e.message)
             # (named even when beyond repair, which the mark ignores: the leader then sends a
             # snapshot past it — the simulator found a TRUNCATE after such a record refused for ever)
             self._answer(token, ResponseCode.INCONSISTENT_STATE, req, reason=e.message, corrupt_index=e.index)
         except DLedgerError as e:
             self._log.warning("failed", "push %s from %s failed: %s", _kind_name(kind), req.leader_id, e)
             self._answer(token, _failure_code(e), req, reason=e.message)
-        store = node.store
-        if node.cfg.flush == "sync" and store.durable_index < store.end_index:
+        store = env.store
+        if env.cfg.flush == "sync" and store.durable_index < store.end_index:
             store.request_flush()  # what a COMPARE or a retried push matched must become durable too
 
     # --- COMPARE / TRUNCATE ----------------------------------------------------------------
 
     def _compare(self, req: PushRequest, token: Any) -> None:
-        store = self.node.store
+        store = self.env.store
         i = req.prev_index
         if i > store.end_index:
             self._answer(token, ResponseCode.INCONSISTENT_STATE, req)
@@ -161,7 +200,7 @@ class EntryHandler:
         self._answer(token, ResponseCode.INCONSISTENT_STATE, req, x_index=max(first, store.begin_index), x_term=term)
 
     def _truncate(self, req: PushRequest, token: Any) -> None:
-        store = self.node.store
+        store = self.env.store
         i = req.prev_index
         if i > store.end_index or (i >= store.begin_index and store.term_at(i) != req.prev_term):
             self._answer(token, ResponseCode.INCONSISTENT_STATE, req)
@@ -173,10 +212,10 @@ class EntryHandler:
             req.next_term >= 0 and i + 1 <= store.end_index and store.term_at(i + 1) == req.next_term)
         if i < store.end_index and not stale:
             self._log.info("truncate", "%s: truncating entries after %d (end %d) for leader %s",
-                           self.node.member.self_id, i, store.end_index, req.leader_id)
+                           self.env.member.self_id, i, store.end_index, req.leader_id)
             self._fail_unsynced(i)
             store.truncate(i + 1)
-            self.node.forget_corrupt_above(i)
+            self.env.forget_corrupt_above(i)
         self._match(i)
         self.update_commit(req.committed_index)
         self._answer(token, ResponseCode.SUCCESS, req)
@@ -184,7 +223,7 @@ class EntryHandler:
     # --- APPEND ----------------------------------------------------------------------------------
 
     def _append(self, req: PushRequest, data: memoryview | bytes | bytearray, token: Any) -> None:
-        store = self.node.store
+        store = self.env.store
         first, last = req.first_index, req.first_index + req.count - 1
         if req.count <= 0 or not data:
             self._answer(token, ResponseCode.REQUEST_WITH_EMPTY_BODYS, req)
@@ -203,10 +242,10 @@ class EntryHandler:
         elif first in self.pending:
             self._answer(token, ResponseCode.REPEATED_PUSH, req)
         else:
-            self.pending[first] = (req, bytes(data), token, self.node.now)
+            self.pending[first] = (req, bytes(data), token, self.env.now)
 
     def _write(self, req: PushRequest, data: memoryview | bytes | bytearray, token: Any) -> None:
-        store = self.node.store
+        store = self.env.store
         first = store.end_index + 1
         try:
             end = store.append_as_follower(data)
@@ -216,15 +255,15 @@ class EntryHandler:
         except DLedgerError as e:
             # a disk that cannot write says so (DISK_FULL / DISK_ERROR), so the leader backs
             # off instead of re-probing
-            self._log.info("disk", "%s: push at %d rejected: %s", self.node.member.self_id, req.first_index,
+            self._log.info("disk", "%s: push at %d rejected: %s", self.env.member.self_id, req.first_index,
                            e.message)
             self._answer(token, _failure_code(e), req, reason=e.message)
             return
         self._match(end)
         self.update_commit(req.committed_index)
-        if self.node.receiver.meta is not None:  # a leader extends our log: no install is coming back
-            self.node.receiver.drop_partial()
-        if self.node.cfg.flush == "sync" and store.durable_index < end:
+        if self.env.receiver.meta is not None:  # a leader extends our log: no install is coming back
+            self.env.receiver.drop_partial()
+        if self.env.cfg.flush == "sync" and store.durable_index < end:
             self.unsynced.append((end, token))
             store.request_flush()
         else:
@@ -236,8 +275,8 @@ class EntryHandler:
         leader's (prev_index, prev_term): then one of the two copies is damaged. Anything
         else is a damaged record (or a misconfigured member): the answer names it, so the
         leader checks its own copy and says so, instead of retrying for ever in silence."""
-        store, node = self.node.store, self.node
-        me = node.member.self_id
+        store, env = self.env.store, self.env
+        me = env.member.self_id
         if e.index == first and e.reason == "chain crc mismatch":
             prev = first - 1
             same_prev = first > req.first_index or (
@@ -248,7 +287,7 @@ class EntryHandler:
                 return
             own = store.verify(prev) if prev >= store.begin_index else None
             if own is not None:
-                node.mark_corrupt(prev, own)
+                env.mark_corrupt(prev, own)
                 self._answer(token, ResponseCode.INCONSISTENT_STATE, req, reason=own)
                 return
         self._log.warning("rejected", "%s: push from %s at %d rejected: %s", me, req.leader_id, req.first_index,
@@ -261,10 +300,10 @@ class EntryHandler:
         """Records we hold, sent again by the leader: each of ours that fails verification is
         overwritten with the leader's (the store checks it is the same entry), the others
         are left alone. The answer's corrupt_index says what is still damaged."""
-        node, store = self.node, self.node.store
+        env, store = self.env, self.env.store
         off, index, n = 0, req.first_index, len(data)
         if req.count == 0 and n == 0:  # the leader's log begins at first_index: nothing below to repair from
-            node.beyond_repair(req.first_index)
+            env.beyond_repair(req.first_index)
             self._answer(token, ResponseCode.SUCCESS, req)
             return
         repaired: list[int] = []
@@ -281,12 +320,12 @@ class EntryHandler:
                 off += size
                 index += 1
         except StoreError as e:
-            self._log.warning("repair", "%s: repair from %s at %d failed: %s", node.member.self_id, req.leader_id,
+            self._log.warning("repair", "%s: repair from %s at %d failed: %s", env.member.self_id, req.leader_id,
                               index, e.message)
-            node.repaired(req.first_index, index - 1, repaired)
+            env.repaired(req.first_index, index - 1, repaired)
             self._answer(token, _failure_code(e), req, reason=e.message)
             return
-        node.repaired(req.first_index, index - 1, repaired)
+        env.repaired(req.first_index, index - 1, repaired)
         self.update_commit(req.committed_index)
         self._answer(token, ResponseCode.SUCCESS, req)
 
@@ -301,7 +340,7 @@ class EntryHandler:
     def _skip_known(self, req: PushRequest, data: memoryview | bytes | bytearray) -> int | None:
         """Byte length of the pushed records we already hold identically (by chain CRC);
         None if one of them differs."""
-        store = self.node.store
+        store = self.env.store
         off, index = 0, req.first_index
         n = len(data)
         while off < n and index <= store.end_index:
@@ -318,7 +357,7 @@ class EntryHandler:
         return off
 
     def _drain_pending(self) -> None:
-        store = self.node.store
+        store = self.env.store
         while self.pending:
             nxt = self.pending.pop(store.end_index + 1, None)
             if nxt is None:
@@ -330,19 +369,19 @@ class EntryHandler:
 
     def update_commit(self, leader_commit: int) -> None:
         """Commit only what is known to match the leader's log."""
-        store = self.node.store
+        store = self.env.store
         c = min(leader_commit, self.matched_index, store.end_index)
         if c > store.committed_index:
             store.set_committed(c)
 
     def on_durable(self, index: int) -> None:
-        """`index` is the store's durable index now (the node clamps the flush thread's hint)."""
+        """`index` is the store's durable index now (the env clamps the flush thread's hint)."""
         if not self.unsynced:
             return
         keep = []
         for end, token in self.unsynced:
             if end <= index:
-                self.node.reply(token, RequestCode.PUSH, self._response(ResponseCode.SUCCESS))
+                self.env.reply(token, RequestCode.PUSH, self._response(ResponseCode.SUCCESS))
             else:
                 keep.append((end, token))
         self.unsynced = keep
@@ -351,26 +390,26 @@ class EntryHandler:
         """Fast-forward case: a push that waited too long for its gap to fill."""
         if not self.pending:
             return
-        limit = self.node.now - self.node.cfg.max_push_timeout_ms
+        limit = self.env.now - self.env.cfg.max_push_timeout_ms
         for first in [f for f, p in self.pending.items() if p[3] <= limit]:
             req, _, token, _ = self.pending.pop(first)
-            self._log.info("gap", "%s: push at %d waited too long for %d", self.node.member.self_id, first,
-                           self.node.store.end_index + 1)
+            self._log.info("gap", "%s: push at %d waited too long for %d", self.env.member.self_id, first,
+                           self.env.store.end_index + 1)
             self._answer(token, ResponseCode.INCONSISTENT_STATE, req)
 
     # --- answers ----------------------------------------------------------------------------------
 
     def _response(self, code: ResponseCode, x_index: int = -1, x_term: int = -1, bad_index: int = -1,
                   reason: str = "", corrupt_index: int = -1) -> PushResponse:
-        node = self.node
-        store = node.store
-        corrupt = node.corrupt_index if node.corrupt_index >= 0 else corrupt_index
-        return PushResponse(int(code), node.member.term, store.end_index, x_index, x_term, self.durable_match(),
+        env = self.env
+        store = env.store
+        corrupt = env.corrupt_index if env.corrupt_index >= 0 else corrupt_index
+        return PushResponse(int(code), env.member.term, store.end_index, x_index, x_term, self.durable_match(),
                             corrupt, bad_index, reason[:512])
 
     def _answer(self, token: Any, code: ResponseCode, req: PushRequest, x_index: int = -1, x_term: int = -1,
                 bad_index: int = -1, reason: str = "", corrupt_index: int = -1) -> None:
-        self.node.reply(token, RequestCode.PUSH,
+        self.env.reply(token, RequestCode.PUSH,
                         self._response(code, x_index, x_term, bad_index, reason, corrupt_index))
 
 

@@ -1,8 +1,9 @@
 """Node: one member of one group, as a pure state machine (DLedgerServer's core).
 
-Inputs, each with the current time in ms: `handle` (a request), `on_response`
-(the answer to a request this node sent, or None when the transport failed),
-`tick`, `on_durable` (the store's flush thread made entries durable).
+Inputs, each with the current time in ms: `handle` (a request), `tick`, and
+`complete` (one input for every report of work the node asked for, core.contexts.Completion:
+the answer to a request this node sent, or None when the transport failed; the store's
+flush thread made entries durable; a worker's job done).
 Data faults: a member that finds one of its records corrupt (a read, the scrub of
 idle ticks, a push) marks itself corrupt (`corrupt`): it hands leadership over, does
 not campaign, and reports the index until the leader's REPAIR push restored it.
@@ -10,31 +11,45 @@ Outputs: `drain()` returns the actions to execute: `Send` a request to a peer,
 `Reply` to a request; with a state machine (an `Applier`) also `Apply` a batch of
 committed entries, `RunQuery`, `TakeSnapshot`, and for InstallSnapshot (core.install_snapshot)
 `InstallChunk`, `RestoreSnapshot` — the runtime runs those, in the order given, on one
-worker thread and reports back (`on_applied`, `on_apply_failed`, `on_snapshot`,
-`on_chunk_installed`, `on_restored`); `ReadChunk` (a leader's snapshot chunk for a follower)
-runs beside them (`on_chunk_read`). The node reads no clock and does no I/O besides its
+worker thread and reports back (`complete` with `Applied`, `ApplyFailed`, `SnapshotTaken`,
+`ChunkInstalled`, `Restored`); `ReadChunk` (a leader's snapshot chunk for a follower)
+runs beside them (`ChunkRead`). The node reads no clock and does no I/O besides its
 LedgerStore, whose appends only touch memory or the page cache.
+
+Its parts: the client append path (core.appends.AppendPath), snapshot orchestration
+(core.snapshots.SnapshotPath), reads (core.reads), integrity (core.integrity), the actions
+(core.actions), and the role objects, each built from a narrow context. node.py keeps the
+inputs and their dispatch, ticks, store faults, role changes, producers and the applier.
 """
 
 from __future__ import annotations
 
 import logging
 import random
-import zlib
-from array import array
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any, TypeGuard
 
 import msgspec
 
 from dledger.codes import DISK_FAULTS, DLedgerError, PushType, RequestCode, ResponseCode
 from dledger.config import DLedgerConfig
+from dledger.core.actions import (
+    Action,
+    Apply,
+    DropInstall,
+    InstallChunk,
+    ReadChunk,
+    Reply,
+    RestoreSnapshot,
+    RunQuery,
+    Send,
+    TakeSnapshot,
+)
+from dledger.core.appends import AppendPath, PendingAppend
 from dledger.core.contexts import (
     Answered,
     Applied,
     ApplyFailed,
-    ChunkCtx,
     ChunkInstalled,
     ChunkRead,
     Completion,
@@ -53,7 +68,7 @@ from dledger.core.dispatcher import EntryDispatcher
 from dledger.core.elector import LeaderElector
 from dledger.core.follower_read import FollowerReads
 from dledger.core.handler import EntryHandler
-from dledger.core.install_snapshot import SnapshotReceiver, holds
+from dledger.core.install_snapshot import SnapshotReceiver
 from dledger.core.integrity import Integrity
 from dledger.core.member_state import MemberState
 from dledger.core.messages import (
@@ -80,16 +95,17 @@ from dledger.core.messages import (
     VoteRequest,
     is_member_message,
 )
-from dledger.core.producers import CreationLimiter, Decision, Producer, ProducerTable, Run, marker_body, unverifiable
+from dledger.core.producers import CreationLimiter, ProducerTable
 from dledger.core.progress import Progress
 from dledger.core.quorum import QuorumAckChecker
 from dledger.core.read_index import ReadIndex
 from dledger.core.reads import ReadPath
+from dledger.core.snapshots import SnapshotPath
 from dledger.core.status import FollowerStatus, NodeStatus, RoleView
-from dledger.entry import MAGIC_NOOP, MAGIC_NORMAL, MAGIC_SESSION
-from dledger.statemachine.applier import Applier, ApplyBatch, Proposal
-from dledger.statemachine.snapshot import PRODUCERS_FILE, SnapshotMeta
-from dledger.store.base import AppendedBatch, CorruptEntryError, LedgerStore, StoreError
+from dledger.entry import MAGIC_NOOP
+from dledger.statemachine.applier import Applier
+from dledger.statemachine.snapshot import SnapshotMeta
+from dledger.store.base import CorruptEntryError, LedgerStore, StoreError
 
 log = logging.getLogger(__name__)
 
@@ -97,106 +113,7 @@ PRODUCERS_SAVE_ENTRIES = 10_000  # a plain log's producer table is saved after t
 PRODUCERS_SAVE_MS = 30_000  # or this long after it changed
 
 
-@dataclass(slots=True, frozen=True)
-class _Append:
-    """A client append taken, stored at the next drain."""
-
-    token: Any
-    bodies: list[bytes]
-    producer: str = ""  # an idempotent producer's (core.producers)
-    sequence: int = 0
-    epoch: int = 0
-    principal: str = ""  # who sent it (a certificate's or token's name; "" anonymous): producers' owners
-
-
-@dataclass(slots=True)
-class Send:
-    peer: str
-    code: int
-    msg: msgspec.Struct
-    data: bytes | memoryview
-    ctx: Context  # handed back to on_response (core.contexts)
-    timeout_ms: int
-
-
-@dataclass(slots=True)
-class Reply:
-    token: Any
-    code: int  # the request code, to pick the response type
-    msg: msgspec.Struct
-    data: bytes = b""
-
-
-@dataclass(slots=True)
-class Apply:
-    """Apply these committed entries to the state machine, then call `on_applied`."""
-
-    batch: ApplyBatch
-
-
-@dataclass(slots=True)
-class RunQuery:
-    """Run `StateMachine.query(request)` (its state includes `applied_index`); answer `token`."""
-
-    token: Any
-    request: bytes
-    applied_index: int
-
-
-@dataclass(slots=True)
-class TakeSnapshot:
-    """Snapshot the state machine as of `index` (nothing after it is applied yet: earlier
-    actions only), then call `on_snapshot`. Without a state machine the snapshot is empty."""
-
-    index: int
-    term: int
-    chain_crc: int
-    next_pos: int  # where record index + 1 starts (or would): a follower installing it continues there
-    keep: tuple[int, ...] = ()  # snapshots being sent to followers: not pruned
-    producers: bytes = b""  # the producer table (core.producers): the snapshot's PRODUCERS_FILE
-
-
-@dataclass(slots=True)
-class ReadChunk:
-    """Read `max_bytes` of snapshot `meta`'s stream from `offset` (off the event loop), then
-    call `on_chunk_read(peer, ctx, data, crc32, error)`."""
-
-    peer: str
-    meta: SnapshotMeta
-    offset: int
-    max_bytes: int
-    ctx: ChunkCtx
-
-
-@dataclass(slots=True)
-class InstallChunk:
-    """Write a chunk of the leader's snapshot `meta` (statemachine.install.InstallSink; a new
-    meta starts a new one), then call `on_chunk_installed(token, meta, next_offset, done,
-    error)`; `done`: the snapshot is whole, verified and in place (not yet restored)."""
-
-    token: Any
-    meta: SnapshotMeta
-    offset: int
-    data: bytes | memoryview
-    crc: int
-
-
-@dataclass(slots=True)
-class DropInstall:
-    """Delete the partial copy of a snapshot being received (no longer needed)."""
-
-
-@dataclass(slots=True)
-class RestoreSnapshot:
-    """Replace the state machine's state with installed snapshot `meta`, then `on_restored`."""
-
-    meta: SnapshotMeta
-
-
-Action = Send | Reply | Apply | RunQuery | TakeSnapshot | ReadChunk | InstallChunk | RestoreSnapshot | DropInstall
-
-
-class Node:
+class Node(AppendPath, SnapshotPath):
     def __init__(self, cfg: DLedgerConfig, store: LedgerStore, now_ms: int, rng: random.Random | None = None,
                  applier: Applier | None = None, snapshot: SnapshotMeta | None = None,
                  producers: bytes | None = None) -> None:
@@ -248,7 +165,7 @@ class Node:
         self.install_bytes_sent = 0
         self.dispatchers: dict[str, EntryDispatcher] = {}
         self._pump_needed = False
-        self._appends: list[_Append] = []  # client appends taken since the last drain
+        self._appends: list[PendingAppend] = []  # client appends taken since the last drain
         # a write that failed although the store did not report itself failed: no campaign until then
         self._store_fault: tuple[StoreError, int] | None = None
         # our own records that fail verification, and the scrub (core.integrity)
@@ -284,33 +201,35 @@ class Node:
     def complete(self, c: Completion, now_ms: int) -> None:
         """One input for every report of work the node asked for (core.contexts): answers to
         Sends, chunks read or installed, batches applied, snapshots taken or restored, fsyncs."""
+        # class patterns without captures: an isinstance check each (positional captures cost
+        # a __match_args__ lookup per field, on the path of every answer to a push)
         match c:
-            case Answered(ctx, resp):
-                self.on_response(ctx, resp, now_ms)
-            case ChunkRead(peer, ctx, data, crc, error):
-                self.on_chunk_read(peer, ctx, data, crc, error, now_ms)
-            case ChunkInstalled(token, meta, next_offset, done, error):
-                self.on_chunk_installed(token, meta, next_offset, done, error, now_ms)
-            case Applied(results):
-                self.on_applied(results, now_ms)
-            case ApplyFailed(reason):
-                self.on_apply_failed(reason, now_ms)
-            case SnapshotTaken(index, error, meta):
-                self.on_snapshot(index, error, now_ms, meta)
-            case Restored(meta, error, producers):
-                self.on_restored(meta, error, now_ms, producers)
-            case Durable(index):
-                self.on_durable(index, now_ms)
+            case Answered():
+                self._answered(c.ctx, c.resp, now_ms)
+            case Durable():
+                self._durable(c.index, now_ms)
+            case ChunkRead():
+                self._chunk_read(c.peer, c.ctx, c.data, c.crc, c.error, now_ms)
+            case ChunkInstalled():
+                self._chunk_installed(c.token, c.meta, c.next_offset, c.done, c.error, now_ms)
+            case Applied():
+                self._applied(c.results, now_ms)
+            case ApplyFailed():
+                self._apply_failed(c.reason, now_ms)
+            case SnapshotTaken():
+                self._snapshot_taken(c.index, c.error, now_ms, c.meta)
+            case Restored():
+                self._restored(c.meta, c.error, now_ms, c.producers)
 
-    def on_response(self, ctx: Context, resp: msgspec.Struct | None, now_ms: int) -> None:
+    def _answered(self, ctx: Context, resp: msgspec.Struct | None, now_ms: int) -> None:
         """The answer to one of our Sends (None: timeout or network failure)."""
         self.now = now_ms
         try:
-            self._on_response(ctx, resp)
+            self._route_answer(ctx, resp)
         except StoreError as e:  # e.g. persisting a higher term on a full disk
             self.store_error(e)
 
-    def _on_response(self, ctx: Context, resp: msgspec.Struct | None) -> None:
+    def _route_answer(self, ctx: Context, resp: msgspec.Struct | None) -> None:
         match ctx:
             case PushCtx():
                 d = self.dispatchers.get(ctx.peer)
@@ -363,7 +282,7 @@ class Node:
         except StoreError as e:
             self.store_error(e)
 
-    def on_durable(self, index: int, now_ms: int) -> None:
+    def _durable(self, index: int, now_ms: int) -> None:
         """The flush thread made entries durable. Its `index` is a hint delivered late (a
         truncate may have lowered the durable index since): the store's own value counts."""
         self.now = now_ms
@@ -666,204 +585,7 @@ class Node:
         if batch is not None:
             self.actions.append(Apply(batch))
 
-    def _snapshot_frees_disk(self) -> bool:
-        """The disk is full and retention may not delete past our newest snapshot: a new one
-        (whatever the thresholds) lets it free the log applied since (the simulator found every
-        member full and held back by its state machine, for ever)."""
-        a = self.applier
-        return (a is not None and a.applied_index > a.snapshot_index and self.store.pressure_error() is not None)
-
-    def _take_snapshot(self, index: int) -> None:
-        store = self.store
-        if index < store.begin_index - 1:
-            self._answer_snapshot(ResponseCode.INDEX_LESS_THAN_LOCAL_BEGIN,
-                                  f"nothing to snapshot: index {index} is before the log begin {store.begin_index}")
-            return
-        try:
-            term, chain = store.term_at(index), store.chain_at(index)
-            next_pos = self._pos_of(index + 1)
-        except StoreError as e:
-            self._answer_snapshot(e.code, f"cannot snapshot at {index}: {e.message}")
-            return
-        self._snapshot_pending = True
-        self._snapshot_wanted = False
-        if self.applier is not None:
-            self.applier.snapshotting = True
-        sending = tuple(d.sender.meta.last_index for d in self.dispatchers.values() if d.sender.meta is not None)
-        # the table is folded through the commit index, at or past `index`: entries between are
-        # committed, so every log that continues the snapshot holds them as folded
-        self.actions.append(TakeSnapshot(index, term, chain, next_pos, sending, self.producers.encode()
-                                         if not self.producers.empty else b""))
-
-    def on_snapshot(self, index: int, error: str, now_ms: int, meta: SnapshotMeta | None = None) -> None:
-        """The worker wrote the snapshot of `index` (`meta`; or failed: `error`)."""
-        self.now = now_ms
-        if meta is not None:
-            self.note_snapshot(meta)
-        self._snapshot_pending = False
-        a = self.applier
-        if error:
-            log.error("%s/%s: snapshot at %d failed: %s", self.member.group, self.member.self_id, index, error)
-            if a is not None:
-                a.snapshotting = False
-            self._producers_saving = -1
-            self._answer_snapshot(ResponseCode.DISK_ERROR, f"snapshot at {index} failed: {error}")
-            return
-        if self._producers_saving >= 0:
-            self._producers_saved, self._producers_saving = (self._producers_saving, now_ms), -1
-        if a is not None:
-            a.snapshot_taken(index)
-            # the log the snapshot covers goes, but for a margin a slow follower may still need
-            # (behind it, it installs our snapshot)
-            self.store.set_compaction_point(index - self.cfg.snapshot_margin_entries)
-        self._answer_snapshot(ResponseCode.SUCCESS, "", index)
-
-    @property
-    def snapshot_index(self) -> int:
-        """The last index of this member's newest snapshot (-1: none)."""
-        if self.applier is not None:
-            return self.applier.snapshot_index
-        return self.snapshot_meta.last_index if self.snapshot_meta is not None else -1
-
-    def note_snapshot(self, meta: SnapshotMeta) -> None:
-        """A snapshot now on our disk (taken or installed): the newest is what we send."""
-        if self.snapshot_meta is None or meta.last_index >= self.snapshot_meta.last_index:
-            self.snapshot_meta = meta
-
-    # --- InstallSnapshot (core.install_snapshot) -------------------------------------------------
-
-    def snapshot_to_send(self) -> SnapshotMeta | None:
-        """What a follower needing entries before our log begin gets: our newest snapshot (it
-        reaches our log: compaction never passes it); a plain log's is empty, at begin - 1."""
-        store = self.store
-        if self.applier is None:
-            # our own snapshot with the producer table, when the log continues it (retention keeps
-            # the log after it); else an empty one at our log begin
-            meta = self.snapshot_meta
-            if (meta is not None and PRODUCERS_FILE in meta.files and meta.next_pos >= 0
-                    and store.begin_index - 1 <= meta.last_index <= store.end_index):
-                return meta
-            b = store.begin_index
-            return SnapshotMeta(b - 1, store.begin_term, store.begin_chain_crc, self.cfg.peers,
-                                next_pos=self._pos_of(b))
-        meta = self.snapshot_meta
-        if meta is None or meta.last_index < store.begin_index - 1 or meta.next_pos < 0:
-            log.error("%s/%s: no snapshot reaches our log begin %d (newest: %s); a follower that needs what "
-                      "came before cannot catch up", self.member.group, self.member.self_id, store.begin_index,
-                      meta.last_index if meta is not None else "none")
-            return None
-        return meta
-
-    def _pos_of(self, index: int) -> int:
-        """Where the record of `index` starts (or would: the log's next position)."""
-        store = self.store
-        return store.get(index).pos if index <= store.end_index else store.pos_of_next()
-
-    def read_chunk(self, peer: str, meta: SnapshotMeta, offset: int, max_bytes: int, ctx: ChunkCtx) -> None:
-        self.actions.append(ReadChunk(peer, meta, offset, max_bytes, ctx))
-
-    def on_chunk_read(self, peer: str, ctx: ChunkCtx, data: bytes, crc: int, error: str, now_ms: int) -> None:
-        self.now = now_ms
-        d = self.dispatchers.get(peer)
-        if d is not None and self.member.is_leader:
-            d.on_chunk_read(ctx, data, crc, error)
-
-    def install_chunk(self, token: Any, meta: SnapshotMeta, offset: int, data: bytes | memoryview, crc: int) -> None:
-        self.actions.append(InstallChunk(token, meta, offset, data, crc))
-
-    def on_chunk_installed(self, token: Any, meta: SnapshotMeta, next_offset: int, done: bool, error: str,
-                           now_ms: int) -> None:
-        self.now = now_ms
-        self.receiver.on_chunk_installed(token, meta, next_offset, done, error)
-
-    def drop_install(self) -> None:
-        self.actions.append(DropInstall())
-
-    def reset_log_to(self, meta: SnapshotMeta) -> None:
-        """Our log is replaced by installed snapshot `meta`: it begins after it, empty; the state
-        machine is restored from it before anything more is applied."""
-        L = meta.last_index
-        self.store.reset(L + 1, meta.last_term, meta.chain_crc, meta.next_pos)
-        self.handler.after_reset(L)
-        self.integrity.scrub_next = self.store.begin_index
-        if self.applier is not None:
-            self.restore_from(meta)
-        elif PRODUCERS_FILE in meta.files:  # a plain log's snapshot carries only the producer table
-            self._producers_restoring = True
-            self.actions.append(RestoreSnapshot(meta))
-        else:
-            self.producers.skip_to(L)  # an empty snapshot: the producers of what it skipped stay unknown
-
-    def restore_from(self, meta: SnapshotMeta) -> None:
-        """The state machine's state becomes installed snapshot `meta`'s, nothing applied before."""
-        assert self.applier is not None
-        self.applier.installing = True
-        self.restoring = True
-        self.actions.append(RestoreSnapshot(meta))
-
-    def apply_needs(self) -> int:
-        """The lowest snapshot index that would unblock our state machine when it needs an
-        entry our log cannot give (deleted, or rotten beyond repair); -1 when it is not stuck
-        (or a restore is pending: that fixes it; or it stopped: it applies nothing anyway).
-        After a snapshot through that index it applies on from our own log."""
-        a = self.applier
-        if a is None or a.installing or a.stopped is not None:
-            return -1
-        readable_from = self.integrity.readable_from
-        return readable_from - 1 if a.handed_index + 1 < readable_from else -1
-
-    def on_restored(self, meta: SnapshotMeta, error: str, now_ms: int, producers: bytes | None = None) -> None:
-        """The worker restored the state machine from installed snapshot `meta` (or failed);
-        `producers`: the snapshot's PRODUCERS_FILE."""
-        self.now = now_ms
-        a = self.applier
-        if a is None:  # a plain log's: the producer table only
-            self._producers_restoring = False
-            if producers and not error:
-                self._load_producers(producers, f"installed snapshot {meta.last_index}")
-            else:
-                self.producers.skip_to(meta.last_index)
-            return
-        self.restoring = False
-        if error:
-            a.installing = False
-            self._stop_applier(f"restoring installed snapshot {meta.last_index}: {error}")
-            return
-        if producers:
-            self._load_producers(producers, f"installed snapshot {meta.last_index}")
-        else:  # a snapshot without the file: no producer was known at its index
-            self.producers.clear(meta.last_index)
-        msg = (f"committed; its result is lost: {self.member.self_id}'s state was replaced by snapshot "
-               f"{meta.last_index}")
-        for p in a.installed(meta.last_index):
-            self.reply(p.token, RequestCode.APPEND, AppendResponse(int(ResponseCode.INTERNAL_ERROR), message=msg))
-        self._run_due_queries()
-
-    def _align_with_snapshot(self, meta: SnapshotMeta) -> None:
-        """At start: a state machine restored from `meta` needs a log that holds its last entry
-        (or begins after it). A crash between installing a snapshot and resetting the log, or
-        a power loss that took the log's unsynced tail, leaves one that does not: it is reset to
-        begin after the snapshot (every entry it drops is covered by it, or was never committed).
-        Not needed for safety (the leader would send the log, or the snapshot, again), only to
-        spare a second install."""
-        store = self.store
-        if meta.next_pos < 0 or meta.last_index <= store.committed_index or \
-                holds(store, meta.last_index, meta.last_term, meta.chain_crc):
-            return  # (a committed entry there is the snapshot's, even a rotten copy: repaired as usual)
-        log.warning("%s/%s: the log (%d..%d) does not hold the last entry %d of our newest snapshot; "
-                    "it begins after the snapshot now", self.cfg.group, self.cfg.self_id,
-                    store.begin_index, store.end_index, meta.last_index)
-        try:
-            store.reset(meta.last_index + 1, meta.last_term, meta.chain_crc, meta.next_pos)
-        except StoreError as e:  # only saves a second install: the leader re-sends what the log lacks
-            log.warning("%s/%s: could not reset the log to the snapshot: %s", self.cfg.group, self.cfg.self_id, e)
-
-    def _answer_snapshot(self, code: ResponseCode, message: str, index: int = -1) -> None:
-        waiters, self._snapshot_waiters = self._snapshot_waiters, []
-        for token in waiters:
-            self.reply(token, RequestCode.SNAPSHOT, SnapshotResponse(int(code), index, message))
-
-    def on_applied(self, results: list[bytes], now_ms: int) -> None:
+    def _applied(self, results: list[bytes], now_ms: int) -> None:
         """The worker applied the batch in flight: answer its proposers and due queries."""
         self.now = now_ms
         a = self.applier
@@ -873,7 +595,7 @@ class Node:
                        AppendResponse(200, self.member.self_id, p.term, p.first, p.positions, results=p.results))
         self._run_due_queries()
 
-    def on_apply_failed(self, reason: str, now_ms: int) -> None:
+    def _apply_failed(self, reason: str, now_ms: int) -> None:
         """The state machine raised: its state may be half-changed, so nothing more is applied
         here (a restart restores the last snapshot and applies the log again)."""
         self.now = now_ms
@@ -918,15 +640,6 @@ class Node:
             run_at(self.store.committed_index)  # our own commit index: may trail the leader's
         else:
             self.read_path.when_confirmed(RequestCode.QUERY, msg.consistency, token, run_at, msg.follower_read)
-
-    def _handle_snapshot(self, token: Any) -> None:
-        a = self.applier
-        if a is not None and a.stopped is not None:
-            raise DLedgerError(ResponseCode.INTERNAL_ERROR, f"state machine stopped: {a.stopped}")
-        if (a.applied_index if a is not None else self.store.committed_index) < 0:
-            self.reply(token, RequestCode.SNAPSHOT, SnapshotResponse(200, -1, "nothing committed yet"))
-            return
-        self._snapshot_waiters.append(token)
 
     # --- outputs (used by the components) --------------------------------------
 
@@ -1102,224 +815,6 @@ class Node:
             return ResponseCode.UNEXPECTED_MEMBER
         return None
 
-    def _handle_append(self, msg: AppendRequest, token: Any, principal: str = "") -> None:
-        m = self.member
-        if not m.is_leader:
-            raise DLedgerError(ResponseCode.NOT_LEADER, f"leader is {m.leader_id or 'unknown'}")
-        if self.elector.transferring:
-            raise DLedgerError(ResponseCode.LEADER_TRANSFERRING, "leadership transfer in progress")
-        pending = self.quorum.pending + len(self._appends)
-        if pending >= self.cfg.max_pending_requests:
-            raise DLedgerError(ResponseCode.LEADER_PENDING_FULL, f"{pending} appends pending")
-        full = self.store.pressure_error()
-        if full is not None:
-            raise full
-        self.store.check_bodies(msg.bodies, m.term)  # a bad request fails alone, before the batch
-        if msg.producer:
-            if msg.want_results:
-                raise DLedgerError(ResponseCode.UNEXPECTED_ARGUMENT, "an idempotent producer cannot propose")
-            self._check_producers_ready()
-        if msg.want_results:
-            if self.applier is None:
-                raise DLedgerError(ResponseCode.UNSUPPORTED, f"group {m.group} has no state machine to propose to")
-            if self.applier.stopped is not None:
-                raise DLedgerError(ResponseCode.INTERNAL_ERROR, f"state machine stopped: {self.applier.stopped}")
-            self._proposers.add(token)
-        self._appends.append(_Append(token, msg.bodies, msg.producer, msg.sequence, msg.epoch, principal))
-        self.integrity.active = True
-
-    def _store_appends(self) -> None:
-        """Store the appends taken since the last drain with one store write (group append:
-        one encode pass, one quorum check); each request keeps its own indexes and answer."""
-        batch, self._appends = self._appends, []
-        m = self.member
-        if not m.is_leader or self.elector.transferring:  # changed since they were taken: not stored
-            code = ResponseCode.NOT_LEADER if not m.is_leader else ResponseCode.LEADER_TRANSFERRING
-            for a in batch:
-                self._complete_append(a.token, code, None, "leadership changed before the append was stored")
-            return
-        if any(a.producer for a in batch):
-            self._store_idempotent(batch)
-            return
-        bodies = batch[0].bodies if len(batch) == 1 else [b for a in batch for b in a.bodies]
-        try:
-            res = self.store.append_as_leader(bodies, m.term, MAGIC_NORMAL)
-        except DLedgerError as e:
-            self._fail_write(batch, e)
-            return
-        deadline = self.now + self.cfg.max_wait_ack_ms
-        if len(batch) == 1:
-            self.quorum.add(batch[0].token, res, deadline)
-        else:
-            off = 0
-            for a in batch:
-                n = len(a.bodies)
-                self.quorum.add(a.token, AppendedBatch(res.first_index + off, res.term, res.positions[off : off + n]),
-                                deadline)
-                off += n
-        self._written(res)
-
-    def _fail_write(self, batch: list[_Append], e: DLedgerError) -> None:
-        for a in batch:
-            self._complete_append(a.token, e.code, None, e.message)
-        if self._hard_fault(e):
-            self.store_failed(e)
-
-    def _written(self, res: AppendedBatch) -> None:
-        """Entries through res are stored: the leader counts itself once they are durable enough."""
-        if self.cfg.flush == "async" or self.store.durable_index >= res.last_index:
-            self.quorum.ack_self(res.last_index)
-        else:
-            self.store.request_flush()
-        self._pump_needed = True
-
-    def _store_idempotent(self, batch: list[_Append]) -> None:
-        """A write with idempotent appends (core.producers): what the log holds already is
-        answered from the producer table; the rest is stored after a session marker naming
-        each entry's producer and sequence, in order."""
-        table, term = self.producers, self.member.term
-        first = self.store.end_index + 2  # the marker takes end + 1
-        ts = self.now + self.wall_offset_ms
-        views: dict[str, Producer] = {}  # producers as they will be after this write
-        runs: list[Run] = []
-        bodies: list[bytes] = []
-        taken: list[tuple[_Append, Decision, int, int]] = []  # (append, decision, first new index, new count)
-        creating: dict[str, int] = {}  # producers this write creates, per principal
-        for a in batch:
-            d = Decision(0)
-            if a.producer:
-                view = views.get(a.producer) or table.lookup(a.producer)
-                try:
-                    d = self._decide(a, view, creating, first, bodies)
-                except DLedgerError as e:
-                    self._complete_append(a.token, e.code, None, e.message)
-                    continue
-            new = a.bodies[d.duplicates:]
-            at = first + len(bodies)
-            if new:
-                seq = a.sequence + d.duplicates if a.producer else 0
-                if a.producer:
-                    view = view.copy(table.folded) if view is not None else Producer(owner=a.principal)
-                    view.add(seq, at, len(new), ts, a.epoch)
-                    views[a.producer] = view
-                _add_run(runs, Run(a.producer, seq, len(new), a.epoch, a.principal if a.producer else ""))
-                bodies.extend(new)
-            taken.append((a, d, at, len(new)))
-        marker = marker_body(ts, runs)
-        if len(marker) > self.cfg.max_body_bytes and len(batch) > 1:  # a marker is a body: halve the write
-            half = len(batch) // 2
-            self._store_idempotent(batch[:half])
-            self._store_idempotent(batch[half:])  # decided against the first half's (the overlay)
-            return
-        res = None
-        if bodies:
-            res = self._write_marked(marker, bodies, [a for a, *_ in taken])
-            if res is None:
-                return
-            table.note_own(views.items())
-            for principal, count in creating.items():
-                self.creations.spend(principal, count, self.now)
-        deadline = self.now + self.cfg.max_wait_ack_ms
-        for a, d, at, n in taken:
-            k = at - res.first_index if res is not None else 0
-            result = AppendedBatch(at, term, res.positions[k : k + n] if res is not None else array("q"))
-            if not d.duplicates:
-                self.quorum.add(a.token, result, deadline)
-                continue
-            self._duplicates[a.token] = (d.indexes + list(range(at, at + n)), d.duplicates)
-            wait = max(d.wait_index, at + n - 1) if n else d.wait_index
-            if wait <= self.store.committed_index:
-                self._complete_append(a.token, ResponseCode.SUCCESS, result, "")
-            else:
-                self.quorum.add(a.token, result, deadline, wait)
-        if res is not None:
-            self._written(res)
-
-    def _decide(self, a: _Append, view: Producer | None, creating: dict[str, int], first: int,
-                planned: list[bytes]) -> Decision:
-        """An idempotent append against its producer's `view` (core.producers.decide), then the
-        leader's own checks, all before anything is written: a creation within its principal's
-        rate (`creating` counts this write's), duplicates that are the stored entries."""
-        d = self.producers.decide(view, a.producer, a.sequence, len(a.bodies), a.epoch, a.principal)
-        if view is None:
-            count = creating.get(a.principal, 0) + 1
-            self.creations.check(a.principal, count, self.now)
-            creating[a.principal] = count
-        if d.duplicates:
-            self._check_duplicates(a, d, first, planned)
-        return d
-
-    def _check_duplicates(self, a: _Append, d: Decision, first: int, planned: list[bytes]) -> None:
-        """A body answered as a duplicate must be the stored entry (its body CRC, from the record
-        header; from index `first` on, the bodies `planned` for this write): else the id is
-        being reused, and success would answer for a body that was never stored. One whose
-        entry cannot be read (deleted by retention or a snapshot) is refused, not answered."""
-        for k, i in enumerate(d.indexes):
-            try:
-                stored = zlib.crc32(planned[i - first]) if i >= first else self.store.body_crc(i)
-            except StoreError as e:
-                raise unverifiable(a.producer, a.sequence + k, f"its entry {i} cannot be read here: {e.message}") from e
-            if zlib.crc32(a.bodies[k]) != stored:
-                raise DLedgerError(ResponseCode.SEQUENCE_REUSED,
-                                   f"sequence {a.sequence + k} of producer {a.producer!r} is stored with a different "
-                                   f"body: this producer id is being reused; start a new session (a new epoch) or "
-                                   f"use another id")
-
-    def _write_marked(self, marker: bytes, bodies: list[bytes], batch: list[_Append]) -> AppendedBatch | None:
-        """Store the session marker, then the bodies: both or neither (a marker must never be
-        followed by entries it does not describe). None: failed, the appends answered."""
-        store, term = self.store, self.member.term
-        try:
-            mres = store.append_as_leader([marker], term, MAGIC_SESSION)
-        except DLedgerError as e:
-            self._fail_write(batch, e)
-            return None
-        try:
-            return store.append_as_leader(bodies, term, MAGIC_NORMAL)
-        except DLedgerError as e:
-            try:
-                store.truncate(mres.first_index)  # not pushed yet: nobody else has seen it
-            except StoreError as te:
-                self.store_failed(te)  # a leader that cannot drop it must not write after it
-            self._fail_write(batch, e)
-            return None
-
-    def _complete_append(self, token: Any, code: ResponseCode, res: AppendedBatch | None, message: str) -> None:
-        m = self.member
-        dup = self._duplicates.pop(token, None)
-        if token in self._proposers:
-            self._proposers.discard(token)
-            a = self.applier
-            if code == ResponseCode.SUCCESS and res is not None and a is not None:
-                if a.stopped is not None:  # committed, but no result will ever come from here
-                    msg = AppendResponse(int(ResponseCode.INTERNAL_ERROR), m.self_id, res.term, res.first_index,
-                                         res.positions.tolist(), f"committed; state machine stopped: {a.stopped}")
-                    self.reply(token, RequestCode.APPEND, msg)
-                    return
-                # committed: the answer waits for the results (apply follows commit, never precedes it)
-                a.wait_proposal(Proposal(token, res.first_index, res.last_index, res.term, res.positions.tolist()))
-                return
-        if code == ResponseCode.SUCCESS and dup is not None:
-            msg = self._duplicate_answer(*dup)
-        elif code == ResponseCode.SUCCESS and res is not None:
-            msg = AppendResponse(int(code), m.self_id, res.term, res.first_index, res.positions.tolist())
-        else:
-            msg = AppendResponse(int(code), m.leader_id or "", m.term, message=message)
-        self.reply(token, RequestCode.APPEND, msg)
-
-    def _duplicate_answer(self, indexes: list[int], duplicates: int) -> AppendResponse:
-        """Each body's index, term and position, the duplicates' from where the log holds them."""
-        terms, positions = [], []
-        for i in indexes:
-            try:
-                pos, _, term = self.store.slot(i) if i >= 0 else (-1, 0, -1)
-            except StoreError:
-                pos, term = -1, -1
-            terms.append(term)
-            positions.append(pos)
-        return AppendResponse(int(ResponseCode.SUCCESS), self.member.self_id, self.member.term, indexes[0], positions,
-                              indexes=indexes, terms=terms, duplicates=duplicates)
-
     def role_view(self) -> RoleView:
         """Role, term, leader, corrupt record and applied index (core.status): cheap, for readers
         that look after every event."""
@@ -1371,16 +866,6 @@ def _why(e: DLedgerError | None) -> str:
     return "" if e is None else (e.message or ResponseCode(e.code).name)
 
 
-def _add_run(runs: list[Run], run: Run) -> None:
-    """Append `run`, merged into the last one when it continues it (plain appends, mostly)."""
-    last = runs[-1] if runs else None
-    if last is not None and last.producer == run.producer and (not run.producer or (
-            last.epoch == run.epoch and last.first_seq + last.count == run.first_seq)):
-        runs[-1] = Run(run.producer, last.first_seq, last.count + run.count, run.epoch, run.owner)
-    else:
-        runs.append(run)
-
-
 def _error_for(code: int, err: ResponseCode, node: Node, message: str = "") -> msgspec.Struct:
     """An error answer of the right response type for request `code`."""
     m = node.member
@@ -1409,3 +894,8 @@ def _error_for(code: int, err: ResponseCode, node: Node, message: str = "") -> m
     if code == RequestCode.VOTE:
         return VoteResponse(m.term, 0, code=int(err))
     return SimpleResponse(int(err), m.term, leader, message)
+
+
+# the actions, importable from here as before (core.actions)
+__all__ = ["Action", "Apply", "DropInstall", "InstallChunk", "Node", "ReadChunk", "Reply", "RestoreSnapshot",
+           "RunQuery", "Send", "TakeSnapshot"]

@@ -19,13 +19,12 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from dledger.codes import ResponseCode
+from dledger.config import DLedgerConfig
+from dledger.core.member_state import MemberState
 from dledger.core.messages import CONSISTENCY
-
-if TYPE_CHECKING:
-    from dledger.core.node import Node
 
 # consistency levels of reads (the wire's names)
 LINEARIZABLE = "linearizable"
@@ -45,9 +44,32 @@ class PendingRead:
     fail: Callable[[ResponseCode, str], None]
 
 
+class LeaseSource(Protocol):
+    """The elector's two facts a lease depends on (core.elector.LeaderElector is one)."""
+
+    @property
+    def transferring(self) -> bool: ...
+    @property
+    def leader_lease_ms(self) -> int: ...
+
+
+class ReadIndexContext(Protocol):
+    """All ReadIndex needs of its member (the Node is one): the membership and term, the
+    clock, the clock-drift margin, and the elector's lease facts."""
+
+    @property
+    def now(self) -> int: ...
+    @property
+    def member(self) -> MemberState: ...
+    @property
+    def cfg(self) -> DLedgerConfig: ...
+    @property
+    def elector(self) -> LeaseSource: ...
+
+
 class ReadIndex:
-    def __init__(self, node: Node) -> None:
-        self.node = node
+    def __init__(self, env: ReadIndexContext) -> None:
+        self.env = env
         self.round = 0  # heartbeat rounds this member sent as leader (reset per leadership)
         self.confirmed = 0  # the last round a majority acknowledged
         self.lease_until = -(1 << 62)
@@ -70,21 +92,21 @@ class ReadIndex:
             return
         self._pending.append(PendingRead(self.round + 1, read_index, serve, fail))
         self.want_round = True
-        if len(self.node.member.peer_ids) == 1:
+        if len(self.env.member.peer_ids) == 1:
             self.next_round()  # alone: our own acknowledgement is a majority
             self._confirm()
 
     def lease_valid(self) -> bool:
-        node = self.node
-        return (node.member.is_leader and not node.elector.transferring and node.now < self.lease_until
-                and self._no_lease_term != node.member.term)
+        env = self.env
+        return (env.member.is_leader and not env.elector.transferring and env.now < self.lease_until
+                and self._no_lease_term != env.member.term)
 
     def end_leases(self) -> None:
         """A hand-over (TimeoutNow) was sent in this term: its target may win votes from
         members that acknowledged our lease, whenever it arrives (even after our transfer timed
         out and we resumed), so no lease read for the rest of the term (review: stale lease
         reads after a timed-out transfer)."""
-        self._no_lease_term = self.node.member.term
+        self._no_lease_term = self.env.member.term
         self.lease_until = -(1 << 62)
 
     # --- rounds --------------------------------------------------------------------------------
@@ -93,7 +115,7 @@ class ReadIndex:
         """A heartbeat round is being sent now; its number travels in each heartbeat's context."""
         self.round += 1
         self.want_round = False
-        self._sent_at[self.round] = self.node.now
+        self._sent_at[self.round] = self.env.now
         self._sent_at.pop(self.round - _ROUNDS_KEPT, None)
         return self.round
 
@@ -103,7 +125,7 @@ class ReadIndex:
             self._confirm()
 
     def _confirm(self) -> None:
-        m = self.node.member
+        m = self.env.member
         rounds = sorted((self._acks.get(p, 0) for p in m.others), reverse=True)
         rounds.insert(0, self.round)  # ours: we are the leader of every round we sent
         confirmed = rounds[m.quorum - 1]
@@ -111,8 +133,8 @@ class ReadIndex:
             return
         self.confirmed = confirmed
         sent = self._sent_at.get(confirmed)
-        if sent is not None and self._no_lease_term != self.node.member.term:
-            lease = self.node.elector.leader_lease_ms - self.node.cfg.lease_clock_drift_ms
+        if sent is not None and self._no_lease_term != m.term:
+            lease = self.env.elector.leader_lease_ms - self.env.cfg.lease_clock_drift_ms
             self.lease_until = max(self.lease_until, sent + lease)
         while self._pending and self._pending[0].need_round <= confirmed:
             r = self._pending.popleft()
@@ -139,4 +161,5 @@ def describe(consistency: str) -> str:
     return f"consistency {consistency!r}: one of {', '.join(CONSISTENCY)}"
 
 
-__all__ = ["CONSISTENCY", "LEADER", "LEASE", "LINEARIZABLE", "LOCAL", "PendingRead", "ReadIndex", "describe"]
+__all__ = ["CONSISTENCY", "LEADER", "LEASE", "LINEARIZABLE", "LOCAL", "LeaseSource", "PendingRead", "ReadIndex",
+           "ReadIndexContext", "describe"]

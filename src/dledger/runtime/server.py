@@ -26,6 +26,16 @@ from dledger.address import parse_address
 from dledger.clock import now_ms
 from dledger.codes import DLedgerError, RequestCode, ResponseCode
 from dledger.config import DLedgerConfig, Peer
+from dledger.core.contexts import (
+    Answered,
+    Applied,
+    ApplyFailed,
+    ChunkInstalled,
+    ChunkRead,
+    Durable,
+    Restored,
+    SnapshotTaken,
+)
 from dledger.core.messages import (
     DECODE_ERRORS,
     AppendRequest,
@@ -231,7 +241,7 @@ class GroupRuntime:
         self.loop.call_soon_threadsafe(self._on_durable, durable)
 
     def _on_durable(self, durable: int) -> None:
-        self.node.on_durable(durable, now_ms())
+        self.node.complete(Durable(durable), now_ms())
         self._execute()
 
     def handle(self, code: int, req: msgspec.Struct, data: memoryview | bytes | bytearray, respond: Respond,
@@ -405,12 +415,12 @@ class GroupRuntime:
             return  # stopping
         except Exception as e:
             log.exception("%s/%s: the state machine raised", self.cfg.group, self.cfg.self_id)
-            self.node.on_apply_failed(f"{type(e).__name__}: {e}", now_ms())
+            self.node.complete(ApplyFailed(f"{type(e).__name__}: {e}"), now_ms())
         else:
             try:
-                self.node.on_applied(results, now_ms())
+                self.node.complete(Applied(results), now_ms())
             except ValueError as e:  # not one result per entry: a broken state machine
-                self.node.on_apply_failed(str(e), now_ms())
+                self.node.complete(ApplyFailed(str(e)), now_ms())
         self._execute()
 
     def _query(self, q: RunQuery) -> bytes:
@@ -455,8 +465,8 @@ class GroupRuntime:
             if fut.cancelled():
                 return
             err = fut.exception()
-            self.node.on_snapshot(s.index, self._failure(err, "snapshot"), now_ms(),
-                                  fut.result() if err is None else None)
+            self.node.complete(SnapshotTaken(s.index, self._failure(err, "snapshot"),
+                                             fut.result() if err is None else None), now_ms())
             self._execute()
 
         self.host.submit(self.host.take_snapshot, s.index, s.term, s.chain_crc, s.next_pos, self.cfg.peers, s.keep,
@@ -476,7 +486,8 @@ class GroupRuntime:
             return
         err = fut.exception()
         data, crc = fut.result() if err is None else (b"", 0)
-        self.node.on_chunk_read(a.peer, a.ctx, data, crc, self._failure(err, "reading a snapshot chunk"), now_ms())
+        failure = self._failure(err, "reading a snapshot chunk")
+        self.node.complete(ChunkRead(a.peer, a.ctx, data, crc, failure), now_ms())
         self._execute()
 
     def _chunk_installed(self, a: InstallChunk, fut: Future[tuple[int, bool]]) -> None:
@@ -484,16 +495,16 @@ class GroupRuntime:
             return
         err = fut.exception()
         nxt, done = fut.result() if err is None else (0, False)
-        self.node.on_chunk_installed(a.token, a.meta, nxt, done, self._failure(err, "installing a snapshot chunk"),
-                                     now_ms())
+        failure = self._failure(err, "installing a snapshot chunk")
+        self.node.complete(ChunkInstalled(a.token, a.meta, nxt, done, failure), now_ms())
         self._execute()
 
     def _restored(self, a: RestoreSnapshot, fut: Future[bytes | None]) -> None:
         if fut.cancelled():
             return
         err = fut.exception()
-        self.node.on_restored(a.meta, self._failure(err, "restoring a snapshot"), now_ms(),
-                              fut.result() if err is None else None)
+        self.node.complete(Restored(a.meta, self._failure(err, "restoring a snapshot"),
+                                    fut.result() if err is None else None), now_ms())
         self._execute()
 
     def _spawn(self, coro: Any) -> None:
@@ -519,7 +530,7 @@ class GroupRuntime:
                 resp = None
             except DECODE_ERRORS:
                 self._warn("undecodable", "%s: undecodable answer from %s to %d", self.cfg.self_id, a.peer, a.code)
-        self.node.on_response(a.ctx, resp, now_ms())
+        self.node.complete(Answered(a.ctx, resp), now_ms())
         self._execute()
 
     def set_faults(self, blocked: list[str], spare_handover: bool = False) -> None:

@@ -1,0 +1,275 @@
+"""Snapshot orchestration, a part of `Node` (core.node) carved out of it: when to take one
+(the applier's interval, disk pressure, a follower needing one past our log begin) and what
+is done with it once written; what a follower needing entries before our log begin is sent
+(core.install_snapshot sends it), the chunks read and written through the worker, the log
+reset to an installed snapshot and the state machine restored from it; on-demand snapshots
+(`dledger snapshot`); at start, a log aligned with the newest snapshot.
+
+`SnapshotPath` holds no state of its own; what it reads and calls of the node is declared
+below.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from dledger.codes import DLedgerError, RequestCode, ResponseCode
+from dledger.core.actions import DropInstall, InstallChunk, ReadChunk, RestoreSnapshot, TakeSnapshot
+from dledger.core.contexts import ChunkCtx
+from dledger.core.install_snapshot import holds
+from dledger.core.messages import AppendResponse, SnapshotResponse
+from dledger.statemachine.snapshot import PRODUCERS_FILE, SnapshotMeta
+from dledger.store.base import StoreError
+
+if TYPE_CHECKING:
+    import msgspec
+
+    from dledger.config import DLedgerConfig
+    from dledger.core.actions import Action
+    from dledger.core.dispatcher import EntryDispatcher
+    from dledger.core.handler import EntryHandler
+    from dledger.core.install_snapshot import SnapshotReceiver
+    from dledger.core.integrity import Integrity
+    from dledger.core.member_state import MemberState
+    from dledger.core.producers import ProducerTable
+    from dledger.statemachine.applier import Applier
+    from dledger.store.base import LedgerStore
+
+log = logging.getLogger(__name__)
+
+
+class SnapshotPath:
+    """The Node's snapshots: taken, sent, installed, restored."""
+
+    if TYPE_CHECKING:  # the node's, used here
+        cfg: DLedgerConfig
+        store: LedgerStore
+        member: MemberState
+        applier: Applier | None
+        snapshot_meta: SnapshotMeta | None
+        actions: list[Action]
+        producers: ProducerTable
+        now: int
+        restoring: bool
+        integrity: Integrity
+        dispatchers: dict[str, EntryDispatcher]
+        receiver: SnapshotReceiver
+        handler: EntryHandler
+        _snapshot_waiters: list[Any]
+        _snapshot_pending: bool
+        _snapshot_wanted: bool
+        _producers_saving: int
+        _producers_saved: tuple[int, int]
+        _producers_restoring: bool
+
+        def reply(self, token: Any, code: int, msg: msgspec.Struct, data: bytes = b"") -> None: ...
+        def _load_producers(self, data: bytes, where: str) -> None: ...
+        def _stop_applier(self, reason: str) -> None: ...
+        def _run_due_queries(self) -> None: ...
+
+    def _snapshot_frees_disk(self) -> bool:
+        """The disk is full and retention may not delete past our newest snapshot: a new one
+        (whatever the thresholds) lets it free the log applied since (the simulator found every
+        member full and held back by its state machine, for ever)."""
+        a = self.applier
+        return (a is not None and a.applied_index > a.snapshot_index and self.store.pressure_error() is not None)
+
+    def _take_snapshot(self, index: int) -> None:
+        store = self.store
+        if index < store.begin_index - 1:
+            self._answer_snapshot(ResponseCode.INDEX_LESS_THAN_LOCAL_BEGIN,
+                                  f"nothing to snapshot: index {index} is before the log begin {store.begin_index}")
+            return
+        try:
+            term, chain = store.term_at(index), store.chain_at(index)
+            next_pos = self._pos_of(index + 1)
+        except StoreError as e:
+            self._answer_snapshot(e.code, f"cannot snapshot at {index}: {e.message}")
+            return
+        self._snapshot_pending = True
+        self._snapshot_wanted = False
+        if self.applier is not None:
+            self.applier.snapshotting = True
+        sending = tuple(d.sender.meta.last_index for d in self.dispatchers.values() if d.sender.meta is not None)
+        # the table is folded through the commit index, at or past `index`: entries between are
+        # committed, so every log that continues the snapshot holds them as folded
+        self.actions.append(TakeSnapshot(index, term, chain, next_pos, sending, self.producers.encode()
+                                         if not self.producers.empty else b""))
+
+    def _snapshot_taken(self, index: int, error: str, now_ms: int, meta: SnapshotMeta | None = None) -> None:
+        """The worker wrote the snapshot of `index` (`meta`; or failed: `error`)."""
+        self.now = now_ms
+        if meta is not None:
+            self.note_snapshot(meta)
+        self._snapshot_pending = False
+        a = self.applier
+        if error:
+            log.error("%s/%s: snapshot at %d failed: %s", self.member.group, self.member.self_id, index, error)
+            if a is not None:
+                a.snapshotting = False
+            self._producers_saving = -1
+            self._answer_snapshot(ResponseCode.DISK_ERROR, f"snapshot at {index} failed: {error}")
+            return
+        if self._producers_saving >= 0:
+            self._producers_saved, self._producers_saving = (self._producers_saving, now_ms), -1
+        if a is not None:
+            a.snapshot_taken(index)
+            # the log the snapshot covers goes, but for a margin a slow follower may still need
+            # (behind it, it installs our snapshot)
+            self.store.set_compaction_point(index - self.cfg.snapshot_margin_entries)
+        self._answer_snapshot(ResponseCode.SUCCESS, "", index)
+
+    @property
+    def snapshot_index(self) -> int:
+        """The last index of this member's newest snapshot (-1: none)."""
+        if self.applier is not None:
+            return self.applier.snapshot_index
+        return self.snapshot_meta.last_index if self.snapshot_meta is not None else -1
+
+    def note_snapshot(self, meta: SnapshotMeta) -> None:
+        """A snapshot now on our disk (taken or installed): the newest is what we send."""
+        if self.snapshot_meta is None or meta.last_index >= self.snapshot_meta.last_index:
+            self.snapshot_meta = meta
+
+    # --- InstallSnapshot (core.install_snapshot) -------------------------------------------------
+
+    def snapshot_to_send(self) -> SnapshotMeta | None:
+        """What a follower needing entries before our log begin gets: our newest snapshot (it
+        reaches our log: compaction never passes it); a plain log's is empty, at begin - 1."""
+        store = self.store
+        if self.applier is None:
+            # our own snapshot with the producer table, when the log continues it (retention keeps
+            # the log after it); else an empty one at our log begin
+            meta = self.snapshot_meta
+            if (meta is not None and PRODUCERS_FILE in meta.files and meta.next_pos >= 0
+                    and store.begin_index - 1 <= meta.last_index <= store.end_index):
+                return meta
+            b = store.begin_index
+            return SnapshotMeta(b - 1, store.begin_term, store.begin_chain_crc, self.cfg.peers,
+                                next_pos=self._pos_of(b))
+        meta = self.snapshot_meta
+        if meta is None or meta.last_index < store.begin_index - 1 or meta.next_pos < 0:
+            log.error("%s/%s: no snapshot reaches our log begin %d (newest: %s); a follower that needs what "
+                      "came before cannot catch up", self.member.group, self.member.self_id, store.begin_index,
+                      meta.last_index if meta is not None else "none")
+            return None
+        return meta
+
+    def _pos_of(self, index: int) -> int:
+        """Where the record of `index` starts (or would: the log's next position)."""
+        store = self.store
+        return store.get(index).pos if index <= store.end_index else store.pos_of_next()
+
+    def read_chunk(self, peer: str, meta: SnapshotMeta, offset: int, max_bytes: int, ctx: ChunkCtx) -> None:
+        self.actions.append(ReadChunk(peer, meta, offset, max_bytes, ctx))
+
+    def _chunk_read(self, peer: str, ctx: ChunkCtx, data: bytes, crc: int, error: str, now_ms: int) -> None:
+        self.now = now_ms
+        d = self.dispatchers.get(peer)
+        if d is not None and self.member.is_leader:
+            d.on_chunk_read(ctx, data, crc, error)
+
+    def install_chunk(self, token: Any, meta: SnapshotMeta, offset: int, data: bytes | memoryview, crc: int) -> None:
+        self.actions.append(InstallChunk(token, meta, offset, data, crc))
+
+    def _chunk_installed(self, token: Any, meta: SnapshotMeta, next_offset: int, done: bool, error: str,
+                           now_ms: int) -> None:
+        self.now = now_ms
+        self.receiver.on_chunk_installed(token, meta, next_offset, done, error)
+
+    def drop_install(self) -> None:
+        self.actions.append(DropInstall())
+
+    def reset_log_to(self, meta: SnapshotMeta) -> None:
+        """Our log is replaced by installed snapshot `meta`: it begins after it, empty; the state
+        machine is restored from it before anything more is applied."""
+        L = meta.last_index
+        self.store.reset(L + 1, meta.last_term, meta.chain_crc, meta.next_pos)
+        self.handler.after_reset(L)
+        self.integrity.scrub_next = self.store.begin_index
+        if self.applier is not None:
+            self.restore_from(meta)
+        elif PRODUCERS_FILE in meta.files:  # a plain log's snapshot carries only the producer table
+            self._producers_restoring = True
+            self.actions.append(RestoreSnapshot(meta))
+        else:
+            self.producers.skip_to(L)  # an empty snapshot: the producers of what it skipped stay unknown
+
+    def restore_from(self, meta: SnapshotMeta) -> None:
+        """The state machine's state becomes installed snapshot `meta`'s, nothing applied before."""
+        assert self.applier is not None
+        self.applier.installing = True
+        self.restoring = True
+        self.actions.append(RestoreSnapshot(meta))
+
+    def apply_needs(self) -> int:
+        """The lowest snapshot index that would unblock our state machine when it needs an
+        entry our log cannot give (deleted, or rotten beyond repair); -1 when it is not stuck
+        (or a restore is pending: that fixes it; or it stopped: it applies nothing anyway).
+        After a snapshot through that index it applies on from our own log."""
+        a = self.applier
+        if a is None or a.installing or a.stopped is not None:
+            return -1
+        readable_from = self.integrity.readable_from
+        return readable_from - 1 if a.handed_index + 1 < readable_from else -1
+
+    def _restored(self, meta: SnapshotMeta, error: str, now_ms: int, producers: bytes | None = None) -> None:
+        """The worker restored the state machine from installed snapshot `meta` (or failed);
+        `producers`: the snapshot's PRODUCERS_FILE."""
+        self.now = now_ms
+        a = self.applier
+        if a is None:  # a plain log's: the producer table only
+            self._producers_restoring = False
+            if producers and not error:
+                self._load_producers(producers, f"installed snapshot {meta.last_index}")
+            else:
+                self.producers.skip_to(meta.last_index)
+            return
+        self.restoring = False
+        if error:
+            a.installing = False
+            self._stop_applier(f"restoring installed snapshot {meta.last_index}: {error}")
+            return
+        if producers:
+            self._load_producers(producers, f"installed snapshot {meta.last_index}")
+        else:  # a snapshot without the file: no producer was known at its index
+            self.producers.clear(meta.last_index)
+        msg = (f"committed; its result is lost: {self.member.self_id}'s state was replaced by snapshot "
+               f"{meta.last_index}")
+        for p in a.installed(meta.last_index):
+            self.reply(p.token, RequestCode.APPEND, AppendResponse(int(ResponseCode.INTERNAL_ERROR), message=msg))
+        self._run_due_queries()
+
+    def _align_with_snapshot(self, meta: SnapshotMeta) -> None:
+        """At start: a state machine restored from `meta` needs a log that holds its last entry
+        (or begins after it). A crash between installing a snapshot and resetting the log, or
+        a power loss that took the log's unsynced tail, leaves one that does not: it is reset to
+        begin after the snapshot (every entry it drops is covered by it, or was never committed).
+        Not needed for safety (the leader would send the log, or the snapshot, again), only to
+        spare a second install."""
+        store = self.store
+        if meta.next_pos < 0 or meta.last_index <= store.committed_index or \
+                holds(store, meta.last_index, meta.last_term, meta.chain_crc):
+            return  # (a committed entry there is the snapshot's, even a rotten copy: repaired as usual)
+        log.warning("%s/%s: the log (%d..%d) does not hold the last entry %d of our newest snapshot; "
+                    "it begins after the snapshot now", self.cfg.group, self.cfg.self_id,
+                    store.begin_index, store.end_index, meta.last_index)
+        try:
+            store.reset(meta.last_index + 1, meta.last_term, meta.chain_crc, meta.next_pos)
+        except StoreError as e:  # only saves a second install: the leader re-sends what the log lacks
+            log.warning("%s/%s: could not reset the log to the snapshot: %s", self.cfg.group, self.cfg.self_id, e)
+
+    def _answer_snapshot(self, code: ResponseCode, message: str, index: int = -1) -> None:
+        waiters, self._snapshot_waiters = self._snapshot_waiters, []
+        for token in waiters:
+            self.reply(token, RequestCode.SNAPSHOT, SnapshotResponse(int(code), index, message))
+
+    def _handle_snapshot(self, token: Any) -> None:
+        a = self.applier
+        if a is not None and a.stopped is not None:
+            raise DLedgerError(ResponseCode.INTERNAL_ERROR, f"state machine stopped: {a.stopped}")
+        if (a.applied_index if a is not None else self.store.committed_index) < 0:
+            self.reply(token, RequestCode.SNAPSHOT, SnapshotResponse(200, -1, "nothing committed yet"))
+            return
+        self._snapshot_waiters.append(token)
