@@ -29,7 +29,7 @@ import msgspec
 from dledger.codes import RequestCode, ResponseCode
 from dledger.config import DLedgerConfig
 from dledger.core.contexts import Context, HeartbeatCtx, TransferCtx, VoteCtx
-from dledger.core.member_state import MemberState
+from dledger.core.env import MemberEnv
 from dledger.core.messages import (
     HeartBeatRequest,
     HeartBeatResponse,
@@ -43,7 +43,7 @@ from dledger.core.messages import (
 )
 from dledger.core.progress import Progress
 from dledger.ratelog import RateLimitedLog
-from dledger.store.base import LedgerStore, StoreError
+from dledger.store.base import StoreError
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +80,7 @@ class ReadRounds(Protocol):
     def end_leases(self) -> None: ...
 
 
-class ElectorContext(Protocol):
+class ElectorContext(MemberEnv, Protocol):
     """All a LeaderElector needs of its member (the Node is one): the member, store, options,
     clock and randomness; what the leader knows of each follower (Progress) and their
     dispatchers; the follower's commit notes; ReadIndex's rounds; whether the member may lead
@@ -88,12 +88,6 @@ class ElectorContext(Protocol):
     outbox for requests and replies; and the role changes, which the node resets in one place
     (Node._change_role)."""
 
-    @property
-    def now(self) -> int: ...
-    @property
-    def member(self) -> MemberState: ...
-    @property
-    def store(self) -> LedgerStore: ...
     @property
     def cfg(self) -> DLedgerConfig: ...
     @property

@@ -26,9 +26,8 @@ import msgspec
 from dledger.codes import RequestCode, ResponseCode
 from dledger.config import DLedgerConfig
 from dledger.core.contexts import ReadIndexCtx
-from dledger.core.member_state import MemberState
+from dledger.core.env import MemberEnv
 from dledger.core.messages import ReadIndexRequest, ReadIndexResponse
-from dledger.store.base import LedgerStore
 
 log = logging.getLogger(__name__)
 
@@ -43,16 +42,10 @@ class _Waiting:
     fail: Callable[[ResponseCode, str], None]
 
 
-class FollowerReadsContext(Protocol):
+class FollowerReadsContext(MemberEnv, Protocol):
     """All follower reads need of their member (the Node is one): who leads, the commit index,
     the wait bound, the clock, and an outbox for the READ_INDEX request."""
 
-    @property
-    def now(self) -> int: ...
-    @property
-    def member(self) -> MemberState: ...
-    @property
-    def store(self) -> LedgerStore: ...
     @property
     def cfg(self) -> DLedgerConfig: ...
 

@@ -37,13 +37,13 @@ import msgspec
 
 from dledger.codes import DISK_FAULTS, DLedgerError, PushType, RequestCode, ResponseCode
 from dledger.config import DLedgerConfig
+from dledger.core.env import MemberEnv
 from dledger.core.install_snapshot import LeaderCheck
-from dledger.core.member_state import MemberState
 from dledger.core.messages import PushRequest, PushResponse
 from dledger.entry import HEADER, HEADER_SIZE
 from dledger.ratelog import RateLimitedLog
 from dledger.statemachine.snapshot import SnapshotMeta
-from dledger.store.base import CorruptEntryError, LedgerStore, PushRejected, StoreError
+from dledger.store.base import CorruptEntryError, PushRejected, StoreError
 
 log = logging.getLogger(__name__)
 
@@ -57,17 +57,11 @@ class PartialInstall(Protocol):
     def drop_partial(self) -> None: ...
 
 
-class HandlerContext(Protocol):
+class HandlerContext(MemberEnv, Protocol):
     """All an EntryHandler needs of its follower (the Node is one): the member, store, options
     and clock; the elector's leader check; the install in progress (a leader that extends our
     log makes it moot); the integrity calls for our own records; and an outbox for replies."""
 
-    @property
-    def now(self) -> int: ...
-    @property
-    def member(self) -> MemberState: ...
-    @property
-    def store(self) -> LedgerStore: ...
     @property
     def cfg(self) -> DLedgerConfig: ...
     @property

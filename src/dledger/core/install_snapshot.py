@@ -32,7 +32,7 @@ import msgspec
 from dledger.codes import DISK_FAULTS, DLedgerError, RequestCode, ResponseCode
 from dledger.config import DLedgerConfig
 from dledger.core.contexts import ChunkCtx, InstallCtx
-from dledger.core.member_state import MemberState
+from dledger.core.env import MemberEnv
 from dledger.core.messages import InstallSnapshotRequest, InstallSnapshotResponse, SnapshotFile
 from dledger.core.progress import Progress
 from dledger.ratelog import RateLimitedLog
@@ -69,7 +69,7 @@ def meta_of(req: InstallSnapshotRequest) -> SnapshotMeta:
     return SnapshotMeta(req.last_index, req.last_term, req.chain_crc, req.members, files, next_pos=req.next_pos)
 
 
-class SenderContext(Protocol):
+class SenderContext(MemberEnv, Protocol):
     """All a SnapshotSender needs of its leader (the Node is one): the member, store, options
     and clock; the snapshot to send (and whether it is ours: a refused one may be damaged); the
     follower's Progress; an outbox for chunk reads and requests; the install counters."""
@@ -77,12 +77,6 @@ class SenderContext(Protocol):
     install_bytes_sent: int  # metrics, across followers
     installs_sent: int
 
-    @property
-    def now(self) -> int: ...
-    @property
-    def member(self) -> MemberState: ...
-    @property
-    def store(self) -> LedgerStore: ...
     @property
     def cfg(self) -> DLedgerConfig: ...
     @property
@@ -218,18 +212,12 @@ class MatchNotes(Protocol):
     def durable_match(self) -> int: ...
 
 
-class ReceiverContext(Protocol):
+class ReceiverContext(MemberEnv, Protocol):
     """All a SnapshotReceiver needs of its follower (the Node is one): the member, store and
     clock; the elector's leader check and the handler's match notes; the applier and whether a
     restore is queued; an outbox for chunk writes, drops and replies; and the node's own steps
     once a snapshot is in (note it, restore from it, reset the log to it, a store fault)."""
 
-    @property
-    def now(self) -> int: ...
-    @property
-    def member(self) -> MemberState: ...
-    @property
-    def store(self) -> LedgerStore: ...
     @property
     def applier(self) -> Applier | None: ...
     @property
