@@ -14,12 +14,15 @@ import msgspec
 
 from dledger.codes import PushType, RequestCode, ResponseCode
 from dledger.config import DLedgerConfig
+from dledger.core.contexts import PushCtx
+from dledger.core.dispatcher import DispatcherContext, EntryDispatcher, State
 from dledger.core.elector import ElectorContext, LeaderElector
 from dledger.core.handler import EntryHandler, HandlerContext
 from dledger.core.member_state import MemberState
 from dledger.core.messages import PushRequest, PushResponse, Role, VoteRequest, VoteResponse, VoteResult
 from dledger.core.progress import Progress
 from dledger.entry import MAGIC_NORMAL
+from dledger.statemachine.applier import Applier
 from dledger.statemachine.snapshot import SnapshotMeta
 from dledger.store.base import StoreError
 from dledger.store.memory import MemoryLedgerStore
@@ -412,3 +415,209 @@ def test_the_commit_index_follows_the_leader_up_to_the_appended_entries() -> Non
     assert env.store.committed_index == 2  # the leader's, below our matched end 3
     assert _push(env, h, PushType.COMMIT, -1, -1, committed=9).code == ResponseCode.SUCCESS
     assert env.store.committed_index == 3  # our matched end, not the leader's 9
+
+
+# --- EntryDispatcher ------------------------------------------------------------------------
+
+
+@dataclass
+class Push:
+    peer: str
+    code: int
+    req: PushRequest
+    ctx: PushCtx
+    data: bytes | memoryview
+
+
+class TermsSeen:
+    """The elector's term watch: records the terms answers carried, steps down on a higher one."""
+
+    def __init__(self, member: MemberState) -> None:
+        self.member = member
+        self.seen: list[int] = []
+
+    def observe_term(self, term: int) -> bool:
+        self.seen.append(term)
+        if term > self.member.term:
+            self.member.role = Role.FOLLOWER
+            self.member.set_term(term)
+            return True
+        return False
+
+
+class Advances:
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def advance(self) -> bool:
+        self.calls += 1
+        return False
+
+
+class DispatcherEnv:
+    """Leader n0 of three at term 3, log of terms [1, 1, 3, 3]; no snapshot to send."""
+
+    def __init__(self) -> None:
+        self.cfg = _cfg("n0")
+        self.now = 0
+        self.store = _store(self.cfg, LEADER_TERMS)
+        self.member = MemberState(self.cfg.group, "n0", list(self.cfg.peer_map), self.store)
+        self.member.set_term(3)
+        self.member.role = Role.LEADER
+        self.member.leader_id = "n0"
+        self.progress = {p: Progress(p) for p in self.member.others}
+        self.elector = TermsSeen(self.member)
+        self.quorum = Advances()
+        self.applier: Applier | None = None
+        self.snapshot_meta: SnapshotMeta | None = None
+        self.install_bytes_sent = 0
+        self.installs_sent = 0
+        self.outbox: list[Push] = []
+        self.pumps = 0
+
+    def snapshot_to_send(self) -> SnapshotMeta | None:
+        return None
+    def want_snapshot(self) -> None: ...
+    def read_chunk(self, peer: str, meta: SnapshotMeta, offset: int, max_bytes: int, ctx: Any) -> None:
+        raise AssertionError("no snapshot here")
+    def mark_corrupt(self, index: int, reason: str) -> None:
+        raise AssertionError(f"no record here is corrupt ({index}: {reason})")
+    def is_beyond_repair(self, index: int) -> bool:
+        return False
+    def request_pump(self) -> None:
+        self.pumps += 1
+
+    def send(self, peer: str, code: int, msg: msgspec.Struct, ctx: Any, data: bytes | memoryview = b"",
+             timeout_ms: int | None = None) -> None:
+        assert isinstance(msg, PushRequest) and isinstance(ctx, PushCtx)
+        self.outbox.append(Push(peer, code, msg, ctx, data))
+
+
+def _dispatcher(env: DispatcherContext, peer: str = "n1") -> EntryDispatcher:
+    return EntryDispatcher(env, peer)
+
+
+def _leading() -> tuple[DispatcherEnv, EntryDispatcher]:
+    env = DispatcherEnv()
+    return env, _dispatcher(env)
+
+
+def _sent(env: DispatcherEnv) -> Push:
+    """The one push the last pump sent."""
+    assert len(env.outbox) == 1, env.outbox
+    return env.outbox.pop()
+
+
+def _state(d: EntryDispatcher) -> State:
+    """(a call, so mypy does not narrow the state across the answers that change it)"""
+    return d.state
+
+
+def _answer(d: EntryDispatcher, push: Push, code: ResponseCode, end_index: int, term: int = 3, x_index: int = -1,
+            x_term: int = -1) -> None:
+    d.on_response(push.ctx, PushResponse(int(code), term, end_index, x_index, x_term))
+
+
+def test_a_new_follower_is_first_probed_with_compare_below_the_leaders_end() -> None:
+    """§3.5: a new leader does not know the follower's log; it first finds the latest entry
+    where the two agree (nextIndex starts just past its own log, the COMPARE probes there)."""
+    env, d = _leading()
+    assert d.state == State.COMPARE
+    d.pump()
+    p = _sent(env)
+    assert (p.peer, p.code) == ("n1", RequestCode.PUSH)
+    assert p.req.type == PushType.COMPARE and (p.req.prev_index, p.req.prev_term) == (2, 3)
+    assert (p.req.term, p.req.leader_id, p.req.remote_id) == (3, "n0", "n1")
+    d.pump()
+    assert not env.outbox  # one COMPARE in flight at a time
+
+
+def test_a_match_moves_to_append_from_the_entry_after_it() -> None:
+    """§3.5: once the logs agree at an index, the leader sends its entries from the next one,
+    and what matched counts toward the commit (matchIndex)."""
+    env, d = _leading()
+    d.pump()
+    _answer(d, _sent(env), ResponseCode.SUCCESS, end_index=2)
+    assert d.state == State.APPEND and d.next_index == 3
+    assert env.progress["n1"].match_index == 2 and env.quorum.calls == 1
+    d.pump()
+    p = _sent(env)
+    assert p.req.type == PushType.APPEND and (p.req.prev_index, p.req.prev_term) == (2, 3)
+    assert (p.req.first_index, p.req.count) == (3, 1)
+    assert bytes(p.data) == bytes(env.store.read_raw(3, 1 << 20).data)
+
+
+def test_an_acknowledged_append_raises_the_match_index() -> None:
+    env, d = _leading()
+    d.pump()
+    _answer(d, _sent(env), ResponseCode.SUCCESS, end_index=2)
+    d.pump()
+    _answer(d, _sent(env), ResponseCode.SUCCESS, end_index=3)
+    assert env.progress["n1"].match_index == 3 and d.next_index == 4
+    assert env.quorum.calls == 2
+
+
+def test_a_mismatch_skips_the_followers_conflicting_term() -> None:
+    """§3.5: on a refusal the leader backs up; with the follower's conflicting term and its
+    first index it skips that whole term at once instead of one entry per round trip."""
+    env, d = _leading()
+    d.pump()
+    # the follower holds [1, 1, 2, 2]: index 2 has term 2, which starts there
+    _answer(d, _sent(env), ResponseCode.INCONSISTENT_STATE, end_index=3, x_index=2, x_term=2)
+    assert d.state == State.COMPARE and env.progress["n1"].match_index == -1
+    d.pump()
+    p = _sent(env)
+    assert p.req.type == PushType.COMPARE and (p.req.prev_index, p.req.prev_term) == (1, 1)
+
+
+def test_a_follower_with_a_conflicting_suffix_is_truncated_then_appended() -> None:
+    """§3.5: entries of the follower after the last agreeing index are removed (TRUNCATE),
+    then the leader's are sent from there."""
+    env, d = _leading()
+    d.pump()
+    _answer(d, _sent(env), ResponseCode.INCONSISTENT_STATE, end_index=3, x_index=2, x_term=2)
+    d.pump()
+    _answer(d, _sent(env), ResponseCode.SUCCESS, end_index=3)  # it agrees at 1; maybe more above
+    d.pump()
+    _answer(d, _sent(env), ResponseCode.INCONSISTENT_STATE, end_index=3, x_index=2, x_term=2)
+    assert d.state == State.TRUNCATE
+    d.pump()
+    p = _sent(env)
+    assert p.req.type == PushType.TRUNCATE and (p.req.prev_index, p.req.prev_term) == (1, 1)
+    _answer(d, p, ResponseCode.SUCCESS, end_index=1)
+    assert _state(d) == State.APPEND and d.next_index == 2
+    d.pump()
+    p = _sent(env)
+    assert p.req.type == PushType.APPEND and (p.req.first_index, p.req.count) == (2, 2)
+
+
+def test_a_refused_append_goes_back_to_compare() -> None:
+    """§3.5: a failed consistency check on an append makes the leader search again."""
+    env, d = _leading()
+    d.pump()
+    _answer(d, _sent(env), ResponseCode.SUCCESS, end_index=2)
+    d.pump()
+    _answer(d, _sent(env), ResponseCode.INCONSISTENT_STATE, end_index=1)
+    assert d.state == State.COMPARE
+    assert env.progress["n1"].match_index == 2  # what matched in this term stays matched
+
+
+def test_an_answer_of_a_higher_term_ends_the_leadership_and_changes_nothing_else() -> None:
+    """§3.3: a leader learning of a higher term steps down; the answer is not used."""
+    env, d = _leading()
+    d.pump()
+    _answer(d, _sent(env), ResponseCode.SUCCESS, end_index=2, term=4)
+    assert env.elector.seen == [4] and not env.member.is_leader
+    assert d.state == State.COMPARE and env.progress["n1"].match_index == -1
+    d.pump()
+    assert not env.outbox  # a follower sends no pushes
+
+
+def test_an_answer_to_a_push_before_a_reset_is_ignored() -> None:
+    """An answer to a push of an older window (epoch) must not move the follower's state."""
+    env, d = _leading()
+    d.pump()
+    old = _sent(env)
+    d.reset(2, "test")
+    _answer(d, old, ResponseCode.SUCCESS, end_index=2)
+    assert d.state == State.COMPARE and env.progress["n1"].match_index == -1
