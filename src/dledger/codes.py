@@ -164,3 +164,7 @@ class DLedgerError(Exception):
         self.code = ResponseCode(code)
         self.message = message or self.code.name
         super().__init__(f"{self.code.name} ({int(self.code)}): {self.message}")
+
+
+# The name this had before issue 27's one vocabulary, kept so scripts written against it still run.
+ControllerRequestCode = RequestCode

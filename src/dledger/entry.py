@@ -92,7 +92,7 @@ def header_fault(h: tuple[int, ...], room: int) -> str | None:
     return record_fault(h[1], h[8], h[2], h[4], h[5], h[3], room, h[2], h[4], h[3])
 
 
-class LogEntry(msgspec.Struct, frozen=True, gc=False):
+class DLedgerEntry(msgspec.Struct, frozen=True, gc=False):
     """A decoded entry; built only where a caller asks for objects (get, read)."""
 
     index: int
@@ -276,7 +276,7 @@ def scan(
     return ScanResult(off - start, count, chain, term_floor, stop)
 
 
-def decode_entry(buf: bytes | bytearray | memoryview | object, offset: int = 0) -> LogEntry:
+def decode_entry(buf: bytes | bytearray | memoryview | object, offset: int = 0) -> DLedgerEntry:
     """Decode and verify one record (header sanity and body CRC)."""
     mv = memoryview(buf)  # type: ignore[arg-type]
     try:
@@ -292,7 +292,7 @@ def decode_entry(buf: bytes | bytearray | memoryview | object, offset: int = 0) 
         mv.release()
     if zlib.crc32(body) != bcrc:
         raise CorruptRecord("body crc mismatch", offset)
-    return LogEntry(idx, term, rpos, magic, body, ccrc, bcrc)
+    return DLedgerEntry(idx, term, rpos, magic, body, ccrc, bcrc)
 
 
 def iter_headers(buf: bytes | bytearray | memoryview, start: int = 0) -> list[tuple[int, ...]]:
@@ -308,3 +308,7 @@ def iter_headers(buf: bytes | bytearray | memoryview, start: int = 0) -> list[tu
         out.append(h)
         off += h[1]
     return out
+
+
+# The name this had before issue 27's one vocabulary, kept so scripts written against it still run.
+Entry = DLedgerEntry

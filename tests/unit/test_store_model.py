@@ -31,7 +31,7 @@ from dledger.entry import (
     MAGIC_CONFIG_CHANGE,
     MAGIC_NOOP,
     MAGIC_NORMAL,
-    LogEntry,
+    DLedgerEntry,
     chain_crc,
     decode_entry,
     scan,
@@ -174,7 +174,7 @@ class Model:
         return -1
 
 
-def assert_entry(e: LogEntry, m: Model, index: int) -> None:
+def assert_entry(e: DLedgerEntry, m: Model, index: int) -> None:
     want = m.entry(index)
     assert e.index == index
     assert (e.term, e.magic, e.body) == (want.term, want.magic, want.body), index

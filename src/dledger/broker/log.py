@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from dledger.codes import ResponseCode
-from dledger.entry import LogEntry
+from dledger.entry import DLedgerEntry
 from dledger.store.base import AppendedBatch, LedgerStore, StoreError
 
 
@@ -112,7 +112,7 @@ class BrokerLog:
                 hi = mid - 1
         return lo
 
-    def entries(self, from_index: int, max_entries: int, up_to_offset: int) -> list[LogEntry]:
+    def entries(self, from_index: int, max_entries: int, up_to_offset: int) -> list[DLedgerEntry]:
         """Entries from `from_index` that end at or before `up_to_offset` (the confirm offset)."""
         s = self.store
         if from_index > s.end_index or max_entries <= 0:

@@ -14,7 +14,7 @@ from typing import Annotated
 
 import msgspec
 
-from dledger.codes import ResponseCode
+from dledger.codes import RequestCode, ResponseCode
 
 MAX_BATCH = 10_000
 
@@ -111,3 +111,7 @@ pull_response = msgspec.msgpack.Decoder(PullResponse)
 runtime_info = msgspec.msgpack.Decoder(RuntimeInfo)
 fault_request = msgspec.msgpack.Decoder(FaultRequest)
 fault_response = msgspec.msgpack.Decoder(FaultResponse)
+
+
+# The name this had before issue 27's one vocabulary, kept so scripts written against it still run.
+BrokerRequestCode = RequestCode  # its FAULT is RequestCode.BROKER_FAULT

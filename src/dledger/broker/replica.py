@@ -238,3 +238,7 @@ class ReplicaState:
 
     def acked(self, next_offset: int) -> bool:
         return self.master_ha is not None and self.master_ha.acked(next_offset, self.acks.need)
+
+
+# The name this had before issue 27's one vocabulary, kept so scripts written against it still run.
+Role = BrokerRole

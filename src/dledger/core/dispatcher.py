@@ -118,6 +118,12 @@ class EntryDispatcher:
 
     # --- state changes ---------------------------------------------------------------
 
+
+    @property
+    def node(self) -> DispatcherContext:
+        """The name `env` had before the dispatcher took a narrow context (scripts that trace
+        it still read `dispatcher.node.now`); the same object, seen through the Protocol."""
+        return self.env
     def reset(self, compare_at: int, why: str) -> None:
         if self.state != State.COMPARE or self.inflight:
             self._log.info("compare", "push to %s: back to COMPARE at %d (%s)", self.peer, compare_at, why)

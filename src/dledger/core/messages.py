@@ -410,3 +410,12 @@ def decode_request(code: int, meta: bytes) -> Msg:
 
 def decode_response(code: int, meta: bytes) -> msgspec.Struct:
     return _response_decoders[code].decode(meta)
+
+
+# The module constants these codes were before issue 27 (RequestCode is now the one enum),
+# kept so scripts written against them still run.
+FAULT = RequestCode.FAULT
+READ = RequestCode.READ
+QUERY = RequestCode.QUERY
+SNAPSHOT = RequestCode.SNAPSHOT
+READ_INDEX = RequestCode.READ_INDEX

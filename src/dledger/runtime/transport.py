@@ -15,6 +15,7 @@ that speaks to peers imports one place:
 
 from __future__ import annotations
 
+from dledger.codes import RequestCode
 from dledger.runtime.connection import install_uvloop
 from dledger.runtime.faults import FaultInjector
 from dledger.runtime.frames import (
@@ -44,6 +45,7 @@ from dledger.runtime.transport_server import (
 )
 
 __all__ = [
+    "AUTH_CODE",
     "DEFAULT_MAX_FRAME_BYTES",
     "HEADER_SIZE",
     "KIND_REQUEST",
@@ -68,3 +70,7 @@ __all__ = [
     "encode_refusal",
     "install_uvloop",
 ]
+
+
+# The name this had before issue 27's one vocabulary, kept so scripts written against it still run.
+AUTH_CODE = RequestCode.AUTH

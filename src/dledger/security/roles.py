@@ -222,6 +222,7 @@ __all__ = [
     "Access",
     "AccessRole",
     "Principal",
+    "Role",
     "ServerCheck",
     "Tokens",
     "cert_principal",
@@ -232,3 +233,7 @@ __all__ = [
     "refusal_text",
     "roles_of_units",
 ]
+
+
+# The name this had before issue 27's one vocabulary, kept so scripts written against it still run.
+Role = AccessRole

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 from dledger.codes import ResponseCode
 from dledger.controller.machine import ControllerStateMachine
-from dledger.entry import LogEntry
+from dledger.entry import DLedgerEntry
 from dledger.kv.commands import Cas, Delete, Put, encode
 from dledger.sim.cluster import NetConfig, SimCluster
 from dledger.sim.controller import Referee, command
@@ -329,7 +329,7 @@ def _settle(c: SimCluster, down: list[str], report: SimReport) -> None:
                                  f"(leader {c.leader()})")
 
 
-def _entry_or_none(store: LedgerStore, index: int) -> LogEntry | None:
+def _entry_or_none(store: LedgerStore, index: int) -> DLedgerEntry | None:
     """The verified entry, or None when it is beyond the log or its record is corrupt (below
     the leader's log begin a rotten copy cannot be repaired: another member's may serve)."""
     if index > store.end_index:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from dledger.codes import DLedgerError, ResponseCode
-from dledger.entry import HEADER, HEADER_SIZE, MAGIC_NORMAL, CorruptRecord, LogEntry, chain_crc, decode_entry, scan
+from dledger.entry import HEADER, HEADER_SIZE, MAGIC_NORMAL, CorruptRecord, DLedgerEntry, chain_crc, decode_entry, scan
 
 _MAGIC_SIZE = struct.Struct(">ii")  # the first two header fields
 
@@ -213,7 +213,7 @@ class LedgerStore(ABC):
     def pos_of_next(self) -> int:
         """Byte position where the next record would start (before any file roll)."""
 
-    def get(self, index: int) -> LogEntry:
+    def get(self, index: int) -> DLedgerEntry:
         """The entry at `index`, its body CRC verified (CorruptEntryError if it fails)."""
         raw = self.read_raw(index, 0)
         try:
@@ -248,7 +248,7 @@ class LedgerStore(ABC):
         finally:
             raw.data.release()
 
-    def verify_entry(self, index: int) -> LogEntry:
+    def verify_entry(self, index: int) -> DLedgerEntry:
         """The entry at `index` once fully verified, with the same single-record check a
         follower applies to a push (entry.scan): magic, size, index, position, channel, term
         not below its predecessor's, body CRC, chain CRC following its predecessor's; then
@@ -313,10 +313,10 @@ class LedgerStore(ABC):
             return e.message
         return None
 
-    def read(self, from_index: int, max_entries: int = 1000, max_bytes: int = 4 << 20) -> list[LogEntry]:
+    def read(self, from_index: int, max_entries: int = 1000, max_bytes: int = 4 << 20) -> list[DLedgerEntry]:
         """Decoded entries from from_index (all magics), stopping at the end of the log. Their
         records total at most `max_bytes` (the first entry is returned whatever its size)."""
-        out: list[LogEntry] = []
+        out: list[DLedgerEntry] = []
         index = from_index
         size = 0
         while len(out) < max_entries and index <= self.end_index and (not out or size < max_bytes):
@@ -557,3 +557,7 @@ def push_error(stop: str, offset: int, index: int) -> PushRejected:
         code = ResponseCode.UNEXPECTED_ARGUMENT
     return PushRejected(code, f"pushed record of entry {index} at offset {offset} rejected: {reason}", index,
                         stop.removeprefix("corrupt: "))
+
+
+# The name this had before issue 27's one vocabulary, kept so scripts written against it still run.
+AppendResult = AppendedBatch

@@ -40,7 +40,7 @@ from dledger.entry import (
     MAGIC_BLANK,
     MAGIC_NORMAL,
     CorruptRecord,
-    LogEntry,
+    DLedgerEntry,
     chain_crc,
     decode_entry,
     encode_into,
@@ -411,7 +411,7 @@ class FileLedgerStore(LedgerStore):
             base.release()
             return RawRange(view, from_index, lo - from_index + 1)
 
-    def get(self, index: int) -> LogEntry:
+    def get(self, index: int) -> DLedgerEntry:
         with self._lock:
             self._check_readable(index)
             try:
@@ -426,7 +426,7 @@ class FileLedgerStore(LedgerStore):
     def _index_magic(self, index: int) -> int:
         return self.unit(index)[0]
 
-    def verify_entry(self, index: int) -> LogEntry:
+    def verify_entry(self, index: int) -> DLedgerEntry:
         """get (the header against the unit, magic included, and the chain CRC link), then the
         single-record check of a push (entry.scan: magic, channel, pos, ...)."""
         with self._lock:
@@ -434,7 +434,7 @@ class FileLedgerStore(LedgerStore):
             self._check_record(index, entry.pos, entry.size, entry.term, None)
             return entry
 
-    def _get_locked(self, index: int) -> LogEntry:
+    def _get_locked(self, index: int) -> DLedgerEntry:
         magic, pos, size, _, term = self.unit(index)
         f = self.data.locate(pos)
         try:

@@ -11,7 +11,7 @@ from array import array
 from collections.abc import Sequence
 
 from dledger.codes import ResponseCode
-from dledger.entry import HEADER_SIZE, MAGIC_NORMAL, CorruptRecord, LogEntry, encode_into, scan
+from dledger.entry import HEADER_SIZE, MAGIC_NORMAL, CorruptRecord, DLedgerEntry, encode_into, scan
 from dledger.store.base import (
     AppendedBatch,
     CorruptEntryError,
@@ -198,7 +198,7 @@ class MemoryLedgerStore(LedgerStore):
         end = self._offsets[k + 1] if k + 1 < len(self._offsets) else len(self._buf)
         return self._base_pos + start, end - start, self._terms[k], self._magics[k]
 
-    def get(self, index: int) -> LogEntry:
+    def get(self, index: int) -> DLedgerEntry:
         with self._lock:
             entry = super().get(index)
             pos = self._base_pos + self._offsets[index - self.begin_index]
