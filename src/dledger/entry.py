@@ -42,6 +42,15 @@ ENTRY_MAGICS = frozenset((MAGIC_NORMAL, MAGIC_NOOP, MAGIC_CONFIG_CHANGE, MAGIC_S
 
 assert HEADER_SIZE == 48 and INDEX_UNIT_SIZE == 32
 
+
+def unverified(chain: int, body_crc: int, prev_chain: int) -> bool:
+    """A record upstream DLedger wrote: it never fills the two CRC fields (both 0). Read as
+    unverified, as upstream does, but only where the chain before it is 0 too (the log's start,
+    or an unverified record): a log holds upstream's records as a prefix, and a record that
+    dledger wrote after a verified one never has both fields 0 (1 in 2**64). The chain CRC
+    after an unverified record is 0 (docs/format.md, "Upstream stores")."""
+    return chain == 0 and body_crc == 0 and prev_chain == 0
+
 # --- the record-header rules (docs/format.md, "On disk"), written once ----------------------------
 # Every reader of records applies these: `scan` (followers, recovery, `dledger store inspect`),
 # `decode_entry`, Spark's dledger-files scan and the offline view (store/offline.py). Only what a
@@ -124,6 +133,12 @@ def chain_crc(index: int, term: int, body_crc: int, prev: int) -> int:
     return zlib.crc32(_CHAIN.pack(index, term, body_crc), prev)
 
 
+def chain_follows(index: int, term: int, body_crc: int, prev: int, chain: int) -> bool:
+    """Whether a record's chain CRC field `chain` follows `prev`, the one before it: equal to
+    chain_crc, or both CRC fields 0 after a 0 (`unverified`, upstream's record)."""
+    return chain_crc(index, term, body_crc, prev) == chain or unverified(chain, body_crc, prev)
+
+
 def encode_entry(
     body: bytes, index: int, term: int, pos: int, prev_chain: int = 0, magic: int = MAGIC_NORMAL
 ) -> bytes:
@@ -189,6 +204,7 @@ class ScanResult:
     last_chain: int
     last_term: int
     stop: str  # "end" (buffer or limit reached), "blank", "zero", or "corrupt: <reason>"
+    unverified: int = 0  # of the `count` records, upstream's (entry.unverified): CRCs not checked
 
 
 def scan(
@@ -207,7 +223,8 @@ def scan(
 
     Checks magic, size, index continuity (first must be `index`), pos (first
     must be `pos`, then contiguous), non-decreasing term, body CRC and chain
-    CRC. Stops at the first record that fails, a blank, zero bytes, or a record
+    CRC (not of upstream's records, `unverified`: counted in the result).
+    Stops at the first record that fails, a blank, zero bytes, or a record
     running past `end`. With `strict` a failing record raises CorruptRecord
     instead (followers must reject bad pushes, recovery cuts them). If `units`
     is given an index unit is appended per valid record. At most `max_count`
@@ -220,6 +237,7 @@ def scan(
     mv = memoryview(buf)  # type: ignore[arg-type]
     off = start
     count = 0
+    unchecked = 0
     chain = prev_chain
     term_floor = prev_term
     stop = "end"
@@ -259,6 +277,9 @@ def scan(
                         reason = "chain crc mismatch"
                     else:
                         chain = next_chain
+                if reason is not None and ccrc == 0 and bcrc == 0 and chain == 0:
+                    reason = None  # upstream's record (unverified): decided off the common path
+                    unchecked += 1
             if reason is not None:
                 if strict:
                     raise CorruptRecord(reason, off, index)
@@ -273,11 +294,12 @@ def scan(
             count += 1
     finally:
         mv.release()
-    return ScanResult(off - start, count, chain, term_floor, stop)
+    return ScanResult(off - start, count, chain, term_floor, stop, unchecked)
 
 
 def decode_entry(buf: bytes | bytearray | memoryview | object, offset: int = 0) -> DLedgerEntry:
-    """Decode and verify one record (header sanity and body CRC)."""
+    """Decode and verify one record (header sanity and body CRC; upstream's records, with both
+    CRC fields 0, are taken unverified: the caller checks the chain, see `unverified`)."""
     mv = memoryview(buf)  # type: ignore[arg-type]
     try:
         if len(mv) - offset < HEADER_SIZE:
@@ -290,7 +312,7 @@ def decode_entry(buf: bytes | bytearray | memoryview | object, offset: int = 0) 
         body = bytes(mv[offset + HEADER_SIZE : offset + size])
     finally:
         mv.release()
-    if zlib.crc32(body) != bcrc:
+    if zlib.crc32(body) != bcrc and not unverified(ccrc, bcrc, 0):
         raise CorruptRecord("body crc mismatch", offset)
     return DLedgerEntry(idx, term, rpos, magic, body, ccrc, bcrc)
 

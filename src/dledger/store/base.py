@@ -17,7 +17,16 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from dledger.codes import DLedgerError, ResponseCode
-from dledger.entry import HEADER, HEADER_SIZE, MAGIC_NORMAL, CorruptRecord, DLedgerEntry, chain_crc, decode_entry, scan
+from dledger.entry import (
+    HEADER,
+    HEADER_SIZE,
+    MAGIC_NORMAL,
+    CorruptRecord,
+    DLedgerEntry,
+    chain_follows,
+    decode_entry,
+    scan,
+)
 
 _MAGIC_SIZE = struct.Struct(">ii")  # the first two header fields
 
@@ -182,7 +191,7 @@ class LedgerStore(ABC):
             raise StoreError(ResponseCode.INCONSISTENT_STATE,
                              f"repair of entry {index}: the record sent (index {e.index}, term {e.term}, pos {e.pos}) "
                              f"is not ours (term {term}, pos {pos})")
-        if chain_crc(index, e.term, e.body_crc, self.chain_at(index - 1)) != e.chain_crc:
+        if not chain_follows(index, e.term, e.body_crc, self.chain_at(index - 1), e.chain_crc):
             raise StoreError(ResponseCode.INCONSISTENT_STATE,
                              f"repair of entry {index}: its chain CRC does not follow our entry {index - 1}")
         if index < self.end_index:  # and our next record must still chain onto it (its header
@@ -191,7 +200,7 @@ class LedgerStore(ABC):
                 fields = HEADER.unpack_from(raw.data, 0) if len(raw.data) >= HEADER_SIZE else None
             finally:
                 raw.data.release()
-            if fields is None or chain_crc(index + 1, fields[3], fields[7], e.chain_crc) != fields[6]:
+            if fields is None or not chain_follows(index + 1, fields[3], fields[7], e.chain_crc, fields[6]):
                 raise StoreError(ResponseCode.INCONSISTENT_STATE,
                                  f"repair of entry {index}: our entry {index + 1} does not chain onto the record sent")
 
@@ -336,8 +345,8 @@ class LedgerStore(ABC):
                         ok = entry == self.get(index)
                     else:
                         prev = out[-1]
-                        ok = entry.pos == prev.pos + prev.size and entry.chain_crc == chain_crc(
-                            index, entry.term, entry.body_crc, prev.chain_crc
+                        ok = entry.pos == prev.pos + prev.size and chain_follows(
+                            index, entry.term, entry.body_crc, prev.chain_crc, entry.chain_crc
                         ) and entry.magic == self._index_magic(index)
                     if not ok:
                         raise CorruptEntryError(index, f"record of entry {index} has a damaged header")

@@ -41,7 +41,7 @@ from dledger.entry import (
     MAGIC_NORMAL,
     CorruptRecord,
     DLedgerEntry,
-    chain_crc,
+    chain_follows,
     decode_entry,
     encode_into,
     scan,
@@ -114,6 +114,7 @@ class FileLedgerStore(LedgerStore):
             self._retention_holder = ""  # who set the floor
             self._retention_held_by = ""  # set while that floor keeps files disk pressure would delete
             self._failed: BaseException | None = None
+            self.unverified = 0  # upstream's records (CRC fields 0) recovery's scan found past the trusted one
             self._closed = False
             self._trunc_floor = 1 << 62  # lowest end index a truncate set during a flush
             self._ckpt_lock = threading.Lock()  # outermost: checkpoint state must match the files
@@ -448,7 +449,8 @@ class FileLedgerStore(LedgerStore):
             )
         # the chain CRC covers index, term and body CRC: a damaged header field that
         # the unit cannot reveal (the unit may have been rebuilt from it) shows here
-        if chain_crc(index, entry.term, entry.body_crc, self.chain_at(index - 1)) != entry.chain_crc:
+        prev = self.chain_at(index - 1)
+        if not chain_follows(index, entry.term, entry.body_crc, prev, entry.chain_crc):
             raise CorruptEntryError(
                 index,
                 f"{f.path} offset {pos - f.start}: chain CRC of entry {index} does not "

@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from dledger.codes import ResponseCode
-from dledger.entry import ENTRY_MAGICS, HEADER, HEADER_SIZE, header_fault
+from dledger.entry import ENTRY_MAGICS, HEADER, HEADER_SIZE, header_fault, unverified
 from dledger.store.base import StoreError
 
 NAME = re.compile(r"^\d{20}$")  # a data or index file: its logical start offset, 20 digits
@@ -158,6 +158,9 @@ class Checkpoint:
     committed_index: int  # -1 when the checkpoint names none
     begin: LogBegin | None  # None: the checkpoint has no log begin (derive_begin)
     trusted: Trusted | None
+    # dledger's own: past its trusted record (or the log begin) nothing was known fsynced, so
+    # recovery may cut a torn tail there; upstream DLedger's names no such position
+    proves_durable: bool = True
 
 
 _BEGIN_KEYS = ("begin_index", "begin_term", "begin_pos", "begin_chain_crc")
@@ -253,6 +256,8 @@ def chain_before(h: tuple[int, ...]) -> int | None:
     columns A·e_b."""
     if h[0] not in ENTRY_MAGICS:
         return None
+    if unverified(h[6], h[7], 0):
+        return 0  # upstream's record: its chain follows 0 (entry.unverified)
     msg = struct.pack(">qqI", h[2], h[3], h[7])
     base = zlib.crc32(msg, 0)
     basis: list[tuple[int, int]] = []  # (vector, which e_b combine to it), leading bits distinct

@@ -20,7 +20,10 @@
 
 from __future__ import annotations
 
+import errno
 import logging
+import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -35,13 +38,13 @@ from dledger.entry import (
     INDEX_UNIT_SIZE,
     MAGIC_BLANK,
     CorruptRecord,
-    chain_crc,
+    chain_follows,
     decode_entry,
     header_fault,
     scan,
 )
 from dledger.store.base import CorruptEntryError, StoreError
-from dledger.store.mapped_file import MappedFileList
+from dledger.store.mapped_file import MappedFile, MappedFileList
 from dledger.store.offline import Checkpoint, chain_before, derive_begin, first_record_index, read_checkpoint
 
 log = logging.getLogger(__name__)
@@ -65,6 +68,7 @@ class RecoverableStore(Protocol):
     committed_index: int
     durable_index: int
     recovered_corrupt: tuple[int, str] | None
+    unverified: int  # records of upstream DLedger's (CRC fields 0) found by the last recovery scan
 
     def raw_unit(self, index: int) -> tuple[int, int, int, int, int] | None:
         """The index unit of `index` if it is intact and matches its record, else None."""
@@ -80,18 +84,29 @@ class _Start:
 
 
 def recover(store: RecoverableStore) -> None:
+    """Read first, decide, then write: a refusal (StoreError DISK_ERROR) changes no byte."""
     ckpt = read_checkpoint(store.dir)  # UnreadableFile (DISK_ERROR): never guess the committed index
     begin_chain = _load_begin(store, ckpt)
-    _drop_leftovers(store)
     committed = ckpt.committed_index if ckpt else -1
     start = _trusted_start(store, ckpt, begin_chain)
+    end = _scan_forward(store, start)
+    # only dledger's own checkpoint names a position known fsynced: without it nothing past
+    # the log begin is proven torn but a last record cut short (docs/format.md, "Recovery")
+    _check_cut(store, end, committed, proven=ckpt is not None and ckpt.proves_durable)
+    # --- from here on recovery writes
+    _drop_leftovers(store)
     if start.trusted_pos is not None:
         _check_units(store, start.index - 1, start.trusted_pos)
-    index, pos, chain, term = _scan_forward(store, start, committed)
-    store.end_index = index - 1
-    store.end_term = term if index > store.begin_index else store.begin_term
-    store.end_chain_crc = chain if chain is not None else store.begin_chain_crc
-    store.write_pos = pos
+    for first, units in end.units:
+        _write_units(store, first, units)
+    if end.units_upto < end.index - 1:  # too many to hold: the rest rebuilt from the headers
+        rebuild_units(store, end.units_upto + 1, end.units_pos, end.index - 1, verify=True, prev_chain=end.units_chain)
+    _cut(store, end)
+    store.end_index = end.index - 1
+    store.end_term = end.term if end.index > store.begin_index else store.begin_term
+    store.end_chain_crc = end.chain if end.chain is not None else store.begin_chain_crc
+    store.write_pos = end.pos
+    store.unverified = end.unverified
     first_unsynced = start.pos
     for f in store.data.files:
         if f.end > first_unsynced:
@@ -99,8 +114,9 @@ def recover(store: RecoverableStore) -> None:
     store.durable_index = store.end_index
     store.committed_index = min(committed, store.end_index)
     log.info(
-        "recovered %s: entries [%d, %d], committed %d",
+        "recovered %s: entries [%d, %d], committed %d%s",
         store.dir, store.begin_index, store.end_index, store.committed_index,
+        f", {end.unverified} unverified (upstream DLedger's, CRC fields 0)" if end.unverified else "",
     )
 
 
@@ -160,59 +176,188 @@ def _trusted_start(store: RecoverableStore, ckpt: Checkpoint | None, begin_chain
     return _Start(index + 1, pos + size, chain, term, pos)
 
 
-def _scan_forward(
-    store: RecoverableStore, start: _Start, committed: int
-) -> tuple[int, int, int | None, int]:
-    """Validate records from `start`; cut at the first bad one. Returns the end state."""
+@dataclass(slots=True)
+class _End:
+    """Where the valid log ends (record `index` would start at `pos`) and why the scan
+    stopped there (`reason` "" for a clean end); the index units of the records scanned."""
+
+    index: int
+    pos: int
+    chain: int | None
+    term: int
+    reason: str
+    extent: int  # where the record that failed ends (its size when its header is sound); = pos if none
+    unverified: int
+    units: list[tuple[int, bytearray]]
+    units_upto: int  # units collected through this index (memory bound); the rest rebuilt after
+    units_pos: int
+    units_chain: int | None
+
+
+UNITS_HELD = 64 << 20  # index units kept in memory during the scan (2M records); the rest are rebuilt
+
+
+def _scan_forward(store: RecoverableStore, start: _Start) -> _End:
+    """Validate records from `start` up to the first bad one, writing nothing."""
     index, pos, chain, term = start.index, start.pos, start.chain, start.term
     data = store.data
     reason = ""
+    extent = pos
+    n_unverified = 0
+    held: list[tuple[int, bytearray]] = []
+    held_bytes = 0
+    upto, upto_pos, upto_chain = index - 1, pos, chain
     blank_at: int | None = None  # the blank we followed into the current file
     while data.files and data.first_start <= pos < data.files[-1].end:
         f = data.locate(pos)
         first_chain = chain
         if chain is None:  # no checkpoint: take the first record's chain as given
             first_chain = chain_before(HEADER.unpack_from(f.mm, pos - f.start)) if pos + HEADER_SIZE <= f.end else 0
-        units = bytearray()
+        keep = held_bytes < UNITS_HELD and upto == index - 1
+        units = bytearray() if keep else None
         res = scan(f.mm, pos - f.start, f.size, index, pos, first_chain or 0, term, units=units)
-        _write_units(store, index, units)
+        if units is not None:
+            held.append((index, units))
+            held_bytes += len(units)
+            upto = index + res.count - 1
+        n_unverified += res.unverified
         if res.count:
             chain, term = res.last_chain, res.last_term
             blank_at = None
         index += res.count
         pos += res.consumed
+        if units is not None:
+            upto_pos, upto_chain = pos, chain
         if res.stop == "blank":
             length = BLANK.unpack_from(f.mm, pos - f.start)[1]
             if length == f.end - pos and f is not data.files[-1]:
                 blank_at = pos
                 pos = f.end
                 continue
-            reason = "" if length == f.end - pos else f"blank record of bad length {length}"
+            if length != f.end - pos:
+                reason, extent = f"blank record of bad length {length}", pos + BLANK.size
         elif res.stop != "zero":
             reason = res.stop.removeprefix("corrupt: ")
+            extent = _extent(f, pos)
         break
     if blank_at is not None:
         # no valid record after the blank: the log ends before it, as after a truncate,
         # so the next record goes where the leader's rule puts it (not at a file start)
         pos = blank_at
-    _cut(store, pos, index, committed, reason)
-    return index, pos, chain, term
+    return _End(index, pos, chain, term, reason, max(extent, pos), n_unverified, held, upto, upto_pos, upto_chain)
 
 
-def _cut(store: RecoverableStore, pos: int, index: int, committed: int, reason: str) -> None:
-    """Drop everything from `pos` (record `index`) on; refuse when it was committed."""
+def _extent(f: MappedFile, pos: int) -> int:
+    """Where the record at `pos` ends by its own header, when the header is sound (only its
+    CRCs or its place disagree); else where its header ends."""
+    off = pos - f.start
+    if off + HEADER_SIZE > f.size:
+        return f.end
+    h = HEADER.unpack_from(f.mm, off)
+    if h[0] in ENTRY_MAGICS and h[1] == HEADER_SIZE + h[8] and h[8] >= 0 and off + h[1] <= f.size:
+        return pos + int(h[1])
+    return pos + HEADER_SIZE
+
+
+SECTOR = 512  # the smallest unit a disk writes whole: a torn write leaves whole sectors unwritten (zero)
+
+
+def _check_cut(store: RecoverableStore, end: _End, committed: int, proven: bool) -> None:
+    """Refuse (DISK_ERROR, nothing changed) unless what lies past `end.pos` is provably torn:
+    past the checkpoint's fsynced position (`proven`), or, without one, a last record cut
+    short — every byte after it zero, and zeros from a sector boundary inside it on (how a
+    write interrupted by a power loss looks on a preallocated file: etcd's WAL has the same
+    rule). Never inside the committed log."""
+    where = _where(store, end.pos)
+    if end.index <= committed:
+        raise StoreError(
+            ResponseCode.DISK_ERROR,
+            f"corrupt record in the committed log at {where}: {end.reason or 'missing'}; "
+            f"committed index is {committed} but records are valid only through {end.index - 1}. "
+            f"Nothing was changed. {_WHAT_TO_RUN.format(dir=store.dir, index=end.index)}",
+        )
+    if proven:
+        return
+    last = _last_nonzero(store, end.pos)
+    if last <= end.pos:
+        return  # a clean end: nothing written past it
+    if end.reason:
+        boundary = last + (-(last - store.data.first_start) % SECTOR)  # zero from here on
+        if last <= end.extent and boundary < end.extent:
+            log.warning("recovery of %s: the last record (index %d at %s) was cut short (%s); dropping it",
+                        store.dir, end.index, where, end.reason)
+            return
+        why = f"record {end.index} fails its check ({end.reason})"
+    else:
+        why = f"record {end.index} should start there but the bytes are zero"
+    raise StoreError(
+        ResponseCode.DISK_ERROR,
+        f"{where}: {why}, and data follows up to {_where(store, last)}: not a torn tail (the store has no "
+        f"checkpoint naming what was fsynced), so it is damage or another writer's. Nothing was changed. "
+        f"{_WHAT_TO_RUN.format(dir=store.dir, index=end.index)}",
+    )
+
+
+_WHAT_TO_RUN = (
+    "Run `dledger store inspect --store-dir {dir}` to see the log; to keep the entries before {index} and "
+    "drop the rest (the member then fetches them from the leader), run "
+    "`dledger store truncate --store-dir {dir} --from-index {index}`"
+)
+
+
+def _where(store: RecoverableStore, pos: int) -> str:
+    data = store.data
+    if data.files and data.first_start <= pos < data.files[-1].end:
+        f = data.locate(pos)
+        return f"{f.path} offset {pos - f.start}"
+    return f"position {pos}"
+
+
+def _last_nonzero(store: RecoverableStore, pos: int) -> int:
+    """The position just past the last non-zero byte at or after `pos` in the data files
+    (`pos` when there is none). Holes of sparse files are skipped (SEEK_DATA), so a
+    preallocated file costs what was written in it."""
+    for f in reversed(store.data.files):
+        if f.end <= pos:
+            break
+        lo = max(pos, f.start) - f.start
+        for a, b in reversed(list(_data_extents(f.fd, lo, f.size))):
+            hi = b
+            while hi > a:
+                n = min(1 << 20, hi - a)
+                kept = len(f.mm[hi - n : hi].rstrip(b"\0"))
+                if kept:
+                    return int(f.start + hi - n + kept)
+                hi -= n
+    return pos
+
+
+def _data_extents(fd: int, lo: int, size: int) -> Iterator[tuple[int, int]]:
+    """The [start, end) ranges of file `fd` from `lo` that hold data (not holes)."""
+    off = lo
+    while off < size:
+        try:
+            a = os.lseek(fd, off, os.SEEK_DATA)
+        except OSError as e:
+            if e.errno == errno.ENXIO:  # no data past off
+                return
+            raise
+        if a >= size:
+            return
+        b = min(os.lseek(fd, a, os.SEEK_HOLE), size)
+        yield a, b
+        off = b
+
+
+def _cut(store: RecoverableStore, end: _End) -> None:
+    """Drop everything from `end.pos` (record `end.index`) on; `_check_cut` allowed it."""
+    pos, index, reason = end.pos, end.index, end.reason
     data = store.data
     inside = bool(data.files) and data.first_start <= pos < data.files[-1].end
     f = data.locate(pos) if inside else None
-    where = f"{f.path} offset {pos - f.start}" if f is not None else f"position {pos}"
-    if index <= committed:
-        raise StoreError(
-            ResponseCode.DISK_ERROR,
-            f"corrupt record in the committed log at {where}: {reason or 'missing'}; "
-            f"committed index is {committed} but records are valid only through {index - 1}",
-        )
     if reason:
-        log.warning("recovery of %s: cutting the log at %s (index %d): %s", store.dir, where, index, reason)
+        log.warning("recovery of %s: cutting the log at %s (index %d): %s", store.dir, _where(store, pos), index,
+                    reason)
     if f is not None:
         f.zero(pos - f.start, f.size)
     later = [g.path.name for g in data.files if g.start > pos]
@@ -335,7 +480,7 @@ def rebuild_units(
         # rotten one would be written into the unit (and the record could never be repaired)
         if h is None or header_fault(h, f.size - off) is not None or h[2] != index or h[4] != pos:
             bad = "no valid record header"
-        elif chain is not None and chain_crc(index, h[3], h[7], chain) != h[6]:
+        elif chain is not None and not chain_follows(index, h[3], h[7], chain, h[6]):
             bad = "chain CRC mismatch"
         if bad:
             # recovery keeps a rotten record whose unit as written still gives its extent

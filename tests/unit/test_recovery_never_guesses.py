@@ -1,0 +1,165 @@
+"""Recovery deletes only a provable torn tail (docs/format.md, "Recovery").
+
+Without a checkpoint naming what was fsynced, the only tail recovery may drop is a last
+record cut short: every byte after it zero and zeros from a sector boundary inside it on.
+A flipped byte in the middle of the log, a zeroed header with records after it, an unknown
+magic: the store refuses to open (DISK_ERROR naming file, offset, reason and what to run)
+and not one byte of the directory changes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+import pytest
+
+from dledger.codes import ResponseCode
+from dledger.entry import HEADER_SIZE
+from dledger.store.base import StoreError
+from dledger.store.file import FileLedgerStore
+
+DATA_FILE_SIZE = 64 << 10
+INDEX_FILE_SIZE = 32 * 256
+
+
+def open_store(d: Path) -> FileLedgerStore:
+    return FileLedgerStore(d, data_file_size=DATA_FILE_SIZE, index_file_size=INDEX_FILE_SIZE,
+                           retention_check_interval_ms=3_600_000)
+
+
+def body(i: int) -> bytes:
+    return (b"%06d:" % i) * (1 + i % 40)
+
+
+LAST = bytes(range(256)) * 11 + b"end"
+
+
+def written(d: Path, n: int = 300) -> list[int]:
+    """A closed store of `n` entries over several data files, without its checkpoint (as a
+    store another program wrote, or one whose checkpoint was lost); returns positions. The
+    last body is 3000 bytes: its record spans sector boundaries."""
+    s = open_store(d)
+    s.append_as_leader([body(i) for i in range(n - 1)] + [LAST], 1)
+    s.flush()
+    pos = [s.get(i).pos for i in range(n)]
+    s.close()
+    (d / "checkpoint").unlink()
+    return pos
+
+
+def snapshot(d: Path) -> dict[str, str]:
+    out = {}
+    for p in sorted(d.rglob("*")):
+        if p.is_file() and p.name != "lock":
+            out[str(p.relative_to(d))] = hashlib.sha256(p.read_bytes()).hexdigest()
+    return out
+
+
+def patch(d: Path, pos: int, data: bytes) -> None:
+    name = d / "data" / f"{pos - pos % DATA_FILE_SIZE:020d}"
+    fd = os.open(name, os.O_WRONLY)
+    try:
+        os.pwrite(fd, data, pos % DATA_FILE_SIZE)
+    finally:
+        os.close(fd)
+
+
+def read_at(d: Path, pos: int, n: int) -> bytes:
+    name = d / "data" / f"{pos - pos % DATA_FILE_SIZE:020d}"
+    with open(name, "rb") as f:
+        f.seek(pos % DATA_FILE_SIZE)
+        return f.read(n)
+
+
+def refuses(d: Path) -> str:
+    before = snapshot(d)
+    with pytest.raises(StoreError) as e:
+        open_store(d)
+    assert e.value.code == ResponseCode.DISK_ERROR
+    assert snapshot(d) == before, "a refusal changed the store"
+    return e.value.message
+
+
+@pytest.mark.parametrize("where", ["body", "body_crc", "chain_crc", "magic", "index"])
+def test_a_flipped_byte_mid_log_without_checkpoint_deletes_nothing(tmp_path: Path, where: str) -> None:
+    d = tmp_path / "s"
+    pos = written(d)
+    p = pos[150]
+    at = {"body": p + HEADER_SIZE + 3, "body_crc": p + 41, "chain_crc": p + 37, "magic": p + 3, "index": p + 15}[where]
+    patch(d, at, bytes([read_at(d, at, 1)[0] ^ 0x10]))
+    msg = refuses(d)
+    assert f"{p % DATA_FILE_SIZE}" in msg and "dledger store truncate" in msg and "--from-index 150" in msg, msg
+    assert "Nothing was changed" in msg
+
+
+def test_a_zeroed_header_with_records_after_it_is_not_the_end(tmp_path: Path) -> None:
+    d = tmp_path / "s"
+    pos = written(d)
+    patch(d, pos[100], bytes(HEADER_SIZE))
+    msg = refuses(d)
+    assert "should start there but the bytes are zero" in msg, msg
+
+
+def test_a_last_record_cut_short_at_a_sector_is_dropped(tmp_path: Path) -> None:
+    d = tmp_path / "s"
+    n = 300
+    pos = written(d, n)
+    last = pos[-1]
+    size = HEADER_SIZE + len(LAST)
+    # zero the record from the first sector boundary inside it: a write a power loss cut short
+    boundary = last + (-last % 512) or last + 512
+    assert boundary < last + size
+    patch(d, boundary, bytes(last + size - boundary))
+    s = open_store(d)
+    try:
+        assert s.end_index == n - 2
+        assert s.get(n - 2).body == body(n - 2)
+    finally:
+        s.close()
+
+
+def test_a_last_record_with_a_flipped_byte_is_not_torn(tmp_path: Path) -> None:
+    """Fully written (no zero sector) but failing its CRC: damage, not a torn write."""
+    d = tmp_path / "s"
+    pos = written(d, 300)
+    at = pos[-1] + HEADER_SIZE + 1
+    patch(d, at, bytes([read_at(d, at, 1)[0] ^ 1]))
+    refuses(d)
+
+
+def test_with_a_checkpoint_a_torn_tail_past_the_trusted_record_is_cut(tmp_path: Path) -> None:
+    """The checkpoint's trusted record is the last one known fsynced: damage past it is a torn
+    tail (a power loss may leave any mix of written and unwritten pages there)."""
+    d = tmp_path / "s"
+    s = open_store(d)
+    s.append_as_leader([body(i) for i in range(100)], 1)
+    s.flush()
+    s.write_checkpoint()
+    s.append_as_leader([body(i) for i in range(100, 200)], 1)
+    p = s.get(150).pos
+    s.close()
+    # the close wrote a checkpoint trusting entry 199: put back one trusting 99
+    s = open_store(d)
+    s.close()
+    import json
+
+    ck = json.loads((d / "checkpoint").read_text())
+    ck["trusted"] = None
+    ck["committed_index"] = -1
+    (d / "checkpoint").write_text(json.dumps(ck))
+    patch(d, p + HEADER_SIZE, b"\xff\xfe")
+    s = open_store(d)
+    try:
+        assert s.end_index == 149
+    finally:
+        s.close()
+
+
+def test_an_unreadable_currterm_refuses_and_changes_nothing(tmp_path: Path) -> None:
+    d = tmp_path / "s"
+    written(d)
+    (d / "currterm").write_bytes(b"\x00garbage")
+    msg = refuses(d)
+    assert "currterm" in msg
