@@ -48,7 +48,7 @@ def unverified(chain: int, body_crc: int, prev_chain: int) -> bool:
     unverified, as upstream does, but only where the chain before it is 0 too (the log's start,
     or an unverified record): a log holds upstream's records as a prefix, and a record that
     dledger wrote after a verified one never has both fields 0 (1 in 2**64). The chain CRC
-    after an unverified record is 0 (docs/format.md, "Upstream stores")."""
+    after an unverified record is 0 (docs/format.md, "Opening upstream DLedger's stores")."""
     return chain == 0 and body_crc == 0 and prev_chain == 0
 
 # --- the record-header rules (docs/format.md, "On disk"), written once ----------------------------
