@@ -212,13 +212,14 @@ def truncate(store_dir: str | Path, from_index: int, force: bool = False) -> dic
         if n < v.begin.index:
             raise StoreError(ResponseCode.UNEXPECTED_ARGUMENT,
                              f"--from-index {n} is before the log begin {v.begin.index}. Nothing was changed.")
-        if n > v.end_index:
-            if v.reason or v.refusal:
-                raise StoreError(ResponseCode.UNEXPECTED_ARGUMENT,
-                                 f"records are valid only through {v.end_index - 1} (record {v.end_index} at "
-                                 f"{v.where}: {v.reason or 'zero'}); truncate from {v.end_index} or lower. "
-                                 "Nothing was changed.")
+        damaged = bool(v.reason or v.refusal)  # something lies past the valid log
+        if n >= v.end_index and not damaged:
             return _truncate_result(d, v, n, changed=False, warning="")
+        if n > v.end_index:  # past damage: keeping it would leave a store no member opens
+            raise StoreError(ResponseCode.UNEXPECTED_ARGUMENT,
+                             f"records are valid only through {v.end_index - 1} (record {v.end_index} at "
+                             f"{v.where}: {v.reason or 'zero, with data after it'}); truncate from {v.end_index} "
+                             "or lower. Nothing was changed.")
         committed = v.committed_index
         warning = ""
         if n <= committed:
@@ -240,7 +241,7 @@ def truncate(store_dir: str | Path, from_index: int, force: bool = False) -> dic
         # on recovery may cut anything after it as a torn tail, so 3. (zeroing, deleting) can
         # stop anywhere and the store still opens
         _sync_files(d / "data")
-        _sync_files(d / "index")
+        _fix_units(d, v, n)  # the checkpoint vouches for the units before its trusted record
         _write_checkpoint(d, v, min(committed, n - 1), trusted)
         f = next((f for f in v.files if f.start <= new_pos < f.end), None)
         if f is not None:
@@ -328,8 +329,9 @@ def exchange(a: Path, b: Path) -> None:
 
 def import_store(store_dir: str | Path) -> dict[str, object]:
     """Fill the CRC fields of upstream DLedger's unverified records (both 0), so every record
-    verifies from then on; also set index units' magic to their record's (upstream writes 1
-    for a NOOP appended as leader). Idempotent: a store with no unverified record is left as it is."""
+    verifies from then on; also makes every index unit equal its record's header (upstream
+    writes magic 1 in the unit of a NOOP appended as leader). Idempotent: a store with no
+    unverified record keeps its data as it is."""
     d = Path(store_dir)
     check_store_dir(d)
     lock = StoreDirLock(d)
@@ -343,7 +345,7 @@ def import_store(store_dir: str | Path) -> dict[str, object]:
         if v.refusal:
             raise _refuse(f"import needs a store a member opens; {v.refusal}")
         if v.unverified == 0:
-            units = _fix_unit_magics(d, v)
+            units = _fix_units(d, v, v.end_index)
             return {"store_dir": str(d), "filled": 0, "entries": v.end_index - v.begin.index,
                     "index_units_fixed": units, "note": "no unverified record: nothing to fill"}
         # the checkpoint during the swap names no durable record: valid for the old data and the new
@@ -358,7 +360,7 @@ def import_store(store_dir: str | Path) -> dict[str, object]:
         fsync_path(d)
         shutil.rmtree(stage)  # the old data, now under the stage's name
         fsync_path(d)
-        units = _fix_unit_magics(d, v)
+        units = _fix_units(d, v, v.end_index)
         _write_checkpoint(d, v, min(v.committed_index, v.end_index - 1), last)
         log.info("imported %s: %d records filled", d, filled)
         return {"store_dir": str(d), "filled": filled, "entries": v.end_index - v.begin.index,
@@ -403,24 +405,26 @@ def _fill(stage: Path, v: Verdict) -> tuple[int, dict[str, int] | None]:
     return filled, last
 
 
-def _fix_unit_magics(d: Path, v: Verdict) -> int:
-    """Set each index unit's magic to its record's, in place: a unit is either form after a
-    crash, and recovery accepts both (it rebuilds a unit that disagrees)."""
+def _fix_units(d: Path, v: Verdict, stop: int) -> int:
+    """Make the index unit of every record before `stop` equal its header, in place. A
+    checkpoint naming a trusted record vouches for the units before it (recovery rebuilds only
+    those after it), and upstream writes magic 1 in the unit of a NOOP it appended as leader
+    (its record says 2). Crash-safe: units are derived data, each either form after a crash,
+    and no checkpoint trusting them is written before they are synced."""
     data = ReadOnlyFiles(list_files(d / "data"))
     ufiles = [f for f in list_files(d / "index") if f.size]
     fixed = 0
     try:
         fds = {u.path: os.open(u.path, os.O_RDWR | os.O_CLOEXEC) for u in ufiles}
         try:
-            for _, _, h in records(data.files, v.begin.pos, v.begin.index, v.end_index):
+            for _, _, h in records(data.files, v.begin.pos, v.begin.index, stop):
                 at = h[2] * INDEX_UNIT_SIZE
                 u = next((u for u in ufiles if u.start <= at and at + INDEX_UNIT_SIZE <= u.end), None)
                 if u is None:
-                    continue
-                raw = os.pread(fds[u.path], INDEX_UNIT_SIZE, at - u.start)
-                magic, pos, size, idx, term = INDEX_UNIT.unpack(raw)
-                if (pos, size, idx, term) == (h[4], h[1], h[2], h[3]) and magic != h[0]:
-                    os.pwrite(fds[u.path], struct.pack(">i", h[0]), at - u.start)
+                    continue  # no index file there: recovery rebuilds what is missing
+                want = INDEX_UNIT.pack(h[0], h[4], h[1], h[2], h[3])
+                if os.pread(fds[u.path], INDEX_UNIT_SIZE, at - u.start) != want:
+                    os.pwrite(fds[u.path], want, at - u.start)
                     fixed += 1
             for fd in fds.values():
                 os.fsync(fd)
