@@ -407,3 +407,59 @@ def open_pos(d: Path, index: int) -> int:
         return s.get(index).pos
     finally:
         s.close()
+
+
+def _no_checkpoint_store(d: Path) -> list[int]:
+    """300 entries over several data files, without dledger's checkpoint (as a store another
+    program wrote); the last body is 3000 bytes, spanning sector boundaries. Positions."""
+    s = open_store(d)
+    s.append_as_leader([b"%06d" % i * (1 + i % 40) for i in range(299)] + [bytes(range(256)) * 11 + b"end"], 1)
+    s.flush()
+    pos = [s.get(i).pos for i in range(300)]
+    s.close()
+    (d / "checkpoint").unlink()
+    return pos
+
+
+@pytest.mark.parametrize("damage", ["none", "body_mid", "zero_header_mid", "last_cut_at_sector", "last_flipped"])
+def test_inspect_says_a_member_starts_exactly_when_one_does(tmp_path: Path, damage: str) -> None:
+    d = tmp_path / "s"
+    pos = _no_checkpoint_store(d)
+    last, last_size = pos[-1], HEADER_SIZE + 256 * 11 + 3
+    if damage == "body_mid":
+        patch(d, pos[150] + HEADER_SIZE + 3, b"\xee")
+    elif damage == "zero_header_mid":
+        patch(d, pos[100], bytes(HEADER_SIZE))
+    elif damage == "last_cut_at_sector":
+        boundary = last + (-last % 512) or last + 512
+        patch(d, boundary, bytes(last + last_size - boundary))
+    elif damage == "last_flipped":
+        patch(d, last + HEADER_SIZE + 1, b"\xee")
+    out = inspect(d)
+    try:
+        s = open_store(d)
+    except StoreError as e:
+        assert e.code == ResponseCode.DISK_ERROR
+        assert out["member_starts"] is False, out
+        assert any(e.message in str(p) for p in out["problems"]), (e.message, out)  # type: ignore[attr-defined]
+    else:
+        try:
+            assert out["member_starts"] is True, out
+            assert out["end_index"] == s.end_index
+        finally:
+            s.close()
+    assert out["member_starts"] is (damage in ("none", "last_cut_at_sector"))
+
+
+def test_tools_refuse_a_store_in_use(tmp_path: Path) -> None:
+    d = tmp_path / "s"
+    session_store(d)
+    s = open_store(d)
+    try:
+        for call in (lambda: tools.truncate(d, 3, force=True), lambda: tools.import_store(d),
+                     lambda: tools.export(d, tmp_path / "out")):
+            with pytest.raises(StoreError) as e:
+                call()
+            assert "in use" in e.value.message
+    finally:
+        s.close()
