@@ -17,6 +17,7 @@ import os
 import shutil
 import struct
 import zlib
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -456,8 +457,9 @@ def test_tools_refuse_a_store_in_use(tmp_path: Path) -> None:
     session_store(d)
     s = open_store(d)
     try:
-        for call in (lambda: tools.truncate(d, 3, force=True), lambda: tools.import_store(d),
-                     lambda: tools.export(d, tmp_path / "out")):
+        calls: list[Callable[[], object]] = [lambda: tools.truncate(d, 3, force=True),
+                                             lambda: tools.import_store(d), lambda: tools.export(d, tmp_path / "out")]
+        for call in calls:
             with pytest.raises(StoreError) as e:
                 call()
             assert "in use" in e.value.message
