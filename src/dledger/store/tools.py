@@ -351,12 +351,23 @@ def import_store(store_dir: str | Path) -> dict[str, object]:
         # the checkpoint during the swap names no durable record: valid for the old data and the new
         _write_checkpoint(d, v, min(v.committed_index, v.end_index - 1), None)
         stage.mkdir()
-        for f in v.files:
-            _copy_sparse(f.path, stage / f.path.name)
+        listed = {f.path.name for f in v.files}
+        for e in os.scandir(d / "data"):  # everything of data/ goes over: the store's files, filled
+            if e.name in listed:
+                _copy_sparse(Path(e.path), stage / e.name)
+            elif e.is_file(follow_symlinks=False):
+                shutil.copy2(e.path, stage / e.name)  # not the store's: kept as it is
         fsync_path(stage)
         filled, last = _fill(stage, v)
         fsync_path(stage)
-        exchange(stage, d / "data")
+        try:
+            exchange(stage, d / "data")
+        except OSError as e:
+            shutil.rmtree(stage)
+            if e.errno in (errno.EINVAL, errno.ENOSYS):
+                raise _refuse(f"import of {d}: this file system cannot swap two directories atomically "
+                              f"(renameat2 RENAME_EXCHANGE: {e.strerror}); nothing of data/ was changed") from e
+            raise
         fsync_path(d)
         shutil.rmtree(stage)  # the old data, now under the stage's name
         fsync_path(d)
@@ -366,9 +377,6 @@ def import_store(store_dir: str | Path) -> dict[str, object]:
         return {"store_dir": str(d), "filled": filled, "entries": v.end_index - v.begin.index,
                 "index_units_fixed": units}
     except OSError as e:
-        if e.errno in (errno.EINVAL, errno.ENOSYS):
-            raise _refuse(f"import of {d}: this file system cannot swap two directories atomically "
-                          f"(renameat2 RENAME_EXCHANGE: {e.strerror}); nothing of data/ was changed") from e
         raise _refuse(f"import of {d}: {e.strerror or e}; the store is whole, run it again") from e
     finally:
         lock.release()
@@ -378,7 +386,11 @@ def _fill(stage: Path, v: Verdict) -> tuple[int, dict[str, int] | None]:
     """Recompute body and chain CRCs of every record in the copies under `stage`, front to
     back (a chain depends on the one before). Returns the records filled and the last one's
     checkpoint entry."""
-    files = [_WritableFile(stage / f.path.name, f.start, f.size) for f in v.files]
+    files: list[_WritableFile] = []
+    for sf in v.files:
+        if sf.size == 0:
+            break  # an empty file holds nothing (and cannot be mapped): the log ended before it
+        files.append(_WritableFile(stage / sf.path.name, sf.start, sf.size))
     filled = 0
     last: dict[str, int] | None = None
     try:
