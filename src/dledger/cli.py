@@ -570,7 +570,7 @@ def demo() -> None:
 
 @cli.group()
 def store() -> None:
-    """Inspect or repair a stopped member's store directory, offline."""
+    """Inspect, repair, truncate, import or export a stopped member's store directory, offline."""
 
 
 @store.command("inspect")
@@ -598,6 +598,64 @@ def store_repair_term(store_dir: str, term: int | None, output: str) -> None:
     from dledger.store.admin import repair_term
 
     emit_record(repair_term(store_dir, term), output, f"repaired store {store_dir}")
+
+
+@store.command("truncate")
+@click.option("--store-dir", required=True, help="The member's store directory (the member must be stopped).")
+@click.option("--from-index", "from_index", type=int, required=True,
+              help="The first entry to drop: entries before it are kept.")
+@click.option("--force", is_flag=True, default=False,
+              help="Also when it drops committed entries (the member must then be caught up by the leader).")
+@output_option("json")
+def store_truncate(store_dir: str, from_index: int, force: bool, output: str) -> None:
+    """Drop the entries from --from-index on, and whatever damage follows them; print what was cut.
+
+    What recovery's refusal message tells you to run for a damaged log: the member then fetches
+    the dropped entries from the leader. Crash-safe (run it again after a crash). Refused at or
+    below the committed index unless --force.
+    """
+    from dledger.store.tools import truncate
+
+    result = truncate(store_dir, from_index, force)
+    if "warning" in result:
+        click.echo(f"WARNING: {result['warning']}", err=True)
+    emit_record(result, output, f"truncated store {store_dir}")
+
+
+@store.command("import")
+@click.option("--store-dir", required=True, help="The member's store directory (the member must be stopped).")
+@output_option("json")
+def store_import(store_dir: str, output: str) -> None:
+    """Fill the CRCs of records upstream DLedger wrote (their CRC fields are 0), so every record
+    verifies from then on. Crash-safe and idempotent; needs free space for one copy of data/.
+    """
+    from dledger.store.tools import import_store
+
+    emit_record(import_store(store_dir), output, f"imported store {store_dir}")
+
+
+@store.command("export")
+@click.option("--store-dir", required=True, help="The member's store directory (the member must be stopped).")
+@click.option("--to", "to", required=True, help="A new or empty directory for the copy.")
+@click.option("--dledger", "upstream", is_flag=True, required=True,
+              help="Write what upstream DLedger (openmessaging/dledger) reads (the only form today).")
+@click.option("--data-file-size", type=int, default=1 << 30, show_default=True,
+              help="Upstream's mappedFileSizeForEntryData.")
+@click.option("--index-file-size", type=int, default=32 * 5 * 1024 * 1024, show_default=True,
+              help="Upstream's mappedFileSizeForEntryIndex.")
+@output_option("json")
+def store_export(store_dir: str, to: str, upstream: bool, data_file_size: int, index_file_size: int,
+                 output: str) -> None:
+    """Write an upstream-DLedger-readable copy of the store: same indexes, terms and bodies;
+    SESSION records become NOOPs; files of upstream's sizes; currterm in Properties form.
+    """
+    from dledger.store.tools import export
+
+    result = export(store_dir, to, data_file_size, index_file_size)
+    if result.get("session_records_as_noop"):
+        click.echo(f"note: {result['session_records_as_noop']} SESSION records (idempotent producers' markers, "
+                   "which upstream cannot read) were written as NOOPs with an empty body", err=True)
+    emit_record(result, output, f"exported store {store_dir}")
 
 
 @cli.command()

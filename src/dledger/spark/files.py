@@ -50,7 +50,12 @@ through store/offline.py, as recovery and `dledger store inspect` read them):
 
 Only records up to the committed index of `checkpoint` are read (all with
 `includeUncommitted`, where a torn tail past the committed index ends the
-read with a warning, as recovery would cut it).
+read with a warning, as recovery would cut it). A store without dledger's
+checkpoint (upstream DLedger's: it records no committed index, so read it with
+`includeUncommitted`) has no torn tail but a last record cut short: the driver
+first applies recovery's rule (store/verdict.py) and fails the read where a
+member would refuse to start. Upstream's records, whose CRC fields are 0, are
+read unverified (entry.unverified).
 """
 
 from __future__ import annotations
@@ -112,6 +117,7 @@ from dledger.store.offline import (
     read_header,
 )
 from dledger.store.offline import read_checkpoint as _read_checkpoint
+from dledger.store.verdict import judge
 
 if TYPE_CHECKING:
     from pyspark.sql.datasource import Filter
@@ -184,6 +190,9 @@ class StoreLayout:
     begin_chain_crc: int | None
     files: list[tuple[Path, int, int]]  # (path, logical start, size)
     store_dir: Path  # the directory holding data/ and index/ (commitlog/ for a broker replica)
+    # dledger's checkpoint names what was fsynced: damage past it is a torn tail. Without it
+    # (upstream DLedger's store, a lost checkpoint) only a last record cut short is (plan)
+    proven: bool = True
 
 
 def _meets(lo: int, hi: int | None, want_lo: int, want_hi: int | None) -> bool:
@@ -200,7 +209,8 @@ def read_checkpoint(store_dir: Path) -> Checkpoint | None:
     except UnreadableFile as e:
         raise CorruptStoreError(e.message) from e
     if ckpt is None:
-        log.warning("%s has no checkpoint: no entry is known committed", store_dir)
+        log.warning("%s has no checkpoint: no entry is known committed (upstream DLedger's stores have none): "
+                    "read them with includeUncommitted=true", store_dir)
     return ckpt
 
 
@@ -235,6 +245,7 @@ def layout(store_dir: Path, group: str | None = None, member: str | None = None)
         begin_chain_crc=begin.chain_crc,
         files=[(f.path, f.start, f.size) for f in listed],
         store_dir=store_dir,
+        proven=confirmed is not None or (ckpt is not None and ckpt.proves_durable),
     )
 
 
@@ -422,6 +433,8 @@ def plan(store_dir: Path, include_uncommitted: bool, records: bool = False, grou
     every `bytes_per_partition` bytes where the index files allow, less the tasks that the
     `pushed` filters rule out (by the indexes and terms each one holds)."""
     lay = layout(store_dir, group, member)
+    if not lay.proven:
+        _refuse_as_recovery(lay, records)
     last_index = NO_LIMIT if include_uncommitted else lay.committed_index
     want = pushed or Pushed()
     if want.empty or (want.groups is not None and lay.group not in want.groups):
@@ -488,6 +501,24 @@ def plan(store_dir: Path, include_uncommitted: bool, records: bool = False, grou
     log.info("%s: %d tasks over %d data files, committed index %d", store_dir, len(out), len(heads),
              lay.committed_index)
     return out
+
+
+def _refuse_as_recovery(lay: StoreLayout, records: bool) -> None:
+    """A store without dledger's checkpoint (upstream DLedger's, or one whose checkpoint was
+    lost): a task past the committed index ends quietly at a record that fails its check, as
+    at a torn tail, but here nothing names what was fsynced, so that is only right for a last
+    record cut short. The driver applies recovery's own rule first (store/verdict.py, one
+    scan of the data): where a member would refuse to start, entries mode fails naming the
+    file, offset and reason; records mode (which reports damage row by row) logs it."""
+    v = judge(lay.store_dir)
+    if v.unverified:
+        log.info("%s: %d records of upstream DLedger's (CRC fields 0) read unverified", lay.store_dir, v.unverified)
+    if not v.refusal:
+        return
+    if records:
+        log.warning("%s: a member would refuse to start on this store: %s", lay.store_dir, v.refusal)
+        return
+    raise CorruptStoreError(f"{lay.store_dir}: a member would refuse to start on this store: {v.refusal}")
 
 
 class _Index:

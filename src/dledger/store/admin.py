@@ -10,32 +10,23 @@ leave behind; a term below the log's; a corrupt record).
 under a running member, through the store's own atomic writer (checkpoint.write_atomic).
 
 The directory is read through store/offline.py (file names, checkpoint, currterm, the log
-begin) and records are validated by `entry.scan`, the validator recovery uses; nothing here
-parses the record format itself.
+begin) and the log is judged by store/verdict.py, which runs recovery's own read-only scan
+and refusal rule: inspect says a member would refuse exactly when one would. `truncate`,
+`import` and `export` are in store/tools.py.
 """
 
 from __future__ import annotations
 
-import mmap
 from dataclasses import dataclass
 from pathlib import Path
 
 from dledger.codes import ResponseCode
 from dledger.core.messages import LIMIT
-from dledger.entry import BLANK, scan
 from dledger.store.base import StoreError
 from dledger.store.checkpoint import write_atomic
 from dledger.store.lock import StoreDirLock
-from dledger.store.offline import (
-    CURRTERM,
-    UnreadableFile,
-    chain_before,
-    derive_begin,
-    list_files,
-    read_checkpoint,
-    read_currterm,
-    read_header,
-)
+from dledger.store.offline import CURRTERM, UnreadableFile, read_currterm
+from dledger.store.verdict import judge
 
 
 @dataclass(frozen=True)
@@ -47,6 +38,9 @@ class LogEnd:
     last_term: int  # the last entry's term; the term before the log begin when empty (-1: none)
     committed_index: int
     problem: str  # "" or why the scan stopped before the last record written
+    unverified: int = 0  # upstream DLedger's records (both CRC fields 0): read, not checked
+    opens: bool = True  # whether a member would start on it (recovery would not refuse)
+    stop: str = ""  # why the scan stopped before the end of the data ("" for a clean end), and where
 
 
 @dataclass(frozen=True)
@@ -72,59 +66,27 @@ def read_currterm_view(store_dir: Path) -> CurrTerm:
 
 
 def read_log_end(store_dir: Path) -> LogEnd:
-    """Scan the data files from the log begin (checkpoint), as recovery does, without writing.
+    """Scan the data files from the log begin as recovery does and decide as recovery decides
+    (store/verdict.py: recovery's own read-only steps), without writing.
 
-    An unreadable checkpoint, which stops a member from starting, is the problem reported;
-    the scan then goes on as without one (the log begin derived from the data)."""
-    problem = ckpt_problem = ""
-    try:
-        ckpt = read_checkpoint(store_dir)
-    except UnreadableFile as e:
-        ckpt, ckpt_problem = None, f"{e.message}: a member refuses to start on it"
-    files = list_files(store_dir / "data")
-    committed = ckpt.committed_index if ckpt is not None else -1
-    begin = ckpt.begin if ckpt is not None else None
-    if begin is None:  # as recovery: the first record is the begin
-        first = files[0] if files else None
-        begin = derive_begin(read_header(first.path, 0) if first else None, first.start if first else 0,
-                             first.size if first else 0)
-    index, pos, term = begin.index, begin.pos, begin.term
-    chain: int | None = begin.chain_crc
-    k = next((k for k, f in enumerate(files) if f.start <= pos < f.end), len(files))
-    while k < len(files):
-        f = files[k]
-        path, start, size = f.path, f.start, f.size
-        if size == 0:
-            break
-        if k and files[k - 1].end != start:
-            problem = f"{path} does not follow the data file before it (a file is missing or has the wrong size)"
-            break
-        with open(path, "rb") as fh:
-            mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
-        try:
-            off = pos - start
-            first_chain = chain
-            if first_chain is None:
-                h = read_header(path, off)
-                first_chain = chain_before(h) if h is not None else None
-            res = scan(mm, off, size, index, pos, first_chain or 0, term)
-            if res.count:
-                chain, term = res.last_chain, res.last_term
-            index += res.count
-            pos += res.consumed
-            if res.stop == "blank":
-                length = BLANK.unpack_from(mm, pos - start)[1]
-                if length == size - (pos - start) and k + 1 < len(files):
-                    pos, k = start + size, k + 1
-                    continue
-                if length != size - (pos - start):
-                    problem = f"blank record of bad length {length} in {path} at offset {pos - start}"
-            elif res.stop.startswith("corrupt: "):
-                problem = f"{res.stop.removeprefix('corrupt: ')} in {path} at offset {pos - start}"
-        finally:
-            mm.close()
-        break
-    return LogEnd(begin.index, index - 1, term, committed, "; ".join(p for p in (ckpt_problem, problem) if p))
+    An unreadable checkpoint, which stops a member from starting, is a problem reported; the
+    scan then goes on as without one (the log begin derived from the data). So is a record
+    that would make a member refuse to start (a bad record with data after it and no
+    checkpoint naming what was fsynced, or one inside the committed log), with recovery's
+    own message, which says what to run."""
+    v = judge(store_dir)
+    problems = []
+    if v.checkpoint_problem:
+        problems.append(f"{v.checkpoint_problem}: a member refuses to start on it")
+    if v.gap:
+        problems.append(f"{v.gap}: a member refuses to start on it")
+    if v.refusal:
+        problems.append(f"a member refuses to start on this store: {v.refusal}")
+    elif v.cut:
+        problems.append(v.cut)
+    return LogEnd(v.begin.index, v.end_index - 1, v.end_term, v.committed_index, "; ".join(problems),
+                  v.unverified, not (v.refusal or v.checkpoint_problem or v.gap),
+                  v.reason and f"{v.reason} at {v.where}")
 
 
 def inspect(store_dir: str | Path) -> dict[str, object]:
@@ -156,6 +118,10 @@ def inspect(store_dir: str | Path) -> dict[str, object]:
         "end_index": log_end.end_index,
         "last_term": log_end.last_term,
         "committed_index": log_end.committed_index,
+        # records upstream DLedger wrote (both CRC fields 0): read as upstream reads them, not
+        # checked; `dledger store import` fills their CRCs
+        "unverified": log_end.unverified,
+        "member_starts": log_end.opens and not ct.problem,
         "problems": problems,
     }
 

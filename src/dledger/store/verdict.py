@@ -1,0 +1,193 @@
+"""What recovery would do with a store directory, decided without writing a byte.
+
+The offline tools (`dledger store inspect|truncate|import|export`, store/admin.py and
+store/tools.py) must agree with the member about where a log ends and whether it may be
+opened at all, so they do not carry a second copy of that rule: they run recovery's own
+read-only steps (`recovery._scan_forward`, the scan, and `recovery._check_cut`, the refusal
+rule of docs/format.md, "Recovery") over read-only mappings of the data files. Recovery's
+write phase (cutting, rebuilding index units) never runs here.
+
+The scan starts at the log begin (the checkpoint's, else derived from the first record, as
+recovery derives it), not at the checkpoint's trusted record: a rotten trusted record is
+then reported where the scan meets it rather than skipped.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Any, cast
+
+from dledger.codes import ResponseCode
+from dledger.store.base import StoreError
+from dledger.store.offline import (
+    Checkpoint,
+    LogBegin,
+    StoreFile,
+    UnreadableFile,
+    derive_begin,
+    first_gap,
+    list_files,
+    read_checkpoint,
+    read_header,
+)
+from dledger.store.recovery import _check_cut, _End, _scan_forward, _Start
+
+
+class ReadOnlyFile:
+    """The attributes of a MappedFile that recovery's read-only steps use, mapped PROT_READ."""
+
+    def __init__(self, f: StoreFile) -> None:
+        self.path, self.start, self.size = f.path, f.start, f.size
+        self.fd = os.open(f.path, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            self.mm = mmap.mmap(self.fd, f.size, mmap.MAP_SHARED, mmap.PROT_READ)
+        except BaseException:
+            os.close(self.fd)
+            raise
+
+    @property
+    def end(self) -> int:
+        return self.start + self.size
+
+    def close(self) -> None:
+        self.mm.close()
+        os.close(self.fd)
+
+
+class ReadOnlyFiles:
+    """The part of MappedFileList recovery's scan reads: files in order, `locate`."""
+
+    def __init__(self, files: list[StoreFile]) -> None:
+        self.files: list[ReadOnlyFile] = []
+        try:
+            for f in files:
+                if f.size == 0:
+                    break  # an empty file holds nothing (and cannot be mapped): the log ends before it
+                self.files.append(ReadOnlyFile(f))
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def first_start(self) -> int:
+        return self.files[0].start if self.files else 0
+
+    def locate(self, pos: int) -> ReadOnlyFile:
+        for f in self.files:
+            if f.start <= pos < f.end:
+                return f
+        raise StoreError(ResponseCode.DISK_ERROR, f"no data file holds position {pos}")
+
+    def close(self) -> None:
+        for f in self.files:
+            f.close()
+        self.files = []
+
+
+@dataclass
+class _View:
+    """Enough of a RecoverableStore for `_scan_forward` and `_check_cut`."""
+
+    dir: Path
+    data: ReadOnlyFiles
+
+
+@dataclass
+class Verdict:
+    """Where the valid log of a store directory ends and what a member would do on opening it.
+
+    `end_index` is the index the next record would get (the first one not valid), `end_pos`
+    its position; `reason` why the scan stopped there ("" for a clean end). `refusal` is the
+    message a member would refuse to start with (DISK_ERROR, nothing changed), "" when it
+    would open; `cut` says, when it opens, what recovery would cut as a torn tail."""
+
+    store_dir: Path
+    files: list[StoreFile]
+    checkpoint: Checkpoint | None
+    checkpoint_problem: str  # an unreadable checkpoint: the member refuses on it
+    begin: LogBegin
+    end_index: int
+    end_pos: int
+    end_chain: int | None
+    end_term: int
+    reason: str
+    where: str  # "FILE offset N" of end_pos
+    unverified: int
+    refusal: str = ""
+    cut: str = ""
+    gap: str = ""  # a data file missing or of another size than its neighbours' spacing
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def committed_index(self) -> int:
+        return self.checkpoint.committed_index if self.checkpoint is not None else -1
+
+    @property
+    def proven(self) -> bool:
+        """Whether the store has dledger's checkpoint, which names what was fsynced."""
+        return self.checkpoint is not None and self.checkpoint.proves_durable
+
+
+def judge(store_dir: str | Path) -> Verdict:
+    """Scan the store as recovery would and decide as recovery would, writing nothing."""
+    d = Path(store_dir)
+    ckpt_problem = ""
+    try:
+        ckpt = read_checkpoint(d)
+    except UnreadableFile as e:
+        ckpt, ckpt_problem = None, e.message
+    files = list_files(d / "data")
+    gap = ""
+    g = first_gap(files)
+    if g is not None:
+        gap = f"{g[1].path} does not follow {g[0].path} (a data file is missing or has another size)"
+        files = files[: files.index(g[0]) + 1]  # recovery refuses such a directory; scan what is contiguous
+    begin = ckpt.begin if ckpt is not None else None
+    if begin is None:
+        first = files[0] if files else None
+        begin = derive_begin(read_header(first.path, 0) if first else None, first.start if first else 0,
+                             first.size if first else 0)
+    data = ReadOnlyFiles(files)
+    with _Closing(data):
+        view = _View(d, data)
+        store = cast(Any, view)  # recovery's steps read only `dir` and `data` of the store
+        end: _End = _scan_forward(store, _Start(begin.index, begin.pos, begin.chain_crc, begin.term))
+        where = _where(data, end.pos)
+        verdict = Verdict(d, files, ckpt, ckpt_problem, begin, end.index, end.pos, end.chain, end.term,
+                          end.reason, where, end.unverified, gap=gap)
+        committed = ckpt.committed_index if ckpt is not None else -1
+        try:
+            _check_cut(store, end, committed, proven=verdict.proven)
+        except StoreError as e:
+            verdict.refusal = e.message
+        else:
+            if end.reason:
+                verdict.cut = f"record {end.index} at {where} fails its check ({end.reason}): " + (
+                    "past the checkpoint's durable record, recovery cuts it as a torn tail" if verdict.proven
+                    else "the last record, cut short: recovery drops it")
+    return verdict
+
+
+def _where(data: ReadOnlyFiles, pos: int) -> str:
+    for f in data.files:
+        if f.start <= pos < f.end:
+            return f"{f.path} offset {pos - f.start}"
+    return f"position {pos}"
+
+
+class _Closing:
+    def __init__(self, data: ReadOnlyFiles) -> None:
+        self.data = data
+
+    def __enter__(self) -> ReadOnlyFiles:
+        return self.data
+
+    def __exit__(self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None) -> None:
+        self.data.close()
+
+
+__all__ = ["ReadOnlyFile", "ReadOnlyFiles", "Verdict", "judge"]

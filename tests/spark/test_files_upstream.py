@@ -1,0 +1,77 @@
+"""`format("dledger-files")` on a store written by upstream DLedger's own DLedgerMmapFileStore
+(the fixture beside the clone; `expected.tsv` is what upstream's get(i) returns). Upstream
+records no committed index, so it is read with includeUncommitted; its records (CRC fields 0)
+are read unverified; a damaged header in its middle fails the read, naming file and offset,
+where a member would refuse to start (not a silent end of the log)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+from pyspark.sql import SparkSession
+
+pytestmark = pytest.mark.spark
+
+FIXTURE = Path(__file__).resolve().parents[2].parent / "shared" / "fixtures" / "upstream-dledger-store"
+DATA_FILE_SIZE = 64 << 10
+
+if not (FIXTURE / "dledger-n0").is_dir():
+    pytest.skip(f"upstream DLedger's store fixture is not at {FIXTURE}", allow_module_level=True)
+
+
+def expected() -> list[tuple[int, int, int, int, int, str]]:
+    """(index, term, pos, magic, body length, sha256(body)) per upstream's get(i)."""
+    out = []
+    for line in (FIXTURE / "expected.tsv").read_text().splitlines():
+        i, t, p, m, _, n, _, h = line.split("\t")
+        out.append((int(i), int(t), int(p), int(m), int(n), h))
+    return out
+
+
+def copy_fixture(tmp_path: Path) -> Path:
+    d = tmp_path / "dledger-n0"
+    shutil.copytree(FIXTURE / "dledger-n0", d)
+    for p in [d, *d.rglob("*")]:
+        p.chmod(0o755 if p.is_dir() else 0o644)  # the fixture is read-only
+    return d
+
+
+def test_entries_equal_upstreams_get(spark: SparkSession, tmp_path: Path) -> None:
+    d = copy_fixture(tmp_path)
+    rows = (spark.read.format("dledger-files").option("includeUncommitted", "true").load(str(d))
+            .orderBy("index").collect())
+    got = [(r["index"], r["term"], r["pos"], hashlib.sha256(bytes(r["body"])).hexdigest()) for r in rows]
+    want = [(i, t, p, h) for i, t, p, m, _, h in expected() if m == 1]  # entries: NORMAL records
+    assert got == want
+    assert len(want) > 390
+
+
+def test_records_equal_upstreams_get(spark: SparkSession, tmp_path: Path) -> None:
+    d = copy_fixture(tmp_path)
+    rows = (spark.read.format("dledger-files").option("mode", "records").option("includeUncommitted", "true")
+            .load(str(d)).orderBy("index").collect())
+    got = [(r["index"], r["term"], r["pos"], r["magic"], r["body_size"]) for r in rows]
+    assert got == [(i, t, p, m, n) for i, t, p, m, n, _ in expected()]
+    assert all(r["error"] is None for r in rows)
+    assert {(r["chain_crc"], r["body_crc"]) for r in rows} == {(0, 0)}  # upstream's: unverified
+
+
+def test_a_flipped_header_byte_mid_store_fails_the_read(spark: SparkSession, tmp_path: Path) -> None:
+    """Upstream's records have no CRC, so a flipped body byte cannot be seen: flip a header
+    byte (the index field of record 200)."""
+    d = copy_fixture(tmp_path)
+    pos = expected()[200][2]
+    name = d / "data" / f"{pos - pos % DATA_FILE_SIZE:020d}"
+    fd = os.open(name, os.O_RDWR)
+    try:
+        b = os.pread(fd, 1, pos % DATA_FILE_SIZE + 15)
+        os.pwrite(fd, bytes([b[0] ^ 0x04]), pos % DATA_FILE_SIZE + 15)
+    finally:
+        os.close(fd)
+    with pytest.raises(Exception, match=rf"refuse to start on this store: {name} offset {pos % DATA_FILE_SIZE}: "
+                                        r"record 200 fails its check"):
+        spark.read.format("dledger-files").option("includeUncommitted", "true").load(str(d)).collect()
