@@ -75,7 +75,7 @@ class RecoverableStore(Protocol):
 
 
 @dataclass(frozen=True, slots=True)
-class _Start:
+class ScanStart:
     index: int
     pos: int
     chain: int | None  # None: adopt the first record's chain (no checkpoint to check it)
@@ -89,10 +89,10 @@ def recover(store: RecoverableStore) -> None:
     begin_chain = _load_begin(store, ckpt)
     committed = ckpt.committed_index if ckpt else -1
     start = _trusted_start(store, ckpt, begin_chain)
-    end = _scan_forward(store, start)
+    end = scan_forward(store, start)
     # only dledger's own checkpoint names a position known fsynced: without it nothing past
     # the log begin is proven torn but a last record cut short (docs/format.md, "Recovery")
-    _check_cut(store, end, committed, proven=ckpt is not None and ckpt.proves_durable)
+    check_cut(store, end, committed, proven=ckpt is not None and ckpt.proves_durable)
     # --- from here on recovery writes
     _drop_leftovers(store)
     if start.trusted_pos is not None:
@@ -147,9 +147,9 @@ def _drop_leftovers(store: RecoverableStore) -> None:
         store.index.drop_first()
 
 
-def _trusted_start(store: RecoverableStore, ckpt: Checkpoint | None, begin_chain: int | None) -> _Start:
+def _trusted_start(store: RecoverableStore, ckpt: Checkpoint | None, begin_chain: int | None) -> ScanStart:
     t = ckpt.trusted if ckpt else None
-    begin = _Start(store.begin_index, store.begin_pos, begin_chain, store.begin_term)
+    begin = ScanStart(store.begin_index, store.begin_pos, begin_chain, store.begin_term)
     if t is None or t.index < store.begin_index:
         return begin
     index, pos, term, chain = t.index, t.pos, t.term, t.chain_crc
@@ -161,7 +161,7 @@ def _trusted_start(store: RecoverableStore, ckpt: Checkpoint | None, begin_chain
     try:
         entry = decode_entry(f.mm, pos - f.start)
         if (entry.index, entry.term, entry.pos, entry.chain_crc) == (index, term, pos, chain):
-            return _Start(index + 1, pos + entry.size, chain, term, pos)
+            return ScanStart(index + 1, pos + entry.size, chain, term, pos)
         reason = f"does not match the checkpoint (holds index {entry.index})"
     except CorruptRecord as e:
         reason = f"is corrupt: {e.reason}"
@@ -173,11 +173,11 @@ def _trusted_start(store: RecoverableStore, ckpt: Checkpoint | None, begin_chain
     if size is None:
         raise StoreError(ResponseCode.DISK_ERROR, f"{where} in {f.path} {reason}")
     _note_rotten(store, index, f"{where} in {f.path} {reason}")
-    return _Start(index + 1, pos + size, chain, term, pos)
+    return ScanStart(index + 1, pos + size, chain, term, pos)
 
 
 @dataclass(slots=True)
-class _End:
+class ScanEnd:
     """Where the valid log ends (record `index` would start at `pos`) and why the scan
     stopped there (`reason` "" for a clean end); the index units of the records scanned."""
 
@@ -197,7 +197,7 @@ class _End:
 UNITS_HELD = 64 << 20  # index units kept in memory during the scan (2M records); the rest are rebuilt
 
 
-def _scan_forward(store: RecoverableStore, start: _Start) -> _End:
+def scan_forward(store: RecoverableStore, start: ScanStart) -> ScanEnd:
     """Validate records from `start` up to the first bad one, writing nothing."""
     index, pos, chain, term = start.index, start.pos, start.chain, start.term
     data = store.data
@@ -244,7 +244,7 @@ def _scan_forward(store: RecoverableStore, start: _Start) -> _End:
         # no valid record after the blank: the log ends before it, as after a truncate,
         # so the next record goes where the leader's rule puts it (not at a file start)
         pos = blank_at
-    return _End(index, pos, chain, term, reason, max(extent, pos), n_unverified, held, upto, upto_pos, upto_chain)
+    return ScanEnd(index, pos, chain, term, reason, max(extent, pos), n_unverified, held, upto, upto_pos, upto_chain)
 
 
 def _extent(f: MappedFile, pos: int) -> int:
@@ -262,7 +262,7 @@ def _extent(f: MappedFile, pos: int) -> int:
 SECTOR = 512  # the smallest unit a disk writes whole: a torn write leaves whole sectors unwritten (zero)
 
 
-def _check_cut(store: RecoverableStore, end: _End, committed: int, proven: bool) -> None:
+def check_cut(store: RecoverableStore, end: ScanEnd, committed: int, proven: bool) -> None:
     """Refuse (DISK_ERROR, nothing changed) unless what lies past `end.pos` is provably torn:
     past the checkpoint's fsynced position (`proven`), or, without one, a last record cut
     short — every byte after it zero, and zeros from a sector boundary inside it on (how a
@@ -349,8 +349,8 @@ def _data_extents(fd: int, lo: int, size: int) -> Iterator[tuple[int, int]]:
         off = b
 
 
-def _cut(store: RecoverableStore, end: _End) -> None:
-    """Drop everything from `end.pos` (record `end.index`) on; `_check_cut` allowed it."""
+def _cut(store: RecoverableStore, end: ScanEnd) -> None:
+    """Drop everything from `end.pos` (record `end.index`) on; `check_cut` allowed it."""
     pos, index, reason = end.pos, end.index, end.reason
     data = store.data
     inside = bool(data.files) and data.first_start <= pos < data.files[-1].end

@@ -3,7 +3,7 @@
 The offline tools (`dledger store inspect|truncate|import|export`, store/admin.py and
 store/tools.py) must agree with the member about where a log ends and whether it may be
 opened at all, so they do not carry a second copy of that rule: they run recovery's own
-read-only steps (`recovery._scan_forward`, the scan, and `recovery._check_cut`, the refusal
+read-only steps (`recovery.scan_forward`, the scan, and `recovery.check_cut`, the refusal
 rule of docs/format.md, "Recovery") over read-only mappings of the data files. Recovery's
 write phase (cutting, rebuilding index units) never runs here.
 
@@ -34,7 +34,7 @@ from dledger.store.offline import (
     read_checkpoint,
     read_header,
 )
-from dledger.store.recovery import _check_cut, _End, _scan_forward, _Start
+from dledger.store.recovery import ScanEnd, ScanStart, check_cut, scan_forward
 
 
 class ReadOnlyFile:
@@ -90,7 +90,7 @@ class ReadOnlyFiles:
 
 @dataclass
 class _View:
-    """Enough of a RecoverableStore for `_scan_forward` and `_check_cut`."""
+    """Enough of a RecoverableStore for `scan_forward` and `check_cut`."""
 
     dir: Path
     data: ReadOnlyFiles
@@ -155,13 +155,13 @@ def judge(store_dir: str | Path) -> Verdict:
     with _Closing(data):
         view = _View(d, data)
         store = cast(Any, view)  # recovery's steps read only `dir` and `data` of the store
-        end: _End = _scan_forward(store, _Start(begin.index, begin.pos, begin.chain_crc, begin.term))
+        end: ScanEnd = scan_forward(store, ScanStart(begin.index, begin.pos, begin.chain_crc, begin.term))
         where = _where(data, end.pos)
         verdict = Verdict(d, files, ckpt, ckpt_problem, begin, end.index, end.pos, end.chain, end.term,
                           end.reason, where, end.unverified, gap=gap)
         committed = ckpt.committed_index if ckpt is not None else -1
         try:
-            _check_cut(store, end, committed, proven=verdict.proven)
+            check_cut(store, end, committed, proven=verdict.proven)
         except StoreError as e:
             verdict.refusal = e.message
         else:
