@@ -26,6 +26,8 @@ class RequestCode(IntEnum):
     QUERY = 52004
     SNAPSHOT = 52005
     READ_INDEX = 52006
+    MEMBERS = 52007  # the group's configuration: voters, learners, their addresses and lag
+    CHANGE_MEMBERS = 52008  # admin: add a learner, promote it, remove a member (leader only)
     BROKER_FAULT = 52101  # a broker's FAULT, tests only
     # controller mode: RocketMQ's request codes (RequestCode.java), so tools interoperate
     BROKER_HEARTBEAT = 904
@@ -117,6 +119,11 @@ class ResponseCode(IntEnum):
     # answer it as one: its place is no longer kept (beyond max_producer_spans) or its entry
     # was deleted (retention, a snapshot). Nothing was written; sending it again cannot help
     DUPLICATE_UNVERIFIABLE = 438
+    # membership changes (docs/operations.md): one at a time, learners promoted only caught up
+    MEMBERSHIP_CHANGE_PENDING = 439  # an earlier change is not committed yet
+    LEARNER_BEHIND = 440  # promote refused: the learner lags the leader by more than learner_max_lag
+    MEMBER_EXISTS = 441  # add of an id (or address) already in the configuration (UNKNOWN_MEMBER: not in it)
+    NOT_A_MEMBER = 442  # this process was removed from the group (or never added): it serves nothing
 
 
 class ControllerResponseCode(IntEnum):
