@@ -15,7 +15,7 @@ import pytest
 
 from dledger.store.properties import parse_properties
 
-from .harness import Cluster, dump_store, wait_until
+from .harness import Cluster, dump_store, read_all, wait_until
 
 FIXTURE = Path(__file__).resolve().parents[2].parent / "shared" / "fixtures" / "upstream-dledger-store"
 UPSTREAM_TERM = 4  # the fixture's currterm and last entry's term
@@ -95,6 +95,13 @@ def test_a_member_on_upstreams_store_joins_with_its_log_intact(tmp_path: Path) -
                 got = client.get(e.index, member=m)
                 assert (got.term, got.magic) == (e.term, e.magic) and \
                     hashlib.sha256(got.body).hexdigest() == e.sha256, (m, e)
+        # the read path (chain checks across records) on every member: upstream's NORMAL entries and the new ones
+        normal = {e.index: (e.term, e.sha256) for e in want if e.magic == 1}
+        readers: list[str | None] = [None, "n0", "n1", "n2"]  # the leader's linearizable read, each member's own
+        for r_m in readers:
+            got_all = read_all(client, member=r_m)
+            assert {i: (t, hashlib.sha256(b).hexdigest()) for i, (t, b) in got_all.items() if i <= last} == normal, r_m
+            assert [got_all[r.index][1] for r in results] == [f"after-upstream-{k}".encode() for k in range(40)], r_m
         final = c.leader_meta()
         c.stop()
     finally:

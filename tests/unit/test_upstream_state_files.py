@@ -366,6 +366,8 @@ def test_upstreams_store_opens_with_its_64k_and_32k_files_and_every_entry_as_ups
             assert (e.term, e.pos, e.magic, e.size, len(e.body)) == (int(term), int(pos), int(magic), int(size),
                                                                       int(blen)), line
             assert hashlib.sha256(e.body).hexdigest() == sha, line
+            assert s.verify_entry(int(index)) == e  # the scrub's check (header, unit, chain link)
+        assert [e.index for e in s.read(0, 1000)] == list(range(402))  # the read path's chain checks
     finally:
         s.close()
     assert {k: v for k, v in snapshot(d).items() if k.startswith("data/")} == before
