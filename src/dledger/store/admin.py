@@ -7,7 +7,7 @@ from ever writing again (a term beyond the wire limit, as a forged message could
 leave behind; a term below the log's; a corrupt record).
 
 `repair-term` rewrites `currterm` while holding the store's lock (store/lock.py), so never
-under a running member, through the store's own atomic writer (checkpoint.write_atomic).
+under a running member, through the store's own atomic writer (checkpoint.write_currterm).
 
 The directory is read through store/offline.py (file names, checkpoint, currterm, the log
 begin) and the log is judged by store/verdict.py, which runs recovery's own read-only scan
@@ -23,7 +23,7 @@ from pathlib import Path
 from dledger.codes import ResponseCode
 from dledger.core.messages import LIMIT
 from dledger.store.base import StoreError
-from dledger.store.checkpoint import write_atomic
+from dledger.store.checkpoint import write_currterm
 from dledger.store.lock import StoreDirLock
 from dledger.store.offline import CURRTERM, UnreadableFile, read_currterm
 from dledger.store.verdict import judge
@@ -148,7 +148,7 @@ def repair_term(store_dir: str | Path, term: int | None = None) -> dict[str, obj
             raise StoreError(ResponseCode.UNEXPECTED_ARGUMENT,
                              f"term {new} is below the last entry's term {max(last, 0)} in {d}")
         try:
-            write_atomic(d / CURRTERM, {"term": new, "voted_for": None})  # as FileLedgerStore.save_term
+            write_currterm(d / CURRTERM, new, None)  # as FileLedgerStore.save_term
         except OSError as e:
             raise StoreError(ResponseCode.DISK_ERROR,
                              f"cannot write {d / CURRTERM}: {e.strerror or e}") from e

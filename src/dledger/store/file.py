@@ -58,11 +58,19 @@ from dledger.store.base import (
     positions_of,
     push_error,
 )
-from dledger.store.checkpoint import write_atomic
+from dledger.store.checkpoint import write_atomic, write_currterm
 from dledger.store.flusher import FlushService
 from dledger.store.lock import StoreDirLock
 from dledger.store.mapped_file import MappedFile, MappedFileList
-from dledger.store.offline import UnreadableFile, read_currterm
+from dledger.store.offline import (
+    CURRTERM,
+    Checkpoint,
+    StoreFile,
+    UnreadableFile,
+    read_checkpoint,
+    read_currterm,
+    read_header,
+)
 from dledger.store.recovery import rebuild_units, recover
 from dledger.store.retention import Candidate, Plan, disk_usage_ratio, plan_deletions
 
@@ -102,8 +110,20 @@ class FileLedgerStore(LedgerStore):
             self.check_expired_ratio = disk_space_ratio_to_check_expired
             self.force_clean_ratio = disk_space_ratio_to_force_clean
             self._disk_usage: DiskUsage = disk_usage or (lambda: disk_usage_ratio(self.dir))
-            self.data = MappedFileList(self.dir / "data", data_file_size)
-            self.index = MappedFileList(self.dir / "index", index_file_size)
+            # the sizes are the store's own when it has files (a store upstream DLedger or an
+            # older configuration wrote); the configured ones are for new files of a new store
+            ckpt = _checkpoint_or_none(self.dir)
+            self.data = MappedFileList(self.dir / "data", data_file_size,
+                                       recorded=ckpt.data_file_size if ckpt else None,
+                                       may_extend=lambda f: _lost_bytes_unsynced(f, ckpt))
+            try:
+                # a cache of the record headers: a short index file is extended, its units rebuilt
+                self.index = MappedFileList(self.dir / "index", index_file_size, INDEX_UNIT_SIZE,
+                                            recorded=ckpt.index_file_size if ckpt else None, may_extend=lambda f: True)
+            except BaseException:
+                self.data.close()
+                raise
+            self.max_body_bytes = min(self.max_body_bytes, self.data.file_size - HEADER_SIZE - BLANK_SIZE)
             self.begin_pos = 0
             self.write_pos = 0
             self._flushed_pos = 0  # data before it is fsynced
@@ -669,6 +689,8 @@ class FileLedgerStore(LedgerStore):
             "begin_pos": self.begin_pos,
             "begin_chain_crc": self.begin_chain_crc,
             "trusted": trusted,
+            "data_file_size": self.data.file_size,
+            "index_file_size": self.index.file_size,
         }
         return state, self.index.files[-2:]
 
@@ -777,7 +799,7 @@ class FileLedgerStore(LedgerStore):
 
     def save_term(self, term: int, voted_for: str | None) -> None:
         try:
-            write_atomic(self.dir / "currterm", {"term": term, "voted_for": voted_for})
+            write_currterm(self.dir / CURRTERM, term, voted_for)  # upstream's form: it reads it too
         except OSError as e:
             raise os_error(e, f"saving the term in {self.dir}") from e
         self._term_vote = TermVote(term, voted_for)
@@ -806,6 +828,34 @@ class FileLedgerStore(LedgerStore):
             self.data.close()
             self.index.close()
             self._dir_lock.release()  # last: another writer may open the directory now
+
+
+def _checkpoint_or_none(store_dir: Path) -> Checkpoint | None:
+    """The checkpoint, to size the files by; an unreadable one is recovery's to refuse."""
+    try:
+        return read_checkpoint(store_dir)
+    except UnreadableFile:
+        return None
+
+
+def _lost_bytes_unsynced(last: StoreFile, ckpt: Checkpoint | None) -> bool:
+    """Whether the bytes a last data file shorter than the others lacks were never known
+    fsynced: dledger's own checkpoint names the store's file size (so the file is dledger's,
+    created full size and cut by a crash or damage) and its last fsynced record ends within
+    what the file still holds. Extending it with zeros then loses nothing recovery trusts."""
+    if ckpt is None or not ckpt.proves_durable or ckpt.data_file_size is None:
+        return False
+    if ckpt.trusted is None:
+        durable_end = ckpt.begin.pos if ckpt.begin is not None else 0
+    else:
+        pos = ckpt.trusted.pos
+        if pos < last.start:
+            return True
+        h = read_header(last.path, pos - last.start)
+        if h is None or h[4] != pos or h[1] < HEADER_SIZE:
+            return False
+        durable_end = pos + int(h[1])
+    return last.start + last.size >= durable_end
 
 
 def _mtime(f: MappedFile) -> float:

@@ -1,7 +1,9 @@
 """Fixed-size memory-mapped files named by their 20-digit start offset (docs/format.md).
 
 DLedger's MmapFile / MmapFileList: a logical byte space cut into equal files.
-Data and index files both use it.
+Data and index files both use it. The file size is the store's own when it has files
+(`store_file_size`): a store written with another size (upstream DLedger's, a changed
+configuration) is opened as it is, never resized; the configured size is for new stores.
 """
 
 from __future__ import annotations
@@ -10,12 +12,13 @@ import contextlib
 import logging
 import mmap
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 from dledger.codes import ResponseCode
 from dledger.fsutil import fsync_path
 from dledger.store.base import StoreError, os_error
-from dledger.store.offline import file_name, list_files
+from dledger.store.offline import StoreFile, file_name, list_files
 
 log = logging.getLogger(__name__)
 
@@ -39,13 +42,10 @@ class MappedFile:
         try:
             actual = os.fstat(self.fd).st_size
             if actual != size:
-                if actual > size:
-                    raise StoreError(
-                        ResponseCode.DISK_ERROR,
-                        f"{path} is {actual} bytes, larger than the configured {size}: "
-                        "was the store written with another file size?",
-                    )
-                os.ftruncate(self.fd, size)  # new, or short after a crash during creation
+                if actual > size:  # MappedFileList checked the sizes (store_file_size): only a race gets here
+                    raise StoreError(ResponseCode.DISK_ERROR,
+                                     f"{path} is {actual} bytes, not {size} as the other files of its store")
+                os.ftruncate(self.fd, size)  # new, or short where store_file_size allowed it
             # read-only: a store into the mapping would raise instead of stalling the machine
             self.mm = mmap.mmap(self.fd, size, mmap.MAP_SHARED, mmap.PROT_READ)
         except BaseException:
@@ -99,13 +99,59 @@ class MappedFile:
             self.path.unlink()
 
 
-class MappedFileList:
-    """The equal-sized files of one directory, contiguous in the logical byte space."""
+def store_file_size(directory: Path, configured: int, unit: int = 1, recorded: int | None = None,
+                    may_extend: Callable[[StoreFile], bool] | None = None) -> int:
+    """The size of the files of `directory`: the store's own, whatever is configured
+    (`configured` is for a store without files). Refused (DISK_ERROR, nothing written) when
+    the files disagree with it, or it is not a multiple of `unit`.
 
-    def __init__(self, directory: Path, file_size: int) -> None:
+    The store's size is the one its checkpoint records (`recorded`), else the distance between
+    its first two files' names, else the size of its only file. A file shorter than that is
+    cut short: a 0-byte last file is a creation a crash interrupted (dledger, like upstream,
+    creates a file and then sets its size; nothing was written into it); any other is kept
+    only when `may_extend(file)` proves nothing it lacks was ever trusted (then recovery
+    judges its content), else refused. A longer file is refused."""
+    files = list_files(directory)
+    if not files:
+        return recorded or configured
+    if recorded:
+        size = recorded
+    elif len(files) > 1:
+        size = files[1].start - files[0].start
+    else:
+        size = files[0].size or configured
+    if size <= 0 or size % unit:
+        raise StoreError(ResponseCode.DISK_ERROR,
+                         f"{files[0].path}: the files of {directory} are {size} bytes, not a positive multiple "
+                         f"of {unit}. Nothing was changed")
+    for k, f in enumerate(files):
+        if f.size == size or (f.size == 0 and k == len(files) - 1):
+            continue
+        if f.size < size and may_extend is not None and may_extend(f):
+            log.warning("%s is %d bytes, not %d as the store's other files: cut short by a crash or damage in "
+                        "what was never known durable; it is extended with zeros", f.path, f.size, size)
+            continue
+        raise StoreError(
+            ResponseCode.DISK_ERROR,
+            f"{f.path} is {f.size} bytes, but the files of {directory} are {size} bytes (its other files, its "
+            "checkpoint): a file cut short or extended. Nothing was changed. Restore it from a backup, or move "
+            "this member's store away so it fetches the log from the others again",
+        )
+    if size != configured:
+        log.info("%s: the store's files are %d bytes (configured: %d, for new stores): using the store's size",
+                 directory, size, configured)
+    return size
+
+
+class MappedFileList:
+    """The equal-sized files of one directory, contiguous in the logical byte space. The
+    size is the files' own when there are any (`store_file_size`), else `file_size`."""
+
+    def __init__(self, directory: Path, file_size: int, unit: int = 1, recorded: int | None = None,
+                 may_extend: Callable[[StoreFile], bool] | None = None) -> None:
         self.dir = directory
-        self.file_size = file_size
         directory.mkdir(parents=True, exist_ok=True)
+        self.file_size = file_size = store_file_size(directory, file_size, unit, recorded, may_extend)
         self.files: list[MappedFile] = []
         for start in (f.start for f in list_files(directory)):
             if start % file_size:

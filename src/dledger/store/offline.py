@@ -8,9 +8,15 @@ lists (store/mapped_file.py) for the names of their files.
 - Data and index files: named by their logical start offset, 20 digits (`NAME`, the only
   copy of that rule); `list_files` and `first_gap`.
 - `checkpoint` and `currterm`: one rule for both. A missing file is None (a new store has
-  neither); a file that exists but cannot be read (not JSON, not an object, a field of the
-  wrong type) is an `UnreadableFile` error naming the file and what is wrong. Both files
-  are written atomically (temp, fsync, rename), so an unreadable one is damage, and
+  neither); a file that exists but cannot be read (not JSON or Java Properties, a field of
+  the wrong type) is an `UnreadableFile` error naming the file and what is wrong. Both forms
+  are read: dledger's JSON and upstream DLedger's Properties (`currTerm=`, `voteLeader=`;
+  an older upstream `checkpoint` with `committedIndex=`, which proves nothing durable).
+  `currterm` is written in the Properties form (store/checkpoint.py), so upstream reads
+  dledger's term and vote. Upstream replaces `currterm` by writing `currterm.tmp`, copying
+  the old one to `currterm.bak`, deleting it and renaming: a crash there leaves no
+  `currterm`, and the highest term of those two is taken (a term only grows).
+  dledger writes both files atomically (temp, fsync, rename), so an unreadable one is damage, and
   guessing would lose something: without the committed index recovery could cut committed
   records as a torn tail, and a reader would take an empty log for the whole one; without
   the term a member could vote twice in one term. The error loses nothing: the caller
@@ -30,6 +36,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import logging
 import os
 import re
 import struct
@@ -42,6 +49,9 @@ from typing import Any
 from dledger.codes import ResponseCode
 from dledger.entry import ENTRY_MAGICS, HEADER, HEADER_SIZE, header_fault, unverified
 from dledger.store.base import StoreError
+from dledger.store.properties import PropertiesError, parse_properties
+
+log = logging.getLogger(__name__)
 
 NAME = re.compile(r"^\d{20}$")  # a data or index file: its logical start offset, 20 digits
 CHECKPOINT = "checkpoint"
@@ -102,14 +112,49 @@ class UnreadableFile(StoreError):
         self.why = why
 
 
-def _read_object(path: Path) -> dict[str, Any] | None:
-    """The JSON object in `path`; None when it is missing; UnreadableFile otherwise."""
+def _read_raw(path: Path) -> bytes | None:
     try:
-        raw = path.read_bytes()
+        return path.read_bytes()
     except FileNotFoundError:
         return None
     except OSError as e:
         raise UnreadableFile(path, e.strerror or str(e)) from e
+
+
+def _is_json(raw: bytes) -> bool:
+    """dledger's form (JSON, an object when sound) rather than upstream DLedger's Java Properties."""
+    if raw.lstrip()[:1] in (b"{", b"["):
+        return True
+    try:
+        json.loads(raw)
+    except ValueError:
+        return False
+    return True
+
+
+def _read_properties(path: Path, raw: bytes) -> dict[str, str]:
+    try:
+        return parse_properties(raw)
+    except PropertiesError as e:
+        raise UnreadableFile(path, f"not JSON, and not Java Properties: {e}") from e
+
+
+def _prop_int(path: Path, props: dict[str, str], key: str) -> int | None:
+    """An integer as Java's Long.parseLong reads it; None when the key is absent."""
+    if key not in props:
+        return None
+    v = props[key].strip(" \t\f")
+    if not re.fullmatch(r"[+-]?\d{1,19}", v):
+        raise UnreadableFile(path, f"{key} is {props[key]!r}, not an integer")
+    return int(v)
+
+
+def _read_object(path: Path, raw: bytes | None = None) -> dict[str, Any] | None:
+    """The JSON object in `path`; None when it is missing; UnreadableFile otherwise."""
+    if raw is None:
+        raw = _read_raw(path)
+    if raw is None:
+        return None
     try:
         data = json.loads(raw)
     except ValueError as e:
@@ -161,6 +206,11 @@ class Checkpoint:
     # dledger's own: past its trusted record (or the log begin) nothing was known fsynced, so
     # recovery may cut a torn tail there; upstream DLedger's names no such position
     proves_durable: bool = True
+    # the size of the store's data and index files (None: not recorded, a checkpoint written
+    # before they were, or upstream's): a file shorter than it is one whose creation or last
+    # writes a crash cut short (store/mapped_file.py, `store_file_size`)
+    data_file_size: int | None = None
+    index_file_size: int | None = None
 
 
 _BEGIN_KEYS = ("begin_index", "begin_term", "begin_pos", "begin_chain_crc")
@@ -173,9 +223,16 @@ def read_checkpoint(store_dir: Path) -> Checkpoint | None:
     `trusted` or a null one is none; any field present with a value of the wrong type makes
     the whole file unreadable rather than defaulted."""
     path = store_dir / CHECKPOINT
-    data = _read_object(path)
-    if data is None:
+    raw = _read_raw(path)
+    if raw is None:
         return None
+    if not _is_json(raw):  # upstream DLedger's (before it moved to snapshots): endIndex, committedIndex
+        committed = _prop_int(path, _read_properties(path, raw), "committedIndex")
+        if committed is None:  # upstream always writes it
+            raise UnreadableFile(path, "neither JSON nor upstream DLedger's Properties form (no committedIndex)")
+        return Checkpoint(committed, None, None, proves_durable=False)
+    data = _read_object(path, raw)
+    assert data is not None
     begin = None
     if all(k in data for k in _BEGIN_KEYS):
         index, term, pos, chain = (_field(path, data, k) for k in _BEGIN_KEYS)
@@ -190,7 +247,8 @@ def read_checkpoint(store_dir: Path) -> Checkpoint | None:
         trusted = Trusted(*(_field(path, t, k) for k in ("index", "term", "pos", "chain_crc")))
     elif t is not None:
         raise UnreadableFile(path, f"trusted is {t!r}, not an object")
-    return Checkpoint(_field(path, data, "committed_index", -1), begin, trusted)
+    sizes = (_field(path, data, k) if k in data else None for k in ("data_file_size", "index_file_size"))
+    return Checkpoint(_field(path, data, "committed_index", -1), begin, trusted, True, *sizes)
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,18 +257,60 @@ class TermFile:
     voted_for: str | None
 
 
+CURRTERM_LEFTOVERS = ("currterm.tmp", "currterm.bak")  # upstream DLedger's IOUtils.string2File
+
+
 def read_currterm(store_dir: Path) -> TermFile | None:
-    """The store's `currterm`; None when there is none; UnreadableFile when it is damaged
-    (a member refuses to start rather than forget a vote)."""
-    path = store_dir / CURRTERM
-    data = _read_object(path)
-    if data is None:
+    """The store's `currterm` (dledger's JSON or upstream DLedger's Properties form); None when
+    there is none; UnreadableFile when it is damaged (a member refuses to start rather than
+    forget a vote).
+
+    Without `currterm`, upstream's `currterm.tmp` (what it was writing) and `currterm.bak`
+    (what it replaced) are what a crash inside its replace left: the highest term of them is
+    taken, with its vote (the newer file on a tie), never a lower one; one of them that
+    cannot be read is refused like `currterm` itself."""
+    tf = _read_term_file(store_dir / CURRTERM)
+    if tf is not None:
+        return tf
+    found = [(name, t) for name in CURRTERM_LEFTOVERS if (t := _read_term_file(store_dir / name)) is not None]
+    if not found:
         return None
+    name, best = max(found, key=lambda nt: nt[1].term)  # the first (currterm.tmp) on a tie
+    log.warning(
+        "%s: no %s, but %s (left by a crash while upstream DLedger replaced it): taking %s's term %d, vote %s",
+        store_dir, CURRTERM, " and ".join(f"{n} (term {t.term})" for n, t in found), name, best.term,
+        best.voted_for or "none",
+    )
+    return best
+
+
+def _read_term_file(path: Path) -> TermFile | None:
+    raw = _read_raw(path)
+    if raw is None:
+        return None
+    if not _is_json(raw):  # upstream DLedger's MemberState: currTerm=, voteLeader= ("" for none)
+        props = _read_properties(path, raw)
+        term = _prop_int(path, props, "currTerm")
+        if term is None:
+            raise UnreadableFile(path, "no currTerm in it (neither JSON nor upstream DLedger's Properties form)")
+        return TermFile(term, props.get("voteLeader") or None)
+    data = _read_object(path, raw)
+    assert data is not None
     term = as_int(data.get("term"))
     if term is None:
         raise UnreadableFile(path, "no integer term in it")
     voted = data.get("voted_for")
     return TermFile(term, voted if isinstance(voted, str) else None)
+
+
+def member_store_dir(store_dir: Path, self_id: str) -> Path:
+    """Where member `self_id` keeps its store when given `store_dir`: `store_dir` itself, or
+    upstream DLedger's layout, `<storeBaseDir>/dledger-<selfId>/`, when `store_dir` holds no
+    `data/` but `dledger-<selfId>/data/` is in it."""
+    upstream = store_dir / f"dledger-{self_id}"
+    if not (store_dir / "data").is_dir() and (upstream / "data").is_dir():
+        return upstream
+    return store_dir
 
 
 # --- record headers ---------------------------------------------------------------------------
@@ -279,6 +379,7 @@ def chain_before(h: tuple[int, ...]) -> int | None:
 __all__ = [
     "CHECKPOINT",
     "CURRTERM",
+    "CURRTERM_LEFTOVERS",
     "NAME",
     "Checkpoint",
     "LogBegin",
@@ -293,6 +394,7 @@ __all__ = [
     "first_gap",
     "first_record_index",
     "list_files",
+    "member_store_dir",
     "read_checkpoint",
     "read_currterm",
     "read_header",
