@@ -3,10 +3,8 @@ DLedger's own DLedgerMmapFileStore (the fixture beside the clone; its README say
 made, `expected.tsv` is what upstream's get(i) returns), and dledger stores with damage and
 with SESSION records.
 
-Each test works on a copy. Until FileLedgerStore reads upstream's Properties `currterm`, the
-copies a FileLedgerStore must open get dledger's JSON form (marked WORKAROUND below: drop it
-once the Properties reader is merged); files are opened with the fixture's sizes (64 KiB data,
-32 KiB index)."""
+Each test works on a copy, as upstream left it (its Properties `currterm` included); stores
+are opened with dledger's default configuration: the file sizes are the store's own."""
 
 from __future__ import annotations
 
@@ -57,14 +55,8 @@ def copy_fixture(tmp_path: Path) -> Path:
     return d
 
 
-def json_currterm(d: Path) -> None:
-    # WORKAROUND until FileLedgerStore reads upstream's Properties currterm: dledger's JSON form
-    (d / "currterm").write_text(json.dumps({"term": 4, "voted_for": None}))
-
-
 def open_store(d: Path) -> FileLedgerStore:
-    return FileLedgerStore(d, data_file_size=DATA_FILE_SIZE, index_file_size=INDEX_FILE_SIZE,
-                           retention_check_interval_ms=3_600_000)
+    return FileLedgerStore(d, retention_check_interval_ms=3_600_000)
 
 
 def snapshot(d: Path) -> dict[str, str]:
@@ -188,7 +180,6 @@ def test_import_fills_every_crc_and_the_store_reads_as_upstream_did(tmp_path: Pa
     assert out["filled"] == 402 and out["entries"] == 402
     assert not (d / tools.IMPORT_DIR).exists()
     assert inspect(d)["unverified"] == 0
-    json_currterm(d)  # WORKAROUND (see the module docstring)
     s = open_store(d)
     try:
         assert s.unverified == 0 and (s.begin_index, s.end_index, s.end_term) == (0, 401, 4)
@@ -211,7 +202,6 @@ def test_an_import_that_stops_leaves_a_store_that_opens(tmp_path: Path, monkeypa
     """A crash before the atomic swap leaves upstream's data (all unverified), after it the
     filled data: both open, and import run again finishes."""
     d = copy_fixture(tmp_path)
-    json_currterm(d)  # WORKAROUND (see the module docstring)
 
     def stop(*_: object) -> None:
         raise OSError(5, "simulated crash")
@@ -239,7 +229,6 @@ def test_a_flipped_header_byte_mid_log_is_reported_refused_and_changes_nothing(t
     byte flipped here is in a header (the index field of record 200), which breaks the index
     continuity every reader checks."""
     d = copy_fixture(tmp_path)
-    json_currterm(d)  # WORKAROUND (see the module docstring)
     pos = expected()[200][2]
     fd = os.open(d / "data" / f"{pos - pos % DATA_FILE_SIZE:020d}", os.O_RDWR)
     try:
@@ -271,7 +260,6 @@ def test_a_flipped_header_byte_mid_log_is_reported_refused_and_changes_nothing(t
 @needs_fixture
 def test_export_of_the_fixture_reads_as_upstream_reads(tmp_path: Path) -> None:
     d = copy_fixture(tmp_path)
-    json_currterm(d)  # WORKAROUND: export reads currterm through the same reader
     out = tmp_path / "out"
     res = run("store", "export", "--dledger", "--store-dir", str(d), "--to", str(out),
               "--data-file-size", str(DATA_FILE_SIZE), "--index-file-size", str(INDEX_FILE_SIZE))
