@@ -4,11 +4,12 @@ rot): the follower's EntryHandler overwrites a record of its own that fails veri
 the leader's copy of the same entry, and the leader's EntryDispatcher sends those copies,
 never a rotten one of its own. One test per rule, built without a Node from small contexts
 (tests/unit/role_fakes.py) over the simulator's disk store (sim.disk.SimDiskStore, which can
-flip a byte of a stored record as a damaged sector would)."""
+flip a byte of a stored record as a damaged sector would); the last test goes through a Node
+(tests/unit/raft_harness.py) for the one thing only it does, the corrupt index answers carry."""
 
 from __future__ import annotations
 
-from dledger.codes import PushType, ResponseCode
+from dledger.codes import PushType, RequestCode, ResponseCode
 from dledger.core.dispatcher import EntryDispatcher, State
 from dledger.core.effects import BeyondRepair, MarkCorrupt, Pump, Repaired
 from dledger.core.handler import EntryHandler
@@ -16,6 +17,7 @@ from dledger.core.messages import PushRequest, PushResponse
 from dledger.sim.disk import SimDiskStore
 from dledger.store.memory import MemoryLedgerStore
 
+from .raft_harness import Member
 from .role_fakes import (
     DispatcherEnv,
     HandlerEnv,
@@ -187,3 +189,26 @@ def test_a_rejected_record_that_verifies_here_is_retried_later_and_not_marked() 
     env.now += env.cfg.heart_beat_time_interval_ms
     d.pump()
     _one(env, PushType.COMPARE)
+
+
+# --- the member: what only the Node does with the handler's answers --------------------------------
+
+
+def _push_to(m: Member, kind: PushType, prev_index: int, prev_term: int, next_term: int = -1) -> PushResponse:
+    req = PushRequest(leader_id="n0", remote_id="n1", term=3, type=int(kind), prev_index=prev_index,
+                      prev_term=prev_term, first_index=prev_index + 1, next_term=next_term)
+    resp = m.handle(RequestCode.PUSH, req, token=("push", kind))
+    assert isinstance(resp, PushResponse)
+    return resp
+
+
+def test_every_answer_names_our_first_corrupt_record_as_it_stands_after_the_push() -> None:
+    """A member with a rotten record says so in every answer, so the leader repairs it; a
+    truncate that removed that record clears it before the answer is built (the node fills
+    the answer's corrupt_index when it applies the handler's effects, in their order)."""
+    m = Member(self_id="n1", terms=[1, 1, 2, 2])
+    m.node.mark_corrupt(3, "rot")
+    assert _push_to(m, PushType.COMMIT, -1, -1).corrupt_index == 3
+    resp = _push_to(m, PushType.TRUNCATE, 1, 1, next_term=3)  # the leader of term 3 differs after 1
+    assert resp.code == ResponseCode.SUCCESS and m.store.end_index == 1
+    assert resp.corrupt_index == -1 and m.node.corrupt is None
