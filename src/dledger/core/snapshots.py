@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from dledger.config import DLedgerConfig
     from dledger.core.actions import Action
     from dledger.core.dispatcher import EntryDispatcher
+    from dledger.core.effects import Effect
     from dledger.core.handler import EntryHandler
     from dledger.core.install_snapshot import SnapshotReceiver
     from dledger.core.integrity import Integrity
@@ -64,6 +65,7 @@ class SnapshotPath:
         _producers_restoring: bool
 
         def reply(self, token: Any, code: int, msg: msgspec.Struct, data: bytes = b"") -> None: ...
+        def _apply_effects(self, effects: list[Effect]) -> None: ...
         def _load_producers(self, data: bytes, where: str) -> None: ...
         def _stop_applier(self, reason: str) -> None: ...
         def _run_due_queries(self) -> None: ...
@@ -169,6 +171,7 @@ class SnapshotPath:
         d = self.dispatchers.get(peer)
         if d is not None and self.member.is_leader:
             d.on_chunk_read(ctx, data, crc, error)
+            self._apply_effects(d.take_effects())
 
     def install_chunk(self, token: Any, meta: SnapshotMeta, offset: int, data: bytes | memoryview, crc: int) -> None:
         self.actions.append(InstallChunk(token, meta, offset, data, crc))
@@ -187,6 +190,7 @@ class SnapshotPath:
         L = meta.last_index
         self.store.reset(L + 1, meta.last_term, meta.chain_crc, meta.next_pos)
         self.handler.after_reset(L)
+        self._apply_effects(self.handler.take_effects())
         self.integrity.scrub_next = self.store.begin_index
         if self.applier is not None:
             self.restore_from(meta)
