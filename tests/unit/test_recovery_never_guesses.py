@@ -163,3 +163,32 @@ def test_an_unreadable_currterm_refuses_and_changes_nothing(tmp_path: Path) -> N
     (d / "currterm").write_bytes(b"\x00garbage")
     msg = refuses(d)
     assert "currterm" in msg
+
+
+def test_upstreams_store_after_a_snapshot_reset_opens_past_its_leading_blank(tmp_path: Path) -> None:
+    """Upstream DLedger, after installing a snapshot, starts its first data file with a blank
+    record as long as the bytes before the log (MmapFileList.resetOffset), CRC fields 0."""
+    from dledger.entry import BLANK, HEADER, encode_entry
+
+    d = tmp_path / "s"
+    (d / "data").mkdir(parents=True)
+    (d / "index").mkdir()
+    skip = 4241
+    buf = bytearray(DATA_FILE_SIZE)
+    buf[0:8] = BLANK.pack(-1, skip)
+    pos = skip
+    for i in range(30, 60):
+        rec = bytearray(encode_entry(body(i), index=i, term=3, pos=pos))
+        h = list(HEADER.unpack_from(rec))
+        h[6] = h[7] = 0  # upstream writes no CRCs
+        HEADER.pack_into(rec, 0, *h)
+        buf[pos : pos + len(rec)] = rec
+        pos += len(rec)
+    (d / "data" / f"{0:020d}").write_bytes(bytes(buf))
+    (d / "currterm").write_text("voteLeader=\ncurrTerm=3\n")
+    s = open_store(d)
+    try:
+        assert (s.begin_index, s.end_index) == (30, 59)
+        assert [s.get(i).body for i in range(30, 60)] == [body(i) for i in range(30, 60)]
+    finally:
+        s.close()

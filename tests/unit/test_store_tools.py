@@ -258,6 +258,34 @@ def test_a_flipped_header_byte_mid_log_is_reported_refused_and_changes_nothing(t
 
 
 @needs_fixture
+def test_upstreams_truncate_leftovers_after_the_end_are_refused_with_the_way_out(tmp_path: Path) -> None:
+    """Upstream's truncate does not zero what it removes (MmapFileList.truncateOffset): a store
+    whose last entries were replaced by shorter ones keeps old bytes after its end. A member
+    cannot tell them from damage without a checkpoint, so it refuses, says so, and the
+    truncate it names keeps every entry upstream itself reads."""
+    d = copy_fixture(tmp_path)
+    rows = expected()
+    end = rows[-1][2] + rows[-1][4]
+    stale_from = rows[390][2]
+    with open(d / "data" / f"{stale_from - stale_from % DATA_FILE_SIZE:020d}", "rb") as f:
+        f.seek(stale_from % DATA_FILE_SIZE)
+        stale = f.read(rows[391][2] + rows[391][4] - stale_from)
+    patch(d, end, stale)  # entries 390-391 of an earlier history, left after the end
+    before = snapshot(d)
+    with pytest.raises(StoreError) as e:
+        open_store(d)
+    msg = e.value.message
+    assert "upstream DLedger's" in msg and "ends at entry 401" in msg and "--from-index 402" in msg, msg
+    assert snapshot(d) == before
+    run("store", "truncate", "--store-dir", str(d), "--from-index", "402")
+    s = open_store(d)
+    try:
+        assert [row(s.get(i)) for i in range(402)] == rows
+    finally:
+        s.close()
+
+
+@needs_fixture
 def test_export_of_the_fixture_reads_as_upstream_reads(tmp_path: Path) -> None:
     d = copy_fixture(tmp_path)
     out = tmp_path / "out"

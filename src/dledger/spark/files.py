@@ -234,8 +234,8 @@ def layout(store_dir: Path, group: str | None = None, member: str | None = None)
     begin = ckpt.begin if ckpt is not None else None
     if begin is None:  # as recovery: the first record of the first file
         first = listed[0] if listed else None
-        begin = derive_begin(read_header(first.path, 0) if first else None, first.start if first else 0,
-                             first.size if first else 0)
+        begin = derive_begin(lambda off: read_header(first.path, off) if first else None,
+                             first.start if first else 0, first.size if first else 0)
     return StoreLayout(
         member=member or store_dir.resolve().name,
         group=group or store_dir.resolve().parent.name,

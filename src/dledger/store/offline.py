@@ -41,13 +41,13 @@ import os
 import re
 import struct
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from dledger.codes import ResponseCode
-from dledger.entry import ENTRY_MAGICS, HEADER, HEADER_SIZE, header_fault, unverified
+from dledger.entry import BLANK_SIZE, ENTRY_MAGICS, HEADER, HEADER_SIZE, MAGIC_BLANK, header_fault, unverified
 from dledger.store.base import StoreError
 from dledger.store.properties import PropertiesError, parse_properties
 
@@ -334,12 +334,20 @@ def first_record_index(h: tuple[int, ...] | None, pos: int, room: int) -> int | 
     return int(h[2])
 
 
-def derive_begin(first: tuple[int, ...] | None, start: int, room: int) -> LogBegin:
+def derive_begin(header_at: Callable[[int], tuple[int, ...] | None], start: int, room: int) -> LogBegin:
     """The log begin of a store whose checkpoint does not name one: the first data file's
-    first record (`first`, its header; None when the file is too short to hold one), at the
-    file's start. A log that starts at index 0 starts the chain from 0; one that starts later
-    (its files before it deleted) has an unknown chain before it. No sound record there:
-    index 0 (the log is empty or the record is torn, as recovery then finds)."""
+    first record (`header_at(offset)` reads a header of that file; None when the file is too
+    short to hold one). Upstream DLedger, installing a snapshot, starts the file with a blank
+    record as long as the bytes before the first record (MmapFileList.resetOffset): the log
+    begins after it. A log that starts at index 0 starts the chain from 0; one that starts
+    later (its files before it deleted) has an unknown chain before it. No sound record
+    there: index 0 (the log is empty or the record is torn, as recovery then finds)."""
+    first = header_at(0)
+    if first is not None and first[0] == MAGIC_BLANK and BLANK_SIZE <= first[1] < room - HEADER_SIZE:
+        skip = int(first[1])
+        nxt = header_at(skip)
+        if first_record_index(nxt, start + skip, room - skip) is not None:
+            start, room, first = start + skip, room - skip, nxt
     index = first_record_index(first, start, room)
     if index is None or index == 0:
         return LogBegin(0, -1, start, 0)

@@ -129,9 +129,10 @@ def _load_begin(store: RecoverableStore, ckpt: Checkpoint | None) -> int | None:
             log.warning("checkpoint of %s lacks the log begin; deriving it from the data", store.dir)
         if store.data.files:
             f = store.data.files[0]
-            begin = derive_begin(HEADER.unpack_from(f.mm, 0), f.start, f.size)
+            begin = derive_begin(lambda off: HEADER.unpack_from(f.mm, off) if off + HEADER_SIZE <= f.size else None,
+                                 f.start, f.size)
         else:
-            begin = derive_begin(None, 0, 0)
+            begin = derive_begin(lambda off: None, 0, 0)
     store.begin_index, store.begin_term, store.begin_pos = begin.index, begin.term, begin.pos
     store.begin_chain_crc = begin.chain_crc or 0
     return begin.chain_crc
@@ -290,11 +291,17 @@ def check_cut(store: RecoverableStore, end: ScanEnd, committed: int, proven: boo
         why = f"record {end.index} fails its check ({end.reason})"
     else:
         why = f"record {end.index} should start there but the bytes are zero"
+    upstream = (
+        f" The log before it is upstream DLedger's (CRC fields 0), whose truncate leaves the bytes of the "
+        f"entries it removed after the log's end: if upstream wrote this store last, it ends at entry "
+        f"{end.index - 1} for upstream too, and the truncate below drops only those leftovers."
+        if end.unverified else ""
+    )
     raise StoreError(
         ResponseCode.DISK_ERROR,
         f"{where}: {why}, and data follows up to {_where(store, last)}: not a torn tail (the store has no "
-        f"checkpoint naming what was fsynced), so it is damage or another writer's. Nothing was changed. "
-        f"{_WHAT_TO_RUN.format(dir=store.dir, index=end.index)}",
+        f"checkpoint naming what was fsynced), so it is damage or another writer's. Nothing was changed."
+        f"{upstream} {_WHAT_TO_RUN.format(dir=store.dir, index=end.index)}",
     )
 
 

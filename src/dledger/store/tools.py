@@ -50,7 +50,7 @@ from dledger.entry import (
 from dledger.fsutil import fsync_path
 from dledger.store.admin import check_store_dir
 from dledger.store.base import StoreError
-from dledger.store.checkpoint import write_atomic
+from dledger.store.checkpoint import write_atomic, write_currterm
 from dledger.store.lock import StoreDirLock
 from dledger.store.offline import CHECKPOINT, UnreadableFile, file_name, list_files, read_currterm
 from dledger.store.verdict import ReadOnlyFiles, Verdict, judge
@@ -482,7 +482,7 @@ def export(store_dir: str | Path, out: str | Path, data_file_size: int = UPSTREA
     """Write an upstream-readable copy of the store to the new directory `out`: the same
     indexes, terms and bodies; SESSION records (which upstream cannot read) as NOOPs with an
     empty body, as upstream writes its own; files of exactly the sizes upstream is configured
-    with, each closed by a blank record; `currterm` in upstream's Properties form. The CRC
+    with, each but the last closed by a blank record; `currterm` in upstream's Properties form. The CRC
     fields are dledger's (upstream ignores them), so the copy is also a verified dledger store."""
     d, o = Path(store_dir), Path(out)
     check_store_dir(d)
@@ -507,8 +507,7 @@ def export(store_dir: str | Path, out: str | Path, data_file_size: int = UPSTREA
         result = _export_records(d, o, v, data_file_size, index_file_size)
         term = tf.term if tf is not None else max(v.end_term, 0)
         vote = tf.voted_for if tf is not None and tf.voted_for else ""
-        (o / "currterm").write_text(f"currTerm={term}\nvoteLeader={vote}\n")
-        fsync_path(o / "currterm")
+        write_currterm(o / "currterm", term, vote or None)  # escaped as java.util.Properties reads it
         for sub in ("data", "index"):
             fsync_path(o / sub)
         fsync_path(o)

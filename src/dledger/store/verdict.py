@@ -149,8 +149,8 @@ def judge(store_dir: str | Path) -> Verdict:
     begin = ckpt.begin if ckpt is not None else None
     if begin is None:
         first = files[0] if files else None
-        begin = derive_begin(read_header(first.path, 0) if first else None, first.start if first else 0,
-                             first.size if first else 0)
+        begin = derive_begin(lambda off: read_header(first.path, off) if first else None,
+                             first.start if first else 0, first.size if first else 0)
     data = ReadOnlyFiles(files)
     with _Closing(data):
         view = _View(d, data)
