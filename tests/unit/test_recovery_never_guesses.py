@@ -192,3 +192,94 @@ def test_upstreams_store_after_a_snapshot_reset_opens_past_its_leading_blank(tmp
         assert [s.get(i).body for i in range(30, 60)] == [body(i) for i in range(30, 60)]
     finally:
         s.close()
+
+
+def _zero_crcs(d: Path, positions: list[int]) -> None:
+    """Make records upstream's: both CRC fields 0, as upstream DLedger writes them."""
+    for p in positions:
+        patch(d, p + 36, bytes(8))
+
+
+def test_upstreams_records_after_dledgers_open_as_unverified(tmp_path: Path) -> None:
+    """A store that went from dledger back to upstream: upstream's records (CRC fields 0)
+    follow dledger's verified ones. They open, counted unverified, past a checkpoint too
+    (they are not a torn tail), and the chain starts again from 0 after them."""
+    d = tmp_path / "s"
+    s = open_store(d)
+    s.append_as_leader([body(i) for i in range(100)], 1)
+    s.flush()
+    s.write_checkpoint()  # trusts entry 99
+    s.append_as_leader([body(i) for i in range(100, 150)], 2)
+    pos = [s.get(i).pos for i in range(150)]
+    s.close()
+    import json
+
+    ck = json.loads((d / "checkpoint").read_text())
+    ck["trusted"] = None  # as if the last checkpoint predates upstream's records
+    (d / "checkpoint").write_text(json.dumps(ck))
+    _zero_crcs(d, pos[100:])
+    s = open_store(d)
+    try:
+        assert s.end_index == 149 and s.unverified == 50
+        assert [s.get(i).body for i in range(150)] == [body(i) for i in range(150)]
+        s.append_as_leader([b"after"], 2)  # dledger's next record chains from 0
+        assert s.get(150).body == b"after"
+    finally:
+        s.close()
+    s = open_store(d)
+    try:
+        assert s.get(150).body == b"after"
+    finally:
+        s.close()
+
+
+def test_a_reset_store_without_its_checkpoint_begins_at_its_first_record(tmp_path: Path) -> None:
+    """An InstallSnapshot reset puts the log's begin inside a data file, zeros before it; with
+    the checkpoint lost the begin is found past the zeros, with the chain its first record
+    says came before (never a refusal suggesting a truncate that drops the whole log)."""
+    d = tmp_path / "s"
+    s = open_store(d)
+    s.append_as_leader([body(i) for i in range(50)], 1)
+    s.flush()
+    first = s.get(30)
+    chain29 = s.chain_at(29)
+    s.close()
+    # what a reset leaves: the log from 30, nothing before it in the file
+    patch(d, 0, bytes(first.pos))
+    (d / "checkpoint").unlink()
+    s = open_store(d)
+    try:
+        assert (s.begin_index, s.end_index) == (30, 49)
+        assert s.begin_chain_crc == chain29
+        assert [s.get(i).body for i in range(30, 50)] == [body(i) for i in range(30, 50)]
+    finally:
+        s.close()
+
+
+def test_a_last_file_closed_by_a_blank_is_a_clean_end(tmp_path: Path) -> None:
+    """Upstream writes the blank that closes a file, then creates the next one: a crash in
+    between leaves the last file ending in a blank record, which is no data after the end."""
+    from dledger.entry import BLANK
+
+    d = tmp_path / "s"
+    pos = written(d, 300)
+    files = sorted((d / "data").iterdir())
+    last = files[-1]
+    start = int(last.name)
+    # keep the records of the last file that precede its final stretch, then close it with a blank
+    cut = max(p for p in pos if p - start < DATA_FILE_SIZE // 2 and p >= start)
+    kept = pos.index(cut)
+    patch(d, cut, BLANK.pack(-1, start + DATA_FILE_SIZE - cut) + bytes(start + DATA_FILE_SIZE - cut - 8))
+    s = open_store(d)
+    try:
+        assert s.end_index == kept - 1
+    finally:
+        s.close()
+
+
+def test_a_refusal_at_the_log_begin_names_no_truncate(tmp_path: Path) -> None:
+    d = tmp_path / "s"
+    written(d)
+    patch(d, 3, b"\x09")  # record 0's magic: unknown
+    msg = refuses(d)
+    assert "dledger store truncate" not in msg and "nothing a truncate would keep" in msg, msg

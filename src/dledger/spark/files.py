@@ -111,10 +111,9 @@ from dledger.spark.schema import (
 from dledger.store.offline import (
     Checkpoint,
     UnreadableFile,
-    derive_begin,
+    derive_begin_of,
     first_gap,
     list_files,
-    read_header,
 )
 from dledger.store.offline import read_checkpoint as _read_checkpoint
 from dledger.store.verdict import judge
@@ -234,8 +233,8 @@ def layout(store_dir: Path, group: str | None = None, member: str | None = None)
     begin = ckpt.begin if ckpt is not None else None
     if begin is None:  # as recovery: the first record of the first file
         first = listed[0] if listed else None
-        begin = derive_begin(lambda off: read_header(first.path, off) if first else None,
-                             first.start if first else 0, first.size if first else 0)
+        begin = derive_begin_of(first.path if first else None, first.start if first else 0,
+                                first.size if first else 0)
     return StoreLayout(
         member=member or store_dir.resolve().name,
         group=group or store_dir.resolve().parent.name,

@@ -354,6 +354,59 @@ def derive_begin(header_at: Callable[[int], tuple[int, ...] | None], start: int,
     return LogBegin(index, -1, start, None)
 
 
+def derive_begin_of(path: Path | None, start: int, size: int) -> LogBegin:
+    """derive_begin for the first data file `path` (None: there is none). A log whose begin
+    was reset inside the file (a snapshot installed, retention) without a checkpoint to say
+    so starts at the first record after the zeros before it: an entry's magic (1-4) is
+    three zero bytes and one more, so the record starts 3 bytes before the first non-zero."""
+    if path is None:
+        return derive_begin(lambda off: None, start, size)
+
+    def header_at(off: int) -> tuple[int, ...] | None:
+        return read_header(path, off) if off >= 0 else None
+
+    begin = derive_begin(header_at, start, size)
+    if begin.index != 0 or begin.pos != start:
+        return begin
+    first = header_at(0)
+    if first is not None and any(first):
+        return begin  # something at offset 0 (a record, or what recovery then reports)
+    nz = first_nonzero(path, size)
+    if nz is None or nz < 3:
+        return begin
+    at = nz - 3
+    moved = derive_begin(lambda off: header_at(at + off), start + at, size - at)
+    found = first_record_index(header_at(at), start + at, size - at) is not None
+    return moved if found and moved.pos == start + at else begin
+
+
+def first_nonzero(path: Path, size: int) -> int | None:
+    """The offset of the first non-zero byte of `path` (within `size`), None when all zero.
+    Holes of a sparse file are skipped (SEEK_DATA)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        off = 0
+        while off < size:
+            try:
+                off = os.lseek(fd, off, os.SEEK_DATA)
+            except OSError:
+                return None  # ENXIO: no data past off
+            if off >= size:
+                return None
+            hole = min(os.lseek(fd, off, os.SEEK_HOLE), size)
+            while off < hole:
+                chunk = os.pread(fd, min(1 << 20, hole - off), off)
+                if not chunk:
+                    return None
+                kept = len(chunk.lstrip(b"\0"))
+                if kept:
+                    return off + len(chunk) - kept
+                off += len(chunk)
+        return None
+    finally:
+        os.close(fd)
+
+
 def chain_before(h: tuple[int, ...]) -> int | None:
     """The chain value `prev` under which the record with header `h` has a valid chain CRC.
 
@@ -398,8 +451,10 @@ __all__ = [
     "as_int",
     "chain_before",
     "derive_begin",
+    "derive_begin_of",
     "file_name",
     "first_gap",
+    "first_nonzero",
     "first_record_index",
     "list_files",
     "member_store_dir",

@@ -28,11 +28,10 @@ from dledger.store.offline import (
     LogBegin,
     StoreFile,
     UnreadableFile,
-    derive_begin,
+    derive_begin_of,
     first_gap,
     list_files,
     read_checkpoint,
-    read_header,
 )
 from dledger.store.recovery import ScanEnd, ScanStart, check_cut, scan_forward
 
@@ -149,8 +148,8 @@ def judge(store_dir: str | Path) -> Verdict:
     begin = ckpt.begin if ckpt is not None else None
     if begin is None:
         first = files[0] if files else None
-        begin = derive_begin(lambda off: read_header(first.path, off) if first else None,
-                             first.start if first else 0, first.size if first else 0)
+        begin = derive_begin_of(first.path if first else None, first.start if first else 0,
+                                first.size if first else 0)
     data = ReadOnlyFiles(files)
     with _Closing(data):
         view = _View(d, data)
@@ -161,7 +160,7 @@ def judge(store_dir: str | Path) -> Verdict:
                           end.reason, where, end.unverified, gap=gap)
         committed = ckpt.committed_index if ckpt is not None else -1
         try:
-            check_cut(store, end, committed, proven=verdict.proven)
+            check_cut(store, end, committed, proven=verdict.proven, begin=begin.index)
         except StoreError as e:
             verdict.refusal = e.message
         else:
