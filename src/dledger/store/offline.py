@@ -380,6 +380,9 @@ def derive_begin_of(path: Path | None, start: int, size: int) -> LogBegin:
     return moved if found and moved.pos == start + at else begin
 
 
+_ZEROS = bytes(1 << 20)
+
+
 def first_nonzero(path: Path, size: int) -> int | None:
     """The offset of the first non-zero byte of `path` (within `size`), None when all zero.
     Holes of a sparse file are skipped (SEEK_DATA)."""
@@ -395,12 +398,11 @@ def first_nonzero(path: Path, size: int) -> int | None:
                 return None
             hole = min(os.lseek(fd, off, os.SEEK_HOLE), size)
             while off < hole:
-                chunk = os.pread(fd, min(1 << 20, hole - off), off)
+                chunk = os.pread(fd, min(len(_ZEROS), hole - off), off)
                 if not chunk:
                     return None
-                kept = len(chunk.lstrip(b"\0"))
-                if kept:
-                    return off + len(chunk) - kept
+                if chunk != _ZEROS[: len(chunk)]:  # memcmp first: zero chunks cost no byte loop
+                    return off + len(chunk) - len(chunk.lstrip(b"\0"))
                 off += len(chunk)
         return None
     finally:
