@@ -10,6 +10,8 @@ import hashlib
 import json
 import logging
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -20,6 +22,7 @@ from dledger.store.base import StoreError
 from dledger.store.file import FileLedgerStore
 from dledger.store.offline import (
     Checkpoint,
+    LayoutError,
     TermFile,
     UnreadableFile,
     member_store_dir,
@@ -111,6 +114,13 @@ def test_currterm_is_read_in_both_forms(tmp_path: Path) -> None:
     (b"currTerm=\\uZZZZ\n", "not Java Properties"),
     (b"\x00garbage", "no currTerm"),
     (b'{"voted_for": "n1"}', "no integer term"),
+    (b"currTerm=9999999999999999999\nvoteLeader=n1\n", "not a term"),  # beyond a Java long
+    (b"currTerm=-7\nvoteLeader=\n", "not a term"),  # upstream's term is never negative
+    (b'{"term": -1}', "not a term"),
+    (b'{"term": 5, "voted_for": 3}', "voted_for is 3"),  # never read as no vote
+    (b'{"term": 5, "voted_for": ["n1"]}', "voted_for is ['n1']"),
+    (b"currTerm=9223372036854775807\nvoteLeader=\n", "dledger store repair-term"),  # beyond the wire's limit
+    (b'{"term": 4611686018427387904}', "dledger store repair-term"),
 ])
 def test_an_unreadable_currterm_stays_a_refusal(tmp_path: Path, text: bytes, why: str) -> None:
     d = written(tmp_path / "s")
@@ -218,6 +228,22 @@ def test_an_upstream_properties_checkpoint_proves_nothing_durable(tmp_path: Path
             read_checkpoint(tmp_path)
     own = read_checkpoint(written(tmp_path / "s"))  # dledger's JSON one is unchanged, and proves what it names
     assert own is not None and own.proves_durable and own.committed_index == -1 and own.trusted is not None
+
+
+def test_a_json_checkpoint_may_say_it_proves_nothing_durable(tmp_path: Path) -> None:
+    """`dledger store import` writes `"proves_durable": false` before it rewrites records in place:
+    recovery must not take bytes past the trusted record for a torn tail then. Absent: true."""
+    d = written(tmp_path / "s")
+    data = json.loads((d / "checkpoint").read_text())
+    assert "proves_durable" not in data
+    for value, proves in ((False, False), (True, True)):
+        (d / "checkpoint").write_text(json.dumps({**data, "proves_durable": value}))
+        ckpt = read_checkpoint(d)
+        assert ckpt is not None and ckpt.proves_durable is proves and ckpt.trusted is not None
+    for bad in (0, "false", None, [False]):
+        (d / "checkpoint").write_text(json.dumps({**data, "proves_durable": bad}))
+        with pytest.raises(UnreadableFile, match="proves_durable is"):
+            read_checkpoint(d)
 
 
 def test_a_store_with_upstreams_checkpoint_opens_with_its_committed_index(tmp_path: Path) -> None:
@@ -382,6 +408,45 @@ def test_upstreams_layout_is_used_only_when_the_directory_holds_no_store(tmp_pat
     assert member_store_dir(base, "n0") == base  # nothing there: a new store in the directory given
     (base / "dledger-n0" / "data").mkdir(parents=True)
     assert member_store_dir(base, "n0") == base / "dledger-n0"
-    assert member_store_dir(base, "n1") == base  # another member's
+    (tmp_path / "own" / "data").mkdir(parents=True)
+    (tmp_path / "own" / "dledger-n1").mkdir()  # no data/ in it: not a store
+    assert member_store_dir(tmp_path / "own", "n0") == tmp_path / "own"  # a store of its own
+
+
+def test_another_members_upstream_store_is_never_shadowed_by_a_new_one(tmp_path: Path) -> None:
+    """A wrong --id beside upstream's dledger-<id>/data would create DIR/data, a new empty store,
+    and from then on the right id would open that one too: refused, nothing created."""
+    base = tmp_path / "store"
+    (base / "dledger-n0" / "data").mkdir(parents=True)
+    with pytest.raises(LayoutError) as e:
+        member_store_dir(base, "n1")
+    assert e.value.code == ResponseCode.UNEXPECTED_ARGUMENT
+    assert "--id n1 wrong" in e.value.message and str(base / "dledger-n0") in e.value.message
+    assert sorted(p.name for p in base.iterdir()) == ["dledger-n0"]
+
+
+def test_both_layouts_in_one_directory_are_refused_naming_both(tmp_path: Path) -> None:
+    base = tmp_path / "store"
+    (base / "dledger-n0" / "data").mkdir(parents=True)
     (base / "data").mkdir()
-    assert member_store_dir(base, "n0") == base  # a store of its own: never switched away from it
+    with pytest.raises(LayoutError) as e:
+        member_store_dir(base, "n0")
+    assert str(base / "data") in e.value.message and str(base / "dledger-n0" / "data") in e.value.message
+    # another id has only dledger's own store here: that one is used
+    assert member_store_dir(base, "n1") == base
+
+
+@pytest.mark.parametrize("layout", ["both", "other id"])
+def test_the_server_refuses_an_ambiguous_layout_and_creates_nothing(tmp_path: Path, layout: str) -> None:
+    base = tmp_path / "store"
+    (base / "dledger-n0" / "data").mkdir(parents=True)
+    if layout == "both":
+        (base / "data").mkdir()
+    before = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*"))
+    self_id = "n0" if layout == "both" else "n1"
+    res = subprocess.run([sys.executable, "-m", "dledger", "server", "--id", self_id, "--peers",
+                          f"{self_id}-127.0.0.1:1", "--store-dir", str(base)],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode != 0
+    assert "Nothing was created" in res.stderr, res.stderr
+    assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) == before
