@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import shutil
 import subprocess
 import sys
@@ -20,6 +21,7 @@ from dledger.codes import ResponseCode
 from dledger.store import admin
 from dledger.store.base import StoreError
 from dledger.store.file import FileLedgerStore
+from dledger.store.mapped_file import check_sizes
 from dledger.store.offline import (
     Checkpoint,
     LayoutError,
@@ -371,6 +373,72 @@ def test_index_files_of_a_size_not_a_multiple_of_32_are_refused(tmp_path: Path) 
     (d / "index" / f"{0:020d}").write_bytes(bytes(100))
     (d / "index" / f"{100:020d}").write_bytes(bytes(100))
     assert "not a positive multiple of 32" in refused(d)
+
+
+@pytest.mark.parametrize(("key", "factor"), [("index_file_size", 2), ("data_file_size", 2), ("data_file_size", 0.5)])
+def test_a_checkpoint_naming_other_sizes_is_refused_before_any_file_is_sized(
+        tmp_path: Path, key: str, factor: float) -> None:
+    """Every size is decided, read-only, before a file is opened: a refusal of the index's
+    must not have extended a data or an index file first."""
+    d = written(tmp_path / "s")
+    ckpt = json.loads((d / "checkpoint").read_text())
+    ckpt[key] = int(ckpt[key] * factor)
+    (d / "checkpoint").write_text(json.dumps(ckpt))
+    msg = refused(d)  # snapshot(): not one byte changed
+    assert f"records files of {ckpt[key]} bytes" in msg and "another store's" in msg, msg
+    assert check_sizes(d) == msg
+
+
+def test_a_missing_data_file_is_named_missing_not_cut_short(tmp_path: Path) -> None:
+    d = written(tmp_path / "s")
+    (d / "checkpoint").unlink()  # as in upstream's stores: the size comes from the files
+    files = sorted((d / "data").iterdir())
+    files[1].unlink()
+    msg = refused(d)
+    assert (f"file {files[1].name} of {d / 'data'} is missing: {files[0].name} ends at {SMALL}, "
+            f"{files[2].name} starts at {2 * SMALL}") in msg, msg
+    assert "cut short" not in msg and "extended" not in msg
+    files[3].unlink()  # two gaps: the first named
+    assert f"file {files[1].name} of" in refused(d)
+
+
+@pytest.mark.parametrize("damage", ["only file 1000 bytes", "middle file longer", "middle file missing"])
+def test_an_index_file_of_the_wrong_size_says_to_delete_the_index(tmp_path: Path, damage: str) -> None:
+    """The index is a cache of the data: its files' sizes never make a member give up its
+    store, and the advice (delete the index files) works."""
+    d = written(tmp_path / "s")
+    (d / "checkpoint").unlink()
+    files = sorted((d / "index").iterdir())
+    if damage == "only file 1000 bytes":
+        for f in files[1:]:
+            f.unlink()
+        os.truncate(files[0], 1000)
+    elif damage == "middle file longer":
+        os.truncate(files[1], UNITS + 32)
+    else:
+        files[1].unlink()
+    msg = refused(d)
+    assert f"delete the files of {d / 'index'}" in msg and "move this member's store away" not in msg, msg
+    assert check_sizes(d) == msg
+    for f in (d / "index").iterdir():
+        f.unlink()
+    s = open_store(d)
+    try:
+        assert s.end_index == N - 1 and [s.get(i).index for i in range(N)] == list(range(N))
+    finally:
+        s.close()
+
+
+def test_check_sizes_says_what_the_member_says(tmp_path: Path) -> None:
+    d = written(tmp_path / "s")
+    assert check_sizes(d) is None
+    assert check_sizes(tmp_path / "none") is None  # no files: a new store
+    files = sorted((d / "data").iterdir())
+    os.truncate(files[-1], 10)  # into records the checkpoint names fsynced
+    assert check_sizes(d) == refused(d)
+    os.truncate(files[-1], SMALL)
+    os.truncate(files[1], SMALL + 1)
+    assert check_sizes(d) == refused(d)
 
 
 @needs_fixture
