@@ -4,6 +4,9 @@ DLedger's MmapFile / MmapFileList: a logical byte space cut into equal files.
 Data and index files both use it. The file size is the store's own when it has files
 (`store_file_size`): a store written with another size (upstream DLedger's, a changed
 configuration) is opened as it is, never resized; the configured size is for new stores.
+Every size and name is checked reading only (`check_store_files`, both lists) before a file
+is opened or extended, so a refusal changes nothing; `check_sizes` gives that refusal to
+`dledger store inspect`, so the tool and the member agree.
 """
 
 from __future__ import annotations
