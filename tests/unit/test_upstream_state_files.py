@@ -429,6 +429,39 @@ def test_an_index_file_of_the_wrong_size_says_to_delete_the_index(tmp_path: Path
         s.close()
 
 
+@pytest.mark.parametrize("short", ["index file", "0-byte last data file"])
+def test_a_short_file_is_extended_only_once_recovery_decided_to_open(tmp_path: Path, short: str) -> None:
+    """A short file a member would extend (a cache, a creation cut short) keeps its size when
+    recovery then refuses: the refusal changes nothing, not even a file's size."""
+    d = written(tmp_path / "s")
+    (d / "checkpoint").unlink()  # nothing proves a torn tail: a bad record mid-log is refused
+    if short == "index file":
+        target = sorted((d / "index").iterdir())[1]
+        os.truncate(target, 100)
+    else:
+        last = sorted((d / "data").iterdir())[-1]
+        target = d / "data" / f"{int(last.name) + SMALL:020d}"
+        target.touch()
+    size = target.stat().st_size
+    mid = sorted((d / "data").iterdir())[1]
+    with open(mid, "r+b") as f:  # a body byte of the file's first record: its CRC fails, records follow
+        f.seek(60)
+        b = f.read(1)
+        f.seek(60)
+        f.write(bytes([b[0] ^ 0xFF]))
+    msg = refused(d)  # snapshot(): every file as it was
+    assert "not a torn tail" in msg and target.stat().st_size == size, msg
+    with open(mid, "r+b") as f:  # repaired: the member opens and extends the short file
+        f.seek(60)
+        f.write(b)
+    s = open_store(d)
+    try:
+        assert s.end_index == N - 1 and [s.get(i).index for i in range(N)] == list(range(N))
+    finally:
+        s.close()
+    assert not target.exists() or target.stat().st_size in (SMALL, UNITS)
+
+
 def test_check_sizes_says_what_the_member_says(tmp_path: Path) -> None:
     d = written(tmp_path / "s")
     assert check_sizes(d) is None

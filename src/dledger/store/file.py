@@ -141,7 +141,9 @@ class FileLedgerStore(LedgerStore):
             self._buf = bytearray(1 << 20)  # encode scratch of append_as_leader
             self._ubuf = bytearray(64 << 10)
             try:
-                recover(self)
+                recover(self)  # a refusal has changed no file, not even a short one's size
+                self.data.extend_short()
+                self.index.extend_short()
                 self._flushed_pos = self.write_pos  # recovery fsynced the data files
                 if self.recovered_corrupt is None or self._trusted_record_fault() is None:
                     self._write_checkpoint_locked()  # else the old one stays: never trust a rotten header

@@ -53,19 +53,41 @@ class MappedFile:
         self.size = size
         flags = os.O_RDWR | (os.O_CREAT if create else 0)
         self.fd = os.open(path, flags, 0o644)
+        self.short = False  # shorter than `size` on disk: read from a copy until `extend`
         try:
             actual = os.fstat(self.fd).st_size
-            if actual != size:
-                if actual > size:  # MappedFileList checked the sizes (store_file_size): only a race gets here
-                    raise StoreError(ResponseCode.DISK_ERROR,
-                                     f"{path} is {actual} bytes, not {size} as the other files of its store")
-                os.ftruncate(self.fd, size)  # new, or short where store_file_size allowed it
-            # read-only: a store into the mapping would raise instead of stalling the machine
-            self.mm = mmap.mmap(self.fd, size, mmap.MAP_SHARED, mmap.PROT_READ)
+            if actual > size:  # MappedFileList checked the sizes (store_file_size): only a race gets here
+                raise StoreError(ResponseCode.DISK_ERROR,
+                                 f"{path} is {actual} bytes, not {size} as the other files of its store")
+            if actual < size and create:
+                os.ftruncate(self.fd, size)  # a new file: created by a write that was decided
+                actual = size
+            if actual < size:
+                # short where store_file_size allowed it: read as extended with zeros, but the
+                # file is extended only at the first write, or when the opener decided
+                # (`extend`): a recovery that refuses has not changed its size
+                self.mm = _copy_of(self.fd, actual, size)
+                self.short = True
+            else:
+                # read-only: a store into the mapping would raise instead of stalling the machine
+                self.mm = mmap.mmap(self.fd, size, mmap.MAP_SHARED, mmap.PROT_READ)
         except BaseException:
             os.close(self.fd)
             raise
         self.closed = False
+
+    def extend(self) -> None:
+        """Give a short file its full size (zeros) and map the file itself."""
+        if not self.short:
+            return
+        try:
+            os.ftruncate(self.fd, self.size)
+        except OSError as e:
+            raise os_error(e, f"extension of {self.path} to {self.size} bytes") from e
+        old, self.mm = self.mm, mmap.mmap(self.fd, self.size, mmap.MAP_SHARED, mmap.PROT_READ)
+        self.short = False
+        with contextlib.suppress(BufferError):  # a reader's view keeps the copy until released
+            old.close()
 
     @property
     def end(self) -> int:
@@ -74,6 +96,7 @@ class MappedFile:
     def write(self, offset: int, data: bytes | bytearray | memoryview) -> None:
         """Write all of `data` at file offset `offset` (page cache; `sync` makes it durable)."""
         n = len(data)
+        self.extend()
         try:
             done = os.pwrite(self.fd, data, offset)
             while done < n:  # a short write: only if interrupted or out of space
@@ -88,11 +111,10 @@ class MappedFile:
     def zero(self, begin: int, end: int, chunk: int = 1 << 20) -> None:
         """Zero file bytes [begin, end), skipping chunks that are already zero."""
         zeros = bytes(min(chunk, max(end - begin, 0)))
-        mm = self.mm
         while begin < end:
             stop = min(begin + chunk, end)
             n = stop - begin
-            if mm[begin:stop] != zeros[:n]:
+            if self.mm[begin:stop] != zeros[:n]:  # self.mm: a write may extend the file and remap it
                 self.write(begin, zeros[:n])
             begin = stop
 
@@ -111,6 +133,20 @@ class MappedFile:
         self.close()
         with contextlib.suppress(FileNotFoundError):
             self.path.unlink()
+
+
+def _copy_of(fd: int, actual: int, size: int, chunk: int = 1 << 20) -> mmap.mmap:
+    """`size` bytes of anonymous memory holding the `actual` bytes of file `fd`, zeros after
+    (untouched pages of an anonymous mapping cost nothing)."""
+    mm = mmap.mmap(-1, size)
+    off = 0
+    while off < actual:
+        data = os.pread(fd, min(chunk, actual - off), off)
+        if not data:
+            break
+        mm[off : off + len(data)] = data
+        off += len(data)
+    return mm
 
 
 def store_file_size(directory: Path, configured: int, unit: int = 1, recorded: int | None = None,
@@ -255,12 +291,17 @@ class MappedFileList:
             for f in list_files(directory):
                 if 0 < f.size < file_size:
                     log.warning("%s is %d bytes, not %d as the store's other files: cut short by a crash or "
-                                "damage in what was never known durable; it is extended with zeros",
+                                "damage in what was never known durable; read as extended with zeros",
                                 f.path, f.size, file_size)
                 self.files.append(MappedFile(f.path, f.start, file_size))
         except BaseException:
             self.close()
             raise
+
+    def extend_short(self) -> None:
+        """Extend the files opened short (MappedFile.extend), once the opener decided to write."""
+        for f in self.files:
+            f.extend()
 
     @property
     def first_start(self) -> int:
