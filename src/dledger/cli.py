@@ -49,7 +49,7 @@ from dledger.entry import MAGIC_NOOP, MAGIC_NORMAL, MAGIC_SESSION
 from dledger.health import DEFAULT_MAX_LAG, assess, is_down
 from dledger.local_cluster import busy_ports, local_certs, local_cluster
 from dledger.runtime.client import Metadata
-from dledger.store.offline import member_store_dir
+from dledger.store.offline import LayoutError, member_store_dir
 
 log = logging.getLogger(__name__)
 
@@ -127,7 +127,10 @@ def server(config_file: str | None, group: str | None, self_id: str | None, peer
     if "store_dir" not in data:
         data["store_dir"] = str(Path("data") / str(data.get("group", "default")) / str(data["self_id"]))
     given = Path(str(data["store_dir"]))
-    member_dir = member_store_dir(given, str(data["self_id"]))
+    try:
+        member_dir = member_store_dir(given, str(data["self_id"]))
+    except LayoutError as e:
+        raise UserError(e.message) from None
     if member_dir != given:  # upstream DLedger's <storeBaseDir>/dledger-<selfId>/
         log.warning("%s holds no data/ but %s does (upstream DLedger's layout): using it", given, member_dir)
         data["store_dir"] = str(member_dir)

@@ -9,7 +9,10 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -18,8 +21,10 @@ from dledger.codes import ResponseCode
 from dledger.store import admin
 from dledger.store.base import StoreError
 from dledger.store.file import FileLedgerStore
+from dledger.store.mapped_file import check_sizes
 from dledger.store.offline import (
     Checkpoint,
+    LayoutError,
     TermFile,
     UnreadableFile,
     member_store_dir,
@@ -111,6 +116,13 @@ def test_currterm_is_read_in_both_forms(tmp_path: Path) -> None:
     (b"currTerm=\\uZZZZ\n", "not Java Properties"),
     (b"\x00garbage", "no currTerm"),
     (b'{"voted_for": "n1"}', "no integer term"),
+    (b"currTerm=9999999999999999999\nvoteLeader=n1\n", "not a term"),  # beyond a Java long
+    (b"currTerm=-7\nvoteLeader=\n", "not a term"),  # upstream's term is never negative
+    (b'{"term": -1}', "not a term"),
+    (b'{"term": 5, "voted_for": 3}', "voted_for is 3"),  # never read as no vote
+    (b'{"term": 5, "voted_for": ["n1"]}', "voted_for is ['n1']"),
+    (b"currTerm=9223372036854775807\nvoteLeader=\n", "dledger store repair-term"),  # beyond the wire's limit
+    (b'{"term": 4611686018427387904}', "dledger store repair-term"),
 ])
 def test_an_unreadable_currterm_stays_a_refusal(tmp_path: Path, text: bytes, why: str) -> None:
     d = written(tmp_path / "s")
@@ -218,6 +230,22 @@ def test_an_upstream_properties_checkpoint_proves_nothing_durable(tmp_path: Path
             read_checkpoint(tmp_path)
     own = read_checkpoint(written(tmp_path / "s"))  # dledger's JSON one is unchanged, and proves what it names
     assert own is not None and own.proves_durable and own.committed_index == -1 and own.trusted is not None
+
+
+def test_a_json_checkpoint_may_say_it_proves_nothing_durable(tmp_path: Path) -> None:
+    """`dledger store import` writes `"proves_durable": false` before it rewrites records in place:
+    recovery must not take bytes past the trusted record for a torn tail then. Absent: true."""
+    d = written(tmp_path / "s")
+    data = json.loads((d / "checkpoint").read_text())
+    assert "proves_durable" not in data
+    for value, proves in ((False, False), (True, True)):
+        (d / "checkpoint").write_text(json.dumps({**data, "proves_durable": value}))
+        ckpt = read_checkpoint(d)
+        assert ckpt is not None and ckpt.proves_durable is proves and ckpt.trusted is not None
+    for bad in (0, "false", None, [False]):
+        (d / "checkpoint").write_text(json.dumps({**data, "proves_durable": bad}))
+        with pytest.raises(UnreadableFile, match="proves_durable is"):
+            read_checkpoint(d)
 
 
 def test_a_store_with_upstreams_checkpoint_opens_with_its_committed_index(tmp_path: Path) -> None:
@@ -347,6 +375,105 @@ def test_index_files_of_a_size_not_a_multiple_of_32_are_refused(tmp_path: Path) 
     assert "not a positive multiple of 32" in refused(d)
 
 
+@pytest.mark.parametrize(("key", "factor"), [("index_file_size", 2), ("data_file_size", 2), ("data_file_size", 0.5)])
+def test_a_checkpoint_naming_other_sizes_is_refused_before_any_file_is_sized(
+        tmp_path: Path, key: str, factor: float) -> None:
+    """Every size is decided, read-only, before a file is opened: a refusal of the index's
+    must not have extended a data or an index file first."""
+    d = written(tmp_path / "s")
+    ckpt = json.loads((d / "checkpoint").read_text())
+    ckpt[key] = int(ckpt[key] * factor)
+    (d / "checkpoint").write_text(json.dumps(ckpt))
+    msg = refused(d)  # snapshot(): not one byte changed
+    assert f"records files of {ckpt[key]} bytes" in msg and "another store's" in msg, msg
+    assert check_sizes(d) == msg
+
+
+def test_a_missing_data_file_is_named_missing_not_cut_short(tmp_path: Path) -> None:
+    d = written(tmp_path / "s")
+    (d / "checkpoint").unlink()  # as in upstream's stores: the size comes from the files
+    files = sorted((d / "data").iterdir())
+    files[1].unlink()
+    msg = refused(d)
+    assert (f"file {files[1].name} of {d / 'data'} is missing: {files[0].name} ends at {SMALL}, "
+            f"{files[2].name} starts at {2 * SMALL}") in msg, msg
+    assert "cut short" not in msg and "extended" not in msg
+    files[3].unlink()  # two gaps: the first named
+    assert f"file {files[1].name} of" in refused(d)
+
+
+@pytest.mark.parametrize("damage", ["only file 1000 bytes", "middle file longer", "middle file missing"])
+def test_an_index_file_of_the_wrong_size_says_to_delete_the_index(tmp_path: Path, damage: str) -> None:
+    """The index is a cache of the data: its files' sizes never make a member give up its
+    store, and the advice (delete the index files) works."""
+    d = written(tmp_path / "s")
+    (d / "checkpoint").unlink()
+    files = sorted((d / "index").iterdir())
+    if damage == "only file 1000 bytes":
+        for f in files[1:]:
+            f.unlink()
+        os.truncate(files[0], 1000)
+    elif damage == "middle file longer":
+        os.truncate(files[1], UNITS + 32)
+    else:
+        files[1].unlink()
+    msg = refused(d)
+    assert f"delete the files of {d / 'index'}" in msg and "move this member's store away" not in msg, msg
+    assert check_sizes(d) == msg
+    for f in (d / "index").iterdir():
+        f.unlink()
+    s = open_store(d)
+    try:
+        assert s.end_index == N - 1 and [s.get(i).index for i in range(N)] == list(range(N))
+    finally:
+        s.close()
+
+
+@pytest.mark.parametrize("short", ["index file", "0-byte last data file"])
+def test_a_short_file_is_extended_only_once_recovery_decided_to_open(tmp_path: Path, short: str) -> None:
+    """A short file a member would extend (a cache, a creation cut short) keeps its size when
+    recovery then refuses: the refusal changes nothing, not even a file's size."""
+    d = written(tmp_path / "s")
+    (d / "checkpoint").unlink()  # nothing proves a torn tail: a bad record mid-log is refused
+    if short == "index file":
+        target = sorted((d / "index").iterdir())[1]
+        os.truncate(target, 100)
+    else:
+        last = sorted((d / "data").iterdir())[-1]
+        target = d / "data" / f"{int(last.name) + SMALL:020d}"
+        target.touch()
+    size = target.stat().st_size
+    mid = sorted((d / "data").iterdir())[1]
+    with open(mid, "r+b") as f:  # a body byte of the file's first record: its CRC fails, records follow
+        f.seek(60)
+        b = f.read(1)
+        f.seek(60)
+        f.write(bytes([b[0] ^ 0xFF]))
+    msg = refused(d)  # snapshot(): every file as it was
+    assert "not a torn tail" in msg and target.stat().st_size == size, msg
+    with open(mid, "r+b") as f:  # repaired: the member opens and extends the short file
+        f.seek(60)
+        f.write(b)
+    s = open_store(d)
+    try:
+        assert s.end_index == N - 1 and [s.get(i).index for i in range(N)] == list(range(N))
+    finally:
+        s.close()
+    assert not target.exists() or target.stat().st_size in (SMALL, UNITS)
+
+
+def test_check_sizes_says_what_the_member_says(tmp_path: Path) -> None:
+    d = written(tmp_path / "s")
+    assert check_sizes(d) is None
+    assert check_sizes(tmp_path / "none") is None  # no files: a new store
+    files = sorted((d / "data").iterdir())
+    os.truncate(files[-1], 10)  # into records the checkpoint names fsynced
+    assert check_sizes(d) == refused(d)
+    os.truncate(files[-1], SMALL)
+    os.truncate(files[1], SMALL + 1)
+    assert check_sizes(d) == refused(d)
+
+
 @needs_fixture
 def test_upstreams_store_opens_with_its_64k_and_32k_files_and_every_entry_as_upstream_read_it(
         tmp_path: Path) -> None:
@@ -382,6 +509,45 @@ def test_upstreams_layout_is_used_only_when_the_directory_holds_no_store(tmp_pat
     assert member_store_dir(base, "n0") == base  # nothing there: a new store in the directory given
     (base / "dledger-n0" / "data").mkdir(parents=True)
     assert member_store_dir(base, "n0") == base / "dledger-n0"
-    assert member_store_dir(base, "n1") == base  # another member's
+    (tmp_path / "own" / "data").mkdir(parents=True)
+    (tmp_path / "own" / "dledger-n1").mkdir()  # no data/ in it: not a store
+    assert member_store_dir(tmp_path / "own", "n0") == tmp_path / "own"  # a store of its own
+
+
+def test_another_members_upstream_store_is_never_shadowed_by_a_new_one(tmp_path: Path) -> None:
+    """A wrong --id beside upstream's dledger-<id>/data would create DIR/data, a new empty store,
+    and from then on the right id would open that one too: refused, nothing created."""
+    base = tmp_path / "store"
+    (base / "dledger-n0" / "data").mkdir(parents=True)
+    with pytest.raises(LayoutError) as e:
+        member_store_dir(base, "n1")
+    assert e.value.code == ResponseCode.UNEXPECTED_ARGUMENT
+    assert "--id n1 wrong" in e.value.message and str(base / "dledger-n0") in e.value.message
+    assert sorted(p.name for p in base.iterdir()) == ["dledger-n0"]
+
+
+def test_both_layouts_in_one_directory_are_refused_naming_both(tmp_path: Path) -> None:
+    base = tmp_path / "store"
+    (base / "dledger-n0" / "data").mkdir(parents=True)
     (base / "data").mkdir()
-    assert member_store_dir(base, "n0") == base  # a store of its own: never switched away from it
+    with pytest.raises(LayoutError) as e:
+        member_store_dir(base, "n0")
+    assert str(base / "data") in e.value.message and str(base / "dledger-n0" / "data") in e.value.message
+    # another id has only dledger's own store here: that one is used
+    assert member_store_dir(base, "n1") == base
+
+
+@pytest.mark.parametrize("layout", ["both", "other id"])
+def test_the_server_refuses_an_ambiguous_layout_and_creates_nothing(tmp_path: Path, layout: str) -> None:
+    base = tmp_path / "store"
+    (base / "dledger-n0" / "data").mkdir(parents=True)
+    if layout == "both":
+        (base / "data").mkdir()
+    before = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*"))
+    self_id = "n0" if layout == "both" else "n1"
+    res = subprocess.run([sys.executable, "-m", "dledger", "server", "--id", self_id, "--peers",
+                          f"{self_id}-127.0.0.1:1", "--store-dir", str(base)],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode != 0
+    assert "Nothing was created" in res.stderr, res.stderr
+    assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) == before

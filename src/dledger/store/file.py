@@ -61,15 +61,13 @@ from dledger.store.base import (
 from dledger.store.checkpoint import write_atomic, write_currterm
 from dledger.store.flusher import FlushService
 from dledger.store.lock import StoreDirLock
-from dledger.store.mapped_file import MappedFile, MappedFileList
+from dledger.store.mapped_file import DATA, INDEX, MappedFile, MappedFileList, check_store_files
 from dledger.store.offline import (
     CURRTERM,
     Checkpoint,
-    StoreFile,
     UnreadableFile,
     read_checkpoint,
     read_currterm,
-    read_header,
 )
 from dledger.store.recovery import rebuild_units, recover
 from dledger.store.retention import Candidate, Plan, disk_usage_ratio, plan_deletions
@@ -113,13 +111,12 @@ class FileLedgerStore(LedgerStore):
             # the sizes are the store's own when it has files (a store upstream DLedger or an
             # older configuration wrote); the configured ones are for new files of a new store
             ckpt = _checkpoint_or_none(self.dir)
-            self.data = MappedFileList(self.dir / "data", data_file_size,
-                                       recorded=ckpt.data_file_size if ckpt else None,
-                                       may_extend=lambda f: _lost_bytes_unsynced(f, ckpt))
+            # both lists checked, read-only, before either is opened: a refusal changes nothing
+            data_file_size, index_file_size = check_store_files(self.dir, ckpt, data_file_size, index_file_size)
+            self.data = MappedFileList(self.dir / DATA, data_file_size, checked=True)
             try:
                 # a cache of the record headers: a short index file is extended, its units rebuilt
-                self.index = MappedFileList(self.dir / "index", index_file_size, INDEX_UNIT_SIZE,
-                                            recorded=ckpt.index_file_size if ckpt else None, may_extend=lambda f: True)
+                self.index = MappedFileList(self.dir / INDEX, index_file_size, INDEX_UNIT_SIZE, checked=True)
             except BaseException:
                 self.data.close()
                 raise
@@ -144,7 +141,9 @@ class FileLedgerStore(LedgerStore):
             self._buf = bytearray(1 << 20)  # encode scratch of append_as_leader
             self._ubuf = bytearray(64 << 10)
             try:
-                recover(self)
+                recover(self)  # a refusal has changed no file, not even a short one's size
+                self.data.extend_short()
+                self.index.extend_short()
                 self._flushed_pos = self.write_pos  # recovery fsynced the data files
                 if self.recovered_corrupt is None or self._trusted_record_fault() is None:
                     self._write_checkpoint_locked()  # else the old one stays: never trust a rotten header
@@ -836,26 +835,6 @@ def _checkpoint_or_none(store_dir: Path) -> Checkpoint | None:
         return read_checkpoint(store_dir)
     except UnreadableFile:
         return None
-
-
-def _lost_bytes_unsynced(last: StoreFile, ckpt: Checkpoint | None) -> bool:
-    """Whether the bytes a last data file shorter than the others lacks were never known
-    fsynced: dledger's own checkpoint names the store's file size (so the file is dledger's,
-    created full size and cut by a crash or damage) and its last fsynced record ends within
-    what the file still holds. Extending it with zeros then loses nothing recovery trusts."""
-    if ckpt is None or not ckpt.proves_durable or ckpt.data_file_size is None:
-        return False
-    if ckpt.trusted is None:
-        durable_end = ckpt.begin.pos if ckpt.begin is not None else 0
-    else:
-        pos = ckpt.trusted.pos
-        if pos < last.start:
-            return True
-        h = read_header(last.path, pos - last.start)
-        if h is None or h[4] != pos or h[1] < HEADER_SIZE:
-            return False
-        durable_end = pos + int(h[1])
-    return last.start + last.size >= durable_end
 
 
 def _mtime(f: MappedFile) -> float:

@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from dledger.codes import ResponseCode
+from dledger.core.messages import LIMIT
 from dledger.entry import BLANK_SIZE, ENTRY_MAGICS, HEADER, HEADER_SIZE, MAGIC_BLANK, header_fault, unverified
 from dledger.store.base import StoreError
 from dledger.store.properties import PropertiesError, parse_properties
@@ -248,7 +249,12 @@ def read_checkpoint(store_dir: Path) -> Checkpoint | None:
     elif t is not None:
         raise UnreadableFile(path, f"trusted is {t!r}, not an object")
     sizes = (_field(path, data, k) if k in data else None for k in ("data_file_size", "index_file_size"))
-    return Checkpoint(_field(path, data, "committed_index", -1), begin, trusted, True, *sizes)
+    # false while a rewrite of the records (`dledger store import`) may have left bytes past the
+    # trusted record that no fsync covered; absent in every checkpoint a member writes: true
+    durable = data.get("proves_durable", True)
+    if not isinstance(durable, bool):
+        raise UnreadableFile(path, f"proves_durable is {durable!r}, not true or false")
+    return Checkpoint(_field(path, data, "committed_index", -1), begin, trusted, durable, *sizes)
 
 
 @dataclass(frozen=True, slots=True)
@@ -293,24 +299,80 @@ def _read_term_file(path: Path) -> TermFile | None:
         term = _prop_int(path, props, "currTerm")
         if term is None:
             raise UnreadableFile(path, "no currTerm in it (neither JSON nor upstream DLedger's Properties form)")
-        return TermFile(term, props.get("voteLeader") or None)
+        return TermFile(_check_term(path, term), props.get("voteLeader") or None)
     data = _read_object(path, raw)
     assert data is not None
     term = as_int(data.get("term"))
     if term is None:
         raise UnreadableFile(path, "no integer term in it")
     voted = data.get("voted_for")
-    return TermFile(term, voted if isinstance(voted, str) else None)
+    if voted is not None and not isinstance(voted, str):  # never read as "no vote": that could vote twice
+        raise UnreadableFile(path, f"voted_for is {voted!r}, not a member id or null")
+    return TermFile(_check_term(path, term), voted or None)
+
+
+JAVA_LONG_MAX = (1 << 63) - 1
+
+
+def _check_term(path: Path, term: int) -> int:
+    """`term` when a member can run in it. Upstream DLedger's term is a Java long, never
+    negative: beyond that the file is damaged (upstream's Long.parseLong fails too). A term at
+    dledger's wire limit or above is readable but unusable: no message or record can carry it."""
+    if term < 0 or term > JAVA_LONG_MAX:
+        raise UnreadableFile(path, f"term {term} is not a term (0 to 2**63-1)")
+    if term >= LIMIT:
+        raise UnreadableFile(
+            path, f"term {term} is at or beyond dledger's limit 2**62-1, so no message or record could carry it: "
+            f"run `dledger store repair-term --store-dir {path.parent}` to set it to the last entry's term")
+    return term
+
+
+class LayoutError(StoreError):
+    """The directory given to a member is ambiguous between dledger's layout and upstream
+    DLedger's (UNEXPECTED_ARGUMENT): nothing is created, the user says which store is meant."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(ResponseCode.UNEXPECTED_ARGUMENT, message)
 
 
 def member_store_dir(store_dir: Path, self_id: str) -> Path:
     """Where member `self_id` keeps its store when given `store_dir`: `store_dir` itself, or
     upstream DLedger's layout, `<storeBaseDir>/dledger-<selfId>/`, when `store_dir` holds no
-    `data/` but `dledger-<selfId>/data/` is in it."""
+    `data/` but `dledger-<selfId>/data/` is in it. Read-only.
+
+    LayoutError (nothing created) when the choice would hide a store: both `data/` and
+    `dledger-<selfId>/data/` exist (which one is this member's?), or `store_dir` holds no
+    `data/` but another member's `dledger-<id>/data/` (a new empty store beside it would
+    start, likely under a wrong `--id`, and later shadow the upstream one)."""
+    own = store_dir / "data"
     upstream = store_dir / f"dledger-{self_id}"
-    if not (store_dir / "data").is_dir() and (upstream / "data").is_dir():
+    if (upstream / "data").is_dir():
+        if own.is_dir():
+            raise LayoutError(
+                f"{store_dir} holds two stores: {own} (dledger's layout) and {upstream / 'data'} (upstream "
+                f"DLedger's, of member {self_id}): give the one this member uses as --store-dir "
+                f"({store_dir} or {upstream}) after moving the other away. Nothing was created")
         return upstream
+    if not own.is_dir():
+        others = sorted(p.name for p in _upstream_member_dirs(store_dir))
+        if others:
+            ids = ", ".join(name.removeprefix("dledger-") for name in others)
+            raise LayoutError(
+                f"{store_dir} holds no data/ and no dledger-{self_id}/, but upstream DLedger's store of "
+                f"member {ids} ({', '.join(str(store_dir / n) for n in others)}): is --id {self_id} wrong? "
+                f"Start with the id whose store it is, or give this member a --store-dir of its own. "
+                "Nothing was created")
     return store_dir
+
+
+def _upstream_member_dirs(store_dir: Path) -> list[Path]:
+    """The `dledger-<id>/` directories of `store_dir` that hold a `data/` (upstream's layout)."""
+    try:
+        entries = list(os.scandir(store_dir))
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    return [Path(e.path) for e in entries
+            if e.name.startswith("dledger-") and e.is_dir() and (Path(e.path) / "data").is_dir()]
 
 
 # --- record headers ---------------------------------------------------------------------------
@@ -445,6 +507,7 @@ __all__ = [
     "CURRTERM_LEFTOVERS",
     "NAME",
     "Checkpoint",
+    "LayoutError",
     "LogBegin",
     "StoreFile",
     "TermFile",
