@@ -162,7 +162,8 @@ class DLedgerConfig:
     self_id: str = "n0"  # this member's id: one of the ids in peers
     peers: str = "n0-127.0.0.1:20911"  # every member: id-host:port ([v6]:port), ";" between (clients connect there too)
     # this member's store directory (data/, index/, checkpoint, ...); `dledger server` uses
-    # <store_dir>/dledger-<self_id>/ (upstream DLedger's layout) when only that holds a data/
+    # <store_dir>/dledger-<self_id>/ (upstream DLedger's layout) when only that holds a data/,
+    # and refuses a directory holding both, or only another member's dledger-<id>/data/
     store_dir: str = "./data/default/n0"
     store_type: str = "file"  # file | memory (nothing survives a restart; tests and benchmarks)
     flush: str = "async"  # async: acknowledged in the page cache of a majority; sync: fsynced on a majority
