@@ -631,6 +631,20 @@ def store_truncate(store_dir: str, from_index: int, force: bool, output: str) ->
     emit_record(result, output, f"truncated store {store_dir}")
 
 
+@store.command("repair-checkpoint")
+@click.option("--store-dir", required=True, help="The member's store directory (the member must be stopped).")
+@output_option("json")
+def store_repair_checkpoint(store_dir: str, output: str) -> None:
+    """Move aside a checkpoint a member refuses to start on (unreadable, or claiming a committed
+    index beyond the data) to checkpoint.unreadable-<time>, writing none; print what moved.
+
+    Nothing is deleted. The member then opens as on a store without a checkpoint.
+    """
+    from dledger.store.tools import repair_checkpoint
+
+    emit_record(repair_checkpoint(store_dir), output, f"repaired store {store_dir}")
+
+
 @store.command("import")
 @click.option("--store-dir", required=True, help="The member's store directory (the member must be stopped).")
 @output_option("json")

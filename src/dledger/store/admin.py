@@ -50,6 +50,12 @@ class CurrTerm:
     problem: str  # "" or why `term` is None though the file exists
 
 
+def repair_checkpoint_hint(d: Path | str) -> str:
+    """What to run on a checkpoint a member refuses to start on (every such refusal names it)."""
+    return (f"run `dledger store repair-checkpoint --store-dir {d}` to move it aside (nothing is deleted); "
+            "the member then opens as on a store without one")
+
+
 def check_store_dir(store_dir: Path) -> None:
     if not store_dir.is_dir() or not (store_dir / "data").is_dir():
         raise StoreError(ResponseCode.UNEXPECTED_ARGUMENT,
@@ -77,7 +83,7 @@ def read_log_end(store_dir: Path) -> LogEnd:
     v = judge(store_dir)
     problems = []
     if v.checkpoint_problem:
-        problems.append(f"{v.checkpoint_problem}: a member refuses to start on it")
+        problems.append(f"{v.checkpoint_problem}: a member refuses to start on it; {repair_checkpoint_hint(store_dir)}")
     if v.gap:
         problems.append(f"{v.gap}: a member refuses to start on it")
     if v.refusal:
@@ -108,8 +114,9 @@ def inspect(store_dir: str | Path) -> dict[str, object]:
     if log_end.last_term >= LIMIT:
         problems.append(f"the last entry's term {log_end.last_term} is beyond the limit 2**62-1")
     if log_end.committed_index > log_end.end_index:
-        problems.append(f"the log ends at index {log_end.end_index}, before the committed index "
-                        f"{log_end.committed_index}: committed entries are missing")
+        problems.append(f"the checkpoint claims committed index {log_end.committed_index}, more than the data holds "
+                        f"(records through {log_end.end_index}): committed entries are missing or the checkpoint "
+                        f"is wrong; {repair_checkpoint_hint(d)}")
     return {
         "store_dir": str(d),
         "term": ct.term,
@@ -162,4 +169,5 @@ def repair_term(store_dir: str | Path, term: int | None = None) -> dict[str, obj
     }
 
 
-__all__ = ["CurrTerm", "LogEnd", "check_store_dir", "inspect", "read_currterm_view", "read_log_end", "repair_term"]
+__all__ = ["CurrTerm", "LogEnd", "check_store_dir", "inspect", "read_currterm_view", "read_log_end",
+           "repair_checkpoint_hint", "repair_term"]

@@ -158,7 +158,7 @@ def _trusted_start(store: RecoverableStore, ckpt: Checkpoint | None, begin_chain
     try:
         f = store.data.locate(pos)
     except StoreError as e:
-        raise StoreError(ResponseCode.DISK_ERROR, f"{where} is missing: {e.message}") from e
+        raise StoreError(ResponseCode.DISK_ERROR, f"{where} is missing: {e.message}{_lost(store, ckpt, index)}") from e
     try:
         entry = decode_entry(f.mm, pos - f.start)
         if (entry.index, entry.term, entry.pos, entry.chain_crc) == (index, term, pos, chain):
@@ -172,9 +172,17 @@ def _trusted_start(store: RecoverableStore, ckpt: Checkpoint | None, begin_chain
     if u is not None and (u[1], u[4]) == (pos, term) and pos - f.start + u[2] <= f.size:
         size = u[2]
     if size is None:
-        raise StoreError(ResponseCode.DISK_ERROR, f"{where} in {f.path} {reason}")
+        raise StoreError(ResponseCode.DISK_ERROR, f"{where} in {f.path} {reason}{_lost(store, ckpt, index)}")
     _note_rotten(store, index, f"{where} in {f.path} {reason}")
     return ScanStart(index + 1, pos + size, chain, term, pos)
+
+
+def _lost(store: RecoverableStore, ckpt: Checkpoint | None, index: int) -> str:
+    """What to run when the checkpoint's durable record is lost beyond repair: a truncate from
+    it rewrites the checkpoint to trust at most the record before it."""
+    force = " --force" if ckpt is not None and index <= ckpt.committed_index else ""
+    return (f". Nothing was changed. To keep the records before {index} (the member then fetches the rest "
+            f"from the leader), run `dledger store truncate --store-dir {store.dir} --from-index {index}{force}`")
 
 
 @dataclass(slots=True)

@@ -8,8 +8,10 @@ rule of docs/format.md, "Recovery") over read-only mappings of the data files. R
 write phase (cutting, rebuilding index units) never runs here.
 
 The scan starts at the log begin (the checkpoint's, else derived from the first record, as
-recovery derives it), not at the checkpoint's trusted record: a rotten trusted record is
-then reported where the scan meets it rather than skipped.
+recovery derives it, with the chain CRC before it solved from that record: offline.chain_before),
+not at the checkpoint's trusted record: a rotten trusted record is then reported where the
+scan meets it rather than skipped. The trusted record is also checked as recovery checks it
+(`recovery._trusted_start`): one lost beyond repair makes a member refuse, and so the verdict.
 """
 
 from __future__ import annotations
@@ -28,12 +30,14 @@ from dledger.store.offline import (
     LogBegin,
     StoreFile,
     UnreadableFile,
+    chain_before,
     derive_begin_of,
     first_gap,
     list_files,
     read_checkpoint,
+    read_header,
 )
-from dledger.store.recovery import ScanEnd, ScanStart, check_cut, scan_forward
+from dledger.store.recovery import ScanEnd, ScanStart, _trusted_start, check_cut, scan_forward
 
 
 class ReadOnlyFile:
@@ -89,10 +93,15 @@ class ReadOnlyFiles:
 
 @dataclass
 class _View:
-    """Enough of a RecoverableStore for `scan_forward` and `check_cut`."""
+    """Enough of a RecoverableStore for `scan_forward`, `check_cut` and `_trusted_start`."""
 
     dir: Path
     data: ReadOnlyFiles
+    index: ReadOnlyFiles
+    begin_index: int
+    begin_term: int
+    begin_pos: int
+    recovered_corrupt: tuple[int, str] | None = None
 
 
 @dataclass
@@ -119,6 +128,8 @@ class Verdict:
     refusal: str = ""
     cut: str = ""
     gap: str = ""  # a data file missing or of another size than its neighbours' spacing
+    trusted_problem: str = ""  # the checkpoint's durable record lost beyond repair: the member refuses
+    end_extent: int = 0  # where the record that failed ends, as far as its header tells (= end_pos if none)
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -146,23 +157,34 @@ def judge(store_dir: str | Path) -> Verdict:
         gap = f"{g[1].path} does not follow {g[0].path} (a data file is missing or has another size)"
         files = files[: files.index(g[0]) + 1]  # recovery refuses such a directory; scan what is contiguous
     begin = ckpt.begin if ckpt is not None else None
+    first = files[0] if files else None
     if begin is None:
-        first = files[0] if files else None
         begin = derive_begin_of(first.path if first else None, first.start if first else 0,
                                 first.size if first else 0)
+    if begin.chain_crc is None and first is not None and first.start <= begin.pos < first.end:
+        # the record before the begin is gone: the chain before it is the one its first record follows
+        h = read_header(first.path, begin.pos - first.start)
+        chain = chain_before(h) if h is not None else None
+        if chain is not None:
+            begin = LogBegin(begin.index, begin.term, begin.pos, chain)
     data = ReadOnlyFiles(files)
-    with _Closing(data):
-        view = _View(d, data)
-        store = cast(Any, view)  # recovery's steps read only `dir` and `data` of the store
+    index = ReadOnlyFiles([f for f in list_files(d / "index") if f.size])
+    with _Closing(data), _Closing(index):
+        view = _View(d, data, index, begin.index, begin.term, begin.pos)
+        store = cast(Any, view)  # recovery's steps read only these attributes of the store
         end: ScanEnd = scan_forward(store, ScanStart(begin.index, begin.pos, begin.chain_crc, begin.term))
         where = _where(data, end.pos)
         verdict = Verdict(d, files, ckpt, ckpt_problem, begin, end.index, end.pos, end.chain, end.term,
-                          end.reason, where, end.unverified, gap=gap)
+                          end.reason, where, end.unverified, gap=gap, end_extent=end.extent)
         committed = ckpt.committed_index if ckpt is not None else -1
+        try:
+            _trusted_start(store, ckpt, begin.chain_crc)
+        except StoreError as e:
+            verdict.trusted_problem = verdict.refusal = e.message
         try:
             check_cut(store, end, committed, proven=verdict.proven, begin=begin.index)
         except StoreError as e:
-            verdict.refusal = e.message
+            verdict.refusal = verdict.refusal or e.message
         else:
             if end.reason:
                 verdict.cut = f"record {end.index} at {where} fails its check ({end.reason}): " + (
