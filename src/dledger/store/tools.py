@@ -224,6 +224,7 @@ def _record_at(v: Verdict, index: int) -> tuple[int, int, int, int]:
 
 
 _NONZERO = re.compile(rb"[^\x00]")
+_RESYNC_TRIES = 1 << 16  # byte offsets tried per data file to find a record again past damage
 
 
 def _records_past_damage(v: Verdict) -> int:
@@ -240,18 +241,22 @@ def _records_past_damage(v: Verdict) -> int:
             if f.end <= v.end_pos:
                 continue
             off = max(v.end_extent, f.start) - f.start
-            while off + HEADER_SIZE <= f.size:
+            tries = _RESYNC_TRIES
+            while off + HEADER_SIZE <= f.size and tries > 0:
                 m = _NONZERO.search(f.mm, off)
                 if m is None:
                     break
                 at = max(off, m.start() - 3)  # a magic is a small big-endian int: its first bytes are 0
                 h = HEADER.unpack_from(f.mm, at) if at + HEADER_SIZE <= f.size else None
+                # a record names its own position: garbage that happens to parse almost never does
                 chain = chain_before(h) if h is not None and h[4] == f.start + at else None
-                if h is None or chain is None:
-                    break  # not a record: the rest of this file cannot be told apart from damage
-                res = scan(f.mm, at, f.size, int(h[2]), f.start + at, chain, int(h[3]))
+                res = scan(f.mm, at, f.size, int(h[2]), f.start + at, chain, int(h[3])) if h and chain is not None \
+                    else None
+                if res is None or res.count == 0:
+                    off, tries = m.start() + 1, tries - 1  # the body of a damaged record: look further
+                    continue
                 found += res.count
-                if res.count == 0 or res.stop in ("blank", "end"):
+                if res.stop in ("blank", "end"):
                     break
                 off = at + res.consumed
     finally:
