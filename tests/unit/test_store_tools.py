@@ -695,3 +695,28 @@ def test_a_properties_checkpoint_claiming_more_than_the_data_names_repair_checkp
         assert [row(s.get(i)) for i in range(402)] == expected()
     finally:
         s.close()
+
+
+@pytest.mark.parametrize("case", ["last_data_file_short", "recorded_index_size", "recorded_data_size",
+                                  "index_not_a_multiple"])
+def test_inspect_refuses_file_sizes_exactly_as_the_member_does(tmp_path: Path, case: str) -> None:
+    d = tmp_path / "s"
+    s = FileLedgerStore(d, data_file_size=4096, index_file_size=320, retention_check_interval_ms=3_600_000)
+    s.append_as_leader([b"z" * 100] * 60, 1)
+    s.close()
+    ckpt = json.loads((d / "checkpoint").read_text())
+    last = sorted((d / "data").iterdir())[-1]
+    if case == "last_data_file_short":
+        (d / "checkpoint").unlink()  # nothing proves the lost bytes were never durable
+        os.truncate(last, 1000)
+    elif case == "recorded_index_size":
+        (d / "checkpoint").write_text(json.dumps(ckpt | {"index_file_size": 640}))
+    elif case == "recorded_data_size":
+        (d / "checkpoint").write_text(json.dumps(ckpt | {"data_file_size": 8192}))
+    else:
+        os.truncate(d / "index" / ("0" * 20), 1000)
+    out = inspect(d)
+    with pytest.raises(StoreError) as e:
+        FileLedgerStore(d, data_file_size=4096, index_file_size=320, retention_check_interval_ms=3_600_000)
+    assert out["member_starts"] is False
+    assert any(e.value.message in str(p) for p in out["problems"]), (e.value.message, out)  # type: ignore[attr-defined]

@@ -24,7 +24,10 @@ from types import TracebackType
 from typing import Any, cast
 
 from dledger.codes import ResponseCode
+from dledger.entry import INDEX_UNIT_SIZE
 from dledger.store.base import StoreError
+from dledger.store.file import _lost_bytes_unsynced
+from dledger.store.mapped_file import store_file_size
 from dledger.store.offline import (
     Checkpoint,
     LogBegin,
@@ -150,6 +153,7 @@ def judge(store_dir: str | Path) -> Verdict:
         ckpt = read_checkpoint(d)
     except UnreadableFile as e:
         ckpt, ckpt_problem = None, e.message
+    sizes = _size_problem(d, ckpt)
     files = list_files(d / "data")
     gap = ""
     g = first_gap(files)
@@ -177,10 +181,12 @@ def judge(store_dir: str | Path) -> Verdict:
         verdict = Verdict(d, files, ckpt, ckpt_problem, begin, end.index, end.pos, end.chain, end.term,
                           end.reason, where, end.unverified, gap=gap, end_extent=end.extent)
         committed = ckpt.committed_index if ckpt is not None else -1
+        verdict.refusal = sizes
         try:
             _trusted_start(store, ckpt, begin.chain_crc)
         except StoreError as e:
-            verdict.trusted_problem = verdict.refusal = e.message
+            verdict.trusted_problem = e.message
+            verdict.refusal = verdict.refusal or e.message
         try:
             check_cut(store, end, committed, proven=verdict.proven, begin=begin.index)
         except StoreError as e:
@@ -191,6 +197,25 @@ def judge(store_dir: str | Path) -> Verdict:
                     "past the checkpoint's durable record, recovery cuts it as a torn tail" if verdict.proven
                     else "the last record, cut short: recovery drops it")
     return verdict
+
+
+def _size_problem(d: Path, ckpt: Checkpoint | None) -> str:
+    """Why a member refuses the sizes of the data or index files, in the member's words
+    (FileLedgerStore opens them through `store_file_size` with these arguments); "" when it
+    takes them. Read-only: the configured size only matters for a store without files."""
+    try:
+        sizes = {d / "data": store_file_size(d / "data", 1 << 30, 1, ckpt.data_file_size if ckpt else None,
+                                             lambda f: _lost_bytes_unsynced(f, ckpt)),
+                 d / "index": store_file_size(d / "index", INDEX_UNIT_SIZE, INDEX_UNIT_SIZE,
+                                              ckpt.index_file_size if ckpt else None, lambda f: True)}
+    except StoreError as e:
+        return e.message
+    for directory, size in sizes.items():  # MappedFileList's own check, in its words
+        for f in list_files(directory):
+            if f.start % size:
+                return (f"{f.path} does not start at a multiple of the file size {size}: was the store written "
+                        "with another file size?")
+    return ""
 
 
 def _where(data: ReadOnlyFiles, pos: int) -> str:
