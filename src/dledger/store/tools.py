@@ -1,4 +1,4 @@
-"""Offline tools that change a stopped member's store: `dledger store truncate|import|export`.
+"""Offline tools that change a stopped member's store: `dledger store truncate|import|export|repair-checkpoint`.
 
 Each takes the store's lock (store/lock.py: never under a running member), judges the log
 first as recovery would (store/verdict.py) and writes in an order after which a crash at
