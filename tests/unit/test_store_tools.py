@@ -720,3 +720,7 @@ def test_inspect_refuses_file_sizes_exactly_as_the_member_does(tmp_path: Path, c
         FileLedgerStore(d, data_file_size=4096, index_file_size=320, retention_check_interval_ms=3_600_000)
     assert out["member_starts"] is False
     assert any(e.value.message in str(p) for p in out["problems"]), (e.value.message, out)  # type: ignore[attr-defined]
+    before = snapshot(d)
+    with pytest.raises(StoreError) as t:
+        tools.truncate(d, 5, force=True)  # it would not change the sizes the member refuses
+    assert e.value.message in t.value.message and snapshot(d) == before

@@ -100,6 +100,9 @@ def _judged(d: Path, what: str) -> Verdict:
                       f"{repair_checkpoint_hint(d)}.")
     if v.gap:
         raise _refuse(f"{v.gap}. Nothing was changed.")
+    if v.size_problem:  # a truncate or import would not change the files' sizes
+        raise _refuse(v.size_problem if "Nothing was changed" in v.size_problem
+                      else f"{v.size_problem}. Nothing was changed.")
     return v
 
 

@@ -132,6 +132,7 @@ class Verdict:
     cut: str = ""
     gap: str = ""  # a data file missing or of another size than its neighbours' spacing
     trusted_problem: str = ""  # the checkpoint's durable record lost beyond repair: the member refuses
+    size_problem: str = ""  # data or index files of sizes the member refuses (store_file_size)
     end_extent: int = 0  # where the record that failed ends, as far as its header tells (= end_pos if none)
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -181,7 +182,7 @@ def judge(store_dir: str | Path) -> Verdict:
         verdict = Verdict(d, files, ckpt, ckpt_problem, begin, end.index, end.pos, end.chain, end.term,
                           end.reason, where, end.unverified, gap=gap, end_extent=end.extent)
         committed = ckpt.committed_index if ckpt is not None else -1
-        verdict.refusal = sizes
+        verdict.refusal = verdict.size_problem = sizes
         try:
             _trusted_start(store, ckpt, begin.chain_crc)
         except StoreError as e:
