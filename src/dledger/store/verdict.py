@@ -24,10 +24,8 @@ from types import TracebackType
 from typing import Any, cast
 
 from dledger.codes import ResponseCode
-from dledger.entry import INDEX_UNIT_SIZE
 from dledger.store.base import StoreError
-from dledger.store.file import _lost_bytes_unsynced
-from dledger.store.mapped_file import store_file_size
+from dledger.store.mapped_file import check_sizes
 from dledger.store.offline import (
     Checkpoint,
     LogBegin,
@@ -154,7 +152,7 @@ def judge(store_dir: str | Path) -> Verdict:
         ckpt = read_checkpoint(d)
     except UnreadableFile as e:
         ckpt, ckpt_problem = None, e.message
-    sizes = _size_problem(d, ckpt)
+    sizes = _size_problem(d)
     files = list_files(d / "data")
     gap = ""
     g = first_gap(files)
@@ -200,23 +198,10 @@ def judge(store_dir: str | Path) -> Verdict:
     return verdict
 
 
-def _size_problem(d: Path, ckpt: Checkpoint | None) -> str:
-    """Why a member refuses the sizes of the data or index files, in the member's words
-    (FileLedgerStore opens them through `store_file_size` with these arguments); "" when it
-    takes them. Read-only: the configured size only matters for a store without files."""
-    try:
-        sizes = {d / "data": store_file_size(d / "data", 1 << 30, 1, ckpt.data_file_size if ckpt else None,
-                                             lambda f: _lost_bytes_unsynced(f, ckpt)),
-                 d / "index": store_file_size(d / "index", INDEX_UNIT_SIZE, INDEX_UNIT_SIZE,
-                                              ckpt.index_file_size if ckpt else None, lambda f: True)}
-    except StoreError as e:
-        return e.message
-    for directory, size in sizes.items():  # MappedFileList's own check, in its words
-        for f in list_files(directory):
-            if f.start % size:
-                return (f"{f.path} does not start at a multiple of the file size {size}: was the store written "
-                        "with another file size?")
-    return ""
+def _size_problem(d: Path) -> str:
+    """Why a member refuses the sizes or names of the data or index files, in the member's
+    words (mapped_file.check_sizes, the member's own read-only check); "" when it takes them."""
+    return check_sizes(d) or ""
 
 
 def _where(data: ReadOnlyFiles, pos: int) -> str:
