@@ -724,3 +724,32 @@ def test_inspect_refuses_file_sizes_exactly_as_the_member_does(tmp_path: Path, c
     with pytest.raises(StoreError) as t:
         tools.truncate(d, 5, force=True)  # it would not change the sizes the member refuses
     assert e.value.message in t.value.message and snapshot(d) == before
+
+
+def test_import_fills_upstreams_records_appended_after_dledgers(tmp_path: Path) -> None:
+    """dledger wrote 0..9 (CRCs filled), then upstream DLedger appended 10..19 (CRC fields 0),
+    as after a round trip: import fills the later run, each chained from the record before."""
+    from dledger.entry import encode_entry
+
+    d = tmp_path / "s"
+    s = FileLedgerStore(d, data_file_size=DATA_FILE_SIZE, index_file_size=INDEX_FILE_SIZE,
+                        retention_check_interval_ms=3_600_000)
+    s.append_as_leader([b"dledger-%d" % i for i in range(10)], 1)
+    pos = s.pos_of_next()
+    s.close()
+    for i in range(10, 20):
+        rec = bytearray(encode_entry(b"upstream-%d" % i, i, 2, pos))
+        rec[36:44] = bytes(8)  # upstream leaves both CRC fields 0
+        patch(d, pos, bytes(rec))
+        pos += len(rec)
+    assert inspect(d)["unverified"] == 10 and inspect(d)["member_starts"] is True
+    assert tools.import_store(d)["filled"] == 10
+    out = inspect(d)
+    assert out["unverified"] == 0 and out["end_index"] == 19 and out["member_starts"] is True
+    s = open_store(d)
+    try:
+        assert s.unverified == 0
+        assert [s.get(i).body for i in range(20)] == [b"dledger-%d" % i for i in range(10)] + [
+            b"upstream-%d" % i for i in range(10, 20)]
+    finally:
+        s.close()
