@@ -410,7 +410,7 @@ def import_store(store_dir: str | Path) -> dict[str, object]:
     d = Path(store_dir)
     check_store_dir(d)
     lock = StoreDirLock(d)
-    swapped = False
+    swapped = unproven = False
     stage = d / IMPORT_DIR
     try:
         _check_import_layout(d)
@@ -428,6 +428,7 @@ def import_store(store_dir: str | Path) -> dict[str, object]:
         # the checkpoint during the swap proves nothing durable: it holds for the old data and the
         # new, and a crash before the last checkpoint leaves nothing recovery would cut as torn
         _write_checkpoint(d, v, min(v.committed_index, v.end_index - 1), None, proves_durable=False)
+        unproven = True
         stage.mkdir()
         listed = {f.path.name for f in v.files}
         for e in os.scandir(d / "data"):  # everything of data/ goes over: the store's files, filled
@@ -458,8 +459,10 @@ def import_store(store_dir: str | Path) -> dict[str, object]:
         if swapped:
             state = ("data/ holds the filled records, but the checkpoint does not yet name what is durable "
                      "(a member opens the store strictly: nothing past the log begin is cut as torn)")
-        else:
+        elif unproven:
             state = "data/ was not changed (the checkpoint now names no durable record until an import finishes)"
+        else:
+            state = "data/ was not changed"
         raise _refuse(f"import of {d}: {e.strerror or e}; {state}; free what is needed and run it again") from e
     finally:
         if not swapped or stage.exists():
