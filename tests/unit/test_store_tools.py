@@ -753,3 +753,24 @@ def test_import_fills_upstreams_records_appended_after_dledgers(tmp_path: Path) 
             b"upstream-%d" % i for i in range(10, 20)]
     finally:
         s.close()
+
+
+def test_inspect_agrees_with_the_member_on_a_rotten_durable_record(tmp_path: Path) -> None:
+    """The checkpoint's durable record rotted in its body, its header intact: the member keeps
+    it (and repairs it from the leader's copy) and reads on past it; inspect says the same
+    instead of calling it a torn tail to cut."""
+    d = tmp_path / "s"
+    s = FileLedgerStore(d, data_file_size=4096, index_file_size=320, retention_check_interval_ms=3_600_000)
+    s.save_term(1, None)
+    s.append_as_leader([b"r" * 100] * 20, 1)
+    s.close()
+    t = json.loads((d / "checkpoint").read_text())["trusted"]
+    patch(d, t["pos"] + HEADER_SIZE + 5, b"\xee", 4096)
+    out = inspect(d)
+    s = open_store(d)
+    try:
+        assert s.recovered_corrupt is not None and s.recovered_corrupt[0] == t["index"]
+        assert out["member_starts"] is True and out["end_index"] == s.end_index == t["index"]
+        assert any(f"record {t['index']} rotted" in str(p) for p in out["problems"])  # type: ignore[attr-defined]
+    finally:
+        s.close()

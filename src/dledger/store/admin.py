@@ -86,6 +86,8 @@ def read_log_end(store_dir: Path) -> LogEnd:
         problems.append(f"{v.checkpoint_problem}: a member refuses to start on it; {repair_checkpoint_hint(store_dir)}")
     if v.gap:
         problems.append(f"{v.gap}: a member refuses to start on it")
+    if v.rotten:
+        problems.append(v.rotten)
     if v.refusal:
         problems.append(f"a member refuses to start on this store: {v.refusal}")
     elif v.cut:

@@ -9,9 +9,11 @@ write phase (cutting, rebuilding index units) never runs here.
 
 The scan starts at the log begin (the checkpoint's, else derived from the first record, as
 recovery derives it, with the chain CRC before it solved from that record: offline.chain_before),
-not at the checkpoint's trusted record: a rotten trusted record is then reported where the
-scan meets it rather than skipped. The trusted record is also checked as recovery checks it
-(`recovery._trusted_start`): one lost beyond repair makes a member refuse, and so the verdict.
+not at the checkpoint's trusted record, so damage before it is seen. The trusted record is
+checked as recovery checks it (`recovery._trusted_start`): one lost beyond repair makes a
+member refuse, and so the verdict; one that rotted where its extent is certain is reported,
+and the scan goes on past it as the member's does. The file sizes are the member's own check
+(`mapped_file.check_sizes`).
 """
 
 from __future__ import annotations
@@ -131,6 +133,7 @@ class Verdict:
     gap: str = ""  # a data file missing or of another size than its neighbours' spacing
     trusted_problem: str = ""  # the checkpoint's durable record lost beyond repair: the member refuses
     size_problem: str = ""  # data or index files of sizes the member refuses (store_file_size)
+    rotten: str = ""  # a durable record whose extent is certain but which rotted: the member keeps it, repairs it
     end_extent: int = 0  # where the record that failed ends, as far as its header tells (= end_pos if none)
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -176,16 +179,26 @@ def judge(store_dir: str | Path) -> Verdict:
         view = _View(d, data, index, begin.index, begin.term, begin.pos)
         store = cast(Any, view)  # recovery's steps read only these attributes of the store
         end: ScanEnd = scan_forward(store, ScanStart(begin.index, begin.pos, begin.chain_crc, begin.term))
+        committed = ckpt.committed_index if ckpt is not None else -1
+        trusted_problem, rotten = "", ""
+        try:
+            start = _trusted_start(store, ckpt, begin.chain_crc)
+        except StoreError as e:
+            trusted_problem = e.message
+        else:
+            bad = view.recovered_corrupt
+            if bad is not None:
+                rotten = f"record {bad[0]} rotted ({bad[1]}): a member keeps it and repairs it from the leader's copy"
+                if end.index == bad[0]:  # the scan stopped at it: go on past it, as the member does
+                    seen = end.unverified
+                    end = scan_forward(store, start)
+                    end.unverified += seen
         where = _where(data, end.pos)
         verdict = Verdict(d, files, ckpt, ckpt_problem, begin, end.index, end.pos, end.chain, end.term,
-                          end.reason, where, end.unverified, gap=gap, end_extent=end.extent)
-        committed = ckpt.committed_index if ckpt is not None else -1
+                          end.reason, where, end.unverified, gap=gap, end_extent=end.extent,
+                          trusted_problem=trusted_problem, rotten=rotten)
         verdict.refusal = verdict.size_problem = sizes
-        try:
-            _trusted_start(store, ckpt, begin.chain_crc)
-        except StoreError as e:
-            verdict.trusted_problem = e.message
-            verdict.refusal = verdict.refusal or e.message
+        verdict.refusal = verdict.refusal or trusted_problem
         try:
             check_cut(store, end, committed, proven=verdict.proven, begin=begin.index)
         except StoreError as e:
