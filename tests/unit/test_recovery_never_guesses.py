@@ -283,3 +283,21 @@ def test_a_refusal_at_the_log_begin_names_no_truncate(tmp_path: Path) -> None:
     patch(d, 3, b"\x09")  # record 0's magic: unknown
     msg = refuses(d)
     assert "dledger store truncate" not in msg and "nothing a truncate would keep" in msg, msg
+
+
+def test_a_checkpoint_claiming_more_than_the_data_names_repair_checkpoint(tmp_path: Path) -> None:
+    """Upstream's older Properties checkpoint says committedIndex=500 of a log that ends
+    cleanly at 299: the checkpoint (or the data) is not this store's; the way out is named."""
+    d = tmp_path / "s"
+    written(d)
+    (d / "checkpoint").write_text("endIndex=500\ncommittedIndex=500\n")
+    msg = refuses(d)
+    assert "ends cleanly at 299" in msg and "dledger store repair-checkpoint" in msg, msg
+
+
+def test_an_unreadable_checkpoint_names_repair_checkpoint(tmp_path: Path) -> None:
+    d = tmp_path / "s"
+    written(d)
+    (d / "checkpoint").write_text("{not json")
+    msg = refuses(d)
+    assert "dledger store repair-checkpoint" in msg, msg

@@ -25,7 +25,7 @@ from dledger.core.messages import LIMIT
 from dledger.store.base import StoreError
 from dledger.store.checkpoint import write_currterm
 from dledger.store.lock import StoreDirLock
-from dledger.store.offline import CURRTERM, UnreadableFile, read_currterm
+from dledger.store.offline import CURRTERM, UnreadableFile, read_currterm, repair_checkpoint_hint
 from dledger.store.verdict import judge
 
 
@@ -48,12 +48,6 @@ class CurrTerm:
     term: int | None  # None: missing or unreadable
     voted_for: str | None
     problem: str  # "" or why `term` is None though the file exists
-
-
-def repair_checkpoint_hint(d: Path | str) -> str:
-    """What to run on a checkpoint a member refuses to start on (every such refusal names it)."""
-    return (f"run `dledger store repair-checkpoint --store-dir {d}` to move it aside (nothing is deleted); "
-            "the member then opens as on a store without one")
 
 
 def check_store_dir(store_dir: Path) -> None:
@@ -83,7 +77,7 @@ def read_log_end(store_dir: Path) -> LogEnd:
     v = judge(store_dir)
     problems = []
     if v.checkpoint_problem:
-        problems.append(f"{v.checkpoint_problem}: a member refuses to start on it; {repair_checkpoint_hint(store_dir)}")
+        problems.append(f"a member refuses to start on it: {v.checkpoint_problem}")  # its message names the way out
     if v.gap:
         problems.append(f"{v.gap}: a member refuses to start on it")
     if v.rotten:

@@ -217,10 +217,25 @@ class Checkpoint:
 _BEGIN_KEYS = ("begin_index", "begin_term", "begin_pos", "begin_chain_crc")
 
 
-def read_checkpoint(store_dir: Path) -> Checkpoint | None:
-    """The store's checkpoint; None when there is none; UnreadableFile when it is damaged.
+def repair_checkpoint_hint(d: Path | str) -> str:
+    """What to run on a checkpoint a member refuses to start on (every such refusal names it)."""
+    return (f"run `dledger store repair-checkpoint --store-dir {d}` to move it aside (nothing is deleted); "
+            "the member then opens as on a store without one")
 
-    The log begin is taken only whole (all four fields), as recovery always did; a missing
+
+def read_checkpoint(store_dir: Path) -> Checkpoint | None:
+    """The store's checkpoint; None when there is none; UnreadableFile when it is damaged,
+    its message naming the way out (repair_checkpoint_hint)."""
+    try:
+        return _read_checkpoint(store_dir)
+    except UnreadableFile as e:
+        if "repair-checkpoint" in e.why:
+            raise
+        raise UnreadableFile(e.path, f"{e.why}; {repair_checkpoint_hint(store_dir)}") from e
+
+
+def _read_checkpoint(store_dir: Path) -> Checkpoint | None:
+    """The log begin is taken only whole (all four fields), as recovery always did; a missing
     `trusted` or a null one is none; any field present with a value of the wrong type makes
     the whole file unreadable rather than defaulted."""
     path = store_dir / CHECKPOINT

@@ -45,7 +45,14 @@ from dledger.entry import (
 )
 from dledger.store.base import CorruptEntryError, StoreError
 from dledger.store.mapped_file import MappedFile, MappedFileList
-from dledger.store.offline import Checkpoint, chain_before, derive_begin_of, first_record_index, read_checkpoint
+from dledger.store.offline import (
+    Checkpoint,
+    chain_before,
+    derive_begin_of,
+    first_record_index,
+    read_checkpoint,
+    repair_checkpoint_hint,
+)
 
 log = logging.getLogger(__name__)
 
@@ -284,6 +291,14 @@ def check_cut(store: RecoverableStore, end: ScanEnd, committed: int, proven: boo
     rule). Never inside the committed log."""
     where = _where(store, end.pos)
     if end.index <= committed:
+        if not end.reason and _last_nonzero(store, end.pos) <= max(end.pos, end.clean_to):
+            # a clean end below the committed index: the checkpoint claims more than the data holds
+            raise StoreError(
+                ResponseCode.DISK_ERROR,
+                f"the checkpoint says entries through {committed} are committed, but the log ends cleanly at "
+                f"{end.index - 1} ({where}): the data or the checkpoint is not this store's. Nothing was "
+                f"changed. If the data is right, {repair_checkpoint_hint(store.dir)}",
+            )
         raise StoreError(
             ResponseCode.DISK_ERROR,
             f"corrupt record in the committed log at {where}: {end.reason or 'missing'}; "

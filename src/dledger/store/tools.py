@@ -59,7 +59,7 @@ from dledger.entry import (
     scan,
 )
 from dledger.fsutil import fsync_path
-from dledger.store.admin import check_store_dir, repair_checkpoint_hint
+from dledger.store.admin import check_store_dir
 from dledger.store.base import StoreError
 from dledger.store.checkpoint import write_atomic, write_currterm
 from dledger.store.lock import StoreDirLock
@@ -96,8 +96,8 @@ def _judged(d: Path, what: str) -> Verdict:
     open it for a reason the tool cannot settle."""
     v = judge(d)
     if v.checkpoint_problem:
-        raise _refuse(f"{v.checkpoint_problem}: {what} needs the committed index it holds. Nothing was changed; "
-                      f"{repair_checkpoint_hint(d)}.")
+        raise _refuse(f"{what} needs the committed index the checkpoint holds. Nothing was changed. "
+                      f"{v.checkpoint_problem}")  # which names the way out
     if v.gap:
         raise _refuse(f"{v.gap}. Nothing was changed.")
     if v.size_problem:  # a truncate or import would not change the files' sizes
