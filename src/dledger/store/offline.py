@@ -34,6 +34,7 @@ lists (store/mapped_file.py) for the names of their files.
 
 from __future__ import annotations
 
+import errno
 import itertools
 import json
 import logging
@@ -41,7 +42,7 @@ import os
 import re
 import struct
 import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -457,28 +458,38 @@ def derive_begin_of(path: Path | None, start: int, size: int) -> LogBegin:
     return moved if found and moved.pos == start + at else begin
 
 
-_ZEROS = bytes(1 << 20)
+ZEROS = bytes(1 << 20)  # what a chunk of a preallocated file holds: compared with memcmp, not a byte loop
+
+
+def data_extents(fd: int, lo: int, size: int) -> Iterator[tuple[int, int]]:
+    """The [start, end) ranges of file `fd` from `lo` that hold data: the holes of a sparse
+    (preallocated) file are skipped (SEEK_DATA / SEEK_HOLE)."""
+    off = lo
+    while off < size:
+        try:
+            a = os.lseek(fd, off, os.SEEK_DATA)
+        except OSError as e:
+            if e.errno == errno.ENXIO:  # no data past off
+                return
+            raise
+        if a >= size:
+            return
+        b = min(os.lseek(fd, a, os.SEEK_HOLE), size)
+        yield a, b
+        off = b
 
 
 def first_nonzero(path: Path, size: int) -> int | None:
-    """The offset of the first non-zero byte of `path` (within `size`), None when all zero.
-    Holes of a sparse file are skipped (SEEK_DATA)."""
+    """The offset of the first non-zero byte of `path` (within `size`), None when all zero."""
     fd = os.open(path, os.O_RDONLY)
     try:
-        off = 0
-        while off < size:
-            try:
-                off = os.lseek(fd, off, os.SEEK_DATA)
-            except OSError:
-                return None  # ENXIO: no data past off
-            if off >= size:
-                return None
-            hole = min(os.lseek(fd, off, os.SEEK_HOLE), size)
-            while off < hole:
-                chunk = os.pread(fd, min(len(_ZEROS), hole - off), off)
+        for a, b in data_extents(fd, 0, size):
+            off = a
+            while off < b:
+                chunk = os.pread(fd, min(len(ZEROS), b - off), off)
                 if not chunk:
                     return None
-                if chunk != _ZEROS[: len(chunk)]:  # memcmp first: zero chunks cost no byte loop
+                if chunk != ZEROS[: len(chunk)]:
                     return off + len(chunk) - len(chunk.lstrip(b"\0"))
                 off += len(chunk)
         return None
@@ -530,6 +541,7 @@ __all__ = [
     "UnreadableFile",
     "as_int",
     "chain_before",
+    "data_extents",
     "derive_begin",
     "derive_begin_of",
     "file_name",

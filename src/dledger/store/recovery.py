@@ -20,10 +20,7 @@
 
 from __future__ import annotations
 
-import errno
 import logging
-import os
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -46,8 +43,10 @@ from dledger.entry import (
 from dledger.store.base import CorruptEntryError, StoreError
 from dledger.store.mapped_file import MappedFile, MappedFileList
 from dledger.store.offline import (
+    ZEROS,
     Checkpoint,
     chain_before,
+    data_extents,
     derive_begin_of,
     first_record_index,
     read_checkpoint,
@@ -361,36 +360,15 @@ def _last_nonzero(store: RecoverableStore, pos: int) -> int:
         if f.end <= pos:
             break
         lo = max(pos, f.start) - f.start
-        for a, b in reversed(list(_data_extents(f.fd, lo, f.size))):
+        for a, b in reversed(list(data_extents(f.fd, lo, f.size))):
             hi = b
             while hi > a:
-                n = min(_CHUNK, hi - a)
+                n = min(len(ZEROS), hi - a)
                 chunk = f.mm[hi - n : hi]
-                if chunk != _ZEROS[:n]:  # memcmp: a zero chunk (the common case) costs no byte loop
+                if chunk != ZEROS[:n]:  # memcmp: a zero chunk (the common case) costs no byte loop
                     return int(f.start + hi - n + len(chunk.rstrip(b"\0")))
                 hi -= n
     return pos
-
-
-_CHUNK = 1 << 20
-_ZEROS = bytes(_CHUNK)
-
-
-def _data_extents(fd: int, lo: int, size: int) -> Iterator[tuple[int, int]]:
-    """The [start, end) ranges of file `fd` from `lo` that hold data (not holes)."""
-    off = lo
-    while off < size:
-        try:
-            a = os.lseek(fd, off, os.SEEK_DATA)
-        except OSError as e:
-            if e.errno == errno.ENXIO:  # no data past off
-                return
-            raise
-        if a >= size:
-            return
-        b = min(os.lseek(fd, a, os.SEEK_HOLE), size)
-        yield a, b
-        off = b
 
 
 def _cut(store: RecoverableStore, end: ScanEnd) -> None:

@@ -67,6 +67,7 @@ from dledger.store.offline import (
     CHECKPOINT,
     UnreadableFile,
     chain_before,
+    data_extents,
     file_name,
     list_files,
     read_checkpoint,
@@ -144,30 +145,13 @@ def _write_checkpoint(d: Path, v: Verdict, committed: int, trusted: dict[str, in
     write_atomic(d / CHECKPOINT, state)
 
 
-def _extents(fd: int, lo: int, size: int) -> Iterator[tuple[int, int]]:
-    """The [start, end) ranges of file `fd` from `lo` that hold data (holes skipped)."""
-    off = lo
-    while off < size:
-        try:
-            a = os.lseek(fd, off, os.SEEK_DATA)
-        except OSError as e:
-            if e.errno == errno.ENXIO:
-                return
-            raise
-        if a >= size:
-            return
-        b = min(os.lseek(fd, a, os.SEEK_HOLE), size)
-        yield a, b
-        off = b
-
-
 def _zero_from(path: Path, lo: int) -> None:
     """Zero `path` from byte `lo` to its end (only where it holds data) and fsync it."""
     fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
     try:
         size = os.fstat(fd).st_size
         zeros = bytes(1 << 20)
-        for a, b in list(_extents(fd, lo, size)):
+        for a, b in list(data_extents(fd, lo, size)):
             while a < b:
                 n = min(len(zeros), b - a)
                 os.pwrite(fd, zeros[:n], a)
@@ -377,7 +361,7 @@ def _copy_sparse(src: Path, dst: Path) -> None:
         fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
         try:
             os.ftruncate(fd, size)
-            for a, b in list(_extents(fi.fileno(), 0, size)):
+            for a, b in list(data_extents(fi.fileno(), 0, size)):
                 while a < b:
                     chunk = os.pread(fi.fileno(), min(8 << 20, b - a), a)
                     os.pwrite(fd, chunk, a)
