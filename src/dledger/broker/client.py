@@ -3,10 +3,19 @@
 The master comes from the controllers (replica info); a send refused before it was written
 (SERVICE_NOT_AVAILABLE: not the master, fenced, lease expired) or that never left this
 process is retried at the master the controllers name next, until the timeout. A send that
-may have been written (FLUSH_SLAVE_TIMEOUT, a connection lost mid-request) is not retried:
-the caller decides (at-least-once if it resends). Reads return confirmed records only, from
-the master or, when it is unreachable, any replica. Offsets of reads are queue offsets: the
-record's index in the broker set's log (a send's `offset` is its byte position).
+may have been written (FLUSH_SLAVE_TIMEOUT, a connection lost mid-request, no answer) is not
+retried: the caller decides (at-least-once if it resends), and the error says the outcome
+is unknown. Reads return confirmed records only, from the master or, when it does not
+answer, any replica. Offsets of reads are queue offsets: the record's index in the broker
+set's log (a send's `offset` is its byte position).
+
+A master that does not answer (a hung process whose kernel still accepts connections) is
+left as DLedgerClient leaves a hung leader: while a request waits at the master the client
+asks the controllers about once a second who is master, and stops waiting once they name
+another master or a higher master epoch; a master that did not answer (a timeout, a
+connection lost mid-request) is forgotten, so the next call asks the controllers first,
+and is suspect for a few seconds: while the controllers still name it, it gets a cheap
+probe (runtime info) before any send, so a hung master costs a send at most once.
 """
 
 from __future__ import annotations
@@ -15,7 +24,7 @@ import asyncio
 import time
 from collections.abc import AsyncGenerator, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from dledger.broker import messages as bm
 from dledger.broker.config import split_address
@@ -30,7 +39,11 @@ from dledger.security.tls import TlsConfig, client_context
 
 T = TypeVar("T")
 RETRY_S = 0.05
+WATCH_S = 1.0  # how often a request waiting at the master asks the controllers whether it still is
+SUSPECT_S = 5.0  # a master that did not answer gets a probe before a send, until it answers or this ends
+PROBE_S = 1.0  # a suspect master's probe (runtime info: changes nothing)
 _RETRY = frozenset((ResponseCode.SERVICE_NOT_AVAILABLE,))
+_UNANSWERED = frozenset((ResponseCode.TIMEOUT, ResponseCode.NETWORK_ERROR))  # the transport's: no answer
 
 
 @dataclass(frozen=True)
@@ -57,7 +70,9 @@ class AsyncBrokerClient:
         self._transport = TransportClient(backoff_max_s=0.5, ssl=client_context(tls) if tls else None,
                                           server_check=expect_role(AccessRole.BROKER, broker))
         self._master: str | None = None  # client address
+        self._epoch = 0  # the master epoch the controllers named with it
         self._replicas: list[str] = []
+        self._suspects: dict[str, float] = {}  # address -> monotonic time its suspicion ends
 
     async def close(self) -> None:
         await self._transport.close()
@@ -78,7 +93,75 @@ class AsyncBrokerClient:
             if resp.code == RC.CONTROLLER_BROKER_METADATA_NOT_EXIST:
                 raise DLedgerError(ResponseCode.UNEXPECTED_ARGUMENT, f"no broker set named {self.broker!r}")
             self._master = split_address(resp.master_address)[0] if resp.master_address else None
+            self._epoch = resp.master_epoch or 0
         return self._master
+
+    def _forget(self, address: str) -> None:
+        """`address` did not answer: the next call asks the controllers first, and probes it
+        before sending while they still name it."""
+        if self._master == address:
+            self._master = None
+        self._suspects[address] = time.monotonic() + SUSPECT_S
+
+    def _is_suspect(self, address: str) -> bool:
+        until = self._suspects.get(address)
+        if until is not None and until <= time.monotonic():
+            del self._suspects[address]  # expired: a resumed master is used again
+            return False
+        return until is not None
+
+    async def _answers(self, address: str, timeout: float) -> bool:
+        """Whether a suspect replica answers a request that changes nothing (it clears the suspicion)."""
+        msg = Message(int(RequestCode.GET_BROKER_RUNTIME_INFO), bm.encode(bm.RuntimeInfoRequest()))
+        try:
+            await self._transport.request(address, msg, timeout)
+        except DLedgerError:
+            return False
+        self._suspects.pop(address, None)
+        return True
+
+    async def _deposed(self, address: str, epoch: int) -> bool:
+        """Whether the controllers now name another master than `address` (at `epoch`), or a
+        higher master epoch. No answer, or no master named (an election under way): not yet."""
+        try:
+            resp = await self.controllers.get_replica_info(self.broker)
+        except DLedgerError:
+            return False
+        named = split_address(resp.master_address)[0] if resp.master_address else None
+        if named is None:
+            return False
+        new_epoch = resp.master_epoch or 0
+        if named == address and new_epoch <= epoch:
+            return False
+        self._master, self._epoch = named, new_epoch
+        return True
+
+    async def _watched(self, address: str, epoch: int, msg: Message, timeout: float) -> Message:
+        """`msg` at the master `address`, abandoned (TIMEOUT) once the controllers name
+        another master: asked every WATCH_S while the request waits, as a hung master keeps
+        its connections open but never answers."""
+        request: asyncio.Future[Message] = asyncio.ensure_future(self._transport.request(address, msg, timeout))
+        check: asyncio.Future[bool] | None = None
+        try:
+            while not request.done():
+                if check is None:
+                    await asyncio.wait([request], timeout=WATCH_S)
+                    if not request.done():
+                        check = asyncio.ensure_future(self._deposed(address, epoch))
+                    continue
+                either: list[asyncio.Future[Any]] = [request, check]
+                await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
+                if request.done():
+                    break
+                if check.result():
+                    raise DLedgerError(ResponseCode.TIMEOUT, f"{address} did not answer and the controllers "
+                                       f"now name master {self._master} (epoch {self._epoch})")
+                check = None
+            return request.result()
+        finally:
+            for f in (request, check):
+                if f is not None and not f.done():
+                    f.cancel()
 
     async def replicas(self) -> list[str]:
         """Every replica's client address (the master first)."""
@@ -106,6 +189,8 @@ class AsyncBrokerClient:
         return [SendResult(off, r.first_index + i, r.epoch) for i, off in enumerate(r.offsets)]
 
     async def _call_master(self, msg: Message) -> Message:
+        """`msg` at the master, within `timeout`: sent again only while it certainly was not
+        written (refused, never sent); a request that got no answer raises, its outcome unknown."""
         deadline = time.monotonic() + self.timeout
         refresh = False
         last: DLedgerError | None = None
@@ -116,15 +201,23 @@ class AsyncBrokerClient:
                 if e.code == ResponseCode.UNEXPECTED_ARGUMENT:
                     raise
                 address, last = None, e
+            if address is not None and self._is_suspect(address) and not await self._answers(
+                    address, min(PROBE_S, max(0.1, deadline - time.monotonic()))):
+                last = DLedgerError(ResponseCode.TIMEOUT, f"the master the controllers name, {address}, "
+                                    "does not answer: not sent")
+                address = None  # (the probe waited: ask the controllers again at once)
             if address is None:
                 refresh = True
                 await asyncio.sleep(RETRY_S)
                 continue
             try:
-                reply = await self._transport.request(address, msg, max(0.1, deadline - time.monotonic()))
+                reply = await self._watched(address, self._epoch, msg, max(0.1, deadline - time.monotonic()))
             except DLedgerError as e:
-                if not never_sent(e):
+                if e.code not in _UNANSWERED:
                     raise
+                if not never_sent(e):
+                    self._forget(address)
+                    raise DLedgerError(e.code, f"{e.message}: outcome unknown (it may have been written)") from None
                 last, refresh = e, True
                 await asyncio.sleep(RETRY_S)
                 continue
@@ -148,20 +241,28 @@ class AsyncBrokerClient:
         msg = Message(int(RequestCode.PULL_MESSAGE), bm.encode(req))
         last: DLedgerError | None = None
         first = await self._quiet_master() if replica is None else replica
-        candidates = [first] if first else []
+        master, epoch = (first, self._epoch) if replica is None else (None, 0)
+        # a suspect master is asked last (after the replicas the controllers list)
+        candidates = [first] if first and not (replica is None and self._is_suspect(first)) else []
         asked = replica is not None  # for the other replicas: only once the master did not answer
         k = 0
         while True:
             if k == len(candidates) and not asked:
                 asked = True
-                candidates += [a for a in await self._quiet_replicas() if a not in candidates]
+                others = [a for a in await self._quiet_replicas() if a not in candidates]
+                candidates += sorted(others, key=self._is_suspect)
             if k == len(candidates):
                 break
             address = candidates[k]
             k += 1
             try:
-                reply = await self._transport.request(address, msg, wait + self.timeout)
+                if address == master:  # (a hung master: left once the controllers name another)
+                    reply = await self._watched(address, epoch, msg, wait + self.timeout)
+                else:
+                    reply = await self._transport.request(address, msg, wait + self.timeout)
             except DLedgerError as e:
+                if e.code in _UNANSWERED and not never_sent(e):
+                    self._forget(address)
                 last = e
                 continue
             if reply.code != ResponseCode.SUCCESS:

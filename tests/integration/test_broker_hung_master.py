@@ -1,0 +1,103 @@
+"""A long-lived broker client leaves a hung master (SIGSTOP, its kernel still accepting
+connections) for the master the controllers elect, while the old one is still stopped; at
+most the send in flight when it stopped fails, saying its outcome is unknown, and every
+acknowledged send is in the log afterwards.
+
+No timing assertions: conditions are waited for with generous deadlines; the stall the
+client saw is printed (pytest -s) for the record.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from dledger.broker.client import BrokerClient, SendResult
+from dledger.codes import DLedgerError
+
+from .harness import wait_until
+from .test_broker import deployment, in_sync, the_master, the_slave
+
+pytestmark = pytest.mark.integration
+
+STOP_S = 10.0
+
+
+@dataclass
+class Writer:
+    """Sends r0, r1, ... in a loop from one client object, recording every outcome."""
+
+    client: BrokerClient
+    acked: list[tuple[float, bytes, SendResult]] = field(default_factory=list)
+    failed: list[tuple[float, bytes, DLedgerError]] = field(default_factory=list)
+    stop: threading.Event = field(default_factory=threading.Event)
+
+    def run(self) -> None:
+        i = 0
+        while not self.stop.is_set():
+            body = b"r%d" % i
+            i += 1
+            try:
+                r = self.client.send(body)
+            except DLedgerError as e:
+                self.failed.append((time.monotonic(), body, e))
+                continue
+            self.acked.append((time.monotonic(), body, r))
+
+
+def read_all(c: BrokerClient, replica: str | None = None) -> dict[int, bytes]:
+    """Every confirmed record (index -> body), page by page."""
+    log: dict[int, bytes] = {}
+    while page := c.read(len(log), 10_000, replica=replica):
+        log.update((r.index, r.body) for r in page)
+    return log
+
+
+def test_a_long_lived_client_leaves_a_hung_master(tmp_path: Path) -> None:
+    with deployment(tmp_path) as d:
+        master, slave = the_master(d), the_slave(d)
+        wait_until(lambda: in_sync(d, 2), 30, "SyncStateSet of 2")
+        old_epoch = d.info(master).master_epoch
+        pid = d.brokers[master].pid
+        with d.client("b0") as c:  # timeout 10 s: longer than an election, shorter than the stop
+            w = Writer(c)
+            t = threading.Thread(target=w.run, daemon=True)
+            t.start()
+            stopped = False
+            try:
+                wait_until(lambda: len(w.acked) >= 20, 30, "sends acknowledged before the stop")
+                os.kill(pid, signal.SIGSTOP)
+                stopped, t_stop = True, time.monotonic()
+                # the same client object, acknowledged by the new master while the old one is stopped
+                first_new = wait_until(lambda: next((a for a in w.acked if a[2].epoch > old_epoch), None), 60,
+                                       "a send acknowledged by the new master")
+                assert os.waitpid(pid, os.WNOHANG) == (0, 0)  # (still there, still stopped)
+                assert d.info(slave).role == "MASTER"
+                print(f"\nlong-lived client stalled {first_new[0] - t_stop:.2f} s after the stop "
+                      f"(epoch {old_epoch} -> {first_new[2].epoch})")
+                time.sleep(max(0.0, t_stop + STOP_S - time.monotonic()))
+            finally:
+                if stopped:
+                    os.kill(pid, signal.SIGCONT)
+                w.stop.set()
+                t.join(60)
+            assert not t.is_alive()
+            before = [f for f in w.failed if f[0] < t_stop]
+            assert not before, before
+            # at most the send in flight at the stop fails, and it says its outcome is unknown
+            assert len(w.failed) <= 1, [(b, e) for _, b, e in w.failed]
+            for _, _, e in w.failed:
+                assert "outcome unknown" in e.message, e
+            assert len(w.acked) > 20
+            wait_until(lambda: d.info(master).role == "SLAVE", 60, "the old master rejoined as a slave")
+            # every acknowledged send is in the log, at its index (an unknown outcome may or may not be)
+            log = read_all(c)
+            for _, body, r in w.acked:
+                assert log.get(r.index) == body, (r, body, log.get(r.index))
+            wait_until(lambda: read_all(c, d.specs[master].address) == log, 60, "the old master holds the same log")
