@@ -35,6 +35,8 @@ HANDSHAKE_S = 5.0  # a connection that has not handshaken by then is closed
 WRITE_BYTES = 1 << 20  # transfer body per wake-up before draining
 RETRY_S = 0.2
 HA_ERRORS = (HAProtocolError, PacketError, DLedgerError, OSError, ConnectionError)
+# how a connection dies besides (ssl.SSLError is an OSError; a stream cut mid-frame)
+CONNECTION_DIED = (*HA_ERRORS, asyncio.IncompleteReadError)
 
 
 class HAListener:
@@ -106,28 +108,47 @@ class HAListener:
             return
         key, wake = object(), asyncio.Event()
         principal = cert_principal(writer.get_extra_info("peercert")).name if self._ssl is not None else None
-        ha.opened(key, now_ms(), principal)
+        peer = writer.get_extra_info("peername")
+        loop = asyncio.get_running_loop()
+        tasks: list[asyncio.Task[None]] = []
         self._wakers.add(wake)
         self._writers.add(writer)
-        sender = asyncio.get_running_loop().create_task(self._write_loop(ha, key, writer, wake))
-        peer = writer.get_extra_info("peername")
         try:
-            await self._read_loop(ha, key, reader, wake)
-        except UnknownSlave as e:
-            self._note("unknown slave", "HA connection from %s refused: %s (asking the controller)", peer, e)
-            self._on_unknown_slave()
-        except HA_ERRORS as e:
-            log.warning("HA connection from %s closed: %s", peer, e)
+            ha.opened(key, now_ms(), principal)
+            tasks = [loop.create_task(self._read_loop(ha, key, reader, wake)),
+                     loop.create_task(self._write_loop(ha, key, writer, wake))]
+            await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)  # either ends the session
         finally:
-            sender.cancel()
-            with contextlib.suppress(asyncio.CancelledError, *HA_ERRORS):
-                await sender
+            # every exit path (an error in either loop, of any type; this task cancelled) runs
+            # the clean-up, the proposal first: a dead slave must leave the SyncStateSet even if
+            # what follows fails, or an all-ack master acknowledges nothing until housekeeping
+            for t in tasks:
+                t.cancel()
             self._wakers.discard(wake)
             self._writers.discard(writer)
             writer.close()
             proposal = ha.closed(key)
             if proposal is not None and ha is self._master():
                 self._on_proposal(proposal)
+            if tasks:
+                await asyncio.wait(tasks)  # (cancelled: they end at their next await)
+                self._report(peer, writer, tasks)
+
+    def _report(self, peer: object, writer: asyncio.StreamWriter, tasks: list[asyncio.Task[None]]) -> None:
+        """Log why a slave's session ended, once: the first error of its loops (the other one
+        usually fails the same way, or was cancelled by the clean-up)."""
+        errors = [t.exception() for t in tasks if not t.cancelled() and t.exception() is not None]
+        if not errors:
+            return  # the slave closed it, or this master stopped being one
+        e = errors[0]
+        if isinstance(e, UnknownSlave):
+            self._note("unknown slave", "HA connection from %s refused: %s (asking the controller)", peer, e)
+            self._on_unknown_slave()
+        elif isinstance(e, CONNECTION_DIED) or (isinstance(e, RuntimeError) and writer.transport.is_closing()):
+            # (uvloop raises RuntimeError for a write to a transport that closed under the loop)
+            log.warning("HA connection from %s closed: %s", peer, e)
+        else:
+            log.error("HA connection from %s failed", peer, exc_info=e)
 
     async def _read_loop(self, ha: MasterHA, key: object, reader: asyncio.StreamReader, wake: asyncio.Event) -> None:
         deadline = asyncio.get_running_loop().time() + HANDSHAKE_S
@@ -197,7 +218,11 @@ class SlaveRunner:
             try:
                 self._check_master(writer)
                 await self._session(reader, writer)
-            except HA_ERRORS as e:  # (again every RETRY_S while it lasts: an operator's case among them)
+            except CONNECTION_DIED as e:  # (again every RETRY_S while it lasts: an operator's case among them)
+                self._warn("closed", "HA connection to master %s closed: %s", self.address, e)
+            except RuntimeError as e:  # uvloop: a write to a transport that closed under the session
+                if not writer.transport.is_closing():
+                    raise
                 self._warn("closed", "HA connection to master %s closed: %s", self.address, e)
             finally:
                 self.client.disconnected()
