@@ -1,7 +1,12 @@
-"""A long-lived broker client leaves a hung master (SIGSTOP, its kernel still accepting
+"""Broker sets on real processes when a process hangs or a connection dies.
+
+A long-lived broker client leaves a hung master (SIGSTOP, its kernel still accepting
 connections) for the master the controllers elect, while the old one is still stopped; at
 most the send in flight when it stopped fails, saying its outcome is unknown, and every
-acknowledged send is in the log afterwards.
+acknowledged send is in the log afterwards. A slave killed while the master streams to it
+leaves the SyncStateSet because its connection died (the other ways out, housekeeping and
+the catch-up limit, are set far beyond the test's deadlines), and the all-ack master
+acknowledges again.
 
 No timing assertions: conditions are waited for with generous deadlines; the stall the
 client saw is printed (pytest -s) for the record.
@@ -22,7 +27,7 @@ from dledger.broker.client import BrokerClient, SendResult
 from dledger.codes import DLedgerError
 
 from .harness import wait_until
-from .test_broker import deployment, in_sync, the_master, the_slave
+from .test_broker import ALL_ACK, deployment, in_sync, the_master, the_slave
 
 pytestmark = pytest.mark.integration
 
@@ -101,3 +106,50 @@ def test_a_long_lived_client_leaves_a_hung_master(tmp_path: Path) -> None:
             for _, body, r in w.acked:
                 assert log.get(r.index) == body, (r, body, log.get(r.index))
             wait_until(lambda: read_all(c, d.specs[master].address) == log, 60, "the old master holds the same log")
+
+
+def test_a_slave_killed_mid_stream_leaves_the_sync_state_set(tmp_path: Path) -> None:
+    """SIGKILL of the slave while the master writes big batches to it, three times: each time
+    the master proposes the dead slave out (its HA connection's clean-up: nothing else would
+    within 10 minutes) and acknowledges all-ack sends again; the slave back, it rejoins."""
+    config = tmp_path / "broker.toml"
+    config.write_text("ha_housekeeping_ms = 600000\nha_max_time_slave_not_catchup_ms = 600000\n")
+    with deployment(tmp_path, args=[*ALL_ACK, "--config", str(config)]) as d:
+        master, slave = the_master(d), the_slave(d)
+        batch = [b"z" * 4000] * 250  # 1 MB a send: the master is writing when the slave dies
+        with d.client("b0", timeout=30.0) as c:
+            for kill in range(3):
+                wait_until(lambda: in_sync(d, 2), 60, f"SyncStateSet of 2 (kill {kill})")
+                w = BatchWriter(c, batch)
+                t = threading.Thread(target=w.run, daemon=True)
+                t.start()
+                try:
+                    wait_until(lambda: w.acked >= 2, 60, "big batches acknowledged by both")  # noqa: B023
+                    d.kill_broker(slave)
+                    wait_until(lambda: in_sync(d, 1), 60, f"the dead slave out of the SyncStateSet (kill {kill})")
+                    acked = w.acked
+                    wait_until(lambda: w.acked > acked, 60, "the all-ack master acknowledges again")  # noqa: B023
+                finally:
+                    w.stop.set()
+                    t.join(90)
+                assert not t.is_alive()
+                assert d.info(master).role == "MASTER"
+                d.start_broker(slave)
+            wait_until(lambda: in_sync(d, 2), 60, "SyncStateSet of 2 at the end")
+            assert c.send(b"together").index > 0
+
+
+@dataclass
+class BatchWriter:
+    client: BrokerClient
+    batch: list[bytes]
+    acked: int = 0
+    stop: threading.Event = field(default_factory=threading.Event)
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            try:
+                self.client.send_batch(self.batch)
+            except DLedgerError:
+                continue  # (a send the slave's death left unacknowledged: FLUSH_SLAVE_TIMEOUT)
+            self.acked += 1
