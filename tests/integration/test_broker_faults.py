@@ -18,6 +18,7 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -56,6 +57,13 @@ class Writer:
             self.acked.append((time.monotonic(), body, r))
 
 
+def _try(fn: Callable[[], object]) -> object:
+    try:
+        return fn()
+    except DLedgerError as e:
+        return e
+
+
 def read_all(c: BrokerClient, replica: str | None = None) -> dict[int, bytes]:
     """Every confirmed record (index -> body), page by page."""
     log: dict[int, bytes] = {}
@@ -70,20 +78,29 @@ def test_a_long_lived_client_leaves_a_hung_master(tmp_path: Path) -> None:
         wait_until(lambda: in_sync(d, 2), 30, "SyncStateSet of 2")
         old_epoch = d.info(master).master_epoch
         pid = d.brokers[master].pid
-        with d.client("b0") as c:  # timeout 10 s: longer than an election, shorter than the stop
+        # the writer: timeout 10 s, longer than an election, shorter than the stop; the reader's
+        # timeout is beyond the test's deadlines: its read must leave the hung master, not time out
+        with d.client("b0") as c, d.client("b0", timeout=300.0) as reader:
             w = Writer(c)
             t = threading.Thread(target=w.run, daemon=True)
             t.start()
             stopped = False
+            read: list[object] = []
+            reading = threading.Thread(target=lambda: read.append(_try(lambda: reader.read(0, 10))), daemon=True)
             try:
                 wait_until(lambda: len(w.acked) >= 20, 30, "sends acknowledged before the stop")
+                assert [x.body for x in reader.read(0, 2)] == [b"r0", b"r1"]  # (it knows the master now)
                 os.kill(pid, signal.SIGSTOP)
                 stopped, t_stop = True, time.monotonic()
+                reading.start()
                 # the same client object, acknowledged by the new master while the old one is stopped
                 first_new = wait_until(lambda: next((a for a in w.acked if a[2].epoch > old_epoch), None), 60,
                                        "a send acknowledged by the new master")
+                # and a read that went to the hung master answered (by another replica)
+                wait_until(lambda: read, 60, "a read that went to the hung master")
                 assert os.waitpid(pid, os.WNOHANG) == (0, 0)  # (still there, still stopped)
                 assert d.info(slave).role == "MASTER"
+                assert isinstance(read[0], list) and [x.body for x in read[0]][:2] == [b"r0", b"r1"], read
                 print(f"\nlong-lived client stalled {first_new[0] - t_stop:.2f} s after the stop "
                       f"(epoch {old_epoch} -> {first_new[2].epoch})")
                 time.sleep(max(0.0, t_stop + STOP_S - time.monotonic()))
@@ -92,7 +109,8 @@ def test_a_long_lived_client_leaves_a_hung_master(tmp_path: Path) -> None:
                     os.kill(pid, signal.SIGCONT)
                 w.stop.set()
                 t.join(60)
-            assert not t.is_alive()
+                reading.join(60)
+            assert not t.is_alive() and not reading.is_alive()
             before = [f for f in w.failed if f[0] < t_stop]
             assert not before, before
             # at most the send in flight at the stop fails, and it says its outcome is unknown

@@ -15,7 +15,9 @@ asks the controllers about once a second who is master, and stops waiting once t
 another master or a higher master epoch; a master that did not answer (a timeout, a
 connection lost mid-request) is forgotten, so the next call asks the controllers first,
 and is suspect for a few seconds: while the controllers still name it, it gets a cheap
-probe (runtime info) before any send, so a hung master costs a send at most once.
+probe (runtime info) before any send, so a hung master costs a send at most once. A read
+at the master is watched the same way (a long poll only once its wait has passed), then
+asked of the other replicas.
 """
 
 from __future__ import annotations
@@ -136,16 +138,19 @@ class AsyncBrokerClient:
         self._master, self._epoch = named, new_epoch
         return True
 
-    async def _watched(self, address: str, epoch: int, msg: Message, timeout: float) -> Message:
+    async def _watched(self, address: str, epoch: int, msg: Message, timeout: float, grace: float = 0.0) -> Message:
         """`msg` at the master `address`, abandoned (TIMEOUT) once the controllers name
         another master: asked every WATCH_S while the request waits, as a hung master keeps
-        its connections open but never answers."""
+        its connections open but never answers. `grace`: how long the master may rightly
+        hold the request (a long poll's wait), before which nobody is asked."""
         request: asyncio.Future[Message] = asyncio.ensure_future(self._transport.request(address, msg, timeout))
         check: asyncio.Future[bool] | None = None
+        quiet = grace + WATCH_S
         try:
             while not request.done():
                 if check is None:
-                    await asyncio.wait([request], timeout=WATCH_S)
+                    await asyncio.wait([request], timeout=quiet)
+                    quiet = WATCH_S
                     if not request.done():
                         check = asyncio.ensure_future(self._deposed(address, epoch))
                     continue
@@ -257,7 +262,7 @@ class AsyncBrokerClient:
             k += 1
             try:
                 if address == master:  # (a hung master: left once the controllers name another)
-                    reply = await self._watched(address, epoch, msg, wait + self.timeout)
+                    reply = await self._watched(address, epoch, msg, wait + self.timeout, grace=wait)
                 else:
                     reply = await self._transport.request(address, msg, wait + self.timeout)
             except DLedgerError as e:
