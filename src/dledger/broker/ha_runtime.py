@@ -35,7 +35,7 @@ HANDSHAKE_S = 5.0  # a connection that has not handshaken by then is closed
 WRITE_BYTES = 1 << 20  # transfer body per wake-up before draining
 RETRY_S = 0.2
 HA_ERRORS = (HAProtocolError, PacketError, DLedgerError, OSError, ConnectionError)
-# how a connection dies besides (ssl.SSLError is an OSError; a stream cut mid-frame)
+# the ways a connection dies (ssl.SSLError is an OSError; IncompleteReadError: a stream cut mid-frame)
 CONNECTION_DIED = (*HA_ERRORS, asyncio.IncompleteReadError)
 
 
@@ -124,6 +124,7 @@ class HAListener:
             # what follows fails, or an all-ack master acknowledges nothing until housekeeping
             for t in tasks:
                 t.cancel()
+            lost = writer.transport.is_closing()  # (before we close it: closed under the session)
             self._wakers.discard(wake)
             self._writers.discard(writer)
             writer.close()
@@ -132,11 +133,12 @@ class HAListener:
                 self._on_proposal(proposal)
             if tasks:
                 await asyncio.wait(tasks)  # (cancelled: they end at their next await)
-                self._report(peer, writer, tasks)
+                self._report(peer, lost, tasks)
 
-    def _report(self, peer: object, writer: asyncio.StreamWriter, tasks: list[asyncio.Task[None]]) -> None:
+    def _report(self, peer: object, lost: bool, tasks: list[asyncio.Task[None]]) -> None:
         """Log why a slave's session ended, once: the first error of its loops (the other one
-        usually fails the same way, or was cancelled by the clean-up)."""
+        usually fails the same way, or was cancelled by the clean-up). `lost`: the transport
+        had closed before the clean-up closed it."""
         errors = [t.exception() for t in tasks if not t.cancelled() and t.exception() is not None]
         if not errors:
             return  # the slave closed it, or this master stopped being one
@@ -144,7 +146,7 @@ class HAListener:
         if isinstance(e, UnknownSlave):
             self._note("unknown slave", "HA connection from %s refused: %s (asking the controller)", peer, e)
             self._on_unknown_slave()
-        elif isinstance(e, CONNECTION_DIED) or (isinstance(e, RuntimeError) and writer.transport.is_closing()):
+        elif isinstance(e, CONNECTION_DIED) or (isinstance(e, RuntimeError) and lost):
             # (uvloop raises RuntimeError for a write to a transport that closed under the loop)
             log.warning("HA connection from %s closed: %s", peer, e)
         else:
