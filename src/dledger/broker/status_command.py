@@ -73,7 +73,7 @@ def _row(r: dict[str, Any]) -> dict[str, object]:
                               "role": r["role"]}
     if "error" in r:
         return {**row, "error": r["error"]}
-    return {**row, "master epoch": r["master_epoch"], "max offset": r["max_offset"],
-            "confirm offset": r["confirm_offset"], "truncated_at": r["truncated_at"],
+    return {**row, "epoch": r["master_epoch"], "max": r["max_offset"], "confirm": r["confirm_offset"],
+            "truncated_at": r["truncated_at"],
             "slaves (ack, lag)": [f"{s['broker_id']}: {s['ack_offset']}, lag {s['lag']}" for s in r["slaves"]],
             "epochs": [f"{e['epoch']}: {e['start_offset']}-{e['end_offset']}" for e in r["epochs"]]}
