@@ -101,7 +101,36 @@ def render() -> str:
     notes, cli = comments(), flags()
     rows = [f"| `{f.name}` | {_default(f)} | {f'`{cli[f.name]}`' if f.name in cli else ''} | "
             f"{notes.get(f.name, '').replace('|', '/')} |" for f in dataclasses.fields(config.DLedgerConfig)]
-    return HEADER + "\n".join(rows) + "\n"
+    return HEADER + "\n".join(rows) + "\n" + upstream_names()
+
+
+ALIASES_HEADER = """
+## Upstream names
+
+A controller's and a broker's keys may also be written under upstream RocketMQ's camelCase
+names (its `ControllerConfig`, `BrokerConfig` and `MessageStoreConfig`), wherever they are
+taken: a controller's TOML file (its top level, as upstream's flat properties file has them,
+or its `[controller]` table), `dledger admin controller-config set` (and an mqadmin-style
+UPDATE_CONTROLLER_CONFIG), a broker's `--config` file. They mean our key; the values are ours
+(milliseconds, bytes; `flushDiskType` also takes `ASYNC_FLUSH` / `SYNC_FLUSH`). A key given
+under both names is refused, and so is a name that is neither ours nor one of these, naming
+it. `get` shows our names. Black-listed keys (`configBlackList`, `configStorePath`,
+`rocketmqHome`, and `enableElectUncleanMaster`, which may lose acknowledged data) are refused
+by `set` with 16 NO_PERMISSION.
+
+| upstream name | our key | where |
+|---|---|---|
+"""
+
+
+def upstream_names() -> str:
+    """The alias table (config_aliases), so the page cannot drift from what is taken."""
+    from dledger.config_aliases import BROKER_ALIASES, CONTROLLER_ALIASES, CONTROLLER_MEMBER_ALIASES
+
+    where = (("controller (`[controller]`, runtime)", CONTROLLER_ALIASES),
+             ("controller member (top level)", CONTROLLER_MEMBER_ALIASES), ("broker", BROKER_ALIASES))
+    rows = [f"| {name} | `{ours}` | {place} |" for place, table in where for name, ours in table.items()]
+    return ALIASES_HEADER + "\n".join(rows) + "\n"
 
 
 if __name__ == "__main__":

@@ -289,6 +289,9 @@ def test_reads(c: Controller) -> None:
     data = c(m.GetSyncStateData([B, "unknown"]))
     assert data.replicas_info is not None and list(data.replicas_info) == [B]
     assert c(m.GetSyncStateData([])).code == RC.SYSTEM_ERROR
+    assert c(m.ApplyBrokerId("cluster", "a-first", 1, f"{addr(7)};7")).code == RC.SUCCESS
+    every = c(m.GetSyncStateData(all_sets=True)).replicas_info  # (ours: `dledger admin broker-sets`)
+    assert every is not None and list(every) == ["a-first", B] and every[B] == data.replicas_info[B]
     with pytest.raises(ValueError):
         c.sm.query(m.encode(m.Command(m.ElectMaster(broker_name=B))))
 

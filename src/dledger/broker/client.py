@@ -335,8 +335,19 @@ class AsyncBrokerClient:
             raise _as_error(reply)
         return _checked(bm.runtime_info.decode(reply.meta))
 
+    async def epoch_cache(self, address: str | None = None) -> bm.EpochCache:
+        """A replica's epoch entries and max offset (GET_BROKER_EPOCH_CACHE; the master's by default)."""
+        target = address or await self.master(refresh=True)
+        if target is None:
+            raise DLedgerError(ResponseCode.SERVICE_NOT_AVAILABLE, f"broker set {self.broker} has no master")
+        msg = Message(int(RequestCode.GET_BROKER_EPOCH_CACHE), bm.encode(bm.EpochCacheRequest()))
+        reply = await self._transport.request(target, msg, self.timeout)
+        if reply.code != ResponseCode.SUCCESS:
+            raise _as_error(reply)
+        return _checked(bm.epoch_cache.decode(reply.meta))
 
-_Answer = TypeVar("_Answer", bm.SendResponse, bm.PullResponse, bm.RuntimeInfo, bm.FaultResponse)
+
+_Answer = TypeVar("_Answer", bm.SendResponse, bm.PullResponse, bm.RuntimeInfo, bm.FaultResponse, bm.EpochCache)
 
 
 def _checked(answer: _Answer) -> _Answer:
@@ -380,6 +391,9 @@ class BrokerClient:
 
     def info(self, address: str | None = None) -> bm.RuntimeInfo:
         return self._run(self._async.info(address))
+
+    def epoch_cache(self, address: str | None = None) -> bm.EpochCache:
+        return self._run(self._async.epoch_cache(address))
 
     def inject_faults(self, address: str, blocked: Sequence[str] = (), ha_paused: bool = False,
                       ha_cut: bool = False) -> None:

@@ -10,6 +10,7 @@ from typing import Any
 import click
 
 from dledger.broker.config import BrokerConfig, load_broker_toml
+from dledger.broker.status_command import status
 from dledger.clitools import (
     Rows,
     check_store_dir,
@@ -26,7 +27,7 @@ log = logging.getLogger(__name__)
 CONTROLLER_HELP = "Controllers: 'host:port;host:port' or their peers string."
 
 
-@click.command("broker")
+@click.group("broker", invoke_without_command=True)
 @click.option("--config", "config_file", type=click.Path(dir_okay=False),
               help="TOML file with the same keys (top level or a [broker] table).")
 @click.option("--cluster", default=None, help="Cluster name.")
@@ -47,8 +48,12 @@ CONTROLLER_HELP = "Controllers: 'host:port;host:port' or their peers string."
 @click.option("--enable-fault-injection", "fault_injection", is_flag=True, default=None,
               help="Obey FAULT requests (isolate from controllers, pause HA): tests and chaos runs only.")
 @server_security_options
-def broker(config_file: str | None, **options: Any) -> None:
-    """Run one replica of a broker set until SIGINT/SIGTERM (its master is elected by the controllers)."""
+@click.pass_context
+def broker(ctx: click.Context, /, config_file: str | None, **options: Any) -> None:
+    """Run one replica of a broker set until SIGINT/SIGTERM (its master is elected by the
+    controllers); `dledger broker status` shows a set's replicas."""
+    if ctx.invoked_subcommand is not None:
+        return
     data: dict[str, Any] = load_broker_toml(config_file) if config_file else {}
     options["all_ack_in_sync_state_set"] = options.pop("all_ack")
     options["enable_fault_injection"] = options.pop("fault_injection")
@@ -60,6 +65,9 @@ def broker(config_file: str | None, **options: Any) -> None:
     cfg = BrokerConfig.from_dict(data)
     check_store_dir(Path(cfg.store_dir))
     _run(cfg)
+
+
+broker.add_command(status)
 
 
 def _run(cfg: BrokerConfig) -> None:

@@ -16,6 +16,7 @@ from dledger.address import AddressError, parse_address
 from dledger.broker.ha_master import HAConfig
 from dledger.broker.ha_service import AckSettings
 from dledger.config import ConfigError, read_toml
+from dledger.config_aliases import BROKER_ALIASES, FLUSH_DISK_TYPES, resolve
 from dledger.controller.messages import HA_SEPARATOR
 from dledger.security.tls import TlsConfig
 
@@ -124,7 +125,9 @@ class BrokerConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> BrokerConfig:
-        data = {k.replace("-", "_"): v for k, v in data.items()}
+        data = resolve({k.replace("-", "_"): v for k, v in data.items()}, BROKER_ALIASES, "broker")
+        if isinstance(data.get("flush"), str):
+            data["flush"] = FLUSH_DISK_TYPES.get(data["flush"], data["flush"])
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:

@@ -112,6 +112,12 @@ class MasterHA:
         return {c.slave_id: c.ack_offset for c in self.connections.values()
                 if c.slave_id != -1 and not c.async_learner}
 
+    def slaves(self) -> list[tuple[int, int, bool]]:
+        """(slave id, acked offset, async learner) of each slave that handshook: what an
+        operator sees (GET_BROKER_RUNTIME_INFO); -1: no ack yet on its connection."""
+        return sorted((c.slave_id, c.ack_offset, c.async_learner) for c in self.connections.values()
+                      if c.slave_id != -1)
+
     def recompute_confirm(self) -> int:
         """The confirm offset only grows (a connection that re-handshakes acks less at first)."""
         mine = self.log.durable_offset if self.durable_only else self.log.max_offset

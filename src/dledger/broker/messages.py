@@ -1,7 +1,7 @@
 """What clients send a broker and what it answers: msgspec structs as msgpack in the frame's meta
 (docs/format.md framing). Request codes are RocketMQ's where it has one (SEND_MESSAGE 10,
 PULL_MESSAGE 11, GET_BROKER_RUNTIME_INFO 28); the controller's NOTIFY_BROKER_ROLE_CHANGED
-(1008) arrives on the same listener. Bounds are checked on decode.
+(1008) arrives on the same listener, and GET_BROKER_EPOCH_CACHE (1007) is a broker's. Bounds are checked on decode.
 
 Every answer carries `code` (docs/format.md, "Response codes"): SUCCESS, the default, which
 omit_defaults leaves off the wire, so the bytes are those of the layout without it and either
@@ -74,6 +74,17 @@ class RuntimeInfoRequest(msgspec.Struct, omit_defaults=True):
     pass
 
 
+class SlaveProgress(msgspec.Struct, omit_defaults=True):
+    """A slave as its master sees it: the offset its last ack reached, and how far that is
+    behind the master's max offset (-1 ack: connected, no ack yet)."""
+
+    broker_id: int
+    ack_offset: int
+    lag: int
+    in_sync: bool = False  # a member of the SyncStateSet the master counts acks over
+    async_learner: bool = False
+
+
 class RuntimeInfo(msgspec.Struct, omit_defaults=True):
     cluster: str
     broker_name: str
@@ -95,6 +106,32 @@ class RuntimeInfo(msgspec.Struct, omit_defaults=True):
     replica_info_queries: int = 0  # replica info asked of the controller by the poll and by hints (NOTIFY)
     security: str = ""  # tls, loopback (no TLS: loopback connections only) or insecure (--insecure)
     code: int = SUCCESS  # (GET_BROKER_RUNTIME_INFO's answer)
+    slaves: list[SlaveProgress] = []  # a master's connected slaves (others: none)
+
+
+class EpochCacheRequest(msgspec.Struct, omit_defaults=True):
+    pass
+
+
+class EpochRange(msgspec.Struct, omit_defaults=True):
+    """One entry of a replica's epoch file: the bytes [start_offset, end_offset) that master
+    epoch wrote (the last entry ends at the replica's max offset, as mqadmin prints it)."""
+
+    epoch: int
+    start_offset: int
+    end_offset: int
+
+
+class EpochCache(msgspec.Struct, omit_defaults=True):
+    """GET_BROKER_EPOCH_CACHE's answer (upstream's EpochEntryCache): a replica's epoch entries
+    and max offset."""
+
+    cluster_name: str
+    broker_name: str
+    broker_id: int
+    epochs: list[EpochRange]
+    max_offset: int
+    code: int = SUCCESS
 
 
 _enc = msgspec.msgpack.Encoder()
@@ -111,6 +148,7 @@ pull_response = msgspec.msgpack.Decoder(PullResponse)
 runtime_info = msgspec.msgpack.Decoder(RuntimeInfo)
 fault_request = msgspec.msgpack.Decoder(FaultRequest)
 fault_response = msgspec.msgpack.Decoder(FaultResponse)
+epoch_cache = msgspec.msgpack.Decoder(EpochCache)
 
 
 # The name this had before issue 27's one vocabulary, kept so scripts written against it still run.

@@ -77,6 +77,8 @@ BROKER_ACCESS: dict[int, Access] = {
     RequestCode.PULL_MESSAGE: needs("PULL_MESSAGE", AccessRole.CLIENT),
     RequestCode.GET_BROKER_RUNTIME_INFO: needs("GET_BROKER_RUNTIME_INFO", AccessRole.CLIENT, AccessRole.BROKER,
                                                         AccessRole.CONTROLLER),
+    RequestCode.GET_BROKER_EPOCH_CACHE: needs("GET_BROKER_EPOCH_CACHE", AccessRole.CLIENT, AccessRole.BROKER,
+                                              AccessRole.CONTROLLER),
     NOTIFY: needs("NOTIFY_BROKER_ROLE_CHANGED", AccessRole.CONTROLLER),
     RequestCode.BROKER_FAULT: needs("FAULT", AccessRole.ADMIN),
 }
@@ -369,6 +371,8 @@ class BrokerServer:
                 self._answer(self._pull(msg, caller), respond)),
             RequestCode.GET_BROKER_RUNTIME_INFO: lambda _, respond, __: respond(
                 Message(int(ResponseCode.SUCCESS), bm.encode(self.runtime_info()))),
+            RequestCode.GET_BROKER_EPOCH_CACHE: lambda _, respond, __: respond(
+                Message(int(ResponseCode.SUCCESS), bm.encode(self.epoch_cache()))),
             NOTIFY: lambda msg, respond, caller: respond(self._notify(msg, caller)),
             RequestCode.BROKER_FAULT: lambda msg, respond, _: respond(self._fault(msg)),
         }
@@ -491,4 +495,21 @@ class BrokerServer:
                               self.store.end_index, left, r.truncated_at,
                               broker_id != -1 and self.role != BrokerRole.FENCED,
                               self.store.begin_index, self.log.last_index_within(confirm),
-                              self.replica_info_queries, self.security)
+                              self.replica_info_queries, self.security, slaves=self._slaves(sss))
+
+    def _slaves(self, sss: frozenset[int] | set[int] | list[int]) -> list[bm.SlaveProgress]:
+        """A master's slaves with their acks and lag as it sees them (none on a slave)."""
+        ha = self.replica.master_ha
+        if ha is None:
+            return []
+        top = self.log.max_offset
+        return [bm.SlaveProgress(i, ack, max(0, top - ack) if ack >= 0 else top, i in sss, learner)
+                for i, ack, learner in ha.slaves()]
+
+    def epoch_cache(self) -> bm.EpochCache:
+        """GET_BROKER_EPOCH_CACHE (upstream's EpochEntryCache): this replica's epoch entries
+        and max offset; the last entry's end is the max offset (as mqadmin's getBrokerEpoch
+        prints it: in the file it has none)."""
+        top = self.log.max_offset
+        ranges = [bm.EpochRange(e.epoch, e.start, e.end) for e in self.epochs.with_last_end(top)]
+        return bm.EpochCache(self.config.cluster, self.config.name, self.registration.broker_id, ranges, top)

@@ -163,6 +163,18 @@ class ControllerClient:
     async def get_sync_state_data(self, brokers: Sequence[str]) -> m.Response:
         return await self.call(m.GetSyncStateData(list(brokers)))
 
+    async def all_sync_state_data(self) -> m.Response:
+        """Every broker set the controllers hold (ours: upstream asked NameServer for the names)."""
+        return await self.call(m.GetSyncStateData(all_sets=True))
+
+    async def get_controller_config(self, address: str) -> m.Response:
+        """One controller's runtime config (each controller keeps its own: no Raft log)."""
+        return await self.call_at(address, m.GetControllerConfig())
+
+    async def update_controller_config(self, address: str, properties: str) -> m.Response:
+        """`key=value` lines applied to one controller's runtime config (admin role)."""
+        return await self.call_at(address, m.UpdateControllerConfig(properties))
+
     async def clean_broker_data(self, broker: str, ids: Sequence[int] = (), *, cluster: str = "",
                                 clean_living_broker: bool = False) -> m.Response:
         return await self.call(m.CleanBrokerData(cluster, broker, ";".join(map(str, ids)), clean_living_broker))

@@ -3,21 +3,15 @@
 from __future__ import annotations
 
 import asyncio
-import json
-from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import click
-import msgspec
 
 from dledger.clitools import (
     PEERS_HELP,
     F,
-    UserError,
     check_store_dir,
-    client_tls,
-    client_token,
     emit,
     json_alias,
     output_option,
@@ -27,15 +21,14 @@ from dledger.clitools import (
     server_security_options,
 )
 from dledger.codes import ControllerResponseCode as RC
-from dledger.codes import DLedgerError
-from dledger.config import ConfigError, DLedgerConfig
+from dledger.config import DLedgerConfig
 from dledger.controller import messages as m
-from dledger.controller.client import ControllerClient
+from dledger.controller.admin_ops import broker_sets, controller_config
+from dledger.controller.admin_tools import CONTROLLER_HELP, sync_state_data
+from dledger.controller.admin_tools import ask as _ask
+from dledger.controller.admin_tools import checked as _checked
+from dledger.controller.admin_tools import json_line as _json
 from dledger.controller.config import ControllerConfig, load_controller_toml, member_config
-
-T = TypeVar("T")
-
-CONTROLLER_HELP = "Controllers: 'host:port;host:port' or their peers string."
 
 
 @click.command("controller")
@@ -108,34 +101,6 @@ def admin() -> None:
     """Ask the controller about broker sets, and steer them."""
 
 
-def _ask(controllers: str, call: Callable[[ControllerClient], Awaitable[T]], role: str = "client") -> T:
-    """`role`: the certificate (--tls-dir) or token this request needs: admin to steer."""
-    tls, token = client_tls(role), client_token(role)
-
-    async def run() -> T:
-        async with ControllerClient(controllers, tls=tls, auth_token=token) as c:
-            return await call(c)
-
-    try:
-        return asyncio.run(run())
-    except ConfigError as e:
-        raise click.UsageError(str(e)) from e
-    except DLedgerError as e:
-        raise UserError(f"no controller answered: {e.message}") from e
-
-
-def _checked(resp: m.Response, ok: tuple[int, ...] = (RC.SUCCESS,)) -> m.Response:
-    if resp.code not in ok:
-        name = RC(resp.code).name if resp.code in RC._value2member_map_ else str(resp.code)
-        raise UserError(f"{name} ({resp.code}): {resp.remark}")
-    return resp
-
-
-def _json(obj: Any) -> None:
-    """What --json printed (keys sorted), as one line: -o json prints JSON lines everywhere."""
-    click.echo(json.dumps(msgspec.to_builtins(obj), sort_keys=True))
-
-
 def _as_json_too(f: F) -> F:
     """-o/--output, and the --json these commands had before it (kept: an alias of -o json)."""
     f = output_option(None, "text lines")(f)
@@ -182,11 +147,7 @@ def _view_line(address: str, v: m.MetadataInfo | str) -> str:
 @security_options
 def sync_state_set(controllers: str, broker: str, as_json: bool, output: str | None) -> None:
     """A broker set's master, epochs, in-sync and out-of-sync replicas with liveness."""
-    resp = _checked(_ask(controllers, lambda c: c.get_sync_state_data([broker])))
-    info = (resp.replicas_info or {}).get(broker)
-    if info is None:
-        raise UserError(f"CONTROLLER_BROKER_METADATA_NOT_EXIST ({int(RC.CONTROLLER_BROKER_METADATA_NOT_EXIST)}): "
-                        f"no broker set {broker!r}")
+    info = sync_state_data(controllers, broker)
     output = json_alias(as_json, output)
     if output == "json":
         _json(info)
@@ -249,3 +210,7 @@ def clean_broker(controllers: str, broker: str, ids: str, clean_living_broker: b
         emit([{"broker": broker, "ids": id_list, "whole_set": not id_list}], output)
         return
     click.echo(f"broker set {broker}: {'replicas ' + ','.join(map(str, id_list)) if id_list else 'all'} cleaned")
+
+
+admin.add_command(broker_sets)
+admin.add_command(controller_config)

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from dledger.config import ConfigError, DLedgerConfig, read_toml
+from dledger.config_aliases import CONTROLLER_ALIASES, CONTROLLER_MEMBER_ALIASES, resolve
 
 # keys UPDATE_CONTROLLER_CONFIG may never change (upstream's configBlackList, and ours: what
 # the state or the Raft group depends on, and unclean elections: an admin steers, but switching
@@ -43,6 +44,8 @@ class ControllerConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ControllerConfig:
+        """Our keys, or upstream's names for them (config_aliases)."""
+        data = resolve(data, CONTROLLER_ALIASES, "controller")
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
@@ -50,20 +53,23 @@ class ControllerConfig:
         return cls(**data)
 
     def updated(self, properties: str) -> ControllerConfig:
-        """This config with `key=value` lines applied (UPDATE_CONTROLLER_CONFIG); ConfigError
-        names a key that is unknown, black-listed (PermissionError) or badly valued."""
+        """This config with `key=value` lines applied (UPDATE_CONTROLLER_CONFIG; our keys or
+        upstream's names for them); ConfigError names a key that is unknown, black-listed
+        (PermissionError) or badly valued. Nothing changes unless every line is good."""
         changes: dict[str, Any] = {}
         types = {f.name: f.type for f in dataclasses.fields(self)}
         for line in properties.splitlines():
             if not line.strip() or line.lstrip().startswith("#"):
                 continue
-            key, sep, value = (p.strip() for p in line.partition("="))
+            given, sep, value = (p.strip() for p in line.partition("="))
+            key = CONTROLLER_ALIASES.get(given, given)
+            named = given if key == given else f"{given} ({key})"
             if key in BLACK_LIST:
-                raise PermissionError(f"the controller config key {key} cannot be updated")
+                raise PermissionError(f"the controller config key {named} cannot be updated")
             if not sep or key not in types:
-                raise ConfigError(f"not a controller config key: {key!r}")
+                raise ConfigError(f"not a controller config key: {given!r}")
             changes[key] = _parse(key, value, types[key])
-        return dataclasses.replace(self, **changes)
+        return dataclasses.replace(self, **changes)  # (__post_init__ checks the values)
 
     def properties(self) -> str:
         return "".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}\n"
@@ -92,9 +98,13 @@ def load_controller_toml(path: str | Path) -> tuple[dict[str, Any], ControllerCo
     table = data.pop("controller", {})
     if not isinstance(table, dict):
         raise ConfigError("[controller] must be a table")
-    return data, ControllerConfig.from_dict(table)
+    # upstream's properties file is flat: its controller names may come at the top level too
+    moved = {k: data.pop(k) for k in [k for k in data if k in CONTROLLER_ALIASES]}
+    return resolve(data, CONTROLLER_MEMBER_ALIASES, "controller member"), ControllerConfig.from_dict({**table, **moved})
 
 
 def member_config(data: dict[str, Any]) -> DLedgerConfig:
-    """The controller group's member config: our defaults under what the user gave."""
-    return DLedgerConfig.from_dict({**CONTROLLER_GROUP_DEFAULTS, **data})
+    """The controller group's member config: our defaults under what the user gave (our keys,
+    or upstream's ControllerConfig names for them)."""
+    return DLedgerConfig.from_dict({**CONTROLLER_GROUP_DEFAULTS, **resolve(data, CONTROLLER_MEMBER_ALIASES,
+                                                                            "controller member")})

@@ -93,6 +93,10 @@ class HeartbeatTable:
         """The live replicas of one broker set, as the leader writes them into a command."""
         return {i: b.info for i, b in self._sets.get(name, {}).items() if b.alive(now_ms)}
 
+    def names(self) -> list[str]:
+        """Every broker set a replica beat for (a set none beat for has no live replica)."""
+        return sorted(self._sets)
+
     def beats_on(self, name: str, broker_id: int, conn: Hashable) -> bool:
         """`conn` is the replica's home connection: the open one its heartbeats have come on
         the longest (where a master's alter-sync-state-set must come from)."""

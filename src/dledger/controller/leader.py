@@ -118,7 +118,10 @@ class ControllerLeader:
     def command(self, req: m.WriteRequest | m.ReadRequest, now_ms: int, principal: str = "") -> m.Command:
         """The log entry (or query) a request that is not an election becomes. `principal`:
         the sender's certificate name ("": none)."""
-        names = req.broker_names if isinstance(req, m.GetSyncStateData) else [getattr(req, "broker_name", "")]
+        if isinstance(req, m.GetSyncStateData):
+            names = self.table.names() if req.all_sets else req.broker_names
+        else:
+            names = [getattr(req, "broker_name", "")]
         return m.Command(req, {n: self.table.live_infos(n, now_ms) for n in names},
                          self.config.enable_elect_unclean_master, principal)
 

@@ -93,6 +93,9 @@ class GetMetadataInfo(Request, tag=int(RequestCode.CONTROLLER_GET_METADATA_INFO)
 
 class GetSyncStateData(Request, tag=int(RequestCode.CONTROLLER_GET_SYNC_STATE_DATA)):
     broker_names: Annotated[list[Name], msgspec.Meta(max_length=MAX_SET)] = []
+    # ours: every broker set the controllers hold (`dledger admin broker-sets`; upstream took
+    # the names from NameServer's cluster info, which dledger does not have)
+    all_sets: bool = False
 
 
 class UpdateControllerConfig(Request, tag=int(RequestCode.UPDATE_CONTROLLER_CONFIG)):

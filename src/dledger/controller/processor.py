@@ -261,10 +261,10 @@ def _get_replica_info(state: ControllerState, req: m.GetReplicaInfo) -> m.Respon
 
 def _get_sync_state_data(state: ControllerState, req: m.GetSyncStateData,
                          alive: dict[str, dict[int, LiveInfo]]) -> m.Response:
-    if not req.broker_names:
+    if not req.broker_names and not req.all_sets:
         return m.Response(int(RC.SYSTEM_ERROR), "no broker name given")
     out: dict[str, m.ReplicasInfo] = {}
-    for name in req.broker_names:
+    for name in sorted(state.sets) if req.all_sets else req.broker_names:
         s = state.get(name)
         if s is not None:
             out[name] = replicas_info(s, alive.get(name, {}).__contains__)

@@ -207,8 +207,8 @@ class ControllerService:
             self.config = self.config.updated(properties)
         except PermissionError as e:
             return m.Response(int(RC.NO_PERMISSION), str(e))
-        except ConfigError as e:
-            return m.Response(int(RC.SYSTEM_ERROR), str(e))
+        except ConfigError as e:  # an unknown key or a bad value: nothing changed
+            return m.Response(int(RC.CONTROLLER_INVALID_REQUEST), e.message)
         self.leader.set_config(self.config)
         log.warning("controller config updated: %s", properties.strip().replace("\n", "; "))
         return m.Response()
