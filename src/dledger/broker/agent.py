@@ -246,7 +246,8 @@ class BrokerAgent:
 
     def tick(self, now: int) -> list[Effect]:
         """Timers: startup retries, the replica-info poll, heartbeats, the alter loop's pause,
-        send deadlines, the SyncStateSet shrink check and saving the confirm offset."""
+        send deadlines, the SyncStateSet shrink check, saving the confirm offset and the
+        retention floor."""
         with self._settled(now):
             out = self._overdue(now)
             if self._step is None and (now >= self._chain_at or (self._following and self._hinted)):
@@ -271,7 +272,16 @@ class BrokerAgent:
                 self._saved_at = now
                 out += self._safely("reading the confirm offset", lambda t: [SaveConfirm(self.replica.confirm_offset)],
                                     now)
+                out += self._safely("retention", self._retention, now)
             return out
+
+    def _retention(self, now: int) -> list[Effect]:
+        """Tell the store what the replicas still need (its retention deletes only files wholly
+        below), and forget the epochs whose records retention deleted."""
+        r = self.replica
+        r.forget_deleted_epochs()
+        self.log.retain_from(r.retention_floor())
+        return []
 
     def _safely(self, what: str, step: Callable[[int], list[Effect]], now: int) -> list[Effect]:
         """A timer's step; a store or disk error is logged and the step tried again next time."""

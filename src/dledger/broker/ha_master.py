@@ -154,7 +154,8 @@ class MasterConnection:
             self.next_offset = self.request_offset if self.request_offset > 0 else self.log.min_offset
             if self.next_offset < self.log.min_offset:
                 raise HAProtocolError(f"slave {self.slave_id} needs offset {self.next_offset}, below the "
-                                      f"master's min offset {self.log.min_offset}")
+                                      f"master's min offset {self.log.min_offset} (deleted by retention): move its "
+                                      "store directory away so it copies the master's log from its min offset")
         frames: list[bytes] = []
         sent = 0
         while sent < max_bytes:

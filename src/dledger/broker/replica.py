@@ -68,6 +68,7 @@ class ReplicaState:
         self._seen_cuts = 0
         # a (re)started replica: epochs that begin past what recovery kept wrote nothing it has
         epochs.truncate_suffix_by_offset(log_.max_offset + 1)
+        self.forget_deleted_epochs()  # (retention may have deleted files just before a crash)
 
     # --- what the controller says ----------------------------------------------------------
 
@@ -207,6 +208,27 @@ class ReplicaState:
                 self._confirm = min(self._confirm, self.log.max_offset)
             self._confirm = max(self._confirm, min(self.slave.confirm_offset, self.log.max_offset))
         return min(self._confirm, self.log.max_offset)
+
+    # --- retention -----------------------------------------------------------------------------
+
+    def retention_floor(self) -> int:
+        """The lowest offset a replica may still need: retention deletes only the files wholly
+        below it. A master: its confirm offset (the least ack of the SyncStateSet, connected or
+        not) and every connected slave's ack (one that has not acked yet holds the whole log);
+        a slave or a fenced replica: its own confirm offset (what it has not confirmed may yet
+        be cut or be needed by another slave if it becomes master)."""
+        floor = self.confirm_offset
+        if self.master_ha is not None:
+            for c in self.master_ha.connections.values():
+                floor = min(floor, c.ack_offset if c.ack_offset >= 0 else self.log.min_offset)
+        return max(floor, self.log.min_offset)
+
+    def forget_deleted_epochs(self) -> None:
+        """Retention moved the log's min offset: the epochs that ended at or before it go from
+        the epoch file (upstream's EpochFileCache.truncatePrefixByOffset)."""
+        first = self.epochs.entries[0] if self.epochs.entries else None
+        if first is not None and first.end <= self.log.min_offset:
+            self.epochs.truncate_prefix_by_offset(self.log.min_offset)
 
     def sync_slave_truncation(self) -> None:
         if self.slave is not None and self.slave.truncated_at is not None:
