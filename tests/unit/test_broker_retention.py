@@ -226,10 +226,10 @@ class Broker:
     def put(self, n: int) -> None:
         self.r.append([BODY] * n)
 
-    def retention(self) -> None:
-        """What the broker's timer does, then a retention pass of the store."""
+    def retention(self, now: int = 0, hold_ms: int = 600_000) -> None:
+        """What the broker's timer does at `now`, then a retention pass of the store."""
         self.r.forget_deleted_epochs()
-        self.log.retain_from(self.r.retention_floor())
+        self.log.retain_from(self.r.retention_floor(now, hold_ms))
         self.store.run_retention()
         self.r.forget_deleted_epochs()
 
@@ -248,11 +248,11 @@ def test_the_master_keeps_what_a_connected_slave_has_not_acked(tmp_path: Path, s
     assert ha is not None
     ha.connections[key].ack_offset = FILE_SIZE + 10  # as if the slave had acked only into the second file
     clock.age(HOURS + 1)
-    assert m.r.retention_floor() == FILE_SIZE + 10
+    assert m.r.retention_floor(0, 600_000) == FILE_SIZE + 10
     m.retention()
     assert m.log.min_offset == FILE_SIZE  # the second file holds records the slave still needs
     ha.connections[key].ack_offset = -1  # a connection that has not acked: it may need anything
-    assert m.r.retention_floor() == m.log.min_offset
+    assert m.r.retention_floor(0, 600_000) == m.log.min_offset
     ha.connections[key].ack_offset = m.log.max_offset
     m.retention()
     assert m.log.min_offset == 2 * FILE_SIZE  # (the last file stays)
@@ -267,7 +267,7 @@ def test_the_master_keeps_what_its_confirm_offset_has_not_reached(tmp_path: Path
     m.master(1, {1, 2})  # broker 2 in the set, not connected: the confirm offset stays where it was
     m.put(30)
     clock.age(HOURS + 1)
-    assert m.r.retention_floor() == 0
+    assert m.r.retention_floor(0, 600_000) == 0
     m.retention()
     assert m.log.min_offset == 0
 
@@ -304,7 +304,9 @@ def test_a_slave_that_needs_deleted_records_gets_a_clear_failure(tmp_path: Path,
     ha.closed(key)
     m.put(30)
     clock.age(HOURS + 1)
-    m.retention()
+    m.retention(now=600_000)  # heard from 10 minutes ago: what it needs is kept
+    assert m.log.min_offset == 0
+    m.retention(now=600_001)  # silent for longer: it holds nothing back
     assert m.log.min_offset == 3 * FILE_SIZE
     s.r.change_role(1, "b1", 3, 1, {1}, "b2")  # ... and comes back, needing offset 785
     assert s.r.slave is not None

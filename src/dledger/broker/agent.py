@@ -84,12 +84,13 @@ class AgentSettings:
     startup_retry_ms: int = STARTUP_RETRY_MS
     alter_retry_ms: int = ALTER_RETRY_MS
     save_confirm_ms: int = SAVE_CONFIRM_MS
+    retention_hold_ms: int = 600_000  # a master's retention keeps what a slave heard from this recently needs
 
     @classmethod
     def from_config(cls, config: BrokerConfig) -> AgentSettings:
         return cls(config.cluster, config.name, config.address, config.election_priority,
                    config.heartbeat_interval_ms, config.sync_metadata_ms, config.check_sync_state_set_ms,
-                   config.slave_timeout_ms, config.flush == "sync")
+                   config.slave_timeout_ms, config.flush == "sync", retention_hold_ms=config.retention_hold_ms)
 
 
 # --- effects: what the driver does -----------------------------------------------------------
@@ -280,7 +281,7 @@ class BrokerAgent:
         below), and forget the epochs whose records retention deleted."""
         r = self.replica
         r.forget_deleted_epochs()
-        self.log.retain_from(r.retention_floor())
+        self.log.retain_from(r.retention_floor(now, self.settings.retention_hold_ms))
         return []
 
     def _safely(self, what: str, step: Callable[[int], list[Effect]], now: int) -> list[Effect]:

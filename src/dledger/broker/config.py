@@ -74,6 +74,9 @@ class BrokerConfig:
     # expired or not, until usage is back under it
     disk_max_used_space_ratio: float = 0.75
     retention_check_interval_ms: int = 10_000  # cleanResourceInterval: how often retention looks
+    # a master's retention keeps what a slave heard from this recently still needs (as a
+    # group member's retention_hold_ms): a slave restarting within it finds its next record
+    retention_hold_ms: int = 600_000
     enable_fault_injection: bool = False  # obey FAULT requests (tests and chaos runs only)
     tls_cert: str = ""  # with tls_key and tls_ca: mutual TLS on the client and HA ports, and to the controllers
     tls_key: str = ""

@@ -211,16 +211,23 @@ class ReplicaState:
 
     # --- retention -----------------------------------------------------------------------------
 
-    def retention_floor(self) -> int:
+    def retention_floor(self, now_ms: int, hold_ms: int) -> int:
         """The lowest offset a replica may still need: retention deletes only the files wholly
         below it. A master: its confirm offset (the least ack of the SyncStateSet, connected or
-        not) and every connected slave's ack (one that has not acked yet holds the whole log);
-        a slave or a fenced replica: its own confirm offset (what it has not confirmed may yet
-        be cut or be needed by another slave if it becomes master)."""
+        not), every connected slave's ack (one that has not acked yet holds the whole log) and
+        the last ack of every slave heard from within `hold_ms` (one restarting finds its next
+        record; one silent for longer holds nothing back, and if it comes back needing deleted
+        records it is refused, docs/brokers.md); a slave or a fenced replica: its own confirm
+        offset (what it has not confirmed may yet be cut, or be needed by the other slaves if
+        it becomes master)."""
         floor = self.confirm_offset
-        if self.master_ha is not None:
-            for c in self.master_ha.connections.values():
+        ha = self.master_ha
+        if ha is not None:
+            for c in ha.connections.values():
                 floor = min(floor, c.ack_offset if c.ack_offset >= 0 else self.log.min_offset)
+            for ack, at in ha.heard.values():
+                if now_ms - at <= hold_ms:
+                    floor = min(floor, ack)
         return max(floor, self.log.min_offset)
 
     def forget_deleted_epochs(self) -> None:
