@@ -23,6 +23,7 @@ from dledger.broker.log import BrokerLog
 from dledger.broker.replica import BrokerRole, ReplicaState
 from dledger.codes import ResponseCode
 from dledger.config import ConfigError
+from dledger.entry import chain_before, chain_crc
 from dledger.store.base import StoreError
 from dledger.store.file import FileLedgerStore
 from dledger.store.retention import EXPIRE_AT_ANY_USAGE, Candidate, plan_deletions
@@ -318,6 +319,17 @@ def test_a_slave_that_needs_deleted_records_gets_a_clear_failure(tmp_path: Path,
     with pytest.raises(HAProtocolError, match="below the master's min offset"):
         s.sync(m, key)
     assert s.log.max_offset == 5 * 157  # no gap was filled in
+
+
+def test_the_chain_crc_before_a_record_is_found_from_the_record() -> None:
+    """What an empty slave's log takes as the chain CRC before the master's first record."""
+    import random
+
+    rng = random.Random(7)
+    for _ in range(500):
+        index, term, body_crc, prev = (rng.randrange(1 << 40), rng.randrange(1 << 31), rng.randrange(1 << 32),
+                                       rng.randrange(1 << 32))
+        assert chain_before(index, term, body_crc, chain_crc(index, term, body_crc, prev)) == prev
 
 
 # --- the confirm offset file's .bak --------------------------------------------------------------

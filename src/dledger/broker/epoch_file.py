@@ -8,9 +8,9 @@ On disk (upstream's CheckpointFile, byte for byte):
     <epoch>-<startOffset>\\n   (ascending)
 
 A write goes to `<file>.bak` first, then to the file, each temp + fsync + rename (upstream's
-CheckpointFile copied to `.bak` and then overwrote the file in place); a file missing or torn
-is read from its `.bak`. [improve]s over upstream: the atomic writes; truncating every entry writes an
-explicit empty file (upstream's `write([])` did nothing, and the entries came back after a
+CheckpointFile copied to `.bak`, then overwrote the file in place); a file missing or torn is
+read from its `.bak`. [improve]s over upstream: the atomic writes; truncating every entry
+writes an explicit empty file (upstream's `write([])` did nothing, and the entries came back after a
 restart); an epoch that begins where the last one began (no data in between) replaces it
 (upstream rejected it, and the new epoch went missing, PR #9942); the last entry's end is
 +infinity in memory after every truncation (upstream set it on a copy).
