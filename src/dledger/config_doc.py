@@ -10,6 +10,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import inspect
+from types import ModuleType
 from typing import Any
 
 import click
@@ -48,12 +49,12 @@ every host, with no authentication at all: docs/security.md).
 """
 
 
-def comments() -> dict[str, str]:
+def comments(module: ModuleType = config, name: str = "DLedgerConfig") -> dict[str, str]:
     """Each field's comment: the block of `#` lines above it and the one on its line."""
-    source = inspect.getsource(config)
+    source = inspect.getsource(module)
     lines = source.splitlines()
     tree = ast.parse(source)
-    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "DLedgerConfig")
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == name)
     out: dict[str, str] = {}
     for node in cls.body:
         if not isinstance(node, ast.AnnAssign) or not isinstance(node.target, ast.Name):
@@ -97,11 +98,30 @@ def _default(f: dataclasses.Field[Any]) -> str:
     return f"`{str(value).lower() if isinstance(value, bool) else value}`"
 
 
+BROKER_HEADER = """
+## Broker retention
+
+A broker replica (`dledger broker --config FILE`, docs/brokers.md) takes these keys beside
+the ones docs/brokers.md lists; how they combine is in docs/brokers.md, "Retention".
+
+| key | default | meaning |
+|---|---|---|
+"""
+BROKER_RETENTION_KEYS = ("file_reserved_hours", "disk_max_used_space_ratio", "retention_check_interval_ms",
+                         "retention_hold_ms")
+
+
 def render() -> str:
+    from dledger.broker import config as broker_config
+
     notes, cli = comments(), flags()
     rows = [f"| `{f.name}` | {_default(f)} | {f'`{cli[f.name]}`' if f.name in cli else ''} | "
             f"{notes.get(f.name, '').replace('|', '/')} |" for f in dataclasses.fields(config.DLedgerConfig)]
-    return HEADER + "\n".join(rows) + "\n" + upstream_names()
+    broker_notes = comments(broker_config, "BrokerConfig")
+    broker_rows = [f"| `{f.name}` | {_default(f)} | {broker_notes.get(f.name, '').replace('|', '/')} |"
+                   for f in dataclasses.fields(broker_config.BrokerConfig) if f.name in BROKER_RETENTION_KEYS]
+    return (HEADER + "\n".join(rows) + "\n" + BROKER_HEADER + "\n".join(broker_rows) + "\n"
+            + upstream_names())
 
 
 ALIASES_HEADER = """

@@ -134,6 +134,30 @@ def chain_crc(index: int, term: int, body_crc: int, prev: int) -> int:
     return zlib.crc32(_CHAIN.pack(index, term, body_crc), prev)
 
 
+def chain_before(index: int, term: int, body_crc: int, chain: int) -> int:
+    """The `prev` for which chain_crc(index, term, body_crc, prev) == chain: what a log that
+    begins at this record (a replica copying a log whose older records were deleted) takes
+    as the chain CRC before it. CRC-32 is affine in its starting value, crc(d, x) = M x ^
+    crc(d, 0), and M is invertible: x is solved for over GF(2), one bit column at a time."""
+    data = _CHAIN.pack(index, term, body_crc)
+    base = zlib.crc32(data, 0)
+    pivots: dict[int, tuple[int, int]] = {}  # highest bit -> (M x, x) for the x reduced so far
+    for k in range(32):
+        v, x = zlib.crc32(data, 1 << k) ^ base, 1 << k
+        while v:
+            top = v.bit_length() - 1
+            if top not in pivots:
+                pivots[top] = (v, x)
+                break
+            pv, px = pivots[top]
+            v, x = v ^ pv, x ^ px
+    want, prev = chain ^ base, 0
+    while want:
+        pv, px = pivots[want.bit_length() - 1]  # (every bit has a pivot: M is invertible)
+        want, prev = want ^ pv, prev ^ px
+    return prev
+
+
 def chain_follows(index: int, term: int, body_crc: int, prev: int, chain: int) -> bool:
     """Whether a record's chain CRC field `chain` follows `prev`, the one before it: equal to
     chain_crc, or both CRC fields 0 after a 0 (`unverified`, upstream's record)."""

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
+
+T = TypeVar("T")
 
 
 def write_atomic(path: Path, data: bytes, mode: int = 0o644) -> None:
@@ -38,3 +42,32 @@ def fsync_path(path: Path) -> None:
     finally:
         os.close(fd)
 
+
+
+def backup_path(path: Path) -> Path:
+    return path.with_name(path.name + ".bak")
+
+
+def write_with_backup(path: Path, data: bytes, mode: int = 0o644) -> None:
+    """Write `data` to `path.bak`, then to `path`, each atomically (upstream's CheckpointFile
+    keeps the same `.bak`): whatever happens to the main file, one of the two holds the
+    newest or the previous contents whole. Raises OSError."""
+    write_atomic(backup_path(path), data, mode)
+    write_atomic(path, data, mode)
+
+
+def read_with_backup(path: Path, parse: Callable[[bytes], T], damaged: type[Exception] | tuple[type[Exception], ...],
+                        ) -> tuple[T | None, list[str]]:
+    """(`parse` of `path`, or of `path.bak` when the main file is missing or `parse` raises
+    `damaged` on it; None when neither is there or readable, the reasons it was not read)."""
+    problems: list[str] = []
+    for candidate in (path, backup_path(path)):
+        try:
+            data = candidate.read_bytes()
+        except FileNotFoundError:
+            continue
+        try:
+            return parse(data), problems
+        except damaged as e:
+            problems.append(f"{candidate}: {e}")
+    return None, problems

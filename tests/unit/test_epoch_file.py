@@ -96,3 +96,41 @@ def test_prefix_truncation_and_a_damaged_file(cache: EpochFileCache, tmp_path: P
     for bad in (b"", b"x\n", b"2\n0\n1-100\n"):
         with pytest.raises(EpochFileError):
             decode(bad)
+
+
+def test_upstream_abnormal_write_and_read_reads_the_bak(tmp_path: Path) -> None:
+    """CheckpointFileTest.testAbNormalWriteAndRead: write, delete the main file, read gives
+    what was written (from the .bak); written again, read again."""
+    path = tmp_path / "epochFileCheckpoint"
+    c = EpochFileCache(path)
+    c.append_entry(7, 7000)
+    c.append_entry(8, 8000)
+    want = [(7, 7000), (8, 8000)]
+    path.unlink()
+    again = EpochFileCache(path)
+    assert [(e.epoch, e.start) for e in again.entries] == want
+    again.append_entry(9, 9000)  # written again: both files
+    assert path.read_bytes() == path.with_name(path.name + ".bak").read_bytes()
+    assert [(e.epoch, e.start) for e in EpochFileCache(path).entries] == [*want, (9, 9000)]
+
+
+def test_a_torn_main_file_reads_the_bak(tmp_path: Path) -> None:
+    path = tmp_path / "epochFileCheckpoint"
+    c = EpochFileCache(path)
+    c.append_entry(1, 0)
+    c.append_entry(2, 1570)
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])  # a torn write of the main file
+    assert [(e.epoch, e.start) for e in EpochFileCache(path).entries] == [(1, 0), (2, 1570)]
+
+
+def test_prefix_truncation_keeps_the_epoch_that_spans_the_offset_and_survives_a_restart(
+        cache: EpochFileCache) -> None:
+    """truncatePrefixByOffset: entries ending at or before the offset go; the one the offset
+    falls in keeps its start (a slave compares starts to find the consistent point); the last
+    one (end: +infinity) never goes."""
+    cache.truncate_prefix_by_offset(300)
+    assert [(e.epoch, e.start) for e in cache.entries] == [(2, 300), (3, 500)]
+    cache.truncate_prefix_by_offset(10_000)
+    assert cache.path is not None
+    assert [(e.epoch, e.start, e.end) for e in EpochFileCache(cache.path).entries] == [(3, 500, INFINITY)]

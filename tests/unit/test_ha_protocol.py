@@ -302,5 +302,7 @@ def test_an_unreadable_epoch_file_is_an_error(tmp_path: Path) -> None:
     path = tmp_path / "epochFileCheckpoint"
     EpochFileCache(path).append_entry(1, 0)
     path.write_bytes(b"2\n123\n1-0\n")  # count and CRC do not match
+    EpochFileCache(path)  # (the .bak is read)
+    (tmp_path / "epochFileCheckpoint.bak").write_bytes(b"1\n1\n1-0\n")  # a CRC that fails
     with pytest.raises(EpochFileError, match="cannot be read"):
         EpochFileCache(path)

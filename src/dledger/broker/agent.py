@@ -84,12 +84,13 @@ class AgentSettings:
     startup_retry_ms: int = STARTUP_RETRY_MS
     alter_retry_ms: int = ALTER_RETRY_MS
     save_confirm_ms: int = SAVE_CONFIRM_MS
+    retention_hold_ms: int = 600_000  # a master's retention keeps what a slave heard from this recently needs
 
     @classmethod
     def from_config(cls, config: BrokerConfig) -> AgentSettings:
         return cls(config.cluster, config.name, config.address, config.election_priority,
                    config.heartbeat_interval_ms, config.sync_metadata_ms, config.check_sync_state_set_ms,
-                   config.slave_timeout_ms, config.flush == "sync")
+                   config.slave_timeout_ms, config.flush == "sync", retention_hold_ms=config.retention_hold_ms)
 
 
 # --- effects: what the driver does -----------------------------------------------------------
@@ -246,7 +247,8 @@ class BrokerAgent:
 
     def tick(self, now: int) -> list[Effect]:
         """Timers: startup retries, the replica-info poll, heartbeats, the alter loop's pause,
-        send deadlines, the SyncStateSet shrink check and saving the confirm offset."""
+        send deadlines, the SyncStateSet shrink check, saving the confirm offset and the
+        retention floor."""
         with self._settled(now):
             out = self._overdue(now)
             if self._step is None and (now >= self._chain_at or (self._following and self._hinted)):
@@ -271,7 +273,16 @@ class BrokerAgent:
                 self._saved_at = now
                 out += self._safely("reading the confirm offset", lambda t: [SaveConfirm(self.replica.confirm_offset)],
                                     now)
+                out += self._safely("retention", self._retention, now)
             return out
+
+    def _retention(self, now: int) -> list[Effect]:
+        """Tell the store what the replicas still need (its retention deletes only files wholly
+        below), and forget the epochs whose records retention deleted."""
+        r = self.replica
+        r.forget_deleted_epochs()
+        self.log.retain_from(r.retention_floor(now, self.settings.retention_hold_ms))
+        return []
 
     def _safely(self, what: str, step: Callable[[int], list[Effect]], now: int) -> list[Effect]:
         """A timer's step; a store or disk error is logged and the step tried again next time."""

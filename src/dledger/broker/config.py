@@ -19,6 +19,11 @@ from dledger.config import ConfigError, read_toml
 from dledger.config_aliases import BROKER_ALIASES, FLUSH_DISK_TYPES, resolve
 from dledger.controller.messages import HA_SEPARATOR
 from dledger.security.tls import TlsConfig
+from dledger.store.retention import EXPIRE_AT_ANY_USAGE
+
+# upstream's diskSpaceWarningLevelRatio: above it, with nothing more retention may delete (a
+# replica still needs the files), the master refuses sends (DISK_FULL) until there is room
+DISK_FULL_RATIO = 0.90
 
 
 def broker_address(listen: str, ha_listen: str) -> str:
@@ -63,6 +68,16 @@ class BrokerConfig:
     ha_transfer_batch_bytes: int = 256 << 10
     flush: str = "async"  # async | sync (a send waits for its fsync too)
     data_file_size: int = 64 << 20
+    # retention (upstream's CleanCommitLogService): whole data files, oldest first, never one
+    # holding a record a replica still needs (docs/brokers.md, "Retention")
+    file_reserved_hours: float = 72.0  # fileReservedTime: a data file last written longer ago is deleted
+    # diskMaxUsedSpaceRatio (as a fraction, upstream: a percentage): above it the oldest files go,
+    # expired or not, until usage is back under it
+    disk_max_used_space_ratio: float = 0.75
+    retention_check_interval_ms: int = 10_000  # cleanResourceInterval: how often retention looks
+    # a master's retention keeps what a slave heard from this recently still needs (as a
+    # group member's retention_hold_ms): a slave restarting within it finds its next record
+    retention_hold_ms: int = 600_000
     enable_fault_injection: bool = False  # obey FAULT requests (tests and chaos runs only)
     tls_cert: str = ""  # with tls_key and tls_ca: mutual TLS on the client and HA ports, and to the controllers
     tls_key: str = ""
@@ -98,6 +113,15 @@ class BrokerConfig:
         given = [k for k in ("tls_cert", "tls_key", "tls_ca") if getattr(self, k)]
         if given and len(given) != 3:
             raise ConfigError("broker.tls_cert, tls_key and tls_ca go together")
+        for key in ("file_reserved_hours", "disk_max_used_space_ratio"):
+            value = getattr(self, key)
+            if not isinstance(value, int | float) or isinstance(value, bool):
+                raise ConfigError(f"broker.{key} must be a number, not {value!r}")
+            setattr(self, key, float(value))
+        if self.file_reserved_hours < 0:
+            raise ConfigError("broker.file_reserved_hours must not be negative")
+        if not 0.0 < self.disk_max_used_space_ratio <= 1.0:
+            raise ConfigError("broker.disk_max_used_space_ratio must be in (0, 1] (upstream's 75 is 0.75)")
         if self.data_file_size < 1 << 20:
             raise ConfigError("broker.data_file_size must be at least 1 MiB")
 
@@ -118,6 +142,19 @@ class BrokerConfig:
     @property
     def tls(self) -> TlsConfig | None:
         return TlsConfig(self.tls_ca, self.tls_cert, self.tls_key) if self.tls_cert else None
+
+    @property
+    def retention(self) -> dict[str, Any]:
+        """The commit log store's retention arguments (store.file.FileLedgerStore): expired
+        files go at any disk usage, and above the disk ratio the oldest go too, down to it;
+        only the floor the broker sets (what its replicas still need) bounds it."""
+        return {"file_reserved_hours": self.file_reserved_hours,
+                "disk_space_ratio_to_check_expired": EXPIRE_AT_ANY_USAGE,
+                "disk_space_ratio_to_force_clean": self.disk_max_used_space_ratio,
+                "force_clean_until": self.disk_max_used_space_ratio,
+                "disk_full_ratio": max(DISK_FULL_RATIO, self.disk_max_used_space_ratio),
+                "retention_check_interval_ms": self.retention_check_interval_ms,
+                "floor_only": True}
 
     @property
     def store_path(self) -> Path:

@@ -7,9 +7,10 @@ On disk (upstream's CheckpointFile, byte for byte):
     <crc32 of the entry lines, & 0x7FFFFFFF; 0 = not checked>\\n
     <epoch>-<startOffset>\\n   (ascending)
 
-[improve]s over upstream: a write is temp + fsync + rename (upstream overwrote in place after
-copying to `.bak`; the `.bak` is still read as a fallback); truncating every entry writes an
-explicit empty file (upstream's `write([])` did nothing, and the entries came back after a
+A write goes to `<file>.bak` first, then to the file, each temp + fsync + rename (upstream's
+CheckpointFile copied to `.bak`, then overwrote the file in place); a file missing or torn is
+read from its `.bak`. [improve]s over upstream: the atomic writes; truncating every entry
+writes an explicit empty file (upstream's `write([])` did nothing, and the entries came back after a
 restart); an epoch that begins where the last one began (no data in between) replaces it
 (upstream rejected it, and the new epoch went missing, PR #9942); the last entry's end is
 +infinity in memory after every truncation (upstream set it on a copy).
@@ -24,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dledger.codes import DLedgerError, ResponseCode
-from dledger.fsutil import write_atomic
+from dledger.fsutil import backup_path, read_with_backup, write_with_backup
 
 log = logging.getLogger(__name__)
 
@@ -85,17 +86,10 @@ class EpochFileCache:
 
     def _load(self) -> list[EpochEntry]:
         assert self.path is not None
-        bak = self.path.with_name(self.path.name + ".bak")
-        damaged: list[str] = []
-        for candidate in (self.path, bak):
-            try:
-                entries = decode(candidate.read_bytes())
-            except FileNotFoundError:
-                continue
-            except EpochFileError as e:
-                log.warning("%s: %s; trying %s", candidate, e, bak)
-                damaged.append(f"{candidate}: {e.message}")
-                continue
+        entries, damaged = read_with_backup(self.path, decode, EpochFileError)
+        for d in damaged:
+            log.warning("epoch file %s; trying %s", d, backup_path(self.path))
+        if entries is not None:
             return entries
         if damaged:  # an error, not an empty file (the replica would lose its epochs)
             raise EpochFileError(f"the epoch file cannot be read ({'; '.join(damaged)}): restore it, or move the "
@@ -105,7 +99,7 @@ class EpochFileCache:
     def _flush(self) -> None:
         self.entries = _with_ends(self.entries)
         if self.path is not None:
-            write_atomic(self.path, encode(self.entries))
+            write_with_backup(self.path, encode(self.entries))
 
     # --- changes ---------------------------------------------------------------------------
 

@@ -111,11 +111,18 @@ class MasterConnection:
         if self.next_offset != -1 and p.max_offset > self.next_offset:
             raise HAProtocolError(f"slave {self.slave_id} acked {p.max_offset}, beyond the {self.next_offset} "
                                   "bytes sent to it")
+        if self.request_offset == -1 and 0 < p.max_offset < self.log.min_offset:
+            raise self._below_min(p.max_offset)  # (here, not at the transfer: the read loop says why)
         self.state = HAState.TRANSFER
         if self.request_offset == -1:
             self.request_offset = p.max_offset
         self.ack_offset = p.max_offset
         acks.append(p.max_offset)
+
+    def _below_min(self, offset: int) -> HAProtocolError:
+        return HAProtocolError(f"slave {self.slave_id} needs offset {offset}, below the master's min offset "
+                               f"{self.log.min_offset} (deleted by retention): move its store directory away so it "
+                               "copies the master's log from its min offset")
 
     def caught_up_at(self, ack: int, now_ms: int) -> int | None:
         """When the slave, acking `ack`, last had everything the master had (None: unknown)."""
@@ -153,8 +160,7 @@ class MasterConnection:
         if self.next_offset == -1:
             self.next_offset = self.request_offset if self.request_offset > 0 else self.log.min_offset
             if self.next_offset < self.log.min_offset:
-                raise HAProtocolError(f"slave {self.slave_id} needs offset {self.next_offset}, below the "
-                                      f"master's min offset {self.log.min_offset}")
+                raise self._below_min(self.next_offset)
         frames: list[bytes] = []
         sent = 0
         while sent < max_bytes:

@@ -51,6 +51,9 @@ class MasterHA:
         # the end of what may have been acknowledged to producers: all of the log at takeover
         # (a restarted master does not know what it acknowledged), then every ack's end
         self.acked_offset = log.max_offset
+        # slave id -> (its last ack, when): retention keeps what a slave heard from recently
+        # needs, connected or not (a restarting slave must find its next record still here)
+        self.heard: dict[int, tuple[int, int]] = {}
         self.recompute_confirm()
 
     # --- connections -------------------------------------------------------------------------
@@ -74,6 +77,8 @@ class MasterHA:
             for k, other in list(self.connections.items()):
                 if k != key and other.slave_id == conn.slave_id:
                     del self.connections[k]
+        if acks:
+            self.heard[conn.slave_id] = (acks[-1], now_ms)
         if not acks or conn.async_learner:
             return None
         ack = acks[-1]

@@ -16,7 +16,7 @@ from dledger.broker.epoch_file import EpochFileCache, find_consistent_point
 from dledger.broker.ha_master import HAConfig, HAProtocolError
 from dledger.broker.ha_packets import Ack, Handshake, HandshakeAnswer, HAState, MasterPacketReader, Transfer
 from dledger.broker.log import BrokerLog
-from dledger.entry import HEADER
+from dledger.entry import HEADER, chain_before
 from dledger.store.base import StoreError
 
 log = logging.getLogger(__name__)
@@ -112,8 +112,12 @@ class SlaveClient:
                 master.append_entry(e.epoch, e.start)
             cut = find_consistent_point(self.epochs.with_last_end(local_max), master.with_last_end(answer.max_offset))
             if cut < 0:
+                first = answer.entries[0] if answer.entries else None
+                gone = (f"; the master's epochs begin with epoch {first.epoch} at {first.start}: if retention "
+                        "deleted the records this replica would need, move its store directory away so it copies "
+                        "the master's log from its min offset") if first is not None and first.start > 0 else ""
                 raise HAProtocolError(f"no consistent point with the master (local epochs {self.epochs.entries}, "
-                                      f"the master's {list(answer.entries)}): an operator must act")
+                                      f"the master's {list(answer.entries)}): an operator must act{gone}")
         if cut < local_max:
             self.log.truncate_to(cut)
             self.truncated_at = cut
@@ -137,6 +141,9 @@ class SlaveClient:
             if not last_start <= t.epoch_start <= t.offset:
                 raise HAProtocolError(f"a frame at {t.offset} says its epoch {t.epoch} began at {t.epoch_start}")
             _check_terms(t.body, t.epoch)
+            store = self.log.store
+            if t.offset > self.log.max_offset and store.end_index < store.begin_index and store.begins_file(t.offset):
+                self._begin_at(t)
             # (upstream's currentReceivedEpoch: the epoch file's last epoch says the same)
             added = t.epoch != self.epochs.last_epoch and self.epochs.append_entry(t.epoch, t.epoch_start)
             if self.epochs.last_epoch != t.epoch:
@@ -149,6 +156,22 @@ class SlaveClient:
                 raise HAProtocolError(f"records at {t.offset} do not follow our log: {e.message}") from e
         self.confirm_offset = max(self.confirm_offset, min(t.confirm_offset, self.log.max_offset))
         return bool(t.body)
+
+
+    def _begin_at(self, t: Transfer) -> None:
+        """Our log is empty and the master sends from past its end: the master's log begins
+        there (retention deleted the files before), and ours starts at the frame's first record
+        too (upstream's slave creates its first file there). (A log holding records is never
+        sent a gap: the master refuses a slave that needs records below its min offset, and
+        the store refuses records that do not follow its own; nor is a frame that does not
+        begin a data file, where alone retention leaves a log's min offset.)"""
+        store = self.log.store
+        _, _, index, term, pos, _, chain, body_crc, _ = HEADER.unpack_from(t.body, 0)
+        if pos != t.offset:
+            raise HAProtocolError(f"a frame at {t.offset} begins with a record at {pos}")
+        store.reset(index, term, chain_before(index, term, body_crc, chain), pos)
+        log.warning("slave %d: the master's log begins at offset %d (entry %d): our empty log begins there too",
+                    self.broker_id, pos, index)
 
 
 def _check_terms(body: bytes, epoch: int) -> None:

@@ -49,9 +49,14 @@ class BrokerLog:
 
     def index_at(self, offset: int) -> int:
         """The first entry at or after `offset`, which must be a record boundary
-        (end_index + 1 at the log's end); StoreError INDEX_OUT_OF_RANGE otherwise."""
+        (end_index + 1 at the log's end); StoreError INDEX_LESS_THAN_LOCAL_BEGIN below the min
+        offset, INDEX_OUT_OF_RANGE otherwise."""
         s = self.store
-        if not self.min_offset <= offset <= self.max_offset:
+        if offset < self.min_offset:  # (retention deleted it: as DLedger's reads below the begin)
+            raise StoreError(ResponseCode.INDEX_LESS_THAN_LOCAL_BEGIN,
+                             f"offset {offset} is below the log's min offset {self.min_offset} (deleted by "
+                             "retention)")
+        if offset > self.max_offset:
             raise StoreError(ResponseCode.INDEX_OUT_OF_RANGE,
                              f"offset {offset} outside the log [{self.min_offset}, {self.max_offset}]")
         lo, hi = s.begin_index, s.end_index + 1  # first entry whose pos >= offset
@@ -64,6 +69,11 @@ class BrokerLog:
         if self.end_of(lo - 1) > offset:
             raise StoreError(ResponseCode.INDEX_OUT_OF_RANGE, f"offset {offset} is inside entry {lo - 1}")
         return lo
+
+    def retain_from(self, offset: int) -> None:
+        """Retention may delete the data files whose records all end at or before `offset`
+        (a record boundary or not: one that straddles it is kept)."""
+        self.store.set_retention_floor(self.last_index_within(offset) + 1, f"the replicas need offset {offset}")
 
     def append(self, bodies: Sequence[bytes], epoch: int) -> AppendedBatch:
         return self.store.append_as_leader(bodies, epoch)

@@ -68,6 +68,7 @@ class ReplicaState:
         self._seen_cuts = 0
         # a (re)started replica: epochs that begin past what recovery kept wrote nothing it has
         epochs.truncate_suffix_by_offset(log_.max_offset + 1)
+        self.forget_deleted_epochs()  # (retention may have deleted files just before a crash)
 
     # --- what the controller says ----------------------------------------------------------
 
@@ -207,6 +208,34 @@ class ReplicaState:
                 self._confirm = min(self._confirm, self.log.max_offset)
             self._confirm = max(self._confirm, min(self.slave.confirm_offset, self.log.max_offset))
         return min(self._confirm, self.log.max_offset)
+
+    # --- retention -----------------------------------------------------------------------------
+
+    def retention_floor(self, now_ms: int, hold_ms: int) -> int:
+        """The lowest offset a replica may still need: retention deletes only the files wholly
+        below it. A master: its confirm offset (the least ack of the SyncStateSet, connected or
+        not), every connected slave's ack (one that has not acked yet holds the whole log) and
+        the last ack of every slave heard from within `hold_ms` (one restarting finds its next
+        record; one silent for longer holds nothing back, and if it comes back needing deleted
+        records it is refused, docs/brokers.md); a slave or a fenced replica: its own confirm
+        offset (what it has not confirmed may yet be cut, or be needed by the other slaves if
+        it becomes master)."""
+        floor = self.confirm_offset
+        ha = self.master_ha
+        if ha is not None:
+            for c in ha.connections.values():
+                floor = min(floor, c.ack_offset if c.ack_offset >= 0 else self.log.min_offset)
+            for ack, at in ha.heard.values():
+                if now_ms - at <= hold_ms:
+                    floor = min(floor, ack)
+        return max(floor, self.log.min_offset)
+
+    def forget_deleted_epochs(self) -> None:
+        """Retention moved the log's min offset: the epochs that ended at or before it go from
+        the epoch file (upstream's EpochFileCache.truncatePrefixByOffset)."""
+        first = self.epochs.entries[0] if self.epochs.entries else None
+        if first is not None and first.end <= self.log.min_offset:
+            self.epochs.truncate_prefix_by_offset(self.log.min_offset)
 
     def sync_slave_truncation(self) -> None:
         if self.slave is not None and self.slave.truncated_at is not None:

@@ -100,7 +100,8 @@ class BrokerServer:
         self.config = config
         root = config.store_path
         root.mkdir(parents=True, exist_ok=True)
-        self.store = FileLedgerStore(root / "commitlog", data_file_size=config.data_file_size, flush=config.flush)
+        self.store = FileLedgerStore(root / "commitlog", data_file_size=config.data_file_size, flush=config.flush,
+                                     **config.retention)
         self.log = BrokerLog(self.store)
         self.epochs = EpochFileCache(root / EPOCH_FILE)
         self.registration = Registration(root, config.cluster, config.name, config.address)

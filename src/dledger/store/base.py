@@ -163,6 +163,11 @@ class LedgerStore(ABC):
             pos, size, term, _ = self._record_slot(index)
             return pos, size, term
 
+    def begins_file(self, pos: int) -> bool:
+        """Whether a data file begins at `pos`: the only places a log whose older files
+        retention deleted can begin (a memory store has no files: 0 only)."""
+        return pos == 0
+
     def first_pos(self) -> int:
         """The position of entry begin_index (where an empty log's next entry goes)."""
         raise StoreError(ResponseCode.UNSUPPORTED, f"{type(self).__name__} has no positions")

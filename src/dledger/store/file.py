@@ -91,7 +91,18 @@ class FileLedgerStore(LedgerStore):
         disk_space_ratio_to_force_clean: float = 0.85,
         retention_check_interval_ms: int = 10_000,
         disk_usage: DiskUsage | None = None,
+        force_clean_until: float | None = None,
+        disk_full_ratio: float | None = None,
+        floor_only: bool = False,
+        clock: Callable[[], float] = time.time,
     ) -> None:
+        """Retention (store/retention.py): `file_reserved_hours`, the two disk ratios and
+        `force_clean_until` (how far forced deletion brings usage down; None: the check ratio)
+        and `disk_full_ratio` (above it, with nothing more to delete, client appends are
+        refused; None: the force ratio) are the policy; `floor_only`: only `set_retention_floor`
+        bounds it, not the commit index (a broker's log: its owner knows which records its
+        replicas still need, and nothing is deleted before it says); `clock` (wall seconds)
+        ages the files, `disk_usage` measures the disk (tests pass fakes)."""
         super().__init__(min(max_body_bytes, data_file_size - HEADER_SIZE - BLANK_SIZE))
         if index_file_size % INDEX_UNIT_SIZE:
             raise StoreError(ResponseCode.UNEXPECTED_ARGUMENT, "index_file_size must be a multiple of 32")
@@ -105,6 +116,10 @@ class FileLedgerStore(LedgerStore):
             self.file_reserved_hours = file_reserved_hours
             self.check_expired_ratio = disk_space_ratio_to_check_expired
             self.force_clean_ratio = disk_space_ratio_to_force_clean
+            self.force_clean_until = force_clean_until
+            self.disk_full_ratio = disk_full_ratio
+            self._floor_only = floor_only
+            self._clock = clock
             self._disk_usage: DiskUsage = disk_usage or (lambda: disk_usage_ratio(self.dir))
             # the sizes are the store's own when it has files (a store upstream DLedger or an
             # older configuration wrote); the configured ones are for new files of a new store
@@ -168,6 +183,9 @@ class FileLedgerStore(LedgerStore):
 
     def first_pos(self) -> int:
         return self.begin_pos
+
+    def begins_file(self, pos: int) -> bool:
+        return pos % self.data.file_size == 0
 
     def append_as_leader(
         self, bodies: Sequence[bytes], term: int, magic: int = MAGIC_NORMAL
@@ -718,7 +736,9 @@ class FileLedgerStore(LedgerStore):
             ratio, total = self._disk_usage()
             committed_floor = self.committed_index + 1
             floor = committed_floor
-            if self._retention_floor is not None:
+            if self._floor_only:  # nothing goes before the owner names a floor
+                floor = committed_floor = self._retention_floor if self._retention_floor is not None else 0
+            elif self._retention_floor is not None:
                 floor = min(floor, self._retention_floor)
             plan = self._plan_retention(floor, ratio, total)
             self._note_held_back(floor, committed_floor, plan.delete, ratio, total)
@@ -735,8 +755,9 @@ class FileLedgerStore(LedgerStore):
 
     def _plan_retention(self, floor: int, ratio: float, total: int) -> Plan:
         return plan_deletions(
-            self._retention_candidates(floor), ratio, total, time.time(), self.file_reserved_hours,
-            self.check_expired_ratio, self.force_clean_ratio,
+            self._retention_candidates(floor), ratio, total, self._clock(), self.file_reserved_hours,
+            self.check_expired_ratio, self.force_clean_ratio, self.force_clean_until,
+            self.disk_full_ratio,
         )
 
     def _note_held_back(self, floor: int, committed_floor: int, deleting: int, ratio: float, total: int) -> None:

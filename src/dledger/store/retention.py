@@ -1,7 +1,11 @@
-"""Retention as DLedger: which old data files to delete when the disk fills up.
+"""Retention: which old data files to delete, oldest first.
 
-Pure policy, so it is tested without filling a disk: the store passes the
-files that lie wholly below the live range, oldest first.
+Pure policy, so it is tested without filling a disk or waiting for files to age: the store
+passes the files that lie wholly below the live range, oldest first, the disk usage and the
+time. Two users: a group member's Raft log (upstream DLedger: expired files go only once the
+disk is `check_expired_ratio` full) and a broker's commit log (upstream RocketMQ's
+CleanCommitLogService: expired files go whatever the usage, and above the disk ratio the
+oldest go too until usage is back under it).
 """
 
 from __future__ import annotations
@@ -14,6 +18,9 @@ from typing import NamedTuple
 class Candidate(NamedTuple):
     size: int
     mtime: float
+
+
+EXPIRE_AT_ANY_USAGE = -1.0  # check_expired_ratio: expired files go whatever the disk usage
 
 
 class Plan(NamedTuple):
@@ -29,25 +36,29 @@ def plan_deletions(
     reserved_hours: float,
     check_expired_ratio: float,
     force_clean_ratio: float,
+    force_until: float | None = None,
+    full_ratio: float | None = None,
 ) -> Plan:
     """Above `check_expired_ratio` delete expired files; above `force_clean_ratio` also
-    unexpired ones, oldest first, until usage is back under the check ratio.
+    unexpired ones, oldest first, until usage is back under `force_until` (None: the check
+    ratio). A negative check ratio deletes expired files at any usage.
 
-    The disk is full when usage stays above the force ratio after all that.
+    The disk is full when usage stays above `full_ratio` (None: the force ratio) after all that.
     """
     if usage_ratio <= check_expired_ratio:
-        return Plan(0, False)
+        return Plan(0, False)  # (below both ratios: a full-ratio above them is not reached either)
     expire_before = now - reserved_hours * 3600
     ratio = usage_ratio
     n = 0
     forcing = usage_ratio > force_clean_ratio
+    target = check_expired_ratio if force_until is None else force_until
     for c in candidates:
         expired = c.mtime < expire_before
-        if not expired and not (forcing and ratio > check_expired_ratio):
+        if not expired and not (forcing and ratio > target):
             break
         n += 1
         ratio -= c.size / max(total_bytes, 1)
-    return Plan(n, ratio > force_clean_ratio)
+    return Plan(n, ratio > (force_clean_ratio if full_ratio is None else full_ratio))
 
 
 def disk_usage_ratio(path: Path) -> tuple[float, int]:
