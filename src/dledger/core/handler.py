@@ -73,6 +73,8 @@ class HandlerContext(MemberEnv, Protocol):
 
     def mark_corrupt(self, index: int, reason: str) -> None: ...
     def forget_corrupt_above(self, end: int) -> None: ...
+    def log_appended(self, first: int, last: int) -> None: ...
+    def log_truncated(self, end: int) -> None: ...
     def beyond_repair(self, leader_begin: int) -> None: ...
     def repaired(self, first: int, last: int, indexes: list[int]) -> None: ...
     def reply(self, token: Any, code: int, msg: msgspec.Struct) -> None: ...
@@ -210,6 +212,7 @@ class EntryHandler:
             self._fail_unsynced(i)
             store.truncate(i + 1)
             self.env.forget_corrupt_above(i)
+            self.env.log_truncated(i)  # a configuration entry removed: the one before is in force
         self._match(i)
         self.update_commit(req.committed_index)
         self._answer(token, ResponseCode.SUCCESS, req)
@@ -253,6 +256,7 @@ class EntryHandler:
                            e.message)
             self._answer(token, _failure_code(e), req, reason=e.message)
             return
+        self.env.log_appended(first, end)  # a configuration entry among them takes effect now
         self._match(end)
         self.update_commit(req.committed_index)
         if self.env.receiver.meta is not None:  # a leader extends our log: no install is coming back

@@ -13,6 +13,7 @@ from typing import Annotated
 import msgspec
 
 from dledger.codes import PushType, RequestCode, ResponseCode
+from dledger.membership import Address, Membership
 from dledger.statemachine.snapshot import MAX_FILES
 
 
@@ -322,11 +323,13 @@ class InstallSnapshotRequest(Msg):
     last_term: Term = -1
     chain_crc: Crc = 0  # of entry last_index: the log after it continues the chain from here
     next_pos: Position = 0  # where entry last_index + 1 starts
-    members: Annotated[str, msgspec.Meta(max_length=1 << 16)] = ""
+    # the configuration at last_index (a peers string from a member that predates Membership)
+    members: Annotated[str, msgspec.Meta(max_length=1 << 16)] | Membership = ""
     files: Annotated[dict[FileName, SnapshotFile], msgspec.Meta(max_length=MAX_SNAPSHOT_FILES)] = {}
     offset: Position = 0  # of this chunk (`data`) in the stream
     crc: Crc = 0  # CRC32 of this chunk
     committed_index: Index = -1
+    config_index: Index = -1  # the CONFIG_CHANGE entry `members` came from (-1: the first peers)
 
 
 class InstallSnapshotResponse(msgspec.Struct, array_like=True):
@@ -337,6 +340,63 @@ class InstallSnapshotResponse(msgspec.Struct, array_like=True):
     end_index: int = -1  # receiver's ledger end
     durable_index: int = -1
     reason: str = ""
+
+# --- the wire: MEMBERS (anyone who may read metadata) and CHANGE_MEMBERS (admin) -------------
+
+
+class MembersRequest(Msg):
+    pass
+
+
+class MemberInfo(msgspec.Struct, array_like=True):
+    id: str
+    addr: str
+    voter: bool
+    match_index: int = -1  # as the leader knows it (-1: unknown, or not answered by the leader)
+    lag: int = -1  # leader's end index - match_index (-1: unknown)
+
+
+class MembersResponse(msgspec.Struct, array_like=True):
+    code: int
+    leader_id: str = ""
+    term: int = -1
+    config_index: int = -1  # index of the CONFIG_CHANGE entry in force (-1: the command line's)
+    committed: bool = True  # that entry is committed
+    members: list[MemberInfo] = []
+    message: str = ""
+
+
+CHANGE_OPS = ("add-learner", "promote", "remove")
+
+
+class ChangeMembersRequest(Msg):
+    op: Annotated[str, msgspec.Meta(max_length=16)] = ""  # one of CHANGE_OPS
+    member_id: Name = ""
+    addr: Address = ""  # add-learner only
+
+
+class ChangeMembersResponse(msgspec.Struct, array_like=True):
+    code: int
+    leader_id: str = ""
+    term: int = -1
+    config_index: Index = -1  # the CONFIG_CHANGE entry appended (its commit is awaited before answering)
+    message: str = ""
+
+
+CHANGE_REFUSALS = (
+    ResponseCode.MEMBERSHIP_CHANGE_PENDING,
+    ResponseCode.LEARNER_BEHIND,
+    ResponseCode.UNKNOWN_MEMBER,
+    ResponseCode.MEMBER_EXISTS,
+)
+
+# their codes' types; not in REQUEST_TYPES / RESPONSE_TYPES until the runtime's access table
+# (runtime.access.RAFT_ACCESS) names them: every decodable request must have its roles
+MEMBERSHIP_TYPES: dict[int, tuple[type[Msg], type[msgspec.Struct]]] = {
+    RequestCode.MEMBERS: (MembersRequest, MembersResponse),
+    RequestCode.CHANGE_MEMBERS: (ChangeMembersRequest, ChangeMembersResponse),
+}
+
 
 REQUEST_TYPES: dict[int, type[Msg]] = {
     RequestCode.VOTE: VoteRequest,

@@ -32,7 +32,7 @@ from typing import Any, TypeGuard
 import msgspec
 
 from dledger.codes import DISK_FAULTS, DLedgerError, PushType, RequestCode, ResponseCode
-from dledger.config import DLedgerConfig
+from dledger.config import DLedgerConfig, parse_peers
 from dledger.core.actions import (
     Action,
     Apply,
@@ -46,6 +46,7 @@ from dledger.core.actions import (
     TakeSnapshot,
 )
 from dledger.core.appends import AppendPath, PendingAppend
+from dledger.core.configs import ChangeToken, ConfigHistory
 from dledger.core.contexts import (
     Answered,
     Applied,
@@ -72,14 +73,20 @@ from dledger.core.install_snapshot import SnapshotReceiver
 from dledger.core.integrity import Integrity
 from dledger.core.member_state import MemberState
 from dledger.core.messages import (
+    CHANGE_OPS,
     AppendRequest,
     AppendResponse,
+    ChangeMembersRequest,
+    ChangeMembersResponse,
     EntriesResponse,
     GetRequest,
     HeartBeatRequest,
     InstallSnapshotRequest,
     InstallSnapshotResponse,
     LeadershipTransferRequest,
+    MemberInfo,
+    MembersRequest,
+    MembersResponse,
     MetadataRequest,
     MetadataResponse,
     Msg,
@@ -96,30 +103,38 @@ from dledger.core.messages import (
     is_member_message,
 )
 from dledger.core.producers import CreationLimiter, ProducerTable
-from dledger.core.progress import Progress
+from dledger.core.progress import NEVER, Progress
 from dledger.core.quorum import QuorumAckChecker
 from dledger.core.read_index import ReadIndex
 from dledger.core.reads import ReadPath
 from dledger.core.snapshots import SnapshotPath
 from dledger.core.status import FollowerStatus, NodeStatus, RoleView
-from dledger.entry import MAGIC_NOOP
+from dledger.entry import MAGIC_CONFIG_CHANGE, MAGIC_NOOP
+from dledger.membership import MAX_MEMBERS, Membership, encode_membership, membership_of
 from dledger.statemachine.applier import Applier
 from dledger.statemachine.snapshot import SnapshotMeta
-from dledger.store.base import CorruptEntryError, LedgerStore, StoreError
+from dledger.store.base import AppendedBatch, CorruptEntryError, LedgerStore, StoreError
 
 log = logging.getLogger(__name__)
 
 PRODUCERS_SAVE_ENTRIES = 10_000  # a plain log's producer table is saved after this many entries folded,
 PRODUCERS_SAVE_MS = 30_000  # or this long after it changed
+# a leader's messages: from a member no configuration of ours names, taken while no leader is live
+_LEADER_CODES = frozenset((RequestCode.PUSH, RequestCode.HEART_BEAT, RequestCode.INSTALL_SNAPSHOT))
+# clients' requests a removed member answers NOT_A_MEMBER (the client asks the group's members)
+_CLIENT_CODES = frozenset((RequestCode.APPEND, RequestCode.GET, RequestCode.READ, RequestCode.QUERY,
+                           RequestCode.MEMBERS, RequestCode.CHANGE_MEMBERS, RequestCode.LEADERSHIP_TRANSFER))
 
 
 class Node(AppendPath, SnapshotPath):
     def __init__(self, cfg: DLedgerConfig, store: LedgerStore, now_ms: int, rng: random.Random | None = None,
                  applier: Applier | None = None, snapshot: SnapshotMeta | None = None,
-                 producers: bytes | None = None) -> None:
+                 producers: bytes | None = None, membership: Membership | None = None) -> None:
         """`snapshot`: this member's newest snapshot (restored into the applier's state machine;
         a plain log's is empty); `producers`: its PRODUCERS_FILE (else the table is folded
-        from the log's begin)."""
+        from the log's begin); `membership`: the configuration to start from when neither the
+        snapshot nor the log holds one (a member joining a changed group: the group's answer to
+        MEMBERS), else the command line's peers (a group that never changed)."""
         self.cfg = cfg
         self.store = store
         self.producers = ProducerTable(cfg.producer_expiry_ms, cfg.max_producers, store.begin_index - 1,
@@ -145,11 +160,16 @@ class Node(AppendPath, SnapshotPath):
         self._snapshot_pending = False  # a TakeSnapshot was emitted and not reported yet
         self.rng = rng or random.Random()
         self.now = now_ms
-        self.member = MemberState(cfg.group, cfg.self_id, list(cfg.peer_map), store)
+        # the configurations of our log (core.configs): the newest in force, committed or not
+        self.configs = _recover_configs(cfg, store, snapshot, membership)
+        self.member = MemberState(cfg.group, cfg.self_id, self.configs.current, store)
         self.actions: list[Action] = []
         # what this member, as leader, knows of each follower (core.progress): one object each,
-        # shared by the dispatchers, the elector and the quorum
+        # shared by the dispatchers, the elector and the quorum; kept in step with the
+        # configuration (_sync_members)
         self.progress: dict[str, Progress] = {p: Progress(p) for p in self.member.others}
+        self._synced = (-1, -2)  # (configs.version, committed configuration index) last applied
+        self._left_in_term = -1  # the term in which a removed leader began handing over
         self.quorum = QuorumAckChecker(self.member, store, self._complete_append, self.progress, cfg.flush == "sync")
         self.elector = LeaderElector(self)
         self.reads = ReadIndex(self)
@@ -175,6 +195,7 @@ class Node(AppendPath, SnapshotPath):
         store.set_retention_floor(store.begin_index, "a follower (no leader known yet)")
         if store.recovered_corrupt is not None:
             self.mark_corrupt(*store.recovered_corrupt)
+        self._sync_members()
 
     # --- inputs ---------------------------------------------------------------
 
@@ -185,6 +206,9 @@ class Node(AppendPath, SnapshotPath):
         belongs to the principal that created it."""
         self.now = now_ms
         err = self._check_addressing(code, msg)
+        if err is None and code in _CLIENT_CODES and self.not_a_member and \
+                not (isinstance(msg, LeadershipTransferRequest) and msg.transfer_id):
+            err = ResponseCode.NOT_A_MEMBER  # removed: the client asks the group's members
         if err is not None:
             self.reply(token, code, _error_for(code, err, self))
             return
@@ -388,8 +412,9 @@ class Node(AppendPath, SnapshotPath):
         if not self.member.is_leader:
             return
         lease, end = self.elector.leader_lease_ms, self.store.end_index
-        for p, pr in self.progress.items():
-            if pr.fit_to_lead(self.now, lease, end):
+        for p in self.member.other_voters:  # leadership goes to voters only
+            pr = self.progress.get(p)
+            if pr is not None and pr.fit_to_lead(self.now, lease, end):
                 yield p
 
     def repaired(self, first: int, last: int, indexes: list[int]) -> None:
@@ -484,6 +509,9 @@ class Node(AppendPath, SnapshotPath):
             if floor < 0 or floor > hold:
                 floor, holder = hold, f"the producer table of {self.member.self_id} (folded through {t.folded}, " \
                                       f"saved through {saved})"
+            cidx = self._config_unsaved()  # the only copy of the configuration until a snapshot holds it
+            if 0 <= cidx < floor:
+                floor, holder = cidx, f"the configuration entry {cidx} of {self.member.self_id} (no snapshot yet)"
         self.store.set_retention_floor(floor if floor >= 0 else None, holder)
 
     def drain(self) -> list[Action]:
@@ -505,6 +533,7 @@ class Node(AppendPath, SnapshotPath):
             self.elector.heartbeat_now()  # reads wait for a confirming round: no tick's delay
         self.read_path.wake()
         self.follower_reads.wake()
+        self._sync_members()
         self._fold_producers()
         self._feed_applier()
         actions, self.actions = self.actions, []
@@ -530,7 +559,14 @@ class Node(AppendPath, SnapshotPath):
         or at once when the disk is under pressure: retention deletes nothing after the last
         saved table."""
         t, (saved, at) = self.producers, self._producers_saved
-        if self.applier is not None or self._snapshot_pending or t.empty or t.folded <= saved:
+        if self.applier is not None or self._snapshot_pending:
+            return
+        if self._config_unsaved() >= 0:  # a committed configuration only the log holds
+            self._take_snapshot(self.store.committed_index)
+            if self._snapshot_pending and not t.empty:
+                self._producers_saving = t.folded
+            return
+        if t.empty or t.folded <= saved:
             return
         # (under pressure at most once a second: encoding a big table costs the event loop)
         if (t.folded - saved >= PRODUCERS_SAVE_ENTRIES or self.now - at >= PRODUCERS_SAVE_MS
@@ -744,6 +780,187 @@ class Node(AppendPath, SnapshotPath):
                                       f"leader stepped down: {reason}"))
         self.handler.on_leader_change()
 
+    # --- membership (core.configs; docs/architecture.md "Membership") -------------------------
+
+    @property
+    def not_a_member(self) -> bool:
+        """Neither the configuration in force nor the committed one names us: removed (or not
+        added yet). We answer clients NOT_A_MEMBER and never campaign."""
+        sid, c = self.member.self_id, self.configs
+        return not c.current.has(sid) and not c.committed(self.store.committed_index)[1].has(sid)
+
+    def log_appended(self, first: int, last: int) -> None:
+        """Entries first..last were appended (from a leader): a configuration among them is in
+        force from now on, committed or not (thesis §4.1)."""
+        try:
+            changed = self.configs.appended(self.store, first, last)
+        except CorruptEntryError as e:
+            self.mark_corrupt(e.index, e.message)
+            return
+        if changed:
+            self._sync_members()
+
+    def log_truncated(self, end: int) -> None:
+        """Our log now ends at `end`: a configuration entry removed with the rest stops being in
+        force, the one before it is again."""
+        if self.configs.truncated(end + 1):
+            self._sync_members()
+
+    def _sync_members(self) -> None:
+        """Follow the configuration in force and the committed one (cheap when neither changed):
+        the member state's voters; a Progress (and, leading, a dispatcher that starts at COMPARE
+        from our end) for every other member of either — a member being removed keeps
+        receiving the log until its removal commits, so it can learn of it; a dropped one's
+        dispatcher stops and the answers to what it sent find nothing. A leader removed by a
+        committed configuration hands over (`_leave`)."""
+        c, store, m = self.configs, self.store, self.member
+        cidx, committed = c.committed(store.committed_index)
+        key = (c.version, cidx)
+        if key != self._synced:
+            self._synced = key
+            before = m.membership
+            m.membership = c.current
+            wanted = [p for p in {**c.current.members, **committed.members} if p != m.self_id]
+            m.others = wanted
+            for p in wanted:
+                if p not in self.progress:
+                    self.progress[p] = Progress(p)
+                    if m.is_leader:
+                        self.dispatchers[p] = EntryDispatcher(self, p)
+                        self.request_pump()
+            for p in [p for p in self.progress if p not in wanted]:
+                del self.progress[p]
+                d = self.dispatchers.pop(p, None)
+                if d is not None:
+                    d.sender.stop()
+            c.forget_before(min(store.begin_index - 1, store.committed_index))
+            if before != m.membership:
+                log.info("%s/%s: configuration %d in force (%s): voters %s, learners %s", m.group, m.self_id,
+                         c.index, "committed" if c.index <= store.committed_index else "not committed yet",
+                         ",".join(m.membership.voters), ",".join(m.membership.learners) or "none")
+            if m.is_leader:
+                self.quorum.advance()  # fewer voters may make an entry committed now
+        if m.is_leader and not c.committed(store.committed_index)[1].is_voter(m.self_id):
+            self._leave()
+
+    def _leave(self) -> None:
+        """A committed configuration removed us, the leader (thesis §4.2.2: we managed the group
+        until it committed, not counting ourselves): hand over to the most caught-up voter, or
+        step down when there is none (or a hand-over in this term failed already)."""
+        m, el = self.member, self.elector
+        if el.transferring:
+            return
+        why = f"removed from the voters by configuration entry {self.configs.committed(self.store.committed_index)[0]}"
+        target = next(self._fit_followers(), None)
+        if target is None:
+            lease = el.leader_lease_ms
+            alive = [(pr.match_index, p) for p in m.other_voters if (pr := self.progress.get(p)) is not None
+                     and pr.last_ack != NEVER and self.now - pr.last_ack < lease]
+            target = max(alive)[1] if alive else None
+        if target is None or self._left_in_term == m.term:
+            self.step_down(why)
+            return
+        self._left_in_term = m.term
+        log.info("%s/%s: %s; handing leadership to %s", m.group, m.self_id, why, target)
+        el.begin_transfer(target, None)
+
+    def members_view(self) -> MembersResponse:
+        """The MEMBERS answer: our configuration in force, its entry and whether it is committed;
+        a leader adds each member's match index and lag (its end index minus the match)."""
+        m, c, store = self.member, self.configs, self.store
+        cur, end = c.current, store.end_index
+        infos = []
+        for mid, addr in cur.members.items():
+            match = lag = -1
+            if m.is_leader:
+                if mid == m.self_id:
+                    match, lag = end, 0
+                elif (pr := self.progress.get(mid)) is not None and pr.match_index >= 0:
+                    match, lag = pr.match_index, end - pr.match_index
+            infos.append(MemberInfo(mid, addr, cur.is_voter(mid), match, lag))
+        return MembersResponse(200, m.leader_id or "", m.term, c.index, c.index <= store.committed_index, infos)
+
+    def _change_members(self, msg: ChangeMembersRequest, token: Any) -> None:
+        """CHANGE_MEMBERS on the leader: one change at a time, each a whole new configuration in
+        a CONFIG_CHANGE entry, in force here at once and answered once committed (as an append,
+        with its timeout). Refused while an earlier one is not committed, including a new
+        leader's until its first entry (the NOOP) commits: one of its term must commit before
+        a change (the thesis' fix of single-server changes)."""
+        m, store, c = self.member, self.store, self.configs
+        if not m.is_leader:
+            raise DLedgerError(ResponseCode.NOT_LEADER, f"leader is {m.leader_id or 'unknown'}")
+        if self.elector.transferring:
+            raise DLedgerError(ResponseCode.LEADER_TRANSFERRING, "leadership transfer in progress")
+        if c.index > store.committed_index:
+            raise DLedgerError(ResponseCode.MEMBERSHIP_CHANGE_PENDING,
+                               f"configuration entry {c.index} is not committed yet")
+        if store.committed_index < self.quorum.term_start:
+            raise DLedgerError(ResponseCode.MEMBERSHIP_CHANGE_PENDING,
+                               f"term {m.term}: the leader's first entry is not committed yet")
+        new = self._changed(c.current, msg)
+        res = store.append_as_leader([encode_membership(new)], m.term, MAGIC_CONFIG_CHANGE)
+        c.add(res.first_index, new)
+        log.info("%s/%s: %s %s: configuration entry %d", m.group, m.self_id, msg.op, msg.member_id,
+                 res.first_index)
+        self._sync_members()
+        self.quorum.add(ChangeToken(token), res, self.now + self.cfg.max_wait_ack_ms)
+        if self.cfg.flush == "async" or store.durable_index >= res.last_index:
+            self.quorum.ack_self(res.last_index)
+        else:
+            store.request_flush()
+        self.request_pump()
+
+    def _changed(self, cur: Membership, msg: ChangeMembersRequest) -> Membership:
+        """The configuration `msg` asks for, or the refusal (DLedgerError with its code)."""
+        op, mid, addr = msg.op, msg.member_id, msg.addr
+        if op not in CHANGE_OPS:
+            raise DLedgerError(ResponseCode.UNEXPECTED_ARGUMENT, f"op {op!r}: one of {', '.join(CHANGE_OPS)}")
+        if not mid:
+            raise DLedgerError(ResponseCode.UNEXPECTED_ARGUMENT, f"{op}: which member (an id)")
+        if op == "add-learner":
+            if cur.has(mid):
+                raise DLedgerError(ResponseCode.MEMBER_EXISTS, f"{mid} is a member already")
+            parse_peers(f"{mid}-{addr}")  # ConfigError (UNEXPECTED_ARGUMENT): a bad id or address
+            owner = next((i for i, a in cur.members.items() if a == addr), None)
+            if owner is not None:
+                raise DLedgerError(ResponseCode.MEMBER_EXISTS, f"{addr} is the address of member {owner}")
+            if len(cur.members) >= MAX_MEMBERS:
+                raise DLedgerError(ResponseCode.UNEXPECTED_ARGUMENT, f"a group has at most {MAX_MEMBERS} members")
+            return Membership(cur.voters, {**cur.learners, mid: addr})
+        if op == "promote":
+            if mid not in cur.learners:
+                raise DLedgerError(ResponseCode.UNKNOWN_MEMBER, f"{mid} is not a learner"
+                                   + (" (it is a voter)" if cur.is_voter(mid) else ""))
+            pr, end, lag = self.progress.get(mid), self.store.end_index, self.cfg.learner_max_lag
+            if pr is None or pr.last_ack == NEVER or pr.match_index < 0 or end - pr.match_index > lag:
+                behind = "has not answered yet" if pr is None or pr.match_index < 0 else \
+                    f"is {end - pr.match_index} entries behind"
+                raise DLedgerError(ResponseCode.LEARNER_BEHIND,
+                                   f"learner {mid} {behind} (promoted within {lag}: learner_max_lag)")
+            learners = dict(cur.learners)
+            return Membership({**cur.voters, mid: learners.pop(mid)}, learners)
+        if not cur.has(mid):
+            raise DLedgerError(ResponseCode.UNKNOWN_MEMBER, f"{mid} is not a member")
+        if cur.is_voter(mid) and len(cur.voters) == 1:
+            raise DLedgerError(ResponseCode.UNEXPECTED_ARGUMENT, f"{mid} is the last voter")
+        return Membership({i: a for i, a in cur.voters.items() if i != mid},
+                          {i: a for i, a in cur.learners.items() if i != mid})
+
+    def _change_answered(self, token: Any, code: ResponseCode, res: AppendedBatch | None, message: str) -> None:
+        m = self.member
+        index = res.first_index if res is not None else -1
+        leader = m.self_id if code == ResponseCode.SUCCESS else (m.leader_id or "")
+        self.reply(token, RequestCode.CHANGE_MEMBERS, ChangeMembersResponse(int(code), leader, m.term, index, message))
+
+    def _config_unsaved(self) -> int:
+        """A plain log's newest committed configuration entry that no snapshot of ours holds yet
+        (-1: none): retention keeps it, and a snapshot is taken to hold it."""
+        if self.applier is not None:
+            return -1
+        cidx = self.configs.committed(self.store.committed_index)[0]
+        saved = self.snapshot_meta.config_index if self.snapshot_meta is not None else -1
+        return cidx if cidx > saved else -1
+
     # --- request dispatch -----------------------------------------------------
 
     def _dispatch(self, code: int, msg: Msg, data: memoryview | bytes | bytearray, token: Any,
@@ -793,6 +1010,12 @@ class Node(AppendPath, SnapshotPath):
             assert isinstance(msg, InstallSnapshotRequest)
             self.integrity.active = True
             self.receiver.handle(msg, data, token)
+        elif code == RequestCode.MEMBERS:
+            assert isinstance(msg, MembersRequest)
+            self.reply(token, code, self.members_view())
+        elif code == RequestCode.CHANGE_MEMBERS:
+            assert isinstance(msg, ChangeMembersRequest)
+            self._change_members(msg, token)
         else:
             raise DLedgerError(ResponseCode.UNSUPPORTED, f"request code {code}")
 
@@ -805,7 +1028,7 @@ class Node(AppendPath, SnapshotPath):
             return ResponseCode.UNKNOWN_GROUP
         if msg.remote_id and msg.remote_id != m.self_id:
             return ResponseCode.UNEXPECTED_MEMBER
-        if msg.leader_id and msg.leader_id not in m.peer_ids:
+        if msg.leader_id and not self.configs.known(msg.leader_id) and not self._unknown_leader_ok(code):
             return ResponseCode.UNKNOWN_MEMBER
         if is_member_message(code, msg) and (not msg.leader_id or msg.leader_id == m.self_id):
             return ResponseCode.UNEXPECTED_MEMBER
@@ -814,6 +1037,13 @@ class Node(AppendPath, SnapshotPath):
         if isinstance(msg, LeadershipTransferRequest) and msg.transfer_id and msg.transfer_id != msg.leader_id:
             return ResponseCode.UNEXPECTED_MEMBER
         return None
+
+    def _unknown_leader_ok(self, code: int) -> bool:
+        """A leader's message (push, heartbeat, snapshot) from a member no configuration of
+        ours names: we may lag behind the entry that added it (it leads a configuration we have
+        not seen yet). Taken only while we hear from no live leader of our own, so a stranger
+        cannot take a member away from the leader it follows."""
+        return code in _LEADER_CODES and not self.elector.leader_alive()
 
     def role_view(self) -> RoleView:
         """Role, term, leader, corrupt record and applied index (core.status): cheap, for readers
@@ -829,9 +1059,13 @@ class Node(AppendPath, SnapshotPath):
         install_index, install_bytes, install_total = r.progress()
         unwritable, full = self.unwritable(), self.full()
         followers: tuple[FollowerStatus, ...] = ()
+        cfgs = self.configs
+        cur, end = cfgs.current, s.end_index
         if m.is_leader:
             followers = tuple(FollowerStatus(p, d.progress.match_index, d.progress.needs_snapshot,
-                                             d.progress.repair_index) for p, d in self.dispatchers.items())
+                                             d.progress.repair_index, cur.is_voter(p),
+                                             end - d.progress.match_index if d.progress.match_index >= 0 else -1)
+                              for p, d in self.dispatchers.items())
         c = self.corrupt
         return NodeStatus(
             m.group, m.self_id, m.role, m.term, m.leader_id or "", s.begin_index, s.end_index, s.end_term,
@@ -843,16 +1077,20 @@ class Node(AppendPath, SnapshotPath):
             self.handler.leader_committed, self.cfg.security_mode, self.elector.elections, m.leader_changes,
             self.integrity.corruptions_found, self.integrity.records_repaired, r.installs, r.bytes, r.meta is not None,
             install_index, install_bytes, install_total, self.installs_sent, self.install_bytes_sent,
-            self.read_path.entries_read, self.read_path.read_body_bytes, followers)
+            self.read_path.entries_read, self.read_path.read_body_bytes, followers,
+            tuple(cur.voters.items()), tuple(cur.learners.items()), cfgs.index, cfgs.index <= s.committed_index,
+            cfgs.committed(s.committed_index)[0], self.not_a_member)
 
     def metadata(self) -> MetadataResponse:
         st = self.status()
         problems = [st.full] if st.full else []
+        if st.not_a_member:
+            problems.append(f"{st.self_id} is not a member of the group's configuration (removed)")
         if st.corrupt_index >= 0:
             problems.append(f"corrupt record at index {st.corrupt_index} ({st.corrupt_reason}); "
                             "not leading until it is repaired from the leader")
         return MetadataResponse(
-            200, st.group, st.self_id, st.role.name.lower(), st.leader_id, st.term, self.cfg.peers,
+            200, st.group, st.self_id, st.role.name.lower(), st.leader_id, st.term, self.configs.current.peers_string(),
             st.begin_index, st.end_index, st.end_term, st.committed_index,
             store_error="; ".join(problems), retention_held_by=st.retention_held_by,
             applied_index=st.applied_index, snapshot_index=st.snapshot_index,
@@ -860,6 +1098,26 @@ class Node(AppendPath, SnapshotPath):
             install_index=st.install_index, install_bytes=st.install_bytes, install_total=st.install_total,
             security=st.security_mode,
         )
+
+
+def _recover_configs(cfg: DLedgerConfig, store: LedgerStore, snapshot: SnapshotMeta | None,
+                     membership: Membership | None) -> ConfigHistory:
+    """The configuration at start: the newest of our snapshot's and the CONFIG_CHANGE entries
+    of the log after it; else `membership` (a joining member's), else the command line's peers
+    (a group that never changed: once it has, the log or a snapshot holds the configuration, and
+    retention keeps it until a snapshot does)."""
+    base = membership if membership is not None else Membership.from_peers(cfg.peers)
+    base_index = -1
+    if snapshot is not None and snapshot.members:
+        base, base_index = membership_of(snapshot.members, base), snapshot.config_index
+    history = ConfigHistory(base_index, base)
+    first = max(store.begin_index, base_index + 1)
+    if store.end_index >= first:
+        try:
+            history.appended(store, first, store.end_index)
+        except StoreError as e:  # a rotten configuration record: the scrub finds it, the leader repairs it
+            log.error("%s/%s: reading the configuration entries of the log: %s", cfg.group, cfg.self_id, e)
+    return history
 
 
 def _why(e: DLedgerError | None) -> str:
@@ -882,6 +1140,10 @@ def _error_for(code: int, err: ResponseCode, node: Node, message: str = "") -> m
         return SnapshotResponse(int(err), message=message)
     if code == RequestCode.READ_INDEX:
         return ReadIndexResponse(int(err), leader, message=message)
+    if code == RequestCode.MEMBERS:
+        return MembersResponse(int(err), leader, m.term, message=message)
+    if code == RequestCode.CHANGE_MEMBERS:
+        return ChangeMembersResponse(int(err), leader, m.term, message=message)
     if code == RequestCode.INSTALL_SNAPSHOT:
         return InstallSnapshotResponse(int(err), m.term, end_index=node.store.end_index, reason=message[:512])
     from dledger.core.messages import HeartBeatResponse, PushResponse, VoteResponse

@@ -13,8 +13,14 @@ appends by design), a member restarting onto a failed disk, retention under disk
 pressure while a follower lags, bit rot in one member's committed record (one member at a
 time: the others hold good copies), which must be found, kept from leading and repaired
 before the run ends. Liveness: whenever the network is whole and a
-majority of members is up with fast, writable disks, an append must commit within
+majority of voters is up with fast, writable disks, an append must commit within
 LIVENESS_MS of simulated time.
+
+Membership (`membership=True`, `--membership`): between the faults, the leader is asked to
+add a learner (started at once with a fresh empty store, as `dledger server --join`), to
+promote a learner (refused while it is behind), or to remove a voter (the leader too) or a
+learner; a removed member keeps running. The simulator checks that a committed configuration
+never rolls back and that a removed member never leads (sim.cluster).
 """
 
 from __future__ import annotations
@@ -46,6 +52,8 @@ class SimReport:
     faults: int = 0
     installs: int = 0  # snapshots members installed from a leader
     reads: int = 0  # linearizable and lease reads answered (and checked)
+    changes: int = 0  # membership changes asked of the leader (--membership)
+    configs: int = 0  # configurations seen committed
     sim_ms: int = 0
 
     def summary(self) -> str:
@@ -54,11 +62,13 @@ class SimReport:
                 f"{self.faults} faults, {self.sim_ms} ms simulated)")
 
 
-def run_seed(seed: int, steps: int = 14, machine: str = "kv", idempotent: bool = False) -> SimReport:
+def run_seed(seed: int, steps: int = 14, machine: str = "kv", idempotent: bool = False,
+             membership: bool = False) -> SimReport:
     """`machine`: "kv" (a third of the seeds apply the log to a KV store, the rest are plain
     logs) or "controller" (every seed's members run the controller: sim.controller).
     `idempotent`: the appends come from idempotent producers (sim.producers), checked for
-    bodies stored twice."""
+    bodies stored twice. `membership`: membership changes among the faults (their own random
+    source: without them every seed runs as before)."""
     r = random.Random(seed)
     n = r.choice((3, 5))
     flush = r.choice(("sync", "async"))
@@ -77,6 +87,7 @@ def run_seed(seed: int, steps: int = 14, machine: str = "kv", idempotent: bool =
     bodies: dict[int, bytes] = {}
     down: list[str] = []
     producers = SimProducers(c, random.Random(seed * 7 + 1)) if idempotent and referee is None else None
+    changes = random.Random(seed * 31 + 3) if membership else None
 
     def produced(name: str, seq: int, count: int) -> list[bytes]:
         out = [f"{seed}-{name}-{seq + j}".encode() for j in range(count)]
@@ -86,6 +97,8 @@ def run_seed(seed: int, steps: int = 14, machine: str = "kv", idempotent: bool =
         report.faults += _fault(c, r, n, flush, down)
         if disk_faults:
             report.faults += _disk_fault(c, r, n, flush, down)
+        if changes is not None:
+            report.changes += _membership_change(c, changes)
         if producers is not None:
             producers.step(produced)
         for k in range(r.randint(1, 6) if producers is None else 0):
@@ -116,6 +129,7 @@ def run_seed(seed: int, steps: int = 14, machine: str = "kv", idempotent: bool =
     report.sim_ms = c.now
     report.installs = c.machines.installs
     report.reads = c.reads_checked
+    report.configs = len(c.configs)
     report.ok = not report.violations
     report.trace = c.trace
     return report
@@ -180,6 +194,36 @@ def _disk_fault(c: SimCluster, r: random.Random, n: int, flush: str, down: list[
     return 1
 
 
+MAX_MEMBERS = 7  # voters and learners the membership changes grow a group to
+
+
+def _membership_change(c: SimCluster, r: random.Random) -> int:
+    """Ask the leader for one membership change (or none): add a learner and start it with an
+    empty store, promote a learner, remove a voter (the leader too, a third of the time) while
+    three remain, or remove a learner. Refusals (one pending, a learner behind, a leader not
+    ready) are part of the schedule. Returns 1 if a change was asked."""
+    leader = c.leader()
+    if leader is None or r.random() < 0.4:
+        return 0
+    cfg = c.config(leader)
+    x = r.random()
+    if x < 0.35 and len(cfg.members) < MAX_MEMBERS:
+        new = f"n{len(c.ids)}"
+        token = c.change_members(leader, "add-learner", new, c.address(new))
+        if token not in c.test_answers:  # not refused at once: the operator starts it (`--join`)
+            c.add_member(c.config(leader))
+    elif x < 0.65 and cfg.learners:
+        c.change_members(leader, "promote", r.choice(sorted(cfg.learners)))
+    elif x < 0.9 and len(cfg.voters) > 3:
+        voters = sorted(cfg.voters)
+        c.change_members(leader, "remove", leader if r.random() < 0.33 else r.choice(voters))
+    elif cfg.learners:
+        c.change_members(leader, "remove", r.choice(sorted(cfg.learners)))
+    else:
+        return 0
+    return 1
+
+
 def _check_applied(c: SimCluster, report: SimReport) -> None:
     """Every running member's state machine applies up to its commit index (none stopped):
     one that was away while the others compacted installs the leader's snapshot."""
@@ -215,7 +259,7 @@ def _rot(c: SimCluster, r: random.Random) -> int:
     (so good copies remain) and every member still holds that index (retention)."""
     if c.damaged():
         return 0
-    m = r.choice(c.ids)
+    m = r.choice([i for i in c.ids if i not in c.removed])  # (nobody repairs a removed member's records)
     st = c.stores[m]
     lo = max(s.begin_index for s in c.stores.values())
     if st.committed_index < lo:
@@ -258,7 +302,7 @@ def _repair(c: SimCluster, r: random.Random, flush: str) -> None:
 
 def _should_be_live(c: SimCluster) -> bool:
     """The network is whole and a majority is up with fast disks that can write."""
-    return not c.blocked and not c.fsync_ms and len(c.healthy_disks()) >= c.quorum
+    return not c.blocked and not c.fsync_ms and len([i for i in c.healthy_disks() if i in c.voters]) >= c.quorum
 
 
 def _commit_within(c: SimCluster, bound_ms: int, report: SimReport, when: str) -> bool:
@@ -314,15 +358,16 @@ def _settle(c: SimCluster, down: list[str], report: SimReport) -> None:
                                      f"(disks: {[(i, str(c.stores[i].pressure_error())) for i in c.ids]})")
         return
     top = c.stores[c.leader() or leader].committed_index
-    converged = c.run_until(lambda: all(c.stores[i].committed_index >= top for i in c.ids), 15_000)
+    members = list(c.config(c.leader() or leader).members)  # (removed ones, and ones never added, stay behind)
+    converged = c.run_until(lambda: all(c.stores[i].committed_index >= top for i in members), 15_000)
     if not converged:
-        state = {i: (c.stores[i].end_index, c.stores[i].committed_index) for i in c.ids}
+        state = {i: (c.stores[i].end_index, c.stores[i].committed_index) for i in members}
         report.violations.append(f"members did not catch up to commit {top} within 15 s: {state}")
     # bit rot: found by the scrub (a pass every 10 s) and repaired from the leader's copy;
     # below a member's log begin retention passed (no member needs the entry): beyond repair
     def repairable() -> list[tuple[str, int]]:
         floor = max(st.begin_index for st in c.stores.values())
-        return [(m, i) for m, i in c.damaged() if i >= floor]
+        return [(m, i) for m, i in c.damaged() if i >= floor and m not in c.removed]
 
     if repairable() and not c.run_until(lambda: not repairable(), 40_000):
         report.violations.append(f"corrupt records not repaired within 40 s: {repairable()} "
