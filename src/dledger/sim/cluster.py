@@ -418,7 +418,7 @@ class SimCluster:
         self._flush(member)
 
     def _on_request(self, src: str, dst: str, rid: int, code: int, meta: bytes, data: bytes) -> None:
-        node = self.nodes[dst]
+        node = self.nodes.get(dst)  # (a member added to the configuration may not run yet)
         if node is None:
             return  # the sender's timeout fires
         node.handle(code, decode_request(code, meta), data, ("peer", src, rid, code), self.now)
