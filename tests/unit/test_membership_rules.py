@@ -7,7 +7,7 @@ import random
 from typing import Any
 
 from dledger.codes import PushType, RequestCode, ResponseCode
-from dledger.core.contexts import Answered, VoteCtx
+from dledger.core.contexts import Answered, SnapshotTaken, VoteCtx
 from dledger.core.membership import ChangeMembersRequest, ChangeMembersResponse, MembersRequest, MembersResponse
 from dledger.core.messages import (
     AppendRequest,
@@ -19,13 +19,14 @@ from dledger.core.messages import (
     VoteResponse,
     VoteResult,
 )
-from dledger.core.node import Node
+from dledger.core.node import Node, TakeSnapshot
 from dledger.entry import MAGIC_CONFIG_CHANGE, MAGIC_NORMAL
 from dledger.kv.commands import Put, encode
 from dledger.membership import Membership, encode_membership
 from dledger.sim.cluster import SimCluster
 from dledger.statemachine.snapshot import SnapshotMeta
 from dledger.store.memory import MemoryLedgerStore
+
 from .raft_harness import PEERS, Member, catch_up, leading
 
 THREE = Membership.from_peers(PEERS)
@@ -180,11 +181,36 @@ def test_a_removed_members_votes_are_ignored_and_it_never_campaigns() -> None:
         assert r.result == VoteResult.REJECT_UNKNOWN_LEADER
     assert voter.node.member.term == 0  # its higher term is not taken either
     removed = Member("n2")
-    _config_entry(removed.store, WITHOUT_N2)
+    removed.store.set_committed(_config_entry(removed.store, WITHOUT_N2))
     _restart(removed)
+    assert removed.node.status().not_a_member
     for _ in range(500):
         removed.tick()
     assert not removed.sends(RequestCode.VOTE) and removed.node.member.role == Role.FOLLOWER
+    r = removed.handle(RequestCode.APPEND, AppendRequest("default", "", "", [b"x"]), token="client")
+    assert r.code == ResponseCode.NOT_A_MEMBER
+
+
+def test_a_member_whose_removal_is_not_committed_campaigns_without_counting_itself() -> None:
+    """It may hold the newest log (a leader that appended its own removal): the voters need it."""
+    m = Member("n2")
+    _config_entry(m.store, WITHOUT_N2)  # not committed
+    _restart(m)
+    for _ in range(1000):
+        if m.sends(RequestCode.VOTE):
+            break
+        m.tick()
+    assert {s.peer for s in m.sends(RequestCode.VOTE)} == {"n0", "n1"}
+    m.node.elector.start_round(pre_vote=False)
+    m.drain()
+    term = m.node.member.term
+    vote = VoteResponse(term, int(VoteResult.ACCEPT))
+    m.node.complete(Answered(VoteCtx(m.node.elector.round, False, "n0"), vote), m.now)
+    m.drain()
+    assert m.node.member.role == Role.CANDIDATE  # its own vote does not count: one of two
+    m.node.complete(Answered(VoteCtx(m.node.elector.round, False, "n1"), vote), m.now)
+    m.drain()
+    assert m.node.member.is_leader
 
 
 def test_the_configuration_comes_from_the_snapshot_or_the_log_on_restart() -> None:
@@ -220,7 +246,7 @@ def _sim_leader(c: SimCluster) -> str:
 def _sim_change(c: SimCluster, op: str, target: str, addr: str = "") -> ChangeMembersResponse:
     for _ in range(50):  # (a leader that just took over refuses until its NOOP commits: again)
         token = c.change_members(_sim_leader(c), op, target, addr)
-        c.run_until(lambda: token in c.test_answers, 10_000)
+        c.run_until(lambda token=token: token in c.test_answers, 10_000)  # type: ignore[misc]
         r = c.test_answers[token]
         assert isinstance(r, ChangeMembersResponse)
         if r.code not in (ResponseCode.MEMBERSHIP_CHANGE_PENDING, ResponseCode.LEARNER_BEHIND):
@@ -287,3 +313,31 @@ def test_status_shows_voters_learners_and_lag() -> None:
     assert not n3.voter and n3.lag == -1  # never answered
     meta = m.handle(RequestCode.METADATA, MetadataRequest("default"), token="meta")
     assert meta.peers == WITH_N3.peers_string()
+
+
+def test_a_plain_log_keeps_its_configuration_entry_until_a_snapshot_holds_it() -> None:
+    m = _ready_leader()
+    floors: list[tuple[int | None, str]] = []
+
+    def record(index: int | None, holder: str = "") -> None:
+        floors.append((index, holder))
+
+    m.store.set_retention_floor = record  # type: ignore[method-assign]
+    _change(m, "add-learner", "n3", N3)
+    catch_up(m, "n1")
+    index = m.node.status().committed_config_index
+    assert index >= 0
+    m.tick()
+    take = [a for a in m.out if isinstance(a, TakeSnapshot)]
+    assert take and take[-1].members == WITH_N3 and take[-1].config_index == index
+    floor = floors[-1][0]
+    assert floor is not None and floor <= index and m.node._config_unsaved() == index  # retention keeps it
+    # a driver that wrote the command line's peers: the node keeps the configuration it asked for
+    meta = SnapshotMeta(take[-1].index, take[-1].term, take[-1].chain_crc, PEERS, next_pos=take[-1].next_pos)
+    m.node.complete(SnapshotTaken(take[-1].index, "", meta), m.now)
+    snap = m.node.snapshot_meta
+    assert snap is not None and snap.members == WITH_N3 and snap.config_index == index
+    m.out.clear()
+    m.tick()
+    assert not [a for a in m.out if isinstance(a, TakeSnapshot)]  # held now: no second one
+    assert m.node._config_unsaved() == -1 and "configuration entry" not in floors[-1][1]

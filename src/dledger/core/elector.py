@@ -15,7 +15,8 @@ Differences from DLedger, on purpose:
 - a member holding a corrupt record neither campaigns nor takes a transfer until
   the leader repaired it (it still votes: its log end and last term are unchanged);
 - membership (core.configs, docs/architecture.md "Membership"): only voters of the configuration
-  in force campaign, take a hand-over or count (votes, check-quorum); a vote, real or pre-vote,
+  in force campaign (and a member whose removal is not committed yet), take a hand-over or count
+  (votes, check-quorum); a vote, real or pre-vote,
   goes only to a candidate that is a voter in the voter's configuration, so a removed member
   left running never raises anyone's term (thesis §4.2.3; leader stickiness refuses it too).
 """
@@ -226,7 +227,7 @@ class LeaderElector:
     def _campaign(self) -> None:
         """Start a pre-vote round, unless we are no voter (a learner, a removed member) or our
         store cannot write: then wait another timeout."""
-        why = "" if self.env.member.is_voter else "not a voter in our configuration"
+        why = "" if self.env.member.may_campaign else "not a voter in our configuration"
         why = why or self.env.unfit_to_lead()
         if why:
             if self.env.member.role == Role.CANDIDATE:

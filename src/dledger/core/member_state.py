@@ -22,6 +22,9 @@ class MemberState:
         # configuration in force and of the committed one (a member being removed hears of its
         # removal); the Node keeps it in step with the configuration (Node._sync_members)
         self.others = [p for p in self.membership.members if p != self_id]
+        # a voter in the committed configuration (set with it by Node._sync_members): it may
+        # campaign while a configuration removing it is not committed (below, `may_campaign`)
+        self.committed_voter = self.self_id in self.membership.voters
         self.store = store
         saved = store.load_term()
         self.term = saved.term
@@ -71,6 +74,13 @@ class MemberState:
     def is_voter(self) -> bool:
         """Only voters campaign, and only their acknowledgements count (commit, reads, check-quorum)."""
         return self.self_id in self.membership.voters
+
+    @property
+    def may_campaign(self) -> bool:
+        """A voter, or one whose removal is not committed yet: a member that appended its own
+        removal may hold the newest log, which the voters need to elect anyone; it campaigns,
+        counting the votes of the voters in force but not its own (thesis §4.2.2)."""
+        return self.is_voter or self.committed_voter
 
     @property
     def other_voters(self) -> list[str]:

@@ -158,6 +158,7 @@ class Node(AppendPath, SnapshotPath):
         self._snapshot_waiters: list[Any] = []  # on-demand snapshot requests
         self._snapshot_wanted = False  # a follower needs a snapshot newer than ours (see want_snapshot)
         self._snapshot_pending = False  # a TakeSnapshot was emitted and not reported yet
+        self._snapshot_config: tuple[int, Membership] = (-1, Membership({}))  # what that TakeSnapshot asked for
         self.rng = rng or random.Random()
         self.now = now_ms
         # the configurations of our log (core.configs): the newest in force, committed or not
@@ -820,6 +821,7 @@ class Node(AppendPath, SnapshotPath):
             self._synced = key
             before = m.membership
             m.membership = c.current
+            m.committed_voter = committed.is_voter(m.self_id)
             wanted = [p for p in {**c.current.members, **committed.members} if p != m.self_id]
             m.others = wanted
             for p in wanted:
@@ -1028,7 +1030,7 @@ class Node(AppendPath, SnapshotPath):
             return ResponseCode.UNKNOWN_GROUP
         if msg.remote_id and msg.remote_id != m.self_id:
             return ResponseCode.UNEXPECTED_MEMBER
-        if msg.leader_id and not self.configs.known(msg.leader_id) and not self._unknown_leader_ok(code):
+        if msg.leader_id and not self.configs.known(msg.leader_id) and not self._unknown_leader_ok(code, msg.leader_id):
             return ResponseCode.UNKNOWN_MEMBER
         if is_member_message(code, msg) and (not msg.leader_id or msg.leader_id == m.self_id):
             return ResponseCode.UNEXPECTED_MEMBER
@@ -1038,12 +1040,12 @@ class Node(AppendPath, SnapshotPath):
             return ResponseCode.UNEXPECTED_MEMBER
         return None
 
-    def _unknown_leader_ok(self, code: int) -> bool:
+    def _unknown_leader_ok(self, code: int, sender: str) -> bool:
         """A leader's message (push, heartbeat, snapshot) from a member no configuration of
         ours names: we may lag behind the entry that added it (it leads a configuration we have
-        not seen yet). Taken only while we hear from no live leader of our own, so a stranger
+        not seen yet). Taken only while we hear from no live leader but that one, so a stranger
         cannot take a member away from the leader it follows."""
-        return code in _LEADER_CODES and not self.elector.leader_alive()
+        return code in _LEADER_CODES and (self.member.leader_id == sender or not self.elector.leader_alive())
 
     def role_view(self) -> RoleView:
         """Role, term, leader, corrupt record and applied index (core.status): cheap, for readers

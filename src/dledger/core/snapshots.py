@@ -14,18 +14,18 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
+import msgspec
+
 from dledger.codes import DLedgerError, RequestCode, ResponseCode
 from dledger.core.actions import DropInstall, InstallChunk, ReadChunk, RestoreSnapshot, TakeSnapshot
 from dledger.core.contexts import ChunkCtx
 from dledger.core.install_snapshot import holds
 from dledger.core.messages import AppendResponse, SnapshotResponse
-from dledger.membership import membership_of
+from dledger.membership import Membership, membership_of
 from dledger.statemachine.snapshot import PRODUCERS_FILE, SnapshotMeta
 from dledger.store.base import StoreError
 
 if TYPE_CHECKING:
-    import msgspec
-
     from dledger.config import DLedgerConfig
     from dledger.core.actions import Action
     from dledger.core.configs import ConfigHistory
@@ -64,6 +64,7 @@ class SnapshotPath:
         _producers_saving: int
         _producers_saved: tuple[int, int]
         _producers_restoring: bool
+        _snapshot_config: tuple[int, Membership]
         configs: ConfigHistory
 
         def reply(self, token: Any, code: int, msg: msgspec.Struct, data: bytes = b"") -> None: ...
@@ -99,6 +100,7 @@ class SnapshotPath:
         # the table is folded through the commit index, at or past `index`: entries between are
         # committed, so every log that continues the snapshot holds them as folded
         cidx, members = self.configs.at(index)  # the configuration at the snapshot's index
+        self._snapshot_config = (cidx, members)
         self.actions.append(TakeSnapshot(index, term, chain, next_pos, sending, self.producers.encode()
                                          if not self.producers.empty else b"", members, cidx))
 
@@ -106,6 +108,13 @@ class SnapshotPath:
         """The worker wrote the snapshot of `index` (`meta`; or failed: `error`)."""
         self.now = now_ms
         if meta is not None:
+            cidx, members = self._snapshot_config
+            if meta.config_index != cidx or membership_of(meta.members, members) != members:
+                # a driver that wrote another configuration (the command line's): what we send
+                # and what retention waits for is the one asked for
+                log.warning("%s/%s: snapshot %d was written with configuration %s, not entry %d's",
+                            self.member.group, self.member.self_id, index, meta.members, cidx)
+                meta = msgspec.structs.replace(meta, members=members, config_index=cidx)
             self.note_snapshot(meta)
         self._snapshot_pending = False
         a = self.applier

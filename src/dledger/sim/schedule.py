@@ -301,8 +301,14 @@ def _repair(c: SimCluster, r: random.Random, flush: str) -> None:
 
 
 def _should_be_live(c: SimCluster) -> bool:
-    """The network is whole and a majority is up with fast disks that can write."""
-    return not c.blocked and not c.fsync_ms and len([i for i in c.healthy_disks() if i in c.voters]) >= c.quorum
+    """The network is whole and a majority of the voters is up with fast disks that can write."""
+    if c.blocked or c.fsync_ms:
+        return False
+    healthy = set(c.healthy_disks())
+    # a majority of the voters of every configuration that may decide: the committed one and
+    # those in force on running members (one not committed yet decides if its holders elect)
+    voter_sets = {tuple(c.voters)} | {tuple(n.member.voters) for n in c.nodes.values() if n is not None}
+    return all(len(healthy.intersection(v)) >= len(v) // 2 + 1 for v in voter_sets)
 
 
 def _commit_within(c: SimCluster, bound_ms: int, report: SimReport, when: str) -> bool:
@@ -358,7 +364,8 @@ def _settle(c: SimCluster, down: list[str], report: SimReport) -> None:
                                      f"(disks: {[(i, str(c.stores[i].pressure_error())) for i in c.ids]})")
         return
     top = c.stores[c.leader() or leader].committed_index
-    members = list(c.config(c.leader() or leader).members)  # (removed ones, and ones never added, stay behind)
+    # (removed members, and ones whose addition was lost, stay behind: no leader repairs them)
+    members = list(c.config(c.leader() or leader).members)
     converged = c.run_until(lambda: all(c.stores[i].committed_index >= top for i in members), 15_000)
     if not converged:
         state = {i: (c.stores[i].end_index, c.stores[i].committed_index) for i in members}
@@ -367,7 +374,7 @@ def _settle(c: SimCluster, down: list[str], report: SimReport) -> None:
     # below a member's log begin retention passed (no member needs the entry): beyond repair
     def repairable() -> list[tuple[str, int]]:
         floor = max(st.begin_index for st in c.stores.values())
-        return [(m, i) for m, i in c.damaged() if i >= floor and m not in c.removed]
+        return [(m, i) for m, i in c.damaged() if i >= floor and m in members]
 
     if repairable() and not c.run_until(lambda: not repairable(), 40_000):
         report.violations.append(f"corrupt records not repaired within 40 s: {repairable()} "
@@ -394,8 +401,10 @@ def _final_checks(c: SimCluster, bodies: dict[int, bytes], report: SimReport) ->
     if leader is None:
         return
     store = c.stores[leader]
-    # retention may have deleted the prefix on the leader: older members may still hold it
-    others = sorted(c.stores.values(), key=lambda st: st.begin_index)
+    # retention may have deleted the prefix on the leader: older members may still hold it (not
+    # the removed ones, nor the ones never added: their logs may hold what the group truncated)
+    members = c.config(leader).members
+    others = sorted((st for i, st in c.stores.items() if i in members), key=lambda st: st.begin_index)
     retained = others[-1].begin_index  # below this the group's retention floor has passed
     for cid, res in sorted(c.client_results.items()):
         if res.code != ResponseCode.SUCCESS or cid not in bodies:
