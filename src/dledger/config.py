@@ -182,7 +182,7 @@ class DLedgerConfig:
     max_batch_push_bytes: int = 1 * MiB  # bytes of records per push
     max_inflight_pushes: int = 8  # pushes in flight per follower (pipelining)
     leadership_transfer_timeout_ms: int = 3000  # a transfer not done this long is abandoned
-    learner_max_lag: int = 1000  # a learner is promoted only within this many entries of the leader's end
+    learner_max_lag: int = 1000  # a learner is promoted only within this many entries of the leader's end (0: none)
     file_reserved_hours: float = 72.0  # retention: data files older than this may be deleted ...
     disk_space_ratio_to_check_expired: float = 0.70  # ... once the disk is this full
     disk_space_ratio_to_force_clean: float = 0.85  # beyond this, old files go whatever their age
@@ -294,7 +294,7 @@ class DLedgerConfig:
             "min_vote_interval_ms max_pending_requests max_wait_ack_ms max_push_timeout_ms "
             "peer_push_quota max_batch_push_bytes max_inflight_pushes checkpoint_interval_ms "
             "leadership_transfer_timeout_ms retention_check_interval_ms retention_hold_ms max_frame_bytes "
-            "install_chunk_bytes learner_max_lag"
+            "install_chunk_bytes"
         )
         for name in positive.split():
             if getattr(self, name) <= 0:
@@ -309,6 +309,8 @@ class DLedgerConfig:
                 raise ConfigError(f"{name} must be in (0, 1]")
         if self.file_reserved_hours < 0:
             raise ConfigError("file_reserved_hours must not be negative")
+        if not isinstance(self.learner_max_lag, int) or self.learner_max_lag < 0:
+            raise ConfigError(f"learner_max_lag must be 0 (caught up exactly) or more, not {self.learner_max_lag!r}")
         if not 0 <= self.metrics_port < 65536:
             raise ConfigError("metrics_port must be 0 (off) or a TCP port")
         if not isinstance(self.metrics_host, str) or not self.metrics_host:

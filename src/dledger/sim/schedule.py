@@ -367,6 +367,9 @@ def _settle(c: SimCluster, down: list[str], report: SimReport) -> None:
     # (removed members, and ones whose addition was lost, stay behind: no leader repairs them)
     members = list(c.config(c.leader() or leader).members)
     converged = c.run_until(lambda: all(c.stores[i].committed_index >= top for i in members), 15_000)
+    final = c.config(c.leader() or leader)
+    if converged and (differ := [i for i in members if c.nodes[i] is not None and c.config(i) != final]):
+        report.violations.append(f"members caught up but hold another configuration than the leader's: {differ}")
     if not converged:
         state = {i: (c.stores[i].end_index, c.stores[i].committed_index) for i in members}
         report.violations.append(f"members did not catch up to commit {top} within 15 s: {state}")
