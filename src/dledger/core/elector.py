@@ -408,6 +408,15 @@ class LeaderElector:
             env.send(p, RequestCode.HEART_BEAT, req, HeartbeatCtx(p, m.term, matched, round_),
                       timeout_ms=self.leader_lease_ms)
 
+    def farewell(self, peer: str) -> None:
+        """One last heartbeat to a member a committed configuration removed: its commit index,
+        so the member learns its removal (it holds the entry) and says so; nothing follows."""
+        env, m = self.env, self.env.member
+        floor, holder = env.retention_floor()
+        req = HeartBeatRequest(m.group, m.self_id, peer, m.term, env.store.committed_index, floor, holder,
+                               self.leader_lease_ms)
+        env.send(peer, RequestCode.HEART_BEAT, req, HeartbeatCtx(peer, m.term, -1, 0), timeout_ms=self.leader_lease_ms)
+
     def on_heartbeat_response(self, ctx: HeartbeatCtx, resp: msgspec.Struct | None) -> None:
         peer, term, matched, round_ = ctx.peer, ctx.term, ctx.matched, ctx.round
         if resp is None:

@@ -835,6 +835,8 @@ class Node(AppendPath, SnapshotPath):
                 d = self.dispatchers.pop(p, None)
                 if d is not None:
                     d.sender.stop()
+                if m.is_leader and not c.current.has(p):
+                    self.elector.farewell(p)  # its removal committed: tell it
             c.forget_before(min(store.begin_index - 1, store.committed_index))
             if before != m.membership:
                 log.info("%s/%s: configuration %d in force (%s): voters %s, learners %s", m.group, m.self_id,
