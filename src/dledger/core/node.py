@@ -32,7 +32,7 @@ from typing import Any, TypeGuard
 import msgspec
 
 from dledger.codes import DISK_FAULTS, DLedgerError, PushType, RequestCode, ResponseCode
-from dledger.config import DLedgerConfig, parse_peers
+from dledger.config import DLedgerConfig
 from dledger.core.actions import (
     Action,
     Apply,
@@ -46,7 +46,7 @@ from dledger.core.actions import (
     TakeSnapshot,
 )
 from dledger.core.appends import AppendPath, PendingAppend
-from dledger.core.configs import ChangeToken, ConfigHistory
+from dledger.core.changes import MembershipPath, recover_configs
 from dledger.core.contexts import (
     Answered,
     Applied,
@@ -73,7 +73,6 @@ from dledger.core.install_snapshot import SnapshotReceiver
 from dledger.core.integrity import Integrity
 from dledger.core.member_state import MemberState
 from dledger.core.messages import (
-    CHANGE_OPS,
     AppendRequest,
     AppendResponse,
     ChangeMembersRequest,
@@ -84,7 +83,6 @@ from dledger.core.messages import (
     InstallSnapshotRequest,
     InstallSnapshotResponse,
     LeadershipTransferRequest,
-    MemberInfo,
     MembersRequest,
     MembersResponse,
     MetadataRequest,
@@ -103,17 +101,17 @@ from dledger.core.messages import (
     is_member_message,
 )
 from dledger.core.producers import CreationLimiter, ProducerTable
-from dledger.core.progress import NEVER, Progress
+from dledger.core.progress import Progress
 from dledger.core.quorum import QuorumAckChecker
 from dledger.core.read_index import ReadIndex
 from dledger.core.reads import ReadPath
 from dledger.core.snapshots import SnapshotPath
 from dledger.core.status import FollowerStatus, NodeStatus, RoleView
-from dledger.entry import MAGIC_CONFIG_CHANGE, MAGIC_NOOP
-from dledger.membership import MAX_MEMBERS, Membership, encode_membership, membership_of
+from dledger.entry import MAGIC_NOOP
+from dledger.membership import Membership
 from dledger.statemachine.applier import Applier
 from dledger.statemachine.snapshot import SnapshotMeta
-from dledger.store.base import AppendedBatch, CorruptEntryError, LedgerStore, StoreError
+from dledger.store.base import CorruptEntryError, LedgerStore, StoreError
 
 log = logging.getLogger(__name__)
 
@@ -126,7 +124,7 @@ _CLIENT_CODES = frozenset((RequestCode.APPEND, RequestCode.GET, RequestCode.READ
                            RequestCode.MEMBERS, RequestCode.CHANGE_MEMBERS, RequestCode.LEADERSHIP_TRANSFER))
 
 
-class Node(AppendPath, SnapshotPath):
+class Node(AppendPath, SnapshotPath, MembershipPath):
     def __init__(self, cfg: DLedgerConfig, store: LedgerStore, now_ms: int, rng: random.Random | None = None,
                  applier: Applier | None = None, snapshot: SnapshotMeta | None = None,
                  producers: bytes | None = None, membership: Membership | None = None) -> None:
@@ -162,7 +160,7 @@ class Node(AppendPath, SnapshotPath):
         self.rng = rng or random.Random()
         self.now = now_ms
         # the configurations of our log (core.configs): the newest in force, committed or not
-        self.configs = _recover_configs(cfg, store, snapshot, membership)
+        self.configs = recover_configs(cfg, store, snapshot, membership)
         self.member = MemberState(cfg.group, cfg.self_id, self.configs.current, store)
         self.actions: list[Action] = []
         # what this member, as leader, knows of each follower (core.progress): one object each,
@@ -406,6 +404,9 @@ class Node(AppendPath, SnapshotPath):
         log.warning("%s/%s: %s; handing leadership to %s (it holds our whole log, up to %d)", self.member.group,
                     self.member.self_id, why, target, self.store.end_index)
         el.begin_transfer(target, None)
+
+    def _new_dispatcher(self, peer: str) -> EntryDispatcher:
+        return EntryDispatcher(self, peer)
 
     def _fit_followers(self) -> Iterator[str]:
         """Followers that can take leadership at once, needing nothing from us
@@ -751,7 +752,7 @@ class Node(AppendPath, SnapshotPath):
             self.quorum.reset(term_start)
             for pr in self.progress.values():
                 pr.begin_term()
-            self.dispatchers = {p: EntryDispatcher(self, p) for p in m.others}
+            self.dispatchers = {p: self._new_dispatcher(p) for p in m.others}
             self.elector.on_leader()
             return
         if role == Role.CANDIDATE:
@@ -780,190 +781,6 @@ class Node(AppendPath, SnapshotPath):
                            _error_for(RequestCode.READ, ResponseCode.NOT_LEADER, self,
                                       f"leader stepped down: {reason}"))
         self.handler.on_leader_change()
-
-    # --- membership (core.configs; docs/architecture.md "Membership") -------------------------
-
-    @property
-    def not_a_member(self) -> bool:
-        """Neither the configuration in force nor the committed one names us: removed (or not
-        added yet). We answer clients NOT_A_MEMBER and never campaign."""
-        sid, c = self.member.self_id, self.configs
-        return not c.current.has(sid) and not c.committed(self.store.committed_index)[1].has(sid)
-
-    def log_appended(self, first: int, last: int) -> None:
-        """Entries first..last were appended (from a leader): a configuration among them is in
-        force from now on, committed or not (thesis §4.1)."""
-        try:
-            changed = self.configs.appended(self.store, first, last)
-        except CorruptEntryError as e:
-            self.mark_corrupt(e.index, e.message)
-            return
-        if changed:
-            self._sync_members()
-
-    def log_truncated(self, end: int) -> None:
-        """Our log now ends at `end`: a configuration entry removed with the rest stops being in
-        force, the one before it is again."""
-        if self.configs.truncated(end + 1):
-            self._sync_members()
-
-    def _sync_members(self) -> None:
-        """Follow the configuration in force and the committed one (cheap when neither changed):
-        the member state's voters; a Progress (and, leading, a dispatcher that starts at COMPARE
-        from our end) for every other member of either — a member being removed keeps
-        receiving the log until its removal commits, so it can learn of it; a dropped one's
-        dispatcher stops and the answers to what it sent find nothing. A leader removed by a
-        committed configuration hands over (`_leave`)."""
-        c, store, m = self.configs, self.store, self.member
-        cidx, committed = c.committed(store.committed_index)
-        key = (c.version, cidx)
-        if key != self._synced:
-            self._synced = key
-            before = m.membership
-            m.membership = c.current
-            m.committed_voter = committed.is_voter(m.self_id)
-            wanted = [p for p in {**c.current.members, **committed.members} if p != m.self_id]
-            m.others = wanted
-            for p in wanted:
-                if p not in self.progress:
-                    self.progress[p] = Progress(p)
-                    if m.is_leader:
-                        self.dispatchers[p] = EntryDispatcher(self, p)
-                        self.request_pump()
-            for p in [p for p in self.progress if p not in wanted]:
-                del self.progress[p]
-                d = self.dispatchers.pop(p, None)
-                if d is not None:
-                    d.sender.stop()
-                if m.is_leader and not c.current.has(p):
-                    self.elector.farewell(p)  # its removal committed: tell it
-            c.forget_before(min(store.begin_index - 1, store.committed_index))
-            if before != m.membership:
-                log.info("%s/%s: configuration %d in force (%s): voters %s, learners %s", m.group, m.self_id,
-                         c.index, "committed" if c.index <= store.committed_index else "not committed yet",
-                         ",".join(m.membership.voters), ",".join(m.membership.learners) or "none")
-            if m.is_leader:
-                self.quorum.advance()  # fewer voters may make an entry committed now
-        if m.is_leader and not c.committed(store.committed_index)[1].is_voter(m.self_id):
-            self._leave()
-
-    def _leave(self) -> None:
-        """A committed configuration removed us, the leader (thesis §4.2.2: we managed the group
-        until it committed, not counting ourselves): hand over to the most caught-up voter, or
-        step down when there is none (or a hand-over in this term failed already)."""
-        m, el = self.member, self.elector
-        if el.transferring:
-            return
-        why = f"removed from the voters by configuration entry {self.configs.committed(self.store.committed_index)[0]}"
-        target = next(self._fit_followers(), None)
-        if target is None:
-            lease = el.leader_lease_ms
-            alive = [(pr.match_index, p) for p in m.other_voters if (pr := self.progress.get(p)) is not None
-                     and pr.last_ack != NEVER and self.now - pr.last_ack < lease]
-            target = max(alive)[1] if alive else None
-        if target is None or self._left_in_term == m.term:
-            self.step_down(why)
-            return
-        self._left_in_term = m.term
-        log.info("%s/%s: %s; handing leadership to %s", m.group, m.self_id, why, target)
-        el.begin_transfer(target, None)
-
-    def members_view(self) -> MembersResponse:
-        """The MEMBERS answer: our configuration in force, its entry and whether it is committed;
-        a leader adds each member's match index and lag (its end index minus the match)."""
-        m, c, store = self.member, self.configs, self.store
-        cur, end = c.current, store.end_index
-        infos = []
-        for mid, addr in cur.members.items():
-            match = lag = -1
-            if m.is_leader:
-                if mid == m.self_id:
-                    match, lag = end, 0
-                elif (pr := self.progress.get(mid)) is not None and pr.match_index >= 0:
-                    match, lag = pr.match_index, end - pr.match_index
-            infos.append(MemberInfo(mid, addr, cur.is_voter(mid), match, lag))
-        return MembersResponse(200, m.leader_id or "", m.term, c.index, c.index <= store.committed_index, infos)
-
-    def _change_members(self, msg: ChangeMembersRequest, token: Any) -> None:
-        """CHANGE_MEMBERS on the leader: one change at a time, each a whole new configuration in
-        a CONFIG_CHANGE entry, in force here at once and answered once committed (as an append,
-        with its timeout). Refused while an earlier one is not committed, including a new
-        leader's until its first entry (the NOOP) commits: one of its term must commit before
-        a change (the thesis' fix of single-server changes)."""
-        m, store, c = self.member, self.store, self.configs
-        if not m.is_leader:
-            raise DLedgerError(ResponseCode.NOT_LEADER, f"leader is {m.leader_id or 'unknown'}")
-        if self.elector.transferring:
-            raise DLedgerError(ResponseCode.LEADER_TRANSFERRING, "leadership transfer in progress")
-        if c.index > store.committed_index:
-            raise DLedgerError(ResponseCode.MEMBERSHIP_CHANGE_PENDING,
-                               f"configuration entry {c.index} is not committed yet")
-        if store.committed_index < self.quorum.term_start:
-            raise DLedgerError(ResponseCode.MEMBERSHIP_CHANGE_PENDING,
-                               f"term {m.term}: the leader's first entry is not committed yet")
-        new = self._changed(c.current, msg)
-        res = store.append_as_leader([encode_membership(new)], m.term, MAGIC_CONFIG_CHANGE)
-        c.add(res.first_index, new)
-        log.info("%s/%s: %s %s: configuration entry %d", m.group, m.self_id, msg.op, msg.member_id,
-                 res.first_index)
-        self._sync_members()
-        self.quorum.add(ChangeToken(token), res, self.now + self.cfg.max_wait_ack_ms)
-        if self.cfg.flush == "async" or store.durable_index >= res.last_index:
-            self.quorum.ack_self(res.last_index)
-        else:
-            store.request_flush()
-        self.request_pump()
-
-    def _changed(self, cur: Membership, msg: ChangeMembersRequest) -> Membership:
-        """The configuration `msg` asks for, or the refusal (DLedgerError with its code)."""
-        op, mid, addr = msg.op, msg.member_id, msg.addr
-        if op not in CHANGE_OPS:
-            raise DLedgerError(ResponseCode.UNEXPECTED_ARGUMENT, f"op {op!r}: one of {', '.join(CHANGE_OPS)}")
-        if not mid:
-            raise DLedgerError(ResponseCode.UNEXPECTED_ARGUMENT, f"{op}: which member (an id)")
-        if op == "add-learner":
-            if cur.has(mid):
-                raise DLedgerError(ResponseCode.MEMBER_EXISTS, f"{mid} is a member already")
-            parse_peers(f"{mid}-{addr}")  # ConfigError (UNEXPECTED_ARGUMENT): a bad id or address
-            owner = next((i for i, a in cur.members.items() if a == addr), None)
-            if owner is not None:
-                raise DLedgerError(ResponseCode.MEMBER_EXISTS, f"{addr} is the address of member {owner}")
-            if len(cur.members) >= MAX_MEMBERS:
-                raise DLedgerError(ResponseCode.UNEXPECTED_ARGUMENT, f"a group has at most {MAX_MEMBERS} members")
-            return Membership(cur.voters, {**cur.learners, mid: addr})
-        if op == "promote":
-            if mid not in cur.learners:
-                raise DLedgerError(ResponseCode.UNKNOWN_MEMBER, f"{mid} is not a learner"
-                                   + (" (it is a voter)" if cur.is_voter(mid) else ""))
-            pr, end, lag = self.progress.get(mid), self.store.end_index, self.cfg.learner_max_lag
-            if pr is None or pr.last_ack == NEVER or pr.match_index < 0 or end - pr.match_index > lag:
-                behind = "has not answered yet" if pr is None or pr.match_index < 0 else \
-                    f"is {end - pr.match_index} entries behind"
-                raise DLedgerError(ResponseCode.LEARNER_BEHIND,
-                                   f"learner {mid} {behind} (promoted within {lag}: learner_max_lag)")
-            learners = dict(cur.learners)
-            return Membership({**cur.voters, mid: learners.pop(mid)}, learners)
-        if not cur.has(mid):
-            raise DLedgerError(ResponseCode.UNKNOWN_MEMBER, f"{mid} is not a member")
-        if cur.is_voter(mid) and len(cur.voters) == 1:
-            raise DLedgerError(ResponseCode.UNEXPECTED_ARGUMENT, f"{mid} is the last voter")
-        return Membership({i: a for i, a in cur.voters.items() if i != mid},
-                          {i: a for i, a in cur.learners.items() if i != mid})
-
-    def _change_answered(self, token: Any, code: ResponseCode, res: AppendedBatch | None, message: str) -> None:
-        m = self.member
-        index = res.first_index if res is not None else -1
-        leader = m.self_id if code == ResponseCode.SUCCESS else (m.leader_id or "")
-        self.reply(token, RequestCode.CHANGE_MEMBERS, ChangeMembersResponse(int(code), leader, m.term, index, message))
-
-    def _config_unsaved(self) -> int:
-        """A plain log's newest committed configuration entry that no snapshot of ours holds yet
-        (-1: none): retention keeps it, and a snapshot is taken to hold it."""
-        if self.applier is not None:
-            return -1
-        cidx = self.configs.committed(self.store.committed_index)[0]
-        saved = self.snapshot_meta.config_index if self.snapshot_meta is not None else -1
-        return cidx if cidx > saved else -1
 
     # --- request dispatch -----------------------------------------------------
 
@@ -1102,26 +919,6 @@ class Node(AppendPath, SnapshotPath):
             install_index=st.install_index, install_bytes=st.install_bytes, install_total=st.install_total,
             security=st.security_mode,
         )
-
-
-def _recover_configs(cfg: DLedgerConfig, store: LedgerStore, snapshot: SnapshotMeta | None,
-                     membership: Membership | None) -> ConfigHistory:
-    """The configuration at start: the newest of our snapshot's and the CONFIG_CHANGE entries
-    of the log after it; else `membership` (a joining member's), else the command line's peers
-    (a group that never changed: once it has, the log or a snapshot holds the configuration, and
-    retention keeps it until a snapshot does)."""
-    base = membership if membership is not None else Membership.from_peers(cfg.peers)
-    base_index = -1
-    if snapshot is not None and snapshot.members:
-        base, base_index = membership_of(snapshot.members, base), snapshot.config_index
-    history = ConfigHistory(base_index, base)
-    first = max(store.begin_index, base_index + 1)
-    if store.end_index >= first:
-        try:
-            history.appended(store, first, store.end_index)
-        except StoreError as e:  # a rotten configuration record: the scrub finds it, the leader repairs it
-            log.error("%s/%s: reading the configuration entries of the log: %s", cfg.group, cfg.self_id, e)
-    return history
 
 
 def _why(e: DLedgerError | None) -> str:
