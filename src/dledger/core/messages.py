@@ -338,6 +338,16 @@ class InstallSnapshotResponse(msgspec.Struct, array_like=True):
     durable_index: int = -1
     reason: str = ""
 
+# membership's wire structs live beside the configuration they carry (core.membership), which
+# imports this module's Msg and field types: imported here, once those exist (core/__init__.py
+# loads this module before any other core module, core.membership included)
+from dledger.core.membership import (  # noqa: E402
+    ChangeMembersRequest,
+    ChangeMembersResponse,
+    MembersRequest,
+    MembersResponse,
+)
+
 REQUEST_TYPES: dict[int, type[Msg]] = {
     RequestCode.VOTE: VoteRequest,
     RequestCode.HEART_BEAT: HeartBeatRequest,
@@ -352,6 +362,8 @@ REQUEST_TYPES: dict[int, type[Msg]] = {
     RequestCode.SNAPSHOT: SnapshotRequest,
     RequestCode.INSTALL_SNAPSHOT: InstallSnapshotRequest,
     RequestCode.READ_INDEX: ReadIndexRequest,
+    RequestCode.MEMBERS: MembersRequest,
+    RequestCode.CHANGE_MEMBERS: ChangeMembersRequest,
 }
 
 RESPONSE_TYPES: dict[int, type[msgspec.Struct]] = {
@@ -368,6 +380,8 @@ RESPONSE_TYPES: dict[int, type[msgspec.Struct]] = {
     RequestCode.SNAPSHOT: SnapshotResponse,
     RequestCode.INSTALL_SNAPSHOT: InstallSnapshotResponse,
     RequestCode.READ_INDEX: ReadIndexResponse,
+    RequestCode.MEMBERS: MembersResponse,
+    RequestCode.CHANGE_MEMBERS: ChangeMembersResponse,
 }
 
 _encoder = msgspec.msgpack.Encoder()
