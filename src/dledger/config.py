@@ -175,6 +175,10 @@ class DLedgerConfig:
     max_vote_interval_ms: int = 700  # ... and at most this
     # leadership moves to the first of these that is caught up
     preferred_leader_ids: list[str] = field(default_factory=list)
+    # members of peers that are learners in the configuration this member starts with (they get
+    # the log, neither vote nor count for commit): `dledger server --join` sets it from the group's
+    # configuration; once the log holds a configuration, the log's wins (docs/operations.md)
+    learner_ids: list[str] = field(default_factory=list)
     max_pending_requests: int = 10000  # appends waiting for commit on the leader; beyond: LEADER_PENDING_FULL
     max_wait_ack_ms: int = 2500  # an append not committed this long is answered WAIT_QUORUM_ACK_TIMEOUT
     max_push_timeout_ms: int = 1000  # a push to a follower not answered this long is sent again
@@ -280,6 +284,11 @@ class DLedgerConfig:
         for pid in self.preferred_leader_ids:
             if pid not in peers:
                 raise ConfigError(f"preferred_leader_ids: {pid!r} is not in peers")
+        for pid in self.learner_ids:
+            if pid not in peers:
+                raise ConfigError(f"learner_ids: {pid!r} is not in peers")
+        if peers and set(peers) <= set(self.learner_ids):
+            raise ConfigError("learner_ids names every member: a group needs a voter")
         if self.data_file_size < 4096:
             raise ConfigError("data_file_size must be at least 4096 bytes")
         if self.index_file_size < 32 or self.index_file_size % 32:
@@ -367,10 +376,10 @@ class DLedgerConfig:
         if unknown:
             raise ConfigError(f"unknown configuration keys: {_unknown_hints(data, unknown, known, flag_keys or {})}; "
                               f"valid keys are {', '.join(sorted(known))} (docs/configuration.md)")
-        if isinstance(data.get("preferred_leader_ids"), str):
-            data = dict(data)
-            ids = data["preferred_leader_ids"]
-            data["preferred_leader_ids"] = [s for s in re.split(r"[;,\s]+", ids) if s]
+        for key in ("preferred_leader_ids", "learner_ids"):
+            if isinstance(data.get(key), str):
+                data = dict(data)
+                data[key] = [s for s in re.split(r"[;,\s]+", data[key]) if s]
         data = _check_types(cls, data)
         try:
             return cls(**data)

@@ -294,6 +294,7 @@ class AsyncDLedgerClient:
         self._closed = False  # close() is final: no request reopens connections afterwards
         self._members_at = 0.0  # monotonic time of the last MEMBERS asked (following the configuration)
         self._members_task: asyncio.Task[None] | None = None
+        self._answered_by = ""  # the member whose answer the last successful request got
         if producer_id is not None and not idempotent:
             raise DLedgerError(ResponseCode.UNEXPECTED_ARGUMENT, "producer_id needs idempotent=True")
         self.producer = IdempotentProducer(producer_id, producer_epoch) if idempotent else None
@@ -626,7 +627,7 @@ class AsyncDLedgerClient:
         """MEMBERS of the leader (or of whichever member answers first when none leads)."""
         resp = await self._call(RequestCode.MEMBERS, req)
         assert isinstance(resp, MembersResponse)
-        return self._learn_members(self.leader_id or "", resp)
+        return self._learn_members(self._answered_by, resp)
 
     async def add_learner(self, member_id: str, address: str) -> int:
         """Add `member_id` at `address` (host:port, where clients reach it) as a learner: it
@@ -895,6 +896,7 @@ class AsyncDLedgerClient:
             raise
         self._suspects.pop(member, None)  # it answered: whatever it says, it is alive
         self._ever_answered = True
+        self._answered_by = member
         try:
             resp = decode_response(code, raw.meta)
         except DECODE_ERRORS:
