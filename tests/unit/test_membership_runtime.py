@@ -147,3 +147,31 @@ def test_a_member_removed_from_the_configuration_is_refused_and_cut_off(
             await server.stop()
 
     asyncio.run(main())
+
+
+def test_a_client_follows_the_configuration_members_answer() -> None:
+    """Members a member names join the client's peers; only a committed configuration the
+    leader itself answered removes any."""
+    from dledger.core.membership import MemberInfo, MembersResponse
+
+    async def main() -> None:
+        async with AsyncDLedgerClient("n0-127.0.0.1:1;n1-127.0.0.1:2;n2-127.0.0.1:3", "g") as c:
+            c.leader_id = "n0"
+            new = [MemberInfo("n1", "127.0.0.1:2", True), MemberInfo("n2", "127.0.0.1:3", True),
+                   MemberInfo("n3", "127.0.0.1:4", False)]
+            seen = c._learn_members("n1", MembersResponse(200, "n1", 3, 9, True, new))  # n1 leads, n0 removed
+            assert list(c.peers) == ["n1", "n2", "n3"] and c.leader_id is None
+            assert [m.id for m in seen.learners] == ["n3"] and seen.members[0].leader
+            # a follower's answer (or an uncommitted configuration) only adds
+            more = [*new, MemberInfo("n4", "127.0.0.1:5", False)]
+            c._learn_members("n2", MembersResponse(200, "n1", 3, 10, True, more[1:]))
+            c._learn_members("n1", MembersResponse(200, "n1", 3, 11, False, more[2:]))
+            assert list(c.peers) == ["n1", "n2", "n3", "n4"]
+            c._learn_peers("n5-127.0.0.1:6;n1-127.0.0.1:2")  # a METADATA answer's peers: added
+            assert c.peers_string() == ("n1-127.0.0.1:2;n2-127.0.0.1:3;n3-127.0.0.1:4;n4-127.0.0.1:5;"
+                                        "n5-127.0.0.1:6")
+            with pytest.raises(DLedgerError) as e:  # a member no longer known is not asked
+                await c.members("n0")
+            assert e.value.code == ResponseCode.UNKNOWN_MEMBER
+
+    asyncio.run(main())

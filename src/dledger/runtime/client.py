@@ -667,8 +667,9 @@ class AsyncDLedgerClient:
         return resp.config_index
 
     def peers_string(self) -> str:
-        """Every member this client knows now (its peers and those it learned), `--peers` form."""
-        return format_peers(self.peers)
+        """Every member this client knows now (its peers and those it learned), `--peers` form.
+        (A copy first: the blocking client's loop thread may be adding members meanwhile.)"""
+        return format_peers(dict(self.peers))
 
     def _learn_members(self, member: str, resp: msgspec.Struct) -> Members:
         """Follow the configuration a member answered: members not known yet join the peers;

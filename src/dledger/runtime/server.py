@@ -499,8 +499,11 @@ class GroupRuntime:
                                              fut.result() if err is None else None), now_ms())
             self._execute()
 
+        # the configuration as of the snapshot's index when the node names it (`members`), else
+        # the one in force (the same unless a change is in the log past the snapshot's index)
+        members = getattr(s, "members", None)
         self.host.submit(self.host.take_snapshot, s.index, s.term, s.chain_crc, s.next_pos,
-                         self.addresses.peers_string(), s.keep,
+                         members if isinstance(members, str) else self.addresses.peers_string(), s.keep,
                          s.producers, done=done)
 
     def _failure(self, err: BaseException | None, what: str) -> str:
