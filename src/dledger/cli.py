@@ -48,6 +48,7 @@ from dledger.config import ConfigError, DLedgerConfig, Peer, format_peers, parse
 from dledger.entry import MAGIC_NOOP, MAGIC_NORMAL, MAGIC_SESSION
 from dledger.health import DEFAULT_MAX_LAG, assess, is_down
 from dledger.local_cluster import busy_ports, local_certs, local_cluster
+from dledger.members_command import JOIN_HELP, join_into
 from dledger.runtime.client import DLedgerClient, Members, Metadata
 
 log = logging.getLogger(__name__)
@@ -69,9 +70,7 @@ def cli(verbose: int) -> None:
 @click.option("--group", default=None, help="Group name [default].")
 @click.option("--id", "self_id", default=None, help="This member's id, e.g. n0.")
 @click.option("--peers", default=None, help=PEERS_HELP)
-@click.option("--join", default=None, metavar="PEERS",
-              help="Join a running group through any of these members (instead of --peers): its configuration "
-                   "is read from the group, which must name this --id (`dledger members add-learner` first).")
+@click.option("--join", default=None, metavar="PEERS", help=JOIN_HELP)
 @click.option("--store-dir", default=None, help="Directory of this member's store.")
 @click.option("--flush", type=click.Choice(["async", "sync"]), default=None)
 @click.option("--store", "store_type", type=click.Choice(["file", "memory"]), default=None)
@@ -125,7 +124,7 @@ def server(config_file: str | None, group: str | None, self_id: str | None, peer
     if fault_injection:
         data["enable_fault_injection"] = True
     if join is not None:
-        _join(join, data, peers)
+        join_into(join, data, peers, "default")
     if "peers" not in data or "self_id" not in data:
         raise click.UsageError("give --config, or --id and --peers (or --join)")
     if "store_dir" not in data:
@@ -134,22 +133,6 @@ def server(config_file: str | None, group: str | None, self_id: str | None, peer
     if cfg.store_type == "file":
         check_store_dir(Path(cfg.store_dir))
     _run_member(cfg)
-
-
-def _join(join: str, data: dict[str, object], peers: str | None) -> None:
-    """`--join`: this member's peers and learners from the group's configuration (a member
-    restarting later takes them from its own log: the log's configuration wins)."""
-    from dledger.members_command import join_configuration
-
-    if peers is not None:
-        raise click.UsageError("--join reads the members from the group: give it without --peers")
-    if data.get("peer_listen"):
-        raise click.UsageError("--join does not take --peer-listen (the group's configuration has one address "
-                               "per member)")
-    if "self_id" not in data:
-        raise click.UsageError("--join needs --id (the id given to `dledger members add-learner`)")
-    group = str(data.get("group", "default"))
-    data["peers"], data["learner_ids"] = join_configuration(join, group, str(data["self_id"]), security())
 
 
 def _from_toml(path: str) -> DLedgerConfig:

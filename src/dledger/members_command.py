@@ -22,6 +22,7 @@ from dledger.clitools import (
     make_client,
     output_option,
     peers_option,
+    security,
     security_options,
 )
 from dledger.codes import DLedgerError, ResponseCode
@@ -145,6 +146,25 @@ def members_remove(peers: str, group: str, member_id: str, output: str) -> None:
     _change(peers, group, output, "remove", member_id)
 
 
+JOIN_HELP = ("Join a running group through any of these members (instead of --peers): its configuration is read "
+             "from the group, which must name this --id (`dledger members add-learner` first).")
+
+
+def join_into(join: str, data: dict[str, object], peers: str | None, default_group: str) -> None:
+    """`--join` of `dledger server` and `dledger controller`: the member's peers and learners
+    (config keys in `data`) from the group's configuration (a member restarting later takes
+    them from its own log: the log's configuration wins). `peers`: the --peers flag given."""
+    if peers is not None:
+        raise click.UsageError("--join reads the members from the group: give it without --peers")
+    if data.get("peer_listen"):
+        raise click.UsageError("--join does not take --peer-listen (the group's configuration has one address "
+                               "per member)")
+    if "self_id" not in data:
+        raise click.UsageError("--join needs --id (the id given to `dledger members add-learner`)")
+    group = str(data.get("group", default_group))
+    data["peers"], data["learner_ids"] = join_configuration(join, group, str(data["self_id"]), security())
+
+
 def join_configuration(join: str, group: str, self_id: str, security: dict[str, str],
                        wait: float = 30.0) -> tuple[str, list[str]]:
     """`dledger server --join`: the group's configuration from any reachable member of `join`,
@@ -177,4 +197,4 @@ def join_configuration(join: str, group: str, self_id: str, security: dict[str, 
     return m.peers_string(), [i.id for i in m.learners]
 
 
-__all__ = ["join_configuration", "member_rows", "members", "members_json"]
+__all__ = ["JOIN_HELP", "join_configuration", "join_into", "member_rows", "members", "members_json"]
