@@ -776,6 +776,7 @@ class AsyncDLedgerClient:
             self.leader_id = self._hint(e, target) or self.leader_id
             return True
         if e.code in _UNANSWERED:
+            self._follow_members_soon(now=True)  # the member may have left: what is the group now?
             if self.leader_id == target:
                 self.leader_id = None  # this call (if it may retry) and the next ones search again
             return never_sent(e) or code in _IDEMPOTENT or safe
