@@ -404,9 +404,14 @@ def _configuration(c: DLedgerClient, views: dict[str, Metadata | DLedgerError]) 
     leaders = [m for m, v in up.items() if v.role == "leader" and v.term == term]
     for m in leaders + [m for m in up if m not in leaders]:
         try:
-            return c.members(m)
+            config = c.members(m)
         except DLedgerError as e:
             log.debug("%s: no configuration: %s", m, e)
+            continue
+        if config.leader_id and config.leader_id != m:  # a follower's: the leader's has each member's lag
+            with contextlib.suppress(DLedgerError):
+                config = c.members(config.leader_id)
+        return config
     return None
 
 
