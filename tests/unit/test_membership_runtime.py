@@ -175,3 +175,41 @@ def test_a_client_follows_the_configuration_members_answer() -> None:
             assert e.value.code == ResponseCode.UNKNOWN_MEMBER
 
     asyncio.run(main())
+
+
+def test_with_tls_a_client_certificate_cannot_change_members_and_an_admins_reaches_the_node(tmp_path: Path) -> None:
+    (port,) = free_ports(1)
+    certs = local_certs(tmp_path / "certs", members=["n0"])
+    cfg = DLedgerConfig(group="g", self_id="n0", peers=f"n0-127.0.0.1:{port}", store_dir=str(tmp_path / "n0"),
+                        store_type="memory", tls_cert=str(certs / "n0.pem"), tls_key=str(certs / "n0-key.pem"),
+                        tls_ca=str(certs / "ca.pem"))
+    address = f"127.0.0.1:{port}"
+    change = encode(ChangeMembersRequest("g", "", "", "remove", "n0"))
+    client_cert, admin_cert = client_tls(certs, "client"), client_tls(certs, "admin")
+    assert client_cert is not None and admin_cert is not None
+
+    async def main() -> None:
+        server = DLedgerServer(cfg)
+        await server.start()
+        client = TransportClient(ssl=client_context(client_cert))
+        admin = TransportClient(ssl=client_context(admin_cert))
+        anonymous = TransportClient()  # no TLS at all
+        try:
+            refused = await client.request(address, Message(RequestCode.CHANGE_MEMBERS, change), 10.0)
+            assert refused.code == ResponseCode.UNAUTHENTICATED and b"admin" in bytes(refused.meta)
+            reached = await admin.request(address, Message(RequestCode.CHANGE_MEMBERS, change), 10.0)
+            assert reached.code != ResponseCode.UNAUTHENTICATED
+            read = await client.request(address, Message(RequestCode.MEMBERS, encode(MembersRequest("g"))), 10.0)
+            assert read.code != ResponseCode.UNAUTHENTICATED
+            try:  # plain text to a TLS member: refused, in words or by closing
+                plain = await anonymous.request(address, Message(RequestCode.MEMBERS, encode(MembersRequest("g"))), 5.0)
+            except DLedgerError:
+                pass
+            else:
+                assert plain.code == ResponseCode.UNAUTHENTICATED
+        finally:
+            for t in (client, admin, anonymous):
+                await t.close()
+            await server.stop()
+
+    asyncio.run(main())
