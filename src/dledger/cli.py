@@ -415,6 +415,14 @@ def _configuration(c: DLedgerClient, views: dict[str, Metadata | DLedgerError]) 
     return None
 
 
+def _known_members(c: DLedgerClient) -> list[str]:
+    """The group's members: its configuration when a member tells it (the client learns it),
+    else the client's peers."""
+    with contextlib.suppress(DLedgerError):
+        return [i.id for i in c.members().members]
+    return list(c.peers)
+
+
 def _learners(views: _GroupViews) -> set[str]:
     return {i.id for i in views.config.learners} if views.config is not None else set()
 
@@ -582,9 +590,12 @@ def top(peers: str, group: str, interval: float, iterations: int, metrics_port: 
 @security_options
 def transfer(peers: str, group: str, target: str, output: str) -> None:
     """Move leadership to member TO."""
-    if target not in parse_peers(peers):
-        raise ConfigError(f"--to {target}: not a member of {peers}")
+    parse_peers(peers)
     with make_client(peers, group, timeout=10.0, role="admin") as c:
+        if target not in c.peers:
+            _known_members(c)  # a member added since --peers was written
+        if target not in c.peers:
+            raise ConfigError(f"--to {target}: not a member of {c.peers_string()}")
         c.transfer_leadership(target)
     emit([{"leader": target}], output, f"group {group}")
 
@@ -721,9 +732,10 @@ def store_export(store_dir: str, to: str, upstream: bool, data_file_size: int, i
 def snapshot(peers: str, group: str, member: str | None, output: str | None) -> None:
     """Make members snapshot their state machine now (each writes its own); print the index
     each snapshot covers (with -o: {"member","index"}); a member that fails is named on stderr."""
-    members = [member] if member else list(parse_peers(peers))
+    parse_peers(peers)
     failed = []
     with make_client(peers, group, timeout=60.0, role="admin") as c, Rows(output or "json", f"group {group}") as rows:
+        members = [member] if member else _known_members(c)
         for m in members:
             try:
                 index = c.snapshot(m)
