@@ -21,7 +21,7 @@ from dledger.local_cluster import client_tls, local_certs
 from dledger.ports import free_ports
 from dledger.runtime import server as server_module
 from dledger.runtime.client import AsyncDLedgerClient
-from dledger.runtime.members import MemberAddresses, membership_of_peers, node_membership
+from dledger.runtime.members import MemberAddresses, node_membership
 from dledger.runtime.server import DLedgerServer, GroupRuntime
 from dledger.runtime.transport import Message, TransportClient
 from dledger.security.tls import client_context
@@ -46,7 +46,6 @@ def test_addresses_come_from_the_configuration_in_force_and_the_command_line_unt
     assert a.peers_string() == "n0-127.0.0.1:1;n2-127.0.0.1:33;n3-127.0.0.1:4"
     a.update(Membership({"n0": "127.0.0.1:1", "n1": "127.0.0.1:2"}))  # n1 back: no longer a former member
     assert a.former == {"n2": "127.0.0.1:33", "n3": "127.0.0.1:4"}
-    assert membership_of_peers("n0-127.0.0.1:1;n1-[::1]:2") == Membership({"n0": "127.0.0.1:1", "n1": "[::1]:2"})
 
 
 def test_the_accessor_reads_the_nodes_configuration_only_when_it_has_one() -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from dledger.config import DLedgerConfig, Peer, parse_peers
+from dledger.config import DLedgerConfig, Peer
 from dledger.core.membership import Membership
 
 log = logging.getLogger(__name__)
@@ -100,9 +100,4 @@ class MemberAddresses:
         return ";".join(f"{i}-{self.client_address(i)}" for i in self.ids())
 
 
-def membership_of_peers(peers: str) -> Membership:
-    """A `--peers` string as a configuration of voters only (what a group starts with)."""
-    return Membership({i: p.address for i, p in parse_peers(peers).items()})
-
-
-__all__ = ["MemberAddresses", "membership_of_peers", "node_membership"]
+__all__ = ["MemberAddresses", "node_membership"]
