@@ -31,6 +31,7 @@ class Health:
     max_lag: int | None  # entries behind the leader's commit index, worst member (None: no leader)
     problems: list[str] = field(default_factory=list)
     insecure: list[str] = field(default_factory=list)  # members run --insecure: healthy, but anyone may steer them
+    learners: list[str] = field(default_factory=list)  # members that neither vote nor count for commit
 
     @property
     def line(self) -> str:
@@ -40,7 +41,7 @@ class Health:
     def as_json(self) -> dict[str, object]:
         return {"ok": self.ok, "summary": self.summary, "leader": self.leader, "term": self.term, "up": self.up,
                 "members": self.members, "max_lag": self.max_lag, "problems": self.problems,
-                "insecure": self.insecure}
+                "insecure": self.insecure, "learners": self.learners}
 
 
 def assess(views: Mapping[str, Metadata | DLedgerError], max_lag: int = DEFAULT_MAX_LAG,
@@ -90,7 +91,7 @@ def assess(views: Mapping[str, Metadata | DLedgerError], max_lag: int = DEFAULT_
     ok = leader is not None and len(up) == len(views) and not unasked and not astray and (
         lag is None or lag <= max_lag) and not any(v.store_error or v.state_machine_error for v in up.values())
     return Health(ok, summary if ok else f"{summary}: {problems[0]}" if problems else summary, leader, term,
-                  len(up), len(views), lag, problems, insecure)
+                  len(up), len(views), lag, problems, insecure, learning)
 
 
 def _leader(up: Mapping[str, Metadata], term: int) -> str | None:

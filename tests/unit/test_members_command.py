@@ -77,7 +77,7 @@ def test_learners_are_judged_like_members_but_the_quorum_is_the_voters() -> None
     views: dict[str, Metadata | DLedgerError] = {"n0": _view("n0"), "n1": _view("n1", "leader"),
                                                  "n2": _view("n2"), "n3": _view("n3", "learner", end=95)}
     h = assess(views, learners={"n3"})
-    assert h.ok and "(learners: n3)" in h.summary
+    assert h.ok and "(learners: n3)" in h.summary and h.as_json()["learners"] == ["n3"]
     assert not assess(views, max_lag=2, learners={"n3"}).ok  # a learner far behind: not healthy
     views["n0"] = DLedgerError(503, "down")  # type: ignore[arg-type]
     views["n2"] = DLedgerError(503, "down")  # type: ignore[arg-type]
