@@ -294,7 +294,9 @@ class AsyncDLedgerClient:
         self._closed = False  # close() is final: no request reopens connections afterwards
         self._members_at = 0.0  # monotonic time of the last MEMBERS asked (following the configuration)
         self._members_task: asyncio.Task[None] | None = None
-        self._answered_by = ""  # the member whose answer the last successful request got
+        # the member whose answer the last successful request got (set with no await between it
+        # and the return of `_call`: the caller reads its own request's)
+        self._answered_by = ""
         if producer_id is not None and not idempotent:
             raise DLedgerError(ResponseCode.UNEXPECTED_ARGUMENT, "producer_id needs idempotent=True")
         self.producer = IdempotentProducer(producer_id, producer_epoch) if idempotent else None
@@ -709,8 +711,8 @@ class AsyncDLedgerClient:
         self._members_task = asyncio.get_running_loop().create_task(self._refresh_members())
 
     async def _refresh_members(self) -> None:
-        """MEMBERS from the leader if one is trusted, else from every member at once (the
-        first answer counts)."""
+        """MEMBERS from the leader if one is trusted, else from the members not suspect, one
+        after another: the first answer counts."""
         leader = self._trusted_leader()
         targets = [leader] if leader is not None else [m for m in self.peers if not self._is_suspect(m)]
         for m in targets or list(self.peers):
