@@ -222,7 +222,7 @@ class GroupRuntime:
         truncated or installed with a snapshot): sends go to the new addresses, and the
         connections of members it removed are dropped (on_members_removed)."""
         m = node_membership(self.node)
-        if m is self.addresses.membership or (m is None and self.addresses.membership is None):
+        if m is self.addresses.membership or m == self.addresses.membership:  # (a copy the node made again)
             return
         before = {i: self.addresses.address_of(i) or "" for i in self.addresses.ids()}
         removed = self.addresses.update(m)
