@@ -370,10 +370,10 @@ class DLedgerConfig:
         if unknown:
             raise ConfigError(f"unknown configuration keys: {_unknown_hints(data, unknown, known, flag_keys or {})}; "
                               f"valid keys are {', '.join(sorted(known))} (docs/configuration.md)")
-        if isinstance(data.get("preferred_leader_ids"), str):
-            data = dict(data)
-            ids = data["preferred_leader_ids"]
-            data["preferred_leader_ids"] = [s for s in re.split(r"[;,\s]+", ids) if s]
+        for key in ("preferred_leader_ids",):
+            if isinstance(data.get(key), str):
+                data = dict(data)
+                data[key] = [s for s in re.split(r"[;,\s]+", data[key]) if s]
         data = _check_types(cls, data)
         try:
             return cls(**data)

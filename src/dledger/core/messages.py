@@ -390,8 +390,8 @@ CHANGE_REFUSALS = (
     ResponseCode.MEMBER_EXISTS,
 )
 
-# their codes' types; not in REQUEST_TYPES / RESPONSE_TYPES until the runtime's access table
-# (runtime.access.RAFT_ACCESS) names them: every decodable request must have its roles
+# their codes' types, registered in REQUEST_TYPES / RESPONSE_TYPES from here (the one source);
+# the runtime's access table (runtime.access.RAFT_ACCESS) names their roles
 MEMBERSHIP_TYPES: dict[int, tuple[type[Msg], type[msgspec.Struct]]] = {
     RequestCode.MEMBERS: (MembersRequest, MembersResponse),
     RequestCode.CHANGE_MEMBERS: (ChangeMembersRequest, ChangeMembersResponse),
@@ -412,6 +412,7 @@ REQUEST_TYPES: dict[int, type[Msg]] = {
     RequestCode.SNAPSHOT: SnapshotRequest,
     RequestCode.INSTALL_SNAPSHOT: InstallSnapshotRequest,
     RequestCode.READ_INDEX: ReadIndexRequest,
+    **{c: req for c, (req, _) in MEMBERSHIP_TYPES.items()},
 }
 
 RESPONSE_TYPES: dict[int, type[msgspec.Struct]] = {
@@ -428,6 +429,7 @@ RESPONSE_TYPES: dict[int, type[msgspec.Struct]] = {
     RequestCode.SNAPSHOT: SnapshotResponse,
     RequestCode.INSTALL_SNAPSHOT: InstallSnapshotResponse,
     RequestCode.READ_INDEX: ReadIndexResponse,
+    **{c: resp for c, (_, resp) in MEMBERSHIP_TYPES.items()},
 }
 
 _encoder = msgspec.msgpack.Encoder()
