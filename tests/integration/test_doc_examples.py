@@ -91,16 +91,9 @@ def run_pages() -> list[Path]:
     return [p for p in all_pages() if any(b.marker == "run" for b in blocks(p))]
 
 
-# pages whose examples need what is not merged yet (membership changes in the core)
-_PENDING = {"operations.md": "needs i29-core"}
-
-
 def _page_param(page: Path) -> object:
     spark = any(b.marker == "run" and ("register(spark)" in b.code or "dledger audit" in b.code) for b in blocks(page))
-    marks = [pytest.mark.spark] if spark else []
-    if page.name in _PENDING:
-        marks.append(pytest.mark.xfail(strict=False, reason=_PENDING[page.name]))
-    return pytest.param(page, id=page.name, marks=marks)
+    return pytest.param(page, id=page.name, marks=[pytest.mark.spark] if spark else [])
 
 
 class Session:

@@ -777,6 +777,15 @@ class AsyncDLedgerClient:
         if e.code in _RETRYABLE:
             self.leader_id = self._hint(e, target) or self.leader_id
             return True
+        if e.code == ResponseCode.NOT_A_MEMBER:
+            # removed from the group: it did nothing and serves nothing; ask the others (the
+            # configuration the client learns next drops it from the peers); with no other
+            # member known there is nobody to ask
+            self._suspect(target)
+            if self.leader_id == target:
+                self.leader_id = None
+            self._follow_members_soon(now=True)
+            return any(p != target for p in self.peers)
         if e.code in _UNANSWERED:
             self._follow_members_soon(now=True)  # the member may have left: what is the group now?
             if self.leader_id == target:
