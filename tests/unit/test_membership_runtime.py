@@ -19,7 +19,6 @@ from dledger.core.membership import ChangeMembersRequest, Membership, MembersReq
 from dledger.core.messages import VoteRequest, encode
 from dledger.local_cluster import client_tls, local_certs
 from dledger.ports import free_ports
-from dledger.runtime import server as server_module
 from dledger.runtime.client import AsyncDLedgerClient
 from dledger.runtime.members import MemberAddresses, node_membership
 from dledger.runtime.server import DLedgerServer, GroupRuntime
@@ -99,18 +98,16 @@ def test_only_an_admin_may_change_members_and_any_role_may_read_them(tmp_path: P
     asyncio.run(main())
 
 
-def test_a_member_removed_from_the_configuration_is_refused_and_cut_off(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """With TLS, member n1's messages are taken while n1 is in the configuration; once the
-    configuration in force drops it, its connection is closed and what it sends is refused
-    (430). A learner the configuration adds shows in the status, as its sends go to it."""
+def test_a_member_removed_from_the_configuration_is_refused_and_cut_off(tmp_path: Path) -> None:
+    """With TLS, member n1's messages are taken while n1 is in a configuration the node holds;
+    once the node's configurations drop it (here: a snapshot's configuration replaces them, as
+    an install would), its connection is closed and what it sends is refused (430). A learner
+    the configuration adds shows in the status, as its sends go to it."""
     port, other = free_ports(2)
     certs = local_certs(tmp_path / "certs", members=["n0", "n1", "n2"])
     cfg = DLedgerConfig(group="g", self_id="n0", peers=f"n0-127.0.0.1:{port};n1-127.0.0.1:{other}",
                         store_dir=str(tmp_path / "n0"), store_type="memory", tls_cert=str(certs / "n0.pem"),
                         tls_key=str(certs / "n0-key.pem"), tls_ca=str(certs / "ca.pem"))
-    in_force: dict[str, Membership | None] = {"m": None}
-    monkeypatch.setattr(server_module, "node_membership", lambda node: in_force["m"])
     address = f"127.0.0.1:{port}"
     n1_tls = client_tls(certs, "n1")
     assert n1_tls is not None
@@ -126,11 +123,11 @@ def test_a_member_removed_from_the_configuration_is_refused_and_cut_off(
         g: GroupRuntime = server.groups["g"]
         try:
             assert await vote(n1) != ResponseCode.UNAUTHENTICATED  # a member: the node answers
-            in_force["m"] = Membership({"n0": address, "n1": f"127.0.0.1:{other}"}, {"n2": "127.0.0.1:9"})
+            g.node.configs.add(0, Membership({"n0": address, "n1": f"127.0.0.1:{other}"}, {"n2": "127.0.0.1:9"}))
             g._execute()
             assert g.status().members == (("n0", address), ("n1", f"127.0.0.1:{other}"), ("n2", "127.0.0.1:9"))
             assert g.address_of("n2") == "127.0.0.1:9"
-            in_force["m"] = Membership({"n0": address}, {"n2": "127.0.0.1:9"})
+            g.node.configs.reset(1, Membership({"n0": address}, {"n2": "127.0.0.1:9"}))
             g._execute()  # n1 removed: its connection is closed
             assert server.server is not None
             for _ in range(200):

@@ -849,7 +849,7 @@ class Node(AppendPath, SnapshotPath, MembershipPath):
             return ResponseCode.UNKNOWN_GROUP
         if msg.remote_id and msg.remote_id != m.self_id:
             return ResponseCode.UNEXPECTED_MEMBER
-        if msg.leader_id and not self.configs.known(msg.leader_id) and not self._unknown_leader_ok(code, msg.leader_id):
+        if msg.leader_id and not self.takes_member(code, msg.leader_id):
             return ResponseCode.UNKNOWN_MEMBER
         if is_member_message(code, msg) and (not msg.leader_id or msg.leader_id == m.self_id):
             return ResponseCode.UNEXPECTED_MEMBER
@@ -858,6 +858,13 @@ class Node(AppendPath, SnapshotPath, MembershipPath):
         if isinstance(msg, LeadershipTransferRequest) and msg.transfer_id and msg.transfer_id != msg.leader_id:
             return ResponseCode.UNEXPECTED_MEMBER
         return None
+
+    def takes_member(self, code: int, sender: str) -> bool:
+        """Whether a message `code` from member `sender` is taken: a member of a configuration
+        this node holds (in force, pending or the committed one: a member whose removal is not
+        committed still campaigns), or a leader we may lag behind (_unknown_leader_ok). The
+        runtime checks a member certificate's sender by this same rule."""
+        return self.configs.known(sender) or self._unknown_leader_ok(code, sender)
 
     def _unknown_leader_ok(self, code: int, sender: str) -> bool:
         """A leader's message (push, heartbeat, snapshot) from a member no configuration of

@@ -89,7 +89,7 @@ from dledger.runtime.transport import (
     encode_error,
 )
 from dledger.security.roles import Access, Tokens, expect_members
-from dledger.security.tls import TlsConfig, check_member_cert, client_context, member_allowed, server_context
+from dledger.security.tls import TlsConfig, check_member_cert, client_context, server_context
 from dledger.statemachine.api import StateMachine
 from dledger.statemachine.applier import Applier, ApplyBatch
 from dledger.statemachine.snapshot import SnapshotError, SnapshotMeta
@@ -850,7 +850,8 @@ _MEMBER_LISTENER_READS = frozenset((RequestCode.METADATA, RequestCode.MEMBERS))
 def _refusal(g: GroupRuntime, code: int, req: Any, caller: Caller, member_msg: bool) -> Message | None:
     """Who may send what (docs/security.md): member messages only on the member listener
     (when there is one) and, with TLS, only under a certificate naming the sender, a member
-    of the configuration in force (a removed member is refused, a new learner taken); the
+    the node takes messages from (a configuration it holds: a member whose removal committed
+    is refused, a new learner taken); the
     member listener takes nothing from clients but METADATA and MEMBERS. `member_msg`:
     is_member_message(code, req)."""
     cfg = g.cfg
@@ -859,7 +860,10 @@ def _refusal(g: GroupRuntime, code: int, req: Any, caller: Caller, member_msg: b
     if not member_msg and caller.listener == LISTENER_MEMBER and code not in _MEMBER_LISTENER_READS:
         return _error(ResponseCode.UNSUPPORTED, "this is the member listener: send client requests elsewhere")
     principal = caller.principal
-    if member_msg and principal.bound and not member_allowed(principal.names, req.leader_id, g.member_ids()):
+    # the certificate names the sender, and the sender is a member the node takes messages from
+    # (Node.takes_member: a configuration it holds, not only the one in force)
+    sender = req.leader_id
+    if member_msg and principal.bound and not (sender in principal.names and g.node.takes_member(code, sender)):
         return _error(ResponseCode.UNAUTHENTICATED,
                       f"a certificate naming {sorted(principal.names)} cannot speak for member {req.leader_id!r}")
     if member_msg and principal.bound:

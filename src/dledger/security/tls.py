@@ -16,8 +16,9 @@ Identity rule:
   (`dledger certs` issues them so; it may carry more DNS/IP names for the hosts).
 * A member message (vote, heartbeat, push, ...) is accepted only when its sender id is one of
   the names on the connection's certificate (`cert_names` / `peer_names`) AND that id is a
-  member of the group (`member_allowed`). A member therefore cannot speak for another one,
-  and a certificate that names no member cannot speak as a member at all.
+  member of the group (`member_allowed`; a group whose membership changes: the node's own
+  rule, Node.takes_member, which also takes a leader it may lag behind while it hears from
+  no live leader). A member therefore cannot speak for another one.
 * A client certificate (CN ``client`` by default) signed by the same CA may send client
   requests only (append, get, metadata, ...). Do not issue client certificates whose names
   are member ids: such a certificate would be accepted as that member.
