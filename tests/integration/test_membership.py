@@ -158,6 +158,33 @@ def test_a_removed_member_left_running_causes_no_election(make_cluster: MakeClus
     assert c.ctl.append(b"still led by the same leader").term == term
 
 
+def test_members_restarting_take_the_configuration_from_their_logs(make_cluster: MakeCluster) -> None:
+    """After n3 joined and n0 left, n1 restarts with its first command line (peers n0, n1, n2)
+    and n3 with --join again: both take the configuration from their own logs (voters n1, n2,
+    n3), and the group goes on with n0 gone for good."""
+    c = make_cluster(3)
+    members = {m: p.address for m, p in c.ctl.peers.items()}
+    (port,) = free_ports(1)
+    add_member(c, "n3", f"127.0.0.1:{port}", members)
+    remove_member(c, "n0", members)
+    before = c.ctl.append(b"before the restarts")
+    c.wait_caught_up(["n1", "n2", "n3"], 60)
+    c.kill("n1")
+    c.restart("n1")  # its command line still names n0 and not n3
+    c.kill("n3")
+    c.ids.remove("n3")
+    join(c, "n3", {"n1": members["n1"], "n2": members["n2"]})
+    c.down.discard("n3")
+    for m in ("n1", "n3"):
+        wait_until(lambda: {i.id for i in c.ctl.members(m).voters} == {"n1", "n2", "n3"}, 60,  # noqa: B023
+                   f"{m}'s own configuration after its restart")
+    c.kill("n2")  # n1 and n3 are a majority of the voters in force only
+    after = c.ctl.append(b"n1 and n3 commit it")
+    log = read_all(c.client(_peers({m: members[m] for m in ("n1", "n3")})))
+    assert log[before.index] == (before.term, b"before the restarts")
+    assert log[after.index] == (after.term, b"n1 and n3 commit it")
+
+
 def test_the_members_commands_on_a_live_group(make_cluster: MakeCluster, tmp_path: Path) -> None:
     """The CLI end to end: list (JSON), a join refused before add-learner, add-learner, remove."""
     c = make_cluster(3)
