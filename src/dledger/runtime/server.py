@@ -851,9 +851,8 @@ def _refusal(g: GroupRuntime, code: int, req: Any, caller: Caller, member_msg: b
     """Who may send what (docs/security.md): member messages only on the member listener
     (when there is one) and, with TLS, only under a certificate naming the sender, a member
     the node takes messages from (a configuration it holds: a member whose removal committed
-    is refused, a new learner taken); the
-    member listener takes nothing from clients but METADATA and MEMBERS. `member_msg`:
-    is_member_message(code, req)."""
+    is refused, a new learner taken); the member listener takes nothing from clients but
+    METADATA and MEMBERS. `member_msg`: is_member_message(code, req)."""
     cfg = g.cfg
     if member_msg and caller.listener == LISTENER_CLIENT:
         return _error(ResponseCode.UNEXPECTED_MEMBER, "member messages go to the member listener (peer_listen)")
