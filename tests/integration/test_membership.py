@@ -16,7 +16,9 @@ from pathlib import Path
 import pytest
 
 from dledger.codes import DLedgerError, ResponseCode
+from dledger.membership import Membership
 from dledger.ports import free_ports
+from dledger.statemachine.snapshot import SnapshotStore
 from integration.harness import (
     Appender,
     Cluster,
@@ -135,6 +137,42 @@ def test_a_learner_added_after_compaction_catches_up_by_install_snapshot(make_cl
     assert v is not None and v.ledger_begin_index > 0 and v.snapshot_index >= 0  # no entry 0: a snapshot came
     wait_until(lambda: (m := c.meta("n3")) is not None and m.applied_index >= end, 90, "n3 applied everything")
     assert {i.id: i.voter for i in c.ctl.members().members}["n3"] is False  # still a learner
+
+
+def test_the_configuration_survives_compaction_in_snapshots(make_cluster: MakeCluster, tmp_path: Path) -> None:
+    """n3 replaces n0, then the log is compacted past both configuration entries: every
+    member's newest snapshot records the configuration (voters n1, n2, n3) and its entry's
+    index, and n1, restarted with its first command line (n0, n1, n2), takes it from there."""
+    c = compacting_cluster(make_cluster, tmp_path)
+    members = {m: p.address for m, p in c.ctl.peers.items()}
+    (port,) = free_ports(1)
+    toml = tmp_path / "small-files.toml"
+    add_member(c, "n3", f"127.0.0.1:{port}", members,
+               ["--config", str(toml), "--state-machine", "kv", "--snapshot-threshold-entries", "100",
+                "--snapshot-margin-entries", "20"])
+    remove_member(c, "n0", members)
+    change = c.ctl.members().config_index
+    fill(c, "a", 400)
+    group = ["n1", "n2", "n3"]
+
+    def compacted() -> bool:
+        views = c.views(group)
+        return all(v is not None and v.ledger_begin_index > change and v.snapshot_index > change
+                   for v in views.values())
+
+    wait_until(compacted, 90, f"every member compacted its log past configuration entry {change}")
+    want = Membership({"n1": members["n1"], "n2": members["n2"], "n3": members["n3"]})
+    for m in group:
+        newest = SnapshotStore(c.store_dir(m)).newest()
+        assert newest is not None, f"{m} has no snapshot"
+        meta = newest[0]
+        assert isinstance(meta.members, Membership) and meta.config_index == change, (m, meta)
+        assert meta.members == want, (m, meta.members)
+    c.kill("n1")
+    c.restart("n1")
+    assert {i.id for i in c.ctl.members("n1").voters} == {"n1", "n2", "n3"}
+    c.kill("n2")  # n1 and n3: a majority of the voters in force only
+    assert c.ctl.append(b"after the restart").index > change
 
 
 def test_a_removed_member_left_running_causes_no_election(make_cluster: MakeCluster) -> None:
