@@ -171,7 +171,19 @@ def test_the_configuration_survives_compaction_in_snapshots(make_cluster: MakeCl
     c.kill("n1")
     c.restart("n1")
     assert {i.id for i in c.ctl.members("n1").voters} == {"n1", "n2", "n3"}
-    c.kill("n2")  # n1 and n3: a majority of the voters in force only
+    # a learner added now starts from an InstallSnapshot: the snapshot's configuration (the one
+    # it joined with names n4 as well, and the log after the snapshot holds that entry)
+    (port4,) = free_ports(1)
+    c.ctl.add_learner("n4", f"127.0.0.1:{port4}")
+    join(c, "n4", {m: members[m] for m in group}, ["--config", str(toml), "--state-machine", "kv",
+                                                  "--snapshot-threshold-entries", "100",
+                                                  "--snapshot-margin-entries", "20"])
+    c.wait_caught_up([*group, "n4"], 120)
+    v = c.meta("n4")
+    assert v is not None and v.ledger_begin_index > change  # no log before the snapshot: it was installed
+    seen = c.ctl.members("n4")
+    assert {i.id for i in seen.voters} == {"n1", "n2", "n3"} and [i.id for i in seen.learners] == ["n4"]
+    c.kill("n2")  # n1 and n3: a majority of the voters in force only (n4 is a learner)
     assert c.ctl.append(b"after the restart").index > change
 
 
