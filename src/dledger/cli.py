@@ -51,6 +51,7 @@ from dledger.local_cluster import busy_ports, local_certs, local_cluster
 from dledger.members_command import JOIN_HELP, join_into
 from dledger.membership import Membership
 from dledger.runtime.client import DLedgerClient, Members, Metadata
+from dledger.store.offline import LayoutError, member_store_dir
 
 log = logging.getLogger(__name__)
 
@@ -129,6 +130,14 @@ def server(config_file: str | None, group: str | None, self_id: str | None, peer
         raise click.UsageError("give --config, or --id and --peers (or --join)")
     if "store_dir" not in data:
         data["store_dir"] = str(Path("data") / str(data.get("group", "default")) / str(data["self_id"]))
+    given = Path(str(data["store_dir"]))
+    try:
+        member_dir = member_store_dir(given, str(data["self_id"]))
+    except LayoutError as e:
+        raise UserError(e.message) from None
+    if member_dir != given:  # upstream DLedger's <storeBaseDir>/dledger-<selfId>/
+        log.warning("%s holds no data/ but %s does (upstream DLedger's layout): using it", given, member_dir)
+        data["store_dir"] = str(member_dir)
     cfg = DLedgerConfig.from_dict(data)
     if cfg.store_type == "file":
         check_store_dir(Path(cfg.store_dir))
@@ -687,6 +696,20 @@ def store_truncate(store_dir: str, from_index: int, force: bool, output: str) ->
     if "warning" in result:
         click.echo(f"WARNING: {result['warning']}", err=True)
     emit_record(result, output, f"truncated store {store_dir}")
+
+
+@store.command("repair-checkpoint")
+@click.option("--store-dir", required=True, help="The member's store directory (the member must be stopped).")
+@output_option("json")
+def store_repair_checkpoint(store_dir: str, output: str) -> None:
+    """Move aside a checkpoint a member refuses to start on (unreadable, or claiming a committed
+    index beyond the data) to checkpoint.unreadable-<time>, writing none; print what moved.
+
+    Nothing is deleted. The member then opens as on a store without a checkpoint.
+    """
+    from dledger.store.tools import repair_checkpoint
+
+    emit_record(repair_checkpoint(store_dir), output, f"repaired store {store_dir}")
 
 
 @store.command("import")

@@ -161,13 +161,20 @@ class DLedgerConfig:
     group: str = "default"  # the group's name (a process may serve several groups)
     self_id: str = "n0"  # this member's id: one of the ids in peers
     peers: str = "n0-127.0.0.1:20911"  # every member: id-host:port ([v6]:port), ";" between (clients connect there too)
-    store_dir: str = "./data/default/n0"  # this member's store directory (data/, index/, checkpoint, ...)
+    # this member's store directory (data/, index/, checkpoint, ...); `dledger server` uses
+    # <store_dir>/dledger-<self_id>/ (upstream DLedger's layout) when only that holds a data/,
+    # and refuses a directory holding both, or only another member's dledger-<id>/data/
+    store_dir: str = "./data/default/n0"
     store_type: str = "file"  # file | memory (nothing survives a restart; tests and benchmarks)
     flush: str = "async"  # async: acknowledged in the page cache of a majority; sync: fsynced on a majority
     flush_interval_ms: int = 10  # async: how often the flusher fsyncs what was written
-    data_file_size: int = 1 * GiB  # size of each data file (a record never spans two)
-    index_file_size: int = 32 * 5_242_880  # size of each index file (32 bytes per entry)
-    max_body_bytes: int = 0  # 0: min(4 MiB, data_file_size - 56)
+    # size of each data file of a new store (a record never spans two); a store with files keeps
+    # theirs (docs/format.md): all members of a group need one size
+    data_file_size: int = 1 * GiB
+    # size of each index file of a new store (32 bytes per entry); a store with files keeps theirs
+    index_file_size: int = 32 * 5_242_880
+    # 0: min(4 MiB, data_file_size - 56); never more than the store's data files hold (their size - 56)
+    max_body_bytes: int = 0
     checkpoint_interval_ms: int = 1000  # how often the checkpoint (committed index, trusted point) is saved
     heart_beat_time_interval_ms: int = 250  # the leader's heartbeat period
     max_heart_beat_leak: int = 4  # heartbeats missed before a follower campaigns (the lease is interval x leak)

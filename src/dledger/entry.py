@@ -43,13 +43,15 @@ ENTRY_MAGICS = frozenset((MAGIC_NORMAL, MAGIC_NOOP, MAGIC_CONFIG_CHANGE, MAGIC_S
 assert HEADER_SIZE == 48 and INDEX_UNIT_SIZE == 32
 
 
-def unverified(chain: int, body_crc: int, prev_chain: int) -> bool:
+def unverified(chain: int, body_crc: int, prev_chain: int = 0) -> bool:
     """A record upstream DLedger wrote: it never fills the two CRC fields (both 0). Read as
-    unverified, as upstream does, but only where the chain before it is 0 too (the log's start,
-    or an unverified record): a log holds upstream's records as a prefix, and a record that
-    dledger wrote after a verified one never has both fields 0 (1 in 2**64). The chain CRC
-    after an unverified record is 0 (docs/format.md, "Opening upstream DLedger's stores")."""
-    return chain == 0 and body_crc == 0 and prev_chain == 0
+    unverified, as upstream does, wherever it is: a store may go from upstream to dledger and
+    back, so upstream's records can follow dledger's. The chain starts again from 0 after one
+    (docs/format.md, "Opening upstream DLedger's stores"), so the record dledger writes next
+    is still checked; a damaged record rarely passes for one (its header rules still hold: a
+    zeroed sector over the CRC fields zeroes the body size too, unless the body is empty).
+    `prev_chain` is not consulted (kept for callers)."""
+    return chain == 0 and body_crc == 0
 
 # --- the record-header rules (docs/format.md, "On disk"), written once ----------------------------
 # Every reader of records applies these: `scan` (followers, recovery, `dledger store inspect`),
@@ -277,8 +279,9 @@ def scan(
                         reason = "chain crc mismatch"
                     else:
                         chain = next_chain
-                if reason is not None and ccrc == 0 and bcrc == 0 and chain == 0:
+                if reason is not None and ccrc == 0 and bcrc == 0:
                     reason = None  # upstream's record (unverified): decided off the common path
+                    chain = 0
                     unchecked += 1
             if reason is not None:
                 if strict:

@@ -148,6 +148,14 @@ class Cluster:
         finally:
             self._all_procs.extend(self._lc.procs.values())
 
+    def start_members(self, members: Iterable[str]) -> None:
+        """Start only `members`, without waiting (the others later, by `restart`): a group
+        whose first majority must be chosen, e.g. the one member holding a log and one empty."""
+        for m in members:
+            self._all_procs.append(self._lc.start_member(m))
+            self.down.discard(m)
+        self.down.update(m for m in self.ids if m not in self._lc.procs)
+
     def stop(self) -> None:
         """Stop every member cleanly (SIGTERM), then close the test's clients."""
         self._lc.__exit__(None, None, None)

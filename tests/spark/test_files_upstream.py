@@ -75,3 +75,36 @@ def test_a_flipped_header_byte_mid_store_fails_the_read(spark: SparkSession, tmp
     with pytest.raises(Exception, match=rf"refuse to start on this store: {name} offset {pos % DATA_FILE_SIZE}: "
                                         r"record 200 fails its check"):
         spark.read.format("dledger-files").option("includeUncommitted", "true").load(str(d)).collect()
+
+
+def _all_rows(spark: SparkSession, d: Path) -> list[tuple[int, int, bytes]]:
+    rows = (spark.read.format("dledger-files").option("includeUncommitted", "true").load(str(d))
+            .orderBy("index").collect())
+    return [(r["index"], r["term"], bytes(r["body"])) for r in rows]
+
+
+def test_upstreams_store_after_its_first_file_was_deleted_reads_whole(spark: SparkSession, tmp_path: Path) -> None:
+    """Upstream's retention deleted the first data file: the log begins above 0, with no
+    checkpoint naming the chain before it."""
+    d = copy_fixture(tmp_path)
+    (d / "data" / ("0" * 20)).unlink()
+    got = [(i, t) for i, t, _ in _all_rows(spark, d)]
+    want = [(i, t) for i, t, p, m, _, _ in expected() if m == 1 and p >= DATA_FILE_SIZE]
+    assert got == want and want[0][0] > 0
+
+
+def test_a_verified_store_beginning_above_0_without_checkpoint_reads_whole(spark: SparkSession,
+                                                                          tmp_path: Path) -> None:
+    """dledger's own records (chain CRCs filled) whose first data file is gone and no
+    checkpoint: the chain before the begin is the one its first record follows
+    (offline.chain_before), so every row is read, as a member reads them."""
+    from dledger.store.file import FileLedgerStore
+
+    d = tmp_path / "s"
+    s = FileLedgerStore(d, data_file_size=4096, index_file_size=320, retention_check_interval_ms=3_600_000)
+    s.append_as_leader([b"%04d" % i * 25 for i in range(60)], 3)
+    first_kept = next(i for i in range(60) if s.get(i).pos >= 4096)
+    s.close()
+    (d / "checkpoint").unlink()
+    (d / "data" / ("0" * 20)).unlink()
+    assert _all_rows(spark, d) == [(i, 3, b"%04d" % i * 25) for i in range(first_kept, 60)]

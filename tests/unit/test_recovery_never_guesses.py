@@ -163,3 +163,141 @@ def test_an_unreadable_currterm_refuses_and_changes_nothing(tmp_path: Path) -> N
     (d / "currterm").write_bytes(b"\x00garbage")
     msg = refuses(d)
     assert "currterm" in msg
+
+
+def test_upstreams_store_after_a_snapshot_reset_opens_past_its_leading_blank(tmp_path: Path) -> None:
+    """Upstream DLedger, after installing a snapshot, starts its first data file with a blank
+    record as long as the bytes before the log (MmapFileList.resetOffset), CRC fields 0."""
+    from dledger.entry import BLANK, HEADER, encode_entry
+
+    d = tmp_path / "s"
+    (d / "data").mkdir(parents=True)
+    (d / "index").mkdir()
+    skip = 4241
+    buf = bytearray(DATA_FILE_SIZE)
+    buf[0:8] = BLANK.pack(-1, skip)
+    pos = skip
+    for i in range(30, 60):
+        rec = bytearray(encode_entry(body(i), index=i, term=3, pos=pos))
+        h = list(HEADER.unpack_from(rec))
+        h[6] = h[7] = 0  # upstream writes no CRCs
+        HEADER.pack_into(rec, 0, *h)
+        buf[pos : pos + len(rec)] = rec
+        pos += len(rec)
+    (d / "data" / f"{0:020d}").write_bytes(bytes(buf))
+    (d / "currterm").write_text("voteLeader=\ncurrTerm=3\n")
+    s = open_store(d)
+    try:
+        assert (s.begin_index, s.end_index) == (30, 59)
+        assert [s.get(i).body for i in range(30, 60)] == [body(i) for i in range(30, 60)]
+    finally:
+        s.close()
+
+
+def _zero_crcs(d: Path, positions: list[int]) -> None:
+    """Make records upstream's: both CRC fields 0, as upstream DLedger writes them."""
+    for p in positions:
+        patch(d, p + 36, bytes(8))
+
+
+def test_upstreams_records_after_dledgers_open_as_unverified(tmp_path: Path) -> None:
+    """A store that went from dledger back to upstream: upstream's records (CRC fields 0)
+    follow dledger's verified ones. They open, counted unverified, past a checkpoint too
+    (they are not a torn tail), and the chain starts again from 0 after them."""
+    d = tmp_path / "s"
+    s = open_store(d)
+    s.append_as_leader([body(i) for i in range(100)], 1)
+    s.flush()
+    s.write_checkpoint()  # trusts entry 99
+    s.append_as_leader([body(i) for i in range(100, 150)], 2)
+    pos = [s.get(i).pos for i in range(150)]
+    s.close()
+    import json
+
+    ck = json.loads((d / "checkpoint").read_text())
+    ck["trusted"] = None  # as if the last checkpoint predates upstream's records
+    (d / "checkpoint").write_text(json.dumps(ck))
+    _zero_crcs(d, pos[100:])
+    s = open_store(d)
+    try:
+        assert s.end_index == 149 and s.unverified == 50
+        assert [s.get(i).body for i in range(150)] == [body(i) for i in range(150)]
+        s.append_as_leader([b"after"], 2)  # dledger's next record chains from 0
+        assert s.get(150).body == b"after"
+    finally:
+        s.close()
+    s = open_store(d)
+    try:
+        assert s.get(150).body == b"after"
+    finally:
+        s.close()
+
+
+def test_a_reset_store_without_its_checkpoint_begins_at_its_first_record(tmp_path: Path) -> None:
+    """An InstallSnapshot reset puts the log's begin inside a data file, zeros before it; with
+    the checkpoint lost the begin is found past the zeros, with the chain its first record
+    says came before (never a refusal suggesting a truncate that drops the whole log)."""
+    d = tmp_path / "s"
+    s = open_store(d)
+    s.append_as_leader([body(i) for i in range(50)], 1)
+    s.flush()
+    first = s.get(30)
+    chain29 = s.chain_at(29)
+    s.close()
+    # what a reset leaves: the log from 30, nothing before it in the file
+    patch(d, 0, bytes(first.pos))
+    (d / "checkpoint").unlink()
+    s = open_store(d)
+    try:
+        assert (s.begin_index, s.end_index) == (30, 49)
+        assert s.begin_chain_crc == chain29
+        assert [s.get(i).body for i in range(30, 50)] == [body(i) for i in range(30, 50)]
+    finally:
+        s.close()
+
+
+def test_a_last_file_closed_by_a_blank_is_a_clean_end(tmp_path: Path) -> None:
+    """Upstream writes the blank that closes a file, then creates the next one: a crash in
+    between leaves the last file ending in a blank record, which is no data after the end."""
+    from dledger.entry import BLANK
+
+    d = tmp_path / "s"
+    pos = written(d, 300)
+    files = sorted((d / "data").iterdir())
+    last = files[-1]
+    start = int(last.name)
+    # keep the records of the last file that precede its final stretch, then close it with a blank
+    cut = max(p for p in pos if p - start < DATA_FILE_SIZE // 2 and p >= start)
+    kept = pos.index(cut)
+    patch(d, cut, BLANK.pack(-1, start + DATA_FILE_SIZE - cut) + bytes(start + DATA_FILE_SIZE - cut - 8))
+    s = open_store(d)
+    try:
+        assert s.end_index == kept - 1
+    finally:
+        s.close()
+
+
+def test_a_refusal_at_the_log_begin_names_no_truncate(tmp_path: Path) -> None:
+    d = tmp_path / "s"
+    written(d)
+    patch(d, 3, b"\x09")  # record 0's magic: unknown
+    msg = refuses(d)
+    assert "dledger store truncate" not in msg and "nothing a truncate would keep" in msg, msg
+
+
+def test_a_checkpoint_claiming_more_than_the_data_names_repair_checkpoint(tmp_path: Path) -> None:
+    """Upstream's older Properties checkpoint says committedIndex=500 of a log that ends
+    cleanly at 299: the checkpoint (or the data) is not this store's; the way out is named."""
+    d = tmp_path / "s"
+    written(d)
+    (d / "checkpoint").write_text("endIndex=500\ncommittedIndex=500\n")
+    msg = refuses(d)
+    assert "ends cleanly at 299" in msg and "dledger store repair-checkpoint" in msg, msg
+
+
+def test_an_unreadable_checkpoint_names_repair_checkpoint(tmp_path: Path) -> None:
+    d = tmp_path / "s"
+    written(d)
+    (d / "checkpoint").write_text("{not json")
+    msg = refuses(d)
+    assert "dledger store repair-checkpoint" in msg, msg

@@ -16,6 +16,7 @@ from dledger.codes import PushType, RequestCode, ResponseCode
 from dledger.config import DLedgerConfig
 from dledger.core.contexts import PushCtx
 from dledger.core.dispatcher import DispatcherContext, EntryDispatcher, State
+from dledger.core.effects import MarkCorrupt, PushReply
 from dledger.core.elector import ElectorContext, LeaderElector
 from dledger.core.handler import EntryHandler, HandlerContext
 from dledger.core.member_state import MemberState
@@ -278,7 +279,8 @@ class NoInstall:
 
 
 class HandlerEnv:
-    """Follower n1 of three whose log holds the terms given; its leader n0 is at term 3."""
+    """Follower n1 of three whose log holds the terms given; its leader n0 is at term 3. Its
+    answers come back as effects of the handler (core.effects.PushReply), not through here."""
 
     def __init__(self, leader: MemoryLedgerStore, shared: int, own_terms: list[int]) -> None:
         self.cfg = _cfg("n1")
@@ -292,19 +294,9 @@ class HandlerEnv:
         self.member.set_term(2)
         self.elector = Follows(self.member)
         self.receiver = NoInstall()
-        self.corrupt_index = -1
-        self.replies: list[Reply] = []
 
-    def mark_corrupt(self, index: int, reason: str) -> None:
-        raise AssertionError(f"no record here is corrupt ({index}: {reason})")
-    def forget_corrupt_above(self, end: int) -> None: ...
     def log_appended(self, first: int, last: int) -> None: ...
     def log_truncated(self, end: int) -> None: ...
-    def beyond_repair(self, leader_begin: int) -> None: ...
-    def repaired(self, first: int, last: int, indexes: list[int]) -> None: ...
-
-    def reply(self, token: Any, code: int, msg: msgspec.Struct) -> None:
-        self.replies.append(Reply(token, code, msg))
 
 
 def _bytes_upto(store: MemoryLedgerStore, count: int) -> int:
@@ -331,9 +323,11 @@ def _push(env: HandlerEnv, h: EntryHandler, kind: PushType, prev_index: int, pre
                       prev_term=prev_term, first_index=prev_index + 1, count=count, committed_index=committed,
                       next_term=next_term)
     h.handle_push(req, data, "tok")
-    r = env.replies[-1]
-    assert r.code == RequestCode.PUSH and isinstance(r.msg, PushResponse)
-    return r.msg
+    effects = h.take_effects()
+    assert not any(isinstance(e, MarkCorrupt) for e in effects), effects  # nothing here is corrupt
+    r = effects[-1]
+    assert isinstance(r, PushReply) and r.token == "tok"
+    return r.resp
 
 
 def _append(leader: MemoryLedgerStore, env: HandlerEnv, h: EntryHandler, first: int, committed: int = -1
@@ -475,7 +469,6 @@ class DispatcherEnv:
         self.install_bytes_sent = 0
         self.installs_sent = 0
         self.outbox: list[Push] = []
-        self.pumps = 0
 
     def snapshot_to_send(self) -> SnapshotMeta | None:
         return None
@@ -486,8 +479,6 @@ class DispatcherEnv:
         raise AssertionError(f"no record here is corrupt ({index}: {reason})")
     def is_beyond_repair(self, index: int) -> bool:
         return False
-    def request_pump(self) -> None:
-        self.pumps += 1
 
     def send(self, peer: str, code: int, msg: msgspec.Struct, ctx: Any, data: bytes | memoryview = b"",
              timeout_ms: int | None = None) -> None:

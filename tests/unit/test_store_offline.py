@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import shutil
 import zlib
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -33,6 +34,7 @@ from dledger.store.file import FileLedgerStore
 from dledger.store.offline import (
     LogBegin,
     StoreFile,
+    TermFile,
     Trusted,
     UnreadableFile,
     as_int,
@@ -227,13 +229,27 @@ def test_a_bool_term_is_not_a_term(tmp_path: Path) -> None:
 # --- the log begin, a torn tail -------------------------------------------------------------------
 
 
+def _at(buf: bytes) -> Callable[[int], tuple[int, ...] | None]:
+    return lambda off: HEADER.unpack_from(buf, off) if off + HEADER_SIZE <= len(buf) else None
+
+
 def test_the_log_begin_without_a_checkpoint(tmp_path: Path) -> None:
-    assert derive_begin(None, 0, 0) == LogBegin(0, -1, 0, 0)
+    assert derive_begin(lambda off: None, 0, 0) == LogBegin(0, -1, 0, 0)
     rec = encode_entry(b"x", index=7, term=2, pos=4096, prev_chain=99)
-    assert derive_begin(HEADER.unpack_from(rec), 4096, FILE_SIZE) == LogBegin(7, -1, 4096, None)
-    assert derive_begin(HEADER.unpack_from(rec), 0, FILE_SIZE) == LogBegin(0, -1, 0, 0)  # not at its pos
+    assert derive_begin(_at(rec), 4096, FILE_SIZE) == LogBegin(7, -1, 4096, None)
+    assert derive_begin(_at(rec), 0, FILE_SIZE) == LogBegin(0, -1, 0, 0)  # not at its pos
     first = encode_entry(b"x", index=0, term=1, pos=0)
-    assert derive_begin(HEADER.unpack_from(first), 0, FILE_SIZE) == LogBegin(0, -1, 0, 0)
+    assert derive_begin(_at(first), 0, FILE_SIZE) == LogBegin(0, -1, 0, 0)
+
+
+def test_a_leading_blank_of_upstreams_snapshot_reset_starts_the_log_after_it() -> None:
+    """Upstream DLedger, installing a snapshot, closes the bytes before the first record with a
+    blank as long as they are (MmapFileList.resetOffset); the log begins after it."""
+    rec = encode_entry(b"x", index=30, term=3, pos=4096 + 200)
+    buf = BLANK.pack(-1, 200) + bytes(192) + rec
+    assert derive_begin(_at(buf), 4096, FILE_SIZE) == LogBegin(30, -1, 4096 + 200, None)
+    # a blank not followed by a sound record there: no begin past it
+    assert derive_begin(_at(BLANK.pack(-1, 200) + bytes(300)), 4096, FILE_SIZE) == LogBegin(0, -1, 4096, 0)
 
 
 def test_without_a_checkpoint_a_log_past_index_0_takes_its_first_chain_as_given(tmp_path: Path) -> None:
@@ -311,9 +327,8 @@ def test_a_store_upstream_wrote_lists_and_passes_the_header_rules(tmp_path: Path
     assert len(files) == 9 and first_gap(files) is None and all(f.size == 65536 for f in files)
     assert [f.start for f in list_files(d / "index")] == [0]
     assert read_checkpoint(d) is None  # upstream keeps none
-    with pytest.raises(UnreadableFile, match="not JSON"):  # a Java Properties file
-        read_currterm(d)
-    assert derive_begin(read_header(files[0].path, 0), 0, files[0].size) == LogBegin(0, -1, 0, 0)
+    assert read_currterm(d) == TermFile(4, None)  # a Java Properties file: currTerm=4, voteLeader=
+    assert derive_begin(lambda off: read_header(files[0].path, off), 0, files[0].size) == LogBegin(0, -1, 0, 0)
 
     # walk every record with the header rules alone, blanks closing files, as the readers do
     got: list[tuple[int, ...]] = []

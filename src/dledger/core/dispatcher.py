@@ -43,6 +43,7 @@ import msgspec
 
 from dledger.codes import DISK_FAULTS, PushType, RequestCode, ResponseCode
 from dledger.core.contexts import ChunkCtx, Context, InstallCtx, PushCtx
+from dledger.core.effects import Effect, MarkCorrupt, Pump
 from dledger.core.install_snapshot import SenderContext, SnapshotSender
 from dledger.core.messages import InstallSnapshotResponse, PushRequest, PushResponse
 from dledger.entry import HEADER, scan
@@ -51,6 +52,7 @@ from dledger.ratelog import RateLimitedLog
 log = logging.getLogger(__name__)
 
 
+PUMP = Pump()
 STRANDED_RETRY_MS = 1000
 WARN_EVERY_MS = 10_000  # one warning per kind and follower in this time; the next says how many were held back
 
@@ -77,8 +79,11 @@ class CommitAdvance(Protocol):
 
 class DispatcherContext(SenderContext, Protocol):
     """All an EntryDispatcher needs of its leader (the Node is one): what its SnapshotSender
-    needs, plus the elector's term watch, the quorum's commit step, an outbox for pushes, a
-    pump request, and the integrity calls for a record of ours found damaged."""
+    needs, plus the elector's term watch, the quorum's commit step, an outbox for pushes, and
+    the integrity calls for a record of ours found damaged while repairing a follower (a call:
+    whether we still lead decides what is sent next). A pump request, and a record of ours a
+    follower rejected found damaged, are effects (core.effects), which the node takes after
+    each call (`take_effects`)."""
 
     @property
     def elector(self) -> TermWatch: ...
@@ -87,7 +92,6 @@ class DispatcherContext(SenderContext, Protocol):
 
     def send(self, peer: str, code: int, msg: msgspec.Struct, ctx: Context, data: bytes | memoryview = b"",
              timeout_ms: int | None = None) -> None: ...
-    def request_pump(self) -> None: ...
     def mark_corrupt(self, index: int, reason: str) -> None: ...
     def is_beyond_repair(self, index: int) -> bool: ...
 
@@ -112,9 +116,15 @@ class EntryDispatcher:
         self.sender = SnapshotSender(env, peer)  # INSTALL state: our snapshot, chunk by chunk
         self.repair_busy = False  # a REPAIR push is in flight
         self.repair_paused_until = 0
+        self.effects: list[Effect] = []  # Pump / MarkCorrupt, in order, until the node takes them
         # the follower's answers (one per push of ours) trigger these lines: rate-limited
         self._log = RateLimitedLog.on_ms(log, lambda: self.env.now, WARN_EVERY_MS / 1000)
         self._warn = self._log.warning
+
+    def take_effects(self) -> list[Effect]:
+        """What the calls so far asked for, in order (core.effects); the caller applies them."""
+        out, self.effects = self.effects, []
+        return out
 
     # --- state changes ---------------------------------------------------------------
 
@@ -243,7 +253,7 @@ class EntryDispatcher:
                 self.note_corrupt(resp.corrupt_index)
             if resp.code != ResponseCode.SUCCESS and resp.bad_index >= 0:
                 self._on_rejected_record(resp)
-                self.env.request_pump()
+                self.effects.append(PUMP)
                 return
             if resp.code != ResponseCode.SUCCESS and resp.corrupt_index >= 0:
                 # its own record is damaged: REPAIR runs beside; do not re-probe in a tight loop
@@ -260,7 +270,7 @@ class EntryDispatcher:
                 # it says nothing of its log: try the same push again later
                 self.reset(self.compare_index if self.state == State.COMPARE else self.next_index - 1,
                            f"its disk answered {ResponseCode(resp.code).name}")
-                self.env.request_pump()
+                self.effects.append(PUMP)
                 return
         if kind == PushType.APPEND:
             self._on_append(seq, resp if isinstance(resp, PushResponse) else None)
@@ -268,7 +278,7 @@ class EntryDispatcher:
             self.busy = False
             if isinstance(resp, PushResponse):
                 self._on_control(PushType(kind), prev_index, resp)
-        self.env.request_pump()
+        self.effects.append(PUMP)
 
     def _on_control(self, kind: PushType, prev_index: int, resp: PushResponse) -> None:
         ok = resp.code == ResponseCode.SUCCESS
@@ -377,7 +387,7 @@ class EntryDispatcher:
         what comes before: a rotten record beyond repair, its own newer snapshot damaged):
         send ours if it reaches that far, else take one first if our state does."""
         if index >= 0 and self.state != State.INSTALL and self._install_past(index):
-            self.env.request_pump()
+            self.effects.append(PUMP)
 
     def _install_past(self, index: int) -> bool:
         """Send the follower our snapshot if it covers `index` (True); else, if our state machine
@@ -399,7 +409,7 @@ class EntryDispatcher:
                 (s.meta.last_index, s.offset) != (last_index, offset):
             return
         s.on_chunk(epoch, data, crc, error)
-        self.env.request_pump()
+        self.effects.append(PUMP)
 
     def on_install_response(self, ctx: InstallCtx, resp: InstallSnapshotResponse | None) -> None:
         epoch, term, last_index = ctx.epoch, ctx.term, ctx.last_index
@@ -418,7 +428,7 @@ class EntryDispatcher:
             self.progress.installed_through = last_index
             self._matched(last_index)
             self.reset(resp.end_index if resp is not None else last_index, f"snapshot {last_index} installed")
-        env.request_pump()
+        self.effects.append(PUMP)
 
     def _last_index_of_term(self, term: int, upto: int) -> int:
         """Highest j <= upto whose term is `term` in our log, or -1."""
@@ -478,7 +488,8 @@ class EntryDispatcher:
                 if not self._install_past(i):
                     self.paused_until = env.now + env.cfg.heart_beat_time_interval_ms  # do not loop
                 return
-            env.mark_corrupt(i, own)  # hands leadership over (or steps down)
+            # hands leadership over (or steps down) once applied: the caller only asks for a pump after
+            self.effects.append(MarkCorrupt(i, own))
             return
         hb = env.cfg.heart_beat_time_interval_ms
         self._warn("rejected", "push to %s: it rejects our record %d (%s), which verifies here (a network or "
@@ -499,7 +510,7 @@ class EntryDispatcher:
                 self._warn("corrupt", "push to %s: it reports a corrupt record at index %d; sending it our copy",
                            self.peer, index)
             self.progress.repair_index = index
-            self.env.request_pump()
+            self.effects.append(PUMP)
 
     def _pump_repair(self) -> None:
         """Send the follower our copies of the records from its first corrupt one (verified
@@ -546,7 +557,7 @@ class EntryDispatcher:
         hb = env.cfg.heart_beat_time_interval_ms
         if not isinstance(resp, PushResponse):
             self.repair_paused_until = env.now + hb
-            env.request_pump()
+            self.effects.append(PUMP)
             return
         if env.elector.observe_term(resp.term):
             return
@@ -562,7 +573,7 @@ class EntryDispatcher:
                        _code_name(resp.code), resp.reason, hb)
             self.repair_paused_until = env.now + hb
         self.note_corrupt(resp.corrupt_index)
-        env.request_pump()
+        self.effects.append(PUMP)
 
     def lost_match(self, end: int, matched: int) -> None:
         """The follower's log ends at `end`, below the `matched` it had acknowledged (its store
@@ -575,7 +586,7 @@ class EntryDispatcher:
         self.progress.follower_commit = -1
         self.paused_until = 0
         self.reset(end, "its log ends below its match")
-        self.env.request_pump()
+        self.effects.append(PUMP)
 
     def note_durable(self, durable: int) -> None:
         """The follower's fsynced prefix equal to our log (any answer carries it); in sync

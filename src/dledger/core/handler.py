@@ -33,10 +33,9 @@ from __future__ import annotations
 import logging
 from typing import Any, Protocol
 
-import msgspec
-
-from dledger.codes import DISK_FAULTS, DLedgerError, PushType, RequestCode, ResponseCode
+from dledger.codes import DISK_FAULTS, DLedgerError, PushType, ResponseCode
 from dledger.config import DLedgerConfig
+from dledger.core.effects import BeyondRepair, Effect, ForgetCorruptAbove, MarkCorrupt, PushReply, Repaired
 from dledger.core.env import MemberEnv
 from dledger.core.install_snapshot import LeaderCheck
 from dledger.core.messages import PushRequest, PushResponse
@@ -60,7 +59,8 @@ class PartialInstall(Protocol):
 class HandlerContext(MemberEnv, Protocol):
     """All an EntryHandler needs of its follower (the Node is one): the member, store, options
     and clock; the elector's leader check; the install in progress (a leader that extends our
-    log makes it moot); the integrity calls for our own records; and an outbox for replies."""
+    log makes it moot). Its answers and what it asks of the member's integrity are effects
+    (core.effects), which the node takes after each call (`take_effects`)."""
 
     @property
     def cfg(self) -> DLedgerConfig: ...
@@ -68,16 +68,11 @@ class HandlerContext(MemberEnv, Protocol):
     def elector(self) -> LeaderCheck: ...
     @property
     def receiver(self) -> PartialInstall: ...
-    @property
-    def corrupt_index(self) -> int: ...
 
-    def mark_corrupt(self, index: int, reason: str) -> None: ...
-    def forget_corrupt_above(self, end: int) -> None: ...
+    # the log changed under a configuration entry: calls, not effects, since the configuration
+    # in force must follow the log before the rest of the push is handled (core.changes)
     def log_appended(self, first: int, last: int) -> None: ...
     def log_truncated(self, end: int) -> None: ...
-    def beyond_repair(self, leader_begin: int) -> None: ...
-    def repaired(self, first: int, last: int, indexes: list[int]) -> None: ...
-    def reply(self, token: Any, code: int, msg: msgspec.Struct) -> None: ...
 
 
 class EntryHandler:
@@ -87,6 +82,7 @@ class EntryHandler:
         self.pending: dict[int, tuple[PushRequest, bytes, Any, int]] = {}  # first_index -> push
         self.unsynced: list[tuple[int, Any]] = []  # (end, token): APPEND answers waiting for fsync
         self.leader_committed = -1  # the highest commit index a leader's push named (a follower's lag, metrics)
+        self.effects: list[Effect] = []  # answers and integrity effects, in order, until the node takes them
         # every line below can be had for one push each (a forged HEART_BEAT + TRUNCATE made an old
         # leader log "refusing to truncate committed entries" at 175 KB/s): one per kind per 10 s
         self._log = RateLimitedLog.on_ms(log, lambda: env.now)
@@ -100,12 +96,17 @@ class EntryHandler:
         self.pending.clear()
         self._fail_unsynced(-1)
 
+    def take_effects(self) -> list[Effect]:
+        """What the calls so far asked for, in order (core.effects); the caller applies them."""
+        out, self.effects = self.effects, []
+        return out
+
     def _fail_unsynced(self, above: int) -> None:
         """Answer INCONSISTENT_STATE to waiting APPENDs whose entries end past `above`."""
         keep = []
         for end, token in self.unsynced:
             if end > above:
-                self.env.reply(token, RequestCode.PUSH, self._response(ResponseCode.INCONSISTENT_STATE))
+                self.effects.append(PushReply(token, self._response(ResponseCode.INCONSISTENT_STATE)))
             else:
                 keep.append((end, token))
         self.unsynced = keep
@@ -164,7 +165,7 @@ class EntryHandler:
         except CorruptEntryError as e:
             # one of our own records fails verification: the answer names it (corrupt_index),
             # and the leader sends it again
-            env.mark_corrupt(e.index, e.message)
+            self.effects.append(MarkCorrupt(e.index, e.message))
             # (named even when beyond repair, which the mark ignores: the leader then sends a
             # snapshot past it — the simulator found a TRUNCATE after such a record refused for ever)
             self._answer(token, ResponseCode.INCONSISTENT_STATE, req, reason=e.message, corrupt_index=e.index)
@@ -211,7 +212,7 @@ class EntryHandler:
                            self.env.member.self_id, i, store.end_index, req.leader_id)
             self._fail_unsynced(i)
             store.truncate(i + 1)
-            self.env.forget_corrupt_above(i)
+            self.effects.append(ForgetCorruptAbove(i))
             self.env.log_truncated(i)  # a configuration entry removed: the one before is in force
         self._match(i)
         self.update_commit(req.committed_index)
@@ -285,7 +286,7 @@ class EntryHandler:
                 return
             own = store.verify(prev) if prev >= store.begin_index else None
             if own is not None:
-                env.mark_corrupt(prev, own)
+                self.effects.append(MarkCorrupt(prev, own))
                 self._answer(token, ResponseCode.INCONSISTENT_STATE, req, reason=own)
                 return
         self._log.warning("rejected", "%s: push from %s at %d rejected: %s", me, req.leader_id, req.first_index,
@@ -301,7 +302,7 @@ class EntryHandler:
         env, store = self.env, self.env.store
         off, index, n = 0, req.first_index, len(data)
         if req.count == 0 and n == 0:  # the leader's log begins at first_index: nothing below to repair from
-            env.beyond_repair(req.first_index)
+            self.effects.append(BeyondRepair(req.first_index))
             self._answer(token, ResponseCode.SUCCESS, req)
             return
         repaired: list[int] = []
@@ -320,10 +321,10 @@ class EntryHandler:
         except StoreError as e:
             self._log.warning("repair", "%s: repair from %s at %d failed: %s", env.member.self_id, req.leader_id,
                               index, e.message)
-            env.repaired(req.first_index, index - 1, repaired)
+            self.effects.append(Repaired(req.first_index, index - 1, tuple(repaired)))
             self._answer(token, _failure_code(e), req, reason=e.message)
             return
-        env.repaired(req.first_index, index - 1, repaired)
+        self.effects.append(Repaired(req.first_index, index - 1, tuple(repaired)))
         self.update_commit(req.committed_index)
         self._answer(token, ResponseCode.SUCCESS, req)
 
@@ -379,7 +380,7 @@ class EntryHandler:
         keep = []
         for end, token in self.unsynced:
             if end <= index:
-                self.env.reply(token, RequestCode.PUSH, self._response(ResponseCode.SUCCESS))
+                self.effects.append(PushReply(token, self._response(ResponseCode.SUCCESS)))
             else:
                 keep.append((end, token))
         self.unsynced = keep
@@ -399,16 +400,16 @@ class EntryHandler:
 
     def _response(self, code: ResponseCode, x_index: int = -1, x_term: int = -1, bad_index: int = -1,
                   reason: str = "", corrupt_index: int = -1) -> PushResponse:
+        """`corrupt_index`: a record of ours a read just found corrupt; the node puts its own
+        first corrupt record in its place, if it knows one, when it applies the reply
+        (core.effects.PushReply): the mark may be an effect before it in the same list."""
         env = self.env
-        store = env.store
-        corrupt = env.corrupt_index if env.corrupt_index >= 0 else corrupt_index
-        return PushResponse(int(code), env.member.term, store.end_index, x_index, x_term, self.durable_match(),
-                            corrupt, bad_index, reason[:512])
+        return PushResponse(int(code), env.member.term, env.store.end_index, x_index, x_term, self.durable_match(),
+                            corrupt_index, bad_index, reason[:512])
 
     def _answer(self, token: Any, code: ResponseCode, req: PushRequest, x_index: int = -1, x_term: int = -1,
                 bad_index: int = -1, reason: str = "", corrupt_index: int = -1) -> None:
-        self.env.reply(token, RequestCode.PUSH,
-                        self._response(code, x_index, x_term, bad_index, reason, corrupt_index))
+        self.effects.append(PushReply(token, self._response(code, x_index, x_term, bad_index, reason, corrupt_index)))
 
 
 def _kind_name(kind: int) -> str:

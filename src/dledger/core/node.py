@@ -66,6 +66,7 @@ from dledger.core.contexts import (
     VoteCtx,
 )
 from dledger.core.dispatcher import EntryDispatcher
+from dledger.core.effects import BeyondRepair, Effect, ForgetCorruptAbove, MarkCorrupt, Pump, PushReply, Repaired
 from dledger.core.elector import LeaderElector
 from dledger.core.follower_read import FollowerReads
 from dledger.core.handler import EntryHandler
@@ -257,7 +258,10 @@ class Node(AppendPath, SnapshotPath, MembershipPath):
             case PushCtx():
                 d = self.dispatchers.get(ctx.peer)
                 if d is not None:
-                    d.on_response(ctx, resp)
+                    try:
+                        d.on_response(ctx, resp)
+                    finally:
+                        self._apply_effects(d.take_effects())
             case HeartbeatCtx():
                 self.elector.on_heartbeat_response(ctx, resp)
             case VoteCtx():
@@ -269,7 +273,10 @@ class Node(AppendPath, SnapshotPath, MembershipPath):
             case InstallCtx():
                 d = self.dispatchers.get(ctx.peer)
                 if d is not None:
-                    d.on_install_response(ctx, resp if isinstance(resp, InstallSnapshotResponse) else None)
+                    try:
+                        d.on_install_response(ctx, resp if isinstance(resp, InstallSnapshotResponse) else None)
+                    finally:
+                        self._apply_effects(d.take_effects())
 
     def tick(self, now_ms: int) -> None:
         self.now = now_ms
@@ -288,11 +295,17 @@ class Node(AppendPath, SnapshotPath, MembershipPath):
             if self.member.is_leader:
                 self.quorum.expire(now_ms)
                 for d in self.dispatchers.values():
-                    d.tick()
+                    try:
+                        d.tick()
+                    finally:
+                        self._apply_effects(d.take_effects())
                 self._hold_retention()
                 if self.corrupt is None:
                     self._relieve_pressure()
-            self.handler.tick()
+            try:
+                self.handler.tick()
+            finally:
+                self._apply_effects(self.handler.take_effects())
             if self.applier is not None:
                 for q in self.applier.expired_queries(now_ms):
                     self.reply(q.token, RequestCode.QUERY,
@@ -313,6 +326,7 @@ class Node(AppendPath, SnapshotPath, MembershipPath):
         if self.member.is_leader and self.cfg.flush == "sync":
             self.quorum.ack_self(durable)
         self.handler.on_durable(durable)
+        self._apply_effects(self.handler.take_effects())
 
     # --- store faults ------------------------------------------------------------------------
 
@@ -519,6 +533,7 @@ class Node(AppendPath, SnapshotPath, MembershipPath):
     def drain(self) -> list[Action]:
         """Actions to execute now. Pushes are built here, once per batch of inputs,
         so concurrent client appends travel to followers together."""
+        self._take_dispatcher_effects()
         try:
             if self._appends:
                 self._store_appends()
@@ -691,6 +706,34 @@ class Node(AppendPath, SnapshotPath, MembershipPath):
     def request_pump(self) -> None:
         self._pump_needed = True
 
+    def _apply_effects(self, effects: list[Effect]) -> None:
+        """Apply what a role object asked for (core.effects), in the order it asked: the one
+        place the handler's and the dispatchers' effects reach the rest of the member."""
+        for e in effects:
+            match e:
+                case PushReply():
+                    resp = e.resp
+                    if self.integrity.corrupt_index >= 0:  # ours, as it stands after the effects before
+                        resp.corrupt_index = self.integrity.corrupt_index  # (a fresh struct: nobody else holds it)
+                    self.reply(e.token, RequestCode.PUSH, resp)
+                case Pump():
+                    self._pump_needed = True
+                case MarkCorrupt():
+                    self.mark_corrupt(e.index, e.reason)
+                case ForgetCorruptAbove():
+                    self.forget_corrupt_above(e.end)
+                case BeyondRepair():
+                    self.beyond_repair(e.leader_begin)
+                case Repaired():
+                    self.repaired(e.first, e.last, list(e.indexes))
+
+    def _take_dispatcher_effects(self) -> None:
+        """Effects of dispatcher calls the node did not make itself (the elector's notes from
+        heartbeat answers): only pumps, which nothing reads before `drain`."""
+        for d in self.dispatchers.values():
+            if d.effects:
+                self._apply_effects(d.take_effects())
+
     # --- role changes (called by the elector; reset in one place: _change_role) -----------
 
     def become_leader(self) -> bool:
@@ -752,6 +795,7 @@ class Node(AppendPath, SnapshotPath, MembershipPath):
             self.quorum.reset(term_start)
             for pr in self.progress.values():
                 pr.begin_term()
+            self._take_dispatcher_effects()
             self.dispatchers = {p: self._new_dispatcher(p) for p in m.others}
             self.elector.on_leader()
             return
@@ -762,12 +806,14 @@ class Node(AppendPath, SnapshotPath, MembershipPath):
         if leader_id:
             m.leader_id = leader_id
             self.handler.on_leader_change()
+            self._apply_effects(self.handler.take_effects())
             self.forget_beyond_repair()
             return
         was_leader = m.is_leader
         m.role = Role.FOLLOWER
         if m.leader_id == m.self_id:
             m.leader_id = None
+        self._take_dispatcher_effects()
         self.dispatchers = {}
         self.elector.on_step_down()
         if was_leader:
@@ -781,6 +827,7 @@ class Node(AppendPath, SnapshotPath, MembershipPath):
                            _error_for(RequestCode.READ, ResponseCode.NOT_LEADER, self,
                                       f"leader stepped down: {reason}"))
         self.handler.on_leader_change()
+        self._apply_effects(self.handler.take_effects())
 
     # --- request dispatch -----------------------------------------------------
 
@@ -790,7 +837,10 @@ class Node(AppendPath, SnapshotPath, MembershipPath):
             assert isinstance(msg, PushRequest)
             if msg.type != PushType.COMMIT:
                 self.integrity.active = True
-            self.handler.handle_push(msg, data, token)
+            try:
+                self.handler.handle_push(msg, data, token)
+            finally:
+                self._apply_effects(self.handler.take_effects())
         elif code == RequestCode.HEART_BEAT:
             assert isinstance(msg, HeartBeatRequest)
             self.elector.handle_heartbeat(msg, token)

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from dledger.core.actions import Action
     from dledger.core.configs import ConfigHistory
     from dledger.core.dispatcher import EntryDispatcher
+    from dledger.core.effects import Effect
     from dledger.core.handler import EntryHandler
     from dledger.core.install_snapshot import SnapshotReceiver
     from dledger.core.integrity import Integrity
@@ -68,6 +69,7 @@ class SnapshotPath:
         configs: ConfigHistory
 
         def reply(self, token: Any, code: int, msg: msgspec.Struct, data: bytes = b"") -> None: ...
+        def _apply_effects(self, effects: list[Effect]) -> None: ...
         def _load_producers(self, data: bytes, where: str) -> None: ...
         def _stop_applier(self, reason: str) -> None: ...
         def _run_due_queries(self) -> None: ...
@@ -184,6 +186,7 @@ class SnapshotPath:
         d = self.dispatchers.get(peer)
         if d is not None and self.member.is_leader:
             d.on_chunk_read(ctx, data, crc, error)
+            self._apply_effects(d.take_effects())
 
     def install_chunk(self, token: Any, meta: SnapshotMeta, offset: int, data: bytes | memoryview, crc: int) -> None:
         self.actions.append(InstallChunk(token, meta, offset, data, crc))
@@ -205,6 +208,7 @@ class SnapshotPath:
         self.configs.reset(meta.config_index, membership_of(meta.members, self.configs.current))
         self._sync_members()
         self.handler.after_reset(L)
+        self._apply_effects(self.handler.take_effects())
         self.integrity.scrub_next = self.store.begin_index
         if self.applier is not None:
             self.restore_from(meta)

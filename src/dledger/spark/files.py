@@ -111,7 +111,8 @@ from dledger.spark.schema import (
 from dledger.store.offline import (
     Checkpoint,
     UnreadableFile,
-    derive_begin,
+    chain_before,
+    derive_begin_of,
     first_gap,
     list_files,
     read_header,
@@ -234,15 +235,20 @@ def layout(store_dir: Path, group: str | None = None, member: str | None = None)
     begin = ckpt.begin if ckpt is not None else None
     if begin is None:  # as recovery: the first record of the first file
         first = listed[0] if listed else None
-        begin = derive_begin(read_header(first.path, 0) if first else None, first.start if first else 0,
-                             first.size if first else 0)
+        begin = derive_begin_of(first.path if first else None, first.start if first else 0,
+                                first.size if first else 0)
+    begin_chain = begin.chain_crc
+    if begin_chain is None and listed and listed[0].start <= begin.pos < listed[0].end:
+        # the record before the begin is gone: the chain before it is the one the first record follows
+        h = read_header(listed[0].path, begin.pos - listed[0].start)
+        begin_chain = chain_before(h) if h is not None else None
     return StoreLayout(
         member=member or store_dir.resolve().name,
         group=group or store_dir.resolve().parent.name,
         committed_index=confirmed if confirmed is not None else (ckpt.committed_index if ckpt else -1),
         begin_index=begin.index,
         begin_pos=begin.pos,
-        begin_chain_crc=begin.chain_crc,
+        begin_chain_crc=begin_chain,
         files=[(f.path, f.start, f.size) for f in listed],
         store_dir=store_dir,
         proven=confirmed is not None or (ckpt is not None and ckpt.proves_durable),

@@ -7,7 +7,7 @@ from ever writing again (a term beyond the wire limit, as a forged message could
 leave behind; a term below the log's; a corrupt record).
 
 `repair-term` rewrites `currterm` while holding the store's lock (store/lock.py), so never
-under a running member, through the store's own atomic writer (checkpoint.write_atomic).
+under a running member, through the store's own atomic writer (checkpoint.write_currterm).
 
 The directory is read through store/offline.py (file names, checkpoint, currterm, the log
 begin) and the log is judged by store/verdict.py, which runs recovery's own read-only scan
@@ -23,9 +23,9 @@ from pathlib import Path
 from dledger.codes import ResponseCode
 from dledger.core.messages import LIMIT
 from dledger.store.base import StoreError
-from dledger.store.checkpoint import write_atomic
+from dledger.store.checkpoint import write_currterm
 from dledger.store.lock import StoreDirLock
-from dledger.store.offline import CURRTERM, UnreadableFile, read_currterm
+from dledger.store.offline import CURRTERM, UnreadableFile, read_currterm, repair_checkpoint_hint
 from dledger.store.verdict import judge
 
 
@@ -77,9 +77,11 @@ def read_log_end(store_dir: Path) -> LogEnd:
     v = judge(store_dir)
     problems = []
     if v.checkpoint_problem:
-        problems.append(f"{v.checkpoint_problem}: a member refuses to start on it")
+        problems.append(f"a member refuses to start on it: {v.checkpoint_problem}")  # its message names the way out
     if v.gap:
         problems.append(f"{v.gap}: a member refuses to start on it")
+    if v.rotten:
+        problems.append(v.rotten)
     if v.refusal:
         problems.append(f"a member refuses to start on this store: {v.refusal}")
     elif v.cut:
@@ -108,8 +110,9 @@ def inspect(store_dir: str | Path) -> dict[str, object]:
     if log_end.last_term >= LIMIT:
         problems.append(f"the last entry's term {log_end.last_term} is beyond the limit 2**62-1")
     if log_end.committed_index > log_end.end_index:
-        problems.append(f"the log ends at index {log_end.end_index}, before the committed index "
-                        f"{log_end.committed_index}: committed entries are missing")
+        problems.append(f"the checkpoint claims committed index {log_end.committed_index}, more than the data holds "
+                        f"(records through {log_end.end_index}): committed entries are missing or the checkpoint "
+                        f"is wrong; {repair_checkpoint_hint(d)}")
     return {
         "store_dir": str(d),
         "term": ct.term,
@@ -148,7 +151,7 @@ def repair_term(store_dir: str | Path, term: int | None = None) -> dict[str, obj
             raise StoreError(ResponseCode.UNEXPECTED_ARGUMENT,
                              f"term {new} is below the last entry's term {max(last, 0)} in {d}")
         try:
-            write_atomic(d / CURRTERM, {"term": new, "voted_for": None})  # as FileLedgerStore.save_term
+            write_currterm(d / CURRTERM, new, None)  # as FileLedgerStore.save_term
         except OSError as e:
             raise StoreError(ResponseCode.DISK_ERROR,
                              f"cannot write {d / CURRTERM}: {e.strerror or e}") from e
@@ -162,4 +165,5 @@ def repair_term(store_dir: str | Path, term: int | None = None) -> dict[str, obj
     }
 
 
-__all__ = ["CurrTerm", "LogEnd", "check_store_dir", "inspect", "read_currterm_view", "read_log_end", "repair_term"]
+__all__ = ["CurrTerm", "LogEnd", "check_store_dir", "inspect", "read_currterm_view", "read_log_end",
+           "repair_checkpoint_hint", "repair_term"]

@@ -58,11 +58,17 @@ from dledger.store.base import (
     positions_of,
     push_error,
 )
-from dledger.store.checkpoint import write_atomic
+from dledger.store.checkpoint import write_atomic, write_currterm
 from dledger.store.flusher import FlushService
 from dledger.store.lock import StoreDirLock
-from dledger.store.mapped_file import MappedFile, MappedFileList
-from dledger.store.offline import UnreadableFile, read_currterm
+from dledger.store.mapped_file import DATA, INDEX, MappedFile, MappedFileList, check_store_files
+from dledger.store.offline import (
+    CURRTERM,
+    Checkpoint,
+    UnreadableFile,
+    read_checkpoint,
+    read_currterm,
+)
 from dledger.store.recovery import rebuild_units, recover
 from dledger.store.retention import Candidate, Plan, disk_usage_ratio, plan_deletions
 
@@ -102,8 +108,19 @@ class FileLedgerStore(LedgerStore):
             self.check_expired_ratio = disk_space_ratio_to_check_expired
             self.force_clean_ratio = disk_space_ratio_to_force_clean
             self._disk_usage: DiskUsage = disk_usage or (lambda: disk_usage_ratio(self.dir))
-            self.data = MappedFileList(self.dir / "data", data_file_size)
-            self.index = MappedFileList(self.dir / "index", index_file_size)
+            # the sizes are the store's own when it has files (a store upstream DLedger or an
+            # older configuration wrote); the configured ones are for new files of a new store
+            ckpt = _checkpoint_or_none(self.dir)
+            # both lists checked, read-only, before either is opened: a refusal changes nothing
+            data_file_size, index_file_size = check_store_files(self.dir, ckpt, data_file_size, index_file_size)
+            self.data = MappedFileList(self.dir / DATA, data_file_size, checked=True)
+            try:
+                # a cache of the record headers: a short index file is extended, its units rebuilt
+                self.index = MappedFileList(self.dir / INDEX, index_file_size, INDEX_UNIT_SIZE, checked=True)
+            except BaseException:
+                self.data.close()
+                raise
+            self.max_body_bytes = min(self.max_body_bytes, self.data.file_size - HEADER_SIZE - BLANK_SIZE)
             self.begin_pos = 0
             self.write_pos = 0
             self._flushed_pos = 0  # data before it is fsynced
@@ -124,7 +141,9 @@ class FileLedgerStore(LedgerStore):
             self._buf = bytearray(1 << 20)  # encode scratch of append_as_leader
             self._ubuf = bytearray(64 << 10)
             try:
-                recover(self)
+                recover(self)  # a refusal has changed no file, not even a short one's size
+                self.data.extend_short()
+                self.index.extend_short()
                 self._flushed_pos = self.write_pos  # recovery fsynced the data files
                 if self.recovered_corrupt is None or self._trusted_record_fault() is None:
                     self._write_checkpoint_locked()  # else the old one stays: never trust a rotten header
@@ -669,6 +688,8 @@ class FileLedgerStore(LedgerStore):
             "begin_pos": self.begin_pos,
             "begin_chain_crc": self.begin_chain_crc,
             "trusted": trusted,
+            "data_file_size": self.data.file_size,
+            "index_file_size": self.index.file_size,
         }
         return state, self.index.files[-2:]
 
@@ -777,7 +798,7 @@ class FileLedgerStore(LedgerStore):
 
     def save_term(self, term: int, voted_for: str | None) -> None:
         try:
-            write_atomic(self.dir / "currterm", {"term": term, "voted_for": voted_for})
+            write_currterm(self.dir / CURRTERM, term, voted_for)  # upstream's form: it reads it too
         except OSError as e:
             raise os_error(e, f"saving the term in {self.dir}") from e
         self._term_vote = TermVote(term, voted_for)
@@ -806,6 +827,14 @@ class FileLedgerStore(LedgerStore):
             self.data.close()
             self.index.close()
             self._dir_lock.release()  # last: another writer may open the directory now
+
+
+def _checkpoint_or_none(store_dir: Path) -> Checkpoint | None:
+    """The checkpoint, to size the files by; an unreadable one is recovery's to refuse."""
+    try:
+        return read_checkpoint(store_dir)
+    except UnreadableFile:
+        return None
 
 
 def _mtime(f: MappedFile) -> float:

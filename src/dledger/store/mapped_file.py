@@ -1,21 +1,38 @@
 """Fixed-size memory-mapped files named by their 20-digit start offset (docs/format.md).
 
 DLedger's MmapFile / MmapFileList: a logical byte space cut into equal files.
-Data and index files both use it.
+Data and index files both use it. The file size is the store's own when it has files
+(`store_file_size`): a store written with another size (upstream DLedger's, a changed
+configuration) is opened as it is, never resized; the configured size is for new stores.
+Every size and name is checked reading only (`check_store_files`, both lists) before a file
+is opened or extended, so a refusal changes nothing; `check_sizes` gives that refusal to
+`dledger store inspect`, so the tool and the member agree.
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import mmap
 import os
+from collections import Counter
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from dledger.codes import ResponseCode
+from dledger.entry import HEADER_SIZE, INDEX_UNIT_SIZE
 from dledger.fsutil import fsync_path
 from dledger.store.base import StoreError, os_error
-from dledger.store.offline import file_name, list_files
+from dledger.store.offline import (
+    Checkpoint,
+    StoreFile,
+    UnreadableFile,
+    file_name,
+    list_files,
+    read_checkpoint,
+    read_header,
+)
 
 log = logging.getLogger(__name__)
 
@@ -36,22 +53,41 @@ class MappedFile:
         self.size = size
         flags = os.O_RDWR | (os.O_CREAT if create else 0)
         self.fd = os.open(path, flags, 0o644)
+        self.short = False  # shorter than `size` on disk: read from a copy until `extend`
         try:
             actual = os.fstat(self.fd).st_size
-            if actual != size:
-                if actual > size:
-                    raise StoreError(
-                        ResponseCode.DISK_ERROR,
-                        f"{path} is {actual} bytes, larger than the configured {size}: "
-                        "was the store written with another file size?",
-                    )
-                os.ftruncate(self.fd, size)  # new, or short after a crash during creation
-            # read-only: a store into the mapping would raise instead of stalling the machine
-            self.mm = mmap.mmap(self.fd, size, mmap.MAP_SHARED, mmap.PROT_READ)
+            if actual > size:  # MappedFileList checked the sizes (store_file_size): only a race gets here
+                raise StoreError(ResponseCode.DISK_ERROR,
+                                 f"{path} is {actual} bytes, not {size} as the other files of its store")
+            if actual < size and create:
+                os.ftruncate(self.fd, size)  # a new file: created by a write that was decided
+                actual = size
+            if actual < size:
+                # short where store_file_size allowed it: read as extended with zeros, but the
+                # file is extended only at the first write, or when the opener decided
+                # (`extend`): a recovery that refuses has not changed its size
+                self.mm = _copy_of(self.fd, actual, size)
+                self.short = True
+            else:
+                # read-only: a store into the mapping would raise instead of stalling the machine
+                self.mm = mmap.mmap(self.fd, size, mmap.MAP_SHARED, mmap.PROT_READ)
         except BaseException:
             os.close(self.fd)
             raise
         self.closed = False
+
+    def extend(self) -> None:
+        """Give a short file its full size (zeros) and map the file itself."""
+        if not self.short:
+            return
+        try:
+            os.ftruncate(self.fd, self.size)
+        except OSError as e:
+            raise os_error(e, f"extension of {self.path} to {self.size} bytes") from e
+        old, self.mm = self.mm, mmap.mmap(self.fd, self.size, mmap.MAP_SHARED, mmap.PROT_READ)
+        self.short = False
+        with contextlib.suppress(BufferError):  # a reader's view keeps the copy until released
+            old.close()
 
     @property
     def end(self) -> int:
@@ -60,6 +96,7 @@ class MappedFile:
     def write(self, offset: int, data: bytes | bytearray | memoryview) -> None:
         """Write all of `data` at file offset `offset` (page cache; `sync` makes it durable)."""
         n = len(data)
+        self.extend()
         try:
             done = os.pwrite(self.fd, data, offset)
             while done < n:  # a short write: only if interrupted or out of space
@@ -74,11 +111,10 @@ class MappedFile:
     def zero(self, begin: int, end: int, chunk: int = 1 << 20) -> None:
         """Zero file bytes [begin, end), skipping chunks that are already zero."""
         zeros = bytes(min(chunk, max(end - begin, 0)))
-        mm = self.mm
         while begin < end:
             stop = min(begin + chunk, end)
             n = stop - begin
-            if mm[begin:stop] != zeros[:n]:
+            if self.mm[begin:stop] != zeros[:n]:  # self.mm: a write may extend the file and remap it
                 self.write(begin, zeros[:n])
             begin = stop
 
@@ -99,28 +135,173 @@ class MappedFile:
             self.path.unlink()
 
 
-class MappedFileList:
-    """The equal-sized files of one directory, contiguous in the logical byte space."""
+def _copy_of(fd: int, actual: int, size: int, chunk: int = 1 << 20) -> mmap.mmap:
+    """`size` bytes of anonymous memory holding the `actual` bytes of file `fd`, zeros after
+    (untouched pages of an anonymous mapping cost nothing)."""
+    mm = mmap.mmap(-1, size)
+    off = 0
+    while off < actual:
+        data = os.pread(fd, min(chunk, actual - off), off)
+        if not data:
+            break
+        mm[off : off + len(data)] = data
+        off += len(data)
+    return mm
 
-    def __init__(self, directory: Path, file_size: int) -> None:
+
+def store_file_size(directory: Path, configured: int, unit: int = 1, recorded: int | None = None,
+                    may_extend: Callable[[StoreFile], bool] | None = None, cache: bool = False) -> int:
+    """The size of the files of `directory`: the store's own, whatever is configured
+    (`configured` is for a store without files). Read-only: refused (DISK_ERROR, nothing
+    written) when the files disagree with it, one is missing, or it is not a multiple of `unit`.
+
+    The store's size is the one its checkpoint records (`recorded`), else the size most of its
+    files have (a tie: the distance between the first two files' names), else `configured`.
+    The files must start at multiples of it, each where the one before ends: a name skipped is
+    a file missing. A file shorter than it is cut short: a 0-byte last file is a creation a
+    crash interrupted (dledger, like upstream, creates a file and then sets its size; nothing
+    was written into it); any other is kept only when `may_extend(file)` proves nothing it
+    lacks was ever trusted (then recovery judges its content), else refused. A longer file is
+    refused. `cache`: the files are the index, rebuilt from the data files: the refusal says
+    to delete them rather than to give up the store."""
+    files = list_files(directory)
+    if not files:
+        return recorded or configured
+    size = recorded or _files_size(files) or configured
+    by = "the size its checkpoint records" if recorded else "the size of its files"
+    advice = (f"The index is a cache of the data files' record headers: delete the files of {directory} "
+              "and start the member again, it rebuilds them from the data files"
+              if cache else "Restore it from a backup, or move this member's store away so it fetches the log "
+              "from the others again")
+
+    def refuse(what: str) -> StoreError:
+        return StoreError(ResponseCode.DISK_ERROR, f"{what}{'' if what.endswith('?') else '.'} Nothing was "
+                          f"changed. {advice}")
+
+    own = files[1].start - files[0].start if len(files) > 1 else None
+    if recorded and own is not None and own != recorded and own == _files_size(files):
+        raise refuse(f"the checkpoint of {directory.parent} records files of {recorded} bytes, but the files of "
+                     f"{directory} are {own} bytes (their names and sizes): is the checkpoint another store's?")
+    if size <= 0 or size % unit:
+        raise refuse(f"{files[0].path}: the files of {directory} are {size} bytes, not a positive multiple of {unit}")
+    for f in files:
+        if f.start % size:
+            raise refuse(f"{f.path} does not start at a multiple of {size} bytes ({by}): was the store written "
+                         "with another file size?")
+    for a, b in itertools.pairwise(files):
+        if a.start + size != b.start:
+            gone = [file_name(x) for x in range(a.start + size, b.start, size)]
+            raise refuse(f"file {', '.join(gone[:3])}{' ...' if len(gone) > 3 else ''} of {directory} is missing: "
+                         f"{a.path.name} ends at {a.start + size}, {b.path.name} starts at {b.start}")
+    for k, f in enumerate(files):
+        if f.size == size or (f.size == 0 and k == len(files) - 1):
+            continue
+        if f.size < size and may_extend is not None and may_extend(f):
+            continue  # the caller extends it (MappedFile), only once every file passed
+        raise refuse(f"{f.path} is {f.size} bytes, but the files of {directory} are {size} bytes ({by}): "
+                     f"{'cut short' if f.size < size else 'extended'}")
+    return size
+
+
+def _files_size(files: Sequence[StoreFile]) -> int:
+    """The size most of `files` have (a 0-byte last one aside); on a tie, the distance between
+    the first two names when it is one of them, else the largest: a missing file then shows as
+    a gap in the names, a damaged one as a file of another size."""
+    sizes = Counter(f.size for f in (files[:-1] if files[-1].size == 0 else files))
+    if not sizes:
+        return 0
+    top = max(sizes.values())
+    tied = [n for n, c in sizes.items() if c == top]
+    if len(files) > 1 and files[1].start - files[0].start in tied:
+        return files[1].start - files[0].start
+    return max(tied)
+
+
+def lost_bytes_unsynced(last: StoreFile, ckpt: Checkpoint | None) -> bool:
+    """Whether the bytes a last data file shorter than the others lacks were never known
+    fsynced: dledger's own checkpoint names the store's file size (so the file is dledger's,
+    created full size and cut by a crash or damage) and its last fsynced record ends within
+    what the file still holds. Extending it with zeros then loses nothing recovery trusts."""
+    if ckpt is None or not ckpt.proves_durable or ckpt.data_file_size is None:
+        return False
+    if ckpt.trusted is None:
+        durable_end = ckpt.begin.pos if ckpt.begin is not None else 0
+    else:
+        pos = ckpt.trusted.pos
+        if pos < last.start:
+            return True
+        h = read_header(last.path, pos - last.start)
+        if h is None or h[4] != pos or h[1] < HEADER_SIZE:
+            return False
+        durable_end = pos + int(h[1])
+    return last.start + last.size >= durable_end
+
+
+DATA = "data"
+INDEX = "index"
+
+
+def check_store_files(store_dir: Path, ckpt: Checkpoint | None, data_file_size: int,
+                      index_file_size: int) -> tuple[int, int]:
+    """The sizes of the data and index files of the store in `store_dir`, both decided before
+    either is opened (so a refusal of the index has not extended a data file); read-only,
+    StoreError (DISK_ERROR) when a member refuses to open them. `ckpt`: its checkpoint, None
+    when missing or unreadable (recovery refuses that one itself)."""
+    data = store_file_size(store_dir / DATA, data_file_size, 1, ckpt.data_file_size if ckpt else None,
+                           lambda f: lost_bytes_unsynced(f, ckpt))
+    index = store_file_size(store_dir / INDEX, index_file_size, INDEX_UNIT_SIZE,
+                            ckpt.index_file_size if ckpt else None, lambda f: True, cache=True)
+    return data, index
+
+
+def check_sizes(store_dir: Path) -> str | None:
+    """Why a member refuses to open the data or index files of `store_dir` for their sizes or
+    names (a file missing, cut short, extended), as the member says it; None when it opens
+    them. Read-only: for `dledger store inspect` to agree with the member. An unreadable
+    checkpoint is taken as none here (the member refuses it on its own)."""
+    try:
+        ckpt = read_checkpoint(store_dir)
+    except UnreadableFile:
+        ckpt = None
+    try:
+        check_store_files(store_dir, ckpt, 1 << 30, INDEX_UNIT_SIZE)
+    except StoreError as e:
+        return e.message
+    return None
+
+
+class MappedFileList:
+    """The equal-sized files of one directory, contiguous in the logical byte space. The
+    size is the files' own when there are any (`store_file_size`), else `file_size`."""
+
+    def __init__(self, directory: Path, file_size: int, unit: int = 1, recorded: int | None = None,
+                 may_extend: Callable[[StoreFile], bool] | None = None, cache: bool = False,
+                 checked: bool = False) -> None:
+        """`checked`: `file_size` is what `store_file_size` (`check_store_files`) decided for
+        these files, and they are opened as they are."""
         self.dir = directory
+        # every check first, read-only; then the directory and the files are opened (a short
+        # file that passed is extended there)
+        if not checked:
+            file_size = store_file_size(directory, file_size, unit, recorded, may_extend, cache)
         self.file_size = file_size
         directory.mkdir(parents=True, exist_ok=True)
         self.files: list[MappedFile] = []
-        for start in (f.start for f in list_files(directory)):
-            if start % file_size:
-                raise StoreError(
-                    ResponseCode.DISK_ERROR,
-                    f"{directory / file_name(start)} does not start at a multiple of the file "
-                    f"size {file_size}: was the store written with another file size?",
-                )
-            if self.files and start != self.files[-1].end:
-                raise StoreError(
-                    ResponseCode.DISK_ERROR,
-                    f"missing file in {directory}: {file_name(self.files[-1].end)} "
-                    f"(next present is {file_name(start)})",
-                )
-            self.files.append(MappedFile(directory / file_name(start), start, file_size))
+        try:
+            for f in list_files(directory):
+                if 0 < f.size < file_size:
+                    log.warning("%s is %d bytes, not %d as the store's other files: cut short by a crash or "
+                                "damage in what was never known durable; read as extended with zeros",
+                                f.path, f.size, file_size)
+                self.files.append(MappedFile(f.path, f.start, file_size))
+        except BaseException:
+            self.close()
+            raise
+
+    def extend_short(self) -> None:
+        """Extend the files opened short (MappedFile.extend), once the opener decided to write."""
+        for f in self.files:
+            f.extend()
 
     @property
     def first_start(self) -> int:

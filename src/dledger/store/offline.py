@@ -8,9 +8,15 @@ lists (store/mapped_file.py) for the names of their files.
 - Data and index files: named by their logical start offset, 20 digits (`NAME`, the only
   copy of that rule); `list_files` and `first_gap`.
 - `checkpoint` and `currterm`: one rule for both. A missing file is None (a new store has
-  neither); a file that exists but cannot be read (not JSON, not an object, a field of the
-  wrong type) is an `UnreadableFile` error naming the file and what is wrong. Both files
-  are written atomically (temp, fsync, rename), so an unreadable one is damage, and
+  neither); a file that exists but cannot be read (not JSON or Java Properties, a field of
+  the wrong type) is an `UnreadableFile` error naming the file and what is wrong. Both forms
+  are read: dledger's JSON and upstream DLedger's Properties (`currTerm=`, `voteLeader=`;
+  an older upstream `checkpoint` with `committedIndex=`, which proves nothing durable).
+  `currterm` is written in the Properties form (store/checkpoint.py), so upstream reads
+  dledger's term and vote. Upstream replaces `currterm` by writing `currterm.tmp`, copying
+  the old one to `currterm.bak`, deleting it and renaming: a crash there leaves no
+  `currterm`, and the highest term of those two is taken (a term only grows).
+  dledger writes both files atomically (temp, fsync, rename), so an unreadable one is damage, and
   guessing would lose something: without the committed index recovery could cut committed
   records as a torn tail, and a reader would take an empty log for the whole one; without
   the term a member could vote twice in one term. The error loses nothing: the caller
@@ -28,20 +34,26 @@ lists (store/mapped_file.py) for the names of their files.
 
 from __future__ import annotations
 
+import errno
 import itertools
 import json
+import logging
 import os
 import re
 import struct
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from dledger.codes import ResponseCode
-from dledger.entry import ENTRY_MAGICS, HEADER, HEADER_SIZE, header_fault, unverified
+from dledger.core.messages import LIMIT
+from dledger.entry import BLANK_SIZE, ENTRY_MAGICS, HEADER, HEADER_SIZE, MAGIC_BLANK, header_fault, unverified
 from dledger.store.base import StoreError
+from dledger.store.properties import PropertiesError, parse_properties
+
+log = logging.getLogger(__name__)
 
 NAME = re.compile(r"^\d{20}$")  # a data or index file: its logical start offset, 20 digits
 CHECKPOINT = "checkpoint"
@@ -102,14 +114,49 @@ class UnreadableFile(StoreError):
         self.why = why
 
 
-def _read_object(path: Path) -> dict[str, Any] | None:
-    """The JSON object in `path`; None when it is missing; UnreadableFile otherwise."""
+def _read_raw(path: Path) -> bytes | None:
     try:
-        raw = path.read_bytes()
+        return path.read_bytes()
     except FileNotFoundError:
         return None
     except OSError as e:
         raise UnreadableFile(path, e.strerror or str(e)) from e
+
+
+def _is_json(raw: bytes) -> bool:
+    """dledger's form (JSON, an object when sound) rather than upstream DLedger's Java Properties."""
+    if raw.lstrip()[:1] in (b"{", b"["):
+        return True
+    try:
+        json.loads(raw)
+    except ValueError:
+        return False
+    return True
+
+
+def _read_properties(path: Path, raw: bytes) -> dict[str, str]:
+    try:
+        return parse_properties(raw)
+    except PropertiesError as e:
+        raise UnreadableFile(path, f"not JSON, and not Java Properties: {e}") from e
+
+
+def _prop_int(path: Path, props: dict[str, str], key: str) -> int | None:
+    """An integer as Java's Long.parseLong reads it; None when the key is absent."""
+    if key not in props:
+        return None
+    v = props[key].strip(" \t\f")
+    if not re.fullmatch(r"[+-]?\d{1,19}", v):
+        raise UnreadableFile(path, f"{key} is {props[key]!r}, not an integer")
+    return int(v)
+
+
+def _read_object(path: Path, raw: bytes | None = None) -> dict[str, Any] | None:
+    """The JSON object in `path`; None when it is missing; UnreadableFile otherwise."""
+    if raw is None:
+        raw = _read_raw(path)
+    if raw is None:
+        return None
     try:
         data = json.loads(raw)
     except ValueError as e:
@@ -161,21 +208,48 @@ class Checkpoint:
     # dledger's own: past its trusted record (or the log begin) nothing was known fsynced, so
     # recovery may cut a torn tail there; upstream DLedger's names no such position
     proves_durable: bool = True
+    # the size of the store's data and index files (None: not recorded, a checkpoint written
+    # before they were, or upstream's): a file shorter than it is one whose creation or last
+    # writes a crash cut short (store/mapped_file.py, `store_file_size`)
+    data_file_size: int | None = None
+    index_file_size: int | None = None
 
 
 _BEGIN_KEYS = ("begin_index", "begin_term", "begin_pos", "begin_chain_crc")
 
 
-def read_checkpoint(store_dir: Path) -> Checkpoint | None:
-    """The store's checkpoint; None when there is none; UnreadableFile when it is damaged.
+def repair_checkpoint_hint(d: Path | str) -> str:
+    """What to run on a checkpoint a member refuses to start on (every such refusal names it)."""
+    return (f"run `dledger store repair-checkpoint --store-dir {d}` to move it aside (nothing is deleted); "
+            "the member then opens as on a store without one")
 
-    The log begin is taken only whole (all four fields), as recovery always did; a missing
+
+def read_checkpoint(store_dir: Path) -> Checkpoint | None:
+    """The store's checkpoint; None when there is none; UnreadableFile when it is damaged,
+    its message naming the way out (repair_checkpoint_hint)."""
+    try:
+        return _read_checkpoint(store_dir)
+    except UnreadableFile as e:
+        if "repair-checkpoint" in e.why:
+            raise
+        raise UnreadableFile(e.path, f"{e.why}; {repair_checkpoint_hint(store_dir)}") from e
+
+
+def _read_checkpoint(store_dir: Path) -> Checkpoint | None:
+    """The log begin is taken only whole (all four fields), as recovery always did; a missing
     `trusted` or a null one is none; any field present with a value of the wrong type makes
     the whole file unreadable rather than defaulted."""
     path = store_dir / CHECKPOINT
-    data = _read_object(path)
-    if data is None:
+    raw = _read_raw(path)
+    if raw is None:
         return None
+    if not _is_json(raw):  # upstream DLedger's (before it moved to snapshots): endIndex, committedIndex
+        committed = _prop_int(path, _read_properties(path, raw), "committedIndex")
+        if committed is None:  # upstream always writes it
+            raise UnreadableFile(path, "neither JSON nor upstream DLedger's Properties form (no committedIndex)")
+        return Checkpoint(committed, None, None, proves_durable=False)
+    data = _read_object(path, raw)
+    assert data is not None
     begin = None
     if all(k in data for k in _BEGIN_KEYS):
         index, term, pos, chain = (_field(path, data, k) for k in _BEGIN_KEYS)
@@ -190,7 +264,13 @@ def read_checkpoint(store_dir: Path) -> Checkpoint | None:
         trusted = Trusted(*(_field(path, t, k) for k in ("index", "term", "pos", "chain_crc")))
     elif t is not None:
         raise UnreadableFile(path, f"trusted is {t!r}, not an object")
-    return Checkpoint(_field(path, data, "committed_index", -1), begin, trusted)
+    sizes = (_field(path, data, k) if k in data else None for k in ("data_file_size", "index_file_size"))
+    # false while a rewrite of the records (`dledger store import`) may have left bytes past the
+    # trusted record that no fsync covered; absent in every checkpoint a member writes: true
+    durable = data.get("proves_durable", True)
+    if not isinstance(durable, bool):
+        raise UnreadableFile(path, f"proves_durable is {durable!r}, not true or false")
+    return Checkpoint(_field(path, data, "committed_index", -1), begin, trusted, durable, *sizes)
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,18 +279,116 @@ class TermFile:
     voted_for: str | None
 
 
+CURRTERM_LEFTOVERS = ("currterm.tmp", "currterm.bak")  # upstream DLedger's IOUtils.string2File
+
+
 def read_currterm(store_dir: Path) -> TermFile | None:
-    """The store's `currterm`; None when there is none; UnreadableFile when it is damaged
-    (a member refuses to start rather than forget a vote)."""
-    path = store_dir / CURRTERM
-    data = _read_object(path)
-    if data is None:
+    """The store's `currterm` (dledger's JSON or upstream DLedger's Properties form); None when
+    there is none; UnreadableFile when it is damaged (a member refuses to start rather than
+    forget a vote).
+
+    Without `currterm`, upstream's `currterm.tmp` (what it was writing) and `currterm.bak`
+    (what it replaced) are what a crash inside its replace left: the highest term of them is
+    taken, with its vote (the newer file on a tie), never a lower one; one of them that
+    cannot be read is refused like `currterm` itself."""
+    tf = _read_term_file(store_dir / CURRTERM)
+    if tf is not None:
+        return tf
+    found = [(name, t) for name in CURRTERM_LEFTOVERS if (t := _read_term_file(store_dir / name)) is not None]
+    if not found:
         return None
+    name, best = max(found, key=lambda nt: nt[1].term)  # the first (currterm.tmp) on a tie
+    log.warning(
+        "%s: no %s, but %s (left by a crash while upstream DLedger replaced it): taking %s's term %d, vote %s",
+        store_dir, CURRTERM, " and ".join(f"{n} (term {t.term})" for n, t in found), name, best.term,
+        best.voted_for or "none",
+    )
+    return best
+
+
+def _read_term_file(path: Path) -> TermFile | None:
+    raw = _read_raw(path)
+    if raw is None:
+        return None
+    if not _is_json(raw):  # upstream DLedger's MemberState: currTerm=, voteLeader= ("" for none)
+        props = _read_properties(path, raw)
+        term = _prop_int(path, props, "currTerm")
+        if term is None:
+            raise UnreadableFile(path, "no currTerm in it (neither JSON nor upstream DLedger's Properties form)")
+        return TermFile(_check_term(path, term), props.get("voteLeader") or None)
+    data = _read_object(path, raw)
+    assert data is not None
     term = as_int(data.get("term"))
     if term is None:
         raise UnreadableFile(path, "no integer term in it")
     voted = data.get("voted_for")
-    return TermFile(term, voted if isinstance(voted, str) else None)
+    if voted is not None and not isinstance(voted, str):  # never read as "no vote": that could vote twice
+        raise UnreadableFile(path, f"voted_for is {voted!r}, not a member id or null")
+    return TermFile(_check_term(path, term), voted or None)
+
+
+JAVA_LONG_MAX = (1 << 63) - 1
+
+
+def _check_term(path: Path, term: int) -> int:
+    """`term` when a member can run in it. Upstream DLedger's term is a Java long, never
+    negative: beyond that the file is damaged (upstream's Long.parseLong fails too). A term at
+    dledger's wire limit or above is readable but unusable: no message or record can carry it."""
+    if term < 0 or term > JAVA_LONG_MAX:
+        raise UnreadableFile(path, f"term {term} is not a term (0 to 2**63-1)")
+    if term >= LIMIT:
+        raise UnreadableFile(
+            path, f"term {term} is at or beyond dledger's limit 2**62-1, so no message or record could carry it: "
+            f"run `dledger store repair-term --store-dir {path.parent}` to set it to the last entry's term")
+    return term
+
+
+class LayoutError(StoreError):
+    """The directory given to a member is ambiguous between dledger's layout and upstream
+    DLedger's (UNEXPECTED_ARGUMENT): nothing is created, the user says which store is meant."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(ResponseCode.UNEXPECTED_ARGUMENT, message)
+
+
+def member_store_dir(store_dir: Path, self_id: str) -> Path:
+    """Where member `self_id` keeps its store when given `store_dir`: `store_dir` itself, or
+    upstream DLedger's layout, `<storeBaseDir>/dledger-<selfId>/`, when `store_dir` holds no
+    `data/` but `dledger-<selfId>/data/` is in it. Read-only.
+
+    LayoutError (nothing created) when the choice would hide a store: both `data/` and
+    `dledger-<selfId>/data/` exist (which one is this member's?), or `store_dir` holds no
+    `data/` but another member's `dledger-<id>/data/` (a new empty store beside it would
+    start, likely under a wrong `--id`, and later shadow the upstream one)."""
+    own = store_dir / "data"
+    upstream = store_dir / f"dledger-{self_id}"
+    if (upstream / "data").is_dir():
+        if own.is_dir():
+            raise LayoutError(
+                f"{store_dir} holds two stores: {own} (dledger's layout) and {upstream / 'data'} (upstream "
+                f"DLedger's, of member {self_id}): give the one this member uses as --store-dir "
+                f"({store_dir} or {upstream}) after moving the other away. Nothing was created")
+        return upstream
+    if not own.is_dir():
+        others = sorted(p.name for p in _upstream_member_dirs(store_dir))
+        if others:
+            ids = ", ".join(name.removeprefix("dledger-") for name in others)
+            raise LayoutError(
+                f"{store_dir} holds no data/ and no dledger-{self_id}/, but upstream DLedger's store of "
+                f"member {ids} ({', '.join(str(store_dir / n) for n in others)}): is --id {self_id} wrong? "
+                f"Start with the id whose store it is, or give this member a --store-dir of its own. "
+                "Nothing was created")
+    return store_dir
+
+
+def _upstream_member_dirs(store_dir: Path) -> list[Path]:
+    """The `dledger-<id>/` directories of `store_dir` that hold a `data/` (upstream's layout)."""
+    try:
+        entries = list(os.scandir(store_dir))
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    return [Path(e.path) for e in entries
+            if e.name.startswith("dledger-") and e.is_dir() and (Path(e.path) / "data").is_dir()]
 
 
 # --- record headers ---------------------------------------------------------------------------
@@ -234,16 +412,89 @@ def first_record_index(h: tuple[int, ...] | None, pos: int, room: int) -> int | 
     return int(h[2])
 
 
-def derive_begin(first: tuple[int, ...] | None, start: int, room: int) -> LogBegin:
+def derive_begin(header_at: Callable[[int], tuple[int, ...] | None], start: int, room: int) -> LogBegin:
     """The log begin of a store whose checkpoint does not name one: the first data file's
-    first record (`first`, its header; None when the file is too short to hold one), at the
-    file's start. A log that starts at index 0 starts the chain from 0; one that starts later
-    (its files before it deleted) has an unknown chain before it. No sound record there:
-    index 0 (the log is empty or the record is torn, as recovery then finds)."""
+    first record (`header_at(offset)` reads a header of that file; None when the file is too
+    short to hold one). Upstream DLedger, installing a snapshot, starts the file with a blank
+    record as long as the bytes before the first record (MmapFileList.resetOffset): the log
+    begins after it. A log that starts at index 0 starts the chain from 0; one that starts
+    later (its files before it deleted) has an unknown chain before it. No sound record
+    there: index 0 (the log is empty or the record is torn, as recovery then finds)."""
+    first = header_at(0)
+    if first is not None and first[0] == MAGIC_BLANK and BLANK_SIZE <= first[1] < room - HEADER_SIZE:
+        skip = int(first[1])
+        nxt = header_at(skip)
+        if first_record_index(nxt, start + skip, room - skip) is not None:
+            start, room, first = start + skip, room - skip, nxt
     index = first_record_index(first, start, room)
     if index is None or index == 0:
         return LogBegin(0, -1, start, 0)
     return LogBegin(index, -1, start, None)
+
+
+def derive_begin_of(path: Path | None, start: int, size: int) -> LogBegin:
+    """derive_begin for the first data file `path` (None: there is none). A log whose begin
+    was reset inside the file (a snapshot installed, retention) without a checkpoint to say
+    so starts at the first record after the zeros before it: an entry's magic (1-4) is
+    three zero bytes and one more, so the record starts 3 bytes before the first non-zero."""
+    if path is None:
+        return derive_begin(lambda off: None, start, size)
+
+    def header_at(off: int) -> tuple[int, ...] | None:
+        return read_header(path, off) if off >= 0 else None
+
+    begin = derive_begin(header_at, start, size)
+    if begin.index != 0 or begin.pos != start:
+        return begin
+    first = header_at(0)
+    if first is not None and any(first):
+        return begin  # something at offset 0 (a record, or what recovery then reports)
+    nz = first_nonzero(path, size)
+    if nz is None or nz < 3:
+        return begin
+    at = nz - 3
+    moved = derive_begin(lambda off: header_at(at + off), start + at, size - at)
+    found = first_record_index(header_at(at), start + at, size - at) is not None
+    return moved if found and moved.pos == start + at else begin
+
+
+ZEROS = bytes(1 << 20)  # what a chunk of a preallocated file holds: compared with memcmp, not a byte loop
+
+
+def data_extents(fd: int, lo: int, size: int) -> Iterator[tuple[int, int]]:
+    """The [start, end) ranges of file `fd` from `lo` that hold data: the holes of a sparse
+    (preallocated) file are skipped (SEEK_DATA / SEEK_HOLE)."""
+    off = lo
+    while off < size:
+        try:
+            a = os.lseek(fd, off, os.SEEK_DATA)
+        except OSError as e:
+            if e.errno == errno.ENXIO:  # no data past off
+                return
+            raise
+        if a >= size:
+            return
+        b = min(os.lseek(fd, a, os.SEEK_HOLE), size)
+        yield a, b
+        off = b
+
+
+def first_nonzero(path: Path, size: int) -> int | None:
+    """The offset of the first non-zero byte of `path` (within `size`), None when all zero."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        for a, b in data_extents(fd, 0, size):
+            off = a
+            while off < b:
+                chunk = os.pread(fd, min(len(ZEROS), b - off), off)
+                if not chunk:
+                    return None
+                if chunk != ZEROS[: len(chunk)]:
+                    return off + len(chunk) - len(chunk.lstrip(b"\0"))
+                off += len(chunk)
+        return None
+    finally:
+        os.close(fd)
 
 
 def chain_before(h: tuple[int, ...]) -> int | None:
@@ -279,8 +530,10 @@ def chain_before(h: tuple[int, ...]) -> int | None:
 __all__ = [
     "CHECKPOINT",
     "CURRTERM",
+    "CURRTERM_LEFTOVERS",
     "NAME",
     "Checkpoint",
+    "LayoutError",
     "LogBegin",
     "StoreFile",
     "TermFile",
@@ -288,11 +541,15 @@ __all__ = [
     "UnreadableFile",
     "as_int",
     "chain_before",
+    "data_extents",
     "derive_begin",
+    "derive_begin_of",
     "file_name",
     "first_gap",
+    "first_nonzero",
     "first_record_index",
     "list_files",
+    "member_store_dir",
     "read_checkpoint",
     "read_currterm",
     "read_header",

@@ -20,10 +20,7 @@
 
 from __future__ import annotations
 
-import errno
 import logging
-import os
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -45,7 +42,16 @@ from dledger.entry import (
 )
 from dledger.store.base import CorruptEntryError, StoreError
 from dledger.store.mapped_file import MappedFile, MappedFileList
-from dledger.store.offline import Checkpoint, chain_before, derive_begin, first_record_index, read_checkpoint
+from dledger.store.offline import (
+    ZEROS,
+    Checkpoint,
+    chain_before,
+    data_extents,
+    derive_begin_of,
+    first_record_index,
+    read_checkpoint,
+    repair_checkpoint_hint,
+)
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +98,7 @@ def recover(store: RecoverableStore) -> None:
     end = scan_forward(store, start)
     # only dledger's own checkpoint names a position known fsynced: without it nothing past
     # the log begin is proven torn but a last record cut short (docs/format.md, "Recovery")
-    check_cut(store, end, committed, proven=ckpt is not None and ckpt.proves_durable)
+    check_cut(store, end, committed, proven=ckpt is not None and ckpt.proves_durable, begin=store.begin_index)
     # --- from here on recovery writes
     _drop_leftovers(store)
     if start.trusted_pos is not None:
@@ -127,13 +133,14 @@ def _load_begin(store: RecoverableStore, ckpt: Checkpoint | None) -> int | None:
     if begin is None:
         if ckpt is not None:
             log.warning("checkpoint of %s lacks the log begin; deriving it from the data", store.dir)
-        if store.data.files:
-            f = store.data.files[0]
-            begin = derive_begin(HEADER.unpack_from(f.mm, 0), f.start, f.size)
-        else:
-            begin = derive_begin(None, 0, 0)
+        f0 = store.data.files[0] if store.data.files else None
+        begin = derive_begin_of(f0.path if f0 else None, f0.start if f0 else 0, f0.size if f0 else 0)
     store.begin_index, store.begin_term, store.begin_pos = begin.index, begin.term, begin.pos
-    store.begin_chain_crc = begin.chain_crc or 0
+    chain = begin.chain_crc
+    if chain is None:  # a derived begin past index 0: the chain its first record says came before
+        f = store.data.locate(begin.pos)
+        chain = chain_before(HEADER.unpack_from(f.mm, begin.pos - f.start))
+    store.begin_chain_crc = chain or 0
     return begin.chain_crc
 
 
@@ -157,7 +164,7 @@ def _trusted_start(store: RecoverableStore, ckpt: Checkpoint | None, begin_chain
     try:
         f = store.data.locate(pos)
     except StoreError as e:
-        raise StoreError(ResponseCode.DISK_ERROR, f"{where} is missing: {e.message}") from e
+        raise StoreError(ResponseCode.DISK_ERROR, f"{where} is missing: {e.message}{_lost(store, ckpt, index)}") from e
     try:
         entry = decode_entry(f.mm, pos - f.start)
         if (entry.index, entry.term, entry.pos, entry.chain_crc) == (index, term, pos, chain):
@@ -171,9 +178,17 @@ def _trusted_start(store: RecoverableStore, ckpt: Checkpoint | None, begin_chain
     if u is not None and (u[1], u[4]) == (pos, term) and pos - f.start + u[2] <= f.size:
         size = u[2]
     if size is None:
-        raise StoreError(ResponseCode.DISK_ERROR, f"{where} in {f.path} {reason}")
+        raise StoreError(ResponseCode.DISK_ERROR, f"{where} in {f.path} {reason}{_lost(store, ckpt, index)}")
     _note_rotten(store, index, f"{where} in {f.path} {reason}")
     return ScanStart(index + 1, pos + size, chain, term, pos)
+
+
+def _lost(store: RecoverableStore, ckpt: Checkpoint | None, index: int) -> str:
+    """What to run when the checkpoint's durable record is lost beyond repair: a truncate from
+    it rewrites the checkpoint to trust at most the record before it."""
+    force = " --force" if ckpt is not None and index <= ckpt.committed_index else ""
+    return (f". Nothing was changed. To keep the records before {index} (the member then fetches the rest "
+            f"from the leader), run `dledger store truncate --store-dir {store.dir} --from-index {index}{force}`")
 
 
 @dataclass(slots=True)
@@ -187,6 +202,7 @@ class ScanEnd:
     term: int
     reason: str
     extent: int  # where the record that failed ends (its size when its header is sound); = pos if none
+    clean_to: int  # bytes up to here are the log's own (a blank closing a file at the end): not data after it
     unverified: int
     units: list[tuple[int, bytearray]]
     units_upto: int  # units collected through this index (memory bound); the rest rebuilt after
@@ -236,15 +252,19 @@ def scan_forward(store: RecoverableStore, start: ScanStart) -> ScanEnd:
                 continue
             if length != f.end - pos:
                 reason, extent = f"blank record of bad length {length}", pos + BLANK.size
+            else:  # the last file closed, its successor never created (upstream crashed in between)
+                blank_at = pos
         elif res.stop != "zero":
             reason = res.stop.removeprefix("corrupt: ")
             extent = _extent(f, pos)
         break
+    clean_to = pos
     if blank_at is not None:
         # no valid record after the blank: the log ends before it, as after a truncate,
         # so the next record goes where the leader's rule puts it (not at a file start)
-        pos = blank_at
-    return ScanEnd(index, pos, chain, term, reason, max(extent, pos), n_unverified, held, upto, upto_pos, upto_chain)
+        pos, clean_to = blank_at, blank_at + BLANK.size
+    return ScanEnd(index, pos, chain, term, reason, max(extent, pos), clean_to, n_unverified, held, upto, upto_pos,
+                   upto_chain)
 
 
 def _extent(f: MappedFile, pos: int) -> int:
@@ -262,7 +282,7 @@ def _extent(f: MappedFile, pos: int) -> int:
 SECTOR = 512  # the smallest unit a disk writes whole: a torn write leaves whole sectors unwritten (zero)
 
 
-def check_cut(store: RecoverableStore, end: ScanEnd, committed: int, proven: bool) -> None:
+def check_cut(store: RecoverableStore, end: ScanEnd, committed: int, proven: bool, begin: int) -> None:
     """Refuse (DISK_ERROR, nothing changed) unless what lies past `end.pos` is provably torn:
     past the checkpoint's fsynced position (`proven`), or, without one, a last record cut
     short — every byte after it zero, and zeros from a sector boundary inside it on (how a
@@ -270,16 +290,24 @@ def check_cut(store: RecoverableStore, end: ScanEnd, committed: int, proven: boo
     rule). Never inside the committed log."""
     where = _where(store, end.pos)
     if end.index <= committed:
+        if not end.reason and _last_nonzero(store, end.pos) <= max(end.pos, end.clean_to):
+            # a clean end below the committed index: the checkpoint claims more than the data holds
+            raise StoreError(
+                ResponseCode.DISK_ERROR,
+                f"the checkpoint says entries through {committed} are committed, but the log ends cleanly at "
+                f"{end.index - 1} ({where}): the data or the checkpoint is not this store's. Nothing was "
+                f"changed. If the data is right, {repair_checkpoint_hint(store.dir)}",
+            )
         raise StoreError(
             ResponseCode.DISK_ERROR,
             f"corrupt record in the committed log at {where}: {end.reason or 'missing'}; "
             f"committed index is {committed} but records are valid only through {end.index - 1}. "
-            f"Nothing was changed. {_WHAT_TO_RUN.format(dir=store.dir, index=end.index)}",
+            f"Nothing was changed. {_what_to_run(store.dir, begin, end.index)}",
         )
     if proven:
         return
     last = _last_nonzero(store, end.pos)
-    if last <= end.pos:
+    if last <= max(end.pos, end.clean_to):
         return  # a clean end: nothing written past it
     if end.reason:
         boundary = last + (-(last - store.data.first_start) % SECTOR)  # zero from here on
@@ -290,19 +318,30 @@ def check_cut(store: RecoverableStore, end: ScanEnd, committed: int, proven: boo
         why = f"record {end.index} fails its check ({end.reason})"
     else:
         why = f"record {end.index} should start there but the bytes are zero"
+    upstream = (
+        f" The log before it is upstream DLedger's (CRC fields 0), whose truncate leaves the bytes of the "
+        f"entries it removed after the log's end: if upstream wrote this store last, it ends at entry "
+        f"{end.index - 1} for upstream too, and the truncate below drops only those leftovers."
+        if end.unverified else ""
+    )
     raise StoreError(
         ResponseCode.DISK_ERROR,
         f"{where}: {why}, and data follows up to {_where(store, last)}: not a torn tail (the store has no "
-        f"checkpoint naming what was fsynced), so it is damage or another writer's. Nothing was changed. "
-        f"{_WHAT_TO_RUN.format(dir=store.dir, index=end.index)}",
+        f"checkpoint naming what was fsynced), so it is damage or another writer's. Nothing was changed."
+        f"{upstream} {_what_to_run(store.dir, begin, end.index)}",
     )
 
 
-_WHAT_TO_RUN = (
-    "Run `dledger store inspect --store-dir {dir}` to see the log; to keep the entries before {index} and "
-    "drop the rest (the member then fetches them from the leader), run "
-    "`dledger store truncate --store-dir {dir} --from-index {index}`"
-)
+def _what_to_run(store_dir: Path, begin: int, index: int) -> str:
+    """The way out of a refusal. A truncate is named only when it keeps entries: with no valid
+    record at the log's begin, it would drop everything, and that is for a person to decide
+    after looking (the records may be sound but not where this store's begin says)."""
+    look = f"Run `dledger store inspect --store-dir {store_dir}` to see the log"
+    if index <= begin:
+        return (f"{look}: no valid record was found where the log begins (index {index}), so there is "
+                "nothing a truncate would keep.")
+    return (f"{look}; to keep the entries before {index} and drop the rest (the member then fetches them from "
+            f"the leader), run `dledger store truncate --store-dir {store_dir} --from-index {index}`")
 
 
 def _where(store: RecoverableStore, pos: int) -> str:
@@ -321,32 +360,15 @@ def _last_nonzero(store: RecoverableStore, pos: int) -> int:
         if f.end <= pos:
             break
         lo = max(pos, f.start) - f.start
-        for a, b in reversed(list(_data_extents(f.fd, lo, f.size))):
+        for a, b in reversed(list(data_extents(f.fd, lo, f.size))):
             hi = b
             while hi > a:
-                n = min(1 << 20, hi - a)
-                kept = len(f.mm[hi - n : hi].rstrip(b"\0"))
-                if kept:
-                    return int(f.start + hi - n + kept)
+                n = min(len(ZEROS), hi - a)
+                chunk = f.mm[hi - n : hi]
+                if chunk != ZEROS[:n]:  # memcmp: a zero chunk (the common case) costs no byte loop
+                    return int(f.start + hi - n + len(chunk.rstrip(b"\0")))
                 hi -= n
     return pos
-
-
-def _data_extents(fd: int, lo: int, size: int) -> Iterator[tuple[int, int]]:
-    """The [start, end) ranges of file `fd` from `lo` that hold data (not holes)."""
-    off = lo
-    while off < size:
-        try:
-            a = os.lseek(fd, off, os.SEEK_DATA)
-        except OSError as e:
-            if e.errno == errno.ENXIO:  # no data past off
-                return
-            raise
-        if a >= size:
-            return
-        b = min(os.lseek(fd, a, os.SEEK_HOLE), size)
-        yield a, b
-        off = b
 
 
 def _cut(store: RecoverableStore, end: ScanEnd) -> None:

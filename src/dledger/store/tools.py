@@ -1,4 +1,4 @@
-"""Offline tools that change a stopped member's store: `dledger store truncate|import|export`.
+"""Offline tools that change a stopped member's store: `dledger store truncate|import|export|repair-checkpoint`.
 
 Each takes the store's lock (store/lock.py: never under a running member), judges the log
 first as recovery would (store/verdict.py) and writes in an order after which a crash at
@@ -8,14 +8,21 @@ any point leaves a store a member opens (docs/format.md, "Recovery"):
   checkpoint is written first, naming the last record kept as the durable one: from then on
   anything after it is a torn tail recovery may cut, so zeroing the rest and deleting later
   files can stop anywhere. Refused at or below the committed index unless forced.
-- `import`: fills the CRC fields upstream DLedger leaves 0. The chain CRC of a filled record
-  depends on the one before, and a record with both fields 0 is read unverified only after
-  a chain of 0 (entry.unverified), so a data directory half filled in place would open on
-  neither rule. The filled files are therefore written beside it (`data.import/`, synced),
-  and swapped with `data/` in one atomic rename (renameat2 RENAME_EXCHANGE): a crash leaves
-  the old data or the new, both whole. The checkpoint before the swap names no durable record
-  (valid for both); the one after it names the last record.
+- `import`: fills the CRC fields upstream DLedger leaves 0, wherever such records lie; each
+  filled record's chain CRC follows the record before it, so the records after a filled one
+  are chained again too. A data directory half filled in place would chain neither way, so the
+  filled files are written beside it (`data.import/`, synced) and swapped with `data/` in one
+  atomic rename (renameat2 RENAME_EXCHANGE): a crash leaves the old data or the new. The
+  checkpoint before the swap says it proves nothing durable (`"proves_durable": false`):
+  it holds for both, and recovery then treats the store as one without a checkpoint (only a
+  last record cut short is torn), so damage found later is refused, never cut as a torn
+  tail; the one after the swap names the last record. `data/` must be a directory of the
+  store's files (and plain files, carried over as they are): a symlink, a subdirectory or a
+  special file in it is refused before anything is written, so no file of the user's is lost.
 - `export`: an upstream-readable copy in another directory (the source is only read).
+- `repair-checkpoint`: moves aside (never deletes) a checkpoint a member refuses to start
+  on (unreadable, or claiming a committed index beyond the data) and writes none, so the
+  member opens as on a store without one (nothing past the log begin proven torn).
 """
 
 from __future__ import annotations
@@ -26,8 +33,11 @@ import errno
 import logging
 import mmap
 import os
+import re
 import shutil
+import stat
 import struct
+import time
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -46,13 +56,23 @@ from dledger.entry import (
     MAGIC_NOOP,
     MAGIC_SESSION,
     chain_crc,
+    scan,
 )
 from dledger.fsutil import fsync_path
 from dledger.store.admin import check_store_dir
 from dledger.store.base import StoreError
-from dledger.store.checkpoint import write_atomic
+from dledger.store.checkpoint import write_atomic, write_currterm
 from dledger.store.lock import StoreDirLock
-from dledger.store.offline import CHECKPOINT, UnreadableFile, file_name, list_files, read_currterm
+from dledger.store.offline import (
+    CHECKPOINT,
+    UnreadableFile,
+    chain_before,
+    data_extents,
+    file_name,
+    list_files,
+    read_checkpoint,
+    read_currterm,
+)
 from dledger.store.verdict import ReadOnlyFiles, Verdict, judge
 
 log = logging.getLogger(__name__)
@@ -77,9 +97,13 @@ def _judged(d: Path, what: str) -> Verdict:
     open it for a reason the tool cannot settle."""
     v = judge(d)
     if v.checkpoint_problem:
-        raise _refuse(f"{v.checkpoint_problem}: {what} needs the committed index it holds. Nothing was changed.")
+        raise _refuse(f"{what} needs the committed index the checkpoint holds. Nothing was changed. "
+                      f"{v.checkpoint_problem}")  # which names the way out
     if v.gap:
         raise _refuse(f"{v.gap}. Nothing was changed.")
+    if v.size_problem:  # a truncate or import would not change the files' sizes
+        raise _refuse(v.size_problem if "Nothing was changed" in v.size_problem
+                      else f"{v.size_problem}. Nothing was changed.")
     return v
 
 
@@ -107,30 +131,18 @@ def records(files: list[Any], pos: int, index: int, stop: int) -> Iterator[tuple
         index += 1
 
 
-def _write_checkpoint(d: Path, v: Verdict, committed: int, trusted: dict[str, int] | None) -> None:
-    """dledger's checkpoint (the form FileLedgerStore writes) for the log `v` judged."""
+def _write_checkpoint(d: Path, v: Verdict, committed: int, trusted: dict[str, int] | None,
+                      proves_durable: bool = True) -> None:
+    """dledger's checkpoint (the form FileLedgerStore writes) for the log `v` judged. With
+    `proves_durable` False it names no position known fsynced (recovery cuts nothing past the
+    log begin but a last record cut short), though it keeps the committed index and begin."""
     state: dict[str, object] = {"version": 1, "committed_index": committed, "trusted": trusted}
+    if not proves_durable:
+        state["proves_durable"] = False
     b = v.begin
     if b.chain_crc is not None:  # else left out: recovery derives the begin from the data again
         state.update(begin_index=b.index, begin_term=b.term, begin_pos=b.pos, begin_chain_crc=b.chain_crc)
     write_atomic(d / CHECKPOINT, state)
-
-
-def _extents(fd: int, lo: int, size: int) -> Iterator[tuple[int, int]]:
-    """The [start, end) ranges of file `fd` from `lo` that hold data (holes skipped)."""
-    off = lo
-    while off < size:
-        try:
-            a = os.lseek(fd, off, os.SEEK_DATA)
-        except OSError as e:
-            if e.errno == errno.ENXIO:
-                return
-            raise
-        if a >= size:
-            return
-        b = min(os.lseek(fd, a, os.SEEK_HOLE), size)
-        yield a, b
-        off = b
 
 
 def _zero_from(path: Path, lo: int) -> None:
@@ -139,7 +151,7 @@ def _zero_from(path: Path, lo: int) -> None:
     try:
         size = os.fstat(fd).st_size
         zeros = bytes(1 << 20)
-        for a, b in list(_extents(fd, lo, size)):
+        for a, b in list(data_extents(fd, lo, size)):
             while a < b:
                 n = min(len(zeros), b - a)
                 os.pwrite(fd, zeros[:n], a)
@@ -198,6 +210,47 @@ def _record_at(v: Verdict, index: int) -> tuple[int, int, int, int]:
     raise _refuse(f"record {index} not found")  # records() raises first
 
 
+_NONZERO = re.compile(rb"[^\x00]")
+_RESYNC_TRIES = 1 << 16  # byte offsets tried per data file to find a record again past damage
+
+
+def _records_past_damage(v: Verdict) -> int:
+    """How many well-formed records lie past the record where the valid log stops (damage, or
+    zeros with data after them), which a truncate also drops: each stretch is found again at
+    the first non-zero bytes after the damage and at each later data file's start (records
+    never span files), and read as long as its records follow one another."""
+    if not (v.reason or v.refusal) or not v.files:
+        return 0
+    data = ReadOnlyFiles(v.files)
+    found = 0
+    try:
+        for f in data.files:
+            if f.end <= v.end_pos:
+                continue
+            off = max(v.end_extent, f.start) - f.start
+            tries = _RESYNC_TRIES
+            while off + HEADER_SIZE <= f.size and tries > 0:
+                m = _NONZERO.search(f.mm, off)
+                if m is None:
+                    break
+                at = max(off, m.start() - 3)  # a magic is a small big-endian int: its first bytes are 0
+                h = HEADER.unpack_from(f.mm, at) if at + HEADER_SIZE <= f.size else None
+                # a record names its own position: garbage that happens to parse almost never does
+                chain = chain_before(h) if h is not None and h[4] == f.start + at else None
+                res = scan(f.mm, at, f.size, int(h[2]), f.start + at, chain, int(h[3])) if h and chain is not None \
+                    else None
+                if res is None or res.count == 0:
+                    off, tries = m.start() + 1, tries - 1  # the body of a damaged record: look further
+                    continue
+                found += res.count
+                if res.stop in ("blank", "end"):
+                    break
+                off = at + res.consumed
+    finally:
+        data.close()
+    return found
+
+
 def truncate(store_dir: str | Path, from_index: int, force: bool = False) -> dict[str, object]:
     """Keep the entries before `from_index`, drop the rest (and whatever damage lies after
     them); the member then fetches the rest from the leader. Refused at or below the
@@ -231,7 +284,10 @@ def truncate(store_dir: str | Path, from_index: int, force: bool = False) -> dic
             warning = (f"dropped committed entries {n}..{committed}: start this member only while a leader holds "
                        "them, so it is caught up by the leader; it must not become leader with this log")
             log.warning("truncate of %s: %s", d, warning)
+        past = _records_past_damage(v)
         if n == v.begin.index:
+            # the checkpoint then holds the whole begin (its chain solved from the first record when
+            # no checkpoint named it), so the next record appended keeps the begin's index
             new_pos, trusted = v.begin.pos, None
         else:
             pos, size, term, chain = _record_at(v, n - 1)
@@ -253,25 +309,28 @@ def truncate(store_dir: str | Path, from_index: int, force: bool = False) -> dic
             _zero_from(uf.path, at - uf.start)
         dropped += _drop_files_from(d / "index", at if uf is None else uf.end)
         log.info("truncated %s from index %d (files deleted: %s)", d, n, ", ".join(dropped) or "none")
-        return _truncate_result(d, v, n, changed=True, warning=warning)
+        return _truncate_result(d, v, n, changed=True, warning=warning, past=past)
     except OSError as e:
         raise _refuse(f"truncate of {d}: {e.strerror or e}; run it again") from e
     finally:
         lock.release()
 
 
-def _truncate_result(d: Path, v: Verdict, n: int, changed: bool, warning: str) -> dict[str, object]:
+def _truncate_result(d: Path, v: Verdict, n: int, changed: bool, warning: str, past: int = 0) -> dict[str, object]:
     out: dict[str, object] = {
         "store_dir": str(d),
         "from_index": n,
         "changed": changed,
         "begin_index": v.begin.index,
         "end_index": min(v.end_index, n) - 1,
-        "valid_entries_dropped": max(0, v.end_index - n),
+        # the valid records from n on, and the well-formed ones found past the damage
+        "valid_entries_dropped": max(0, v.end_index - n) + past,
+        "records_past_damage_dropped": past,
         "committed_index": min(v.committed_index, n - 1),
     }
-    if v.reason and changed:
-        out["damage_dropped"] = f"{v.reason} at {v.where}"
+    if (v.reason or v.refusal) and changed:
+        out["damage_dropped"] = (v.trusted_problem.split(". Nothing was changed")[0] if v.trusted_problem
+                                 else f"{v.reason or 'zero bytes with data after them'} at {v.where}")
     if warning:
         out["warning"] = warning
     return out
@@ -302,7 +361,7 @@ def _copy_sparse(src: Path, dst: Path) -> None:
         fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
         try:
             os.ftruncate(fd, size)
-            for a, b in list(_extents(fi.fileno(), 0, size)):
+            for a, b in list(data_extents(fi.fileno(), 0, size)):
                 while a < b:
                     chunk = os.pread(fi.fileno(), min(8 << 20, b - a), a)
                     os.pwrite(fd, chunk, a)
@@ -335,8 +394,10 @@ def import_store(store_dir: str | Path) -> dict[str, object]:
     d = Path(store_dir)
     check_store_dir(d)
     lock = StoreDirLock(d)
+    swapped = unproven = False
+    stage = d / IMPORT_DIR
     try:
-        stage = d / IMPORT_DIR
+        _check_import_layout(d)
         if stage.exists():  # an earlier import stopped: data/ is whole (old or new), this is not
             log.warning("import of %s: removing %s left by an earlier import that stopped", d, stage)
             shutil.rmtree(stage)
@@ -348,26 +409,28 @@ def import_store(store_dir: str | Path) -> dict[str, object]:
             units = _fix_units(d, v, v.end_index)
             return {"store_dir": str(d), "filled": 0, "entries": v.end_index - v.begin.index,
                     "index_units_fixed": units, "note": "no unverified record: nothing to fill"}
-        # the checkpoint during the swap names no durable record: valid for the old data and the new
-        _write_checkpoint(d, v, min(v.committed_index, v.end_index - 1), None)
+        # the checkpoint during the swap proves nothing durable: it holds for the old data and the
+        # new, and a crash before the last checkpoint leaves nothing recovery would cut as torn
+        _write_checkpoint(d, v, min(v.committed_index, v.end_index - 1), None, proves_durable=False)
+        unproven = True
         stage.mkdir()
         listed = {f.path.name for f in v.files}
         for e in os.scandir(d / "data"):  # everything of data/ goes over: the store's files, filled
             if e.name in listed:
                 _copy_sparse(Path(e.path), stage / e.name)
-            elif e.is_file(follow_symlinks=False):
-                shutil.copy2(e.path, stage / e.name)  # not the store's: kept as it is
+            else:
+                shutil.copy2(e.path, stage / e.name, follow_symlinks=False)  # not the store's: as it is
         fsync_path(stage)
         filled, last = _fill(stage, v)
         fsync_path(stage)
         try:
             exchange(stage, d / "data")
         except OSError as e:
-            shutil.rmtree(stage)
             if e.errno in (errno.EINVAL, errno.ENOSYS):
                 raise _refuse(f"import of {d}: this file system cannot swap two directories atomically "
                               f"(renameat2 RENAME_EXCHANGE: {e.strerror}); nothing of data/ was changed") from e
             raise
+        swapped = True
         fsync_path(d)
         shutil.rmtree(stage)  # the old data, now under the stage's name
         fsync_path(d)
@@ -377,9 +440,61 @@ def import_store(store_dir: str | Path) -> dict[str, object]:
         return {"store_dir": str(d), "filled": filled, "entries": v.end_index - v.begin.index,
                 "index_units_fixed": units}
     except OSError as e:
-        raise _refuse(f"import of {d}: {e.strerror or e}; the store is whole, run it again") from e
+        if swapped:
+            state = ("data/ holds the filled records, but the checkpoint does not yet name what is durable "
+                     "(a member opens the store strictly: nothing past the log begin is cut as torn)")
+        elif unproven:
+            state = "data/ was not changed (the checkpoint now names no durable record until an import finishes)"
+        else:
+            state = "data/ was not changed"
+        raise _refuse(f"import of {d}: {e.strerror or e}; {state}; free what is needed and run it again") from e
     finally:
+        if not swapped or stage.exists():
+            _remove_stage(stage)
         lock.release()
+
+
+def _check_import_layout(d: Path) -> None:
+    """Refuse, before anything is written, a data/ that import could not carry over whole:
+    the swap replaces the directory entry `data`, so a symlink there (data kept on another
+    disk) would be replaced by a local copy, and the old tree removed with what is in it."""
+    data = d / "data"
+    if data.is_symlink():
+        raise StoreError(ResponseCode.UNEXPECTED_ARGUMENT,
+                         f"{data} is a symbolic link (to {os.path.realpath(data)}): import swaps the directory "
+                         f"entry `data`, which would replace the link by a copy. Run it on the store directory "
+                         f"the files are in (move them back, or give a --store-dir whose data/ is a real "
+                         f"directory). Nothing was changed.")
+    odd = []
+    for e in os.scandir(data):
+        st = e.stat(follow_symlinks=False)
+        if stat.S_ISLNK(st.st_mode):
+            odd.append(f"{e.name} (a symbolic link)")
+        elif stat.S_ISDIR(st.st_mode):
+            odd.append(f"{e.name}/ (a directory)")
+        elif not stat.S_ISREG(st.st_mode):
+            odd.append(f"{e.name} (not a regular file)")
+    if odd:
+        raise StoreError(ResponseCode.UNEXPECTED_ARGUMENT,
+                         f"{data} holds {', '.join(sorted(odd))}: import rewrites data/ as a whole and carries "
+                         f"over only the store's files and plain files. Move them out of data/ and run it "
+                         f"again. Nothing was changed.")
+    stage = d / IMPORT_DIR
+    if stage.is_symlink() or (stage.exists() and not stage.is_dir()):
+        raise StoreError(ResponseCode.UNEXPECTED_ARGUMENT,
+                         f"{stage} is not a directory an earlier import left: import writes its copy there. "
+                         f"Move it away and run it again. Nothing was changed.")
+
+
+def _remove_stage(stage: Path) -> None:
+    """Remove the import's copy (before the swap: the partial filled copy; after it: the old
+    data, already replaced) when the import stops; never the store's data/."""
+    try:
+        if stage.is_dir() and not stage.is_symlink():
+            shutil.rmtree(stage)
+            fsync_path(stage.parent)
+    except OSError as e:
+        log.warning("import: could not remove %s (%s); the next import removes it", stage, e.strerror or e)
 
 
 def _fill(stage: Path, v: Verdict) -> tuple[int, dict[str, int] | None]:
@@ -448,6 +563,50 @@ def _fix_units(d: Path, v: Verdict, stop: int) -> int:
     return fixed
 
 
+# --- repair-checkpoint ---------------------------------------------------------------------
+
+
+def repair_checkpoint(store_dir: str | Path) -> dict[str, object]:
+    """Move aside a checkpoint a member refuses to start on: one that cannot be read, or one
+    claiming a committed index beyond the end of the valid data (upstream DLedger's
+    `committedIndex`, say, over a log cut shorter). It is renamed to
+    `checkpoint.unreadable-<UTC time>` (nothing deleted) and none is written: the member then
+    opens as on a store without one (nothing past the log begin proven torn; a committed index
+    of -1 until the leader tells it more). Refused when the checkpoint is sound."""
+    d = Path(store_dir)
+    check_store_dir(d)
+    lock = StoreDirLock(d)
+    try:
+        path = d / CHECKPOINT
+        why = ""
+        try:
+            ckpt = read_checkpoint(d)
+        except UnreadableFile as e:
+            ckpt, why = None, e.message
+        if not why:
+            if ckpt is None:
+                raise StoreError(ResponseCode.UNEXPECTED_ARGUMENT, f"{d} has no checkpoint: nothing to repair")
+            end = judge(d).end_index - 1
+            if ckpt.committed_index <= end:
+                raise StoreError(ResponseCode.UNEXPECTED_ARGUMENT,
+                                 f"{path} is readable and its committed index {ckpt.committed_index} is within the "
+                                 f"data (through {end}): nothing to repair. Nothing was changed.")
+            why = f"it claims committed index {ckpt.committed_index}, but the data holds records only through {end}"
+        base = f"{CHECKPOINT}.unreadable-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}"
+        aside, n = d / base, 1
+        while os.path.lexists(aside):  # never over an earlier one
+            aside, n = d / f"{base}.{n}", n + 1
+        os.rename(path, aside)
+        fsync_path(d)
+        log.warning("repair-checkpoint of %s: moved %s aside to %s (%s)", d, path, aside.name, why)
+        return {"store_dir": str(d), "checkpoint": str(path), "moved_to": str(aside), "why": why,
+                "note": "no checkpoint now: the member opens as on a store without one"}
+    except OSError as e:
+        raise _refuse(f"repair-checkpoint of {d}: {e.strerror or e}") from e
+    finally:
+        lock.release()
+
+
 # --- export -------------------------------------------------------------------------------
 
 
@@ -482,7 +641,7 @@ def export(store_dir: str | Path, out: str | Path, data_file_size: int = UPSTREA
     """Write an upstream-readable copy of the store to the new directory `out`: the same
     indexes, terms and bodies; SESSION records (which upstream cannot read) as NOOPs with an
     empty body, as upstream writes its own; files of exactly the sizes upstream is configured
-    with, each closed by a blank record; `currterm` in upstream's Properties form. The CRC
+    with, each but the last closed by a blank record; `currterm` in upstream's Properties form. The CRC
     fields are dledger's (upstream ignores them), so the copy is also a verified dledger store."""
     d, o = Path(store_dir), Path(out)
     check_store_dir(d)
@@ -507,8 +666,7 @@ def export(store_dir: str | Path, out: str | Path, data_file_size: int = UPSTREA
         result = _export_records(d, o, v, data_file_size, index_file_size)
         term = tf.term if tf is not None else max(v.end_term, 0)
         vote = tf.voted_for if tf is not None and tf.voted_for else ""
-        (o / "currterm").write_text(f"currTerm={term}\nvoteLeader={vote}\n")
-        fsync_path(o / "currterm")
+        write_currterm(o / "currterm", term, vote or None)  # escaped as java.util.Properties reads it
         for sub in ("data", "index"):
             fsync_path(o / sub)
         fsync_path(o)
@@ -565,4 +723,4 @@ def _export_records(d: Path, o: Path, v: Verdict, dsize: int, isize: int) -> dic
 
 
 __all__ = ["IMPORT_DIR", "UPSTREAM_DATA_FILE_SIZE", "UPSTREAM_INDEX_FILE_SIZE", "exchange", "export",
-           "import_store", "records", "truncate"]
+           "import_store", "records", "repair_checkpoint", "truncate"]

@@ -8,8 +8,12 @@ rule of docs/format.md, "Recovery") over read-only mappings of the data files. R
 write phase (cutting, rebuilding index units) never runs here.
 
 The scan starts at the log begin (the checkpoint's, else derived from the first record, as
-recovery derives it), not at the checkpoint's trusted record: a rotten trusted record is
-then reported where the scan meets it rather than skipped.
+recovery derives it, with the chain CRC before it solved from that record: offline.chain_before),
+not at the checkpoint's trusted record, so damage before it is seen. The trusted record is
+checked as recovery checks it (`recovery._trusted_start`): one lost beyond repair makes a
+member refuse, and so the verdict; one that rotted where its extent is certain is reported,
+and the scan goes on past it as the member's does. The file sizes are the member's own check
+(`mapped_file.check_sizes`).
 """
 
 from __future__ import annotations
@@ -23,18 +27,20 @@ from typing import Any, cast
 
 from dledger.codes import ResponseCode
 from dledger.store.base import StoreError
+from dledger.store.mapped_file import check_sizes
 from dledger.store.offline import (
     Checkpoint,
     LogBegin,
     StoreFile,
     UnreadableFile,
-    derive_begin,
+    chain_before,
+    derive_begin_of,
     first_gap,
     list_files,
     read_checkpoint,
     read_header,
 )
-from dledger.store.recovery import ScanEnd, ScanStart, check_cut, scan_forward
+from dledger.store.recovery import ScanEnd, ScanStart, _trusted_start, check_cut, scan_forward
 
 
 class ReadOnlyFile:
@@ -90,10 +96,15 @@ class ReadOnlyFiles:
 
 @dataclass
 class _View:
-    """Enough of a RecoverableStore for `scan_forward` and `check_cut`."""
+    """Enough of a RecoverableStore for `scan_forward`, `check_cut` and `_trusted_start`."""
 
     dir: Path
     data: ReadOnlyFiles
+    index: ReadOnlyFiles
+    begin_index: int
+    begin_term: int
+    begin_pos: int
+    recovered_corrupt: tuple[int, str] | None = None
 
 
 @dataclass
@@ -120,6 +131,10 @@ class Verdict:
     refusal: str = ""
     cut: str = ""
     gap: str = ""  # a data file missing or of another size than its neighbours' spacing
+    trusted_problem: str = ""  # the checkpoint's durable record lost beyond repair: the member refuses
+    size_problem: str = ""  # data or index files of sizes the member refuses (store_file_size)
+    rotten: str = ""  # a durable record whose extent is certain but which rotted: the member keeps it, repairs it
+    end_extent: int = 0  # where the record that failed ends, as far as its header tells (= end_pos if none)
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -140,6 +155,7 @@ def judge(store_dir: str | Path) -> Verdict:
         ckpt = read_checkpoint(d)
     except UnreadableFile as e:
         ckpt, ckpt_problem = None, e.message
+    sizes = _size_problem(d)
     files = list_files(d / "data")
     gap = ""
     g = first_gap(files)
@@ -147,29 +163,58 @@ def judge(store_dir: str | Path) -> Verdict:
         gap = f"{g[1].path} does not follow {g[0].path} (a data file is missing or has another size)"
         files = files[: files.index(g[0]) + 1]  # recovery refuses such a directory; scan what is contiguous
     begin = ckpt.begin if ckpt is not None else None
+    first = files[0] if files else None
     if begin is None:
-        first = files[0] if files else None
-        begin = derive_begin(read_header(first.path, 0) if first else None, first.start if first else 0,
-                             first.size if first else 0)
+        begin = derive_begin_of(first.path if first else None, first.start if first else 0,
+                                first.size if first else 0)
+    if begin.chain_crc is None and first is not None and first.start <= begin.pos < first.end:
+        # the record before the begin is gone: the chain before it is the one its first record follows
+        h = read_header(first.path, begin.pos - first.start)
+        chain = chain_before(h) if h is not None else None
+        if chain is not None:
+            begin = LogBegin(begin.index, begin.term, begin.pos, chain)
     data = ReadOnlyFiles(files)
-    with _Closing(data):
-        view = _View(d, data)
-        store = cast(Any, view)  # recovery's steps read only `dir` and `data` of the store
+    index = ReadOnlyFiles([f for f in list_files(d / "index") if f.size])
+    with _Closing(data), _Closing(index):
+        view = _View(d, data, index, begin.index, begin.term, begin.pos)
+        store = cast(Any, view)  # recovery's steps read only these attributes of the store
         end: ScanEnd = scan_forward(store, ScanStart(begin.index, begin.pos, begin.chain_crc, begin.term))
+        committed = ckpt.committed_index if ckpt is not None else -1
+        trusted_problem, rotten = "", ""
+        try:
+            start = _trusted_start(store, ckpt, begin.chain_crc)
+        except StoreError as e:
+            trusted_problem = e.message
+        else:
+            bad = view.recovered_corrupt
+            if bad is not None:
+                rotten = f"record {bad[0]} rotted ({bad[1]}): a member keeps it and repairs it from the leader's copy"
+                if end.index == bad[0]:  # the scan stopped at it: go on past it, as the member does
+                    seen = end.unverified
+                    end = scan_forward(store, start)
+                    end.unverified += seen
         where = _where(data, end.pos)
         verdict = Verdict(d, files, ckpt, ckpt_problem, begin, end.index, end.pos, end.chain, end.term,
-                          end.reason, where, end.unverified, gap=gap)
-        committed = ckpt.committed_index if ckpt is not None else -1
+                          end.reason, where, end.unverified, gap=gap, end_extent=end.extent,
+                          trusted_problem=trusted_problem, rotten=rotten)
+        verdict.refusal = verdict.size_problem = sizes
+        verdict.refusal = verdict.refusal or trusted_problem
         try:
-            check_cut(store, end, committed, proven=verdict.proven)
+            check_cut(store, end, committed, proven=verdict.proven, begin=begin.index)
         except StoreError as e:
-            verdict.refusal = e.message
+            verdict.refusal = verdict.refusal or e.message
         else:
             if end.reason:
                 verdict.cut = f"record {end.index} at {where} fails its check ({end.reason}): " + (
                     "past the checkpoint's durable record, recovery cuts it as a torn tail" if verdict.proven
                     else "the last record, cut short: recovery drops it")
     return verdict
+
+
+def _size_problem(d: Path) -> str:
+    """Why a member refuses the sizes or names of the data or index files, in the member's
+    words (mapped_file.check_sizes, the member's own read-only check); "" when it takes them."""
+    return check_sizes(d) or ""
 
 
 def _where(data: ReadOnlyFiles, pos: int) -> str:
