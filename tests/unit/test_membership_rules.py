@@ -170,8 +170,10 @@ def test_a_learner_is_promoted_only_when_caught_up() -> None:
 
 
 def test_a_removed_members_votes_are_ignored_and_it_never_campaigns() -> None:
+    """Refused once neither configuration the voter knows names the candidate: its removal is
+    in force and committed (thesis §4.1 otherwise grants votes on the usual rules)."""
     voter = Member("n1")
-    _config_entry(voter.store, WITHOUT_N2)
+    voter.store.set_committed(_config_entry(voter.store, WITHOUT_N2))
     _restart(voter)
     assert voter.node.member.membership == WITHOUT_N2  # from the log, not the command line
     voter.now += 60_000  # long past any lease a restart keeps
@@ -189,6 +191,18 @@ def test_a_removed_members_votes_are_ignored_and_it_never_campaigns() -> None:
     assert not removed.sends(RequestCode.VOTE) and removed.node.member.role == Role.FOLLOWER
     r = removed.handle(RequestCode.APPEND, AppendRequest("default", "", "", [b"x"]), token="client")
     assert r.code == ResponseCode.NOT_A_MEMBER
+
+
+def test_a_candidate_our_committed_configuration_still_names_gets_a_vote() -> None:
+    """A removal not yet committed here (or a learner promoted in a configuration we have not
+    received): the vote follows the usual rules, or a promoted member holding the newest log
+    could never be elected (thesis §4.1)."""
+    voter = Member("n1")
+    _config_entry(voter.store, WITHOUT_N2)  # appended, not committed
+    _restart(voter)
+    voter.now += 60_000
+    r = voter.handle(RequestCode.VOTE, VoteRequest("default", "n2", "n1", 9, 100, 9, True), token="v")
+    assert r.result == VoteResult.ACCEPT
 
 
 def test_a_member_whose_removal_is_not_committed_campaigns_without_counting_itself() -> None:
@@ -341,3 +355,37 @@ def test_a_plain_log_keeps_its_configuration_entry_until_a_snapshot_holds_it() -
     m.tick()
     assert not [a for a in m.out if isinstance(a, TakeSnapshot)]  # held now: no second one
     assert m.node._config_unsaved() == -1 and "configuration entry" not in floors[-1][1]
+
+
+def test_a_promoted_member_elected_before_it_learns_the_commit_keeps_leading() -> None:
+    """Thesis §4.2.2 steps a leader down once the configuration removing it is committed; one
+    that names it a voter (its promotion, committed elsewhere but not yet known here) is no
+    removal: it leads, instead of stepping down at every win (a group stuck with all up)."""
+    for seed in range(12):
+        c = SimCluster(3, seed=700 + seed, tick_ms=20)
+        lead = _sim_leader(c)
+        assert _sim_change(c, "add-learner", "n3", c.address("n3")).code == ResponseCode.SUCCESS
+        c.add_member(c.config(lead))
+        c.run(1500)
+        r = _sim_change(c, "promote", "n3")
+        assert r.code == ResponseCode.SUCCESS, r
+        c.crash(c.leader())  # at once: the others may not have heard the new commit index
+        ok = c.run_until(lambda c=c, want=r.config_index + 1: c.leader() is not None
+                         and c._node(c.leader()).status().committed_index >= want, 30_000)
+        assert ok and not c.violations, (seed, c.violations[:1])
+
+
+def test_a_learner_that_stopped_answering_is_not_promoted() -> None:
+    """Caught up is not enough (thesis §4.2.1): a learner silent for longer than the lease
+    would cost the group a voter the moment it is promoted."""
+    c = SimCluster(3, seed=5, tick_ms=20)
+    _sim_leader(c)
+    assert _sim_change(c, "add-learner", "n3", c.address("n3")).code == ResponseCode.SUCCESS
+    c.add_member(c.config(c.leader()))
+    c.run(2000)
+    c.crash("n3")
+    c.run(10_000)
+    tok = c.change_members(c.leader(), "promote", "n3")
+    c.run_until(lambda: tok in c.test_answers, 5_000)
+    r = c.test_answers[tok]
+    assert r.code == ResponseCode.LEARNER_BEHIND and "has not answered for" in r.message, r

@@ -107,6 +107,7 @@ class MembershipPath:
             before = m.membership
             m.membership = c.current
             m.committed_voter = committed.is_voter(m.self_id)
+            m.committed_members = frozenset(committed.members)
             wanted = [p for p in {**c.current.members, **committed.members} if p != m.self_id]
             m.others = wanted
             for p in wanted:
@@ -129,7 +130,9 @@ class MembershipPath:
                          ",".join(m.membership.voters), ",".join(m.membership.learners) or "none")
             if m.is_leader:
                 self.quorum.advance()  # fewer voters may make an entry committed now
-        if m.is_leader and not c.committed(store.committed_index)[1].is_voter(m.self_id):
+        # only once the configuration that removes us is in force AND committed (thesis §4.2.2): a
+        # member promoted and elected before it learned the promotion committed is no removed leader
+        if m.is_leader and not m.is_voter and not c.committed(store.committed_index)[1].is_voter(m.self_id):
             self._leave()
 
     def _leave(self) -> None:
@@ -221,8 +224,13 @@ class MembershipPath:
                 raise DLedgerError(ResponseCode.UNKNOWN_MEMBER, f"{mid} is not a learner"
                                    + (" (it is a voter)" if cur.is_voter(mid) else ""))
             pr, end, lag = self.progress.get(mid), self.store.end_index, self.cfg.learner_max_lag
-            if pr is None or pr.last_ack == NEVER or pr.match_index < 0 or end - pr.match_index > lag:
+            lease = self.cfg.heart_beat_time_interval_ms * self.cfg.max_heart_beat_leak
+            silent = pr is not None and pr.last_ack != NEVER and self.now - pr.last_ack > lease
+            if pr is None or pr.last_ack == NEVER or pr.match_index < 0 or end - pr.match_index > lag or silent:
+                # caught up AND answering (thesis §4.2.1: its last round within an election timeout):
+                # a learner that has stopped would cost the group a voter the moment it is promoted
                 behind = "has not answered yet" if pr is None or pr.match_index < 0 else \
+                    f"has not answered for {self.now - pr.last_ack} ms" if silent else \
                     f"is {end - pr.match_index} entries behind"
                 raise DLedgerError(ResponseCode.LEARNER_BEHIND,
                                    f"learner {mid} {behind} (promoted within {lag}: learner_max_lag)")

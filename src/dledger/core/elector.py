@@ -311,8 +311,12 @@ class LeaderElector:
 
     def _vote(self, req: VoteRequest) -> VoteResult:
         m, env = self.env.member, self.env
-        if not m.membership.is_voter(req.leader_id):
-            return VoteResult.REJECT_UNKNOWN_LEADER  # a learner or a removed member: never our term
+        if not m.membership.has(req.leader_id) and req.leader_id not in m.committed_members:
+            # neither configuration we know names it: a removed member (or a stranger). A learner
+            # of ours may be a voter in a newer configuration we have not received yet: its vote
+            # request is granted on the usual rules (thesis §4.1; etcd applies no membership
+            # check to votes), or a promoted member holding the newest log could never be elected
+            return VoteResult.REJECT_UNKNOWN_LEADER
         if req.term < m.term:
             return VoteResult.REJECT_EXPIRED_VOTE_TERM
         if self.leader_alive() and not req.transfer and m.leader_id != req.leader_id:

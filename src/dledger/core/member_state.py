@@ -25,6 +25,7 @@ class MemberState:
         # a voter in the committed configuration (set with it by Node._sync_members): it may
         # campaign while a configuration removing it is not committed (below, `may_campaign`)
         self.committed_voter = self.self_id in self.membership.voters
+        self.committed_members: frozenset[str] = frozenset(self.membership.members)  # of the committed one
         self.store = store
         saved = store.load_term()
         self.term = saved.term
