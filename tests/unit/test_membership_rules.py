@@ -369,9 +369,13 @@ def test_a_promoted_member_elected_before_it_learns_the_commit_keeps_leading() -
         c.run(1500)
         r = _sim_change(c, "promote", "n3")
         assert r.code == ResponseCode.SUCCESS, r
-        c.crash(c.leader())  # at once: the others may not have heard the new commit index
-        ok = c.run_until(lambda c=c, want=r.config_index + 1: c.leader() is not None
-                         and c._node(c.leader()).status().committed_index >= want, 30_000)
+        c.crash(_sim_leader(c))  # at once: the others may not have heard the new commit index
+
+        def settled(c: SimCluster = c, want: int = r.config_index + 1) -> bool:
+            lead = c.leader()
+            return lead is not None and c._node(lead).status().committed_index >= want
+
+        ok = c.run_until(settled, 30_000)
         assert ok and not c.violations, (seed, c.violations[:1])
 
 
@@ -381,11 +385,11 @@ def test_a_learner_that_stopped_answering_is_not_promoted() -> None:
     c = SimCluster(3, seed=5, tick_ms=20)
     _sim_leader(c)
     assert _sim_change(c, "add-learner", "n3", c.address("n3")).code == ResponseCode.SUCCESS
-    c.add_member(c.config(c.leader()))
+    c.add_member(c.config(_sim_leader(c)))
     c.run(2000)
     c.crash("n3")
     c.run(10_000)
-    tok = c.change_members(c.leader(), "promote", "n3")
+    tok = c.change_members(_sim_leader(c), "promote", "n3")
     c.run_until(lambda: tok in c.test_answers, 5_000)
     r = c.test_answers[tok]
     assert r.code == ResponseCode.LEARNER_BEHIND and "has not answered for" in r.message, r
