@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
+from dledger.address import Address, AddressError, parse_address
 from dledger.codes import DLedgerError, RequestCode, ResponseCode
 from dledger.config import DLedgerConfig, parse_peers
 from dledger.core.configs import ChangeToken, ConfigHistory
@@ -212,8 +213,15 @@ class MembershipPath:
         if op == "add-learner":
             if cur.has(mid):
                 raise DLedgerError(ResponseCode.MEMBER_EXISTS, f"{mid} is a member already")
-            parse_peers(f"{mid}-{addr}")  # ConfigError (UNEXPECTED_ARGUMENT): a bad id or address
-            owner = next((i for i, a in cur.members.items() if a == addr), None)
+            if len(mid) > MAX_MEMBER_ID:  # heartbeats name members in 128-character fields
+                raise DLedgerError(ResponseCode.UNEXPECTED_ARGUMENT,
+                                   f"member id {mid[:20]}...: at most {MAX_MEMBER_ID} characters")
+            try:  # ONE address: a ";" would add members to every peers string built from it
+                where = parse_address(addr, "learner address")
+            except AddressError as e:
+                raise DLedgerError(ResponseCode.UNEXPECTED_ARGUMENT, str(e)) from None
+            parse_peers(f"{mid}-{addr}")  # ConfigError (UNEXPECTED_ARGUMENT): a bad id
+            owner = next((i for i, a in cur.members.items() if _same_address(a, where)), None)
             if owner is not None:
                 raise DLedgerError(ResponseCode.MEMBER_EXISTS, f"{addr} is the address of member {owner}")
             if len(cur.members) >= MAX_MEMBERS:
@@ -277,3 +285,16 @@ def recover_configs(cfg: DLedgerConfig, store: LedgerStore, snapshot: SnapshotMe
         except StoreError as e:  # a rotten configuration record: the scrub finds it, the leader repairs it
             log.error("%s/%s: reading the configuration entries of the log: %s", cfg.group, cfg.self_id, e)
     return history
+
+
+MAX_MEMBER_ID = 64  # "follower <id> (...)" and "leader <id>" must fit a heartbeat's 128-character fields
+
+
+def _same_address(text: str, where: Address) -> bool:
+    """`text` names the same host and port (normalised: `[::1]` and `::1`, case of a name);
+    "localhost" and 127.0.0.1 stay apart (telling them equal takes a resolver)."""
+    try:
+        a = parse_address(text)
+    except AddressError:
+        return text == str(where)
+    return a.port == where.port and a.host.lower() == where.host.lower()
