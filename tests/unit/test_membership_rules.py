@@ -395,6 +395,11 @@ def test_a_learner_that_stopped_answering_is_not_promoted() -> None:
     assert r.code == ResponseCode.LEARNER_BEHIND and "has not answered for" in r.message, r
 
 
+def _answer(c: SimCluster, tok: tuple[str, str, int]) -> Any:
+    c.run_until(lambda: tok in c.test_answers, 5_000)
+    return c.test_answers[tok]
+
+
 def test_add_learner_takes_one_address_and_a_short_id() -> None:
     """An address is one host:port (a ";" would add members to every peers string built from
     the configuration); an id fits the heartbeat fields that name members; the same address
@@ -403,9 +408,8 @@ def test_add_learner_takes_one_address_and_a_short_id() -> None:
     _sim_leader(c)
     c.run(1500)  # the leader's first entry committed: changes are taken
     for mid, addr in (("n3", "127.0.0.1:20003;evil-6.6.6.6:1"), ("n3", "127.0.0.1"), ("x" * 65, "127.0.0.1:20009")):
-        tok = c.change_members(_sim_leader(c), "add-learner", mid, addr)
-        c.run_until(lambda tok=tok: tok in c.test_answers, 5_000)
-        assert c.test_answers[tok].code == ResponseCode.UNEXPECTED_ARGUMENT, (mid[:8], addr)
+        r = _answer(c, c.change_members(_sim_leader(c), "add-learner", mid, addr))
+        assert r.code == ResponseCode.UNEXPECTED_ARGUMENT, (mid[:8], addr)
     n1 = c.config(_sim_leader(c)).members["n1"]
     host, port = n1.rsplit(":", 1)
     tok = c.change_members(_sim_leader(c), "add-learner", "n3", f"{host.upper()}:{port}")
