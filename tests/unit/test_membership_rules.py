@@ -415,3 +415,19 @@ def test_add_learner_takes_one_address_and_a_short_id() -> None:
     tok = c.change_members(_sim_leader(c), "add-learner", "n3", f"{host.upper()}:{port}")
     c.run_until(lambda: tok in c.test_answers, 5_000)
     assert c.test_answers[tok].code in (ResponseCode.MEMBER_EXISTS, ResponseCode.UNEXPECTED_ARGUMENT)
+
+
+def test_a_change_that_leaves_no_live_majority_is_refused() -> None:
+    """Three voters, one down: removing a live follower would commit (two of three answer) and
+    leave {leader, dead}, which elects no one; removing the dead one is the way (etcd's strict
+    reconfiguration check)."""
+    c = SimCluster(3, seed=4, tick_ms=20)
+    lead = _sim_leader(c)
+    c.run(1500)
+    dead, live = [i for i in c.ids if i != lead]
+    c.crash(dead)
+    c.run(5_000)  # longer than the lease: the leader has not heard it
+    r = _answer(c, c.change_members(_sim_leader(c), "remove", live))
+    assert r.code == ResponseCode.MEMBERSHIP_UNSAFE and dead in r.message, r
+    r = _answer(c, c.change_members(_sim_leader(c), "remove", dead))
+    assert r.code == ResponseCode.SUCCESS, r

@@ -191,6 +191,7 @@ class MembershipPath:
             raise DLedgerError(ResponseCode.MEMBERSHIP_CHANGE_PENDING,
                                f"term {m.term}: the leader's first entry is not committed yet")
         new = self._changed(c.current, msg)
+        self._check_live_quorum(new)
         res = store.append_as_leader([encode_membership(new)], m.term, MAGIC_CONFIG_CHANGE)
         c.add(res.first_index, new)
         log.info("%s/%s: %s %s: configuration entry %d", m.group, m.self_id, msg.op, msg.member_id,
@@ -250,6 +251,26 @@ class MembershipPath:
             raise DLedgerError(ResponseCode.UNEXPECTED_ARGUMENT, f"{mid} is the last voter")
         return Membership({i: a for i, a in cur.voters.items() if i != mid},
                           {i: a for i, a in cur.learners.items() if i != mid})
+
+    def _check_live_quorum(self, new: Membership) -> None:
+        """Refuse a change whose voters heard within the lease are fewer than its quorum: it
+        would commit (the old majority is alive) and leave a group that can elect no one, as
+        removing a live follower of three while another is down does (etcd's strict
+        reconfiguration check). Adding a learner changes no voter, so it always passes."""
+        if new.voters == self.configs.current.voters:
+            return
+        lease = self.cfg.heart_beat_time_interval_ms * self.cfg.max_heart_beat_leak
+        live = [v for v in new.voters if v == self.member.self_id or self._heard(v, lease)]
+        if len(live) < new.quorum:
+            down = sorted(set(new.voters) - set(live))
+            raise DLedgerError(ResponseCode.MEMBERSHIP_UNSAFE,
+                               f"the new voters {','.join(new.voters)} need {new.quorum} live, only "
+                               f"{len(live)} answered within {lease} ms (not: {','.join(down)}): bring them "
+                               "back, or remove a dead member first")
+
+    def _heard(self, member: str, lease: int) -> bool:
+        pr = self.progress.get(member)
+        return pr is not None and pr.last_ack != NEVER and self.now - pr.last_ack <= lease
 
     def _change_answered(self, token: Any, code: ResponseCode, res: AppendedBatch | None, message: str) -> None:
         m = self.member
