@@ -161,6 +161,10 @@ class AppendResponse(msgspec.Struct, array_like=True):
     indexes: list[int] = []
     terms: list[int] = []
     duplicates: int = 0
+    # the index of the configuration entry in force on the member that answered (-1: the
+    # command line's): a client that knows an older one asks MEMBERS at once, so members
+    # replaced faster than its periodic refresh do not strand it
+    config_index: int = -1
 
 
 # how fresh a read must be (core.read_index): linearizable (a heartbeat round confirms the

@@ -209,6 +209,11 @@ class Node(AppendPath, SnapshotPath, MembershipPath):
         if err is None and code in _CLIENT_CODES and self.not_a_member and \
                 not (isinstance(msg, LeadershipTransferRequest) and msg.transfer_id):
             err = ResponseCode.NOT_A_MEMBER  # removed: the client asks the group's members
+            if code == RequestCode.MEMBERS:  # ... which it names: where the group went without us
+                view = self.members_view()
+                self.reply(token, code, msgspec.structs.replace(
+                    view, code=int(err), message=f"{self.member.self_id} is not a member of the group"))
+                return
         if err is not None:
             self.reply(token, code, _error_for(code, err, self))
             return
@@ -701,6 +706,8 @@ class Node(AppendPath, SnapshotPath, MembershipPath):
         self.actions.append(Send(peer, code, msg, data, ctx, timeout_ms or self.cfg.max_push_timeout_ms))
 
     def reply(self, token: Any, code: int, msg: msgspec.Struct, data: bytes = b"") -> None:
+        if type(msg) is AppendResponse and msg.config_index != self.configs.index:
+            msg = msgspec.structs.replace(msg, config_index=self.configs.index)  # (clients follow it)
         self.actions.append(Reply(token, code, msg, data))
 
     def request_pump(self) -> None:

@@ -293,6 +293,7 @@ class AsyncDLedgerClient:
         self._ever_answered = False  # a member answered once: no failing at once when all refuse later
         self._closed = False  # close() is final: no request reopens connections afterwards
         self._members_at = 0.0  # monotonic time of the last MEMBERS asked (following the configuration)
+        self._config_index = -1  # the newest configuration entry a MEMBERS answer named
         self._members_task: asyncio.Task[None] | None = None
         # the member whose answer the last successful request got (set with no await between it
         # and the return of `_call`: the caller reads its own request's)
@@ -680,6 +681,7 @@ class AsyncDLedgerClient:
         infos = [Member(i.id, i.addr, i.voter, i.match_index, i.lag, i.id == resp.leader_id)
                  for i in resp.members]
         self._members_at = time.monotonic()
+        self._config_index = max(self._config_index, resp.config_index)
         for i in infos:
             if i.id not in self.peers or self.peers[i.id].address != i.address:
                 self._add_peer(i.id, i.address)
@@ -715,12 +717,22 @@ class AsyncDLedgerClient:
         after another: the first answer counts."""
         leader = self._trusted_leader()
         targets = [leader] if leader is not None else [m for m in self.peers if not self._is_suspect(m)]
-        for m in targets or list(self.peers):
-            with contextlib.suppress(DLedgerError):
+        targets = targets or list(self.peers)
+        asked: set[str] = set()
+        while targets:
+            m = targets.pop(0)
+            asked.add(m)
+            try:
                 self._learn_members(m, await self._call_member(m, RequestCode.MEMBERS,
                                                                MembersRequest(self.group, "", m),
                                                                min(self.discover_timeout, self.request_timeout)))
                 return
+            except DLedgerError as e:
+                resp = getattr(e, "response", None)
+                if e.code == ResponseCode.NOT_A_MEMBER and isinstance(resp, MembersResponse):
+                    # a removed member names the configuration that removed it: ask those next
+                    self._learn_members(m, resp)
+                    targets += [i.id for i in resp.members if i.id not in asked and i.id not in targets]
 
     async def inject_faults(self, member: str, blocked: list[str], spare_handover: bool = False) -> None:
         """Test hook: make `member` drop all traffic to and from `blocked` member ids
@@ -920,9 +932,16 @@ class AsyncDLedgerClient:
             err = DLedgerError(ResponseCode(err_code) if err_code in ResponseCode._value2member_map_
                                else ResponseCode.UNKNOWN, f"{member}: {text or ResponseCode(err_code).name}")
             err.leader_hint = getattr(resp, "leader_id", "") or None  # type: ignore[attr-defined]
+            err.response = resp  # type: ignore[attr-defined]  # (a removed member's MEMBERS names the group)
             raise err
         if isinstance(resp, (AppendResponse, EntriesResponse, QueryResponse)) and resp.leader_id in self.peers:
             self.leader_id = resp.leader_id
+        if isinstance(resp, AppendResponse) and resp.config_index > self._config_index:
+            # the group's configuration changed since we last asked: follow it now, not at the
+            # next periodic refresh (members may all be replaced in between)
+            self._config_index = resp.config_index
+            self._members_at = 0.0
+            self._follow_members_soon()
         return resp
 
 
