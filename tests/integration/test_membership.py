@@ -235,6 +235,32 @@ def test_members_restarting_take_the_configuration_from_their_logs(make_cluster:
     assert log[after.index] == (after.term, b"n1 and n3 commit it")
 
 
+def test_a_member_down_during_every_change_follows_the_leader_they_made(make_cluster: MakeCluster) -> None:
+    """n2 is down while n3 and n4 join and n0 and n1 leave (left running): restarted with its
+    first command line, its log names neither n3 nor n4, one of which leads. It asks the
+    members it knows (the removed n0 and n1 name the new configuration), follows that leader,
+    takes the configuration from the log it receives, and counts as a voter: with the other
+    new member killed, n2 and the leader commit."""
+    c = make_cluster(3)
+    members = {m: p.address for m, p in c.ctl.peers.items()}
+    c.kill("n2")
+    for new in ("n3", "n4"):
+        (port,) = free_ports(1)
+        add_member(c, new, f"127.0.0.1:{port}", members)
+    for old in ("n0", "n1"):
+        remove_member(c, old, members, stop=False)
+    before = c.ctl.append(b"while n2 was down")
+    c.restart("n2")
+    wait_until(lambda: {i.id for i in c.ctl.members("n2").voters} == {"n2", "n3", "n4"}, 60,
+               "n2 follows the configuration it missed")
+    leader = c.wait_leader(["n2", "n3", "n4"], 60)
+    c.kill(next(m for m in ("n3", "n4") if m != leader))
+    after = c.ctl.append(b"n2 and the leader commit it")
+    log = read_all(c.client(_peers({m: members[m] for m in ("n2", leader)})))
+    assert log[before.index] == (before.term, b"while n2 was down")
+    assert log[after.index] == (after.term, b"n2 and the leader commit it")
+
+
 def test_the_members_commands_on_a_live_group(make_cluster: MakeCluster, tmp_path: Path) -> None:
     """The CLI end to end: list (JSON), a join refused before add-learner, add-learner, remove."""
     c = make_cluster(3)

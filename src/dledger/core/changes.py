@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 
     import msgspec
 
+    from dledger.core.config_probe import ConfigProbe
     from dledger.core.dispatcher import EntryDispatcher
     from dledger.core.elector import LeaderElector
     from dledger.core.member_state import MemberState
@@ -55,6 +56,7 @@ class MembershipPath:
         applier: Applier | None
         snapshot_meta: SnapshotMeta | None
         configs: ConfigHistory
+        probe: ConfigProbe
         progress: dict[str, Progress]
         dispatchers: dict[str, EntryDispatcher]
         now: int
@@ -72,9 +74,11 @@ class MembershipPath:
     @property
     def not_a_member(self) -> bool:
         """Neither the configuration in force nor the committed one names us: removed (or not
-        added yet). We answer clients NOT_A_MEMBER and never campaign."""
+        added yet), or a known member's committed configuration newer than ours does not
+        (core.config_probe). We answer clients NOT_A_MEMBER and never campaign."""
         sid, c = self.member.self_id, self.configs
-        return not c.current.has(sid) and not c.committed(self.store.committed_index)[1].has(sid)
+        gone = not c.current.has(sid) and not c.committed(self.store.committed_index)[1].has(sid)
+        return gone or self.probe.removed
 
     def log_appended(self, first: int, last: int) -> None:
         """Entries first..last were appended (from a leader): a configuration among them is in
@@ -105,6 +109,7 @@ class MembershipPath:
         key = (c.version, cidx)
         if key != self._synced:
             self._synced = key
+            self.probe.caught_up()
             before = m.membership
             m.membership = c.current
             m.committed_voter = committed.is_voter(m.self_id)
@@ -133,6 +138,7 @@ class MembershipPath:
                 self.quorum.advance()  # fewer voters may make an entry committed now
         # only once the configuration that removes us is in force AND committed (thesis §4.2.2): a
         # member promoted and elected before it learned the promotion committed is no removed leader
+        m.removed = self.probe.removed
         if m.is_leader and not m.is_voter and not c.committed(store.committed_index)[1].is_voter(m.self_id):
             self._leave()
 

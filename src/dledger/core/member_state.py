@@ -26,6 +26,9 @@ class MemberState:
         # campaign while a configuration removing it is not committed (below, `may_campaign`)
         self.committed_voter = self.self_id in self.membership.voters
         self.committed_members: frozenset[str] = frozenset(self.membership.members)  # of the committed one
+        # a known member's committed configuration, newer than our log's, does not name us
+        # (core.config_probe): we never campaign
+        self.removed = False
         self.store = store
         saved = store.load_term()
         self.term = saved.term
@@ -81,7 +84,7 @@ class MemberState:
         """A voter, or one whose removal is not committed yet: a member that appended its own
         removal may hold the newest log, which the voters need to elect anyone; it campaigns,
         counting the votes of the voters in force but not its own (thesis §4.2.2)."""
-        return self.is_voter or self.committed_voter
+        return not self.removed and (self.is_voter or self.committed_voter)
 
     @property
     def other_voters(self) -> list[str]:

@@ -47,6 +47,7 @@ from dledger.core.actions import (
 )
 from dledger.core.appends import AppendPath, PendingAppend
 from dledger.core.changes import MembershipPath, recover_configs
+from dledger.core.config_probe import ConfigProbe
 from dledger.core.contexts import (
     Answered,
     Applied,
@@ -58,6 +59,7 @@ from dledger.core.contexts import (
     Durable,
     HeartbeatCtx,
     InstallCtx,
+    MembersCtx,
     PushCtx,
     ReadIndexCtx,
     Restored,
@@ -99,6 +101,7 @@ from dledger.core.messages import (
     SimpleResponse,
     SnapshotResponse,
     VoteRequest,
+    VoteResponse,
     is_member_message,
 )
 from dledger.core.producers import CreationLimiter, ProducerTable
@@ -118,8 +121,6 @@ log = logging.getLogger(__name__)
 
 PRODUCERS_SAVE_ENTRIES = 10_000  # a plain log's producer table is saved after this many entries folded,
 PRODUCERS_SAVE_MS = 30_000  # or this long after it changed
-# a leader's messages: from a member no configuration of ours names, taken while no leader is live
-_LEADER_CODES = frozenset((RequestCode.PUSH, RequestCode.HEART_BEAT, RequestCode.INSTALL_SNAPSHOT))
 # clients' requests a removed member answers NOT_A_MEMBER (the client asks the group's members)
 _CLIENT_CODES = frozenset((RequestCode.APPEND, RequestCode.GET, RequestCode.READ, RequestCode.QUERY,
                            RequestCode.MEMBERS, RequestCode.CHANGE_MEMBERS, RequestCode.LEADERSHIP_TRANSFER))
@@ -163,6 +164,7 @@ class Node(AppendPath, SnapshotPath, MembershipPath):
         # the configurations of our log (core.configs): the newest in force, committed or not
         self.configs = recover_configs(cfg, store, snapshot, membership)
         self.member = MemberState(cfg.group, cfg.self_id, self.configs.current, store)
+        self.probe = ConfigProbe(self)  # configurations our log does not hold yet, as known members tell
         self.actions: list[Action] = []
         # what this member, as leader, knows of each follower (core.progress): one object each,
         # shared by the dispatchers, the elector and the quorum; kept in step with the
@@ -210,7 +212,7 @@ class Node(AppendPath, SnapshotPath, MembershipPath):
                 not (isinstance(msg, LeadershipTransferRequest) and msg.transfer_id):
             err = ResponseCode.NOT_A_MEMBER  # removed: the client asks the group's members
             if code == RequestCode.MEMBERS:  # ... which it names: where the group went without us
-                view = self.members_view()
+                view = self.probe.view if self.probe.removed and self.probe.view is not None else self.members_view()
                 self.reply(token, code, msgspec.structs.replace(
                     view, code=int(err), message=f"{self.member.self_id} is not a member of the group"))
                 return
@@ -270,9 +272,14 @@ class Node(AppendPath, SnapshotPath, MembershipPath):
             case HeartbeatCtx():
                 self.elector.on_heartbeat_response(ctx, resp)
             case VoteCtx():
+                if isinstance(resp, VoteResponse) and resp.code == ResponseCode.UNKNOWN_MEMBER:
+                    self.probe.ask("")  # a voter that knows no such member: were we removed?
                 self.elector.on_vote_response(ctx, resp)
             case TransferCtx():
                 self.elector.on_transfer_response(ctx, resp)
+            case MembersCtx():
+                if self.probe.on_answer(ctx, resp):
+                    self._sync_members()
             case ReadIndexCtx():
                 self.follower_reads.on_response(ctx, resp if isinstance(resp, ReadIndexResponse) else None)
             case InstallCtx():
@@ -289,6 +296,7 @@ class Node(AppendPath, SnapshotPath, MembershipPath):
             if self.member.is_leader and (err := self.unwritable()) is not None:
                 self.step_down(f"its store cannot write: {err.message}")
             self.elector.tick()
+            self.probe.silence(self.elector.leader_alive())
             self.integrity.forget_deleted()
             if self.member.is_leader and self.corrupt is not None and not self.elector.transferring:
                 # no healthy follower took over in time (or none could): leave anyway; after
@@ -906,7 +914,7 @@ class Node(AppendPath, SnapshotPath, MembershipPath):
             return ResponseCode.UNKNOWN_GROUP
         if msg.remote_id and msg.remote_id != m.self_id:
             return ResponseCode.UNEXPECTED_MEMBER
-        if msg.leader_id and not self.takes_member(code, msg.leader_id):
+        if msg.leader_id and not self.admits(code, msg.leader_id, getattr(msg, "term", -1), self.now):
             return ResponseCode.UNKNOWN_MEMBER
         if is_member_message(code, msg) and (not msg.leader_id or msg.leader_id == m.self_id):
             return ResponseCode.UNEXPECTED_MEMBER
@@ -916,19 +924,22 @@ class Node(AppendPath, SnapshotPath, MembershipPath):
             return ResponseCode.UNEXPECTED_MEMBER
         return None
 
+    def admits(self, code: int, sender: str, term: int, now_ms: int) -> bool:
+        """takes_member; a leader's message (of `term`) it refuses makes us ask the members we
+        know about its sender (core.config_probe). The runtime checks a member certificate's
+        sender by this same rule."""
+        self.now = now_ms
+        if self.takes_member(code, sender):
+            return True
+        self.probe.unknown_leader(code, sender, term)
+        return False
+
     def takes_member(self, code: int, sender: str) -> bool:
         """Whether a message `code` from member `sender` is taken: a member of a configuration
         this node holds (in force, pending or the committed one: a member whose removal is not
-        committed still campaigns), or a leader we may lag behind (_unknown_leader_ok). The
-        runtime checks a member certificate's sender by this same rule."""
-        return self.configs.known(sender) or self._unknown_leader_ok(code, sender)
-
-    def _unknown_leader_ok(self, code: int, sender: str) -> bool:
-        """A leader's message (push, heartbeat, snapshot) from a member no configuration of
-        ours names: we may lag behind the entry that added it (it leads a configuration we have
-        not seen yet). Taken only while we hear from no live leader but that one, so a stranger
-        cannot take a member away from the leader it follows."""
-        return code in _LEADER_CODES and (self.member.leader_id == sender or not self.elector.leader_alive())
+        committed still campaigns), or a leader a member we know vouched for: one a newer
+        configuration names, which our log lags behind (core.config_probe)."""
+        return self.configs.known(sender) or self.probe.takes(code, sender)
 
     def role_view(self) -> RoleView:
         """Role, term, leader, corrupt record and applied index (core.status): cheap, for readers
@@ -1011,7 +1022,7 @@ def _error_for(code: int, err: ResponseCode, node: Node, message: str = "") -> m
         return ChangeMembersResponse(int(err), leader, m.term, message=message)
     if code == RequestCode.INSTALL_SNAPSHOT:
         return InstallSnapshotResponse(int(err), m.term, end_index=node.store.end_index, reason=message[:512])
-    from dledger.core.messages import HeartBeatResponse, PushResponse, VoteResponse
+    from dledger.core.messages import HeartBeatResponse, PushResponse
 
     if code == RequestCode.PUSH:
         return PushResponse(int(err), m.term, node.store.end_index, corrupt_index=node.corrupt_index,

@@ -299,6 +299,14 @@ class GroupRuntime:
         self.node.handle(code, req, data, token, now_ms(), principal=principal)  # type: ignore[arg-type]
         self._schedule_drain()
 
+    def admits(self, code: int, req: Any) -> bool:
+        """Whether the node takes member message `code` from its sender (Node.admits); one it
+        refuses as an unknown leader makes it ask the members it knows about it."""
+        ok = self.node.admits(code, req.leader_id, getattr(req, "term", -1), now_ms())
+        if not ok:
+            self._schedule_drain()
+        return ok
+
     def _counted(self, code: int, member: bool, respond: Respond) -> Respond:
         """`respond`, also counting the request by its kind, its code and its answer's."""
         counts = self._m_requests
@@ -850,8 +858,8 @@ _MEMBER_LISTENER_READS = frozenset((RequestCode.METADATA, RequestCode.MEMBERS))
 def _refusal(g: GroupRuntime, code: int, req: Any, caller: Caller, member_msg: bool) -> Message | None:
     """Who may send what (docs/security.md): member messages only on the member listener
     (when there is one) and, with TLS, only under a certificate naming the sender, a member
-    the node takes messages from (a configuration it holds: a member whose removal committed
-    is refused, a new learner taken); the member listener takes nothing from clients but
+    the node takes messages from (GroupRuntime.admits: a member whose removal committed is
+    refused, a new learner taken); the member listener takes nothing from clients but
     METADATA and MEMBERS. `member_msg`: is_member_message(code, req)."""
     cfg = g.cfg
     if member_msg and caller.listener == LISTENER_CLIENT:
@@ -860,9 +868,9 @@ def _refusal(g: GroupRuntime, code: int, req: Any, caller: Caller, member_msg: b
         return _error(ResponseCode.UNSUPPORTED, "this is the member listener: send client requests elsewhere")
     principal = caller.principal
     # the certificate names the sender, and the sender is a member the node takes messages from
-    # (Node.takes_member: a configuration it holds, not only the one in force)
+    # (GroupRuntime.admits: a configuration it holds, or a leader a member it knows vouched for)
     sender = req.leader_id
-    if member_msg and principal.bound and not (sender in principal.names and g.node.takes_member(code, sender)):
+    if member_msg and principal.bound and not (sender in principal.names and g.admits(code, req)):
         return _error(ResponseCode.UNAUTHENTICATED,
                       f"a certificate naming {sorted(principal.names)} cannot speak for member {req.leader_id!r}")
     if member_msg and principal.bound:

@@ -226,10 +226,11 @@ def _membership_change(c: SimCluster, r: random.Random) -> int:
 
 def _check_applied(c: SimCluster, report: SimReport) -> None:
     """Every running member's state machine applies up to its commit index (none stopped):
-    one that was away while the others compacted installs the leader's snapshot."""
+    one that was away while the others compacted installs the leader's snapshot. A removed
+    member is out of the group: nobody repairs or feeds it (it must know it was removed)."""
     def applied() -> bool:
         return all((st := n.role_view()).has_state_machine and st.applied_index >= c.stores[i].committed_index
-                   for i, n in c.nodes.items() if n is not None)
+                   for i, n in c.nodes.items() if n is not None and not n.not_a_member)
 
     if not c.run_until(applied, 10_000):
         views = {i: n.status() for i, n in c.nodes.items() if n is not None}
