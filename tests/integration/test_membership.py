@@ -37,10 +37,11 @@ def _peers(members: dict[str, str]) -> str:
     return ";".join(f"{m}-{a}" for m, a in members.items())
 
 
-def join(c: Cluster, member: str, through: dict[str, str], extra: Sequence[str] = ()) -> subprocess.Popen[bytes]:
-    """Start `member` with `dledger server --join` through the members `through` (id -> address);
-    the test's cluster stops it at teardown like the others."""
-    cmd = [sys.executable, "-m", "dledger", "server", "--join", _peers(through), "--group", c.group, "--id", member,
+def join(c: Cluster, member: str, through: dict[str, str], extra: Sequence[str] = (),
+         command: str = "server") -> subprocess.Popen[bytes]:
+    """Start `member` with `dledger server --join` (or `controller --join`) through the members
+    `through` (id -> address); the test's cluster stops it at teardown like the others."""
+    cmd = [sys.executable, "-m", "dledger", command, "--join", _peers(through), "--group", c.group, "--id", member,
            "--store-dir", str(c.store_dir(member)), "--enable-fault-injection", *extra]
     p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL)
     c.procs[member] = p
@@ -49,10 +50,11 @@ def join(c: Cluster, member: str, through: dict[str, str], extra: Sequence[str] 
     return p
 
 
-def add_member(c: Cluster, member: str, address: str, members: dict[str, str], extra: Sequence[str] = ()) -> None:
+def add_member(c: Cluster, member: str, address: str, members: dict[str, str], extra: Sequence[str] = (),
+               command: str = "server") -> None:
     """add-learner, --join, promote once caught up (LEARNER_BEHIND until then)."""
     c.ctl.add_learner(member, address)
-    join(c, member, members, extra)
+    join(c, member, members, extra, command)
     members[member] = address
 
     def promoted() -> bool:
