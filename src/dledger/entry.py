@@ -43,14 +43,13 @@ ENTRY_MAGICS = frozenset((MAGIC_NORMAL, MAGIC_NOOP, MAGIC_CONFIG_CHANGE, MAGIC_S
 assert HEADER_SIZE == 48 and INDEX_UNIT_SIZE == 32
 
 
-def unverified(chain: int, body_crc: int, prev_chain: int = 0) -> bool:
+def unverified(chain: int, body_crc: int) -> bool:
     """A record upstream DLedger wrote: it never fills the two CRC fields (both 0). Read as
     unverified, as upstream does, wherever it is: a store may go from upstream to dledger and
     back, so upstream's records can follow dledger's. The chain starts again from 0 after one
     (docs/format.md, "Opening upstream DLedger's stores"), so the record dledger writes next
     is still checked; a damaged record rarely passes for one (its header rules still hold: a
-    zeroed sector over the CRC fields zeroes the body size too, unless the body is empty).
-    `prev_chain` is not consulted (kept for callers)."""
+    zeroed sector over the CRC fields zeroes the body size too, unless the body is empty)."""
     return chain == 0 and body_crc == 0
 
 # --- the record-header rules (docs/format.md, "On disk"), written once ----------------------------
@@ -138,7 +137,7 @@ def chain_crc(index: int, term: int, body_crc: int, prev: int) -> int:
 def chain_follows(index: int, term: int, body_crc: int, prev: int, chain: int) -> bool:
     """Whether a record's chain CRC field `chain` follows `prev`, the one before it: equal to
     chain_crc, or both CRC fields 0 after a 0 (`unverified`, upstream's record)."""
-    return chain_crc(index, term, body_crc, prev) == chain or unverified(chain, body_crc, prev)
+    return chain_crc(index, term, body_crc, prev) == chain or unverified(chain, body_crc)
 
 
 def encode_entry(
@@ -279,7 +278,7 @@ def scan(
                         reason = "chain crc mismatch"
                     else:
                         chain = next_chain
-                if reason is not None and ccrc == 0 and bcrc == 0:
+                if reason is not None and unverified(ccrc, bcrc):
                     reason = None  # upstream's record (unverified): decided off the common path
                     chain = 0
                     unchecked += 1
@@ -315,7 +314,7 @@ def decode_entry(buf: bytes | bytearray | memoryview | object, offset: int = 0) 
         body = bytes(mv[offset + HEADER_SIZE : offset + size])
     finally:
         mv.release()
-    if zlib.crc32(body) != bcrc and not unverified(ccrc, bcrc, 0):
+    if zlib.crc32(body) != bcrc and not unverified(ccrc, bcrc):
         raise CorruptRecord("body crc mismatch", offset)
     return DLedgerEntry(idx, term, rpos, magic, body, ccrc, bcrc)
 

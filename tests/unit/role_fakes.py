@@ -141,12 +141,14 @@ class Sent:
 
 
 class TermsSeen:
-    """The elector's term watch: steps down on a higher term."""
+    """The elector's term watch: records the terms answers carried, steps down on a higher one."""
 
     def __init__(self, member: MemberState) -> None:
         self.member = member
+        self.seen: list[int] = []
 
     def observe_term(self, term: int) -> bool:
+        self.seen.append(term)
         if term > self.member.term:
             self.member.role = Role.FOLLOWER
             self.member.set_term(term)
@@ -155,7 +157,11 @@ class TermsSeen:
 
 
 class Advances:
+    def __init__(self) -> None:
+        self.calls = 0
+
     def advance(self) -> bool:
+        self.calls += 1
         return False
 
 

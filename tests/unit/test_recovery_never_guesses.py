@@ -9,7 +9,6 @@ and not one byte of the directory changes.
 
 from __future__ import annotations
 
-import hashlib
 import os
 from pathlib import Path
 
@@ -19,6 +18,8 @@ from dledger.codes import ResponseCode
 from dledger.entry import HEADER_SIZE
 from dledger.store.base import StoreError
 from dledger.store.file import FileLedgerStore
+
+from .upstream_fixture import snapshot
 
 DATA_FILE_SIZE = 64 << 10
 INDEX_FILE_SIZE = 32 * 256
@@ -47,14 +48,6 @@ def written(d: Path, n: int = 300) -> list[int]:
     s.close()
     (d / "checkpoint").unlink()
     return pos
-
-
-def snapshot(d: Path) -> dict[str, str]:
-    out = {}
-    for p in sorted(d.rglob("*")):
-        if p.is_file() and p.name != "lock":
-            out[str(p.relative_to(d))] = hashlib.sha256(p.read_bytes()).hexdigest()
-    return out
 
 
 def patch(d: Path, pos: int, data: bytes) -> None:

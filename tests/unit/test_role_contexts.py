@@ -28,6 +28,8 @@ from dledger.statemachine.snapshot import SnapshotMeta
 from dledger.store.base import StoreError
 from dledger.store.memory import MemoryLedgerStore
 
+from .role_fakes import Advances, Follows, NoInstall, TermsSeen
+
 PEERS = "n0-127.0.0.1:20000;n1-127.0.0.1:20001;n2-127.0.0.1:20002"
 
 
@@ -257,27 +259,6 @@ def test_a_leader_that_sees_a_higher_term_in_an_answer_steps_down() -> None:
 # --- EntryHandler ---------------------------------------------------------------------------
 
 
-class Follows:
-    """The elector's leader check, reduced to Raft's term rule (§3.3): an older term is
-    refused, a newer one adopted, and the sender becomes our leader."""
-
-    def __init__(self, member: MemberState) -> None:
-        self.member = member
-
-    def accept_leader(self, term: int, leader_id: str) -> ResponseCode | None:
-        if term < self.member.term:
-            return ResponseCode.EXPIRED_TERM
-        self.member.set_term(term)
-        self.member.leader_id = leader_id
-        return None
-
-
-class NoInstall:
-    meta: SnapshotMeta | None = None
-
-    def drop_partial(self) -> None: ...
-
-
 class HandlerEnv:
     """Follower n1 of three whose log holds the terms given; its leader n0 is at term 3. Its
     answers come back as effects of the handler (core.effects.PushReply), not through here."""
@@ -423,31 +404,6 @@ class Push:
     req: PushRequest
     ctx: PushCtx
     data: bytes | memoryview
-
-
-class TermsSeen:
-    """The elector's term watch: records the terms answers carried, steps down on a higher one."""
-
-    def __init__(self, member: MemberState) -> None:
-        self.member = member
-        self.seen: list[int] = []
-
-    def observe_term(self, term: int) -> bool:
-        self.seen.append(term)
-        if term > self.member.term:
-            self.member.role = Role.FOLLOWER
-            self.member.set_term(term)
-            return True
-        return False
-
-
-class Advances:
-    def __init__(self) -> None:
-        self.calls = 0
-
-    def advance(self) -> bool:
-        self.calls += 1
-        return False
 
 
 class DispatcherEnv:

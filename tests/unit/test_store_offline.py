@@ -48,8 +48,9 @@ from dledger.store.offline import (
     read_header,
 )
 
+from .upstream_fixture import FIXTURE, expected, needs_fixture
+
 FILE_SIZE = 1 << 16
-UPSTREAM = Path(__file__).resolve().parents[2].parent / "shared" / "fixtures" / "upstream-dledger-store"
 
 
 def open_store(d: Path) -> FileLedgerStore:
@@ -313,16 +314,12 @@ def test_a_torn_tail_ends_the_log_for_every_reader(tmp_path: Path) -> None:
 
 
 def _expected() -> list[tuple[int, ...]]:
-    out: list[tuple[int, ...]] = []
-    for line in (UPSTREAM / "expected.tsv").read_text().splitlines():
-        index, term, pos, magic, size, blen, crc, _sha = line.split("\t")
-        out.append((int(index), int(term), int(pos), int(magic), int(size), int(blen), int(crc)))
-    return out
+    return [row[:7] for row in expected()]  # all but the body's sha256
 
 
-@pytest.mark.skipif(not UPSTREAM.is_dir(), reason="../shared/fixtures not beside the repository")
+@needs_fixture
 def test_a_store_upstream_wrote_lists_and_passes_the_header_rules(tmp_path: Path) -> None:
-    d = UPSTREAM / "dledger-n0"
+    d = FIXTURE / "dledger-n0"
     files = list_files(d / "data")
     assert len(files) == 9 and first_gap(files) is None and all(f.size == 65536 for f in files)
     assert [f.start for f in list_files(d / "index")] == [0]

@@ -30,38 +30,13 @@ from dledger.store.admin import inspect
 from dledger.store.base import StoreError
 from dledger.store.file import FileLedgerStore
 
-FIXTURE = Path(__file__).resolve().parents[2].parent / "shared" / "fixtures" / "upstream-dledger-store"
+from .upstream_fixture import copy_fixture, expected, needs_fixture, snapshot
+
 DATA_FILE_SIZE = 64 << 10
 INDEX_FILE_SIZE = 32 << 10
 
-needs_fixture = pytest.mark.skipif(not (FIXTURE / "dledger-n0").is_dir(),
-                                   reason=f"upstream DLedger's store fixture is not at {FIXTURE}")
-
-
-def expected() -> list[tuple[int, int, int, int, int, int, int, str]]:
-    """index term pos magic size body_length crc32(body) sha256(body), per upstream's get(i)."""
-    rows = []
-    for line in (FIXTURE / "expected.tsv").read_text().splitlines():
-        i, t, p, m, s, n, c, h = line.split("\t")
-        rows.append((int(i), int(t), int(p), int(m), int(s), int(n), int(c), h))
-    return rows
-
-
-def copy_fixture(tmp_path: Path) -> Path:
-    d = tmp_path / "dledger-n0"
-    shutil.copytree(FIXTURE / "dledger-n0", d)
-    for p in [d, *d.rglob("*")]:
-        p.chmod(0o755 if p.is_dir() else 0o644)  # the fixture is read-only
-    return d
-
-
 def open_store(d: Path) -> FileLedgerStore:
     return FileLedgerStore(d, retention_check_interval_ms=3_600_000)
-
-
-def snapshot(d: Path) -> dict[str, str]:
-    return {str(p.relative_to(d)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(d.rglob("*")) if p.is_file() and p.name != "lock"}
 
 
 def row(e: object) -> tuple[int, int, int, int, int, int, int, str]:

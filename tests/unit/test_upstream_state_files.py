@@ -10,7 +10,6 @@ import hashlib
 import json
 import logging
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -33,11 +32,7 @@ from dledger.store.offline import (
 )
 from dledger.store.properties import PropertiesError, format_properties, parse_properties
 
-FIXTURE = Path(__file__).resolve().parents[2].parent / "shared" / "fixtures" / "upstream-dledger-store"
-needs_fixture = pytest.mark.skipif(
-    not (FIXTURE / "dledger-n0").is_dir(),
-    reason=f"upstream DLedger's store fixture is not at {FIXTURE} (shared/fixtures beside the repository)",
-)
+from .upstream_fixture import FIXTURE, copy_fixture, needs_fixture, snapshot
 
 SMALL = 4096  # data files of the stores written here
 UNITS = 32 * 16  # index files: 16 units each
@@ -59,12 +54,6 @@ def written(d: Path, n: int = N) -> Path:
     s.flush()
     s.close()
     return d
-
-
-def snapshot(d: Path) -> dict[str, tuple[int, str]]:
-    """Every file of the directory (but the lock) by size and hash."""
-    return {str(p.relative_to(d)): (p.stat().st_size, hashlib.sha256(p.read_bytes()).hexdigest())
-            for p in sorted(d.rglob("*")) if p.is_file() and p.name != "lock"}
 
 
 def refused(d: Path, **kw: int) -> str:
@@ -477,10 +466,7 @@ def test_check_sizes_says_what_the_member_says(tmp_path: Path) -> None:
 @needs_fixture
 def test_upstreams_store_opens_with_its_64k_and_32k_files_and_every_entry_as_upstream_read_it(
         tmp_path: Path) -> None:
-    d = tmp_path / "dledger-n0"
-    shutil.copytree(FIXTURE / "dledger-n0", d)
-    for p in [d, *d.rglob("*")]:
-        p.chmod(0o755 if p.is_dir() else 0o644)
+    d = copy_fixture(tmp_path)
     before = {k: v for k, v in snapshot(d).items() if k.startswith("data/")}
     s = FileLedgerStore(d)  # dledger's defaults: 1 GiB data files, 160 MiB index files
     try:

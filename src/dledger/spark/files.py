@@ -702,7 +702,7 @@ def _scan(p: FilePartition, mm: mmap.mmap, view: memoryview, size: int) -> Itera
             soft.append("body crc mismatch")
         if chain is not None and chain_crc(idx, term, bcrc, chain) != ccrc:
             soft.append("chain crc mismatch")
-        if soft and unverified(ccrc, bcrc, chain or 0):
+        if soft and unverified(ccrc, bcrc):
             soft = []  # upstream DLedger's record: its CRC fields are 0 (docs/format.md)
         if soft:
             if index > p.committed_index:

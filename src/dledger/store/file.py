@@ -61,12 +61,10 @@ from dledger.store.base import (
 from dledger.store.checkpoint import write_atomic, write_currterm
 from dledger.store.flusher import FlushService
 from dledger.store.lock import StoreDirLock
-from dledger.store.mapped_file import DATA, INDEX, MappedFile, MappedFileList, check_store_files
+from dledger.store.mapped_file import DATA, INDEX, MappedFile, MappedFileList, check_store_files, checkpoint_for_sizes
 from dledger.store.offline import (
     CURRTERM,
-    Checkpoint,
     UnreadableFile,
-    read_checkpoint,
     read_currterm,
 )
 from dledger.store.recovery import rebuild_units, recover
@@ -110,7 +108,7 @@ class FileLedgerStore(LedgerStore):
             self._disk_usage: DiskUsage = disk_usage or (lambda: disk_usage_ratio(self.dir))
             # the sizes are the store's own when it has files (a store upstream DLedger or an
             # older configuration wrote); the configured ones are for new files of a new store
-            ckpt = _checkpoint_or_none(self.dir)
+            ckpt = checkpoint_for_sizes(self.dir)
             # both lists checked, read-only, before either is opened: a refusal changes nothing
             data_file_size, index_file_size = check_store_files(self.dir, ckpt, data_file_size, index_file_size)
             self.data = MappedFileList(self.dir / DATA, data_file_size, checked=True)
@@ -827,14 +825,6 @@ class FileLedgerStore(LedgerStore):
             self.data.close()
             self.index.close()
             self._dir_lock.release()  # last: another writer may open the directory now
-
-
-def _checkpoint_or_none(store_dir: Path) -> Checkpoint | None:
-    """The checkpoint, to size the files by; an unreadable one is recovery's to refuse."""
-    try:
-        return read_checkpoint(store_dir)
-    except UnreadableFile:
-        return None
 
 
 def _mtime(f: MappedFile) -> float:

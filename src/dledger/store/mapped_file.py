@@ -254,17 +254,22 @@ def check_store_files(store_dir: Path, ckpt: Checkpoint | None, data_file_size: 
     return data, index
 
 
+def checkpoint_for_sizes(store_dir: Path) -> Checkpoint | None:
+    """The checkpoint, to size the files by; an unreadable one is taken as none here
+    (recovery refuses it on its own, naming it)."""
+    try:
+        return read_checkpoint(store_dir)
+    except UnreadableFile:
+        return None
+
+
 def check_sizes(store_dir: Path) -> str | None:
     """Why a member refuses to open the data or index files of `store_dir` for their sizes or
     names (a file missing, cut short, extended), as the member says it; None when it opens
     them. Read-only: for `dledger store inspect` to agree with the member. An unreadable
     checkpoint is taken as none here (the member refuses it on its own)."""
     try:
-        ckpt = read_checkpoint(store_dir)
-    except UnreadableFile:
-        ckpt = None
-    try:
-        check_store_files(store_dir, ckpt, 1 << 30, INDEX_UNIT_SIZE)
+        check_store_files(store_dir, checkpoint_for_sizes(store_dir), 1 << 30, INDEX_UNIT_SIZE)
     except StoreError as e:
         return e.message
     return None

@@ -507,7 +507,7 @@ def chain_before(h: tuple[int, ...]) -> int | None:
     columns A·e_b."""
     if h[0] not in ENTRY_MAGICS:
         return None
-    if unverified(h[6], h[7], 0):
+    if unverified(h[6], h[7]):
         return 0  # upstream's record: its chain follows 0 (entry.unverified)
     msg = struct.pack(">qqI", h[2], h[3], h[7])
     base = zlib.crc32(msg, 0)
