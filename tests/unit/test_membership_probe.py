@@ -63,7 +63,7 @@ def _forged_push(c: SimCluster, victim: str, sender: str, term: int) -> object:
 
 
 def test_a_stranger_cannot_lead_a_member_that_hears_no_leader() -> None:
-    c = SimCluster(3, seed=11)
+    c = SimCluster(3, seed=11, strict_members=True)  # as with TLS: without it any id is claimed anyway
     leader = _leader(c)
     victim = next(i for i in c.ids if i != leader)
     for k in range(3):
@@ -89,7 +89,7 @@ def test_a_stranger_cannot_lead_a_member_that_hears_no_leader() -> None:
 def test_a_member_that_missed_every_change_follows_the_leader_they_made() -> None:
     """n2 is cut off while n3 and n4 join and n0, n1 leave: the leader is one n2's log never
     named. The removed n0 and n1, still running, name it when n2 asks; n2 follows it."""
-    c = SimCluster(3, seed=5, tick_ms=20)
+    c = SimCluster(3, seed=5, tick_ms=20, strict_members=True)
     lag = "n2"
     for k in range(3):
         c.append(_leader(c), [b"x%d" % k])

@@ -2,31 +2,38 @@
 does not hold yet (docs/architecture.md, "Membership").
 
 A member's log may lag behind the entries that changed its group. Two things then go wrong,
-and both are settled by asking the members it knows for MEMBERS:
+and both are settled by asking the members of its configurations (in force and committed)
+for MEMBERS:
 
-* **A leader it does not know.** The thesis (§4.1) takes every RPC without consulting the
-  configuration, so a lagging member follows a leader added after its log ends. With member
-  certificates that rule lets any certificate of the group's CA lead a member that hears no
-  live leader: one forged push of a high term rewrote committed history. So a leader's message
-  (push, heartbeat, snapshot) is taken only from a member a configuration of ours names, or one
-  *vouched for*: named a voter by the configuration a member we know holds, newer than ours.
-  The first refused message starts a round of MEMBERS to the members we know; the leader's
-  next message, once vouched for, is taken and brings the configuration entries with it.
+* **A leader (or candidate) it does not know.** The thesis (§4.1) takes every RPC without
+  consulting the configuration, so a lagging member follows a leader added after its log ends.
+  Where member identities are verified (TLS: `strict`), that rule lets any certificate of the
+  group's CA lead a member that hears no live leader: one forged push of a high term rewrote
+  committed history. So there a leader's message (push, heartbeat, snapshot) or a vote request
+  is taken only from a member a configuration of ours names, or one *vouched for*: a voter of
+  the newest configuration, newer than ours, that a member we know answered. A refused one
+  starts a round; the sender's next message is taken once vouched for, and a leader's pushes
+  bring the configuration entries. Without verified identities (no TLS) any sender can claim
+  a known id anyway, so the thesis' rule stands: a leader's messages are also taken from an
+  unknown member while no live leader is heard (or from the one we follow).
 * **A removal it never received** (the leader stops replicating to a member once its removal
-  commits, and a member away then never appends it). A known member's *committed*
-  configuration, newer than ours and not naming us, makes us a removed member (`removed`):
-  we never campaign and answer clients NOT_A_MEMBER with that configuration, until our own
-  log reaches it (a committed configuration never rolls back).
+  commits, and a member away then never appends it). A voter of a *committed* configuration
+  newer than ours, which names that voter and not us, makes us a removed member (`removed`):
+  we never campaign and answer clients NOT_A_MEMBER with that configuration, until our own log
+  reaches it. A leader holds every committed entry (Leader Completeness), so it believes no
+  such answer.
 
-A round is asked when an unknown leader knocks, when a vote request is refused because the
-voter knows no such member, or after a long time with no leader; at most one round per
-`max_vote_interval_ms` (per `_SILENT_ROUND_MS` for the last), so a flood of forged messages
-costs one small request per known member per interval.
+A round is asked when an unknown leader or candidate knocks, when a vote request is refused
+because the voter knows no such member, or after a long time with no leader; at most one
+round per `max_vote_interval_ms` (per `_SILENT_ROUND_MS` for the last), so a flood of forged
+messages costs one small request per known member per interval, and whatever it claims, the
+vouched set is the newest configuration's voters.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Protocol
 
 from dledger.codes import RequestCode, ResponseCode
@@ -35,14 +42,16 @@ from dledger.core.configs import ConfigHistory
 from dledger.core.contexts import MembersCtx
 from dledger.core.env import MemberEnv
 from dledger.core.messages import MembersRequest, MembersResponse
+from dledger.membership import MAX_MEMBERS
 
 log = logging.getLogger(__name__)
 
-# a leader's messages: taken only from a member known or vouched for
-LEADER_CODES = frozenset((RequestCode.PUSH, RequestCode.HEART_BEAT, RequestCode.INSTALL_SNAPSHOT))
-_VOUCH_MS = 10_000  # a vouch lasts this long; a leader still unknown then is asked about again
+# a leader's messages and vote requests: from a member no configuration of ours names, taken
+# only once vouched for (and, without verified identities, a leader's while none is live)
+_ASKED_ABOUT = frozenset((RequestCode.PUSH, RequestCode.HEART_BEAT, RequestCode.INSTALL_SNAPSHOT,
+                          RequestCode.VOTE))
+_VOUCH_MS = 10_000  # a vouch lasts this long; a sender still unknown then is asked about again
 _SILENT_ROUND_MS = 5_000  # no leader heard this long: ask whether we were removed, this often
-_MAX_VOUCHED = 64  # ids vouched for at once (every one named by a configuration we were shown)
 
 
 class ProbeEnv(MemberEnv, Protocol):
@@ -56,13 +65,14 @@ class ProbeEnv(MemberEnv, Protocol):
 
 
 class ConfigProbe:
-    def __init__(self, env: ProbeEnv) -> None:
+    def __init__(self, env: ProbeEnv, strict: bool, leader_alive: Callable[[], bool]) -> None:
         self.env = env
-        self.vouched: dict[str, tuple[int, int]] = {}  # id -> (configuration index, until)
-        self.removed_by = -1  # a committed configuration a known member holds, not naming us
+        self.strict = strict  # member identities are verified (TLS): vouched-for leaders only
+        self._leader_alive = leader_alive
+        self.vouch_index = -1  # the configuration the vouched voters (MemberState.vouched) come from
+        self.removed_by = -1  # a committed configuration a known voter holds, not naming us
         self.view: MembersResponse | None = None  # that configuration, as its member answered it
         self._round = 0
-        self._asked = ""  # the unknown leader the round asks about ("" none)
         self._next_at = -(1 << 62)  # no round before this
         self._silent_at = -(1 << 62)  # nor a silence round before this
 
@@ -71,15 +81,22 @@ class ConfigProbe:
         return self.removed_by > self.env.configs.index
 
     def takes(self, code: int, sender: str) -> bool:
-        """A leader's message from `sender`, whom no configuration of ours names: vouched for."""
-        v = self.vouched.get(sender)
-        return v is not None and code in LEADER_CODES and self.env.now < v[1]
+        """A leader's message or a vote request from `sender`, whom no configuration of ours
+        names: a voter vouched for; without verified identities also a leader's message while
+        no live leader is heard, or from the leader we follow (thesis §4.1)."""
+        if code not in _ASKED_ABOUT:
+            return False
+        if self.env.member.vouched.get(sender, -1) > self.env.now:
+            return True
+        if self.strict or code == RequestCode.VOTE:
+            return False
+        return self.env.member.leader_id == sender or not self._leader_alive()
 
-    def unknown_leader(self, code: int, sender: str, term: int) -> None:
-        """A leader's message from a member no configuration of ours names was refused: ask the
-        members we know whether a newer configuration names it (a stale term is no leader)."""
-        if code in LEADER_CODES and term >= self.env.member.term:
-            self.ask(sender)
+    def unknown(self, code: int, sender: str, term: int) -> None:
+        """A leader's message or vote request from a member no configuration of ours names was
+        refused: ask the members we know about newer configurations (a stale term leads nobody)."""
+        if code in _ASKED_ABOUT and term >= self.env.member.term:
+            self.ask()
 
     def silence(self, leader_alive: bool) -> None:
         """Each tick: a member that heard no leader for a long time asks whether it was removed
@@ -89,19 +106,18 @@ class ConfigProbe:
             self._silent_at = now + _SILENT_ROUND_MS
         elif now >= self._silent_at:
             self._silent_at = now + _SILENT_ROUND_MS
-            self.ask("")
+            self.ask()
 
-    def ask(self, about: str) -> None:
-        """One round of MEMBERS to every other member our configurations name."""
+    def ask(self) -> None:
+        """One round of MEMBERS to every other member of our configurations in force and
+        committed (not older ones: a member long removed is no witness)."""
         env = self.env
-        now, cfg = env.now, env.cfg
+        now, cfg, m = env.now, env.cfg, env.member
         if now < self._next_at:
             return
         self._next_at = now + cfg.max_vote_interval_ms
         self._round += 1
-        self._asked = about
-        m = env.member
-        for peer in env.configs.member_ids():
+        for peer in dict.fromkeys([*m.membership.members, *sorted(m.committed_members)]):
             if peer != m.self_id:
                 env.send(peer, RequestCode.MEMBERS, MembersRequest(m.group, "", peer), MembersCtx(self._round, peer),
                          timeout_ms=cfg.max_vote_interval_ms)
@@ -110,16 +126,20 @@ class ConfigProbe:
         """A known member's MEMBERS answer. True if it made us a removed member."""
         configs, m = self.env.configs, self.env.member
         if not isinstance(resp, MembersResponse) or resp.config_index <= configs.index or \
-                resp.code not in (ResponseCode.SUCCESS, ResponseCode.NOT_A_MEMBER):
+                resp.code not in (ResponseCode.SUCCESS, ResponseCode.NOT_A_MEMBER) or len(resp.members) > MAX_MEMBERS:
             return False
-        names = {i.id: i.voter for i in resp.members}
-        about = self._asked if ctx.round == self._round else ""
-        if about and names.get(about) and (about in self.vouched or len(self.vouched) < _MAX_VOUCHED):
-            log.info("%s/%s: %s named %s a voter of configuration %d (ours is %d): following it", m.group,
-                     m.self_id, ctx.peer, about, resp.config_index, configs.index)
-            self.vouched[about] = (resp.config_index, self.env.now + _VOUCH_MS)
-        if resp.committed and m.self_id not in names and resp.config_index > self.removed_by:
-            log.warning("%s/%s: %s holds committed configuration %d, which does not name us (ours is %d): "
+        voters = {i.id for i in resp.members if i.voter}
+        if resp.config_index >= self.vouch_index:  # the newest configuration seen: its voters only
+            if resp.config_index > self.vouch_index:
+                log.info("%s/%s: %s holds configuration %d (ours is %d): its voters %s are taken", m.group,
+                         m.self_id, ctx.peer, resp.config_index, configs.index, ",".join(sorted(voters)))
+            self.vouch_index = resp.config_index
+            until = self.env.now + _VOUCH_MS
+            m.vouched.clear()
+            m.vouched.update((v, until) for v in voters if v != m.self_id)
+        if resp.committed and ctx.peer in voters and m.self_id not in {i.id for i in resp.members} and \
+                not m.is_leader and resp.config_index > self.removed_by:
+            log.warning("%s/%s: voter %s holds committed configuration %d, which does not name us (ours is %d): "
                         "removed from the group, we no longer campaign", m.group, m.self_id, ctx.peer,
                         resp.config_index, configs.index)
             self.removed_by, self.view = resp.config_index, resp
@@ -129,7 +149,7 @@ class ConfigProbe:
     def caught_up(self) -> None:
         """Our configurations changed: what our log now holds replaces what we were told."""
         index = self.env.configs.index
-        for k in [k for k, (i, _) in self.vouched.items() if i <= index]:
-            del self.vouched[k]
-        if self.removed_by >= 0 and self.removed_by <= index:
+        if self.vouch_index <= index:
+            self.env.member.vouched.clear()
+        if 0 <= self.removed_by <= index:
             self.removed_by, self.view = -1, None

@@ -63,13 +63,6 @@ class ConfigHistory:
         """`member` is in a configuration this member knows (current, pending or committed)."""
         return any(m.has(member) for _, m in self._entries)
 
-    def member_ids(self) -> list[str]:
-        """Every member a configuration this member knows names, newest configuration first."""
-        seen: dict[str, None] = {}
-        for _, m in reversed(self._entries):
-            seen.update(dict.fromkeys(m.members))
-        return list(seen)
-
     def __len__(self) -> int:
         return len(self._entries)
 

@@ -311,8 +311,10 @@ class LeaderElector:
 
     def _vote(self, req: VoteRequest) -> VoteResult:
         m, env = self.env.member, self.env
-        if not m.membership.has(req.leader_id) and req.leader_id not in m.committed_members:
-            # neither configuration we know names it: a removed member (or a stranger). A learner
+        if not m.membership.has(req.leader_id) and req.leader_id not in m.committed_members and \
+                m.vouched.get(req.leader_id, -1) <= env.now:
+            # neither configuration we know names it, and no member we know named it a voter of a
+            # newer one (core.config_probe): a removed member (or a stranger). A learner
             # of ours may be a voter in a newer configuration we have not received yet: its vote
             # request is granted on the usual rules (thesis §4.1; etcd applies no membership
             # check to votes), or a promoted member holding the newest log could never be elected

@@ -29,6 +29,9 @@ class MemberState:
         # a known member's committed configuration, newer than our log's, does not name us
         # (core.config_probe): we never campaign
         self.removed = False
+        # voters of a configuration newer than our log's that a member we know named, each until
+        # when (ms, the node's clock): their leader messages and votes are taken (core.config_probe)
+        self.vouched: dict[str, int] = {}
         self.store = store
         saved = store.load_term()
         self.term = saved.term

@@ -164,7 +164,9 @@ class Node(AppendPath, SnapshotPath, MembershipPath):
         # the configurations of our log (core.configs): the newest in force, committed or not
         self.configs = recover_configs(cfg, store, snapshot, membership)
         self.member = MemberState(cfg.group, cfg.self_id, self.configs.current, store)
-        self.probe = ConfigProbe(self)  # configurations our log does not hold yet, as known members tell
+        # configurations our log does not hold yet, as known members tell; strict where member
+        # identities are verified (TLS certificates name them)
+        self.probe = ConfigProbe(self, bool(cfg.tls_ca), lambda: self.elector.leader_alive())
         self.actions: list[Action] = []
         # what this member, as leader, knows of each follower (core.progress): one object each,
         # shared by the dispatchers, the elector and the quorum; kept in step with the
@@ -273,7 +275,7 @@ class Node(AppendPath, SnapshotPath, MembershipPath):
                 self.elector.on_heartbeat_response(ctx, resp)
             case VoteCtx():
                 if isinstance(resp, VoteResponse) and resp.code == ResponseCode.UNKNOWN_MEMBER:
-                    self.probe.ask("")  # a voter that knows no such member: were we removed?
+                    self.probe.ask()  # a voter that knows no such member: were we removed?
                 self.elector.on_vote_response(ctx, resp)
             case TransferCtx():
                 self.elector.on_transfer_response(ctx, resp)
@@ -931,15 +933,16 @@ class Node(AppendPath, SnapshotPath, MembershipPath):
         self.now = now_ms
         if self.takes_member(code, sender):
             return True
-        self.probe.unknown_leader(code, sender, term)
+        self.probe.unknown(code, sender, term)
         return False
 
     def takes_member(self, code: int, sender: str) -> bool:
-        """Whether a message `code` from member `sender` is taken: a member of a configuration
-        this node holds (in force, pending or the committed one: a member whose removal is not
-        committed still campaigns), or a leader a member we know vouched for: one a newer
-        configuration names, which our log lags behind (core.config_probe)."""
-        return self.configs.known(sender) or self.probe.takes(code, sender)
+        """Whether a message `code` from member `sender` is taken: a member of our configuration
+        in force or of the committed one (a member whose removal is not committed still
+        campaigns; one whose removal committed is refused, whatever older configurations our
+        log still holds), or a leader or candidate our log lags behind (core.config_probe)."""
+        m = self.member
+        return m.membership.has(sender) or sender in m.committed_members or self.probe.takes(code, sender)
 
     def role_view(self) -> RoleView:
         """Role, term, leader, corrupt record and applied index (core.status): cheap, for readers

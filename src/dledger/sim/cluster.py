@@ -101,6 +101,9 @@ class SimCluster:
         # state_machines=True: every member applies its log to a KV store (sim.machines); or a
         # factory of another state machine (the controller's: sim.controller)
         machines = cfg_overrides.pop("state_machines", False)
+        # strict_members=True: members take leaders and candidates no configuration of theirs
+        # names only once a member they know vouches for them, as with TLS (core.config_probe)
+        self.strict_members = bool(cfg_overrides.pop("strict_members", False))
         with_machines = bool(machines)
         factory = (kv_machine if machines is True else machines) if with_machines else None
         self.now = 0
@@ -165,6 +168,7 @@ class SimCluster:
         applier, snapshot, producers = self.machines.start(member)
         node = Node(self.cfgs[member], store, self.now, random.Random(self.rng.random()), applier=applier,
                     snapshot=snapshot, producers=producers, membership=self.joined.get(member))
+        node.probe.strict = self.strict_members
         self.nodes[member] = node
         self.last_commit[member] = store.committed_index
         self.config_seen.pop(member, None)  # (its commit index restarts from the checkpoint)
