@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from dledger.codes import DLedgerError, ResponseCode
+from dledger.local_cluster import local_certs
 from dledger.membership import Membership
 from dledger.ports import free_ports
 from dledger.statemachine.snapshot import SnapshotStore
@@ -237,18 +238,22 @@ def test_members_restarting_take_the_configuration_from_their_logs(make_cluster:
     assert log[after.index] == (after.term, b"n1 and n3 commit it")
 
 
-def test_a_member_down_during_every_change_follows_the_leader_they_made(make_cluster: MakeCluster) -> None:
-    """n2 is down while n3 and n4 join and n0 and n1 leave (left running): restarted with its
-    first command line, its log names neither n3 nor n4, one of which leads. It asks the
-    members it knows (the removed n0 and n1 name the new configuration), follows that leader,
-    takes the configuration from the log it receives, and counts as a voter: with the other
-    new member killed, n2 and the leader commit."""
-    c = make_cluster(3)
+def test_a_member_down_during_every_change_follows_the_leader_they_made(make_cluster: MakeCluster,
+                                                                       tmp_path: Path) -> None:
+    """With TLS, n2 is down while n3 and n4 join and n0 and n1 leave (left running): restarted
+    with its first command line, its log names neither n3 nor n4, one of which leads. It asks
+    the members it knows (the removed n0 and n1 name the new configuration), follows that
+    leader, takes the configuration from the log it receives, and counts as a voter: with the
+    other new member killed, n2 and the leader commit."""
+    tls = local_certs(tmp_path / "certs", members=["n0", "n1", "n2", "n3", "n4"])
+    c = make_cluster(3, tls_dir=tls)
     members = {m: p.address for m, p in c.ctl.peers.items()}
     c.kill("n2")
     for new in ("n3", "n4"):
         (port,) = free_ports(1)
-        add_member(c, new, f"127.0.0.1:{port}", members)
+        add_member(c, new, f"127.0.0.1:{port}", members,
+                   ["--tls-cert", str(tls / f"{new}.pem"), "--tls-key", str(tls / f"{new}-key.pem"),
+                    "--tls-ca", str(tls / "ca.pem")])
     for old in ("n0", "n1"):
         remove_member(c, old, members, stop=False)
     before = c.ctl.append(b"while n2 was down")
