@@ -5,7 +5,16 @@ from __future__ import annotations
 from dledger.broker.client import AsyncBrokerClient, BrokerClient, BrokerRecord, SendResult
 from dledger.codes import DLedgerError, ResponseCode
 from dledger.config import DLedgerConfig
-from dledger.runtime.client import AppendResult, AsyncDLedgerClient, DLedgerClient, Entry, Metadata, ProposeResult
+from dledger.runtime.client import (
+    AppendResult,
+    AsyncDLedgerClient,
+    DLedgerClient,
+    Entry,
+    Member,
+    Members,
+    Metadata,
+    ProposeResult,
+)
 from dledger.runtime.server import DLedgerServer
 from dledger.security.tls import TlsConfig
 from dledger.statemachine.api import AppliedEntry, SnapshotReader, SnapshotWriter, StateMachine
@@ -22,6 +31,8 @@ __all__ = [
     "DLedgerError",
     "DLedgerServer",
     "Entry",
+    "Member",
+    "Members",
     "Metadata",
     "ProposeResult",
     "ResponseCode",

@@ -48,7 +48,9 @@ from dledger.config import ConfigError, DLedgerConfig, Peer, format_peers, parse
 from dledger.entry import MAGIC_NOOP, MAGIC_NORMAL, MAGIC_SESSION
 from dledger.health import DEFAULT_MAX_LAG, assess, is_down
 from dledger.local_cluster import busy_ports, local_certs, local_cluster
-from dledger.runtime.client import Metadata
+from dledger.members_command import JOIN_HELP, join_into
+from dledger.membership import Membership
+from dledger.runtime.client import DLedgerClient, Members, Metadata
 from dledger.store.offline import LayoutError, member_store_dir
 
 log = logging.getLogger(__name__)
@@ -70,6 +72,7 @@ def cli(verbose: int) -> None:
 @click.option("--group", default=None, help="Group name [default].")
 @click.option("--id", "self_id", default=None, help="This member's id, e.g. n0.")
 @click.option("--peers", default=None, help=PEERS_HELP)
+@click.option("--join", default=None, metavar="PEERS", help=JOIN_HELP)
 @click.option("--store-dir", default=None, help="Directory of this member's store.")
 @click.option("--flush", type=click.Choice(["async", "sync"]), default=None)
 @click.option("--store", "store_type", type=click.Choice(["file", "memory"]), default=None)
@@ -98,7 +101,7 @@ def cli(verbose: int) -> None:
 @click.option("--producer-creations-per-second", type=click.IntRange(1), default=None,
               help="New idempotent producers a principal may start per second, burst 10x [200].")
 @server_security_options
-def server(config_file: str | None, group: str | None, self_id: str | None, peers: str | None,
+def server(config_file: str | None, group: str | None, self_id: str | None, peers: str | None, join: str | None,
            store_dir: str | None, flush: str | None, store_type: str | None, metrics_port: int | None,
            metrics_host: str | None, preferred: str | None, fault_injection: bool, peer_listen: str | None,
            state_machine: str | None,
@@ -122,8 +125,9 @@ def server(config_file: str | None, group: str | None, self_id: str | None, peer
         data["preferred_leader_ids"] = [p for p in preferred.split(",") if p]
     if fault_injection:
         data["enable_fault_injection"] = True
+    joined = join_into(join, data, peers, "default") if join is not None else None
     if "peers" not in data or "self_id" not in data:
-        raise click.UsageError("give --config, or --id and --peers")
+        raise click.UsageError("give --config, or --id and --peers (or --join)")
     if "store_dir" not in data:
         data["store_dir"] = str(Path("data") / str(data.get("group", "default")) / str(data["self_id"]))
     given = Path(str(data["store_dir"]))
@@ -137,7 +141,7 @@ def server(config_file: str | None, group: str | None, self_id: str | None, peer
     cfg = DLedgerConfig.from_dict(data)
     if cfg.store_type == "file":
         check_store_dir(Path(cfg.store_dir))
-    _run_member(cfg)
+    _run_member(cfg, joined)
 
 
 def _from_toml(path: str) -> DLedgerConfig:
@@ -147,10 +151,12 @@ def _from_toml(path: str) -> DLedgerConfig:
     return DLedgerConfig.from_toml(path, flag_keys)
 
 
-def _run_member(cfg: DLedgerConfig) -> None:
+def _run_member(cfg: DLedgerConfig, joined: Membership | None = None) -> None:
+    """`joined`: the group's configuration read by --join (the node starts from it while its
+    own log and snapshot hold none)."""
     from dledger.runtime.server import serve_forever
 
-    run_member(cfg, lambda stop: serve_forever(cfg, stop))
+    run_member(cfg, lambda stop: serve_forever(cfg, stop, {cfg.group: joined} if joined is not None else None))
 
 
 _CONTROLLER_ONLY = ("controllers", "broker_sets", "replicas", "all_ack")
@@ -373,15 +379,66 @@ def read(peers: str | None, group: str, controller: str | None, broker_name: str
             click.echo(f"(stopped at --max {max_entries}; more may follow: --from {last.index + 1})", err=True)
 
 
-def _views(peers: str, group: str) -> dict[str, Metadata | DLedgerError]:
+class _GroupViews(dict[str, "Metadata | DLedgerError"]):
+    """Each member's own view, or the error asking it; `config`: the group's configuration (the
+    leader's, with each member's lag, when one leads; None from members without membership)."""
+
+    config: Members | None = None
+
+
+def _views(peers: str, group: str) -> _GroupViews:
     """Each member's own view, or the error asking it (all asked at once: a dead member costs
-    one timeout, not one per member)."""
+    one timeout, not one per member). The members are the group's configuration in force when a
+    member tells it (a member replaced since --peers was written is asked, its old one not)."""
     members = parse_peers(peers)
     with make_client(peers, group, timeout=2.0) as c:
-        return c.metadata_all(list(members))
+        views = c.metadata_all(list(members))
+        config = _configuration(c, views)
+        out = _GroupViews()
+        if config is None:
+            out.update(views)
+            return out
+        ids = [i.id for i in config.voters + config.learners]
+        unasked = [m for m in ids if m not in views]
+        if unasked:
+            views.update(c.metadata_all(unasked))
+        out.update({m: views[m] for m in ids})
+        out.config = config
+        return out
 
 
-def _views_once_ready(peers: str, group: str, deadline: float) -> dict[str, Metadata | DLedgerError]:
+def _configuration(c: DLedgerClient, views: dict[str, Metadata | DLedgerError]) -> Members | None:
+    """MEMBERS of the leader among `views` (else of any member that answered): None when no
+    member tells (members without membership answer UNSUPPORTED)."""
+    up = {m: v for m, v in views.items() if isinstance(v, Metadata)}
+    term = max((v.term for v in up.values()), default=-1)
+    leaders = [m for m, v in up.items() if v.role == "leader" and v.term == term]
+    for m in leaders + [m for m in up if m not in leaders]:
+        try:
+            config = c.members(m)
+        except DLedgerError as e:
+            log.debug("%s: no configuration: %s", m, e)
+            continue
+        if config.leader_id and config.leader_id != m:  # a follower's: the leader's has each member's lag
+            with contextlib.suppress(DLedgerError):
+                config = c.members(config.leader_id)
+        return config
+    return None
+
+
+def _known_members(c: DLedgerClient) -> list[str]:
+    """The group's members: its configuration when a member tells it (the client learns it),
+    else the client's peers."""
+    with contextlib.suppress(DLedgerError):
+        return [i.id for i in c.members().members]
+    return list(c.peers)
+
+
+def _learners(views: _GroupViews) -> set[str]:
+    return {i.id for i in views.config.learners} if views.config is not None else set()
+
+
+def _views_once_ready(peers: str, group: str, deadline: float) -> _GroupViews:
     """`_views`, once this command's certificates exist: a `dledger cluster` just started may
     not have written DLEDGER_TLS_DIR's files yet (until `deadline`)."""
     while True:
@@ -393,7 +450,7 @@ def _views_once_ready(peers: str, group: str, deadline: float) -> dict[str, Meta
             time.sleep(0.2)
 
 
-def _refused_by_all(views: dict[str, Metadata | DLedgerError]) -> bool:
+def _refused_by_all(views: _GroupViews) -> bool:
     """Every member refused for good (a wrong group or credentials): waiting cannot help."""
     final = (ResponseCode.UNKNOWN_GROUP, ResponseCode.UNAUTHENTICATED)
     return all(isinstance(v, DLedgerError) and v.code in final for v in views.values())
@@ -436,7 +493,12 @@ def status(peers: str, group: str, as_json: bool, output: str, check: bool, max_
     output = json_alias(as_json, output) or "table"
     views = _views(peers, group)
     out = {m: _status_row(v) for m, v in views.items()}
-    verdict = assess(views, max_lag)
+    if views.config is not None:
+        for info in views.config.members:
+            out[info.id]["membership"] = "voter" if info.voter else "learner"
+            if info.lag >= 0:
+                out[info.id]["lag"] = info.lag
+    verdict = assess(views, max_lag, _learners(views))
     if output == "json":
         click.echo(json.dumps({**out, "health": verdict.as_json()} if check else out))
     else:
@@ -452,6 +514,8 @@ def status(peers: str, group: str, as_json: bool, output: str, check: bool, max_
 
 def _print_status(group: str, out: dict[str, dict[str, object]]) -> None:
     cols = ["role", "term", "leader", "ledger_end_index", "committed_index", "security"]
+    if any("membership" in row for row in out.values()):
+        cols[1:1] = ["membership", "lag"]
     if any("applied_index" in row for row in out.values()):
         cols += ["applied_index", "snapshot_index"]
     rows: list[dict[str, object]] = []
@@ -484,11 +548,11 @@ def health(peers: str, group: str, max_lag: int, as_json: bool, output: str, wai
     output = json_alias(as_json, output) or "table"
     deadline = time.monotonic() + wait
     views = _views_once_ready(peers, group, deadline)
-    verdict = assess(views, max_lag)
+    verdict = assess(views, max_lag, _learners(views))
     while not verdict.ok and not _refused_by_all(views) and (left := deadline - time.monotonic()) > 0:
         time.sleep(min(0.5, left))
         views = _views(peers, group)
-        verdict = assess(views, max_lag)
+        verdict = assess(views, max_lag, _learners(views))
     waited = ""
     if wait and not verdict.ok:
         waited = " (every member refuses: waiting cannot help)" if _refused_by_all(views) else \
@@ -537,9 +601,12 @@ def top(peers: str, group: str, interval: float, iterations: int, metrics_port: 
 @security_options
 def transfer(peers: str, group: str, target: str, output: str) -> None:
     """Move leadership to member TO."""
-    if target not in parse_peers(peers):
-        raise ConfigError(f"--to {target}: not a member of {peers}")
+    parse_peers(peers)
     with make_client(peers, group, timeout=10.0, role="admin") as c:
+        if target not in c.peers:
+            _known_members(c)  # a member added since --peers was written
+        if target not in c.peers:
+            raise ConfigError(f"--to {target}: not a member of {c.peers_string()}")
         c.transfer_leadership(target)
     emit([{"leader": target}], output, f"group {group}")
 
@@ -690,9 +757,10 @@ def store_export(store_dir: str, to: str, upstream: bool, data_file_size: int, i
 def snapshot(peers: str, group: str, member: str | None, output: str | None) -> None:
     """Make members snapshot their state machine now (each writes its own); print the index
     each snapshot covers (with -o: {"member","index"}); a member that fails is named on stderr."""
-    members = [member] if member else list(parse_peers(peers))
+    parse_peers(peers)
     failed = []
     with make_client(peers, group, timeout=60.0, role="admin") as c, Rows(output or "json", f"group {group}") as rows:
+        members = [member] if member else _known_members(c)
         for m in members:
             try:
                 index = c.snapshot(m)
@@ -713,6 +781,7 @@ def _register_extra_commands() -> None:
     from dledger.broker.command import broker, send
     from dledger.controller.command import admin, controller
     from dledger.kv.command import kv
+    from dledger.members_command import members
     from dledger.security.certs_command import certs
 
     cli.add_command(admin)
@@ -722,6 +791,7 @@ def _register_extra_commands() -> None:
     cli.add_command(controller)
     cli.add_command(certs)
     cli.add_command(kv)
+    cli.add_command(members)
 
 
 _register_extra_commands()

@@ -124,6 +124,7 @@ class ResponseCode(IntEnum):
     LEARNER_BEHIND = 440  # promote refused: the learner lags the leader by more than learner_max_lag
     MEMBER_EXISTS = 441  # add of an id (or address) already in the configuration (UNKNOWN_MEMBER: not in it)
     NOT_A_MEMBER = 442  # this process was removed from the group (or never added): it serves nothing
+    MEMBERSHIP_UNSAFE = 443  # the change would leave fewer live voters than its quorum
 
 
 class ControllerResponseCode(IntEnum):

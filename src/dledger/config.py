@@ -189,6 +189,7 @@ class DLedgerConfig:
     max_batch_push_bytes: int = 1 * MiB  # bytes of records per push
     max_inflight_pushes: int = 8  # pushes in flight per follower (pipelining)
     leadership_transfer_timeout_ms: int = 3000  # a transfer not done this long is abandoned
+    learner_max_lag: int = 1000  # a learner is promoted only within this many entries of the leader's end (0: none)
     file_reserved_hours: float = 72.0  # retention: data files older than this may be deleted ...
     disk_space_ratio_to_check_expired: float = 0.70  # ... once the disk is this full
     disk_space_ratio_to_force_clean: float = 0.85  # beyond this, old files go whatever their age
@@ -315,6 +316,8 @@ class DLedgerConfig:
                 raise ConfigError(f"{name} must be in (0, 1]")
         if self.file_reserved_hours < 0:
             raise ConfigError("file_reserved_hours must not be negative")
+        if not isinstance(self.learner_max_lag, int) or self.learner_max_lag < 0:
+            raise ConfigError(f"learner_max_lag must be 0 (caught up exactly) or more, not {self.learner_max_lag!r}")
         if not 0 <= self.metrics_port < 65536:
             raise ConfigError("metrics_port must be 0 (off) or a TCP port")
         if not isinstance(self.metrics_host, str) or not self.metrics_host:
@@ -374,10 +377,10 @@ class DLedgerConfig:
         if unknown:
             raise ConfigError(f"unknown configuration keys: {_unknown_hints(data, unknown, known, flag_keys or {})}; "
                               f"valid keys are {', '.join(sorted(known))} (docs/configuration.md)")
-        if isinstance(data.get("preferred_leader_ids"), str):
-            data = dict(data)
-            ids = data["preferred_leader_ids"]
-            data["preferred_leader_ids"] = [s for s in re.split(r"[;,\s]+", ids) if s]
+        for key in ("preferred_leader_ids",):
+            if isinstance(data.get(key), str):
+                data = dict(data)
+                data[key] = [s for s in re.split(r"[;,\s]+", data[key]) if s]
         data = _check_types(cls, data)
         try:
             return cls(**data)

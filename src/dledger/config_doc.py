@@ -44,6 +44,17 @@ tls_ca = "/etc/dledger/ca.pem"
 Without TLS or a token a member serves loopback connections only (`insecure = true` serves
 every host, with no authentication at all: docs/security.md).
 
+A member that joins a running group starts with `dledger server --join PEERS --id ID
+--store-dir DIR` instead of `--peers`: it reads the group's configuration (voters, learners,
+their addresses) from any reachable member of PEERS, which must already name ID (`dledger
+members add-learner` first; docs/operations.md), and starts as a learner with an empty store
+the leader fills. The configuration read is the one the member starts from (`peers` is set
+to it too) at each start with `--join`, used only while its own log and snapshot hold none:
+once a membership change is in its log or snapshot, that configuration wins over the command
+line. `--join` does not take `--peer-listen`: a configuration has one address per member.
+The leader promotes a learner only while it trails by at most `learner_max_lag` entries (a
+core option; a promotion of a learner further behind is refused with LEARNER_BEHIND, 440).
+
 | key | default | CLI flag | meaning |
 |---|---|---|---|
 """

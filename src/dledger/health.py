@@ -10,13 +10,14 @@ the wrong group name) reports that error, not "down".
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 
 from dledger.codes import DLedgerError, ResponseCode
 from dledger.runtime.client import Metadata
 
 DEFAULT_MAX_LAG = 1000
+_FOLLOWING = ("follower", "learner")  # the roles of a member that follows the leader
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,6 +31,7 @@ class Health:
     max_lag: int | None  # entries behind the leader's commit index, worst member (None: no leader)
     problems: list[str] = field(default_factory=list)
     insecure: list[str] = field(default_factory=list)  # members run --insecure: healthy, but anyone may steer them
+    learners: list[str] = field(default_factory=list)  # members that neither vote nor count for commit
 
     @property
     def line(self) -> str:
@@ -39,17 +41,21 @@ class Health:
     def as_json(self) -> dict[str, object]:
         return {"ok": self.ok, "summary": self.summary, "leader": self.leader, "term": self.term, "up": self.up,
                 "members": self.members, "max_lag": self.max_lag, "problems": self.problems,
-                "insecure": self.insecure}
+                "insecure": self.insecure, "learners": self.learners}
 
 
-def assess(views: Mapping[str, Metadata | DLedgerError], max_lag: int = DEFAULT_MAX_LAG) -> Health:
-    """The verdict on a group from each member's answer (its Metadata, or the error asking it)."""
+def assess(views: Mapping[str, Metadata | DLedgerError], max_lag: int = DEFAULT_MAX_LAG,
+           learners: Collection[str] = ()) -> Health:
+    """The verdict on a group from each member's answer (its Metadata, or the error asking it).
+    `learners`: the members of `views` that are learners (docs/operations.md): they must answer
+    and keep up like the others, but the quorum is the voters'."""
     up = {m: v for m, v in views.items() if isinstance(v, Metadata)}
     problems = [f"{m}: {_error(v)}" for m, v in views.items() if isinstance(v, DLedgerError)]
     # the group is what its members say it is, not the addresses a caller happened to give
     unasked = sorted({m for v in up.values() for m in v.members} - set(views))
     problems += [f"{m}: not asked (not in --peers; the members name it)" for m in unasked]
-    quorum = len(views) // 2 + 1
+    voters = [m for m in views if m not in learners]
+    quorum = len(voters) // 2 + 1
     term = max((v.term for v in up.values()), default=-1)
     leader = _leader(up, term)
     lag = None
@@ -59,7 +65,7 @@ def assess(views: Mapping[str, Metadata | DLedgerError], max_lag: int = DEFAULT_
     else:
         # every other member must follow that leader in its term (a cut-off candidate, a deposed
         # leader still claiming, a follower of a stale term: the group has lost a copy)
-        astray = [m for m, v in up.items() if m != leader and (v.term != term or v.role != "follower"
+        astray = [m for m, v in up.items() if m != leader and (v.term != term or v.role not in _FOLLOWING
                                                                 or v.leader_id != leader)]
         problems += [f"{m}: {up[m].role} in term {up[m].term}, following {up[m].leader_id or 'nobody'}"
                      for m in astray]
@@ -72,17 +78,20 @@ def assess(views: Mapping[str, Metadata | DLedgerError], max_lag: int = DEFAULT_
     problems += [f"{m}: state machine stopped: {v.state_machine_error}" for m, v in up.items() if v.state_machine_error]
     problems += [f"{m}: installing snapshot {v.install_index} from the leader" for m, v in up.items()
                  if v.install_index >= 0]
-    if len(up) < quorum:
-        problems.append(f"only {len(up)} of {len(views)} members answer: no quorum ({quorum} needed)")
+    voters_up = sum(1 for m in voters if m in up)
+    if voters_up < quorum:
+        problems.append(f"only {voters_up} of {len(voters)} voters answer: no quorum ({quorum} needed)")
     head = f"leader {leader}, term {term}" if leader is not None else "no leader"
     lag_text = f", max lag {lag} entries" if lag is not None else ""
     insecure = sorted(m for m, v in up.items() if v.security == "insecure")
     warn = f", INSECURE ({', '.join(insecure)} run --insecure: no authentication)" if insecure else ""
-    summary = f"{head}, {len(up)}/{len(views)} up{lag_text}{warn}"
+    learning = sorted(m for m in views if m in learners)
+    learner_text = f" (learners: {', '.join(learning)})" if learning else ""
+    summary = f"{head}, {len(up)}/{len(views)} up{learner_text}{lag_text}{warn}"
     ok = leader is not None and len(up) == len(views) and not unasked and not astray and (
         lag is None or lag <= max_lag) and not any(v.store_error or v.state_machine_error for v in up.values())
     return Health(ok, summary if ok else f"{summary}: {problems[0]}" if problems else summary, leader, term,
-                  len(up), len(views), lag, problems, insecure)
+                  len(up), len(views), lag, problems, insecure, learning)
 
 
 def _leader(up: Mapping[str, Metadata], term: int) -> str | None:

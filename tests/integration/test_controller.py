@@ -31,6 +31,7 @@ from dledger.ports import free_ports
 from dledger.runtime.transport import Message, TransportServer
 
 from .harness import Cluster, wait_until
+from .test_membership import add_member, remove_member
 
 pytestmark = pytest.mark.integration
 
@@ -376,6 +377,39 @@ def test_a_controller_restarts_from_its_snapshot(controllers: Callable[..., Clus
             assert nxt.next_broker_id == 4
 
     run(after())
+
+
+def test_a_controller_replaced_by_one_that_joins_keeps_the_broker_sets(controllers: Callable[..., Cluster]) -> None:
+    """The controller group changes its members as any dledger group (docs/operations.md):
+    add-learner, `dledger controller --join`, promote, remove the leader. The new controller
+    holds the broker sets, and with a second original one killed it is part of every majority:
+    brokers started with the original addresses still get their answers."""
+    c = controllers()
+    ctl = addresses(c)
+    members = {mid: p.address for mid, p in c.ctl.peers.items()}
+
+    async def before() -> None:
+        brokers = await register(ctl, 3, free_ports(3))
+        await elected_one_with_all_in_sync(ctl, brokers)
+        for b in brokers:
+            await b.die()
+
+    run(before())
+    (port,) = free_ports(1)
+    add_member(c, "n3", f"127.0.0.1:{port}", members, command="controller")
+    leader = c.wait_leader()
+    remove_member(c, leader, members)
+    c.kill(next(mid for mid in members if mid != "n3"))  # n3 and one original: the only majority
+
+    async def after() -> None:
+        async with ControllerClient(ctl, timeout=15.0) as admin:
+            info = await until(lambda: replica_info(admin), "replica info from the new configuration", 60)
+            assert (info.master_broker_id, info.master_epoch, info.sync_state_set) == (1, 1, [1, 2, 3])
+            nxt = await admin.get_next_broker_id("c", SET)
+            assert nxt.next_broker_id == 4
+
+    run(after())
+    assert {i.id for i in c.ctl.members().voters} == set(members)
 
 
 def test_admin_commands(controllers: Callable[..., Cluster]) -> None:

@@ -94,6 +94,9 @@ class HandlerEnv:
         self.elector = Follows(self.member)
         self.receiver = NoInstall()
 
+    def log_appended(self, first: int, last: int) -> None: ...
+    def log_truncated(self, end: int) -> None: ...
+
 
 def handler(env: HandlerContext) -> EntryHandler:
     return EntryHandler(env)

@@ -276,6 +276,9 @@ class HandlerEnv:
         self.elector = Follows(self.member)
         self.receiver = NoInstall()
 
+    def log_appended(self, first: int, last: int) -> None: ...
+    def log_truncated(self, end: int) -> None: ...
+
 
 def _bytes_upto(store: MemoryLedgerStore, count: int) -> int:
     """Byte length of the store's first `count` records."""

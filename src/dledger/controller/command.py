@@ -29,6 +29,8 @@ from dledger.controller.admin_tools import ask as _ask
 from dledger.controller.admin_tools import checked as _checked
 from dledger.controller.admin_tools import json_line as _json
 from dledger.controller.config import ControllerConfig, load_controller_toml, member_config
+from dledger.members_command import JOIN_HELP, join_into
+from dledger.membership import Membership
 
 
 @click.command("controller")
@@ -37,6 +39,7 @@ from dledger.controller.config import ControllerConfig, load_controller_toml, me
 @click.option("--group", default=None, help="Raft group name [controller].")
 @click.option("--id", "self_id", default=None, help="This controller's id, e.g. n0.")
 @click.option("--peers", default=None, help=PEERS_HELP)
+@click.option("--join", default=None, metavar="PEERS", help=JOIN_HELP)
 @click.option("--store-dir", default=None, help="Directory of this controller's log and snapshots.")
 @click.option("--peer-listen", default=None, help="Member-only addresses, peers format.")
 @click.option("--flush", type=click.Choice(["async", "sync"]), default=None)
@@ -48,8 +51,8 @@ from dledger.controller.config import ControllerConfig, load_controller_toml, me
 @click.option("--enable-fault-injection", "fault_injection", is_flag=True, help="Obey FAULT requests (tests only).")
 @server_security_options
 def controller(config_file: str | None, group: str | None, self_id: str | None, peers: str | None,
-               store_dir: str | None, peer_listen: str | None, flush: str | None, store_type: str | None,
-               metrics_port: int | None, metrics_host: str | None, unclean: bool | None,
+               join: str | None, store_dir: str | None, peer_listen: str | None, flush: str | None,
+               store_type: str | None, metrics_port: int | None, metrics_host: str | None, unclean: bool | None,
                fault_injection: bool) -> None:
     """Run one controller member (a Raft group electing masters for broker sets) until SIGINT/SIGTERM."""
     data: dict[str, Any] = {}
@@ -64,23 +67,25 @@ def controller(config_file: str | None, group: str | None, self_id: str | None, 
         data["enable_fault_injection"] = True
     if unclean:
         ccfg.enable_elect_unclean_master = True
+    # a new controller of a running controller group (docs/operations.md)
+    joined = join_into(join, data, peers, "controller") if join is not None else None
     if "peers" not in data or "self_id" not in data:
-        raise click.UsageError("give --config, or --id and --peers")
+        raise click.UsageError("give --config, or --id and --peers (or --join)")
     data.setdefault("store_dir", str(Path("data") / str(data.get("group", "controller")) / str(data["self_id"])))
     cfg = member_config(data)
     if cfg.store_type == "file":
         check_store_dir(Path(cfg.store_dir))
-    _run(cfg, ccfg)
+    _run(cfg, ccfg, joined)
 
 
-def _run(cfg: DLedgerConfig, ccfg: ControllerConfig) -> None:
+def _run(cfg: DLedgerConfig, ccfg: ControllerConfig, joined: Membership | None = None) -> None:
     from dledger.controller.machine import ControllerStateMachine
     from dledger.controller.service import ControllerService
     from dledger.runtime.server import DLedgerServer
 
     async def serve(stop: asyncio.Event) -> None:
         machine = ControllerStateMachine()
-        server = DLedgerServer(cfg, {cfg.group: machine})
+        server = DLedgerServer(cfg, {cfg.group: machine}, {cfg.group: joined} if joined is not None else None)
         service = ControllerService(server, cfg.group, ccfg, machine)
         await server.start()
         try:

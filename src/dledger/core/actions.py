@@ -9,6 +9,7 @@ from typing import Any
 import msgspec
 
 from dledger.core.contexts import ChunkCtx, Context
+from dledger.membership import Membership
 from dledger.statemachine.applier import ApplyBatch
 from dledger.statemachine.snapshot import SnapshotMeta
 
@@ -58,6 +59,8 @@ class TakeSnapshot:
     next_pos: int  # where record index + 1 starts (or would): a follower installing it continues there
     keep: tuple[int, ...] = ()  # snapshots being sent to followers: not pruned
     producers: bytes = b""  # the producer table (core.producers): the snapshot's PRODUCERS_FILE
+    members: Membership | None = None  # the configuration at `index` (the snapshot meta's `members`)
+    config_index: int = -1  # its CONFIG_CHANGE entry (-1: the command line's peers)
 
 
 @dataclass(slots=True)

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeGuard
 
 from dledger.codes import DLedgerError, RequestCode, ResponseCode
+from dledger.core.configs import ChangeToken
 from dledger.core.messages import AppendRequest, AppendResponse
 from dledger.core.producers import Decision, Producer, Run, marker_body, unverifiable
 from dledger.entry import MAGIC_NORMAL, MAGIC_SESSION
@@ -75,6 +76,8 @@ class AppendPath:
         def _hard_fault(self, e: DLedgerError) -> TypeGuard[StoreError]: ...
         def store_failed(self, e: StoreError) -> None: ...
         def reply(self, token: Any, code: int, msg: msgspec.Struct, data: bytes = b"") -> None: ...
+        def _change_answered(self, token: Any, code: ResponseCode, res: AppendedBatch | None,
+                             message: str) -> None: ...
 
     def _handle_append(self, msg: AppendRequest, token: Any, principal: str = "") -> None:
         m = self.member
@@ -259,6 +262,9 @@ class AppendPath:
             return None
 
     def _complete_append(self, token: Any, code: ResponseCode, res: AppendedBatch | None, message: str) -> None:
+        if isinstance(token, ChangeToken):  # a configuration change waits in the quorum as an append does
+            self._change_answered(token.token, code, res, message)
+            return
         m = self.member
         dup = self._duplicates.pop(token, None)
         if token in self._proposers:

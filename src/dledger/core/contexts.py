@@ -57,6 +57,13 @@ class InstallCtx(msgspec.Struct, frozen=True, gc=False):
     offset: int  # of this chunk
 
 
+class MembersCtx(msgspec.Struct, frozen=True, gc=False):
+    """A MEMBERS question to a member we know (core.config_probe)."""
+
+    round: int
+    peer: str
+
+
 class ChunkCtx(msgspec.Struct, frozen=True, gc=False):
     """A snapshot chunk the leader asked the runtime to read (`ReadChunk`)."""
 
@@ -65,7 +72,7 @@ class ChunkCtx(msgspec.Struct, frozen=True, gc=False):
     offset: int
 
 
-Context = VoteCtx | HeartbeatCtx | PushCtx | TransferCtx | ReadIndexCtx | InstallCtx
+Context = VoteCtx | HeartbeatCtx | PushCtx | TransferCtx | ReadIndexCtx | InstallCtx | MembersCtx
 
 
 # --- completions: the runtime's reports of work the node asked for --------------------------

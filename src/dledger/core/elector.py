@@ -13,7 +13,12 @@ Differences from DLedger, on purpose:
 - a member whose store cannot write does not campaign (it would win and fail
   every append), and a win whose NOOP cannot be stored ends as a follower;
 - a member holding a corrupt record neither campaigns nor takes a transfer until
-  the leader repaired it (it still votes: its log end and last term are unchanged).
+  the leader repaired it (it still votes: its log end and last term are unchanged);
+- membership (core.configs, docs/architecture.md "Membership"): only voters of the configuration
+  in force campaign (and a member whose removal is not committed yet), take a hand-over or count
+  (votes, check-quorum); a vote, real or pre-vote,
+  goes only to a candidate that is a voter in the voter's configuration, so a removed member
+  left running never raises anyone's term (thesis §4.2.3; leader stickiness refuses it too).
 """
 
 from __future__ import annotations
@@ -204,9 +209,13 @@ class LeaderElector:
     def _tick_leader(self, now: int) -> None:
         if now >= self.next_heartbeat:
             self.heartbeat_now()
-        # check quorum: a leader that cannot reach a majority steps down
-        window = self.leader_lease_ms
-        alive = 1 + sum(1 for p in self.progress.values() if p.heard_within(now, window, self.leader_since))
+        # check quorum: a leader that cannot reach a majority of the voters steps down (itself
+        # counted while it is one)
+        window, m, progress = self.leader_lease_ms, self.env.member, self.progress
+        alive = int(m.is_voter)
+        for v in m.other_voters:
+            p = progress.get(v)
+            alive += p is not None and p.heard_within(now, window, self.leader_since)
         if not self.env.member.is_quorum(alive):
             self.env.step_down(f"reached only {alive} members in {window} ms (check quorum)")
             self.election_deadline = now + self._election_timeout()
@@ -216,8 +225,10 @@ class LeaderElector:
     # --- candidate ----------------------------------------------------------------
 
     def _campaign(self) -> None:
-        """Start a pre-vote round, unless our store cannot write: then wait another timeout."""
-        why = self.env.unfit_to_lead()
+        """Start a pre-vote round, unless we are no voter (a learner, a removed member) or our
+        store cannot write: then wait another timeout."""
+        why = "" if self.env.member.may_campaign else "not a voter in our configuration"
+        why = why or self.env.unfit_to_lead()
         if why:
             if self.env.member.role == Role.CANDIDATE:
                 self.env.step_down(why)
@@ -246,7 +257,7 @@ class LeaderElector:
         term = m.term + 1 if pre_vote else m.term
         store = env.store
         log.debug("%s: %s round %d for term %d", m.self_id, "pre-vote" if pre_vote else "vote", self.round, term)
-        for p in m.others:
+        for p in m.other_voters:
             req = VoteRequest(m.group, m.self_id, p, term, store.end_index, store.end_term, pre_vote, transfer)
             ctx = VoteCtx(self.round, pre_vote, p)
             env.send(p, RequestCode.VOTE, req, ctx, timeout_ms=env.cfg.max_vote_interval_ms)
@@ -272,7 +283,8 @@ class LeaderElector:
 
     def _check_round(self) -> None:
         m = self.env.member
-        if m.is_quorum(len(self.accepted)):
+        voters = m.voters
+        if m.is_quorum(sum(1 for p in self.accepted if p in voters)):
             self.round_active = False
             if self.round_pre_vote:
                 self.start_round(pre_vote=False)
@@ -282,7 +294,7 @@ class LeaderElector:
                     return
                 self._send_heartbeats()
                 self.next_heartbeat = self.env.now + self.hb_ms
-        elif len(self.responses) + 1 >= len(m.peer_ids):
+        elif sum(1 for p in self.responses if p in voters) >= len(m.other_voters):
             self._end_round(ParseResult.WAIT_TO_REVOTE)
 
     def _end_round(self, result: ParseResult) -> None:
@@ -299,6 +311,14 @@ class LeaderElector:
 
     def _vote(self, req: VoteRequest) -> VoteResult:
         m, env = self.env.member, self.env
+        if not m.membership.has(req.leader_id) and req.leader_id not in m.committed_members and \
+                m.vouched.get(req.leader_id, -1) <= env.now:
+            # neither configuration we know names it, and no member we know named it a voter of a
+            # newer one (core.config_probe): a removed member (or a stranger). A learner
+            # of ours may be a voter in a newer configuration we have not received yet: its vote
+            # request is granted on the usual rules (thesis §4.1; etcd applies no membership
+            # check to votes), or a promoted member holding the newest log could never be elected
+            return VoteResult.REJECT_UNKNOWN_LEADER
         if req.term < m.term:
             return VoteResult.REJECT_EXPIRED_VOTE_TERM
         if self.leader_alive() and not req.transfer and m.leader_id != req.leader_id:
@@ -389,9 +409,19 @@ class LeaderElector:
             req = HeartBeatRequest(m.group, m.self_id, p, m.term, env.store.committed_index, floor, holder,
                                    self.leader_lease_ms)
             # what it had acknowledged when we asked: its answer must not report less
-            matched = self.progress[p].match_index
+            pr = self.progress.get(p)
+            matched = pr.match_index if pr is not None else -1
             env.send(p, RequestCode.HEART_BEAT, req, HeartbeatCtx(p, m.term, matched, round_),
                       timeout_ms=self.leader_lease_ms)
+
+    def farewell(self, peer: str) -> None:
+        """One last heartbeat to a member a committed configuration removed: its commit index,
+        so the member learns its removal (it holds the entry) and says so; nothing follows."""
+        env, m = self.env, self.env.member
+        floor, holder = env.retention_floor()
+        req = HeartBeatRequest(m.group, m.self_id, peer, m.term, env.store.committed_index, floor, holder,
+                               self.leader_lease_ms)
+        env.send(peer, RequestCode.HEART_BEAT, req, HeartbeatCtx(peer, m.term, -1, 0), timeout_ms=self.leader_lease_ms)
 
     def on_heartbeat_response(self, ctx: HeartbeatCtx, resp: msgspec.Struct | None) -> None:
         peer, term, matched, round_ = ctx.peer, ctx.term, ctx.matched, ctx.round
@@ -401,9 +431,11 @@ class LeaderElector:
         if self.observe_term(resp.term):
             return
         if resp.code == ResponseCode.SUCCESS and term == self.env.member.term and self.env.member.is_leader:
+            pr = self.progress.get(peer)
+            if pr is None:
+                return  # no longer a member (a configuration removed it): nothing to note
             self.ack(peer)
             self.env.reads.on_ack(peer, round_)
-            pr = self.progress[peer]
             pr.store_full = resp.store_full
             pr.corrupt = resp.corrupt_index >= 0
             d = self.env.dispatchers.get(peer)
@@ -416,7 +448,9 @@ class LeaderElector:
 
     def ack(self, peer: str) -> None:
         """Any successful answer from a follower proves it still follows us."""
-        self.progress[peer].last_ack = self.env.now
+        pr = self.progress.get(peer)
+        if pr is not None:
+            pr.last_ack = self.env.now
 
     def observe_term(self, term: int) -> bool:
         """A higher term seen in a response ends our leadership; True if so."""
@@ -438,7 +472,9 @@ class LeaderElector:
                 code = ResponseCode.EXPIRED_TERM if req.term < m.term else ResponseCode.INCONSISTENT_LEADER
                 env.reply(token, RequestCode.LEADERSHIP_TRANSFER, SimpleResponse(int(code), m.term))
                 return
-            why = env.unfit_to_lead()  # we would win and fail the NOOP, or serve a damaged record
+            # no voter: we could not win; else we would win and fail the NOOP, or serve a damaged record
+            why = "" if m.is_voter else f"{m.self_id} is not a voter"
+            why = why or env.unfit_to_lead()
             if why:
                 refusal = SimpleResponse(int(ResponseCode.TAKE_LEADERSHIP_FAILED), m.term, m.leader_id or "", why)
                 env.reply(token, RequestCode.LEADERSHIP_TRANSFER, refusal)
@@ -450,7 +486,7 @@ class LeaderElector:
         err = None
         if not m.is_leader:
             err = ResponseCode.NOT_LEADER
-        elif target not in m.peer_ids:
+        elif not m.membership.is_voter(target):  # leadership goes to voters only
             err = ResponseCode.UNKNOWN_MEMBER
         elif self.transfer is not None:
             err = ResponseCode.LEADER_TRANSFERRING
@@ -520,6 +556,8 @@ class LeaderElector:
         if not preferred or m.self_id in preferred or env.corrupt is not None:
             return
         for pid in preferred:
+            if not m.membership.is_voter(pid):
+                continue
             pr = self.progress.get(pid)
             if pr is not None and pr.fit_to_lead(env.now, self.leader_lease_ms, env.store.end_index):
                 self.begin_transfer(pid, None)

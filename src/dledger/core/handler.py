@@ -69,6 +69,11 @@ class HandlerContext(MemberEnv, Protocol):
     @property
     def receiver(self) -> PartialInstall: ...
 
+    # the log changed under a configuration entry: calls, not effects, since the configuration
+    # in force must follow the log before the rest of the push is handled (core.changes)
+    def log_appended(self, first: int, last: int) -> None: ...
+    def log_truncated(self, end: int) -> None: ...
+
 
 class EntryHandler:
     def __init__(self, env: HandlerContext) -> None:
@@ -208,6 +213,7 @@ class EntryHandler:
             self._fail_unsynced(i)
             store.truncate(i + 1)
             self.effects.append(ForgetCorruptAbove(i))
+            self.env.log_truncated(i)  # a configuration entry removed: the one before is in force
         self._match(i)
         self.update_commit(req.committed_index)
         self._answer(token, ResponseCode.SUCCESS, req)
@@ -251,6 +257,7 @@ class EntryHandler:
                            e.message)
             self._answer(token, _failure_code(e), req, reason=e.message)
             return
+        self.env.log_appended(first, end)  # a configuration entry among them takes effect now
         self._match(end)
         self.update_commit(req.committed_index)
         if self.env.receiver.meta is not None:  # a leader extends our log: no install is coming back

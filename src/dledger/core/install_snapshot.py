@@ -66,7 +66,8 @@ def _same_entry(store: LedgerStore, index: int, term: int, chain_crc: int) -> bo
 
 def meta_of(req: InstallSnapshotRequest) -> SnapshotMeta:
     files = {n: FileInfo(f.size, f.crc32) for n, f in req.files.items()}
-    return SnapshotMeta(req.last_index, req.last_term, req.chain_crc, req.members, files, next_pos=req.next_pos)
+    return SnapshotMeta(req.last_index, req.last_term, req.chain_crc, req.members, files, next_pos=req.next_pos,
+                        config_index=req.config_index)
 
 
 class SenderContext(MemberEnv, Protocol):
@@ -158,7 +159,7 @@ class SnapshotSender:
         files = {n: SnapshotFile(f.size, f.crc32) for n, f in meta.files.items()}
         req = InstallSnapshotRequest(m.group, m.self_id, self.peer, m.term, meta.last_index, meta.last_term,
                                      meta.chain_crc, max(meta.next_pos, 0), meta.members, files, self.offset, crc,
-                                     env.store.committed_index)
+                                     env.store.committed_index, meta.config_index)
         env.send(self.peer, RequestCode.INSTALL_SNAPSHOT, req,
                  InstallCtx(self.peer, epoch, m.term, meta.last_index, self.offset), data,
                  TIMEOUT_FACTOR * env.cfg.max_push_timeout_ms)

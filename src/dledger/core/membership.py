@@ -1,4 +1,5 @@
-"""Membership: the group's configuration, as a CONFIG_CHANGE entry (magic 3) carries it.
+"""Membership (dledger.membership, re-exported here): the group's configuration, as a
+CONFIG_CHANGE entry (magic 3) carries it; the MEMBERS and CHANGE_MEMBERS messages.
 
 A configuration names every member with its address, split into voters (they elect and
 count for commit) and learners (they receive the log and snapshots, count for neither).
@@ -11,98 +12,38 @@ while an earlier one is uncommitted (docs/architecture.md, "Membership").
 
 from __future__ import annotations
 
-from typing import Annotated
-
-import msgspec
-
-from dledger.codes import ResponseCode
-from dledger.core.messages import Index, Msg, Name
-
-MAX_MEMBERS = 64
-Address = Annotated[str, msgspec.Meta(max_length=300)]
-
-
-class Membership(msgspec.Struct, frozen=True, array_like=True, forbid_unknown_fields=False):
-    """voters and learners: id -> "host:port" (a client's address of the member)."""
-
-    voters: Annotated[dict[Name, Address], msgspec.Meta(max_length=MAX_MEMBERS)]
-    learners: Annotated[dict[Name, Address], msgspec.Meta(max_length=MAX_MEMBERS)] = {}
-
-    @property
-    def members(self) -> dict[str, str]:
-        return {**self.voters, **self.learners}
-
-    def is_voter(self, member: str) -> bool:
-        return member in self.voters
-
-    @property
-    def quorum(self) -> int:
-        return len(self.voters) // 2 + 1
-
-    def peers_string(self) -> str:
-        """The voters and learners in the `--peers` form (`id-host:port;...`), voters first."""
-        return ";".join(f"{i}-{a}" for i, a in self.members.items())
-
-
-_encoder = msgspec.msgpack.Encoder()
-_decoder = msgspec.msgpack.Decoder(Membership)
-
-
-def encode_membership(m: Membership) -> bytes:
-    """The body of a CONFIG_CHANGE entry."""
-    return _encoder.encode(m)
-
-
-def decode_membership(body: bytes) -> Membership:
-    """A CONFIG_CHANGE entry's body; msgspec.DecodeError / ValidationError when damaged."""
-    return _decoder.decode(body)
-
-
-# --- the wire: MEMBERS (anyone who may read metadata) and CHANGE_MEMBERS (admin) -------------
-
-
-class MembersRequest(Msg):
-    pass
-
-
-class MemberInfo(msgspec.Struct, array_like=True):
-    id: str
-    addr: str
-    voter: bool
-    match_index: int = -1  # as the leader knows it (-1: unknown, or not answered by the leader)
-    lag: int = -1  # leader's end index - match_index (-1: unknown)
-
-
-class MembersResponse(msgspec.Struct, array_like=True):
-    code: int
-    leader_id: str = ""
-    term: int = -1
-    config_index: int = -1  # index of the CONFIG_CHANGE entry in force (-1: the command line's)
-    committed: bool = True  # that entry is committed
-    members: list[MemberInfo] = []
-    message: str = ""
-
-
-CHANGE_OPS = ("add-learner", "promote", "remove")
-
-
-class ChangeMembersRequest(Msg):
-    op: Annotated[str, msgspec.Meta(max_length=16)] = ""  # one of CHANGE_OPS
-    member_id: Name = ""
-    addr: Address = ""  # add-learner only
-
-
-class ChangeMembersResponse(msgspec.Struct, array_like=True):
-    code: int
-    leader_id: str = ""
-    term: int = -1
-    config_index: Index = -1  # the CONFIG_CHANGE entry appended (its commit is awaited before answering)
-    message: str = ""
-
-
-CHANGE_REFUSALS = (
-    ResponseCode.MEMBERSHIP_CHANGE_PENDING,
-    ResponseCode.LEARNER_BEHIND,
-    ResponseCode.UNKNOWN_MEMBER,
-    ResponseCode.MEMBER_EXISTS,
+from dledger.core.messages import (
+    CHANGE_OPS,
+    CHANGE_REFUSALS,
+    MEMBERSHIP_TYPES,
+    ChangeMembersRequest,
+    ChangeMembersResponse,
+    MemberInfo,
+    MembersRequest,
+    MembersResponse,
 )
+from dledger.membership import (
+    MAX_MEMBERS,
+    Address,
+    Membership,
+    decode_membership,
+    encode_membership,
+    membership_of,
+)
+
+__all__ = [
+    "CHANGE_OPS",
+    "CHANGE_REFUSALS",
+    "MAX_MEMBERS",
+    "MEMBERSHIP_TYPES",
+    "Address",
+    "ChangeMembersRequest",
+    "ChangeMembersResponse",
+    "MemberInfo",
+    "MembersRequest",
+    "MembersResponse",
+    "Membership",
+    "decode_membership",
+    "encode_membership",
+    "membership_of",
+]

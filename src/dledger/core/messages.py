@@ -13,6 +13,7 @@ from typing import Annotated
 import msgspec
 
 from dledger.codes import PushType, RequestCode, ResponseCode
+from dledger.membership import Address, Membership
 from dledger.statemachine.snapshot import MAX_FILES
 
 
@@ -160,6 +161,10 @@ class AppendResponse(msgspec.Struct, array_like=True):
     indexes: list[int] = []
     terms: list[int] = []
     duplicates: int = 0
+    # the index of the configuration entry in force on the member that answered (-1: the
+    # command line's): a client that knows an older one asks MEMBERS at once, so members
+    # replaced faster than its periodic refresh do not strand it
+    config_index: int = -1
 
 
 # how fresh a read must be (core.read_index): linearizable (a heartbeat round confirms the
@@ -322,11 +327,13 @@ class InstallSnapshotRequest(Msg):
     last_term: Term = -1
     chain_crc: Crc = 0  # of entry last_index: the log after it continues the chain from here
     next_pos: Position = 0  # where entry last_index + 1 starts
-    members: Annotated[str, msgspec.Meta(max_length=1 << 16)] = ""
+    # the configuration at last_index (a peers string from a member that predates Membership)
+    members: Annotated[str, msgspec.Meta(max_length=1 << 16)] | Membership = ""
     files: Annotated[dict[FileName, SnapshotFile], msgspec.Meta(max_length=MAX_SNAPSHOT_FILES)] = {}
     offset: Position = 0  # of this chunk (`data`) in the stream
     crc: Crc = 0  # CRC32 of this chunk
     committed_index: Index = -1
+    config_index: Index = -1  # the CONFIG_CHANGE entry `members` came from (-1: the first peers)
 
 
 class InstallSnapshotResponse(msgspec.Struct, array_like=True):
@@ -337,6 +344,63 @@ class InstallSnapshotResponse(msgspec.Struct, array_like=True):
     end_index: int = -1  # receiver's ledger end
     durable_index: int = -1
     reason: str = ""
+
+# --- the wire: MEMBERS (anyone who may read metadata) and CHANGE_MEMBERS (admin) -------------
+
+
+class MembersRequest(Msg):
+    pass
+
+
+class MemberInfo(msgspec.Struct, array_like=True):
+    id: str
+    addr: str
+    voter: bool
+    match_index: int = -1  # as the leader knows it (-1: unknown, or not answered by the leader)
+    lag: int = -1  # leader's end index - match_index (-1: unknown)
+
+
+class MembersResponse(msgspec.Struct, array_like=True):
+    code: int
+    leader_id: str = ""
+    term: int = -1
+    config_index: int = -1  # index of the CONFIG_CHANGE entry in force (-1: the command line's)
+    committed: bool = True  # that entry is committed
+    members: list[MemberInfo] = []
+    message: str = ""
+
+
+CHANGE_OPS = ("add-learner", "promote", "remove")
+
+
+class ChangeMembersRequest(Msg):
+    op: Annotated[str, msgspec.Meta(max_length=16)] = ""  # one of CHANGE_OPS
+    member_id: Name = ""
+    addr: Address = ""  # add-learner only
+
+
+class ChangeMembersResponse(msgspec.Struct, array_like=True):
+    code: int
+    leader_id: str = ""
+    term: int = -1
+    config_index: Index = -1  # the CONFIG_CHANGE entry appended (its commit is awaited before answering)
+    message: str = ""
+
+
+CHANGE_REFUSALS = (
+    ResponseCode.MEMBERSHIP_CHANGE_PENDING,
+    ResponseCode.LEARNER_BEHIND,
+    ResponseCode.UNKNOWN_MEMBER,
+    ResponseCode.MEMBER_EXISTS,
+)
+
+# their codes' types, registered in REQUEST_TYPES / RESPONSE_TYPES from here (the one source);
+# the runtime's access table (runtime.access.RAFT_ACCESS) names their roles
+MEMBERSHIP_TYPES: dict[int, tuple[type[Msg], type[msgspec.Struct]]] = {
+    RequestCode.MEMBERS: (MembersRequest, MembersResponse),
+    RequestCode.CHANGE_MEMBERS: (ChangeMembersRequest, ChangeMembersResponse),
+}
+
 
 REQUEST_TYPES: dict[int, type[Msg]] = {
     RequestCode.VOTE: VoteRequest,
@@ -352,6 +416,7 @@ REQUEST_TYPES: dict[int, type[Msg]] = {
     RequestCode.SNAPSHOT: SnapshotRequest,
     RequestCode.INSTALL_SNAPSHOT: InstallSnapshotRequest,
     RequestCode.READ_INDEX: ReadIndexRequest,
+    **{c: req for c, (req, _) in MEMBERSHIP_TYPES.items()},
 }
 
 RESPONSE_TYPES: dict[int, type[msgspec.Struct]] = {
@@ -368,6 +433,7 @@ RESPONSE_TYPES: dict[int, type[msgspec.Struct]] = {
     RequestCode.SNAPSHOT: SnapshotResponse,
     RequestCode.INSTALL_SNAPSHOT: InstallSnapshotResponse,
     RequestCode.READ_INDEX: ReadIndexResponse,
+    **{c: resp for c, (_, resp) in MEMBERSHIP_TYPES.items()},
 }
 
 _encoder = msgspec.msgpack.Encoder()

@@ -46,6 +46,8 @@ from dledger.core.actions import (
     TakeSnapshot,
 )
 from dledger.core.appends import AppendPath, PendingAppend
+from dledger.core.changes import MembershipPath, recover_configs
+from dledger.core.config_probe import ConfigProbe
 from dledger.core.contexts import (
     Answered,
     Applied,
@@ -57,6 +59,7 @@ from dledger.core.contexts import (
     Durable,
     HeartbeatCtx,
     InstallCtx,
+    MembersCtx,
     PushCtx,
     ReadIndexCtx,
     Restored,
@@ -75,12 +78,16 @@ from dledger.core.member_state import MemberState
 from dledger.core.messages import (
     AppendRequest,
     AppendResponse,
+    ChangeMembersRequest,
+    ChangeMembersResponse,
     EntriesResponse,
     GetRequest,
     HeartBeatRequest,
     InstallSnapshotRequest,
     InstallSnapshotResponse,
     LeadershipTransferRequest,
+    MembersRequest,
+    MembersResponse,
     MetadataRequest,
     MetadataResponse,
     Msg,
@@ -94,6 +101,7 @@ from dledger.core.messages import (
     SimpleResponse,
     SnapshotResponse,
     VoteRequest,
+    VoteResponse,
     is_member_message,
 )
 from dledger.core.producers import CreationLimiter, ProducerTable
@@ -104,6 +112,7 @@ from dledger.core.reads import ReadPath
 from dledger.core.snapshots import SnapshotPath
 from dledger.core.status import FollowerStatus, NodeStatus, RoleView
 from dledger.entry import MAGIC_NOOP
+from dledger.membership import Membership
 from dledger.statemachine.applier import Applier
 from dledger.statemachine.snapshot import SnapshotMeta
 from dledger.store.base import CorruptEntryError, LedgerStore, StoreError
@@ -112,15 +121,20 @@ log = logging.getLogger(__name__)
 
 PRODUCERS_SAVE_ENTRIES = 10_000  # a plain log's producer table is saved after this many entries folded,
 PRODUCERS_SAVE_MS = 30_000  # or this long after it changed
+# clients' requests a removed member answers NOT_A_MEMBER (the client asks the group's members)
+_CLIENT_CODES = frozenset((RequestCode.APPEND, RequestCode.GET, RequestCode.READ, RequestCode.QUERY,
+                           RequestCode.MEMBERS, RequestCode.CHANGE_MEMBERS, RequestCode.LEADERSHIP_TRANSFER))
 
 
-class Node(AppendPath, SnapshotPath):
+class Node(AppendPath, SnapshotPath, MembershipPath):
     def __init__(self, cfg: DLedgerConfig, store: LedgerStore, now_ms: int, rng: random.Random | None = None,
                  applier: Applier | None = None, snapshot: SnapshotMeta | None = None,
-                 producers: bytes | None = None) -> None:
+                 producers: bytes | None = None, membership: Membership | None = None) -> None:
         """`snapshot`: this member's newest snapshot (restored into the applier's state machine;
         a plain log's is empty); `producers`: its PRODUCERS_FILE (else the table is folded
-        from the log's begin)."""
+        from the log's begin); `membership`: the configuration to start from when neither the
+        snapshot nor the log holds one (a member joining a changed group: the group's answer to
+        MEMBERS), else the command line's peers (a group that never changed)."""
         self.cfg = cfg
         self.store = store
         self.producers = ProducerTable(cfg.producer_expiry_ms, cfg.max_producers, store.begin_index - 1,
@@ -144,13 +158,22 @@ class Node(AppendPath, SnapshotPath):
         self._snapshot_waiters: list[Any] = []  # on-demand snapshot requests
         self._snapshot_wanted = False  # a follower needs a snapshot newer than ours (see want_snapshot)
         self._snapshot_pending = False  # a TakeSnapshot was emitted and not reported yet
+        self._snapshot_config: tuple[int, Membership] = (-1, Membership({}))  # what that TakeSnapshot asked for
         self.rng = rng or random.Random()
         self.now = now_ms
-        self.member = MemberState(cfg.group, cfg.self_id, list(cfg.peer_map), store)
+        # the configurations of our log (core.configs): the newest in force, committed or not
+        self.configs = recover_configs(cfg, store, snapshot, membership)
+        self.member = MemberState(cfg.group, cfg.self_id, self.configs.current, store)
+        # configurations our log does not hold yet, as known members tell; strict where member
+        # identities are verified (TLS certificates name them)
+        self.probe = ConfigProbe(self, bool(cfg.tls_ca), lambda: self.elector.leader_alive())
         self.actions: list[Action] = []
         # what this member, as leader, knows of each follower (core.progress): one object each,
-        # shared by the dispatchers, the elector and the quorum
+        # shared by the dispatchers, the elector and the quorum; kept in step with the
+        # configuration (_sync_members)
         self.progress: dict[str, Progress] = {p: Progress(p) for p in self.member.others}
+        self._synced = (-1, -2)  # (configs.version, committed configuration index) last applied
+        self._left_in_term = -1  # the term in which a removed leader began handing over
         self.quorum = QuorumAckChecker(self.member, store, self._complete_append, self.progress, cfg.flush == "sync")
         self.elector = LeaderElector(self)
         self.reads = ReadIndex(self)
@@ -176,6 +199,7 @@ class Node(AppendPath, SnapshotPath):
         store.set_retention_floor(store.begin_index, "a follower (no leader known yet)")
         if store.recovered_corrupt is not None:
             self.mark_corrupt(*store.recovered_corrupt)
+        self._sync_members()
 
     # --- inputs ---------------------------------------------------------------
 
@@ -186,6 +210,14 @@ class Node(AppendPath, SnapshotPath):
         belongs to the principal that created it."""
         self.now = now_ms
         err = self._check_addressing(code, msg)
+        if err is None and code in _CLIENT_CODES and self.not_a_member and \
+                not (isinstance(msg, LeadershipTransferRequest) and msg.transfer_id):
+            err = ResponseCode.NOT_A_MEMBER  # removed: the client asks the group's members
+            if code == RequestCode.MEMBERS:  # ... which it names: where the group went without us
+                view = self.probe.view if self.probe.removed and self.probe.view is not None else self.members_view()
+                self.reply(token, code, msgspec.structs.replace(
+                    view, code=int(err), message=f"{self.member.self_id} is not a member of the group"))
+                return
         if err is not None:
             self.reply(token, code, _error_for(code, err, self))
             return
@@ -242,9 +274,14 @@ class Node(AppendPath, SnapshotPath):
             case HeartbeatCtx():
                 self.elector.on_heartbeat_response(ctx, resp)
             case VoteCtx():
+                if isinstance(resp, VoteResponse) and resp.code == ResponseCode.UNKNOWN_MEMBER:
+                    self.probe.ask()  # a voter that knows no such member: were we removed?
                 self.elector.on_vote_response(ctx, resp)
             case TransferCtx():
                 self.elector.on_transfer_response(ctx, resp)
+            case MembersCtx():
+                if self.probe.on_answer(ctx, resp):
+                    self._sync_members()
             case ReadIndexCtx():
                 self.follower_reads.on_response(ctx, resp if isinstance(resp, ReadIndexResponse) else None)
             case InstallCtx():
@@ -261,6 +298,7 @@ class Node(AppendPath, SnapshotPath):
             if self.member.is_leader and (err := self.unwritable()) is not None:
                 self.step_down(f"its store cannot write: {err.message}")
             self.elector.tick()
+            self.probe.silence(self.elector.leader_alive())
             self.integrity.forget_deleted()
             if self.member.is_leader and self.corrupt is not None and not self.elector.transferring:
                 # no healthy follower took over in time (or none could): leave anyway; after
@@ -396,14 +434,18 @@ class Node(AppendPath, SnapshotPath):
                     self.member.self_id, why, target, self.store.end_index)
         el.begin_transfer(target, None)
 
+    def _new_dispatcher(self, peer: str) -> EntryDispatcher:
+        return EntryDispatcher(self, peer)
+
     def _fit_followers(self) -> Iterator[str]:
         """Followers that can take leadership at once, needing nothing from us
         (`Progress.fit_to_lead`)."""
         if not self.member.is_leader:
             return
         lease, end = self.elector.leader_lease_ms, self.store.end_index
-        for p, pr in self.progress.items():
-            if pr.fit_to_lead(self.now, lease, end):
+        for p in self.member.other_voters:  # leadership goes to voters only
+            pr = self.progress.get(p)
+            if pr is not None and pr.fit_to_lead(self.now, lease, end):
                 yield p
 
     def repaired(self, first: int, last: int, indexes: list[int]) -> None:
@@ -498,6 +540,9 @@ class Node(AppendPath, SnapshotPath):
             if floor < 0 or floor > hold:
                 floor, holder = hold, f"the producer table of {self.member.self_id} (folded through {t.folded}, " \
                                       f"saved through {saved})"
+            cidx = self._config_unsaved()  # the only copy of the configuration until a snapshot holds it
+            if 0 <= cidx < floor:
+                floor, holder = cidx, f"the configuration entry {cidx} of {self.member.self_id} (no snapshot yet)"
         self.store.set_retention_floor(floor if floor >= 0 else None, holder)
 
     def drain(self) -> list[Action]:
@@ -520,6 +565,7 @@ class Node(AppendPath, SnapshotPath):
             self.elector.heartbeat_now()  # reads wait for a confirming round: no tick's delay
         self.read_path.wake()
         self.follower_reads.wake()
+        self._sync_members()
         self._fold_producers()
         self._feed_applier()
         actions, self.actions = self.actions, []
@@ -545,7 +591,14 @@ class Node(AppendPath, SnapshotPath):
         or at once when the disk is under pressure: retention deletes nothing after the last
         saved table."""
         t, (saved, at) = self.producers, self._producers_saved
-        if self.applier is not None or self._snapshot_pending or t.empty or t.folded <= saved:
+        if self.applier is not None or self._snapshot_pending:
+            return
+        if self._config_unsaved() >= 0:  # a committed configuration only the log holds
+            self._take_snapshot(self.store.committed_index)
+            if self._snapshot_pending and not t.empty:
+                self._producers_saving = t.folded
+            return
+        if t.empty or t.folded <= saved:
             return
         # (under pressure at most once a second: encoding a big table costs the event loop)
         if (t.folded - saved >= PRODUCERS_SAVE_ENTRIES or self.now - at >= PRODUCERS_SAVE_MS
@@ -663,6 +716,8 @@ class Node(AppendPath, SnapshotPath):
         self.actions.append(Send(peer, code, msg, data, ctx, timeout_ms or self.cfg.max_push_timeout_ms))
 
     def reply(self, token: Any, code: int, msg: msgspec.Struct, data: bytes = b"") -> None:
+        if type(msg) is AppendResponse and msg.config_index != self.configs.index:
+            msg = msgspec.structs.replace(msg, config_index=self.configs.index)  # (clients follow it)
         self.actions.append(Reply(token, code, msg, data))
 
     def request_pump(self) -> None:
@@ -758,7 +813,7 @@ class Node(AppendPath, SnapshotPath):
             for pr in self.progress.values():
                 pr.begin_term()
             self._take_dispatcher_effects()
-            self.dispatchers = {p: EntryDispatcher(self, p) for p in m.others}
+            self.dispatchers = {p: self._new_dispatcher(p) for p in m.others}
             self.elector.on_leader()
             return
         if role == Role.CANDIDATE:
@@ -843,6 +898,12 @@ class Node(AppendPath, SnapshotPath):
             assert isinstance(msg, InstallSnapshotRequest)
             self.integrity.active = True
             self.receiver.handle(msg, data, token)
+        elif code == RequestCode.MEMBERS:
+            assert isinstance(msg, MembersRequest)
+            self.reply(token, code, self.members_view())
+        elif code == RequestCode.CHANGE_MEMBERS:
+            assert isinstance(msg, ChangeMembersRequest)
+            self._change_members(msg, token)
         else:
             raise DLedgerError(ResponseCode.UNSUPPORTED, f"request code {code}")
 
@@ -855,7 +916,7 @@ class Node(AppendPath, SnapshotPath):
             return ResponseCode.UNKNOWN_GROUP
         if msg.remote_id and msg.remote_id != m.self_id:
             return ResponseCode.UNEXPECTED_MEMBER
-        if msg.leader_id and msg.leader_id not in m.peer_ids:
+        if msg.leader_id and not self.admits(code, msg.leader_id, getattr(msg, "term", -1), self.now):
             return ResponseCode.UNKNOWN_MEMBER
         if is_member_message(code, msg) and (not msg.leader_id or msg.leader_id == m.self_id):
             return ResponseCode.UNEXPECTED_MEMBER
@@ -864,6 +925,24 @@ class Node(AppendPath, SnapshotPath):
         if isinstance(msg, LeadershipTransferRequest) and msg.transfer_id and msg.transfer_id != msg.leader_id:
             return ResponseCode.UNEXPECTED_MEMBER
         return None
+
+    def admits(self, code: int, sender: str, term: int, now_ms: int) -> bool:
+        """takes_member; a leader's message (of `term`) it refuses makes us ask the members we
+        know about its sender (core.config_probe). The runtime checks a member certificate's
+        sender by this same rule."""
+        self.now = now_ms
+        if self.takes_member(code, sender):
+            return True
+        self.probe.unknown(code, sender, term)
+        return False
+
+    def takes_member(self, code: int, sender: str) -> bool:
+        """Whether a message `code` from member `sender` is taken: a member of our configuration
+        in force or of the committed one (a member whose removal is not committed still
+        campaigns; one whose removal committed is refused, whatever older configurations our
+        log still holds), or a leader or candidate our log lags behind (core.config_probe)."""
+        m = self.member
+        return m.membership.has(sender) or sender in m.committed_members or self.probe.takes(code, sender)
 
     def role_view(self) -> RoleView:
         """Role, term, leader, corrupt record and applied index (core.status): cheap, for readers
@@ -879,9 +958,13 @@ class Node(AppendPath, SnapshotPath):
         install_index, install_bytes, install_total = r.progress()
         unwritable, full = self.unwritable(), self.full()
         followers: tuple[FollowerStatus, ...] = ()
+        cfgs = self.configs
+        cur, end = cfgs.current, s.end_index
         if m.is_leader:
             followers = tuple(FollowerStatus(p, d.progress.match_index, d.progress.needs_snapshot,
-                                             d.progress.repair_index) for p, d in self.dispatchers.items())
+                                             d.progress.repair_index, cur.is_voter(p),
+                                             end - d.progress.match_index if d.progress.match_index >= 0 else -1)
+                              for p, d in self.dispatchers.items())
         c = self.corrupt
         return NodeStatus(
             m.group, m.self_id, m.role, m.term, m.leader_id or "", s.begin_index, s.end_index, s.end_term,
@@ -893,16 +976,20 @@ class Node(AppendPath, SnapshotPath):
             self.handler.leader_committed, self.cfg.security_mode, self.elector.elections, m.leader_changes,
             self.integrity.corruptions_found, self.integrity.records_repaired, r.installs, r.bytes, r.meta is not None,
             install_index, install_bytes, install_total, self.installs_sent, self.install_bytes_sent,
-            self.read_path.entries_read, self.read_path.read_body_bytes, followers)
+            self.read_path.entries_read, self.read_path.read_body_bytes, followers,
+            tuple(cur.voters.items()), tuple(cur.learners.items()), cfgs.index, cfgs.index <= s.committed_index,
+            cfgs.committed(s.committed_index)[0], self.not_a_member)
 
     def metadata(self) -> MetadataResponse:
         st = self.status()
         problems = [st.full] if st.full else []
+        if st.not_a_member:
+            problems.append(f"{st.self_id} is not a member of the group's configuration (removed)")
         if st.corrupt_index >= 0:
             problems.append(f"corrupt record at index {st.corrupt_index} ({st.corrupt_reason}); "
                             "not leading until it is repaired from the leader")
         return MetadataResponse(
-            200, st.group, st.self_id, st.role.name.lower(), st.leader_id, st.term, self.cfg.peers,
+            200, st.group, st.self_id, st.role.name.lower(), st.leader_id, st.term, self.configs.current.peers_string(),
             st.begin_index, st.end_index, st.end_term, st.committed_index,
             store_error="; ".join(problems), retention_held_by=st.retention_held_by,
             applied_index=st.applied_index, snapshot_index=st.snapshot_index,
@@ -932,9 +1019,13 @@ def _error_for(code: int, err: ResponseCode, node: Node, message: str = "") -> m
         return SnapshotResponse(int(err), message=message)
     if code == RequestCode.READ_INDEX:
         return ReadIndexResponse(int(err), leader, message=message)
+    if code == RequestCode.MEMBERS:
+        return MembersResponse(int(err), leader, m.term, message=message)
+    if code == RequestCode.CHANGE_MEMBERS:
+        return ChangeMembersResponse(int(err), leader, m.term, message=message)
     if code == RequestCode.INSTALL_SNAPSHOT:
         return InstallSnapshotResponse(int(err), m.term, end_index=node.store.end_index, reason=message[:512])
-    from dledger.core.messages import HeartBeatResponse, PushResponse, VoteResponse
+    from dledger.core.messages import HeartBeatResponse, PushResponse
 
     if code == RequestCode.PUSH:
         return PushResponse(int(err), m.term, node.store.end_index, corrupt_index=node.corrupt_index,

@@ -4,7 +4,8 @@ The commit index is the highest index stored on a majority (in `sync` flush
 mode: durable on a majority), counted only for entries of the leader's own
 term (Raft's rule; the NOOP a new leader appends makes earlier entries follow).
 It never moves backwards. The followers' marks are their `Progress` (core.progress):
-the match index, or in `sync` mode the durable prefix they reported.
+the match index, or in `sync` mode the durable prefix they reported. Only the voters of the
+configuration in force count (core.configs); learners receive the log and count for nothing.
 """
 
 from __future__ import annotations
@@ -64,9 +65,15 @@ class QuorumAckChecker:
 
     def advance(self) -> bool:
         """Move the commit index to the quorum watermark; complete covered appends."""
-        sync = self.sync
-        marks = sorted([self.leader_index, *(p.counted(sync) for p in self.progress.values())], reverse=True)
-        candidate = marks[self.member.quorum - 1]
+        sync, m, progress = self.sync, self.member, self.progress
+        # voters only (learners never count); the leader itself only while it is one (a leader
+        # whose removal is pending manages the group without counting itself, thesis §4.2.2)
+        marks = [self.leader_index] if m.is_voter else []
+        for v in m.other_voters:
+            p = progress.get(v)
+            marks.append(p.counted(sync) if p is not None else -1)
+        marks.sort(reverse=True)
+        candidate = marks[m.quorum - 1]
         store = self.store
         if candidate <= store.committed_index or candidate > store.end_index:
             return False

@@ -92,7 +92,7 @@ class ReadIndex:
             return
         self._pending.append(PendingRead(self.round + 1, read_index, serve, fail))
         self.want_round = True
-        if len(self.env.member.peer_ids) == 1:
+        if self.env.member.alone:
             self.next_round()  # alone: our own acknowledgement is a majority
             self._confirm()
 
@@ -126,8 +126,10 @@ class ReadIndex:
 
     def _confirm(self) -> None:
         m = self.env.member
-        rounds = sorted((self._acks.get(p, 0) for p in m.others), reverse=True)
-        rounds.insert(0, self.round)  # ours: we are the leader of every round we sent
+        # voters only; ours while we are one: we are the leader of every round we sent
+        rounds = sorted((self._acks.get(p, 0) for p in m.other_voters), reverse=True)
+        if m.is_voter:
+            rounds.insert(0, self.round)
         confirmed = rounds[m.quorum - 1]
         if confirmed <= self.confirmed:
             return

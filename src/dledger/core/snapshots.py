@@ -14,19 +14,21 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
+import msgspec
+
 from dledger.codes import DLedgerError, RequestCode, ResponseCode
 from dledger.core.actions import DropInstall, InstallChunk, ReadChunk, RestoreSnapshot, TakeSnapshot
 from dledger.core.contexts import ChunkCtx
 from dledger.core.install_snapshot import holds
 from dledger.core.messages import AppendResponse, SnapshotResponse
+from dledger.membership import Membership, membership_of
 from dledger.statemachine.snapshot import PRODUCERS_FILE, SnapshotMeta
 from dledger.store.base import StoreError
 
 if TYPE_CHECKING:
-    import msgspec
-
     from dledger.config import DLedgerConfig
     from dledger.core.actions import Action
+    from dledger.core.configs import ConfigHistory
     from dledger.core.dispatcher import EntryDispatcher
     from dledger.core.effects import Effect
     from dledger.core.handler import EntryHandler
@@ -63,12 +65,15 @@ class SnapshotPath:
         _producers_saving: int
         _producers_saved: tuple[int, int]
         _producers_restoring: bool
+        _snapshot_config: tuple[int, Membership]
+        configs: ConfigHistory
 
         def reply(self, token: Any, code: int, msg: msgspec.Struct, data: bytes = b"") -> None: ...
         def _apply_effects(self, effects: list[Effect]) -> None: ...
         def _load_producers(self, data: bytes, where: str) -> None: ...
         def _stop_applier(self, reason: str) -> None: ...
         def _run_due_queries(self) -> None: ...
+        def _sync_members(self) -> None: ...
 
     def _snapshot_frees_disk(self) -> bool:
         """The disk is full and retention may not delete past our newest snapshot: a new one
@@ -96,13 +101,22 @@ class SnapshotPath:
         sending = tuple(d.sender.meta.last_index for d in self.dispatchers.values() if d.sender.meta is not None)
         # the table is folded through the commit index, at or past `index`: entries between are
         # committed, so every log that continues the snapshot holds them as folded
+        cidx, members = self.configs.at(index)  # the configuration at the snapshot's index
+        self._snapshot_config = (cidx, members)
         self.actions.append(TakeSnapshot(index, term, chain, next_pos, sending, self.producers.encode()
-                                         if not self.producers.empty else b""))
+                                         if not self.producers.empty else b"", members, cidx))
 
     def _snapshot_taken(self, index: int, error: str, now_ms: int, meta: SnapshotMeta | None = None) -> None:
         """The worker wrote the snapshot of `index` (`meta`; or failed: `error`)."""
         self.now = now_ms
         if meta is not None:
+            cidx, members = self._snapshot_config
+            if meta.config_index != cidx or membership_of(meta.members, members) != members:
+                # a driver that wrote another configuration (the command line's): what we send
+                # and what retention waits for is the one asked for
+                log.warning("%s/%s: snapshot %d was written with configuration %s, not entry %d's",
+                            self.member.group, self.member.self_id, index, meta.members, cidx)
+                meta = msgspec.structs.replace(meta, members=members, config_index=cidx)
             self.note_snapshot(meta)
         self._snapshot_pending = False
         a = self.applier
@@ -148,8 +162,9 @@ class SnapshotPath:
                     and store.begin_index - 1 <= meta.last_index <= store.end_index):
                 return meta
             b = store.begin_index
-            return SnapshotMeta(b - 1, store.begin_term, store.begin_chain_crc, self.cfg.peers,
-                                next_pos=self._pos_of(b))
+            cidx, members = self.configs.at(b - 1)
+            return SnapshotMeta(b - 1, store.begin_term, store.begin_chain_crc, members,
+                                next_pos=self._pos_of(b), config_index=cidx)
         meta = self.snapshot_meta
         if meta is None or meta.last_index < store.begin_index - 1 or meta.next_pos < 0:
             log.error("%s/%s: no snapshot reaches our log begin %d (newest: %s); a follower that needs what "
@@ -189,6 +204,9 @@ class SnapshotPath:
         machine is restored from it before anything more is applied."""
         L = meta.last_index
         self.store.reset(L + 1, meta.last_term, meta.chain_crc, meta.next_pos)
+        # the snapshot's configuration is ours now (the log that held any other is gone)
+        self.configs.reset(meta.config_index, membership_of(meta.members, self.configs.current))
+        self._sync_members()
         self.handler.after_reset(L)
         self._apply_effects(self.handler.take_effects())
         self.integrity.scrub_next = self.store.begin_index

@@ -37,6 +37,8 @@ class FollowerStatus(msgspec.Struct, frozen=True, gc=False):
     match_index: int
     needs_snapshot: bool  # it needs entries below our log begin: it gets a snapshot
     repair_index: int  # its first corrupt record, which we repair (-1: none)
+    voter: bool = True  # False: a learner (or a member being removed)
+    lag: int = -1  # our end index minus its match index (-1: unknown: not matched yet in this term)
 
 
 class NodeStatus(msgspec.Struct, frozen=True):
@@ -78,6 +80,13 @@ class NodeStatus(msgspec.Struct, frozen=True):
     entries_read: int  # sent in answers to GET and READ
     read_body_bytes: int
     followers: tuple[FollowerStatus, ...] = ()  # a leader's view of each follower (empty otherwise)
+    # the configuration in force (core.configs): (id, address) of each voter and learner
+    voters: tuple[tuple[str, str], ...] = ()
+    learners: tuple[tuple[str, str], ...] = ()
+    config_index: int = -1  # its CONFIG_CHANGE entry (-1: the command line's peers)
+    config_committed: bool = True  # that entry is committed
+    committed_config_index: int = -1  # the newest committed configuration's entry
+    not_a_member: bool = False  # neither the configuration in force nor the committed one names us
 
     @property
     def is_leader(self) -> bool:

@@ -29,6 +29,10 @@ RAFT_ACCESS: dict[int, Access] = {
     RequestCode.QUERY: needs("QUERY", AccessRole.CLIENT),
     # who leads, every member's view: members, controllers and brokers ask it too
     RequestCode.METADATA: Access("METADATA", ALL_ROLES),
+    # the configuration (voters, learners, addresses, lag): what a client needs to follow the
+    # group's membership, and what a member starting with --join asks for
+    RequestCode.MEMBERS: Access("MEMBERS", ALL_ROLES),
+    RequestCode.CHANGE_MEMBERS: needs("CHANGE_MEMBERS", AccessRole.ADMIN),
     RequestCode.SNAPSHOT: needs("SNAPSHOT", AccessRole.ADMIN),
     RequestCode.FAULT: needs("FAULT", AccessRole.ADMIN),
 }

@@ -41,7 +41,14 @@ from typing import TypeVar
 import msgspec
 
 from dledger.codes import DLedgerError, RequestCode, ResponseCode
-from dledger.config import Peer, parse_peers
+from dledger.config import ConfigError, Peer, format_peers, parse_peers
+from dledger.core.membership import (
+    CHANGE_OPS,
+    ChangeMembersRequest,
+    ChangeMembersResponse,
+    MembersRequest,
+    MembersResponse,
+)
 from dledger.core.messages import (
     CONSISTENCY,
     DECODE_ERRORS,
@@ -84,6 +91,10 @@ _IDEMPOTENT = {RequestCode.METADATA, RequestCode.GET, RequestCode.READ, RequestC
 _FOLLOW_FATAL = {ResponseCode.UNEXPECTED_ARGUMENT, ResponseCode.UNKNOWN_GROUP, ResponseCode.UNAUTHENTICATED,
                  ResponseCode.INDEX_LESS_THAN_LOCAL_BEGIN, ResponseCode.UNSUPPORTED}
 _SUSPECT_S = 5.0  # how long a member that did not answer is passed over, unless it answers meanwhile
+# how often a client asks the group for its configuration while all goes well (in the background;
+# after a failed leader search it asks at once, at most once per _MEMBERS_RETRY_S)
+_MEMBERS_REFRESH_S = 10.0
+_MEMBERS_RETRY_S = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,6 +171,43 @@ class Metadata:
     install_bytes: int = 0  # ... bytes received so far
     install_total: int = 0  # ... of this many
     security: str = ""  # how it authenticates connections: tls, token, loopback, insecure ("": an older member)
+
+
+@dataclass(frozen=True, slots=True)
+class Member:
+    """One member of the configuration in force (`members()`)."""
+
+    id: str
+    address: str  # where clients reach it
+    voter: bool  # a voter (elects, counts for commit), else a learner
+    match_index: int = -1  # the leader's view: its last entry known replicated there (-1: unknown)
+    lag: int = -1  # the leader's end index minus match_index (-1: unknown, or not the leader's answer)
+    leader: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Members:
+    """The group's configuration as a member answered it: the leader's when `leader_id` is the
+    member that answered (then every member's lag is known)."""
+
+    leader_id: str | None
+    term: int
+    config_index: int  # the CONFIG_CHANGE entry in force (-1: the command line's configuration)
+    committed: bool  # that entry is committed (False: a change under way)
+    members: list[Member]
+    answered_by: str = ""
+
+    @property
+    def voters(self) -> list[Member]:
+        return [m for m in self.members if m.voter]
+
+    @property
+    def learners(self) -> list[Member]:
+        return [m for m in self.members if not m.voter]
+
+    def peers_string(self) -> str:
+        """The configuration as a `--peers` string (voters first)."""
+        return ";".join(f"{m.id}-{m.address}" for m in self.voters + self.learners)
 
 
 class _Answers:
@@ -244,6 +292,12 @@ class AsyncDLedgerClient:
         self._search: asyncio.Task[str | DLedgerError | None] | None = None  # shared by concurrent callers
         self._ever_answered = False  # a member answered once: no failing at once when all refuse later
         self._closed = False  # close() is final: no request reopens connections afterwards
+        self._members_at = 0.0  # monotonic time of the last MEMBERS asked (following the configuration)
+        self._config_index = -1  # the newest configuration entry a MEMBERS answer named
+        self._members_task: asyncio.Task[None] | None = None
+        # the member whose answer the last successful request got (set with no await between it
+        # and the return of `_call`: the caller reads its own request's)
+        self._answered_by = ""
         if producer_id is not None and not idempotent:
             raise DLedgerError(ResponseCode.UNEXPECTED_ARGUMENT, "producer_id needs idempotent=True")
         self.producer = IdempotentProducer(producer_id, producer_epoch) if idempotent else None
@@ -258,9 +312,10 @@ class AsyncDLedgerClient:
     def _transport(self) -> TransportClient:
         self._check_open()  # every request passes here (or _call's check), whichever method sent it
         if self._client is None:
+            # the members known at each connect: one learned later is checked as well
             self._client = TransportClient(ssl=self._ssl, auth_token=self._auth_token,
-                                           server_check=expect_members({p.address: p.id
-                                                                        for p in self.peers.values()}))
+                                           server_check=lambda address, p: expect_members(
+                                               {q.address: q.id for q in self.peers.values()})(address, p))
         return self._client
 
     async def close(self) -> None:
@@ -269,6 +324,8 @@ class AsyncDLedgerClient:
         self._closed = True
         if self._search is not None:
             self._search.cancel()
+        if self._members_task is not None:
+            self._members_task.cancel()
         if self._client is not None:
             await self._client.close()
             self._client = None
@@ -551,6 +608,132 @@ class AsyncDLedgerClient:
         await self._call(RequestCode.LEADERSHIP_TRANSFER, req, timeout=self.timeout + 5,
                          request_timeout=self.timeout + 5)
 
+    # --- membership (docs/operations.md) ----------------------------------------------------
+
+    async def members(self, member: str | None = None) -> Members:
+        """The group's configuration: voters and learners with their addresses, from the
+        leader (with each member's match index and lag), or `member`'s own view when named.
+        The client also adds members it did not know to its peers."""
+        req = MembersRequest(self.group, "", member or "")
+        if member is not None:
+            return self._learn_members(member, await self._call_member(member, RequestCode.MEMBERS, req))
+        answer = await self._call_members(req)
+        if answer.leader_id and answer.leader_id != answer.answered_by and answer.leader_id in self.peers:
+            # a follower answered (it knows no lag): the leader's view is the one asked for
+            self.leader_id = answer.leader_id
+            with contextlib.suppress(DLedgerError):
+                answer = self._learn_members(answer.leader_id, await self._call_member(
+                    answer.leader_id, RequestCode.MEMBERS, MembersRequest(self.group, "", answer.leader_id)))
+        return answer
+
+    async def _call_members(self, req: MembersRequest) -> Members:
+        """MEMBERS of the leader (or of whichever member answers first when none leads)."""
+        resp = await self._call(RequestCode.MEMBERS, req)
+        assert isinstance(resp, MembersResponse)
+        return self._learn_members(self._answered_by, resp)
+
+    async def add_learner(self, member_id: str, address: str) -> int:
+        """Add `member_id` at `address` (host:port, where clients reach it) as a learner: it
+        receives the log but neither votes nor counts for commit. Start it then with `dledger
+        server --join`. The index of the configuration entry, once committed."""
+        return await self._change("add-learner", member_id, address)
+
+    async def promote(self, member_id: str) -> int:
+        """Make learner `member_id` a voter; refused with LEARNER_BEHIND (440) while it trails
+        the leader by more than the group's learner_max_lag."""
+        return await self._change("promote", member_id)
+
+    async def remove_member(self, member_id: str) -> int:
+        """Remove `member_id` (a voter or a learner; the leader itself steps down once the
+        change commits). The index of the configuration entry, once committed."""
+        return await self._change("remove", member_id)
+
+    async def _change(self, op: str, member_id: str, address: str = "") -> int:
+        if op not in CHANGE_OPS:  # (the methods above name only valid ones)
+            raise DLedgerError(ResponseCode.UNEXPECTED_ARGUMENT, f"unknown membership change {op!r}")
+        if not member_id:
+            raise DLedgerError(ResponseCode.UNEXPECTED_ARGUMENT, "a membership change names a member id")
+        if op == "add-learner":
+            try:
+                parse_peers(f"{member_id}-{address}")
+            except ConfigError as e:
+                raise DLedgerError(ResponseCode.UNEXPECTED_ARGUMENT, f"add-learner {member_id} {address}: "
+                                                                     f"{e.message}") from None
+        req = ChangeMembersRequest(self.group, "", "", op, member_id, address)
+        # answered once the entry commits: give it as long as a leadership transfer
+        resp = await self._call(RequestCode.CHANGE_MEMBERS, req, timeout=self.timeout + 5,
+                                request_timeout=self.timeout + 5)
+        assert isinstance(resp, ChangeMembersResponse)
+        if op == "add-learner" and member_id not in self.peers:
+            self._add_peer(member_id, address)
+        self._members_at = 0.0  # the configuration changed: follow it at the next chance
+        return resp.config_index
+
+    def peers_string(self) -> str:
+        """Every member this client knows now (its peers and those it learned), `--peers` form.
+        (A copy first: the blocking client's loop thread may be adding members meanwhile.)"""
+        return format_peers(dict(self.peers))
+
+    def _learn_members(self, member: str, resp: msgspec.Struct) -> Members:
+        """Follow the configuration a member answered: members not known yet join the peers;
+        members a leader's committed configuration no longer has leave them."""
+        assert isinstance(resp, MembersResponse)
+        infos = [Member(i.id, i.addr, i.voter, i.match_index, i.lag, i.id == resp.leader_id)
+                 for i in resp.members]
+        self._members_at = time.monotonic()
+        self._config_index = max(self._config_index, resp.config_index)
+        for i in infos:
+            if i.id not in self.peers or self.peers[i.id].address != i.address:
+                self._add_peer(i.id, i.address)
+        if resp.committed and resp.leader_id and resp.leader_id == member and infos:
+            current = {i.id for i in infos}
+            for gone in [p for p in self.peers if p not in current]:
+                del self.peers[gone]
+                self._suspects.pop(gone, None)
+                if self.leader_id == gone:
+                    self.leader_id = None
+        return Members(resp.leader_id or None, resp.term, resp.config_index, resp.committed, infos, member)
+
+    def _add_peer(self, member_id: str, address: str) -> None:
+        try:
+            peer = parse_peers(f"{member_id}-{address}")[member_id]
+        except (ConfigError, KeyError):
+            return  # not a usable address: keep what is known
+        self.peers[member_id] = peer
+
+    def _follow_members_soon(self, now: bool = False) -> None:
+        """Ask the group for its configuration in the background (at most once per interval;
+        `now`: after a failure, sooner): a client started with an old peers string keeps up
+        with members replaced one by one. A member that does not know MEMBERS is ignored."""
+        if self._closed or (self._members_task is not None and not self._members_task.done()):
+            return
+        if time.monotonic() - self._members_at < (_MEMBERS_RETRY_S if now else _MEMBERS_REFRESH_S):
+            return
+        self._members_at = time.monotonic()
+        self._members_task = asyncio.get_running_loop().create_task(self._refresh_members())
+
+    async def _refresh_members(self) -> None:
+        """MEMBERS from the leader if one is trusted, else from the members not suspect, one
+        after another: the first answer counts."""
+        leader = self._trusted_leader()
+        targets = [leader] if leader is not None else [m for m in self.peers if not self._is_suspect(m)]
+        targets = targets or list(self.peers)
+        asked: set[str] = set()
+        while targets:
+            m = targets.pop(0)
+            asked.add(m)
+            try:
+                self._learn_members(m, await self._call_member(m, RequestCode.MEMBERS,
+                                                               MembersRequest(self.group, "", m),
+                                                               min(self.discover_timeout, self.request_timeout)))
+                return
+            except DLedgerError as e:
+                resp = getattr(e, "response", None)
+                if e.code == ResponseCode.NOT_A_MEMBER and isinstance(resp, MembersResponse):
+                    # a removed member names the configuration that removed it: ask those next
+                    self._learn_members(m, resp)
+                    targets += [i.id for i in resp.members if i.id not in asked and i.id not in targets]
+
     async def inject_faults(self, member: str, blocked: list[str], spare_handover: bool = False) -> None:
         """Test hook: make `member` drop all traffic to and from `blocked` member ids
         (an empty list heals). A partition needs this on both sides. `spare_handover`: only
@@ -581,6 +764,7 @@ class AsyncDLedgerClient:
                 raise last  # closed mid-call: what the last attempt met (an unknown outcome stays one)
             self._check_open()  # also between attempts: a client closed meanwhile ends the call at once
             target = self._trusted_leader() or await self._find_leader(left)
+            self._follow_members_soon(now=target is None)
             left = deadline - time.monotonic()
             if target is not None and left > 0:
                 try:
@@ -605,7 +789,17 @@ class AsyncDLedgerClient:
         if e.code in _RETRYABLE:
             self.leader_id = self._hint(e, target) or self.leader_id
             return True
+        if e.code == ResponseCode.NOT_A_MEMBER:
+            # removed from the group: it did nothing and serves nothing; ask the others (the
+            # configuration the client learns next drops it from the peers); with no other
+            # member known there is nobody to ask
+            self._suspect(target)
+            if self.leader_id == target:
+                self.leader_id = None
+            self._follow_members_soon(now=True)
+            return any(p != target for p in self.peers)
         if e.code in _UNANSWERED:
+            self._follow_members_soon(now=True)  # the member may have left: what is the group now?
             if self.leader_id == target:
                 self.leader_id = None  # this call (if it may retry) and the next ones search again
             return never_sent(e) or code in _IDEMPOTENT or safe
@@ -617,6 +811,8 @@ class AsyncDLedgerClient:
     def _hint(self, e: DLedgerError, target: str) -> str | None:
         """The leader a refusing member named, if worth following (known, not itself, not suspect)."""
         hint = getattr(e, "leader_hint", None)
+        if hint and hint not in self.peers:
+            self._follow_members_soon(now=True)  # a leader this client never heard of: a new member
         if hint in self.peers and hint != target and not self._is_suspect(hint):
             return str(hint)
         return None
@@ -694,11 +890,26 @@ class AsyncDLedgerClient:
         except DLedgerError as e:
             return e
         assert isinstance(resp, MetadataResponse)
+        self._learn_peers(resp.peers)
         return resp
+
+    def _learn_peers(self, peers: str) -> None:
+        """Members a member's METADATA names that this client does not know: added (a member
+        reports the configuration in force; removals are learned from MEMBERS only)."""
+        try:
+            named = parse_peers(peers)
+        except ConfigError:
+            return
+        for member_id, peer in named.items():
+            if member_id not in self.peers:
+                self.peers[member_id] = peer
 
     async def _call_member(self, member: str, code: int, req: msgspec.Struct,
                            request_timeout: float | None = None) -> msgspec.Struct:
-        peer = self.peers[member]
+        peer = self.peers.get(member)
+        if peer is None:
+            raise DLedgerError(ResponseCode.UNKNOWN_MEMBER, f"{member} is not a member this client knows "
+                                                            f"({', '.join(self.peers)})")
         if hasattr(req, "remote_id"):
             req = msgspec.structs.replace(req, remote_id=member)
         try:
@@ -710,6 +921,7 @@ class AsyncDLedgerClient:
             raise
         self._suspects.pop(member, None)  # it answered: whatever it says, it is alive
         self._ever_answered = True
+        self._answered_by = member
         try:
             resp = decode_response(code, raw.meta)
         except DECODE_ERRORS:
@@ -720,9 +932,16 @@ class AsyncDLedgerClient:
             err = DLedgerError(ResponseCode(err_code) if err_code in ResponseCode._value2member_map_
                                else ResponseCode.UNKNOWN, f"{member}: {text or ResponseCode(err_code).name}")
             err.leader_hint = getattr(resp, "leader_id", "") or None  # type: ignore[attr-defined]
+            err.response = resp  # type: ignore[attr-defined]  # (a removed member's MEMBERS names the group)
             raise err
         if isinstance(resp, (AppendResponse, EntriesResponse, QueryResponse)) and resp.leader_id in self.peers:
             self.leader_id = resp.leader_id
+        if isinstance(resp, AppendResponse) and resp.config_index > self._config_index:
+            # the group's configuration changed since we last asked: follow it now, not at the
+            # next periodic refresh (members may all be replaced in between)
+            self._config_index = resp.config_index
+            self._members_at = 0.0
+            self._follow_members_soon()
         return resp
 
 
@@ -829,6 +1048,21 @@ class DLedgerClient:
 
     def inject_faults(self, member: str, blocked: list[str], spare_handover: bool = False) -> None:
         self._run(self._async.inject_faults(member, blocked, spare_handover))
+
+    def members(self, member: str | None = None) -> Members:
+        return self._run(self._async.members(member))
+
+    def add_learner(self, member_id: str, address: str) -> int:
+        return self._run(self._async.add_learner(member_id, address))
+
+    def promote(self, member_id: str) -> int:
+        return self._run(self._async.promote(member_id))
+
+    def remove_member(self, member_id: str) -> int:
+        return self._run(self._async.remove_member(member_id))
+
+    def peers_string(self) -> str:
+        return self._async.peers_string()
 
     @property
     def leader_id(self) -> str | None:

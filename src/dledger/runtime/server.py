@@ -14,7 +14,7 @@ import functools
 import itertools
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import CancelledError, Future
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -25,7 +25,7 @@ from prometheus_client import Counter
 from dledger.address import parse_address
 from dledger.clock import now_ms
 from dledger.codes import DLedgerError, RequestCode, ResponseCode
-from dledger.config import DLedgerConfig, Peer
+from dledger.config import DLedgerConfig
 from dledger.core.contexts import (
     Answered,
     Applied,
@@ -67,8 +67,10 @@ from dledger.core.node import (
     Send,
     TakeSnapshot,
 )
+from dledger.membership import Membership
 from dledger.ratelog import RateLimitedLog
 from dledger.runtime.access import RAFT_ACCESS, content_refusal
+from dledger.runtime.members import MemberAddresses, node_membership
 from dledger.runtime.metrics import KIND_CLIENT, KIND_MEMBER, OTHER_GROUP, UNKNOWN_REQUEST, Metrics
 from dledger.runtime.statemachines import StateMachineHost, load_state_machine
 from dledger.runtime.transport import (
@@ -87,7 +89,7 @@ from dledger.runtime.transport import (
     encode_error,
 )
 from dledger.security.roles import Access, Tokens, expect_members
-from dledger.security.tls import TlsConfig, check_member_cert, client_context, member_allowed, server_context
+from dledger.security.tls import TlsConfig, check_member_cert, client_context, server_context
 from dledger.statemachine.api import StateMachine
 from dledger.statemachine.applier import Applier, ApplyBatch
 from dledger.statemachine.snapshot import SnapshotError, SnapshotMeta
@@ -151,12 +153,18 @@ class GroupRuntime:
     """One member of one group: its Node, store, ticker and outgoing requests."""
 
     def __init__(self, cfg: DLedgerConfig, client: TransportClient, faults: FaultInjector | None,
-                 metrics: Metrics | None = None, state_machine: StateMachine | None = None) -> None:
+                 metrics: Metrics | None = None, state_machine: StateMachine | None = None,
+                 membership: Membership | None = None) -> None:
+        """`membership`: the group's configuration for a member joining it (`--join`), used by
+        the node only while neither its log nor its snapshot holds one."""
         self.cfg = cfg
         self.loop = asyncio.get_running_loop()
         self.client = client
         self.faults = faults  # None unless started with --enable-fault-injection (then FAULT obeyed)
-        self.peers: dict[str, Peer] = cfg.member_map  # where members reach each other
+        # where members reach each other: the configuration in force (address_of), fed from the
+        # node after every step it takes (_follow_membership)
+        self.addresses = MemberAddresses(cfg)
+        self.on_members_removed: Callable[[GroupRuntime, dict[str, str]], None] | None = None
         self.store = open_store(cfg)
         try:
             self.host = StateMachineHost(cfg, state_machine)
@@ -174,7 +182,8 @@ class GroupRuntime:
                           cfg.group, cfg.self_id, self.store.begin_index)
             applier = Applier(start, start)
         try:
-            self.node = Node(cfg, self.store, now_ms(), applier=applier, snapshot=snap, producers=producers)
+            self.node = Node(cfg, self.store, now_ms(), applier=applier, snapshot=snap, producers=producers,
+                             membership=membership)
             self.node.wall_offset_ms = int(time.time() * 1000) - now_ms()
         except BaseException:
             self.host.close()
@@ -201,6 +210,30 @@ class GroupRuntime:
             self._m_requests = _RequestCounts(metrics, cfg.group, cfg.self_id)
             self.store.fsync_observer = metrics.fsync_latency.labels(*labels).observe
             metrics.nodes.append(self.node)
+        self._follow_membership()
+
+    # --- the configuration in force --------------------------------------------------------
+
+    def address_of(self, member_id: str) -> str | None:
+        """Where members reach `member_id` under the configuration in force (None: not a member)."""
+        return self.addresses.address_of(member_id)
+
+    def member_ids(self) -> list[str]:
+        """The members (voters and learners) of the configuration in force."""
+        return self.addresses.ids()
+
+    def _follow_membership(self) -> None:
+        """Adopt the node's configuration if it changed (a CONFIG_CHANGE entry appended,
+        truncated or installed with a snapshot): sends go to the new addresses, and the
+        connections of members it removed are dropped (on_members_removed)."""
+        m = node_membership(self.node)
+        if m is self.addresses.membership or m == self.addresses.membership:  # (a copy the node made again)
+            return
+        before = {i: self.addresses.address_of(i) or "" for i in self.addresses.ids()}
+        removed = self.addresses.update(m)
+        log.info("%s/%s: configuration now %s", self.cfg.group, self.cfg.self_id, self.addresses.peers_string())
+        if removed and self.on_members_removed is not None:
+            self.on_members_removed(self, {i: before[i] for i in removed})
 
     async def start(self) -> None:
         self._ticker = self.loop.create_task(self._tick_forever())
@@ -266,6 +299,14 @@ class GroupRuntime:
         self.node.handle(code, req, data, token, now_ms(), principal=principal)  # type: ignore[arg-type]
         self._schedule_drain()
 
+    def admits(self, code: int, req: Any) -> bool:
+        """Whether the node takes member message `code` from its sender (Node.admits); one it
+        refuses as an unknown leader makes it ask the members it knows about it."""
+        ok = self.node.admits(code, req.leader_id, getattr(req, "term", -1), now_ms())
+        if not ok:
+            self._schedule_drain()
+        return ok
+
     def _counted(self, code: int, member: bool, respond: Respond) -> Respond:
         """`respond`, also counting the request by its kind, its code and its answer's."""
         counts = self._m_requests
@@ -323,14 +364,14 @@ class GroupRuntime:
     def status(self) -> GroupStatus:
         """The group as this member sees it now (a frozen copy)."""
         node, cfg = self.node, self.cfg
-        member, peers = node.member, cfg.peer_map
+        member, addresses = node.member, self.addresses
         leader = member.leader_id or ""
         applier = node.applier
         return GroupStatus(cfg.group, cfg.self_id, member.term, member.is_leader, leader,
-                           peers[leader].address if leader in peers else "",
+                           (addresses.client_address(leader) or "") if leader else "",
                            member.is_leader and node.reads.lease_valid(), node.store.committed_index,
                            applier.applied_index if applier is not None else -1, node.store.end_index,
-                           tuple((p.id, p.address) for p in peers.values()))
+                           tuple((i, addresses.client_address(i) or "") for i in addresses.ids()))
 
     async def read_state(self, fn: Callable[[], T]) -> T:
         """fn() on the state machine's thread, between two applies (the state never changes
@@ -379,7 +420,9 @@ class GroupRuntime:
 
     def _execute(self) -> None:
         self._drain_scheduled = False
-        for action in self.node.drain():
+        actions = self.node.drain()
+        self._follow_membership()  # before the sends: a new learner's address is known to them
+        for action in actions:
             if isinstance(action, Reply):
                 self._reply(action.token, action.msg, action.data)
             elif isinstance(action, Send):
@@ -469,8 +512,12 @@ class GroupRuntime:
                                              fut.result() if err is None else None), now_ms())
             self._execute()
 
-        self.host.submit(self.host.take_snapshot, s.index, s.term, s.chain_crc, s.next_pos, self.cfg.peers, s.keep,
-                         s.producers, done=done)
+        # the configuration as of the snapshot's index, as the node names it (a member restarting
+        # from this snapshot, or a follower installing it, recovers it); the command line's peers
+        # only if the node names none (a group that never changed)
+        members: str | Membership = s.members if s.members is not None else self.cfg.peers
+        self.host.submit(self.host.take_snapshot, s.index, s.term, s.chain_crc, s.next_pos, members, s.keep,
+                         s.producers, s.config_index, done=done)
 
     def _failure(self, err: BaseException | None, what: str) -> str:
         """"" for no error; else what to tell the node (a traceback in the log unless the disk
@@ -517,9 +564,11 @@ class GroupRuntime:
         faults = self.faults
         if faults is None or not faults.drops_to(
                 self.cfg.group, a.peer, isinstance(a.msg, LeadershipTransferRequest) and bool(a.msg.transfer_id)):
-            peer = self.peers[a.peer]
+            address = self.addresses.send_address(a.peer)
             try:
-                raw = await self.client.request(peer.address, Message(a.code, encode(a.msg), a.data),
+                if address is None:  # no longer (or not yet) in the configuration in force
+                    raise DLedgerError(ResponseCode.UNKNOWN_MEMBER, f"{a.peer} is not a member")
+                raw = await self.client.request(address, Message(a.code, encode(a.msg), a.data),
                                                 a.timeout_ms / 1000)
                 if raw.code != ResponseCode.NETWORK_ERROR:
                     resp = decode_response(a.code, raw.meta)
@@ -542,7 +591,7 @@ class GroupRuntime:
         if self.faults is None:
             raise DLedgerError(ResponseCode.UNSUPPORTED, FAULT_DISABLED)
         self.faults.set_member(self.cfg.group, blocked, spare_handover,
-                               [self.peers[b].address for b in blocked if b in self.peers])
+                               [a for b in blocked if (a := self.addresses.send_address(b)) is not None])
         log.warning("%s/%s: fault injection blocks %s%s", self.cfg.group, self.cfg.self_id, sorted(blocked),
                     " (but its hand-overs)" if spare_handover else "")
 
@@ -551,11 +600,14 @@ class DLedgerServer:
     """Serves one or more groups on the address this member has in `peers`."""
 
     def __init__(self, configs: DLedgerConfig | list[DLedgerConfig],
-                 state_machines: dict[str, StateMachine] | None = None) -> None:
+                 state_machines: dict[str, StateMachine] | None = None,
+                 joined: Mapping[str, Membership] | None = None) -> None:
         """`state_machines`: group -> the state machine it applies (else the config's
-        `state_machine`; none: a plain log)."""
+        `state_machine`; none: a plain log); `joined`: group -> the configuration a member
+        joining that group read from it (`dledger server --join`)."""
         self.configs = [configs] if isinstance(configs, DLedgerConfig) else list(configs)
         self.state_machines = dict(state_machines or {})
+        self.joined = dict(joined or {})
         if not self.configs:
             raise DLedgerError(ResponseCode.UNEXPECTED_ARGUMENT, "no group to serve")
         addresses = {(c.peer_map[c.self_id].address, c.member_map[c.self_id].address) for c in self.configs}
@@ -641,7 +693,9 @@ class DLedgerServer:
             for c in self.configs:
                 check_member_cert(tls, c.self_id)
         token = cfg0.auth_token.encode() if tls is None and cfg0.auth_token else None
-        names = {p.address: p.id for c in self.configs for p in c.member_map.values()}
+        # address -> member id of every hosted group's configuration in force, read at each
+        # connect: a learner added later is checked as the member its address belongs to
+        names = _LiveMemberAddresses(self.groups)
         # a member that comes back is reached within half a second (a 2 s backoff delayed every
         # restarted follower's catch-up and snapshot install by up to that much)
         self.client = TransportClient(max_frame_bytes=max_frame, faults=self.faults,
@@ -652,8 +706,10 @@ class DLedgerServer:
                 raise DLedgerError(ResponseCode.UNEXPECTED_ARGUMENT, f"group {cfg.group} configured twice")
             sm = self.state_machines[cfg.group] if cfg.group in self.state_machines \
                 else load_state_machine(cfg.state_machine)
-            self.groups[cfg.group] = GroupRuntime(cfg, self.client, self.faults if cfg.enable_fault_injection else None,
-                                                 self.metrics, sm)
+            g = self.groups[cfg.group] = GroupRuntime(cfg, self.client,
+                                                      self.faults if cfg.enable_fault_injection else None,
+                                                      self.metrics, sm, self.joined.get(cfg.group))
+            g.on_members_removed = self._members_removed
         for g in self.groups.values():
             await g.start()
         limits = Limits(max_connections=connection_cap(cfg0.max_connections),
@@ -690,6 +746,23 @@ class DLedgerServer:
         if self.client is not None:
             await self.client.close()
 
+    def _members_removed(self, g: GroupRuntime, removed: dict[str, str]) -> None:
+        """Members left `g`'s configuration: drop this process's connections to them, and
+        theirs to it (with TLS: connections under a certificate naming only removed members
+        of every hosted group). Nothing they send is taken any more (_refusal)."""
+        log.warning("%s/%s: members %s left the configuration: dropping their connections", g.cfg.group,
+                    g.cfg.self_id, sorted(removed))
+        still = {i for h in self.groups.values() for i in h.member_ids()}
+        if self.client is not None:
+            for member_id, address in removed.items():
+                if address and member_id not in still:
+                    self.client.drop(address, f"{member_id} was removed from group {g.cfg.group}")
+        gone = set(removed) - still
+        if self.server is not None and gone:
+            self.server.close_where(lambda c: c.principal.bound and bool(c.principal.names & gone)
+                                    and not (c.principal.names & still),
+                                    f"member {sorted(gone)} was removed from group {g.cfg.group}")
+
     def node(self, group: str = "default") -> Node:
         return self.groups[group].node
 
@@ -713,7 +786,7 @@ class DLedgerServer:
         if g is None:
             self._answer(respond, _error(ResponseCode.UNKNOWN_GROUP, f"no group {req.group!r} here"), code, member)
             return
-        refusal = _refusal(g.cfg, code, req, caller, member)
+        refusal = _refusal(g, code, req, caller, member)
         if refusal is None and (problem := content_refusal(code, req, caller.principal)) is not None:
             refusal = _error(ResponseCode.UNAUTHENTICATED, problem)
         if refusal is not None:
@@ -779,17 +852,25 @@ def _log_security(cfg: DLedgerConfig) -> None:
                     cfg.self_id)
 
 
-def _refusal(cfg: DLedgerConfig, code: int, req: Any, caller: Caller, member_msg: bool) -> Message | None:
+_MEMBER_LISTENER_READS = frozenset((RequestCode.METADATA, RequestCode.MEMBERS))
+
+
+def _refusal(g: GroupRuntime, code: int, req: Any, caller: Caller, member_msg: bool) -> Message | None:
     """Who may send what (docs/security.md): member messages only on the member listener
-    (when there is one) and, with TLS, only under a certificate naming the sender member;
-    the member listener takes nothing from clients but METADATA. `member_msg`:
-    is_member_message(code, req)."""
+    (when there is one) and, with TLS, only under a certificate naming the sender, a member
+    the node takes messages from (GroupRuntime.admits: a member whose removal committed is
+    refused, a new learner taken); the member listener takes nothing from clients but
+    METADATA and MEMBERS. `member_msg`: is_member_message(code, req)."""
+    cfg = g.cfg
     if member_msg and caller.listener == LISTENER_CLIENT:
         return _error(ResponseCode.UNEXPECTED_MEMBER, "member messages go to the member listener (peer_listen)")
-    if not member_msg and caller.listener == LISTENER_MEMBER and code != RequestCode.METADATA:
+    if not member_msg and caller.listener == LISTENER_MEMBER and code not in _MEMBER_LISTENER_READS:
         return _error(ResponseCode.UNSUPPORTED, "this is the member listener: send client requests elsewhere")
     principal = caller.principal
-    if member_msg and principal.bound and not member_allowed(principal.names, req.leader_id, cfg.peer_map):
+    # the certificate names the sender, and the sender is a member the node takes messages from
+    # (GroupRuntime.admits: a configuration it holds, or a leader a member it knows vouched for)
+    sender = req.leader_id
+    if member_msg and principal.bound and not (sender in principal.names and g.admits(code, req)):
         return _error(ResponseCode.UNAUTHENTICATED,
                       f"a certificate naming {sorted(principal.names)} cannot speak for member {req.leader_id!r}")
     if member_msg and principal.bound:
@@ -814,9 +895,11 @@ def _error(code: ResponseCode, text: str) -> Message:
     return Message(int(code), encode(SimpleResponse(int(code), message=text)))
 
 
-async def serve_forever(configs: DLedgerConfig | list[DLedgerConfig], stop: asyncio.Event) -> None:
-    """Run a server until `stop` is set (the CLI sets it on SIGINT/SIGTERM)."""
-    server = DLedgerServer(configs)
+async def serve_forever(configs: DLedgerConfig | list[DLedgerConfig], stop: asyncio.Event,
+                        joined: Mapping[str, Membership] | None = None) -> None:
+    """Run a server until `stop` is set (the CLI sets it on SIGINT/SIGTERM); `joined`: see
+    DLedgerServer."""
+    server = DLedgerServer(configs, joined=joined)
     await server.start()
     for cfg in configs if isinstance(configs, list) else [configs]:
         me = cfg.peer_map[cfg.self_id]
@@ -831,6 +914,29 @@ async def serve_forever(configs: DLedgerConfig | list[DLedgerConfig], stop: asyn
         await stop.wait()
     finally:
         await server.stop()
+
+
+class _LiveMemberAddresses(Mapping[str, str]):
+    """address -> member id over the hosted groups' configurations in force, computed at each
+    look-up (a TLS handshake's check of the member an address belongs to)."""
+
+    def __init__(self, groups: Mapping[str, GroupRuntime]) -> None:
+        self._groups = groups
+
+    def _now(self) -> dict[str, str]:
+        out: dict[str, str] = {}
+        for g in self._groups.values():
+            out.update(g.addresses.member_addresses())
+        return out
+
+    def __getitem__(self, address: str) -> str:
+        return self._now()[address]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._now())
+
+    def __len__(self) -> int:
+        return len(self._now())
 
 
 class _Named(msgspec.Struct, array_like=True):

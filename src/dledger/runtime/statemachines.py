@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 
 from dledger.codes import DLedgerError, ResponseCode
 from dledger.config import DLedgerConfig
+from dledger.membership import Membership
 from dledger.ratelog import RateLimitedLog
 from dledger.statemachine.api import DirectoryReader, NullStateMachine, StateMachine
 from dledger.statemachine.install import InstallSink, SnapshotSource
@@ -126,10 +127,12 @@ class StateMachineHost:
                             meta.last_term)
         return read_producers(directory, meta)
 
-    def take_snapshot(self, index: int, term: int, chain_crc: int, next_pos: int, members: str,
-                      keep: tuple[int, ...] = (), producers: bytes = b"") -> SnapshotMeta:
+    def take_snapshot(self, index: int, term: int, chain_crc: int, next_pos: int, members: str | Membership,
+                      keep: tuple[int, ...] = (), producers: bytes = b"", config_index: int = -1) -> SnapshotMeta:
+        """`members`: the configuration as of `index` (a peers string only for a group that never
+        changed), `config_index` its CONFIG_CHANGE entry (-1: the command line's)."""
         return self.snapshots.take(self.sm or NullStateMachine(), index, term, chain_crc, members, next_pos, keep,
-                                   producers)
+                                   producers, config_index)
 
     def close(self) -> None:
         """Let the action running finish (never stop an apply half-way); drop the queued ones."""

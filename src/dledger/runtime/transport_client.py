@@ -200,6 +200,14 @@ class TransportClient:
             await conn.wait_closed()
         self._peers.clear()
 
+    def drop(self, address: str, reason: str) -> None:
+        """Close the connection to `address` (a member that left the group), failing what is in
+        flight on it with NETWORK_ERROR; a later request opens a new one."""
+        self._drop(address, reason)
+        peer = self._peers.pop(address, None)
+        if peer is not None and peer.connecting is not None:
+            peer.connecting.cancel()
+
     # -- internals -----------------------------------------------------------------------
 
     def _check_blocked(self, address: str, faults: FaultInjector) -> None:

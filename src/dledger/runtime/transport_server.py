@@ -631,6 +631,15 @@ class TransportServer:
         # UNAUTHENTICATED answers before the token handshake, and the policy's refusals
         self.on_refused: Callable[[int, int], None] | None = None
 
+    def close_where(self, which: Callable[[Caller], bool], reason: str) -> int:
+        """Close gracefully every connection `which` picks (a removed member's): what it sent
+        before is still answered. How many were closed."""
+        picked = [c for c in self._connections if not c.closing and which(c)]
+        for c in picked:
+            log.info("closing the connection from %s: %s", c.peer, reason)
+            c.close_gracefully(reason)
+        return len(picked)
+
     def answers_over(self, more: int = 0) -> bool:
         """The answers waiting to be sent (with `more`) exceed the server's budget."""
         return self.answers_queued + more > self.answer_limit

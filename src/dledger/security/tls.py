@@ -16,8 +16,11 @@ Identity rule:
   (`dledger certs` issues them so; it may carry more DNS/IP names for the hosts).
 * A member message (vote, heartbeat, push, ...) is accepted only when its sender id is one of
   the names on the connection's certificate (`cert_names` / `peer_names`) AND that id is a
-  member of the group (`member_allowed`). A member therefore cannot speak for another one,
-  and a certificate that names no member cannot speak as a member at all.
+  member of the group (`member_allowed`; a group whose membership changes: the node's own
+  rule, Node.takes_member: a member a configuration it holds names, or a leader newer than
+  its log that a member it knows names a voter, core.config_probe). A member therefore
+  cannot speak for another one, and a certificate of the CA whose name no configuration
+  holds leads nobody.
 * A client certificate (CN ``client`` by default) signed by the same CA may send client
   requests only (append, get, metadata, ...). Do not issue client certificates whose names
   are member ids: such a certificate would be accepted as that member.

@@ -1,4 +1,5 @@
-"""`python -m dledger.sim --seeds N [--start S] [--steps K] [--trace] [--controller | --brokers | --idempotent]`: run
+"""`python -m dledger.sim --seeds N [--start S] [--steps K] [--trace] [--membership] [--controller | --brokers |
+--idempotent]`: run
 simulation seeds (--controller: every member runs the controller's state machine, sim.controller;
 --brokers: controllers and a broker set, sim.brokers)."""
 
@@ -20,6 +21,8 @@ def main() -> int:
     ap.add_argument("--trace", action="store_true", help="print the trace of every failing seed")
     ap.add_argument("--controller", action="store_true", help="members run the controller (docs/controller.md)")
     ap.add_argument("--brokers", action="store_true", help="controllers and a broker set (AutoSwitch HA, sim.brokers)")
+    ap.add_argument("--membership", action="store_true",
+                    help="membership changes among the faults: learners added, promoted, voters and leaders removed")
     ap.add_argument("--idempotent", action="store_true",
                     help="appends from idempotent producers, checked for bodies stored twice (sim.producers)")
     args = ap.parse_args()
@@ -28,13 +31,15 @@ def main() -> int:
         return _brokers(args.start, args.seeds, args.trace)
     t0 = time.monotonic()
     failed = 0
-    acked = faults = installs = reads = 0
+    acked = faults = installs = reads = changes = configs = 0
     for seed in range(args.start, args.start + args.seeds):
-        rep = run_seed(seed, args.steps, "controller" if args.controller else "kv", args.idempotent)
+        rep = run_seed(seed, args.steps, "controller" if args.controller else "kv", args.idempotent, args.membership)
         acked += rep.acked
         faults += rep.faults
         installs += rep.installs
         reads += rep.reads
+        changes += rep.changes
+        configs += rep.configs
         if not rep.ok:
             failed += 1
             print(rep.summary())
@@ -44,7 +49,8 @@ def main() -> int:
                 print("\n".join("  " + t for t in rep.trace[-60:]))
     print(f"{args.seeds} seeds, {failed} failed, {acked} acknowledged appends checked, {faults} faults, "
           f"{installs} snapshots installed, {reads} linearizable reads checked, "
-          f"{time.monotonic() - t0:.1f} s")
+          + (f"{changes} membership changes asked, {configs} configurations committed, " if args.membership else "")
+          + f"{time.monotonic() - t0:.1f} s")
     return 1 if failed else 0
 
 

@@ -14,6 +14,13 @@ Invariants checked after every event: election safety, state machine safety,
 commit index monotonic, leader completeness; no member's commit index beyond its
 log, nor durable index beyond what its disk holds; in sync mode every
 acknowledged append on a majority of disks.
+
+Membership (`add_member`, `change_members`): new members join as learners with an empty
+store; ids are never reused, so the membership invariants can name them: at most one leader
+per term across configurations (election safety above), a committed configuration never
+rolls back (each member's newest committed configuration entry never goes back, and members
+agree on the configuration at each such entry), and a member removed by a committed
+configuration never leads.
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ from dledger.core.contexts import Answered, Applied, ChunkInstalled, ChunkRead, 
 from dledger.core.messages import (
     AppendRequest,
     AppendResponse,
+    ChangeMembersRequest,
     EntriesResponse,
     QueryResponse,
     ReadRequest,
@@ -51,6 +59,7 @@ from dledger.core.node import (
     Send,
     TakeSnapshot,
 )
+from dledger.membership import Membership
 from dledger.sim.disk import SimDiskStore
 from dledger.sim.machines import SimMachines, kv_machine
 
@@ -74,7 +83,7 @@ class _Event:
 
 
 _CLIENT_RETRY = {int(ResponseCode.NOT_LEADER), int(ResponseCode.LEADER_TRANSFERRING),
-                 int(ResponseCode.LEADER_PENDING_FULL)}
+                 int(ResponseCode.LEADER_PENDING_FULL), int(ResponseCode.NOT_A_MEMBER)}
 
 
 @dataclass
@@ -92,12 +101,15 @@ class SimCluster:
         # state_machines=True: every member applies its log to a KV store (sim.machines); or a
         # factory of another state machine (the controller's: sim.controller)
         machines = cfg_overrides.pop("state_machines", False)
+        # strict_members=True: members take leaders and candidates no configuration of theirs
+        # names only once a member they know vouches for them, as with TLS (core.config_probe)
+        self.strict_members = bool(cfg_overrides.pop("strict_members", False))
         with_machines = bool(machines)
         factory = (kv_machine if machines is True else machines) if with_machines else None
         self.now = 0
         self.tick_ms = tick_ms
         self.ids = [f"n{i}" for i in range(n)]
-        peers = ";".join(f"{i}-127.0.0.1:{20000 + k}" for k, i in enumerate(self.ids))
+        peers = ";".join(f"{i}-{self.address(i)}" for i in self.ids)
         self.cfgs = {i: DLedgerConfig(self_id=i, peers=peers, store_type="memory", **cfg_overrides) for i in self.ids}
         self.stores = {i: SimDiskStore() for i in self.ids}
         self.last_commit: dict[str, int] = {}
@@ -123,6 +135,7 @@ class SimCluster:
         self.quorum = n // 2 + 1
         self.fsync_ms: dict[str, tuple[int, int]] = {}  # per member, when its disk is slow
         self.acked_top: tuple[int, int, int] | None = None  # (index, term, chain) of the highest acked entry
+        self.acked_quorum = self.quorum  # the disks that must hold it
         # reads (the reads invariant): each linearizable or lease read must reflect every append
         # acknowledged, and every such read answered, before it was sent
         self.acked_max = -1
@@ -133,6 +146,17 @@ class SimCluster:
         self._corrupt_lead: dict[tuple[str, int], int] = {}  # (leader, term) -> when it knew itself corrupt
         # (a plain log's worker draws from its own generator: the seeds' schedules stay as they were)
         self.machines = SimMachines(self.ids, random.Random(self.rng.random() if with_machines else seed), factory)
+        # membership: a joining member's starting configuration (what `--join` fetches), the
+        # configuration first seen committed at each CONFIG_CHANGE index, each member's newest
+        # committed one, and the members committed configurations removed
+        self.cfg_overrides = cfg_overrides
+        self.joined: dict[str, Membership] = {}
+        self.configs: dict[int, Membership] = {}
+        self.config_seen: dict[str, int] = {}
+        self.removed: dict[str, int] = {}  # member -> the highest term when its removal was seen committed
+        self.voters: list[str] = list(self.ids)  # of the newest committed configuration seen
+        self.initial = list(self.ids)
+        self._config_top = -1
         for i in self.ids:
             self.start(i)
 
@@ -143,11 +167,49 @@ class SimCluster:
         store.on_request = lambda: self._schedule_fsync(member)
         applier, snapshot, producers = self.machines.start(member)
         node = Node(self.cfgs[member], store, self.now, random.Random(self.rng.random()), applier=applier,
-                    snapshot=snapshot, producers=producers)
+                    snapshot=snapshot, producers=producers, membership=self.joined.get(member))
+        node.probe.strict = self.strict_members
         self.nodes[member] = node
         self.last_commit[member] = store.committed_index
+        self.config_seen.pop(member, None)  # (its commit index restarts from the checkpoint)
         self.trace.append(f"{self.now} start {member} (end {store.end_index}, term {node.role_view().term})")
         self._schedule(self.now + self.rng.randint(0, self.tick_ms), "tick", (member,))
+
+    def add_member(self, membership: Membership) -> str:
+        """Start a new member with an empty store, as `dledger server --join` does: its id is
+        the next unused one, `membership` what the group answered MEMBERS (the leader's
+        configuration after adding it as a learner). Returns its id."""
+        member = f"n{len(self.ids)}"
+        self.ids.append(member)
+        peers = ";".join(f"{i}-{self.address(i)}" for i in self.ids)
+        self.cfgs[member] = DLedgerConfig(self_id=member, peers=peers, store_type="memory", **self.cfg_overrides)
+        self.stores[member] = SimDiskStore()
+        self.machines.add(member)
+        self.joined[member] = membership
+        self.trace.append(f"{self.now} new member {member}")
+        self.start(member)
+        return member
+
+    @staticmethod
+    def address(member: str) -> str:
+        """A member's address in configurations (the simulator routes by id)."""
+        return f"127.0.0.1:{20000 + int(member[1:])}"
+
+    def change_members(self, member: str, op: str, target: str, addr: str = "") -> tuple[str, str, int]:
+        """Send CHANGE_MEMBERS (`op` of `target`) to `member`; its answer lands in
+        test_answers[token] (the token is returned), once the change committed or was refused."""
+        token = ("test", "members", next(self._rid))
+        node = self.nodes[member]
+        if node is not None:
+            msg = ChangeMembersRequest(self.cfgs[member].group, "", "", op, target, addr)
+            node.handle(RequestCode.CHANGE_MEMBERS, msg, b"", token, self.now)
+            self.trace.append(f"{self.now} {member}: {op} {target}")
+            self._flush(member)
+        return token
+
+    def config(self, member: str) -> Membership:
+        """`member`'s configuration in force."""
+        return self._node(member).configs.current
 
     def crash(self, member: str, lose_unsynced: bool = True) -> None:
         """Stop a member; with `lose_unsynced` its unflushed writes are gone (power loss)."""
@@ -361,7 +423,7 @@ class SimCluster:
         self._flush(member)
 
     def _on_request(self, src: str, dst: str, rid: int, code: int, meta: bytes, data: bytes) -> None:
-        node = self.nodes[dst]
+        node = self.nodes.get(dst)  # (a member added to the configuration may not run yet)
         if node is None:
             return  # the sender's timeout fires
         node.handle(code, decode_request(code, meta), data, ("peer", src, rid, code), self.now)
@@ -413,7 +475,7 @@ class SimCluster:
             self._reply(member, Reply(action.token, RequestCode.QUERY, resp))
         elif isinstance(action, TakeSnapshot):
             meta = m.snapshot(member, action.index, action.term, action.chain_crc, action.next_pos,
-                              node.cfg.peers, action.keep, action.producers)
+                              action.members or node.cfg.peers, action.keep, action.producers, action.config_index)
             self.trace.append(f"{self.now} {member} snapshot through {action.index}")
             node.complete(SnapshotTaken(action.index, "", meta), self.now)
         elif isinstance(action, DropInstall):
@@ -476,6 +538,10 @@ class SimCluster:
         # (a duplicate answered with an original index that retention has deleted since: nothing to note)
         if (self.acked_top is None or last > self.acked_top[0]) and last >= self.stores[leader].begin_index:
             self.acked_top = (last, *self.stores[leader].term_chain(last)[:2])
+            # a majority of the voters in force on the leader (a configuration takes effect when
+            # appended: one that removed a voter may commit the entries before it)
+            node = self.nodes[leader]
+            self.acked_quorum = min(self.quorum, node.member.quorum) if node is not None else self.quorum
 
     def _check_invariants(self) -> None:
         """After every event: election safety, state machine safety (no two members
@@ -488,8 +554,6 @@ class SimCluster:
                 self.violations.append(f"{self.now}: {i} claims beyond its disk: commit {store.committed_index}, "
                                        f"durable {store.durable_index}, end {store.end_index}, "
                                        f"on disk {store.synced_index}")
-        if self.sync and self.acked_top is not None:
-            self._check_acked_durable()
         for i, node in self.nodes.items():
             if node is None:
                 continue
@@ -512,7 +576,13 @@ class SimCluster:
                     self.violations.append(f"{self.now}: {i} still leads term {m.term} with a corrupt record "
                                            f"{m.corrupt_index} known since {since}")
                     self._corrupt_lead[(i, m.term)] = 1 << 62  # report once
+            if node.configs.version or len(self.configs):
+                self._check_config(i, node, c)
             if m.role == Role.LEADER:
+                if m.term > self.removed.get(i, 1 << 62):
+                    self.violations.append(f"{self.now}: {i} leads term {m.term} after a committed configuration "
+                                           f"removed it in term {self.removed[i]}")
+                    self.removed[i] = 1 << 62  # report once
                 other = self.leaders_by_term.setdefault(m.term, i)
                 if other != i:
                     self.violations.append(f"{self.now}: two leaders in term {m.term}: {other} and {i}")
@@ -520,6 +590,36 @@ class SimCluster:
                     self._leader_checked[i] = m.term
                     self.trace.append(f"{self.now} {i} leads term {m.term} (end {store.end_index})")
                     self._check_completeness(i, store)
+        # (after the configurations: an entry acknowledged commits the configuration before it)
+        if self.sync and self.acked_top is not None:
+            self._check_acked_durable()
+
+    def _check_config(self, member: str, node: Node, commit: int) -> None:
+        """A committed configuration never rolls back: `member`'s newest committed configuration
+        entry never goes back while it runs, and every member holds the same configuration at
+        each such entry; the members it removed never lead again (ids are never reused)."""
+        index, cfg = node.configs.committed(commit)
+        seen = self.config_seen.get(member, -1)
+        if index < seen:
+            self.violations.append(f"{self.now}: {member}'s committed configuration went back {seen} -> {index}")
+        self.config_seen[member] = index
+        if index < 0:
+            return
+        first = self.configs.setdefault(index, cfg)
+        if first != cfg:
+            self.violations.append(f"{self.now}: {member} holds configuration {cfg} at committed entry {index}, "
+                                   f"another member {first}")
+        elif index > self._config_top:  # the newest yet: the members it dropped are removed
+            prev = self.configs.get(self._config_top)
+            self._config_top = index
+            before = set(prev.members) if prev is not None else set(self.initial)
+            term = max(n.role_view().term for n in self.nodes.values() if n is not None)
+            for gone in before - set(cfg.members):
+                self.removed.setdefault(gone, term)
+            self.voters = list(cfg.voters)
+            self.quorum = len(cfg.voters) // 2 + 1
+            self.trace.append(f"{self.now} configuration {index} committed: voters {','.join(cfg.voters)}, "
+                              f"learners {','.join(cfg.learners) or 'none'}")
 
     def _check_acked_durable(self) -> None:
         """The highest acknowledged entry is on a majority of disks (fsynced, same chain CRC);
@@ -527,7 +627,7 @@ class SimCluster:
         assert self.acked_top is not None
         index, term, chain = self.acked_top
         holders = [i for i, st in self.stores.items() if _on_disk(st, index, term, chain)]
-        if len(holders) < self.quorum:
+        if len(holders) < self.acked_quorum:
             self.violations.append(f"{self.now}: acknowledged entry {index} is on the disks of only {holders}")
             self.acked_top = None  # report once
 

@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from dledger.kv.machine import KVStateMachine
+from dledger.membership import Membership
 from dledger.statemachine.api import AppliedEntry, MemoryReader, MemoryWriter, StateMachine
 from dledger.statemachine.applier import Applier
 from dledger.statemachine.snapshot import PRODUCERS_FILE, FileInfo, SnapshotMeta
@@ -64,6 +65,11 @@ class SimMachines:
         self._sinks: dict[str, tuple[SnapshotMeta, bytearray]] = {}  # snapshots being received
         self.installs = 0  # snapshots adopted from a leader (reports)
 
+    def add(self, member: str) -> None:
+        """A new member (a learner joining the group), with nothing yet."""
+        self.snapshots.setdefault(member, [])
+        self.worker_free.setdefault(member, 0)
+
     def start(self, member: str) -> tuple[Applier | None, SnapshotMeta | None, bytes | None]:
         """A (re)started member: its newest snapshot restored, the log after it to apply; the
         snapshot's meta and producer table (for the node)."""
@@ -92,15 +98,15 @@ class SimMachines:
     def query(self, member: str, request: bytes) -> bytes:
         return self.sms[member].query(request)
 
-    def snapshot(self, member: str, index: int, term: int, chain_crc: int, next_pos: int, members: str,
-                 keep: tuple[int, ...] = (), producers: bytes = b"") -> SnapshotMeta:
+    def snapshot(self, member: str, index: int, term: int, chain_crc: int, next_pos: int, members: str | Membership,
+                 keep: tuple[int, ...] = (), producers: bytes = b"", config_index: int = -1) -> SnapshotMeta:
         w = MemoryWriter()
         if self.factory is not None:
             self.sms[member].snapshot(w)
         if producers:
             w.files[PRODUCERS_FILE] = producers
         files = {n: FileInfo(len(b), zlib.crc32(b)) for n, b in w.files.items()}
-        meta = SnapshotMeta(index, term, chain_crc, members, files, next_pos=next_pos)
+        meta = SnapshotMeta(index, term, chain_crc, members, files, next_pos=next_pos, config_index=config_index)
         self._keep(member, SimSnapshot(meta, w.files), keep)
         return meta
 

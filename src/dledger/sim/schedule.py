@@ -13,8 +13,14 @@ appends by design), a member restarting onto a failed disk, retention under disk
 pressure while a follower lags, bit rot in one member's committed record (one member at a
 time: the others hold good copies), which must be found, kept from leading and repaired
 before the run ends. Liveness: whenever the network is whole and a
-majority of members is up with fast, writable disks, an append must commit within
+majority of voters is up with fast, writable disks, an append must commit within
 LIVENESS_MS of simulated time.
+
+Membership (`membership=True`, `--membership`): between the faults, the leader is asked to
+add a learner (started at once with a fresh empty store, as `dledger server --join`), to
+promote a learner (refused while it is behind), or to remove a voter (the leader too) or a
+learner; a removed member keeps running. The simulator checks that a committed configuration
+never rolls back and that a removed member never leads (sim.cluster).
 """
 
 from __future__ import annotations
@@ -46,6 +52,8 @@ class SimReport:
     faults: int = 0
     installs: int = 0  # snapshots members installed from a leader
     reads: int = 0  # linearizable and lease reads answered (and checked)
+    changes: int = 0  # membership changes asked of the leader (--membership)
+    configs: int = 0  # configurations seen committed
     sim_ms: int = 0
 
     def summary(self) -> str:
@@ -54,11 +62,13 @@ class SimReport:
                 f"{self.faults} faults, {self.sim_ms} ms simulated)")
 
 
-def run_seed(seed: int, steps: int = 14, machine: str = "kv", idempotent: bool = False) -> SimReport:
+def run_seed(seed: int, steps: int = 14, machine: str = "kv", idempotent: bool = False,
+             membership: bool = False) -> SimReport:
     """`machine`: "kv" (a third of the seeds apply the log to a KV store, the rest are plain
     logs) or "controller" (every seed's members run the controller: sim.controller).
     `idempotent`: the appends come from idempotent producers (sim.producers), checked for
-    bodies stored twice."""
+    bodies stored twice. `membership`: membership changes among the faults (their own random
+    source: without them every seed runs as before)."""
     r = random.Random(seed)
     n = r.choice((3, 5))
     flush = r.choice(("sync", "async"))
@@ -71,12 +81,15 @@ def run_seed(seed: int, steps: int = 14, machine: str = "kv", idempotent: bool =
     extra = dict(state_machines=referee.machine if referee is not None else True,
                  snapshot_threshold_entries=r.choice((5, 20, 60)), snapshot_margin_entries=r.choice((0, 5, 30)),
                  install_chunk_bytes=r.choice((16, 64, 1024))) if machines else {}
-    c = SimCluster(n, seed=seed, net=net, tick_ms=20, flush=flush, **extra)
+    # odd membership seeds take unknown leaders only once vouched for, as members with TLS do
+    c = SimCluster(n, seed=seed, net=net, tick_ms=20, flush=flush, strict_members=membership and seed % 2 == 1,
+                   **extra)
     report = SimReport(seed, n, flush, True)
     disk_faults = r.random() < 0.5
     bodies: dict[int, bytes] = {}
     down: list[str] = []
     producers = SimProducers(c, random.Random(seed * 7 + 1)) if idempotent and referee is None else None
+    changes = random.Random(seed * 31 + 3) if membership else None
 
     def produced(name: str, seq: int, count: int) -> list[bytes]:
         out = [f"{seed}-{name}-{seq + j}".encode() for j in range(count)]
@@ -86,6 +99,8 @@ def run_seed(seed: int, steps: int = 14, machine: str = "kv", idempotent: bool =
         report.faults += _fault(c, r, n, flush, down)
         if disk_faults:
             report.faults += _disk_fault(c, r, n, flush, down)
+        if changes is not None:
+            report.changes += _membership_change(c, changes)
         if producers is not None:
             producers.step(produced)
         for k in range(r.randint(1, 6) if producers is None else 0):
@@ -116,6 +131,7 @@ def run_seed(seed: int, steps: int = 14, machine: str = "kv", idempotent: bool =
     report.sim_ms = c.now
     report.installs = c.machines.installs
     report.reads = c.reads_checked
+    report.configs = len(c.configs)
     report.ok = not report.violations
     report.trace = c.trace
     return report
@@ -180,12 +196,43 @@ def _disk_fault(c: SimCluster, r: random.Random, n: int, flush: str, down: list[
     return 1
 
 
+MAX_MEMBERS = 7  # voters and learners the membership changes grow a group to
+
+
+def _membership_change(c: SimCluster, r: random.Random) -> int:
+    """Ask the leader for one membership change (or none): add a learner and start it with an
+    empty store, promote a learner, remove a voter (the leader too, a third of the time) while
+    three remain, or remove a learner. Refusals (one pending, a learner behind, a leader not
+    ready) are part of the schedule. Returns 1 if a change was asked."""
+    leader = c.leader()
+    if leader is None or r.random() < 0.4:
+        return 0
+    cfg = c.config(leader)
+    x = r.random()
+    if x < 0.35 and len(cfg.members) < MAX_MEMBERS:
+        new = f"n{len(c.ids)}"
+        token = c.change_members(leader, "add-learner", new, c.address(new))
+        if token not in c.test_answers:  # not refused at once: the operator starts it (`--join`)
+            c.add_member(c.config(leader))
+    elif x < 0.65 and cfg.learners:
+        c.change_members(leader, "promote", r.choice(sorted(cfg.learners)))
+    elif x < 0.9 and len(cfg.voters) > 3:
+        voters = sorted(cfg.voters)
+        c.change_members(leader, "remove", leader if r.random() < 0.33 else r.choice(voters))
+    elif cfg.learners:
+        c.change_members(leader, "remove", r.choice(sorted(cfg.learners)))
+    else:
+        return 0
+    return 1
+
+
 def _check_applied(c: SimCluster, report: SimReport) -> None:
     """Every running member's state machine applies up to its commit index (none stopped):
-    one that was away while the others compacted installs the leader's snapshot."""
+    one that was away while the others compacted installs the leader's snapshot. A removed
+    member is out of the group: nobody repairs or feeds it (it must know it was removed)."""
     def applied() -> bool:
         return all((st := n.role_view()).has_state_machine and st.applied_index >= c.stores[i].committed_index
-                   for i, n in c.nodes.items() if n is not None)
+                   for i, n in c.nodes.items() if n is not None and not n.not_a_member)
 
     if not c.run_until(applied, 10_000):
         views = {i: n.status() for i, n in c.nodes.items() if n is not None}
@@ -215,7 +262,7 @@ def _rot(c: SimCluster, r: random.Random) -> int:
     (so good copies remain) and every member still holds that index (retention)."""
     if c.damaged():
         return 0
-    m = r.choice(c.ids)
+    m = r.choice([i for i in c.ids if i not in c.removed])  # (nobody repairs a removed member's records)
     st = c.stores[m]
     lo = max(s.begin_index for s in c.stores.values())
     if st.committed_index < lo:
@@ -257,8 +304,14 @@ def _repair(c: SimCluster, r: random.Random, flush: str) -> None:
 
 
 def _should_be_live(c: SimCluster) -> bool:
-    """The network is whole and a majority is up with fast disks that can write."""
-    return not c.blocked and not c.fsync_ms and len(c.healthy_disks()) >= c.quorum
+    """The network is whole and a majority of the voters is up with fast disks that can write."""
+    if c.blocked or c.fsync_ms:
+        return False
+    healthy = set(c.healthy_disks())
+    # a majority of the voters of every configuration that may decide: the committed one and
+    # those in force on running members (one not committed yet decides if its holders elect)
+    voter_sets = {tuple(c.voters)} | {tuple(n.member.voters) for n in c.nodes.values() if n is not None}
+    return all(len(healthy.intersection(v)) >= len(v) // 2 + 1 for v in voter_sets)
 
 
 def _commit_within(c: SimCluster, bound_ms: int, report: SimReport, when: str) -> bool:
@@ -314,15 +367,20 @@ def _settle(c: SimCluster, down: list[str], report: SimReport) -> None:
                                      f"(disks: {[(i, str(c.stores[i].pressure_error())) for i in c.ids]})")
         return
     top = c.stores[c.leader() or leader].committed_index
-    converged = c.run_until(lambda: all(c.stores[i].committed_index >= top for i in c.ids), 15_000)
+    # (removed members, and ones whose addition was lost, stay behind: no leader repairs them)
+    members = list(c.config(c.leader() or leader).members)
+    converged = c.run_until(lambda: all(c.stores[i].committed_index >= top for i in members), 15_000)
+    final = c.config(c.leader() or leader)
+    if converged and (differ := [i for i in members if c.nodes[i] is not None and c.config(i) != final]):
+        report.violations.append(f"members caught up but hold another configuration than the leader's: {differ}")
     if not converged:
-        state = {i: (c.stores[i].end_index, c.stores[i].committed_index) for i in c.ids}
+        state = {i: (c.stores[i].end_index, c.stores[i].committed_index) for i in members}
         report.violations.append(f"members did not catch up to commit {top} within 15 s: {state}")
     # bit rot: found by the scrub (a pass every 10 s) and repaired from the leader's copy;
     # below a member's log begin retention passed (no member needs the entry): beyond repair
     def repairable() -> list[tuple[str, int]]:
         floor = max(st.begin_index for st in c.stores.values())
-        return [(m, i) for m, i in c.damaged() if i >= floor]
+        return [(m, i) for m, i in c.damaged() if i >= floor and m in members]
 
     if repairable() and not c.run_until(lambda: not repairable(), 40_000):
         report.violations.append(f"corrupt records not repaired within 40 s: {repairable()} "
@@ -349,8 +407,10 @@ def _final_checks(c: SimCluster, bodies: dict[int, bytes], report: SimReport) ->
     if leader is None:
         return
     store = c.stores[leader]
-    # retention may have deleted the prefix on the leader: older members may still hold it
-    others = sorted(c.stores.values(), key=lambda st: st.begin_index)
+    # retention may have deleted the prefix on the leader: older members may still hold it (not
+    # the removed ones, nor the ones never added: their logs may hold what the group truncated)
+    members = c.config(leader).members
+    others = sorted((st for i, st in c.stores.items() if i in members), key=lambda st: st.begin_index)
     retained = others[-1].begin_index  # below this the group's retention floor has passed
     for cid, res in sorted(c.client_results.items()):
         if res.code != ResponseCode.SUCCESS or cid not in bodies:

@@ -178,6 +178,12 @@ class Bounds:
             c = self._clients[name] = cfg.client.client(cfg.groups[name], name)
         assert isinstance(c, DLedgerClient)
         m = wait_leader_view(c, name, cfg.timeout)
+        # the tasks planned from here on reach the group's members as the client knows them now
+        # (it follows membership changes: docs/clients.md), not only those the options named
+        known = c.peers_string()
+        if known != cfg.groups[name]:
+            log.info("group %s: members now %s (the options named %s)", name, known, cfg.groups[name])
+            cfg.groups[name] = known
         return m.ledger_begin_index, m.committed_index + 1
 
     def close(self) -> None:

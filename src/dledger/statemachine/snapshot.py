@@ -24,6 +24,7 @@ from typing import BinaryIO
 import msgspec
 
 from dledger.fsutil import fsync_path
+from dledger.membership import Membership
 from dledger.statemachine.api import DirectoryReader, SnapshotWriter, StateMachine
 
 log = logging.getLogger(__name__)
@@ -48,11 +49,14 @@ class SnapshotMeta(msgspec.Struct, frozen=True):
     last_index: int
     last_term: int
     chain_crc: int
-    members: str  # the group's peers string when it was taken
+    # the configuration at last_index (dledger.membership); a peers string in snapshots taken
+    # before membership changes existed (every member a voter: membership_of reads both)
+    members: str | Membership
     files: dict[str, FileInfo] = {}
     created_ms: int = 0
     version: int = 1
     next_pos: int = -1  # log position of entry last_index + 1: an installing follower's log begins there
+    config_index: int = -1  # the CONFIG_CHANGE entry `members` came from (-1: the command line's peers)
 
     @property
     def size(self) -> int:
@@ -88,8 +92,9 @@ class SnapshotStore:
                 log.warning("deleting a snapshot left half-written: %s", p)
                 shutil.rmtree(p, ignore_errors=True)
 
-    def take(self, sm: StateMachine, last_index: int, last_term: int, chain_crc: int, members: str,
-             next_pos: int = -1, keep: Collection[int] = (), producers: bytes = b"") -> SnapshotMeta:
+    def take(self, sm: StateMachine, last_index: int, last_term: int, chain_crc: int, members: str | Membership,
+             next_pos: int = -1, keep: Collection[int] = (), producers: bytes = b"",
+             config_index: int = -1) -> SnapshotMeta:
         """Write `sm`'s state (as of `last_index`) as the newest snapshot, with the producer
         table; prune old ones (but those in `keep`: being sent to a follower)."""
         final = self.dir / f"{last_index:020d}"
@@ -104,7 +109,7 @@ class SnapshotStore:
                 names.append(PRODUCERS_FILE)
             files = {name: _sealed(tmp / name) for name in names}
             meta = SnapshotMeta(last_index, last_term, chain_crc, members, files, int(time.time() * 1000),
-                                next_pos=next_pos)
+                                next_pos=next_pos, config_index=config_index)
             (tmp / META).write_bytes(msgspec.json.encode(meta))
             fsync_path(tmp / META)
             fsync_path(tmp)
