@@ -11,10 +11,19 @@ slave acks at once (upstream waited a heartbeat interval).
 from __future__ import annotations
 
 import logging
+from collections import deque
 
 from dledger.broker.epoch_file import EpochFileCache, find_consistent_point
 from dledger.broker.ha_master import HAConfig, HAProtocolError
-from dledger.broker.ha_packets import Ack, Handshake, HandshakeAnswer, HAState, MasterPacketReader, Transfer
+from dledger.broker.ha_packets import (
+    Ack,
+    Handshake,
+    HandshakeAnswer,
+    HAState,
+    MasterPacket,
+    MasterPacketReader,
+    Transfer,
+)
 from dledger.broker.log import BrokerLog
 from dledger.entry import HEADER, chain_before
 from dledger.store.base import StoreError
@@ -40,10 +49,17 @@ class SlaveClient:
         self._handshake_ms = 0
         self._started = False  # the first ack (where transfer starts) went out
         self._reader = MasterPacketReader()
+        self._pending: deque[MasterPacket] = deque()  # read, not acted on: the epoch file is being written
+
+    @property
+    def waiting(self) -> bool:
+        """Packets wait for the epoch file to be written (deferred writes)."""
+        return bool(self._pending)
 
     def connected(self, now_ms: int) -> list[bytes]:
         self.state, self._started = HAState.HANDSHAKE, False
         self._reader = MasterPacketReader()
+        self._pending.clear()
         self.last_read_ms = now_ms
         return [self._handshake(now_ms)]
 
@@ -86,10 +102,18 @@ class SlaveClient:
 
     def receive(self, data: bytes, now_ms: int) -> list[bytes]:
         """What the master sent; the acks to write (HAProtocolError, PacketError or
-        StoreError: close the connection and start over)."""
+        StoreError: close the connection and start over).
+
+        With deferred epoch writes (the runtime's) the packets after a change of the epoch
+        file wait in `pending` until the runtime has written it (`epochs.unwritten` is
+        False) and calls again (with b"" or more data): a truncation's epochs are on disk
+        before the records that follow it are appended, and a new epoch's entry before the
+        records it names are appended, so before any ack counts them."""
         self.last_read_ms = now_ms
+        self._pending.extend(self._reader.feed(data))
         grew = False
-        for p in self._reader.feed(data):
+        while self._pending and not self.epochs.unwritten:
+            p = self._pending.popleft()
             if isinstance(p, HandshakeAnswer):
                 if self.state != HAState.HANDSHAKE:
                     continue  # an answer to a repeated handshake: the first one was acted on
@@ -148,6 +172,12 @@ class SlaveClient:
             added = t.epoch != self.epochs.last_epoch and self.epochs.append_entry(t.epoch, t.epoch_start)
             if self.epochs.last_epoch != t.epoch:
                 raise HAProtocolError(f"a frame of epoch {t.epoch} our epoch file cannot take")
+            if added and self.epochs.unwritten:
+                # the entry is durable before its records are appended (`receive`): this frame
+                # again once it is (if they then fail to append, the next handshake's
+                # truncate_suffix_by_offset forgets the empty epoch)
+                self._pending.appendleft(t)
+                return False
             try:
                 self.log.append_records(t.body)
             except StoreError as e:
