@@ -89,3 +89,42 @@ def test_a_slave_appends_and_acks_a_new_epochs_records_only_after_its_entry_is_w
     up = slave.receive(b"", 3)
     assert not slave.waiting and slog.max_offset == mlog.max_offset
     assert acked(up) == [mlog.max_offset]
+
+
+def test_a_slave_leaves_its_cut_to_the_runtime_and_takes_no_role_meanwhile(tmp_path: Path) -> None:
+    """A divergent tail: the handshake answer waits until the runtime has cut the log (in a
+    worker thread); meanwhile no role change is taken (the log's end is not known yet)."""
+    mlog, mepochs = BrokerLog(MemoryLedgerStore()), EpochFileCache()
+    mepochs.append_entry(1, 0)
+    mlog.append([b"a" * 10], 1)
+    mepochs.append_entry(2, mlog.max_offset)
+    master = MasterHA(1, mlog, mepochs, CFG, {1})
+    path = tmp_path / "epochs"
+    slog, sepochs = BrokerLog(MemoryLedgerStore()), EpochFileCache(path)
+    sepochs.append_entry(1, 0)
+    slog.append([b"a" * 10, b"b" * 10, b"c" * 10], 1)  # the tail past the master's epoch 1 is not on it
+    held = slog.max_offset
+    r = ReplicaState("b0", slog, sepochs, CFG, AckSettings(), 1000)
+    sepochs.deferred = True  # (as the runtime: once the replica is built)
+    r.broker_id = 2
+    assert r.change_role(1, "h:1", 2, 1, {1}, "h:2") == Change.SLAVE
+    slave = r.slave
+    assert slave is not None
+    slave.defer_cuts = True
+    key = object()
+    master.opened(key, 0)
+    master.on_data(key, b"".join(slave.connected(0)), 0)
+    conn = master.connections[key]
+    up = slave.receive(b"".join(conn.output(1, master.confirm_offset, 1 << 20)), 1)
+    assert slave.cut_wanted == (mlog.max_offset, held) and slave.waiting
+    assert up == [] and slog.max_offset == held  # not cut, nothing acked
+    assert r.change_role(2, "h:2", 3, 1, {2}, "h:2") == Change.NONE  # no role while the cut is pending
+    slog.truncate_to(slave.cut_wanted[0])  # what the runtime does in its worker thread
+    slave.cut_made()
+    up = slave.receive(b"", 2)
+    if slave.waiting:  # the truncation's epoch-file change, written first
+        write(sepochs)
+        up += slave.receive(b"", 3)
+    assert not slave.waiting and slave.truncated_at == mlog.max_offset and slog.max_offset == mlog.max_offset
+    assert acked(up) == [mlog.max_offset]
+    assert r.change_role(2, "h:2", 3, 1, {2}, "h:2") == Change.MASTER

@@ -81,6 +81,13 @@ class ReplicaState:
             if master_epoch == self.master_epoch and self.role == BrokerRole.MASTER:
                 self.sync_state_set_read(master_epoch, sss, sss_epoch)
             return Change.NONE
+        if self.slave is not None and self.slave.cut_wanted is not None:
+            # the runtime is cutting our log off its event loop: the log's end is not known
+            # until it has (a new epoch begins there); the role is taken at the next answer
+            # (the periodic replica-info read asks again)
+            log.info("broker %s: a truncation of the log is in progress: master epoch %d taken at the next "
+                     "answer", self.name, master_epoch)
+            return Change.NONE
         if master_id == self.broker_id and master_epoch <= self.epochs.last_epoch:
             # we wrote in that epoch before a restart (and may have lost its unflushed tail,
             # which a slave may hold): a master only ever writes in a fresh epoch, which

@@ -407,6 +407,7 @@ class BrokerServer:
         self._feed("an fsync", lambda: self.agent.durable(now_ms(), index))
 
     def _follow_master(self, ha_address: str, client: SlaveClient) -> None:
+        client.defer_cuts = True  # the runner cuts the log in a worker thread (SlaveRunner)
         durable = self._durable.wait if client.ack_durable and self._durable is not None else None
         runner = SlaveRunner(client, ha_address, self._on_slave_progress, self._client_ssl, durable=durable,
                              faults=self.faults, broker_set=self.config.name, epochs_written=self._epochs_written)
