@@ -10,8 +10,10 @@ the next kill. Median and p99 over `--kills` kills.
 
 Throughput, one run on this machine, side by side: the 2-replica all-ack broker set (with
 flush=async, and again with flush=sync) vs a 3-member dledger group with flush=sync, for
-single 1 KiB appends from 16 concurrent clients and batches of 100 x 1 KiB from 4 clients,
-each for `--seconds`.
+single 1 KiB appends from 16 and from 64 concurrent callers on one client, and batches of
+100 x 1 KiB from 4 callers, each for `--seconds`. Each broker set is measured twice in the
+same run: first with the client's coalescing off (`coalesce=False`: every send its own
+SEND_MESSAGE, the path before coalescing), then on. `--kills 0` skips the failovers.
 """
 
 from __future__ import annotations
@@ -82,18 +84,27 @@ async def _load(send: Any, clients: int, seconds: float, batch: int) -> float:
     return done / seconds
 
 
-async def broker_rates(controller: str, seconds: float) -> dict[str, float]:
-    clients = [AsyncBrokerClient(controller, "b0", timeout=10) for _ in range(16)]
-    pool = iter(range(1 << 30))
+SINGLES = (16, 64)  # concurrent single-record callers on one client
+
+
+async def broker_rates(controller: str, seconds: float, coalesce: bool) -> dict[str, float]:
+    """One client: single sends from 16 and 64 concurrent callers (coalesced into shared
+    SEND_MESSAGE requests, or each its own request: the path before coalescing), and
+    batches of 100 from 4 callers."""
+    client = AsyncBrokerClient(controller, "b0", timeout=10, coalesce=coalesce)
 
     async def send(bodies: list[bytes]) -> None:
-        await clients[next(pool) % len(clients)].send_batch(bodies)
+        if len(bodies) == 1:
+            await client.send(bodies[0])
+        else:
+            await client.send_batch(bodies)
 
     try:
-        return {"single": await _load(send, 16, seconds, 1), "batch100": await _load(send, 4, seconds, 100)}
+        out = {f"single{n}": await _load(send, n, seconds, 1) for n in SINGLES}
+        out["batch100"] = await _load(send, 4, seconds, 100)
+        return out
     finally:
-        for c in clients:
-            await c.close()
+        await client.close()
 
 
 async def raft_rates(peers: str, seconds: float) -> dict[str, float]:
@@ -106,9 +117,17 @@ async def raft_rates(peers: str, seconds: float) -> dict[str, float]:
             await client.append_batch(bodies)
 
     try:
-        return {"single": await _load(send, 16, seconds, 1), "batch100": await _load(send, 4, seconds, 100)}
+        out = {f"single{n}": await _load(send, n, seconds, 1) for n in SINGLES}
+        out["batch100"] = await _load(send, 4, seconds, 100)
+        return out
     finally:
         await client.close()
+
+
+async def _both(controller: str, seconds: float) -> dict[str, dict[str, float]]:
+    """The path before coalescing, then with it, on the same deployment."""
+    return {"uncoalesced": await broker_rates(controller, seconds, coalesce=False),
+            "coalesced": await broker_rates(controller, seconds, coalesce=True)}
 
 
 def main() -> None:
@@ -123,11 +142,11 @@ def main() -> None:
                                     ["--all-ack-in-sync-state-set", "--flush", "sync"])
         with sync:
             wait_master(sync)
-            report["broker_2_replicas_all_ack_sync"] = asyncio.run(broker_rates(sync.controller, args.seconds))
+            report["broker_2_replicas_all_ack_sync"] = asyncio.run(_both(sync.controller, args.seconds))
         d = local_broker_cluster(Path(tmp) / "b", 3, 1, 2, free_port_run(7), ["--all-ack-in-sync-state-set"])
         with d:
             wait_master(d)
-            report["broker_2_replicas_all_ack"] = asyncio.run(broker_rates(d.controller, args.seconds))
+            report["broker_2_replicas_all_ack"] = asyncio.run(_both(d.controller, args.seconds))
             if args.kills:
                 times = sorted(failovers(d, args.kills))
                 report["failover_s"] = {"median": round(statistics.median(times), 3),
@@ -139,9 +158,10 @@ def main() -> None:
             report["raft_3_members_sync"] = asyncio.run(raft_rates(peers, args.seconds))
     r = report["raft_3_members_sync"]
     for side in ("broker_2_replicas_all_ack", "broker_2_replicas_all_ack_sync"):
-        report[f"ratio_{side}_over_raft"] = {k: round(v / r[k], 2) for k, v in report[side].items()}
-    for side in ("broker_2_replicas_all_ack", "broker_2_replicas_all_ack_sync", "raft_3_members_sync"):
-        report[side] = {k: round(v) for k, v in report[side].items()}
+        for mode, rates in report[side].items():
+            report[f"ratio_{side}_{mode}_over_raft"] = {k: round(v / r[k], 2) for k, v in rates.items()}
+            report[side][mode] = {k: round(v) for k, v in rates.items()}
+    report["raft_3_members_sync"] = {k: round(v) for k, v in r.items()}
     if args.json:
         print(json.dumps(report))
         return

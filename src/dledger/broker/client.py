@@ -35,6 +35,7 @@ from dledger.codes import DLedgerError, RequestCode, ResponseCode
 from dledger.controller.client import ControllerClient
 from dledger.runtime.blocking import LoopThread
 from dledger.runtime.client import error_text, never_sent
+from dledger.runtime.coalesce import Coalescer
 from dledger.runtime.transport import Message, TransportClient
 from dledger.security.roles import AccessRole, expect_role
 from dledger.security.tls import TlsConfig, client_context
@@ -64,10 +65,22 @@ class BrokerRecord:
 
 
 class AsyncBrokerClient:
-    """`tls`: the certificate a deployment run with TLS wants (brokers and controllers)."""
+    """`tls`: the certificate a deployment run with TLS wants (brokers and controllers).
 
-    def __init__(self, controller: str, broker: str, timeout: float = 10.0, tls: TlsConfig | None = None) -> None:
+    `send` calls made while others are being prepared (in the same loop iteration) travel
+    together as one SEND_MESSAGE (`coalesce`, runtime.coalesce, as AsyncDLedgerClient's
+    appends), each caller still getting its own offset and index; they share the request's
+    fate: all are written or none, and a send whose outcome is unknown (a timeout, a
+    connection lost mid-request) is unknown for every caller in it. `send_batch` is always
+    exactly one request."""
+
+    def __init__(self, controller: str, broker: str, timeout: float = 10.0, tls: TlsConfig | None = None,
+                 coalesce: bool = True, max_coalesced_bytes: int = 1 << 20) -> None:
         self.broker, self.timeout = broker, timeout
+        self.coalesce = coalesce
+        # one SEND_MESSAGE carries at most MAX_BATCH bodies (the broker refuses more)
+        self._coalescer: Coalescer[SendResult] = Coalescer(self._send_coalesced, max_coalesced_bytes,
+                                                           bm.MAX_BATCH, "send")
         self.controllers = ControllerClient(controller, timeout=min(timeout, 3.0), tls=tls)
         self._transport = TransportClient(backoff_max_s=0.5, ssl=client_context(tls) if tls else None,
                                           server_check=expect_role(AccessRole.BROKER, broker))
@@ -182,7 +195,31 @@ class AsyncBrokerClient:
     # --- sends ---------------------------------------------------------------------------------
 
     async def send(self, body: bytes) -> SendResult:
-        return (await self.send_batch([body]))[0]
+        if not self.coalesce:
+            return (await self.send_batch([body]))[0]
+        return await self._coalescer.submit(bytes(body))
+
+    @property
+    def send_requests(self) -> int:
+        """SEND_MESSAGE requests the coalesced `send` calls went out in (tests, benchmarks)."""
+        return self._coalescer.batches
+
+    async def _send_coalesced(self, bodies: list[bytes]) -> list[SendResult | DLedgerError]:
+        """One request for the bodies of several callers. Refused as a whole for a bad
+        argument (nothing was written), each body is sent alone, so only the caller at fault
+        gets the error."""
+        try:
+            return list(await self.send_batch(bodies))
+        except DLedgerError as e:
+            if e.code != ResponseCode.UNEXPECTED_ARGUMENT or len(bodies) == 1:
+                raise
+        return list(await asyncio.gather(*(self._send_one(b) for b in bodies)))
+
+    async def _send_one(self, body: bytes) -> SendResult | DLedgerError:
+        try:
+            return (await self.send_batch([body]))[0]
+        except DLedgerError as e:
+            return e
 
     async def send_batch(self, bodies: Sequence[bytes]) -> list[SendResult]:
         """Append `bodies` as one batch at the master; acknowledged per its ack settings."""
@@ -374,8 +411,9 @@ class BrokerClient:
     """Blocking twin of AsyncBrokerClient (its own event-loop thread: works inside notebooks
     and Spark tasks)."""
 
-    def __init__(self, controller: str, broker: str, timeout: float = 10.0, tls: TlsConfig | None = None) -> None:
-        self._async = AsyncBrokerClient(controller, broker, timeout, tls)
+    def __init__(self, controller: str, broker: str, timeout: float = 10.0, tls: TlsConfig | None = None,
+                 coalesce: bool = True) -> None:
+        self._async = AsyncBrokerClient(controller, broker, timeout, tls, coalesce=coalesce)
         self._loop = LoopThread("dledger-broker-client")
         self._run = self._loop.run
 

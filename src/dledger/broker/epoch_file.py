@@ -78,11 +78,20 @@ def _with_ends(entries: list[EpochEntry]) -> list[EpochEntry]:
 
 class EpochFileCache:
     """The entries in memory (ascending epochs, strictly ascending starts), written through to
-    `path` on every change (none: memory only, for the simulator and tests)."""
+    `path` on every change (none: memory only, for the simulator and tests).
+
+    `deferred` (the broker runtime sets it once the replica is built): a change is made in
+    memory only and counted in `version`; the runtime writes `snapshot()` with `write` from a
+    worker thread (off its event loop) and says so with `written_up_to`. Until then
+    `unwritten` holds, and whatever must not outrun the file waits for it (a new master's
+    sends, a slave's next records: broker.server, broker.ha_slave)."""
 
     def __init__(self, path: Path | None = None) -> None:
         self.path = path
         self.entries: list[EpochEntry] = self._load() if path is not None else []
+        self.deferred = False
+        self.version = 0  # changes made in memory
+        self.written = 0  # the newest change on disk
 
     def _load(self) -> list[EpochEntry]:
         assert self.path is not None
@@ -98,8 +107,32 @@ class EpochFileCache:
 
     def _flush(self) -> None:
         self.entries = _with_ends(self.entries)
+        self.version += 1
+        if self.path is not None and self.deferred:
+            return  # the runtime writes it (`snapshot`, `write`, `written_up_to`)
         if self.path is not None:
             write_with_backup(self.path, encode(self.entries))
+        self.written = self.version
+
+    # --- deferred writes ---------------------------------------------------------------------
+
+    @property
+    def unwritten(self) -> bool:
+        """A change is in memory that is not on disk yet (deferred writes only)."""
+        return self.written < self.version
+
+    def snapshot(self) -> tuple[int, bytes]:
+        """The current version and its bytes (taken on the owner's thread)."""
+        return self.version, encode(self.entries)
+
+    def write(self, data: bytes) -> None:
+        """Write a snapshot's bytes (`.bak`, then the file): touches no state, so a worker
+        thread may run it; one at a time (the temp files have one name each)."""
+        assert self.path is not None
+        write_with_backup(self.path, data)
+
+    def written_up_to(self, version: int) -> None:
+        self.written = max(self.written, version)
 
     # --- changes ---------------------------------------------------------------------------
 

@@ -188,6 +188,18 @@ class HAListener:
                         await wake.wait()
 
 
+async def _finish(work: Awaitable[None]) -> None:
+    """Await `work` (a worker thread's), to its end even if cancelled: a thread cannot be
+    stopped, and a cancelled caller (stop(), a role change) must not race it."""
+    task = asyncio.ensure_future(work)
+    try:
+        await asyncio.shield(task)
+    except asyncio.CancelledError:
+        with contextlib.suppress(Exception):
+            await task
+        raise
+
+
 class SlaveRunner:
     """A slave's connection to its master's HA port, reconnecting until cancelled;
     `on_progress` runs after every frame that changed the log or the confirm offset."""
@@ -195,9 +207,13 @@ class SlaveRunner:
     def __init__(self, client: SlaveClient, master_ha_address: str, on_progress: Callable[[], None],
                  ssl_context: ssl.SSLContext | None = None,
                  durable: Callable[[int], Awaitable[None]] | None = None,
-                 faults: FaultInjector | None = None, broker_set: str = "") -> None:
+                 faults: FaultInjector | None = None, broker_set: str = "",
+                 epochs_written: Callable[[], Awaitable[None]] | None = None) -> None:
         """With TLS, the master's certificate must be a replica of `broker_set`. `faults`
-        (--enable-fault-injection only): while its `ha_cut` holds, no connection to the master."""
+        (--enable-fault-injection only): while its `ha_cut` holds, no connection to the master.
+        `epochs_written`: waits until the epoch file's changes so far are on disk (written off
+        the event loop; the client holds back the packets that must follow them)."""
+        self._epochs_written = epochs_written
         self.client, self.address, self._on_progress, self._ssl = client, master_ha_address, on_progress, ssl_context
         self.broker_set = broker_set
         self._warn = RateLimitedLog(log).warning
@@ -259,6 +275,24 @@ class SlaveRunner:
             now = now_ms()
             before = (c.log.max_offset, c.confirm_offset)
             out = (c.receive(data, now) if data else []) + c.tick(now)
+            while c.waiting and self._epochs_written is not None:
+                if c.cut_wanted is not None:
+                    # the log is cut (zeroed, fsynced: the store's locks keep the loop's readers
+                    # out meanwhile) before the handshake answer is acted on and anything
+                    # after it appended; no role change happens meanwhile (ReplicaState)
+                    cut = c.cut_wanted[0]
+                    try:
+                        await _finish(asyncio.to_thread(c.log.truncate_to, cut))
+                    finally:  # (cancelled once the thread ended, or failed: whatever the log says)
+                        if c.log.max_offset <= cut:
+                            c.cut_made()
+                        else:
+                            c.cut_wanted = None
+                else:
+                    # the epoch file's change (a truncation's, a new epoch's entry) is on disk
+                    # before the records after it are appended and acked (SlaveClient.receive)
+                    await self._epochs_written()
+                out += c.receive(b"", now_ms())
             if self._durable is not None and c.log.durable_offset < c.log.max_offset:
                 await self._durable(c.log.end_index)
                 out += c.ack_if_grew(now_ms())

@@ -11,10 +11,19 @@ slave acks at once (upstream waited a heartbeat interval).
 from __future__ import annotations
 
 import logging
+from collections import deque
 
 from dledger.broker.epoch_file import EpochFileCache, find_consistent_point
 from dledger.broker.ha_master import HAConfig, HAProtocolError
-from dledger.broker.ha_packets import Ack, Handshake, HandshakeAnswer, HAState, MasterPacketReader, Transfer
+from dledger.broker.ha_packets import (
+    Ack,
+    Handshake,
+    HandshakeAnswer,
+    HAState,
+    MasterPacket,
+    MasterPacketReader,
+    Transfer,
+)
 from dledger.broker.log import BrokerLog
 from dledger.entry import HEADER, chain_before
 from dledger.store.base import StoreError
@@ -40,10 +49,22 @@ class SlaveClient:
         self._handshake_ms = 0
         self._started = False  # the first ack (where transfer starts) went out
         self._reader = MasterPacketReader()
+        self._pending: deque[MasterPacket] = deque()  # read, not acted on: the epoch file is being written
+        # the runtime cuts the log off its event loop: `cut_wanted` (where, and the log's end
+        # before) until `cut_made`; no role change happens meanwhile (ReplicaState.change_role)
+        self.defer_cuts = False
+        self.cut_wanted: tuple[int, int] | None = None
+
+    @property
+    def waiting(self) -> bool:
+        """Packets wait for the epoch file to be written or the log to be cut (deferred)."""
+        return bool(self._pending)
 
     def connected(self, now_ms: int) -> list[bytes]:
         self.state, self._started = HAState.HANDSHAKE, False
         self._reader = MasterPacketReader()
+        self._pending.clear()
+        self.cut_wanted = None
         self.last_read_ms = now_ms
         return [self._handshake(now_ms)]
 
@@ -86,14 +107,24 @@ class SlaveClient:
 
     def receive(self, data: bytes, now_ms: int) -> list[bytes]:
         """What the master sent; the acks to write (HAProtocolError, PacketError or
-        StoreError: close the connection and start over)."""
+        StoreError: close the connection and start over).
+
+        With deferred epoch writes (the runtime's) the packets after a change of the epoch
+        file wait in `pending` until the runtime has written it (`epochs.unwritten` is
+        False) and calls again (with b"" or more data): a truncation's epochs are on disk
+        before the records that follow it are appended, and a new epoch's entry before the
+        records it names are appended, so before any ack counts them."""
         self.last_read_ms = now_ms
+        self._pending.extend(self._reader.feed(data))
         grew = False
-        for p in self._reader.feed(data):
+        while self._pending and not self.epochs.unwritten:
+            p = self._pending.popleft()
             if isinstance(p, HandshakeAnswer):
                 if self.state != HAState.HANDSHAKE:
                     continue  # an answer to a repeated handshake: the first one was acted on
-                self._truncate(p)
+                if not self._truncate(p):
+                    self._pending.appendleft(p)  # once the runtime has cut the log (`cut_wanted`)
+                    break
                 self.state = HAState.TRANSFER
                 grew = True  # ack at once, even an empty log: the master starts from it
             else:
@@ -101,8 +132,11 @@ class SlaveClient:
                 grew |= self._on_transfer(p)
         return self._ack(now_ms) if grew else []
 
-    def _truncate(self, answer: HandshakeAnswer) -> None:
-        """doTruncate: cut the log where it stops agreeing with the master's."""
+    def _truncate(self, answer: HandshakeAnswer) -> bool:
+        """doTruncate: cut the log where it stops agreeing with the master's. With `defer_cuts`
+        (the runtime's) a cut is left to the runtime (off its event loop): False, and
+        `cut_wanted` says where; once it has cut, `cut_made`, and the answer is acted on again
+        (the consistent point is then the log's end: nothing more to cut)."""
         local_max = self.log.max_offset
         if not self.epochs.entries:
             cut = self.log.min_offset  # a new replica (or records of no known epoch: fetch them again)
@@ -119,14 +153,29 @@ class SlaveClient:
                 raise HAProtocolError(f"no consistent point with the master (local epochs {self.epochs.entries}, "
                                       f"the master's {list(answer.entries)}): an operator must act{gone}")
         if cut < local_max:
+            if self.defer_cuts:
+                self.cut_wanted = (cut, local_max)
+                return False
             self.log.truncate_to(cut)
-            self.truncated_at = cut
-            self.cuts += 1
-            log.warning("slave %d: truncated its log from %d to %d (not on the master)", self.broker_id,
-                        local_max, self.log.max_offset)
+            self._cut(cut, local_max)
         # epochs that wrote nothing we keep (an old master's empty last epoch) go too
         self.epochs.truncate_suffix_by_offset(self.log.max_offset)
         self.confirm_offset = min(self.confirm_offset, self.log.max_offset)
+        return True
+
+    def cut_made(self) -> None:
+        """The runtime cut the log at `cut_wanted` (StoreError: it did not, and closes the
+        connection; `connected` starts over)."""
+        assert self.cut_wanted is not None
+        cut, was = self.cut_wanted
+        self.cut_wanted = None
+        self._cut(cut, was)
+
+    def _cut(self, cut: int, was: int) -> None:
+        self.truncated_at = cut
+        self.cuts += 1
+        log.warning("slave %d: truncated its log from %d to %d (not on the master)", self.broker_id, was,
+                    self.log.max_offset)
 
     def _on_transfer(self, t: Transfer) -> bool:
         if self.state != HAState.TRANSFER:
@@ -148,6 +197,12 @@ class SlaveClient:
             added = t.epoch != self.epochs.last_epoch and self.epochs.append_entry(t.epoch, t.epoch_start)
             if self.epochs.last_epoch != t.epoch:
                 raise HAProtocolError(f"a frame of epoch {t.epoch} our epoch file cannot take")
+            if added and self.epochs.unwritten:
+                # the entry is durable before its records are appended (`receive`): this frame
+                # again once it is (if they then fail to append, the next handshake's
+                # truncate_suffix_by_offset forgets the empty epoch)
+                self._pending.appendleft(t)
+                return False
             try:
                 self.log.append_records(t.body)
             except StoreError as e:

@@ -66,6 +66,7 @@ class ReplicaState:
         self.unresolved = False  # refused: read the controller's set before the next proposal
         self._confirm = max(min(confirm_offset, log_.max_offset), -1)  # recovery may have cut the log
         self._seen_cuts = 0
+        self._entry_version = 0  # the epoch file's version holding our master epoch's entry
         # a (re)started replica: epochs that begin past what recovery kept wrote nothing it has
         epochs.truncate_suffix_by_offset(log_.max_offset + 1)
         self.forget_deleted_epochs()  # (retention may have deleted files just before a crash)
@@ -80,6 +81,13 @@ class ReplicaState:
             if master_epoch == self.master_epoch and self.role == BrokerRole.MASTER:
                 self.sync_state_set_read(master_epoch, sss, sss_epoch)
             return Change.NONE
+        if self.slave is not None and self.slave.cut_wanted is not None:
+            # the runtime is cutting our log off its event loop: the log's end is not known
+            # until it has (a new epoch begins there); the role is taken at the next answer
+            # (the periodic replica-info read asks again)
+            log.info("broker %s: a truncation of the log is in progress: master epoch %d taken at the next "
+                     "answer", self.name, master_epoch)
+            return Change.NONE
         if master_id == self.broker_id and master_epoch <= self.epochs.last_epoch:
             # we wrote in that epoch before a restart (and may have lost its unflushed tail,
             # which a slave may hold): a master only ever writes in a fresh epoch, which
@@ -92,10 +100,15 @@ class ReplicaState:
                       "docs/controller.md)", self.name, master_epoch, self.epochs.last_epoch)
             return Change.NONE
         if master_id == self.broker_id:
-            # the epoch begins at the log's end: its records durable first, then the entry,
-            # before anything changes (a write error leaves the replica as it was)
-            self.log.store.flush()
+            # the epoch begins at the log's end: its records durable first, then the entry.
+            # Written here (a write error leaves the replica as it was), or, with deferred
+            # epoch writes (the runtime), by the runtime off its event loop, which fsyncs the
+            # log first; until the entry is on disk `send_refusal` refuses every send, so no
+            # record of the epoch is written, let alone acknowledged, before it is durable
+            if not self.epochs.deferred:
+                self.log.store.flush()
             self.epochs.append_entry(master_epoch, self.log.max_offset)
+            self._entry_version = self.epochs.version
         confirm = self.confirm_offset
         self._stop_slave()
         self.master_epoch, self.master_id, self.master_address = master_epoch, master_id, master_address
@@ -249,6 +262,10 @@ class ReplicaState:
             hint = f"; the master is {self.master_id} at {self.master_address}" if self.master_address else ""
             return DLedgerError(ResponseCode.SERVICE_NOT_AVAILABLE,
                                 f"broker {self.name} id {self.broker_id} is {self.role.value}{hint}")
+        if self.epochs.written < self._entry_version:
+            return DLedgerError(ResponseCode.SERVICE_NOT_AVAILABLE,
+                                f"broker {self.name}: master epoch {self.master_epoch} is being made durable "
+                                "(the log's fsync and the epoch file): not accepting sends yet")
         if not self.lease_valid(now_ms):
             return DLedgerError(ResponseCode.SERVICE_NOT_AVAILABLE,
                                 f"broker {self.name}: the master's lease has expired (the controller leader is not "

@@ -89,6 +89,7 @@ PARKED_PER_CONNECTION = 16
 MAX_PARKED = 1024
 PULL_COST = 16  # a PULL's share of the transport's work per loop turn (about 128 KiB of it)
 HOUSEKEEPING_S = 0.1  # the agent's timers are ticked at least this often
+EPOCH_RETRY_S = 0.5  # a failed epoch-file write is tried again after this
 
 
 def _error(code: ResponseCode, text: str) -> Message:
@@ -117,6 +118,10 @@ class BrokerServer:
                                  config.lease_ms, now_ms=now_ms(), broker_id=self.registration.broker_id,
                                  confirm_offset=read_confirm(root)[0])
         self.replica = self.agent.replica
+        # from here on the epoch file is written off the event loop (`_write_epochs`)
+        self.epochs.deferred = True
+        self._epoch_writer: asyncio.Task[None] | None = None  # the one epoch-file write in flight
+        self._epochs_event = asyncio.Event()  # set (and replaced) after each write
         self._saved_confirm = self.replica.confirm_offset
         self._confirm_to_save = self._saved_confirm  # the newest SaveConfirm's offset
         self._saver: asyncio.Task[None] | None = None  # the one confirm-offset save in flight
@@ -166,17 +171,26 @@ class BrokerServer:
 
     async def stop(self) -> None:
         self._stopping = True  # (closing the HA listener may still report a proposal: not acted on)
-        saver = self._saver  # finishes its write (a cancelled thread would not stop, and race the last save)
-        tasks = [t for t in (*self._tasks, *([self._slave_task] if self._slave_task else [])) if t is not saver]
+        # the savers finish their writes (a cancelled thread would not stop, and race the last save)
+        savers = [t for t in (self._saver, self._epoch_writer) if t is not None]
+        tasks = [t for t in (*self._tasks, *([self._slave_task] if self._slave_task else [])) if t not in savers]
         for t in tasks:
             t.cancel()
-        for t in [*tasks, *([saver] if saver else [])]:
+        for t in [*tasks, *savers]:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
         await self.ha.close()
         await self.transport.close()
         await self.controller.close()
         self._save_confirm()
+        if self.epochs.unwritten:  # (the writer gave up on an error: once more, on the loop)
+            try:
+                self.store.flush()
+                version, data = self.epochs.snapshot()
+                self.epochs.write(data)
+                self.epochs.written_up_to(version)
+            except Exception as e:
+                log.error("broker %s: writing the epoch file at stop failed: %s", self.config.name, e)
         self.store.close()
 
     def _spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
@@ -214,6 +228,53 @@ class BrokerServer:
         finally:
             self._saver = None
 
+    # --- the epoch file ----------------------------------------------------------------------
+
+    def _write_epochs_later(self) -> None:
+        """Start the epoch-file writer if a change waits for it (one write at a time: the
+        file's temp and `.bak` have one name each; each write is of the newest entries)."""
+        if self.epochs.unwritten and self._epoch_writer is None and not self._stopping:
+            self._epoch_writer = asyncio.get_running_loop().create_task(self._write_epochs())
+
+    async def _write_epochs(self) -> None:
+        """Write the epoch file off the event loop, in order of the changes (each write takes
+        the newest snapshot: a later one holds every earlier change). Before each write the
+        log is fsynced up to its end at the snapshot (the store's flush thread): a new
+        master's epoch begins at its log's end, and its records are durable before the entry
+        that starts after them (ReplicaState.change_role). What must not outrun the file
+        waits for `written`: a new master's sends are refused until its entry is written
+        (ReplicaState.send_refusal), a slave's packets after a change wait (`_epochs_written`).
+        A failed write is tried again (meanwhile those stay held), at stop once more."""
+        try:
+            while self.epochs.unwritten:
+                version, data = self.epochs.snapshot()
+                end = self.store.end_index
+                try:
+                    if self._durable is not None:
+                        await self._durable.wait(end)
+                    await asyncio.to_thread(self.epochs.write, data)
+                except Exception as e:
+                    log.error("broker %s: writing the epoch file failed (tried again; sends and replication "
+                              "wait): %s", self.config.name, e)
+                    if self._stopping:
+                        return
+                    await asyncio.sleep(EPOCH_RETRY_S)
+                    continue
+                self.epochs.written_up_to(version)
+                event, self._epochs_event = self._epochs_event, asyncio.Event()
+                event.set()
+        finally:
+            self._epoch_writer = None
+
+    async def _epochs_written(self) -> None:
+        """Until the epoch file's changes made so far are on disk."""
+        target = self.epochs.version
+        while self.epochs.written < target:
+            self._write_epochs_later()
+            if self._stopping and self._epoch_writer is None:
+                raise asyncio.CancelledError()  # (no writer at stop: the session ends)
+            await self._epochs_event.wait()
+
     @property
     def role(self) -> BrokerRole:
         return self.replica.role
@@ -239,12 +300,14 @@ class BrokerServer:
         self._run(effects)
 
     def _run(self, effects: list[Effect]) -> None:
-        """Do what the agent decided, in order (one that fails does not stop the others)."""
+        """Do what the agent decided, in order (one that fails does not stop the others);
+        then write the epoch file if the input changed it (off the loop: `_write_epochs`)."""
         for e in effects:
             try:
                 self._do(e)
             except Exception:
                 log.exception("broker %s: carrying out %s failed", self.config.name, type(e).__name__)
+        self._write_epochs_later()
 
     def _do(self, e: Effect) -> None:
         if self._stopping and isinstance(e, CallController | SendHeartbeat | Register | AwaitDurable):
@@ -344,9 +407,10 @@ class BrokerServer:
         self._feed("an fsync", lambda: self.agent.durable(now_ms(), index))
 
     def _follow_master(self, ha_address: str, client: SlaveClient) -> None:
+        client.defer_cuts = True  # the runner cuts the log in a worker thread (SlaveRunner)
         durable = self._durable.wait if client.ack_durable and self._durable is not None else None
         runner = SlaveRunner(client, ha_address, self._on_slave_progress, self._client_ssl, durable=durable,
-                             faults=self.faults, broker_set=self.config.name)
+                             faults=self.faults, broker_set=self.config.name, epochs_written=self._epochs_written)
         self._slave_task = asyncio.get_running_loop().create_task(runner.run())
 
     def _on_slave_progress(self) -> None:

@@ -31,7 +31,6 @@ leader to compare with the stored entry: start a new epoch or use another id).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import ssl
 import time
 from collections.abc import AsyncGenerator, Iterator, Sequence
@@ -70,6 +69,7 @@ from dledger.core.messages import (
     encode,
 )
 from dledger.runtime.blocking import LoopThread
+from dledger.runtime.coalesce import Coalescer
 from dledger.runtime.producer import UNKNOWN_OUTCOME, IdempotentProducer
 from dledger.runtime.transport import Message, TransportClient
 from dledger.security.roles import expect_members
@@ -111,36 +111,6 @@ class ProposeResult:
     index: int
     term: int
     result: bytes
-
-
-class _Coalesced:
-    """Bodies of concurrent `append` calls sent as one request; a None future is the sender's."""
-
-    __slots__ = ("bodies", "futures", "size")
-
-    def __init__(self, bodies: list[bytes], futures: list[asyncio.Future[AppendResult] | None]) -> None:
-        self.bodies = bodies
-        self.futures = futures
-        self.size = sum(map(len, bodies))
-
-    def add(self, body: bytes, fut: asyncio.Future[AppendResult]) -> None:
-        self.bodies.append(body)
-        self.futures.append(fut)
-        self.size += len(body)
-
-    def settle(self, results: list[AppendResult | DLedgerError]) -> None:
-        for fut, r in zip(self.futures, results, strict=True):
-            if fut is None or fut.done():
-                continue
-            if isinstance(r, DLedgerError):
-                fut.set_exception(DLedgerError(r.code, r.message))
-            else:
-                fut.set_result(r)
-
-    def fail(self, code: ResponseCode, message: str) -> None:
-        for fut in self.futures:
-            if fut is not None and not fut.done():
-                fut.set_exception(DLedgerError(code, message))
 
 
 @dataclass(frozen=True, slots=True)
@@ -286,8 +256,9 @@ class AsyncDLedgerClient:
         self.max_coalesced_bytes = max_coalesced_bytes
         self.leader_id: str | None = None
         self._client: TransportClient | None = None
-        self._open: _Coalesced | None = None  # the batch appends of this loop iteration join
-        self._sending: set[asyncio.Task[None]] = set()
+        # concurrent appends of one loop iteration travel as one APPEND (runtime.coalesce)
+        self._coalescer: Coalescer[AppendResult] = Coalescer(self._append_coalesced, max_coalesced_bytes,
+                                                             MAX_APPEND_BODIES, "request")
         self._suspects: dict[str, float] = {}  # member -> monotonic time its suspicion ends
         self._search: asyncio.Task[str | DLedgerError | None] | None = None  # shared by concurrent callers
         self._ever_answered = False  # a member answered once: no failing at once when all refuse later
@@ -342,54 +313,7 @@ class AsyncDLedgerClient:
         # an idempotent producer's unit of resending is one caller's bodies: no coalescing
         if not self.coalesce or self.producer is not None:
             return (await self.append_batch([body]))[0]
-        body = bytes(body)
-        batch = self._open
-        if (batch is not None and batch.size + len(body) <= self.max_coalesced_bytes
-                and len(batch.bodies) < MAX_APPEND_BODIES):
-            fut: asyncio.Future[AppendResult] = asyncio.get_running_loop().create_future()
-            batch.add(body, fut)
-            return await fut
-        # the first append of a batch sends it, from its own task (no task per request)
-        batch = self._open = _Coalesced([body], [None])
-        try:
-            await asyncio.sleep(0)  # the tasks ready in this loop iteration join the batch
-        except BaseException:
-            self._abandon(batch)
-            raise
-        if self._open is batch:
-            self._open = None
-        own = (await self._send(batch))[0]
-        if isinstance(own, DLedgerError):
-            raise own
-        return own
-
-    async def _send(self, batch: _Coalesced) -> list[AppendResult | DLedgerError]:
-        """Send a coalesced batch and answer every caller that joined it."""
-        try:
-            results = await self._append_coalesced(batch.bodies)
-        except DLedgerError as e:
-            batch.fail(e.code, e.message)
-            raise
-        except BaseException as e:  # cancelled while the request was out: its outcome is unknown
-            batch.fail(ResponseCode.UNKNOWN, f"the request carrying this append was abandoned "
-                                             f"({type(e).__name__}): outcome unknown")
-            raise
-        batch.settle(results)
-        return results
-
-    def _abandon(self, batch: _Coalesced) -> None:
-        """The sender was cancelled before sending: the others' appends go in a task of their own."""
-        if self._open is batch:
-            self._open = None
-        if len(batch.bodies) > 1:
-            rest = _Coalesced(batch.bodies[1:], batch.futures[1:])
-            task = asyncio.get_running_loop().create_task(self._send_detached(rest))
-            self._sending.add(task)
-            task.add_done_callback(self._sending.discard)
-
-    async def _send_detached(self, batch: _Coalesced) -> None:
-        with contextlib.suppress(DLedgerError):  # every caller has its answer
-            await self._send(batch)
+        return await self._coalescer.submit(bytes(body))
 
     async def _append_coalesced(self, bodies: list[bytes]) -> list[AppendResult | DLedgerError]:
         """One request for the bodies of several callers. Refused as a whole for a bad
