@@ -26,7 +26,10 @@ The rules (upstream ReplicasManager, AutoSwitchHAService):
   reading the controller's set, an unanswered (or unauthenticated) one is sent again, each
   after `alter_retry_ms`.
 - A heartbeat every `heartbeat_interval_ms` after the previous one's answers; a master asks
-  for its lease in it and holds it from the heartbeat's send time.
+  for its lease in it and holds it from the heartbeat's send time. It reports the highest
+  master epoch this process heard from the controller (`heard_epoch`, -1 after a start):
+  after a master restarts, the controller ranks only reports made at or past the epoch the
+  restart made.
 - Every request the agent makes gets its answer (or None) from the driver; as a backstop, one
   outstanding for `REQUEST_DEADLINE_MS` counts as unanswered, and an input that raises still
   leaves the chain, the alter loop and the heartbeats going (they retry, as above).
@@ -498,7 +501,7 @@ class BrokerAgent:
         return SendHeartbeat(token, m.BrokerHeartbeat(
             s.cluster, s.address, s.name, self.broker_id, self.epochs.last_epoch, self.log.max_offset,
             r.confirm_offset, election_priority=s.election_priority, lease_ms=r.heartbeat_lease_ms,
-            master_epoch=max(self.heard_epoch, r.master_epoch)))
+            master_epoch=self.heard_epoch))
 
     def _heard(self, resp: m.Response | None) -> None:
         """A controller answer's master epoch (with a master or without one) was heard."""

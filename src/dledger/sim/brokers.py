@@ -11,10 +11,15 @@ election); a controller leader failover stops grants at once (the old leader's R
 and brings a new leader after a gap. Brokers use all-ack: a send is acknowledged once on
 every SyncStateSet member and while the master's lease holds. Even seeds run flush=sync (on
 every member's disk: a slave acks what it fsynced); odd seeds the runtime's default,
-flush=async (in every member's page cache), where a power loss may lose acknowledged records
-by design (docs/brokers.md), so their crashes are kills.
+flush=async (in every member's page cache). There a power loss takes the master's tail that
+only the page caches held (acknowledged: its slaves hold it) and it restarts quickly,
+usually before the controllers count it dead; the election after its registration must make
+a slave holding that tail master. Two such faults at once may lose acknowledged records by
+design (docs/brokers.md), so no other broker fault follows for a while, and the async
+seeds' other crashes are kills.
 
-Faults by seed: broker kills (the page cache survives) and power losses (it does not),
+Faults by seed: broker kills (the page cache survives) and power losses (it does not; with
+flush=async, of the master, whose written-back page cache leaves a 20-400 ms tail to lose),
 partitions between a broker and the controllers (a master cut off from them but not from its
 slaves) or between brokers, slow disks, lost controller replies (an election's answer too: its
 entry is applied after its proposer gave up), controller leader failovers (any member may lead next),
@@ -26,7 +31,8 @@ that carries no heartbeats of the master (refused).
 Invariants, after every event:
 - at most one broker holds a valid master lease at any moment, so at most one acknowledges;
 - every acknowledged record is, byte for byte, on every member of the controller's
-  SyncStateSet (all-ack);
+  SyncStateSet (all-ack), but a flush=async master that lost power need not hold what it
+  acknowledged before (its slaves must);
 - a replica's confirm offset never goes back while it runs;
 - running replicas agree byte for byte up to the lesser of their confirm offsets.
 """
