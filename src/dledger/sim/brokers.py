@@ -865,9 +865,13 @@ class BrokerSim:
         with it, and it restarts after `down_ms`, usually before the controllers count it dead
         (its lease holds it alive). Its slaves hold everything it acknowledged: the election
         after its restart must pick one of them. No other broker fault meanwhile (two faults
-        at once may lose what only one copy held: docs/brokers.md)."""
-        b = self.brokers[i]
-        if not b.up or self.partitions or any(not x.up for x in self.brokers.values()):
+        at once may lose what only one copy held: docs/brokers.md), and only while every
+        replica is in the SyncStateSet."""
+        b, s = self.brokers[i], self.controller.machine.state.get(NAME)
+        healthy = s is not None and s.master_id == i and s.sync_state_set == set(IDS)
+        if not healthy or not b.up or self.partitions or any(not x.up for x in self.brokers.values()):
+            # (a master alone in its SyncStateSet acknowledged records no other copy holds:
+            # flush=async loses them with its power, by design)
             self.trace("(skipped: the power loss of a flush=async master is injected on a healthy set)")
             return
         self.quiet_until = self.now + tail_ms + down_ms + ASYNC_POWER_QUIET_MS
