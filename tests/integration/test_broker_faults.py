@@ -6,7 +6,8 @@ most the send in flight when it stopped fails, saying its outcome is unknown, an
 acknowledged send is in the log afterwards. A slave killed while the master streams to it
 leaves the SyncStateSet because its connection died (the other ways out, housekeeping and
 the catch-up limit, are set far beyond the test's deadlines), and the all-ack master
-acknowledges again.
+acknowledges again. A flush=async master that lost its acknowledged tail to a power loss and
+restarted while still counted master becomes the slave of the replica holding that tail.
 
 No timing assertions: conditions are waited for with generous deadlines; the stall the
 client saw is printed (pytest -s) for the record.
@@ -16,6 +17,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -171,3 +174,49 @@ class BatchWriter:
             except DLedgerError:
                 continue  # (a send the slave's death left unacknowledged: FLUSH_SLAVE_TIMEOUT)
             self.acked += 1
+
+
+def test_a_restarted_async_master_that_lost_its_tail_becomes_a_slave(tmp_path: Path) -> None:
+    """flush=async, all-ack: records acknowledged on both copies, then the master loses power
+    and its page cache with them (SIGKILL, then its log cut back to before them, as a power
+    loss leaves an unsynced tail: `dledger store truncate`), and restarts while the
+    controllers still count it master (a 10 s lease keeps it alive that long). It must not
+    go on as master (its slave would cut the acknowledged records): the controllers elect
+    the slave, which holds them, and the restarted master copies them back as its slave."""
+    from dledger.broker.local import local_broker_cluster
+    from dledger.ports import free_port_run
+
+    ctl = tmp_path / "controller.toml"
+    ctl.write_text("[controller]\nbroker_heartbeat_timeout_ms = 15000\n")
+    broker = tmp_path / "broker.toml"
+    broker.write_text("lease_ms = 10000\n")
+    base = free_port_run(3 + 4)
+    with local_broker_cluster(tmp_path / "d", controllers=3, broker_sets=1, replicas=2, base_port=base,
+                              broker_args=[*ALL_ACK, "--config", str(broker)],
+                              controller_args=["--config", str(ctl)]) as d:
+        master, slave = the_master(d), the_slave(d)
+        wait_until(lambda: in_sync(d, 2), 60, "SyncStateSet of 2")
+        with d.client("b0", timeout=10.0) as c:
+            kept = [c.send(b"a%d" % i) for i in range(20)]
+            lost = [c.send(b"b%d" % i) for i in range(20)]  # acknowledged: on both copies
+            epoch = d.info(master).master_epoch
+            wait_until(lambda: d.info(slave).max_offset == d.info(master).max_offset, 30, "the slave has them")
+            d.kill_broker(master)
+            cut = subprocess.run([sys.executable, "-m", "dledger", "store", "truncate", "--force", "--store-dir",
+                                  str(d.specs[master].store_dir / "commitlog"), "--from-index", str(lost[0].index)],
+                                 capture_output=True, text=True, timeout=60)
+            assert cut.returncode == 0, cut.stderr
+            d.start_broker(master)
+            wait_until(lambda: _try(lambda: d.info(master).max_offset) == lost[0].offset, 30,
+                       "the restarted master, without its tail")
+            wait_until(lambda: _try(lambda: d.info(slave).role) == "MASTER", 90, "the slave elected")
+            # registered again while still counted master: its registration took the role away
+            # (an epoch without a master), then the slave was elected
+            assert d.info(slave).master_epoch >= epoch + 2
+            wait_until(lambda: _try(lambda: d.info(master).role) == "SLAVE", 60, "the restarted master follows")
+            after = c.send(b"after")
+            expected = [b"a%d" % i for i in range(20)] + [b"b%d" % i for i in range(20)] + [b"after"]
+            assert [body for _, body in sorted(read_all(c).items())] == expected
+            wait_until(lambda: _try(lambda: read_all(c, d.specs[master].address)) == dict(enumerate(expected)), 60,
+                       "the restarted master's log")
+            assert after.index == 40 and [r.index for r in kept + lost] == list(range(40))

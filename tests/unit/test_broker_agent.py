@@ -131,6 +131,29 @@ def test_a_registration_naming_no_master_asks_for_an_election() -> None:
     assert follow.master_id == 2 and follow.ha_address == "h2:2" and follow.client is a.replica.slave
 
 
+def test_heartbeats_report_the_highest_master_epoch_heard_from_the_controller() -> None:
+    """After a master restart the controller ranks replicas only by reports made at or past
+    the epoch the restart made (docs/brokers.md): a heartbeat says the highest epoch this
+    process heard, with or without a master (a registration or replica info naming none)."""
+    a = make(broker_id=1)
+    out = a.tick(0)
+    assert periodic_beat(a, out).request.master_epoch == -1  # a restarted process has heard nothing yet
+    reg = one(out, Register)
+    beat = one(a.register_answered(reg.token, 1, 1, m.Response(OK, master_epoch=4)), SendHeartbeat)
+    assert beat.request.master_epoch == 4 and beat.request.epoch == -1  # (its epoch file's last epoch)
+    elect = one(a.heartbeat_answered(beat.token, 2, []), CallController)
+    assert elect.request == m.ElectMaster("c", "b0", 1)  # no master named: it asks for an election
+    a.answered(elect.token, 3, m.Response(int(RC.CONTROLLER_ELECT_MASTER_FAILED), master_epoch=9))
+    assert a.heard_epoch == 4  # a refusal says nothing
+    s = started("slave")
+    out = s.tick(1010)
+    assert periodic_beat(s, out).request.master_epoch == 1
+    s.heartbeat_answered(one(out, SendHeartbeat).token, 1010, [])
+    s.answered(one(out, CallController).token, 1011, info(None, 2, [1, 2]))  # the master restarted: epoch 2
+    assert s.heard_epoch == 2 and s.replica.master_epoch == 1
+    assert periodic_beat(s, s.tick(1310)).request.master_epoch == 2
+
+
 def test_startup_is_retried_after_the_startup_pause() -> None:
     a = make()
     reg = one(a.tick(0), Register)

@@ -36,6 +36,21 @@ def test_epoch_and_offset_only_move_forward() -> None:
     assert t.live_infos("b", 20)[1].max_offset == 150
 
 
+def test_a_report_at_a_newer_view_replaces_the_old_one_whatever_it_says() -> None:
+    """A master restarted after a flush=async power loss reports less than it did before;
+    once it reports at the master epoch its registration made (its view), its old report
+    no longer ranks it. An older view changes nothing (its first heartbeats, before it
+    registered, say -1)."""
+    t = HeartbeatTable(1500)
+    t.beat("c", "b", 1, "h", 0, epoch=1, max_offset=900, view=1)
+    t.beat("c", "b", 1, "h", 10, epoch=1, max_offset=600)  # restarted, not registered yet
+    assert t.live_infos("b", 10)[1] == LiveInfo(1, 900, view=1)
+    t.beat("c", "b", 1, "h", 20, epoch=1, max_offset=600, view=2)
+    assert t.live_infos("b", 20)[1] == LiveInfo(1, 600, view=2)
+    t.beat("c", "b", 1, "h", 30, epoch=1, max_offset=500, view=2)  # late, same view: forward only
+    assert t.live_infos("b", 30)[1] == LiveInfo(1, 600, view=2)
+
+
 def test_a_closed_connection_evicts_only_the_brokers_that_last_beat_on_it() -> None:
     """#11045: upstream never rebound the channel, so a stale channel's close evicted a broker
     that had reconnected, and triggered an election."""

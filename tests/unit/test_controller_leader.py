@@ -231,6 +231,35 @@ def test_an_election_keeping_the_live_lease_holder_goes_at_once() -> None:
     assert isinstance(c.election_step(m.ElectMaster("k", "b", 2, designate_elect=True), 1700), Wait)
 
 
+def test_after_the_master_registers_again_an_election_waits_out_its_lease() -> None:
+    """The registration takes the master's role away (the policy no longer keeps it), so a
+    live lease holder is no reason to elect at once: a registration forged for a live
+    master must not bring a second one while its lease holds. A scan that sees the new epoch
+    without a master (or a newer one) keeps it so."""
+    c = _leader()
+    _leading(c)
+    assert _beat(c, 1, 1600, "m", lease_ms=1000).lease_granted
+    c.command(m.RegisterBroker("k", "b", 1, "h1:1"), 1650)
+    assert c.election_step(m.ElectMaster("k", "b", 1), 1700) == Wait(1100)
+    c.tick(1750, 1, [BrokerSetBrief("b", None, 2, frozenset({1, 2}), frozenset({1, 2}), fresh_epoch=2)])
+    assert c.election_step(m.ElectMaster("k", "b", 1), 1800) == Wait(1000)
+    assert isinstance(c.election_step(m.ElectMaster("k", "b", 1), 2800), Propose)
+
+
+def test_after_a_master_restart_the_scan_waits_for_every_candidate_s_fresh_report() -> None:
+    c = _leader()
+    _leading(c)
+    restarted = BrokerSetBrief("b", None, 2, frozenset({1, 2}), frozenset({1, 2}), fresh_epoch=2)
+    for t in range(1800, 3100, 300):
+        _beat(c, 1, t, "m")
+        _beat(c, 2, t, "s")
+    assert c.tick(3000, 1, [restarted]) == []  # both report at view -1
+    c.heartbeat(m.BrokerHeartbeat("k", "h1:1", "b", 1, epoch=1, master_epoch=2), 3100, "m", True)
+    assert c.tick(3100, 1, [restarted]) == []  # 2 has not reported since
+    c.heartbeat(m.BrokerHeartbeat("k", "h2:1", "b", 2, epoch=1, master_epoch=2), 3200, "s", True)
+    assert c.tick(3200, 1, [restarted]) == [m.ElectMaster(broker_name="b")]
+
+
 def test_no_lease_while_an_election_is_in_flight_or_an_admin_revokes() -> None:
     c = _leader()
     _leading(c)

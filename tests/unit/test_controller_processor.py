@@ -373,3 +373,60 @@ def test_an_id_registered_before_bindings_is_bound_at_its_next_registration(c: C
     assert c.sm.principal_of(B, 1) == "b/r1"
     assert as_cert(c, "b/r9", m.RegisterBroker("cluster", B, 1, "h:1")).code == 430
     assert c(m.RegisterBroker("cluster", B, 1, "h:1")).code == RC.SUCCESS  # without a certificate: no binding
+
+
+# --- a master that registers again (ours: docs/brokers.md, "A master that restarts") ----------
+
+
+def test_a_restarted_master_is_ranked_by_what_each_replica_reports_after_the_restart(c: Controller) -> None:
+    """flush=async: master 1 lost power, its unflushed tail with it, while slave 2 holds that
+    tail (acknowledged). Upstream kept 1 as master and 2 cut the tail. Here registering
+    again takes 1's role away; the election waits until every live SyncStateSet member
+    reported after the restart (`view`, the master epoch it had heard, at or past 2), then
+    ranks what each holds now: 2, not 1 by its report from before the power loss."""
+    mock_meta_data(c)  # master 1 at epoch 1, SyncStateSet {1, 2, 3}
+    c.live(b1=LiveInfo(1, 900, view=1), b2=LiveInfo(1, 800, view=1), b3=LiveInfo(1, 700, view=1))
+    reg = c(m.RegisterBroker("cluster", B, 1, addr(1)))
+    assert (reg.code, reg.master_broker_id, reg.master_epoch) == (RC.SUCCESS, None, 2)
+    assert c.set_view() == (None, 2, 2, [1, 2, 3])
+    # 1 reported after its restart (600: what it kept); 2 and 3 not yet
+    c.live(b1=LiveInfo(1, 600, view=2), b2=LiveInfo(1, 800, view=1), b3=LiveInfo(1, 700, view=1))
+    for req in (m.ElectMaster(broker_name=B), m.ElectMaster("cluster", B, 1)):
+        refused = c(req)
+        assert refused.code == RC.CONTROLLER_ELECT_MASTER_FAILED and "[2, 3]" in refused.remark
+        assert c.set_view() == (None, 2, 2, [1, 2, 3])  # nothing decided, no epoch spent
+    c.live(b1=LiveInfo(1, 600, view=2), b2=LiveInfo(1, 800, view=2), b3=LiveInfo(1, 700, view=3))
+    elected = c(m.ElectMaster("cluster", B, 1))
+    assert (elected.code, elected.master_broker_id, elected.master_epoch) == (RC.SUCCESS, 2, 3)
+    assert c.sm.state.sets[B].fresh_epoch == 0  # the next failover ranks as usual
+    again = c(m.RegisterBroker("cluster", B, 1, addr(1)))  # 1, now a slave, is told its master
+    assert (again.master_broker_id, again.master_epoch) == (2, 3)
+
+
+def test_a_restarted_master_alone_in_sync_is_elected_again_once_it_reported(c: Controller) -> None:
+    """A dead replica is no candidate (nothing waits for it); the restarted master, the only
+    live member of the SyncStateSet, is master again at a new epoch."""
+    mock_meta_data(c, alter=False)  # SyncStateSet {1}
+    c.live(b1=LiveInfo(1, 900, view=1), b2=LiveInfo(1, 950, view=1))
+    assert c(m.RegisterBroker("cluster", B, 1, addr(1))).master_broker_id is None
+    c.live(b1=LiveInfo(1, 600, view=2), b2=LiveInfo(1, 950, view=1))  # 2 is not in sync: not waited for
+    elected = c(m.ElectMaster(broker_name=B))
+    assert (elected.code, elected.master_broker_id, elected.master_epoch) == (RC.SUCCESS, 1, 3)
+
+
+def test_an_admin_may_name_a_replica_before_the_reports_came(c: Controller) -> None:
+    mock_meta_data(c)
+    c.live(b1=LiveInfo(1, 900, view=1), b2=LiveInfo(1, 800, view=1))
+    c(m.RegisterBroker("cluster", B, 1, addr(1)))
+    named = c(m.ElectMaster("cluster", B, 2, designate_elect=True))
+    assert (named.code, named.master_broker_id) == (RC.SUCCESS, 2)
+
+
+def test_the_wait_for_fresh_reports_survives_a_snapshot(c: Controller) -> None:
+    mock_meta_data(c)
+    c(m.RegisterBroker("cluster", B, 1, addr(1)))
+    w = MemoryWriter()
+    c.sm.snapshot(w)
+    other = ControllerStateMachine()
+    other.restore(MemoryReader(w.files))
+    assert other.state.sets[B].fresh_epoch == 2 and other.brief()[0].fresh_epoch == 2

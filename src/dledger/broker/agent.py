@@ -26,7 +26,10 @@ The rules (upstream ReplicasManager, AutoSwitchHAService):
   reading the controller's set, an unanswered (or unauthenticated) one is sent again, each
   after `alter_retry_ms`.
 - A heartbeat every `heartbeat_interval_ms` after the previous one's answers; a master asks
-  for its lease in it and holds it from the heartbeat's send time.
+  for its lease in it and holds it from the heartbeat's send time. It reports the highest
+  master epoch this process heard from the controller (`heard_epoch`, -1 after a start):
+  after a master restarts, the controller ranks only reports made at or past the epoch the
+  restart made.
 - Every request the agent makes gets its answer (or None) from the driver; as a backstop, one
   outstanding for `REQUEST_DEADLINE_MS` counts as unanswered, and an input that raises still
   leaves the chain, the alter loop and the heartbeats going (they retry, as above).
@@ -212,6 +215,9 @@ class BrokerAgent:
                                     confirm_offset=confirm_offset)
         self.broker_id = broker_id
         self.replica_info_queries = 0  # GET_REPLICA_INFO asked by the poll and hints (runtime info)
+        # the highest master epoch the controller has told this process (its heartbeats report
+        # it: after a master restart only reports made at or past the new epoch rank replicas)
+        self.heard_epoch = -1
         self._tokens = itertools.count(1)
         self._warn = RateLimitedLog(log).warning
         # the controller chain: startup until a role is taken, then following the controller
@@ -389,6 +395,7 @@ class BrokerAgent:
         `response` the controller's REGISTER_BROKER answer if it registered (None: it did not)."""
         with self._settled(now, token):
             self.broker_id = broker_id
+            self._heard(response)
             if response is not None:
                 self._registered = response
             if self._waiting(token, _Step.REREGISTER):
@@ -408,6 +415,7 @@ class BrokerAgent:
 
     def _take_role(self, resp: m.Response, now: int) -> list[Effect]:
         """The end of a startup attempt: take the role a controller answer names."""
+        self._heard(resp)
         try:
             out = self._apply_replica_info(resp, now)
         except (OSError, DLedgerError) as e:  # the epoch file or the store failed: stay fenced, retry
@@ -429,6 +437,7 @@ class BrokerAgent:
     def _replica_info_answered(self, resp: m.Response | None, now: int) -> list[Effect]:
         """schedulingSyncBrokerMetadata: the controller's view of our set."""
         r = self.replica
+        self._heard(resp)
         if resp is None:
             return self._chain_done(now)
         if resp.code == RC.CONTROLLER_BROKER_METADATA_NOT_EXIST:
@@ -491,7 +500,14 @@ class BrokerAgent:
         self._beats[token] = (now, r.master_epoch)
         return SendHeartbeat(token, m.BrokerHeartbeat(
             s.cluster, s.address, s.name, self.broker_id, self.epochs.last_epoch, self.log.max_offset,
-            r.confirm_offset, election_priority=s.election_priority, lease_ms=r.heartbeat_lease_ms))
+            r.confirm_offset, election_priority=s.election_priority, lease_ms=r.heartbeat_lease_ms,
+            master_epoch=self.heard_epoch))
+
+    def _heard(self, resp: m.Response | None) -> None:
+        """A controller answer's master epoch (with a master or without one) was heard."""
+        if resp is not None and resp.code in (RC.SUCCESS, RC.CONTROLLER_MASTER_STILL_EXIST) \
+                and resp.master_epoch is not None:
+            self.heard_epoch = max(self.heard_epoch, resp.master_epoch)
 
     def heartbeat_answered(self, token: int, now: int, answers: Sequence[m.Response]) -> list[Effect]:
         """The answers a heartbeat got in time (the leader's may grant the lease asked for)."""

@@ -7,11 +7,16 @@ most up-to-date candidate: higher heartbeat epoch, then higher max offset, then 
 election priority value, then the lower id (deterministic, where upstream takes HashSet
 order). Offsets are compared as integers: upstream's `(int)(a - b)` overflowed past 2 GiB and
 could pick the less up-to-date replica (#10578).
+
+After the master restarted (it may have lost an unflushed tail that a slave holds), facts
+count only if reported after the restart (`unreported`): a broker's `view` is the highest
+master epoch the controller had told it when it reported, and the restart moved that epoch
+on, so a report at or past it was sent after the old master process was gone.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 
 import msgspec
 
@@ -25,6 +30,13 @@ class LiveInfo(msgspec.Struct, frozen=True, array_like=True):
     epoch: int = 0
     max_offset: int = 0
     election_priority: int = PRIORITY_DEFAULT
+    view: int = -1  # ours: the highest master epoch the controller had told the broker when it reported
+
+
+def unreported(candidates: Collection[int], live: Mapping[int, LiveInfo], since: int) -> list[int]:
+    """The live candidates whose facts were reported before master epoch `since` (stale: an
+    election ranking them could prefer a restarted master that lost the tail they hold)."""
+    return sorted(i for i in candidates if i in live and live[i].view < since)
 
 
 def elect(sync_state_set: Collection[int] | None, all_replicas: Collection[int] | None, old_master: int | None,

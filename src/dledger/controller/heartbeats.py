@@ -60,29 +60,32 @@ class HeartbeatTable:
 
     def beat(self, cluster: str, name: str, broker_id: int, address: str, now_ms: int, *, timeout_ms: int = 0,
              epoch: int = -1, max_offset: int = -1, confirm_offset: int = -1, priority: int = PRIORITY_DEFAULT,
-             conn: Hashable | None = None, lease_ms: int = 0) -> bool:
-        """Record a heartbeat (False: refused, the table is full). (epoch, max offset) only
-        move forward: a late heartbeat from before a truncation must not make a replica look
-        more up to date than it is."""
+             conn: Hashable | None = None, lease_ms: int = 0, view: int = -1) -> bool:
+        """Record a heartbeat (False: refused, the table is full). Facts reported at a higher
+        `view` (the master epoch the broker had heard of) replace the older ones whatever
+        they say: a master restarted after a power loss reports less than before, and its
+        old report must not rank it. Within one view (epoch, max offset) only move forward,
+        as upstream's: heartbeats may arrive out of order."""
         timeout = timeout_ms or self.default_timeout_ms
         held = now_ms + lease_ms + self.lease_drift_ms if lease_ms else 0
         old = self.brokers.get((name, broker_id))
         if old is None:
             if self._full(name):  # the leader's scan expires dead entries every scan interval
                 return False
-            b = BrokerLive(cluster, address, now_ms, timeout, LiveInfo(epoch, max_offset, priority), confirm_offset,
-                           conn, lease_ms, held, home=conn)
+            b = BrokerLive(cluster, address, now_ms, timeout, LiveInfo(epoch, max_offset, priority, view),
+                           confirm_offset, conn, lease_ms, held, home=conn)
             self.brokers[(name, broker_id)] = self._sets.setdefault(name, {})[broker_id] = b
             return True
         old.cluster, old.address, old.last_ms, old.timeout_ms, old.conn = cluster, address, now_ms, timeout, conn
         old.lease_ms, old.held_until, old.closed = lease_ms, max(old.held_until, held), False
         if old.home is None:
             old.home = conn
-        if epoch > old.info.epoch or (epoch == old.info.epoch and max_offset > old.info.max_offset):
-            old.info = LiveInfo(epoch, max_offset, priority)
+        info = old.info
+        if view > info.view or (view == info.view and (epoch, max_offset) > (info.epoch, info.max_offset)):
+            old.info = LiveInfo(epoch, max_offset, priority, view)
             old.confirm_offset = confirm_offset
         else:
-            old.info = LiveInfo(old.info.epoch, old.info.max_offset, priority)
+            old.info = LiveInfo(info.epoch, info.max_offset, priority, info.view)
         return True
 
     def alive(self, name: str, broker_id: int, now_ms: int) -> bool:

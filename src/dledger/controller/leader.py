@@ -122,6 +122,8 @@ class ControllerLeader:
             names = self.table.names() if req.all_sets else req.broker_names
         else:
             names = [getattr(req, "broker_name", "")]
+        if isinstance(req, m.RegisterBroker):
+            self.liveness.master_registering(req.broker_name, req.broker_id)
         return m.Command(req, {n: self.table.live_infos(n, now_ms) for n in names},
                          self.config.enable_elect_unclean_master, principal)
 

@@ -21,7 +21,8 @@ The service (controller.service) and the simulator (sim.brokers) drive it; time 
   alive until then (HeartbeatTable.held_until).
 - A new leader elects nothing before it has led for one heartbeat timeout (#5712).
 - A set needs an election when its master is not alive but a replica is
-  (scanInactiveMasterAndTriggerReelect), or when it has no master and a candidate lives.
+  (scanInactiveMasterAndTriggerReelect), or when it has no master and a candidate lives;
+  after its master restarted, once every live candidate reported since (processor).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from collections.abc import Hashable, Mapping
 from dledger.codes import ControllerResponseCode as RC
 from dledger.controller import messages as m
 from dledger.controller.config import ControllerConfig
-from dledger.controller.elect_policy import LiveInfo
+from dledger.controller.elect_policy import LiveInfo, unreported
 from dledger.controller.heartbeats import HeartbeatTable
 from dledger.controller.machine import BrokerSetBrief
 
@@ -46,6 +47,7 @@ class Liveness:
         self._in_doubt: dict[str, tuple[int, int]] = {}  # broker set -> (term, index) of elections in doubt
         self._masters: dict[str, tuple[int | None, int]] = {}  # broker set -> (master id, master epoch)
         self._in_flight: dict[str, int] = {}  # broker set -> elections in flight
+        self._reregistered: dict[str, int] = {}  # broker set -> the epoch of a master that registered again
         self._leader_term = -1
         self._leader_since = 0
 
@@ -62,7 +64,7 @@ class Liveness:
         if not self.table.beat(req.cluster_name, req.broker_name, req.broker_id, req.broker_addr, now_ms,
                                timeout_ms=req.heartbeat_timeout_ms, epoch=req.epoch, max_offset=req.max_offset,
                                confirm_offset=req.confirm_offset, priority=req.election_priority, conn=conn,
-                               lease_ms=req.lease_ms):
+                               lease_ms=req.lease_ms, view=req.master_epoch):
             return m.Response(int(RC.CONTROLLER_INVALID_REQUEST), "too many live brokers (or replicas of this set)")
         return self._grant(req, now_ms, leader_sure) if req.lease_ms else m.Response()
 
@@ -98,9 +100,20 @@ class Liveness:
         (it names another), and only if the facts count the holder alive (the policy keeps a
         live old master)."""
         wait = self.lease_wait(name, now_ms)
-        if wait and not designate and self._lease_holders.get(name) in live:
+        holder = self._lease_holders.get(name)
+        if (wait and not designate and holder in live and name not in self._reregistered
+                and self._masters.get(name, (None, 0))[0] == holder):
             return 0
         return wait
+
+    def master_registering(self, name: str, broker_id: int) -> None:
+        """`broker_id` registers again: if it is the master this leader knows, the set is about
+        to lose it (MasterRestartedEvent), and the policy will no longer keep a lease's holder:
+        elections wait out the set's leases until a newer epoch is known (a registration
+        forged for a live master must not bring a second one while its lease holds)."""
+        known = self._masters.get(name)
+        if known is not None and known[0] == broker_id:
+            self._reregistered[name] = known[1]
 
     def end_revoke(self, name: str) -> None:
         """One admin's election is over (leases resume once every revoke ended, and no election
@@ -148,12 +161,16 @@ class Liveness:
         old = self._masters.get(name)
         if old is None or epoch >= old[1]:
             self._masters[name] = (master_id, epoch)
+        if self._reregistered.get(name, epoch) < epoch:
+            del self._reregistered[name]
 
     def keep_only(self, names: set[str]) -> None:
         """Forget the masters of sets the state no longer holds (an admin cleaned a live set:
         its old master must get no lease any more)."""
         for name in [n for n in self._masters if n not in names]:
             del self._masters[name]
+        for name in [n for n in self._reregistered if n not in names]:
+            del self._reregistered[name]
 
     # --- scans -------------------------------------------------------------------------------
 
@@ -181,5 +198,9 @@ class Liveness:
         if s.master_id is not None:  # a dead master while a replica lives
             return s.master_id not in live and bool(live)
         # no master after a failed election: retry once a candidate lives (upstream waited for a broker)
-        candidates = s.replicas if self.config.enable_elect_unclean_master else s.sync_state_set
-        return s.master_epoch > 0 and any(i in live for i in candidates)
+        in_sync = [i for i in s.sync_state_set if i in live]
+        candidates = in_sync or ([i for i in s.replicas if i in live] if self.config.enable_elect_unclean_master
+                                 else [])
+        if s.fresh_epoch and unreported(candidates, live, s.fresh_epoch):
+            return False  # the master restarted: not before every candidate reported since (processor)
+        return s.master_epoch > 0 and bool(candidates)

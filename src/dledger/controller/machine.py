@@ -34,6 +34,7 @@ class BrokerSetBrief(msgspec.Struct, frozen=True):
     master_epoch: int
     sync_state_set: frozenset[int]
     replicas: frozenset[int]
+    fresh_epoch: int = 0  # after a master restart: elect only once every live candidate reported at or past it
 
 
 class ControllerStateMachine(StateMachine):
@@ -69,7 +70,8 @@ class ControllerStateMachine(StateMachine):
 
     def brief(self) -> list[BrokerSetBrief]:
         """Every broker set, copied (run it on the state machine's thread)."""
-        return [BrokerSetBrief(s.name, s.master_id, s.master_epoch, frozenset(s.sync_state_set), frozenset(s.replicas))
+        return [BrokerSetBrief(s.name, s.master_id, s.master_epoch, frozenset(s.sync_state_set), frozenset(s.replicas),
+                               s.fresh_epoch)
                 for s in self.state.sets.values()]
 
     def principal_of(self, broker: str, broker_id: int) -> str:

@@ -56,6 +56,10 @@ class BrokerHeartbeat(Request, tag=int(RequestCode.BROKER_HEARTBEAT)):
     # this heartbeat, even if its connection closes, so no replacement is elected while the
     # master may still acknowledge writes (#7017, #6662)
     lease_ms: Annotated[int, msgspec.Meta(ge=0, le=60_000)] = 0
+    # ours: the highest master epoch the controller has told the broker (-1: none yet). After
+    # a master restarts, only facts reported at or past the epoch its registration made count
+    # in the election (docs/brokers.md, "A master that restarts")
+    master_epoch: Epoch = -1
 
 
 class AlterSyncStateSet(Request, tag=int(RequestCode.CONTROLLER_ALTER_SYNC_STATE_SET)):

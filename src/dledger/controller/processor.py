@@ -12,6 +12,9 @@ Deliberate differences from upstream (docs/controller.md):
   an admin's named replica must also be alive;
 - a controller-triggered election that finds no candidate bumps the master epoch once per
   failure, not once per retry (the set already without a master is left as it is);
+- a master that registers again (it restarted) loses its role; the next election (not an
+  admin's) waits until every live candidate reported after the restart (LiveInfo.view), so
+  it ranks what each holds now (upstream kept the master, whose lost tail slaves then cut);
 - an id is bound to the certificate name that applied for it (`Command.principal`); a
   registration, a broker's election or an alter from another certificate is refused 430
   (UNAUTHENTICATED) before anything else; an id applied for without a certificate is bound
@@ -25,7 +28,7 @@ from collections.abc import Callable
 from dledger.codes import ControllerResponseCode as RC
 from dledger.codes import ResponseCode
 from dledger.controller import messages as m
-from dledger.controller.elect_policy import LiveInfo, elect
+from dledger.controller.elect_policy import LiveInfo, elect, unreported
 from dledger.controller.state import (
     AlterSyncStateSetEvent,
     ApplyBrokerIdEvent,
@@ -136,13 +139,14 @@ def _register_broker(state: ControllerState, req: m.RegisterBroker, alive: dict[
     resp = m.Response(cluster_name=req.cluster_name, broker_name=req.broker_name,
                       sync_state_set=sorted(s.sync_state_set), sync_state_set_epoch=s.sync_state_set_epoch,
                       principals=principals)
-    epoch = s.master_epoch
-    if req.broker_id == s.master_id:  # the master restarted: a new epoch (MasterRestartedEvent)
+    resp.master_epoch = s.master_epoch  # (ours: also without a master; the broker's heartbeats report it)
+    if req.broker_id == s.master_id:
+        # the master restarted: no master until an election ranks the SyncStateSet by facts
+        # reported after the restart (MasterRestartedEvent; a slave may hold more than it kept)
         events.append(MasterRestartedEvent(req.broker_name))
-        epoch += 1
-    if s.master_id is not None and s.master_id in alive:  # #5631: a dead master is not named
+        resp.master_epoch = s.master_epoch + 1
+    elif s.master_id is not None and s.master_id in alive:  # #5631: a dead master is not named
         resp.master_broker_id, resp.master_address = s.master_id, s.master_address
-        resp.master_epoch = epoch
     if s.replicas[req.broker_id].address != req.broker_address:
         if resp.master_broker_id == req.broker_id:
             resp.master_address = req.broker_address
@@ -163,6 +167,12 @@ def _elect_master(state: ControllerState, req: m.ElectMaster, alive: dict[int, L
                            f"Broker {req.broker_id} of {req.broker_name} is not a live registered replica")
         new = req.broker_id
     else:
+        if s.fresh_epoch and s.master_id is None and not req.designate_elect:
+            stale = unreported(_pool(s, alive, unclean), alive, s.fresh_epoch)
+            if stale:  # no event: nothing is decided until they report
+                return _refuse(RC.CONTROLLER_ELECT_MASTER_FAILED,
+                               f"broker set {req.broker_name}: the master restarted (epoch {s.fresh_epoch}); waiting "
+                               f"for replicas {stale} to report their logs since")
         new = elect(s.sync_state_set, set(s.replicas) if unclean else None, s.master_id,
                     req.broker_id if req.designate_elect else None, alive.__contains__, alive.get)
     if new is not None and new == s.master_id:
@@ -177,6 +187,13 @@ def _elect_master(state: ControllerState, req: m.ElectMaster, alive: dict[int, L
     events: list[Event] = [] if s.master_id is None else [ElectMasterEvent(req.broker_name, False)]
     return _refuse(RC.CONTROLLER_MASTER_NOT_AVAILABLE,
                    f"Failed to elect a new master for broker-set {req.broker_name}: no live candidate")[0], events
+
+
+def _pool(s: BrokerSet, alive: dict[int, LiveInfo], unclean: bool) -> list[int]:
+    """The live replicas the policy would choose from (the SyncStateSet's, else with unclean
+    election any), as `elect` draws them."""
+    pool = [i for i in s.sync_state_set if i in alive]
+    return pool or ([i for i in s.replicas if i in alive] if unclean else [])
 
 
 def _master_answer(code: RC, s: BrokerSet, master: int | None, epoch: int, sss_epoch: int, sss: set[int],

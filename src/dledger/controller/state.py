@@ -46,9 +46,12 @@ class CleanBrokerDataEvent(msgspec.Struct, frozen=True):
 
 
 class MasterRestartedEvent(msgspec.Struct, frozen=True):
-    """Ours: the master registered again (it restarted). Its epoch moves on, master and
-    SyncStateSet kept: an epoch is never continued after a restart, whose lost unflushed tail
-    other replicas may hold, so the slaves' truncation point stays exact (#7689)."""
+    """Ours: the master registered again (it restarted, and with flush=async may have lost an
+    unflushed tail that a slave holds and that was acknowledged). The set loses its master
+    and its epoch moves on, the SyncStateSet kept (as a failed election); the next election
+    ranks the SyncStateSet by facts reported at or past that epoch only (`fresh_epoch`), so
+    the replica holding the most is chosen, not the restarted one by its report from before
+    the restart. An epoch is never continued after a restart (#7689)."""
 
     broker: str
 
@@ -91,6 +94,7 @@ class BrokerSet:
     master_epoch: int = 0
     sync_state_set: set[int] = field(default_factory=set)
     sync_state_set_epoch: int = 0
+    fresh_epoch: int = 0  # after a master restart: elections rank facts reported at or past it (0: any)
 
     @property
     def master_address(self) -> str | None:
@@ -153,12 +157,14 @@ class ControllerState:
             if event.elected:
                 s.set_master(event.master_id)
                 s.set_sync_state_set({event.master_id})
+                s.fresh_epoch = 0
             else:
                 s.set_master(None)  # no candidate: the epoch moves, the SyncStateSet stays
         elif isinstance(event, AlterSyncStateSetEvent):
             s.set_sync_state_set(event.sync_state_set)
         elif isinstance(event, MasterRestartedEvent):
-            s.master_epoch += 1
+            s.set_master(None)
+            s.fresh_epoch = s.master_epoch
         elif isinstance(event, CleanBrokerDataEvent):
             self._clean(s, event.ids)
         elif isinstance(event, UpdateBrokerAddressEvent):
@@ -208,14 +214,15 @@ class _SetRecord(msgspec.Struct, frozen=True):
     master_epoch: int
     sync_state_set: list[int]
     sync_state_set_epoch: int
+    fresh_epoch: int = 0  # absent in snapshots made before it: any facts
 
     @classmethod
     def of(cls, s: BrokerSet) -> _SetRecord:
         return cls(s.cluster, s.name, s.next_assign_id,
                    [_ReplicaRecord(i, r.address, r.check_code, r.principal) for i, r in sorted(s.replicas.items())],
-                   s.master_id, s.master_epoch, sorted(s.sync_state_set), s.sync_state_set_epoch)
+                   s.master_id, s.master_epoch, sorted(s.sync_state_set), s.sync_state_set_epoch, s.fresh_epoch)
 
     def to_set(self) -> BrokerSet:
         return BrokerSet(self.cluster, self.name, self.next_assign_id,
                          {r.id: Replica(r.address, r.check_code, r.principal) for r in self.replicas}, self.master_id,
-                         self.master_epoch, set(self.sync_state_set), self.sync_state_set_epoch)
+                         self.master_epoch, set(self.sync_state_set), self.sync_state_set_epoch, self.fresh_epoch)
