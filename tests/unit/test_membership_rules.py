@@ -252,22 +252,12 @@ def test_an_installed_snapshot_brings_its_configuration() -> None:
 
 
 def _sim_leader(c: SimCluster) -> str:
-    assert c.run_until(lambda: c.leader() is not None, 10_000)
-    leader = c.leader()
-    assert leader is not None
-    return leader
+    return c.wait_leader()
 
 
 def _sim_change(c: SimCluster, op: str, target: str, addr: str = "") -> ChangeMembersResponse:
-    for _ in range(50):  # (a leader that just took over refuses until its NOOP commits: again)
-        token = c.change_members(_sim_leader(c), op, target, addr)
-        c.run_until(lambda token=token: token in c.test_answers, 10_000)  # type: ignore[misc]
-        r = c.test_answers[token]
-        assert isinstance(r, ChangeMembersResponse)
-        if r.code not in (ResponseCode.MEMBERSHIP_CHANGE_PENDING, ResponseCode.LEARNER_BEHIND):
-            return r
-        c.run(200)
-    raise AssertionError(f"{op} {target}: still refused")
+    """(a leader that just took over refuses until its NOOP commits: asked again)"""
+    return c.change(op, target, addr, tries=50)
 
 
 def test_a_removed_leader_hands_over_once_its_removal_commits() -> None:

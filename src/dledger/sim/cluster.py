@@ -39,6 +39,7 @@ from dledger.core.messages import (
     AppendRequest,
     AppendResponse,
     ChangeMembersRequest,
+    ChangeMembersResponse,
     EntriesResponse,
     QueryResponse,
     ReadRequest,
@@ -91,6 +92,12 @@ class ClientResult:
     code: int
     index: int = -1
     term: int = -1
+
+
+# CHANGE_MEMBERS answers an operator asks again on (`dledger members ... --wait` does)
+_CHANGE_RETRY = frozenset((ResponseCode.MEMBERSHIP_CHANGE_PENDING, ResponseCode.LEARNER_BEHIND,
+                           ResponseCode.NOT_LEADER, ResponseCode.NOT_A_MEMBER, ResponseCode.LEADER_TRANSFERRING,
+                           ResponseCode.TERM_CHANGED, ResponseCode.WAIT_QUORUM_ACK_TIMEOUT))
 
 
 class SimCluster:
@@ -358,6 +365,28 @@ class SimCluster:
         views = {i: n.role_view() for i, n in self.nodes.items() if n is not None}
         leaders = [i for i, st in views.items() if st.role == Role.LEADER]
         return max(leaders, key=lambda i: views[i].term) if leaders else None
+
+    def wait_leader(self, max_ms: int = 10_000) -> str:
+        """Run until a member leads; its id (AssertionError if none does within `max_ms`)."""
+        assert self.run_until(lambda: self.leader() is not None, max_ms), f"no leader within {max_ms} ms"
+        leader = self.leader()
+        assert leader is not None
+        return leader
+
+    def change(self, op: str, target: str, addr: str = "", tries: int = 100) -> ChangeMembersResponse:
+        """CHANGE_MEMBERS at the leader, asked again while it answers what an operator retries
+        (a change pending, a learner behind, a new leader, a term change): the last answer."""
+        r: ChangeMembersResponse | None = None
+        for _ in range(tries):
+            token = self.change_members(self.wait_leader(), op, target, addr)
+            self.run_until(lambda token=token: token in self.test_answers, 10_000)  # type: ignore[misc]
+            r = self.test_answers.get(token)
+            assert isinstance(r, ChangeMembersResponse), r
+            if r.code not in _CHANGE_RETRY:
+                return r
+            self.run(100)
+        assert r is not None
+        return r
 
     def _node(self, member: str) -> Node:
         node = self.nodes[member]
