@@ -31,6 +31,7 @@ leader to compare with the stored entry: start a new epoch or use another id).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ssl
 import time
 from collections.abc import AsyncGenerator, Iterator, Sequence
