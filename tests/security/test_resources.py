@@ -10,6 +10,7 @@ waits poll a condition with a generous deadline.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import resource
 import select
@@ -391,21 +392,36 @@ def test_a_pipelined_flood_does_not_starve_heartbeats(make_cluster: MakeCluster)
     alive(c)
 
 
-def _flood_keeps_leader(c: Cluster, leader: str, blob: bytes, conns: int = 1) -> int:
-    """Write `blob` to the leader on `conns` connections, never reading; assert the followers
-    keep seeing the same leader and term throughout; the leader's peak RSS."""
-    term = c.leader_meta().term
-    want = {m: (leader, term) for m in c.ids if m != leader}
+def _elections(samples: list[dict[str, tuple[str | None, int] | None]]) -> int:
+    """How often the term the followers report rose across `samples` (one not answering skipped)."""
+    terms = [max((x[1] for x in v.values() if x is not None), default=None) for v in samples]
+    seen = [t for t in terms if t is not None]
+    return sum(1 for a, b in itertools.pairwise(seen) if b > a)
+
+
+def _watch(c: Cluster, leader: str, peak: int) -> tuple[list[dict[str, tuple[str | None, int] | None]], int]:
+    """8 s of the followers' views (and the leader's peak RSS)."""
     views: list[dict[str, tuple[str | None, int] | None]] = []
-    peak = rss(c, leader)
+    for _ in range(40):
+        views.append(views_of_others(c, leader))
+        peak = max(peak, rss(c, leader))
+        time.sleep(0.2)
+    return views, peak
+
+
+def _flood_keeps_leader(c: Cluster, leader: str, blob: bytes, conns: int = 1) -> int:
+    """Write `blob` to the leader on `conns` connections, never reading: the followers see no
+    more leader or term changes during 8 s of the flood than during 8 s without it just before
+    (on a quiet machine: none; a loaded one may depose a leader with no attack at all, and a
+    flood that stalls the leader's loop past the election timeout deposes it every time). The
+    leader's peak RSS."""
+    before, peak = _watch(c, leader, rss(c, leader))
     with flooding(c, leader, blob, conns):
-        for _ in range(40):  # 8 s of the flood, unread answers piling up
-            views.append(views_of_others(c, leader))
-            peak = max(peak, rss(c, leader))
-            time.sleep(0.2)
-    bad = [v for v in views if v != want]
-    assert not bad, f"followers saw another leader or term during the flood (want {want}): {bad[:3]}"
-    assert c.wait_leader() == leader and c.leader_meta().term == term
+        views, peak = _watch(c, leader, peak)  # unread answers piling up
+    allowed, elections = _elections(before), _elections(before[-1:] + views)
+    assert elections <= allowed, (f"followers saw {elections} elections during the flood, {allowed} in as long "
+                                  f"without it: {views[:3]}")
+    c.wait_leader()
     return peak
 
 
