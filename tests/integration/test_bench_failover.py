@@ -28,6 +28,7 @@ def test_bench_failover_kills_the_leader_and_reports_each_kill() -> None:
     # the second kill's leader is the one the first elected (unless a false election moved it)
     if report["false_elections"] == 0:
         assert report["per_kill"][1]["leader"] == report["per_kill"][0]["new_leader"], report
+        assert report["per_kill"][1]["tenure_stall_le_s"] is not None  # scraped at its election and its kill
     for key in ("elect_s", "append_s"):
         s = report[key]
         assert 0 < s["min"] <= s["median"] <= s["p99"] <= s["max"], (key, s)

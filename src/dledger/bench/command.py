@@ -211,8 +211,9 @@ def _print_failover(report: dict[str, Any]) -> None:
         v = report[key]
         t.add_row(label, *("-" if v[q] is None else f"{v[q]:.3f}" for q in ("median", "p99", "min", "max")))
     console.print(t)
-    stall = report["leader_stall_max_s"]
-    console.print(f"leaders' worst event-loop stall: {'-' if stall is None else f'{stall:.3f} s'}; "
+    stall, tenure = report["leader_stall_max_s"], report["leader_tenure_stall_le_s"]
+    console.print(f"leaders' worst event-loop stall: {'-' if stall is None else f'{stall:.3f} s'} since they "
+                  f"started, <= {'-' if tenure is None else f'{tenure:.3f} s'} while they led; "
                   f"terms {report['terms']} for {report['kills']} kills: {report['false_elections']} false "
                   f"election(s); {report['unrecovered']} kill(s) without a new acknowledged append; "
                   f"{report['entries_per_s']:,} entries/s")

@@ -10,6 +10,8 @@ Per kill it measures, from the moment the signal is sent:
 The killed member is restarted, and load runs for `steady` seconds before the next kill.
 Before each kill the leader's worst event-loop stall since its start is scraped from its
 metrics (`dledger_loop_stall_max_seconds`): a stall of the loop is what delays heartbeats.
+That worst includes a restarted member's start and catch-up; the worst while it led is bounded
+from its stall histogram, scraped once when it was elected and again before its kill.
 False elections: term increments the kills do not explain. A kill explains the terms from
 the killed leader's to the one of the first append acknowledged after it (a split vote takes
 more than one); every other increment (a follower that gave up on a loaded but live leader,
@@ -65,6 +67,7 @@ class FailoverResult:
     entries: int = 0  # acknowledged during the run
     errors: dict[str, int] = field(default_factory=dict)
     member_stall_s: dict[str, float] = field(default_factory=dict)  # at the end, members alive then
+    last_tenure_stall_le_s: float | None = None  # the last leader's, from its election to the end
     elapsed_s: float = 0.0
 
     @property
@@ -78,6 +81,8 @@ class FailoverResult:
         stalls = [k.leader_stall_s for k in self.kills if k.leader_stall_s is not None]
         stalls += list(self.member_stall_s.values())
         tenure = [k.tenure_stall_le_s for k in self.kills if k.tenure_stall_le_s is not None]
+        if self.last_tenure_stall_le_s is not None:
+            tenure.append(self.last_tenure_stall_le_s)
         return {
             "kills": len(self.kills),
             "elect_s": _summary(elect),
@@ -262,6 +267,8 @@ async def run_failover(lc: local_cluster, spec: LoadSpec, kills: int, steady: fl
             stall = await asyncio.to_thread(scrape_stall, metrics_ports[m])
             if stall is not None:
                 result.member_stall_s[m] = stall.worst
+                if m in elected:
+                    result.last_tenure_stall_le_s = worst_between(elected[m], stall)
     finally:
         if not writers.stopping:
             await writers.stop()
