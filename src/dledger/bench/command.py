@@ -100,7 +100,8 @@ def bench(
     summary as a table, or with -o json the report --json writes, as one line on stdout.
 
     Benches the group of --peers (or DLEDGER_PEERS), else starts a local group of its own;
-    the first line on stderr says which."""
+    the first line on stderr says which. With --failover N it kills that local group's leader
+    N times under the load and reports the failover times instead (docs/performance.md)."""
     if procs > clients:
         raise click.UsageError("--procs must not exceed --clients")
     if failover:

@@ -164,7 +164,8 @@ class _Writers:
         self.stopping = False
         tls = client_tls(Path(spec.tls_dir)) if spec.tls_dir else None
         n = min(spec.conns or spec.clients, spec.clients)
-        self.clients = [AsyncDLedgerClient(spec.peers, spec.group, timeout=10.0, tls=tls) for _ in range(n)]
+        self.clients = [AsyncDLedgerClient(spec.peers, spec.group, timeout=10.0, tls=tls, idempotent=spec.idempotent)
+                        for _ in range(n)]
         self.tasks: list[asyncio.Task[None]] = []
 
     def start(self) -> None:
