@@ -44,3 +44,16 @@ def test_summary_and_false_elections() -> None:
     assert r.false_elections == 2
     rep = r.report()
     assert rep["terms"] == 5 and rep["false_elections"] == 2 and rep["unrecovered"] == 0
+
+
+def test_failover_refuses_options_it_cannot_honour() -> None:
+    from click.testing import CliRunner
+
+    from dledger.cli import cli
+
+    env = {"DLEDGER_PEERS": ""}
+    for args, said in ((["--rate", "100"], "--rate cannot be combined with --failover"),
+                       (["--procs", "2", "--clients", "4"], "--procs cannot be combined with --failover"),
+                       (["--nodes", "1"], "--failover needs --nodes 3 or more")):
+        result = CliRunner(env=env).invoke(cli, ["bench", "--failover", "2", *args])
+        assert result.exit_code == 2 and said in result.output, (args, result.output)
