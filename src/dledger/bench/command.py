@@ -6,6 +6,7 @@ import asyncio
 import json
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -153,12 +154,7 @@ def bench(
         "procs": procs,
         "idempotent": idempotent,
     }
-    if output == "json":
-        click.echo(json.dumps(report))
-    else:
-        _print(report)
-    if json_path:
-        Path(json_path).write_text(json.dumps(report, indent=2))
+    _emit(report, output, json_path, _print)
     if plot_path:
         plot(result, plot_path, f"dledger bench: {label}, {clients} clients, batch {batch}, {size} B")
 
@@ -193,10 +189,16 @@ def _bench_failover(spec: LoadSpec, kills: int, nodes: int, flush: str, output: 
     report["config"] = {"target": f"local {nodes} members, flush={flush}", "kills": kills,
                         "clients": spec.clients, "conns": spec.conns or spec.clients, "size": spec.size,
                         "batch": spec.batch, "steady_s": steady, "warmup_s": spec.warmup}
+    _emit(report, output, json_path, _print_failover)
+
+
+def _emit(report: dict[str, Any], output: str, json_path: str | None,
+          print_table: Callable[[dict[str, Any]], None]) -> None:
+    """The report on stdout (one JSON line, or a table), and in full at `json_path`."""
     if output == "json":
         click.echo(json.dumps(report))
     else:
-        _print_failover(report)
+        print_table(report)
     if json_path:
         Path(json_path).write_text(json.dumps(report, indent=2))
 
