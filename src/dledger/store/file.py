@@ -68,7 +68,7 @@ from dledger.store.offline import (
     read_currterm,
 )
 from dledger.store.recovery import rebuild_units, recover
-from dledger.store.retention import Candidate, Plan, disk_usage_ratio, plan_deletions
+from dledger.store.retention import Candidate, Plan, aged_out, disk_usage_ratio, plan_deletions
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +87,7 @@ class FileLedgerStore(LedgerStore):
         flush_interval_ms: int = 10,
         checkpoint_interval_ms: int = 1000,
         file_reserved_hours: float = 72.0,
+        retention_hours: float = 0.0,
         disk_space_ratio_to_check_expired: float = 0.70,
         disk_space_ratio_to_force_clean: float = 0.85,
         retention_check_interval_ms: int = 10_000,
@@ -96,7 +97,8 @@ class FileLedgerStore(LedgerStore):
         floor_only: bool = False,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        """Retention (store/retention.py): `file_reserved_hours`, the two disk ratios and
+        """Retention (store/retention.py): `retention_hours` (data files last written longer ago
+        go whatever the disk usage; 0: off), `file_reserved_hours`, the two disk ratios and
         `force_clean_until` (how far forced deletion brings usage down; None: the check ratio)
         and `disk_full_ratio` (above it, with nothing more to delete, client appends are
         refused; None: the force ratio) are the policy; `floor_only`: only `set_retention_floor`
@@ -114,6 +116,7 @@ class FileLedgerStore(LedgerStore):
         try:
             self.sync_mode = flush == "sync"
             self.file_reserved_hours = file_reserved_hours
+            self.retention_hours = retention_hours
             self.check_expired_ratio = disk_space_ratio_to_check_expired
             self.force_clean_ratio = disk_space_ratio_to_force_clean
             self.force_clean_until = force_clean_until
@@ -729,7 +732,8 @@ class FileLedgerStore(LedgerStore):
         return self._retention_held_by
 
     def run_retention(self) -> None:
-        """Delete old data files when the disk fills, never one the live range needs."""
+        """Delete old data files when the disk fills, when they are older than `retention_hours`
+        or a snapshot covers them, never one the live range needs."""
         with self._ckpt_lock, self._lock:
             if self._closed:
                 return
@@ -742,10 +746,12 @@ class FileLedgerStore(LedgerStore):
                 floor = min(floor, self._retention_floor)
             plan = self._plan_retention(floor, ratio, total)
             self._note_held_back(floor, committed_floor, plan.delete, ratio, total)
-            # a snapshot covers these whatever the disk usage, within the same floors
+            # a snapshot (or `dledger compact`) covers these whatever the disk usage, within the same
+            # floors; so do files past the age limit
             covered = len(self._retention_candidates(min(floor, self._compaction_floor)))
-            if max(plan.delete, covered):
-                self._drop_first_data_files(max(plan.delete, covered))
+            aged = aged_out(self._retention_candidates(floor), self._clock(), self.retention_hours)
+            if max(plan.delete, covered, aged):
+                self._drop_first_data_files(max(plan.delete, covered, aged))
             self.disk_full = plan.disk_full
             if not plan.disk_full:
                 self._no_space = False  # room again: writes may be tried anew
