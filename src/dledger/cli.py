@@ -800,6 +800,7 @@ def snapshot(peers: str, group: str, member: str | None, output: str | None) -> 
 def _register_extra_commands() -> None:
     from dledger.bench.command import bench
     from dledger.broker.command import broker, send
+    from dledger.compact_command import compact
     from dledger.controller.command import admin, controller
     from dledger.kv.command import kv
     from dledger.members_command import members
@@ -808,6 +809,7 @@ def _register_extra_commands() -> None:
     cli.add_command(admin)
     cli.add_command(bench)
     cli.add_command(broker)
+    cli.add_command(compact)
     cli.add_command(send)
     cli.add_command(controller)
     cli.add_command(certs)

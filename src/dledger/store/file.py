@@ -72,6 +72,8 @@ from dledger.store.retention import Candidate, Plan, aged_out, disk_usage_ratio,
 
 log = logging.getLogger(__name__)
 
+EAGER_RETENTION_S = 10.0  # after a compaction request, retention looks every few hundred ms this long
+
 DiskUsage = Callable[[], tuple[float, int]]
 
 
@@ -726,6 +728,25 @@ class FileLedgerStore(LedgerStore):
 
     def _drop_covered(self, floor: int) -> None:
         self._compaction_floor = max(self._compaction_floor, floor)  # the flush thread's next pass
+
+    def request_retention(self) -> None:
+        # the floors a compaction waits for (a producer table saved, a follower's heartbeat)
+        # move within a few heartbeats: look often for a while
+        self._flusher.retention_soon(EAGER_RETENTION_S)
+
+    def compaction_begin(self, through: int) -> int:
+        with self._lock:
+            nxt = through + 1
+            if nxt <= self.begin_index or not self.data.files:
+                return self.begin_index
+            pos = self.unit(nxt)[1] if nxt <= self.end_index else self.write_pos
+            files = self.data.files
+            k = max((i for i, f in enumerate(files) if f.start <= pos), default=0)
+            for f in reversed(files[: k + 1]):  # (never the last file: retention keeps it)
+                first = self._first_index_in(f)
+                if first is not None:
+                    return max(first, self.begin_index)
+            return self.begin_index
 
     @property
     def retention_held_by(self) -> str:
