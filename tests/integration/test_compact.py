@@ -15,6 +15,7 @@ from click.testing import CliRunner
 
 from dledger.cli import cli
 from dledger.codes import DLedgerError, ResponseCode
+from dledger.runtime.client import Entry
 from integration.harness import Cluster, MakeCluster, wait_until
 
 pytestmark = pytest.mark.integration
@@ -96,8 +97,8 @@ def test_compact_a_plain_log(make_cluster: MakeCluster, tmp_path: Path) -> None:
                "the leader compacted again")
 
 
-def _read_from(c: Cluster, first: int, member: str) -> list[object]:
-    out = []
+def _read_from(c: Cluster, first: int, member: str) -> list[Entry]:
+    out: list[Entry] = []
     nxt = first
     while True:
         batch = c.ctl.read(nxt, 1000, member=member)
@@ -105,3 +106,21 @@ def _read_from(c: Cluster, first: int, member: str) -> list[object]:
             return out
         out.extend(batch)
         nxt = batch[-1].index + 1
+
+
+def test_age_retention_without_disk_pressure(make_cluster: MakeCluster, tmp_path: Path) -> None:
+    """`--retention-hours` on `dledger server`: whole data files last written longer ago go on
+    an almost empty disk, on every member, and the acknowledged entries after them stay."""
+    toml = tmp_path / "small-files.toml"
+    toml.write_text("data_file_size = 65536\nindex_file_size = 32768\nretention_check_interval_ms = 200\n")
+    c = make_cluster(3, extra=["--config", str(toml), "--retention-hours", "0.0005"])  # 1.8 s
+    acked = _append(c, 0, 1200)
+    end = c.wait_caught_up()
+    wait_until(lambda: all((v := c.meta(m)) is not None and v.ledger_begin_index > 0 for m in c.ids), 60,
+               "every member deleted its aged data files")
+    leader = c.wait_leader()
+    v = c.meta(leader)
+    assert v is not None and 0 < v.ledger_begin_index <= end
+    got = {e.index: e.body for e in _read_from(c, v.ledger_begin_index, leader)}
+    assert {i: got.get(i) for i in acked if i >= v.ledger_begin_index} == {
+        i: b for i, b in acked.items() if i >= v.ledger_begin_index}
