@@ -28,13 +28,15 @@ from dledger.clitools import (
     peers_option,
     security_options,
 )
-from dledger.codes import DLedgerError
+from dledger.codes import DLedgerError, ResponseCode
 from dledger.config import parse_peers
+from dledger.core.messages import SnapshotResponse
 from dledger.runtime.client import DLedgerClient
 
 log = logging.getLogger(__name__)
 
 _POLL_S = 0.25
+_COMMIT_GRACE_S = 3.0
 
 
 @dataclass
@@ -78,6 +80,19 @@ def _begin(c: DLedgerClient, member: str) -> int:
     return c.metadata(member).ledger_begin_index
 
 
+def _ask(c: DLedgerClient, member: str, through: int) -> SnapshotResponse:
+    """COMPACT `member`; a follower whose commit index trails `through` by a heartbeat or two
+    is asked again for up to _COMMIT_GRACE_S before its refusal stands."""
+    deadline = time.monotonic() + _COMMIT_GRACE_S
+    while True:
+        try:
+            return c.compact(member, through)
+        except DLedgerError as e:
+            if e.code != ResponseCode.INDEX_OUT_OF_RANGE or time.monotonic() >= deadline:
+                raise
+        time.sleep(_POLL_S)
+
+
 @click.command()
 @peers_option()
 @group_option()
@@ -101,7 +116,7 @@ def compact(peers: str, group: str, through: int | None, member: str | None, wai
         for m in [member] if member else _members(c):
             try:
                 before = _begin(c, m)
-                resp = c.compact(m, -1 if through is None else through)
+                resp = _ask(c, m, -1 if through is None else through)
             except DLedgerError as e:
                 failed.append(m)
                 click.echo(f"{m}: {e}", err=True)
