@@ -49,6 +49,7 @@ class Compaction:
     before: int
     target: int
     begin: int
+    held: str = ""  # what held the floor when the member was asked ("" when nothing did)
 
     def note(self) -> str:
         if self.begin >= self.target:
@@ -56,9 +57,10 @@ class Compaction:
                 return (f"entries {self.target}..{self.through} stay: they share a data file with later entries "
                         "(whole data files are deleted)")
             return ""
+        why = f" (when asked: {self.held})" if self.held else ""
         return (f"held back at {self.begin} (target {self.target}): a member still needs those entries (a follower "
                 "heard from within retention_hold_ms that has not stored them, a configuration or producer table "
-                "not yet saved); they go once it catches up or is silent longer")
+                f"not yet saved){why}; they go once it catches up or is silent longer")
 
     def row(self) -> dict[str, object]:
         return {"member": self.member, "through": self.through, "begin_before": self.before,
@@ -121,9 +123,10 @@ def compact(peers: str, group: str, through: int | None, member: str | None, wai
                 failed.append(m)
                 click.echo(f"{m}: {e}", err=True)
                 continue
+            held = resp.message if resp.message.startswith("held at") else ""
             if resp.message:
                 log.info("%s: %s", m, resp.message)
-            started.append(Compaction(m, resp.snapshot_index, before, resp.begin_index, before))
+            started.append(Compaction(m, resp.snapshot_index, before, resp.begin_index, before, held))
         deadline = time.monotonic() + wait
         pending = list(started)
         while pending:

@@ -124,3 +124,14 @@ def test_age_retention_without_disk_pressure(make_cluster: MakeCluster, tmp_path
     got = {e.index: e.body for e in _read_from(c, v.ledger_begin_index, leader)}
     assert {i: got.get(i) for i in acked if i >= v.ledger_begin_index} == {
         i: b for i, b in acked.items() if i >= v.ledger_begin_index}
+
+    # a follower stopped just now still holds what it has not stored (retention_hold_ms, 10
+    # minutes by default): a compaction stops there and says who holds it
+    lag = next(m for m in c.ids if m != leader)
+    c.kill(lag)
+    _append(c, 1200, 600)
+    code, rows, err = _compact(c, "--member", leader, "--wait", "2")
+    assert code == 0 and len(rows) == 1, err
+    note = str(rows[0]["note"])
+    assert int(str(rows[0]["begin"])) < int(str(rows[0]["target"])), rows
+    assert "held back" in note and f"follower {lag}" in note, rows

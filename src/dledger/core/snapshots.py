@@ -334,10 +334,12 @@ class SnapshotPath:
         if self.member.is_leader:
             self._hold_retention()  # the floor with the table just saved, before the store looks
         store.request_retention()
+        floor, holder = store.retention_hold()
         for token, t in waiters:
             point = min(t, index)
-            self.reply(token, RequestCode.SNAPSHOT, SnapshotResponse(
-                int(ResponseCode.SUCCESS), point, "", store.compaction_begin(point)))
+            begin = store.compaction_begin(point)
+            held = f"held at {floor} by {holder}" if floor is not None and floor < begin and holder else ""
+            self.reply(token, RequestCode.SNAPSHOT, SnapshotResponse(int(ResponseCode.SUCCESS), point, held, begin))
 
     def _handle_snapshot(self, token: Any, req: SnapshotRequest | None = None) -> None:
         if req is not None and req.compact:

@@ -466,6 +466,10 @@ class LedgerStore(ABC):
     def _drop_covered(self, floor: int) -> None:
         """Delete what lies before `floor`, now or once the floors allow (see set_compaction_point)."""
 
+    def retention_hold(self) -> tuple[int | None, str]:
+        """The retention floor last set and its holder (None, "": none)."""
+        return None, ""
+
     def request_retention(self) -> None:
         """Look at retention soon, not only at its interval (a compaction point was just set)."""
 

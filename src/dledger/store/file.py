@@ -729,6 +729,10 @@ class FileLedgerStore(LedgerStore):
     def _drop_covered(self, floor: int) -> None:
         self._compaction_floor = max(self._compaction_floor, floor)  # the flush thread's next pass
 
+    def retention_hold(self) -> tuple[int | None, str]:
+        with self._lock:
+            return self._retention_floor, self._retention_holder
+
     def request_retention(self) -> None:
         # the floors a compaction waits for (a producer table saved, a follower's heartbeat)
         # move within a few heartbeats: look often for a while
