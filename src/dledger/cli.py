@@ -66,6 +66,10 @@ def cli(verbose: int) -> None:
 
 # --- members -------------------------------------------------------------------------------
 
+RETENTION_HOURS_HELP = ("Delete data files last written longer ago than this, whatever the disk usage, once no "
+                        "member needs them (docs/operations.md, Retention)")
+FILE_RESERVED_HELP = "Under disk pressure, data files older than this may be deleted"
+
 
 @cli.command()
 @click.option("--config", "config_file", type=click.Path(dir_okay=False), help="TOML configuration file.")
@@ -92,6 +96,10 @@ def cli(verbose: int) -> None:
               help="... or after this many applied body bytes [256 MiB; 0: never].")
 @click.option("--snapshot-margin-entries", type=click.IntRange(0), default=None,
               help="Log entries kept behind a snapshot for slow followers; older ones are deleted [10000].")
+@click.option("--retention-hours", type=click.FloatRange(0), default=None,
+              help=RETENTION_HOURS_HELP + " [0: off].")
+@click.option("--file-reserved-hours", type=click.FloatRange(0), default=None,
+              help=FILE_RESERVED_HELP + " [72].")
 @click.option("--producer-expiry-ms", type=click.IntRange(1), default=None,
               help="Forget an idempotent producer after this long without an append [86400000: a day].")
 @click.option("--max-producers", type=click.IntRange(1), default=None,
@@ -107,7 +115,8 @@ def server(config_file: str | None, group: str | None, self_id: str | None, peer
            state_machine: str | None,
            snapshot_threshold_entries: int | None, snapshot_threshold_bytes: int | None,
            snapshot_margin_entries: int | None, producer_expiry_ms: int | None, max_producers: int | None,
-           max_producers_per_principal: int | None, producer_creations_per_second: int | None) -> None:
+           max_producers_per_principal: int | None, producer_creations_per_second: int | None,
+           retention_hours: float | None, file_reserved_hours: float | None) -> None:
     """Run one member until SIGINT/SIGTERM."""
     data: dict[str, object] = {}
     if config_file:
@@ -119,7 +128,8 @@ def server(config_file: str | None, group: str | None, self_id: str | None, peer
                  "snapshot_threshold_bytes": snapshot_threshold_bytes,
                  "snapshot_margin_entries": snapshot_margin_entries, "producer_expiry_ms": producer_expiry_ms,
                  "max_producers": max_producers, "max_producers_per_principal": max_producers_per_principal,
-                 "producer_creations_per_second": producer_creations_per_second, **security()}
+                 "producer_creations_per_second": producer_creations_per_second,
+                 "retention_hours": retention_hours, "file_reserved_hours": file_reserved_hours, **security()}
     data.update({k: v for k, v in overrides.items() if v is not None})
     if preferred is not None:
         data["preferred_leader_ids"] = [p for p in preferred.split(",") if p]
@@ -160,7 +170,7 @@ def _run_member(cfg: DLedgerConfig, joined: Membership | None = None) -> None:
 
 
 _CONTROLLER_ONLY = ("controllers", "broker_sets", "replicas", "all_ack")
-_RAFT_ONLY = ("nodes", "state_machine")
+_RAFT_ONLY = ("nodes", "state_machine", "retention_hours", "file_reserved_hours")
 
 
 @cli.command()
@@ -181,6 +191,10 @@ _RAFT_ONLY = ("nodes", "state_machine")
 @click.option("--tls", is_flag=True, hidden=True, help="Mutual TLS (the default now; kept for old scripts).")
 @click.option("--state-machine", default="", help="Raft mode: every member applies entries to it ('kv', or "
                                                   "module:factory).")
+@click.option("--retention-hours", type=click.FloatRange(0), default=None,
+              help="Raft mode: " + RETENTION_HOURS_HELP + " [0: off].")
+@click.option("--file-reserved-hours", type=click.FloatRange(0), default=None,
+              help="Raft mode: " + FILE_RESERVED_HELP + " [72].")
 @click.option("--controllers", default=3, show_default=True, type=click.IntRange(1, 9), help="Controller mode.")
 @click.option("--broker-sets", default=2, show_default=True, type=click.IntRange(1, 20), help="Controller mode.")
 @click.option("--replicas", default=2, show_default=True, type=click.IntRange(1, 9), help="Controller mode.")
@@ -189,7 +203,8 @@ _RAFT_ONLY = ("nodes", "state_machine")
 @click.pass_context
 def cluster(ctx: click.Context, mode: str, nodes: int, group: str | None, base_port: int, data_dir: str, flush: str,
             store_type: str, metrics_base_port: int, insecure: bool, tls: bool, state_machine: str, controllers: int,
-            broker_sets: int, replicas: int, all_ack: bool) -> None:
+            broker_sets: int, replicas: int, all_ack: bool, retention_hours: float | None,
+            file_reserved_hours: float | None) -> None:
     """Run a local group as N member processes (or, --mode controller, controllers and broker
     sets) until SIGINT/SIGTERM. Mutual TLS unless --insecure: the certificates go to
     DATA_DIR/certs, and clients use them with DLEDGER_TLS_DIR=DATA_DIR/certs."""
@@ -210,6 +225,9 @@ def cluster(ctx: click.Context, mode: str, nodes: int, group: str | None, base_p
     if tls_dir is not None:
         local_certs(tls_dir, members=members)
     extra = ["--state-machine", state_machine] if state_machine else []
+    for flag, value in (("--retention-hours", retention_hours), ("--file-reserved-hours", file_reserved_hours)):
+        if value is not None:
+            extra += [flag, repr(value)]
     with local_cluster(peers, group, Path(data_dir), flush, store_type, metrics_base_port, extra,
                        tls_dir=tls_dir) as procs:
         click.echo(f"peers: {peers}", nl=True)
@@ -613,15 +631,18 @@ def transfer(peers: str, group: str, target: str, output: str) -> None:
 
 @cli.command()
 @click.argument("dirs", nargs=-1, required=True, type=click.Path(exists=True, file_okay=False))
-@click.option("--master", default="local[*]", show_default=True, help="Spark master URL.")
+@click.option("--master", default=None,
+              help="Spark master URL: run on Spark [default: in this process up to 256 MiB of records, "
+                   "else on Spark local[*]].")
 @click.option("--include-uncommitted", is_flag=True, help="Also compare entries past each member's committed index.")
 @output_option(None, "text: each member's indexes, then 'agree up to index N' or the first divergence")
-def audit(dirs: tuple[str, ...], master: str, include_uncommitted: bool, output: str | None) -> None:
-    """Compare members' store directories (DIR...) offline on Spark.
+def audit(dirs: tuple[str, ...], master: str | None, include_uncommitted: bool, output: str | None) -> None:
+    """Compare members' store directories (DIR...) offline, in process or on Spark.
 
     Prints the first divergence (exit code 1) or "agree up to index N"; with -o json one
-    object (members, agree_up_to, divergence or null), with -o table a row per member.
-    Progress goes to stderr. Needs Java 17 (a JDK on PATH or JAVA_HOME).
+    object (members with their records' bytes, agree_up_to, divergence or null), with -o
+    table a row per member. Progress goes to stderr. Spark (small stores skip it) needs
+    Java 17 (a JDK on PATH or JAVA_HOME).
     """
     import importlib.util
 
@@ -779,6 +800,7 @@ def snapshot(peers: str, group: str, member: str | None, output: str | None) -> 
 def _register_extra_commands() -> None:
     from dledger.bench.command import bench
     from dledger.broker.command import broker, send
+    from dledger.compact_command import compact
     from dledger.controller.command import admin, controller
     from dledger.kv.command import kv
     from dledger.members_command import members
@@ -787,6 +809,7 @@ def _register_extra_commands() -> None:
     cli.add_command(admin)
     cli.add_command(bench)
     cli.add_command(broker)
+    cli.add_command(compact)
     cli.add_command(send)
     cli.add_command(controller)
     cli.add_command(certs)

@@ -84,7 +84,8 @@ def security_options(f: F) -> F:
     f = click.option("--tls-dir", expose_value=False, callback=_remember, envvar="DLEDGER_TLS_DIR",
                      type=click.Path(file_okay=False),
                      help="A `dledger certs` directory (or set DLEDGER_TLS_DIR): ca.pem, and client.pem for client "
-                          "commands, admin.pem for admin ones (transfer, snapshot, admin elect/clean/config).")(f)
+                          "commands, admin.pem for admin ones (transfer, snapshot, compact, admin "
+                          "elect/clean/config).")(f)
     return _shared_security_options(f)
 
 

@@ -190,7 +190,10 @@ class DLedgerConfig:
     max_inflight_pushes: int = 8  # pushes in flight per follower (pipelining)
     leadership_transfer_timeout_ms: int = 3000  # a transfer not done this long is abandoned
     learner_max_lag: int = 1000  # a learner is promoted only within this many entries of the leader's end (0: none)
-    file_reserved_hours: float = 72.0  # retention: data files older than this may be deleted ...
+    # retention by age whatever the disk usage (Kafka's log.retention.hours): data files last
+    # written longer ago are deleted, whole, once no member needs them (0: off; docs/operations.md)
+    retention_hours: float = 0.0
+    file_reserved_hours: float = 72.0  # retention under disk pressure: data files older than this may be deleted ...
     disk_space_ratio_to_check_expired: float = 0.70  # ... once the disk is this full
     disk_space_ratio_to_force_clean: float = 0.85  # beyond this, old files go whatever their age
     retention_check_interval_ms: int = 10_000  # how often retention looks
@@ -314,8 +317,9 @@ class DLedgerConfig:
         for name in ("disk_space_ratio_to_check_expired", "disk_space_ratio_to_force_clean"):
             if not 0.0 < getattr(self, name) <= 1.0:
                 raise ConfigError(f"{name} must be in (0, 1]")
-        if self.file_reserved_hours < 0:
-            raise ConfigError("file_reserved_hours must not be negative")
+        for name in ("file_reserved_hours", "retention_hours"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name} must not be negative")
         if not isinstance(self.learner_max_lag, int) or self.learner_max_lag < 0:
             raise ConfigError(f"learner_max_lag must be 0 (caught up exactly) or more, not {self.learner_max_lag!r}")
         if not 0 <= self.metrics_port < 65536:
@@ -370,7 +374,10 @@ class DLedgerConfig:
     def from_dict(cls, data: dict[str, Any], flag_keys: dict[str, str] | None = None) -> DLedgerConfig:
         """`flag_keys`: a command's flag names (as keys: "id") -> the key each sets ("self_id"),
         so a key written as its flag is told which key it means."""
+        from dledger.config_aliases import MEMBER_ALIASES, resolve
+
         known = {f.name for f in dataclasses.fields(cls)}
+        data = resolve(data, MEMBER_ALIASES, "configuration")  # upstream DLedgerConfig's names too
         if odd := [k for k in data if not isinstance(k, str)]:
             raise ConfigError(f"configuration keys are names, not {odd[0]!r}")
         unknown = sorted(set(data) - known)

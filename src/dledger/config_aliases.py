@@ -24,6 +24,26 @@ def resolve(data: Mapping[str, Any], aliases: Mapping[str, str], what: str) -> d
     return out
 
 
+# DLedgerConfig's names (upstream DLedger's) for a group member's keys (its TOML's)
+MEMBER_ALIASES: dict[str, str] = {
+    "selfId": "self_id",
+    "fileReservedHours": "file_reserved_hours",
+    "diskSpaceRatioToCheckExpired": "disk_space_ratio_to_check_expired",
+    "diskSpaceRatioToForceClean": "disk_space_ratio_to_force_clean",
+    "mappedFileSizeForEntryData": "data_file_size",
+    "mappedFileSizeForEntryIndex": "index_file_size",
+    "preferredLeaderIds": "preferred_leader_ids",
+    "heartBeatTimeIntervalMs": "heart_beat_time_interval_ms",
+    "maxHeartBeatLeak": "max_heart_beat_leak",
+    "minVoteIntervalMs": "min_vote_interval_ms",
+    "maxVoteIntervalMs": "max_vote_interval_ms",
+    "maxPendingRequestsNum": "max_pending_requests",
+    "maxWaitAckTimeMs": "max_wait_ack_ms",
+    "maxPushTimeOutMs": "max_push_timeout_ms",
+    "checkPointInterval": "checkpoint_interval_ms",
+    "flushFileInterval": "flush_interval_ms",
+}
+
 # ControllerConfig's names (upstream's ControllerConfig): the runtime settings
 CONTROLLER_ALIASES: dict[str, str] = {
     "scanNotActiveBrokerInterval": "scan_interval_ms",

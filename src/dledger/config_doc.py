@@ -138,11 +138,12 @@ def render() -> str:
 ALIASES_HEADER = """
 ## Upstream names
 
-A controller's and a broker's keys may also be written under upstream RocketMQ's camelCase
-names (its `ControllerConfig`, `BrokerConfig` and `MessageStoreConfig`), wherever they are
-taken: a controller's TOML file (its top level, as upstream's flat properties file has them,
-or its `[controller]` table), `dledger admin controller-config set` (and an mqadmin-style
-UPDATE_CONTROLLER_CONFIG), a broker's `--config` file. They mean our key; the values are ours
+A group member's keys may also be written under upstream DLedger's camelCase names (its
+`DLedgerConfig`) in its `--config` file. A controller's and a broker's keys may be written
+under upstream RocketMQ's (its `ControllerConfig`, `BrokerConfig` and `MessageStoreConfig`),
+wherever they are taken: a controller's TOML file (its top level, as upstream's flat
+properties file has them, or its `[controller]` table), `dledger admin controller-config set`
+(and an mqadmin-style UPDATE_CONTROLLER_CONFIG), a broker's `--config` file. They mean our key; the values are ours
 (milliseconds, bytes; `flushDiskType` also takes `ASYNC_FLUSH` / `SYNC_FLUSH`). A key given
 under both names is refused, and so is a name that is neither ours nor one of these, naming
 it. `get` shows our names. Black-listed keys (`configBlackList`, `configStorePath`,
@@ -156,9 +157,10 @@ by `set` with 16 NO_PERMISSION.
 
 def upstream_names() -> str:
     """The alias table (config_aliases), so the page cannot drift from what is taken."""
-    from dledger.config_aliases import BROKER_ALIASES, CONTROLLER_ALIASES, CONTROLLER_MEMBER_ALIASES
+    from dledger.config_aliases import BROKER_ALIASES, CONTROLLER_ALIASES, CONTROLLER_MEMBER_ALIASES, MEMBER_ALIASES
 
-    where = (("controller (`[controller]`, runtime)", CONTROLLER_ALIASES),
+    where = (("group member (`dledger server --config`)", MEMBER_ALIASES),
+             ("controller (`[controller]`, runtime)", CONTROLLER_ALIASES),
              ("controller member (top level)", CONTROLLER_MEMBER_ALIASES), ("broker", BROKER_ALIASES))
     rows = [f"| {name} | `{ours}` | {place} |" for place, table in where for name, ours in table.items()]
     return ALIASES_HEADER + "\n".join(rows) + "\n"

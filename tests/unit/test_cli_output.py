@@ -187,6 +187,7 @@ def test_tables_show_control_characters_and_say_when_empty() -> None:
 @pytest.mark.parametrize(("args", "said"), [
     (["--mode", "controller", "--state-machine", "kv"], "--state-machine: not an option of --mode controller"),
     (["--mode", "controller", "--nodes", "5"], "--nodes: not an option of --mode controller"),
+    (["--mode", "controller", "--retention-hours", "24"], "--retention-hours: not an option of --mode controller"),
     (["--controllers", "5", "--all-ack-in-sync-state-set"],
      "--all-ack-in-sync-state-set, --controllers: not an option of --mode raft"),
     (["--mode", "controller", "--store", "memory"], "--store memory: brokers keep their logs in files"),
@@ -222,3 +223,25 @@ def test_cluster_in_controller_mode_passes_on_its_options(tmp_path: Path, monkey
     assert seen["metrics_base_port"] == 9300 and "--flush" in seen["args"][5]  # type: ignore[index]
     CliRunner().invoke(cli, ["cluster", "--mode", "controller", "--data-dir", str(tmp_path), "--insecure"])
     assert seen["tls_dir"] is None
+
+
+def test_cluster_passes_retention_options_to_every_member(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """--retention-hours and --file-reserved-hours reach each member's `dledger server` (the
+    group is only built here, not started)."""
+    import dledger.cli as cli_module
+
+    seen: dict[str, object] = {}
+
+    class Stop(Exception):
+        pass
+
+    def fake(*args: object, **kwargs: object) -> None:
+        seen["args"] = args
+        raise Stop
+
+    monkeypatch.setattr(cli_module, "local_cluster", fake)
+    result = CliRunner().invoke(cli, ["cluster", "--data-dir", str(tmp_path), "--insecure", "--base-port", "29911",
+                                      "--retention-hours", "168", "--file-reserved-hours", "24"])
+    assert isinstance(result.exception, Stop), result.output
+    extra = seen["args"][6]  # type: ignore[index]
+    assert extra == ["--retention-hours", "168.0", "--file-reserved-hours", "24.0"], extra

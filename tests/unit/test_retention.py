@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from dledger.codes import ResponseCode
 from dledger.store.base import StoreError
 from dledger.store.file import FileLedgerStore
-from dledger.store.retention import Candidate, Plan, plan_deletions
+from dledger.store.retention import Candidate, Plan, aged_out, plan_deletions
 
 DATA_FILE_SIZE = 4096
 INDEX_FILE_SIZE = 32 * 16
@@ -384,3 +384,69 @@ def test_a_follower_holding_retention_under_pressure_is_reported(log: Log) -> No
     s.set_retention_floor(None)
     s.run_retention()
     assert s.retention_held_by == ""
+
+
+def test_retention_hours_delete_old_files_without_disk_pressure(log: Log) -> None:
+    """`retention_hours` (Kafka's log.retention.hours): files last written longer ago go at
+    any disk usage, oldest first, never past the commit index or a floor, and stop at the
+    first younger file."""
+    s = log.store
+    s.retention_hours = 2.0
+    log.disk.ratio = 0.0  # an empty disk: the pressure rules delete nothing
+    log.age(range(4), 3)  # files 0..3 are 3 h old
+    log.age([4], 1)  # file 4 is younger than the limit: it and all after it stay
+    log.age(range(5, len(log.firsts) - 1), 3)
+    s.run_retention()  # nothing committed yet: nothing goes
+    assert log.files()[0] == 0
+    s.set_committed(log.n - 1)
+    s.set_retention_floor(log.firsts[2], "follower n2")  # a live follower needs file 2 on
+    s.run_retention()
+    assert log.files()[0] == 2
+    log.check_begin(s, log.firsts[2])
+    s.set_retention_floor(None)
+    s.run_retention()
+    assert log.files()[0] == 4  # file 4 is too young, and files after it wait for it
+    log.check_begin(s, log.firsts[4])
+    s.retention_hours = 0.0  # off: the old files after it stay too
+    log.age([4], 3)
+    s.run_retention()
+    assert log.files()[0] == 4
+
+
+def test_retention_hours_survive_a_reopen(tmp_path: Path) -> None:
+    """The begin moved by age retention is checkpointed: a reopened store begins there."""
+    lg = Log(tmp_path / "s", FakeDisk(0.0))
+    lg.store.set_committed(lg.n - 1)
+    lg.store.retention_hours = 1.0
+    lg.age(range(3), 2)
+    lg.store.run_retention()
+    lg.store.close()
+    s = open_store(lg.path, lg.disk)
+    try:
+        lg.check_begin(s, lg.firsts[3])
+    finally:
+        s.close()
+
+
+def test_aged_out_examples() -> None:
+    now = 1_000_000.0
+    c = [Candidate(1, now - 5 * 3600), Candidate(1, now - 3 * 3600), Candidate(1, now - 1 * 3600),
+         Candidate(1, now - 4 * 3600)]
+    assert aged_out(c, now, 2) == 2  # stops at the first younger file
+    assert aged_out(c, now, 0) == 0  # off
+    assert aged_out(c, now, 6) == 0
+    assert aged_out([Candidate(1, now - 2 * 3600)], now, 2) == 0  # exactly as old: kept
+
+
+def test_retention_keys_and_upstream_names() -> None:
+    """A member's TOML takes upstream DLedger's names (fileReservedHours); both names for one
+    key are refused; a negative age is refused."""
+    from dledger.config import ConfigError, DLedgerConfig
+
+    cfg = DLedgerConfig.from_dict({"fileReservedHours": 5, "retention_hours": 0.5,
+                                   "mappedFileSizeForEntryData": 1 << 20})
+    assert (cfg.file_reserved_hours, cfg.retention_hours, cfg.data_file_size) == (5.0, 0.5, 1 << 20)
+    with pytest.raises(ConfigError, match="file_reserved_hours is given twice"):
+        DLedgerConfig.from_dict({"fileReservedHours": 5, "file_reserved_hours": 6})
+    with pytest.raises(ConfigError, match="retention_hours must not be negative"):
+        DLedgerConfig.from_dict({"retention_hours": -1}).validate()

@@ -4,6 +4,7 @@ instead of the launcher's "JAVA_HOME is not set" and PySpark's JAVA_GATEWAY_EXIT
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import subprocess
 import sys
@@ -48,8 +49,42 @@ def test_audit_without_java_fails_in_one_line(tmp_path: Path) -> None:
     (store / "data").mkdir(parents=True)
     env = {k: v for k, v in os.environ.items() if k != "JAVA_HOME"}
     env["PATH"] = str(Path(sys.executable).parent)  # the venv's scripts, no java
-    p = subprocess.run([sys.executable, "-m", "dledger", "audit", str(store)], capture_output=True, text=True,
-                       env=env, timeout=120, check=False)
+    # (--master: a store this small is audited in process, without Spark)
+    p = subprocess.run([sys.executable, "-m", "dledger", "audit", "--master", "local[1]", str(store)],
+                       capture_output=True, text=True, env=env, timeout=120, check=False)
     assert p.returncode == 1, p
     assert p.stdout == ""
     assert p.stderr.splitlines() == [f"audit failed: {NO_JAVA}"], p.stderr
+
+
+@pytest.mark.skipif(importlib.util.find_spec("pyarrow") is None, reason="needs the spark extra")
+def test_audit_of_small_stores_needs_no_java_and_counts_record_bytes(tmp_path: Path) -> None:
+    """Small stores are compared in process (no JVM: here there is no Java at all), and the
+    sizes are the records' bytes, not the preallocated data files' (1 GiB each here)."""
+    from dledger.store.file import FileLedgerStore
+
+    bodies = [bytes([k]) * (100 + k) for k in range(50)]
+    dirs = []
+    for name, count in (("n0", 50), ("n1", 50), ("n2", 30)):  # n2 lags: no divergence
+        s = FileLedgerStore(tmp_path / name, flush="sync")
+        for b in bodies[:count]:
+            s.append_as_leader([b], 1)
+        s.committed_index = s.end_index
+        s.flush()
+        s.close()
+        dirs.append(str(tmp_path / name))
+    env = {k: v for k, v in os.environ.items() if k != "JAVA_HOME"}
+    env["PATH"] = str(Path(sys.executable).parent)  # no java
+    p = subprocess.run([sys.executable, "-m", "dledger", "audit", *dirs, "-o", "json"], capture_output=True,
+                       text=True, env=env, timeout=120, check=False)
+    assert p.returncode == 0, p
+    report = json.loads(p.stdout)
+    assert report["ok"] and report["agree_up_to"] == 49, report
+    sizes = {m["member"]: (m["records"], m["bytes"], m["file_bytes"]) for m in report["members"]}
+    assert sizes == {"n0": (50, sum(48 + len(b) for b in bodies), 1 << 30),
+                     "n1": (50, sum(48 + len(b) for b in bodies), 1 << 30),
+                     "n2": (30, sum(48 + len(b) for b in bodies[:30]), 1 << 30)}, sizes
+    assert "in this process" in p.stderr and "Spark" not in p.stderr, p.stderr
+    text = subprocess.run([sys.executable, "-m", "dledger", "audit", *dirs], capture_output=True, text=True,
+                          env=env, timeout=120, check=False)
+    assert text.returncode == 0 and "n0: indexes 0..49 (50 records, 8.4 KiB)" in text.stdout, text

@@ -298,13 +298,21 @@ class ReadIndexResponse(msgspec.Struct, array_like=True):
 
 
 class SnapshotRequest(Msg):
-    """Take a snapshot now (`dledger snapshot`)."""
+    """Take a snapshot now (`dledger snapshot`); with `compact`, a plain log's member also
+    compacts its log through `through` (-1: its commit index) as far as every member's needs
+    allow (`dledger compact`)."""
+
+    compact: bool = False
+    through: int = -1
 
 
 class SnapshotResponse(msgspec.Struct, array_like=True):
     code: int
-    snapshot_index: int = -1
+    snapshot_index: int = -1  # compact: the last index compaction may delete through
     message: str = ""
+    # compact: the log begin once compaction is done (whole data files go: the first index of
+    # the file holding snapshot_index + 1), unless a member's needs hold it back
+    begin_index: int = -1
 
 
 Crc = Annotated[int, msgspec.Meta(ge=0, lt=1 << 32)]

@@ -99,6 +99,7 @@ from dledger.core.messages import (
     ReadRequest,
     Role,
     SimpleResponse,
+    SnapshotRequest,
     SnapshotResponse,
     VoteRequest,
     VoteResponse,
@@ -156,6 +157,7 @@ class Node(AppendPath, SnapshotPath, MembershipPath):
             self._align_with_snapshot(snapshot)
         self._proposers: set[Any] = set()  # append tokens that wait for their apply results
         self._snapshot_waiters: list[Any] = []  # on-demand snapshot requests
+        self._compact_waiters: list[tuple[Any, int]] = []  # `dledger compact` (a plain log): token, through
         self._snapshot_wanted = False  # a follower needs a snapshot newer than ours (see want_snapshot)
         self._snapshot_pending = False  # a TakeSnapshot was emitted and not reported yet
         self._snapshot_config: tuple[int, Membership] = (-1, Membership({}))  # what that TakeSnapshot asked for
@@ -631,8 +633,10 @@ class Node(AppendPath, SnapshotPath, MembershipPath):
         worker thread runs actions in order, so it sees exactly the state at its index."""
         a = self.applier
         if a is None:
-            if self._snapshot_waiters and not self._snapshot_pending:
+            if (self._snapshot_waiters or self._compact_waiters) and not self._snapshot_pending:
                 self._take_snapshot(self.store.committed_index)  # a plain log: an empty snapshot
+                if self._snapshot_pending and not self.producers.empty:
+                    self._producers_saving = self.producers.folded  # with the table: retention may pass it
             return
         if a.stopped is not None:  # its state is half-changed: a snapshot of it would be wrong
             if self._snapshot_waiters:
@@ -893,7 +897,8 @@ class Node(AppendPath, SnapshotPath, MembershipPath):
             assert isinstance(msg, QueryRequest)
             self._handle_query(msg, token)
         elif code == RequestCode.SNAPSHOT:
-            self._handle_snapshot(token)
+            assert isinstance(msg, SnapshotRequest)
+            self._handle_snapshot(token, msg)
         elif code == RequestCode.INSTALL_SNAPSHOT:
             assert isinstance(msg, InstallSnapshotRequest)
             self.integrity.active = True

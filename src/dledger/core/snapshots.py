@@ -20,7 +20,7 @@ from dledger.codes import DLedgerError, RequestCode, ResponseCode
 from dledger.core.actions import DropInstall, InstallChunk, ReadChunk, RestoreSnapshot, TakeSnapshot
 from dledger.core.contexts import ChunkCtx
 from dledger.core.install_snapshot import holds
-from dledger.core.messages import AppendResponse, SnapshotResponse
+from dledger.core.messages import AppendResponse, SnapshotRequest, SnapshotResponse
 from dledger.membership import Membership, membership_of
 from dledger.statemachine.snapshot import PRODUCERS_FILE, SnapshotMeta
 from dledger.store.base import StoreError
@@ -60,6 +60,7 @@ class SnapshotPath:
         receiver: SnapshotReceiver
         handler: EntryHandler
         _snapshot_waiters: list[Any]
+        _compact_waiters: list[tuple[Any, int]]
         _snapshot_pending: bool
         _snapshot_wanted: bool
         _producers_saving: int
@@ -74,6 +75,7 @@ class SnapshotPath:
         def _stop_applier(self, reason: str) -> None: ...
         def _run_due_queries(self) -> None: ...
         def _sync_members(self) -> None: ...
+        def _hold_retention(self) -> None: ...
 
     def _snapshot_frees_disk(self) -> bool:
         """The disk is full and retention may not delete past our newest snapshot: a new one
@@ -134,6 +136,8 @@ class SnapshotPath:
             # the log the snapshot covers goes, but for a margin a slow follower may still need
             # (behind it, it installs our snapshot)
             self.store.set_compaction_point(index - self.cfg.snapshot_margin_entries)
+        else:
+            self._compact(index)
         self._answer_snapshot(ResponseCode.SUCCESS, "", index)
 
     @property
@@ -286,8 +290,61 @@ class SnapshotPath:
         waiters, self._snapshot_waiters = self._snapshot_waiters, []
         for token in waiters:
             self.reply(token, RequestCode.SNAPSHOT, SnapshotResponse(int(code), index, message))
+        if code != ResponseCode.SUCCESS:  # compactions wait for the same snapshot: they failed too
+            compacts, self._compact_waiters = self._compact_waiters, []
+            for token, _ in compacts:
+                self.reply(token, RequestCode.SNAPSHOT, SnapshotResponse(int(code), -1, message))
 
-    def _handle_snapshot(self, token: Any) -> None:
+    # --- `dledger compact` (a plain log) ---------------------------------------------------------
+
+    def _handle_compact(self, token: Any, req: SnapshotRequest) -> None:
+        """Compact a plain log through `req.through` (-1: the commit index). A snapshot with the
+        producer table is written first (retention never passes the last saved table); then
+        the store deletes the whole data files before that point as far as the same floors as
+        retention allow (the commit and fsynced indexes, live followers, the configuration)."""
+        if self.applier is not None:
+            raise DLedgerError(ResponseCode.UNSUPPORTED,
+                               f"group {self.member.group} applies its log to a state machine: its log is compacted "
+                               "behind its snapshots (`dledger snapshot`), not by `dledger compact`")
+        store = self.store
+        committed = store.committed_index
+        if committed < 0:
+            raise DLedgerError(ResponseCode.INDEX_OUT_OF_RANGE,
+                               f"nothing is committed on {self.member.self_id} yet: nothing to compact")
+        through = committed if req.through < 0 else req.through
+        if through > committed:
+            raise DLedgerError(ResponseCode.INDEX_OUT_OF_RANGE,
+                               f"index {through} is not committed on {self.member.self_id} (commit index {committed}): "
+                               "only committed entries can be compacted")
+        if through < store.begin_index:
+            self.reply(token, RequestCode.SNAPSHOT, SnapshotResponse(
+                int(ResponseCode.SUCCESS), through, f"already compacted: the log begins at {store.begin_index}",
+                store.begin_index))
+            return
+        self._compact_waiters.append((token, through))
+
+    def _compact(self, index: int) -> None:
+        """A plain log's snapshot at `index` is written: the compactions waiting for it go ahead."""
+        waiters, self._compact_waiters = self._compact_waiters, []
+        if not waiters:
+            return
+        store = self.store
+        through = min(index, max(t for _, t in waiters))
+        store.set_compaction_point(through)
+        if self.member.is_leader:
+            self._hold_retention()  # the floor with the table just saved, before the store looks
+        store.request_retention()
+        floor, holder = store.retention_hold()
+        for token, t in waiters:
+            point = min(t, index)
+            begin = store.compaction_begin(point)
+            held = f"held at {floor} by {holder}" if floor is not None and floor < begin and holder else ""
+            self.reply(token, RequestCode.SNAPSHOT, SnapshotResponse(int(ResponseCode.SUCCESS), point, held, begin))
+
+    def _handle_snapshot(self, token: Any, req: SnapshotRequest | None = None) -> None:
+        if req is not None and req.compact:
+            self._handle_compact(token, req)
+            return
         a = self.applier
         if a is not None and a.stopped is not None:
             raise DLedgerError(ResponseCode.INTERNAL_ERROR, f"state machine stopped: {a.stopped}")

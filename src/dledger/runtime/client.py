@@ -417,6 +417,18 @@ class AsyncDLedgerClient:
         assert isinstance(resp, SnapshotResponse)
         return resp.snapshot_index
 
+    async def compact(self, member: str, through: int = -1) -> SnapshotResponse:
+        """Make `member` (of a plain log) compact its log through `through` (-1: its commit
+        index): `snapshot_index` is the point, `begin_index` the log begin it deletes up to
+        once no member's needs hold it back (whole data files; `dledger compact`)."""
+        if member not in self.peers:
+            raise DLedgerError(ResponseCode.UNKNOWN_MEMBER, f"{member} is not in peers")
+        req = SnapshotRequest(self.group, "", member, compact=True, through=through)
+        resp = await self._call_member(member, RequestCode.SNAPSHOT, req,
+                                       request_timeout=max(self.request_timeout, 60.0))
+        assert isinstance(resp, SnapshotResponse)
+        return resp
+
     async def get(self, index: int, member: str | None = None, consistency: str | None = None) -> Entry:
         """The committed entry at `index`, from the leader (or `member`'s own copy).
         `consistency`: see `query`."""
@@ -967,6 +979,9 @@ class DLedgerClient:
 
     def snapshot(self, member: str) -> int:
         return self._run(self._async.snapshot(member))
+
+    def compact(self, member: str, through: int = -1) -> SnapshotResponse:
+        return self._run(self._async.compact(member, through))
 
     def transfer_leadership(self, target: str) -> None:
         self._run(self._async.transfer_leadership(target))

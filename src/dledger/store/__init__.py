@@ -32,6 +32,7 @@ def open_store(config: DLedgerConfig) -> LedgerStore:
         flush_interval_ms=config.flush_interval_ms,
         checkpoint_interval_ms=config.checkpoint_interval_ms,
         file_reserved_hours=config.file_reserved_hours,
+        retention_hours=config.retention_hours,
         disk_space_ratio_to_check_expired=config.disk_space_ratio_to_check_expired,
         disk_space_ratio_to_force_clean=config.disk_space_ratio_to_force_clean,
         retention_check_interval_ms=config.retention_check_interval_ms,

@@ -466,6 +466,20 @@ class LedgerStore(ABC):
     def _drop_covered(self, floor: int) -> None:
         """Delete what lies before `floor`, now or once the floors allow (see set_compaction_point)."""
 
+    def retention_hold(self) -> tuple[int | None, str]:
+        """The retention floor last set and its holder (None, "": none)."""
+        return None, ""
+
+    def request_retention(self) -> None:
+        """Look at retention soon, not only at its interval (a compaction point was just set)."""
+
+    def compaction_begin(self, through: int) -> int:
+        """The log begin once compaction through `through` is done and no floor holds it back
+        (the file store deletes whole data files: the first index of the file holding the
+        next entry)."""
+        with self._lock:
+            return max(self.begin_index, min(through + 1, self.end_index))
+
     def close(self) -> None:
         """Release resources; further calls fail."""
 

@@ -68,9 +68,11 @@ from dledger.store.offline import (
     read_currterm,
 )
 from dledger.store.recovery import rebuild_units, recover
-from dledger.store.retention import Candidate, Plan, disk_usage_ratio, plan_deletions
+from dledger.store.retention import Candidate, Plan, aged_out, disk_usage_ratio, plan_deletions
 
 log = logging.getLogger(__name__)
+
+EAGER_RETENTION_S = 10.0  # after a compaction request, retention looks every few hundred ms this long
 
 DiskUsage = Callable[[], tuple[float, int]]
 
@@ -87,6 +89,7 @@ class FileLedgerStore(LedgerStore):
         flush_interval_ms: int = 10,
         checkpoint_interval_ms: int = 1000,
         file_reserved_hours: float = 72.0,
+        retention_hours: float = 0.0,
         disk_space_ratio_to_check_expired: float = 0.70,
         disk_space_ratio_to_force_clean: float = 0.85,
         retention_check_interval_ms: int = 10_000,
@@ -96,7 +99,8 @@ class FileLedgerStore(LedgerStore):
         floor_only: bool = False,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        """Retention (store/retention.py): `file_reserved_hours`, the two disk ratios and
+        """Retention (store/retention.py): `retention_hours` (data files last written longer ago
+        go whatever the disk usage; 0: off), `file_reserved_hours`, the two disk ratios and
         `force_clean_until` (how far forced deletion brings usage down; None: the check ratio)
         and `disk_full_ratio` (above it, with nothing more to delete, client appends are
         refused; None: the force ratio) are the policy; `floor_only`: only `set_retention_floor`
@@ -114,6 +118,7 @@ class FileLedgerStore(LedgerStore):
         try:
             self.sync_mode = flush == "sync"
             self.file_reserved_hours = file_reserved_hours
+            self.retention_hours = retention_hours
             self.check_expired_ratio = disk_space_ratio_to_check_expired
             self.force_clean_ratio = disk_space_ratio_to_force_clean
             self.force_clean_until = force_clean_until
@@ -724,12 +729,36 @@ class FileLedgerStore(LedgerStore):
     def _drop_covered(self, floor: int) -> None:
         self._compaction_floor = max(self._compaction_floor, floor)  # the flush thread's next pass
 
+    def retention_hold(self) -> tuple[int | None, str]:
+        with self._lock:
+            return self._retention_floor, self._retention_holder
+
+    def request_retention(self) -> None:
+        # the floors a compaction waits for (a producer table saved, a follower's heartbeat)
+        # move within a few heartbeats: look often for a while
+        self._flusher.retention_soon(EAGER_RETENTION_S)
+
+    def compaction_begin(self, through: int) -> int:
+        with self._lock:
+            nxt = through + 1
+            if nxt <= self.begin_index or not self.data.files:
+                return self.begin_index
+            pos = self.unit(nxt)[1] if nxt <= self.end_index else self.write_pos
+            files = self.data.files
+            k = max((i for i, f in enumerate(files) if f.start <= pos), default=0)
+            for f in reversed(files[: k + 1]):  # (never the last file: retention keeps it)
+                first = self._first_index_in(f)
+                if first is not None:
+                    return max(first, self.begin_index)
+            return self.begin_index
+
     @property
     def retention_held_by(self) -> str:
         return self._retention_held_by
 
     def run_retention(self) -> None:
-        """Delete old data files when the disk fills, never one the live range needs."""
+        """Delete old data files when the disk fills, when they are older than `retention_hours`
+        or a snapshot covers them, never one the live range needs."""
         with self._ckpt_lock, self._lock:
             if self._closed:
                 return
@@ -742,10 +771,12 @@ class FileLedgerStore(LedgerStore):
                 floor = min(floor, self._retention_floor)
             plan = self._plan_retention(floor, ratio, total)
             self._note_held_back(floor, committed_floor, plan.delete, ratio, total)
-            # a snapshot covers these whatever the disk usage, within the same floors
+            # a snapshot (or `dledger compact`) covers these whatever the disk usage, within the same
+            # floors; so do files past the age limit
             covered = len(self._retention_candidates(min(floor, self._compaction_floor)))
-            if max(plan.delete, covered):
-                self._drop_first_data_files(max(plan.delete, covered))
+            aged = aged_out(self._retention_candidates(floor), self._clock(), self.retention_hours)
+            if max(plan.delete, covered, aged):
+                self._drop_first_data_files(max(plan.delete, covered, aged))
             self.disk_full = plan.disk_full
             if not plan.disk_full:
                 self._no_space = False  # room again: writes may be tried anew

@@ -21,6 +21,7 @@ log = logging.getLogger(__name__)
 
 # Out of file descriptors (process or system): nothing was written badly, only not opened.
 _TRANSIENT = frozenset((errno.EMFILE, errno.ENFILE))
+EAGER_PERIOD_S = 0.25
 
 
 class Flushable(Protocol):
@@ -46,6 +47,7 @@ class FlushService:
         self._retention_interval = retention_interval_s
         self._wake = threading.Event()
         self._stop = threading.Event()
+        self._eager_until = 0.0  # monotonic: until then retention runs every EAGER_PERIOD_S
         self._thread = threading.Thread(target=self._run, name="dledger-flush", daemon=True)
         self._warn = RateLimitedLog(log).warning
 
@@ -53,6 +55,12 @@ class FlushService:
         self._thread.start()
 
     def request(self) -> None:
+        self._wake.set()
+
+    def retention_soon(self, for_s: float) -> None:
+        """Run retention at once and then every EAGER_PERIOD_S for `for_s` seconds (a compaction
+        waits for floors that move within heartbeats, not for the retention interval)."""
+        self._eager_until = time.monotonic() + for_s
         self._wake.set()
 
     def stop(self) -> None:
@@ -65,10 +73,14 @@ class FlushService:
         now = time.monotonic()
         next_checkpoint = now + self._checkpoint_interval
         next_retention = now + self._retention_interval
+        last_retention = 0.0
         while not self._stop.is_set():
             timeout = self._interval
+            eager = time.monotonic() < self._eager_until
             if self._sync:
                 timeout = max(0.0, min(next_checkpoint, next_retention) - time.monotonic())
+            if eager:
+                timeout = min(timeout, EAGER_PERIOD_S)
             self._wake.wait(timeout)
             self._wake.clear()
             if self._stop.is_set():
@@ -79,8 +91,9 @@ class FlushService:
                 if now >= next_checkpoint:
                     self._store.write_checkpoint()
                     next_checkpoint = now + self._checkpoint_interval
-                if now >= next_retention:
+                if now >= next_retention or (now < self._eager_until and now - last_retention >= EAGER_PERIOD_S):
                     self._store.run_retention()
+                    last_retention = now
                     next_retention = now + self._retention_interval
             except OSError as e:
                 if e.errno in _TRANSIENT:  # no file descriptor to open a checkpoint: try again later

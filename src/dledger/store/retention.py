@@ -3,9 +3,10 @@
 Pure policy, so it is tested without filling a disk or waiting for files to age: the store
 passes the files that lie wholly below the live range, oldest first, the disk usage and the
 time. Two users: a group member's Raft log (upstream DLedger: expired files go only once the
-disk is `check_expired_ratio` full) and a broker's commit log (upstream RocketMQ's
-CleanCommitLogService: expired files go whatever the usage, and above the disk ratio the
-oldest go too until usage is back under it).
+disk is `check_expired_ratio` full; with `retention_hours`, as Kafka's log.retention.hours,
+files older than that go whatever the usage: `aged_out`) and a broker's commit log (upstream
+RocketMQ's CleanCommitLogService: expired files go whatever the usage, and above the disk
+ratio the oldest go too until usage is back under it).
 """
 
 from __future__ import annotations
@@ -59,6 +60,20 @@ def plan_deletions(
         n += 1
         ratio -= c.size / max(total_bytes, 1)
     return Plan(n, ratio > (force_clean_ratio if full_ratio is None else full_ratio))
+
+
+def aged_out(candidates: list[Candidate], now: float, hours: float) -> int:
+    """How many leading candidates were last written more than `hours` ago (0 hours: off).
+    Oldest first, stopping at the first younger one: the log stays one contiguous range."""
+    if hours <= 0:
+        return 0
+    before = now - hours * 3600
+    n = 0
+    for c in candidates:
+        if c.mtime >= before:
+            break
+        n += 1
+    return n
 
 
 def disk_usage_ratio(path: Path) -> tuple[float, int]:
