@@ -189,3 +189,11 @@ def test_entries_behind_latest_from_a_progress() -> None:
     kafka = _progress(json.dumps({"t": {"0": 5}}), json.dumps({"t": {"0": 9}}))
     assert entries_behind_latest(kafka) == {} and lag_metrics(kafka) == {}  # another source's offsets
     assert lag_metrics(_progress(None, "null")) == {} and lag_metrics({}) == {}
+
+
+def test_the_files_format_gives_no_kafka_hint() -> None:
+    from dledger.spark.options import FILES_OPTIONS
+
+    with pytest.raises(OptionError) as e:
+        check_names({"path": "x", "startingOffsets": "earliest"}, FILES_OPTIONS, "dledger-files")
+    assert "did you mean" not in str(e.value) and "valid options are" in str(e.value)

@@ -116,7 +116,8 @@ def check_names(options: Mapping[str, str], known: frozenset[str], fmt: str) -> 
     unknown = sorted(k for k in options if k.lower() not in lowered and not k.lower().startswith("spark."))
     if not unknown:
         return
-    hints = {k: kafka_hint(k) for k in unknown}
+    # Kafka's names are answered by the network format only (the files format has none of ours)
+    hints = {k: kafka_hint(k) if "peers" in known else None for k in unknown}
     said = "; ".join(f"{k!r}" + (f" ({hints[k]})" if hints[k] else "") for k in unknown)
     raise OptionError(f"format {fmt!r}: unknown option(s) {said}; valid options are {', '.join(sorted(known))}")
 
