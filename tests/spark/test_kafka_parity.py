@@ -197,3 +197,11 @@ def test_the_files_format_gives_no_kafka_hint() -> None:
     with pytest.raises(OptionError) as e:
         check_names({"path": "x", "startingOffsets": "earliest"}, FILES_OPTIONS, "dledger-files")
     assert "did you mean" not in str(e.value) and "valid options are" in str(e.value)
+
+
+def test_include_timestamp_is_a_boolean_and_kept_with_write_options() -> None:
+    with pytest.raises(OptionError, match="includeTimestamp"):
+        DLedgerDataSource({"peers": P, "includeTimestamp": "sometimes"}).schema()
+    # a temporary view serving reads and INSERTs alike
+    view = DLedgerDataSource({"peers": P, "includeTimestamp": "true", "batchSize": "100"})
+    assert view.schema().endswith(", timestamp timestamp")

@@ -105,7 +105,6 @@ class ReadConfig:
     min_partitions: int = 0  # at least this many tasks per group's range (Kafka's minPartitions)
     min_entries_per_trigger: int | None = None  # Kafka's minOffsetsPerTrigger
     max_trigger_delay: float = DEFAULT_MAX_TRIGGER_DELAY_S  # seconds; Kafka's maxTriggerDelay
-    include_timestamp: bool = False  # the default schema has the timestamp column
 
     @classmethod
     def from_options(cls, options: Mapping[str, str], streaming: bool) -> ReadConfig:
@@ -147,7 +146,6 @@ class ReadConfig:
             min_partitions=get_int(options, "minPartitions", 0) or 0,
             min_entries_per_trigger=min_trigger,
             max_trigger_delay=delay,
-            include_timestamp=get_bool(options, "includeTimestamp", False),
         )
 
     def spec(self, group: str, start: int, end: int) -> RangeReadSpec:
@@ -510,10 +508,9 @@ class DLedgerDataSource(DataSource):
         option fails before start()."""
         check_names(self.options, READ_OPTIONS | WRITE_OPTIONS, "dledger")
         if not (set(map(str.lower, self.options)) & {k.lower() for k in WRITE_OPTIONS - READ_OPTIONS}):
-            cfg = ReadConfig.from_options(self.options, streaming=get_str(self.options, "endingIndex") is None)
-            if cfg.include_timestamp:
-                return f"{ENTRY_SCHEMA}, {TIMESTAMP_COLUMN}"
-        return ENTRY_SCHEMA
+            ReadConfig.from_options(self.options, streaming=get_str(self.options, "endingIndex") is None)
+        return f"{ENTRY_SCHEMA}, {TIMESTAMP_COLUMN}" if get_bool(self.options, "includeTimestamp", False) \
+            else ENTRY_SCHEMA
 
     def reader(self, schema: StructType) -> DataSourceReader:
         _check_options(self.options, READ_OPTIONS, "a read")
