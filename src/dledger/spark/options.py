@@ -38,18 +38,58 @@ class OptionError(ValueError):
 
 _CONNECTION = frozenset({"peers", "group", "groups", "controller", "brokers", "clientTimeoutSeconds", "tlsCa",
                          "tlsCert", "tlsKey", "tlsDir", "authToken"})
-READ_OPTIONS = _CONNECTION | {"startingIndex", "endingIndex", "maxEntriesPerTrigger", "failOnDataLoss",
-                              "entriesPerPartition", "minPartitions", "timeoutSeconds"}
+READ_OPTIONS = _CONNECTION | {"startingIndex", "endingIndex", "maxEntriesPerTrigger", "minEntriesPerTrigger",
+                              "maxTriggerDelay", "failOnDataLoss", "entriesPerPartition", "minPartitions",
+                              "timeoutSeconds", "includeTimestamp"}
 WRITE_OPTIONS = _CONNECTION | {"batchSize", "idempotent", "writeId", "writeTimeoutSeconds"}
 FILES_OPTIONS = frozenset({"path", "includeUncommitted", "group", "mode", "member", "bytesPerPartition",
                            "verifyBodies"})
 # what Spark itself may hand a source or sink along with the user's options
 _SPARK_OWN = frozenset({"path", "paths", "checkpointLocation", "queryName"})
-# names users bring from Kafka's source
-_HINTS = {"startingOffsets": "startingIndex", "endingOffsets": "endingIndex",
-          "maxOffsetsPerTrigger": "maxEntriesPerTrigger",
-          "kafka.bootstrap.servers": "peers", "subscribe": "group (or groups)", "topic": "group",
-          "startingOffsetsByTimestamp": "startingIndex", "offset": "startingIndex"}
+
+# Every option of Spark's Kafka source and sink (spark-sql-kafka, "Structured Streaming + Kafka
+# Integration Guide") that users bring over, with ours or why it does not apply. "=" starts
+# an option of ours ("did you mean"), anything else is a reason.
+_NO_TIMESTAMP = "entries carry no timestamp (docs/format.md): give startingIndex/endingIndex as indexes"
+_KAFKA: dict[str, str] = {
+    "startingOffsets": "=startingIndex", "endingOffsets": "=endingIndex",
+    "maxOffsetsPerTrigger": "=maxEntriesPerTrigger", "minOffsetsPerTrigger": "=minEntriesPerTrigger",
+    "subscribe": "=group (or groups)", "topic": "=group", "assign": "=groups (a group has one log, no partitions)",
+    "subscribePattern": "groups are named, not matched: list them in groups (JSON {\"group\": \"peers\", ...})",
+    "startingOffsetsByTimestamp": _NO_TIMESTAMP, "endingOffsetsByTimestamp": _NO_TIMESTAMP,
+    "startingTimestamp": _NO_TIMESTAMP, "endingTimestamp": _NO_TIMESTAMP,
+    "startingOffsetsByTimestampStrategy": _NO_TIMESTAMP,
+    "offset": "=startingIndex",
+    "includeHeaders": "entries have a body only, no key and no headers: carry them inside the body (e.g. "
+                      "to_json(struct(...)) as body, read back with from_json); option includeTimestamp "
+                      "adds a timestamp column",
+    "groupIdPrefix": "no consumer group: a query's position lives in its checkpoint (as with Kafka's source)",
+    "kafka.group.id": "no consumer group: a query's position lives in its checkpoint (as with Kafka's source)",
+    "kafka.bootstrap.servers": "=peers (or controller and brokers for broker sets)",
+    "kafka.isolation.level": "a read never returns an uncommitted entry",
+    "kafka.security.protocol": "=tlsDir (or tlsCa, tlsCert, tlsKey; authToken for a group run with tokens)",
+    "kafkaConsumer.pollTimeoutMs": "=clientTimeoutSeconds", "fetchOffset.numRetries": "=timeoutSeconds",
+    "fetchOffset.retryIntervalMs": "=timeoutSeconds", "maxRecordsPerPartition": "=entriesPerPartition",
+    "key": "entries have a body only, no key: put it in the body", "value": "=body (a column, not an option)",
+}
+# Kafka's pass-through prefixes: client settings of Kafka's own, which a dledger client does not have
+_KAFKA_PREFIXES = {
+    "kafka.ssl.": "=tlsDir (or tlsCa, tlsCert, tlsKey)",
+    "kafka.sasl.": "=authToken",
+    "kafka.": "a Kafka client setting: dledger's client takes clientTimeoutSeconds, timeoutSeconds, tlsDir "
+              "(or tlsCa, tlsCert, tlsKey) and authToken",
+}
+
+
+def kafka_hint(name: str) -> str | None:
+    """What to use instead of Kafka's option `name`, or why it does not apply (None: not Kafka's)."""
+    low = name.lower()
+    said = next((v for k, v in _KAFKA.items() if k.lower() == low), None)
+    if said is None:
+        said = next((v for k, v in _KAFKA_PREFIXES.items() if low.startswith(k)), None)
+    if said is None:
+        return None
+    return f"did you mean {said[1:]}?" if said.startswith("=") else f"Kafka's option does not apply: {said}"
 
 
 def catalog_hint(fmt: str) -> str:
@@ -76,9 +116,9 @@ def check_names(options: Mapping[str, str], known: frozenset[str], fmt: str) -> 
     unknown = sorted(k for k in options if k.lower() not in lowered and not k.lower().startswith("spark."))
     if not unknown:
         return
-    hints = {k: _HINTS.get(k) or next((v for h, v in _HINTS.items() if h.lower() == k.lower()), None)
-             for k in unknown}
-    said = "; ".join(f"{k!r}" + (f" (did you mean {hints[k]}?)" if hints[k] else "") for k in unknown)
+    # Kafka's names are answered by the network format only (the files format has none of ours)
+    hints = {k: kafka_hint(k) if "peers" in known else None for k in unknown}
+    said = "; ".join(f"{k!r}" + (f" ({hints[k]})" if hints[k] else "") for k in unknown)
     raise OptionError(f"format {fmt!r}: unknown option(s) {said}; valid options are {', '.join(sorted(known))}")
 
 
@@ -120,6 +160,28 @@ def get_float(options: Mapping[str, str], name: str, default: float) -> float:
         raise OptionError(f"option {name}: must be a finite number, got {raw!r}")
     if value <= 0:
         raise OptionError(f"option {name}: must be positive, got {value}")
+    return value
+
+
+_UNITS = {"ms": 0.001, "s": 1.0, "sec": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, "d": 86400.0}
+DEFAULT_MAX_TRIGGER_DELAY_S = 15 * 60.0  # Kafka's maxTriggerDelay default, 15m
+
+
+def get_duration(options: Mapping[str, str], name: str, default: float) -> float:
+    """Seconds from a Spark time string as Kafka's maxTriggerDelay takes it: `15m`, `30s`,
+    `500ms`, `1h`, `2d`; a bare number is milliseconds (Spark's timeStringAsMs)."""
+    raw = _get(options, name)
+    if raw is None or raw.strip() == "":
+        return default
+    text = raw.strip().lower()
+    number = text.rstrip("abcdefghijklmnopqrstuvwxyz").strip()
+    unit = text[len(number):].strip() or "ms"
+    try:
+        value = float(number) * _UNITS[unit]
+    except (ValueError, KeyError):
+        raise OptionError(f"option {name}: expected a duration such as 15m, 30s or 500ms, got {raw!r}") from None
+    if not math.isfinite(value) or value < 0:
+        raise OptionError(f"option {name}: must be a finite duration >= 0, got {raw!r}")
     return value
 
 
@@ -307,6 +369,13 @@ def split_range(group: str, start: int, end: int, per_partition: int) -> list[In
         out.append(IndexRange(group, s, e))
         s = e
     return out
+
+
+def hold_back(new_entries: int, minimum: int | None, waited: float, max_delay: float) -> bool:
+    """Whether to skip this trigger (Kafka's minOffsetsPerTrigger with maxTriggerDelay): fewer
+    than `minimum` new indexes are available and the last micro-batch was less than `max_delay`
+    seconds ago (`waited`). With nothing new there is no micro-batch anyway."""
+    return minimum is not None and 0 < new_entries < minimum and waited < max_delay
 
 
 def allocate(available: Mapping[str, int], limit: int) -> dict[str, int]:

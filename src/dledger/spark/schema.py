@@ -16,6 +16,12 @@ if TYPE_CHECKING:
 
 ENTRY_SCHEMA = "group string, index long, term long, pos long, body binary"
 
+# Optional (option includeTimestamp, or named in a declared schema): when the source planned the
+# read or micro-batch that holds the row. The record format has no timestamp, so this is the
+# reader's clock, not a producer's or the leader's (docs/spark.md, "The timestamp column").
+TIMESTAMP_COLUMN = "timestamp timestamp"
+TIMESTAMP_FIELD = pa.field("timestamp", pa.timestamp("us", tz="UTC"))
+
 ARROW_ENTRY_SCHEMA = pa.schema(
     [
         pa.field("group", pa.string()),
@@ -67,11 +73,17 @@ def entry_batch(group: str, indexes: Sequence[int], terms: Sequence[int], positi
     )
 
 
-_SPARK_TYPE = {"long": "bigint", "int": "int", "string": "string", "binary": "binary"}  # DDL -> simpleString
+_SPARK_TYPE = {"long": "bigint", "int": "int", "string": "string", "binary": "binary",
+               "timestamp": "timestamp"}  # DDL -> simpleString
 
 
 class SchemaError(ValueError):
     """A declared schema a source cannot return."""
+
+
+def constant_timestamps(ms: int, n: int) -> pa.Array:
+    """`n` copies of one instant (milliseconds since the epoch) as Spark's timestamp column."""
+    return pa.repeat(pa.scalar(ms * 1000, TIMESTAMP_FIELD.type), n)
 
 
 def declared_columns(schema: StructType, ddl: str, what: str, nullable: Collection[str] = ()) -> tuple[str, ...]:

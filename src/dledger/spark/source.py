@@ -22,6 +22,7 @@ no bodies (PySpark has no column pruning hook for Python sources: the declared s
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -38,6 +39,7 @@ from pyspark.sql.streaming.datasource import (
     ReadAllAvailable,
     ReadLimit,
     ReadMaxRows,
+    ReadMinRows,
     SupportsTriggerAvailableNow,
 )
 from pyspark.sql.types import StructType
@@ -48,6 +50,7 @@ from dledger.spark.broker_online import broker_bounds, read_broker_range
 from dledger.spark.online import DataLossError, RangeReadSpec, read_range, wait_leader_view
 from dledger.spark.options import (
     DEFAULT_ENTRIES_PER_PARTITION,
+    DEFAULT_MAX_TRIGGER_DELAY_S,
     DEFAULT_TIMEOUT_S,
     EARLIEST,
     LATEST,
@@ -58,9 +61,11 @@ from dledger.spark.options import (
     allocate,
     check_names,
     get_bool,
+    get_duration,
     get_float,
     get_int,
     get_str,
+    hold_back,
     parse_brokers,
     parse_groups,
     parse_index_spec,
@@ -68,11 +73,22 @@ from dledger.spark.options import (
     split_range,
 )
 from dledger.spark.pushdown import Pushed, push
-from dledger.spark.schema import ARROW_ENTRY_SCHEMA, ENTRY_SCHEMA, declared_columns
+from dledger.spark.schema import (
+    ARROW_ENTRY_SCHEMA,
+    ENTRY_SCHEMA,
+    TIMESTAMP_COLUMN,
+    TIMESTAMP_FIELD,
+    constant_timestamps,
+    declared_columns,
+)
 from dledger.spark.sink import DLedgerStreamWriter, DLedgerWriter, WriteConfig
 
 log = logging.getLogger(__name__)
 
+# The key of a stream offset that holds when its micro-batch was planned (ms since the epoch):
+# the timestamp column's value, kept in the checkpoint's offset log so a replayed micro-batch
+# gets the same one. Present only when the query reads that column; no group name has an "@".
+PLANNED_AT = "@plannedAtMs"
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +103,8 @@ class ReadConfig:
     client: ClientOptions
     brokers: bool = False  # `groups` are broker sets -> their controllers
     min_partitions: int = 0  # at least this many tasks per group's range (Kafka's minPartitions)
+    min_entries_per_trigger: int | None = None  # Kafka's minOffsetsPerTrigger
+    max_trigger_delay: float = DEFAULT_MAX_TRIGGER_DELAY_S  # seconds; Kafka's maxTriggerDelay
 
     @classmethod
     def from_options(cls, options: Mapping[str, str], streaming: bool) -> ReadConfig:
@@ -105,8 +123,16 @@ class ReadConfig:
             if any(v == EARLIEST for v in ending.values()):
                 raise OptionError("option endingIndex: earliest is not valid for a batch read")
         max_trigger = get_int(options, "maxEntriesPerTrigger", None)
-        if max_trigger is not None and not streaming:
-            log.info("maxEntriesPerTrigger is ignored by batch reads")
+        min_trigger = get_int(options, "minEntriesPerTrigger", None)
+        if min_trigger is not None and max_trigger is not None and min_trigger > max_trigger:
+            raise OptionError(f"option minEntriesPerTrigger ({min_trigger}) is above maxEntriesPerTrigger "
+                              f"({max_trigger}): no micro-batch could satisfy both")
+        delay = get_duration(options, "maxTriggerDelay", DEFAULT_MAX_TRIGGER_DELAY_S)
+        if get_str(options, "maxTriggerDelay") is not None and min_trigger is None:
+            raise OptionError("option maxTriggerDelay applies with minEntriesPerTrigger only (as Kafka's "
+                              "maxTriggerDelay with minOffsetsPerTrigger)")
+        if (max_trigger is not None or min_trigger is not None) and not streaming:
+            log.info("maxEntriesPerTrigger and minEntriesPerTrigger are ignored by batch reads")
         return cls(
             groups=groups,
             starting=starting,
@@ -118,6 +144,8 @@ class ReadConfig:
             client=ClientOptions.from_options(options),
             brokers=brokers is not None,
             min_partitions=get_int(options, "minPartitions", 0) or 0,
+            min_entries_per_trigger=min_trigger,
+            max_trigger_delay=delay,
         )
 
     def spec(self, group: str, start: int, end: int) -> RangeReadSpec:
@@ -130,7 +158,7 @@ class ReadConfig:
 @dataclass(frozen=True, slots=True)
 class Columns:
     """The columns a read returns: those of its schema, the full one or a declared one naming
-    any of ENTRY_SCHEMA's columns (with their types) in any order."""
+    any of ENTRY_SCHEMA's columns and the timestamp column (with their types) in any order."""
 
     names: tuple[str, ...]
     arrow: pa.Schema  # what Spark checks every batch against
@@ -144,18 +172,25 @@ class Columns:
             return cls(tuple(ARROW_ENTRY_SCHEMA.names), ARROW_ENTRY_SCHEMA)
         from pyspark.sql.pandas.types import to_arrow_schema
 
-        names = declared_columns(schema, ENTRY_SCHEMA, 'format("dledger")')
+        names = declared_columns(schema, f"{ENTRY_SCHEMA}, {TIMESTAMP_COLUMN}", 'format("dledger")')
         return cls(names, to_arrow_schema(schema, timezone="UTC"))
 
     @property
     def bodies(self) -> bool:
         return "body" in self.names
 
-    def project(self, batch: pa.RecordBatch) -> pa.RecordBatch:
-        """An entry batch (ARROW_ENTRY_SCHEMA) cut down to these columns, in their order."""
+    @property
+    def timestamp(self) -> bool:
+        return TIMESTAMP_FIELD.name in self.names
+
+    def project(self, batch: pa.RecordBatch, planned_ms: int = 0) -> pa.RecordBatch:
+        """An entry batch (ARROW_ENTRY_SCHEMA) cut down to these columns, in their order; the
+        timestamp column, when asked for, is `planned_ms` on every row."""
         if self.arrow.equals(batch.schema):
             return batch
-        return pa.RecordBatch.from_arrays([batch.column(n) for n in self.names], schema=self.arrow)
+        return pa.RecordBatch.from_arrays(
+            [constant_timestamps(planned_ms, batch.num_rows) if n == TIMESTAMP_FIELD.name else batch.column(n)
+             for n in self.names], schema=self.arrow)
 
 
 class Bounds:
@@ -207,13 +242,14 @@ class RangePartition(InputPartition):
     timeout: float
     client: ClientOptions
     broker: bool = False
+    planned_ms: int = 0  # the timestamp column's value (ms since the epoch)
 
     def spec(self, bodies: bool = True) -> RangeReadSpec:
         return RangeReadSpec(self.group, self.peers, self.start, self.end, self.fail_on_data_loss, self.timeout,
                              self.client, self.broker, bodies)
 
 
-def _partitions(cfg: ReadConfig, group: str, start: int, end: int) -> list[RangePartition]:
+def _partitions(cfg: ReadConfig, group: str, start: int, end: int, planned_ms: int = 0) -> list[RangePartition]:
     """Tasks of `entries_per_partition` indexes, smaller when `min_partitions` asks for more
     (a function of the range and the options only: a replayed micro-batch plans the same)."""
     per = cfg.entries_per_partition
@@ -221,7 +257,7 @@ def _partitions(cfg: ReadConfig, group: str, start: int, end: int) -> list[Range
         per = max(1, min(per, -(-(end - start) // cfg.min_partitions)))
     return [
         RangePartition(r.group, cfg.groups[group], r.start, r.end, cfg.fail_on_data_loss, cfg.timeout,
-                       cfg.client, cfg.brokers)
+                       cfg.client, cfg.brokers, planned_ms)
         for r in split_range(group, start, end, per)
     ]
 
@@ -233,7 +269,7 @@ def _read_partition(partition: InputPartition, columns: Columns, pushed: Pushed)
         for batch in read_broker_range(spec) if spec.broker else read_range(spec):
             batch = pushed.mask(batch)
             if batch.num_rows:
-                yield columns.project(batch)
+                yield columns.project(batch, partition.planned_ms)
 
 
 class DLedgerBatchReader(DataSourceReader):
@@ -258,15 +294,16 @@ class DLedgerBatchReader(DataSourceReader):
             return out
         wanted = self.pushed.groups
         bounds = Bounds(self.cfg)
+        planned_ms = time.time_ns() // 1_000_000  # the timestamp column of a batch read
         try:
             for group in self.cfg.groups:
                 if wanted is None or group in wanted:
-                    out.extend(self._plan(group, *bounds(group)))
+                    out.extend(self._plan(group, *bounds(group), planned_ms))
         finally:
             bounds.close()
         return out
 
-    def _plan(self, group: str, begin: int, end: int) -> list[RangePartition]:
+    def _plan(self, group: str, begin: int, end: int, planned_ms: int = 0) -> list[RangePartition]:
         start = resolve(self.cfg.starting[group], begin, end)
         stop = resolve(self.cfg.ending[group], begin, end)
         if stop > end:
@@ -284,7 +321,7 @@ class DLedgerBatchReader(DataSourceReader):
             raise OptionError(f"group {group}: startingIndex {start} is after endingIndex {stop}")
         start, stop = self.pushed.index_range(start, stop)
         log.info("%s: batch read of [%d, %d)", group, start, stop)
-        return _partitions(self.cfg, group, start, stop)
+        return _partitions(self.cfg, group, start, stop, planned_ms)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         return _read_partition(partition, self.columns, self.pushed)
@@ -311,6 +348,9 @@ class DLedgerStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._bounds: Bounds | None = None
         self._target: dict[str, int] | None = None  # Trigger.AvailableNow: never read past this
         self._latest: dict[str, int] | None = None
+        # when the last micro-batch was planned (monotonic; this run's start before the first):
+        # what maxTriggerDelay counts from
+        self._last_batch = time.monotonic()
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
@@ -331,8 +371,13 @@ class DLedgerStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return out
 
     def getDefaultReadLimit(self) -> ReadLimit:
-        n = self.cfg.max_entries_per_trigger
-        return ReadMaxRows(n) if n else ReadAllAvailable()
+        """ReadMaxRows, or ReadMinRows when only a minimum is set (PySpark has no composite
+        limit: with both, the minimum is applied from the options whenever Spark passes this
+        default back; a ReadAllAvailable from Spark, e.g. Trigger.Once, overrides both)."""
+        n, m = self.cfg.max_entries_per_trigger, self.cfg.min_entries_per_trigger
+        if n:
+            return ReadMaxRows(n)
+        return ReadMinRows(m) if m else ReadAllAvailable()
 
     def prepareForTriggerAvailableNow(self) -> None:
         self._target = {g: self._view(g)[1] for g in self.cfg.groups}
@@ -347,7 +392,7 @@ class DLedgerStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             readable = end
             if self._target is not None:
                 end = min(end, self._target[group])
-            latest[group] = end
+            latest[group] = readable
             s = start.get(group)
             if s is None:  # a group added to the options after the query started
                 log.warning("group %s is new to this query; reading it from its earliest entry %d", group, begin)
@@ -368,18 +413,44 @@ class DLedgerStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             starts[group] = s
             available[group] = max(0, end - s)
         for group in start:
-            if group not in self.cfg.groups:
+            if group not in self.cfg.groups and group != PLANNED_AT:
                 log.warning("group %s is no longer in the options; it is dropped from the offsets", group)
         self._latest = latest
         if isinstance(limit, ReadMaxRows):
             take = allocate(available, limit.max_rows)
         else:
-            if not isinstance(limit, ReadAllAvailable):
+            if not isinstance(limit, (ReadAllAvailable, ReadMinRows)):
                 log.info("read limit %r is not supported; reading all available entries", limit)
             take = available
-        return {g: starts[g] + take[g] for g in self.cfg.groups}
+        out: dict[str, int] = {g: starts[g] + take[g] for g in self.cfg.groups}
+        new = sum(take.values())
+        # the options' minimum holds where Spark passed our default limit back (not a
+        # ReadAllAvailable of its own), and never under Trigger.AvailableNow, which must end
+        minimum = self.cfg.min_entries_per_trigger if isinstance(limit, (ReadMaxRows, ReadMinRows)) else None
+        if isinstance(limit, ReadMinRows):
+            minimum = limit.min_rows
+        if self._target is not None:
+            minimum = None
+        now = time.monotonic()
+        if hold_back(new, minimum, now - self._last_batch, self.cfg.max_trigger_delay):
+            log.debug("%d new entries, fewer than minEntriesPerTrigger %s: waiting", new, minimum)
+            return dict(start)  # the same offset: Spark plans no micro-batch
+        if new and minimum is not None and new < minimum:
+            log.info("maxTriggerDelay passed: a micro-batch of %d entries (minEntriesPerTrigger %d)", new, minimum)
+        if self.columns.timestamp:
+            if new:
+                out[PLANNED_AT] = time.time_ns() // 1_000_000
+            elif PLANNED_AT in start:
+                out[PLANNED_AT] = start[PLANNED_AT]  # nothing new: an unchanged offset, no empty batch
+        if new:
+            self._last_batch = now
+        return out
 
     def reportLatestOffset(self) -> dict[str, int] | None:
+        """Each log's readable end (next index) at the last latestOffset: Spark shows it as
+        the source's `latestOffset` in StreamingQueryProgress, next to `endOffset`, so the entries
+        behind latest are their difference (spark.lag; PySpark has no hook for a
+        source's own metrics, Kafka's `metrics` map)."""
         return self._latest
 
     def partitions(self, start: dict[str, int], end: dict[str, int]) -> list[InputPartition]:
@@ -389,7 +460,9 @@ class DLedgerStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             if e is None:
                 continue
             s = start.get(group, e)
-            out.extend(_partitions(self.cfg, group, s, e))
+            # a checkpoint written without the column has no time: this planning's then
+            planned = end.get(PLANNED_AT) or time.time_ns() // 1_000_000
+            out.extend(_partitions(self.cfg, group, s, e, planned))
         return out
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
@@ -436,7 +509,8 @@ class DLedgerDataSource(DataSource):
         check_names(self.options, READ_OPTIONS | WRITE_OPTIONS, "dledger")
         if not (set(map(str.lower, self.options)) & {k.lower() for k in WRITE_OPTIONS - READ_OPTIONS}):
             ReadConfig.from_options(self.options, streaming=get_str(self.options, "endingIndex") is None)
-        return ENTRY_SCHEMA
+        return f"{ENTRY_SCHEMA}, {TIMESTAMP_COLUMN}" if get_bool(self.options, "includeTimestamp", False) \
+            else ENTRY_SCHEMA
 
     def reader(self, schema: StructType) -> DataSourceReader:
         _check_options(self.options, READ_OPTIONS, "a read")
