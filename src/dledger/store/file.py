@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import mmap
 import sys
 import threading
 import time
@@ -502,6 +503,23 @@ class FileLedgerStore(LedgerStore):
             f = self.data.locate(p)
             return int(HEADER.unpack_from(f.mm, p - f.start)[6])
 
+    def release_pages(self, first: int, last: int) -> None:
+        """Unmap the pages of records `first`..`last` and of their index units (MappedFile.release),
+        up to the page holding `last`'s end (it may hold the next record, released with the
+        next range), and the RELEASE_BEHIND bytes before them: a fault maps a whole large
+        folio of the page cache, so reading one record maps again pages of the one before."""
+        with self._lock:
+            first, last = max(first, self.begin_index), min(last, self.end_index)
+            if first > last or self._closed:
+                return
+            try:
+                lo = self._record_slot(first)[0]
+                pos, size = self._record_slot(last)[:2]
+            except StoreError:
+                return  # a damaged unit: the scrub reports it; its pages stay
+            _release(self.data, lo - RELEASE_BEHIND, pos + size)
+            _release(self.index, first * INDEX_UNIT_SIZE - RELEASE_BEHIND, (last + 1) * INDEX_UNIT_SIZE)
+
     def _record_slot(self, index: int) -> tuple[int, int, int, int | None]:
         """From the index unit as written, not checked against the (maybe damaged) header."""
         p = index * INDEX_UNIT_SIZE
@@ -846,6 +864,18 @@ class FileLedgerStore(LedgerStore):
             self.data.close()
             self.index.close()
             self._dir_lock.release()  # last: another writer may open the directory now
+
+
+RELEASE_BEHIND = 4 << 20  # twice the largest folio (2 MiB) a fault may map at once
+
+
+def _release(files: MappedFileList, lo: int, hi: int) -> None:
+    """Release the pages of logical bytes [lo, hi) of `files`: from the page holding `lo` (the
+    rest of it was read with the records before) to the last whole page before `hi`."""
+    lo -= lo % mmap.PAGESIZE
+    for f in files.files:
+        if f.end > lo and f.start < hi:
+            f.release(max(lo, f.start) - f.start, min(hi, f.end) - f.start)
 
 
 def _mtime(f: MappedFile) -> float:

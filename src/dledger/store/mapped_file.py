@@ -25,9 +25,11 @@ from dledger.entry import HEADER_SIZE, INDEX_UNIT_SIZE
 from dledger.fsutil import fsync_path
 from dledger.store.base import StoreError, os_error
 from dledger.store.offline import (
+    ZEROS,
     Checkpoint,
     StoreFile,
     UnreadableFile,
+    data_extents,
     file_name,
     list_files,
     read_checkpoint,
@@ -109,14 +111,39 @@ class MappedFile:
         os.fdatasync(self.fd)
 
     def zero(self, begin: int, end: int, chunk: int = 1 << 20) -> None:
-        """Zero file bytes [begin, end), skipping chunks that are already zero."""
-        zeros = bytes(min(chunk, max(end - begin, 0)))
-        while begin < end:
-            stop = min(begin + chunk, end)
-            n = stop - begin
-            if self.mm[begin:stop] != zeros[:n]:  # self.mm: a write may extend the file and remap it
-                self.write(begin, zeros[:n])
-            begin = stop
+        """Zero file bytes [begin, end), skipping holes and chunks that are already zero.
+
+        Only the file's data extents are read (SEEK_DATA), with pread, never through the
+        mapping: recovery zeroes from the log's end to the end of its preallocated (sparse)
+        file, and comparing that through the mapping faulted in every page of the hole, so a
+        restarted member held its whole last data file resident (docs/performance.md,
+        "Restart cost"). Bytes past the end of a short file read as zeros, as in `mm`."""
+        for a, b in list(data_extents(self.fd, begin, end)):
+            off = a
+            while off < b:
+                n = min(chunk, len(ZEROS), b - off)
+                try:
+                    got = os.pread(self.fd, n, off)
+                except OSError as e:
+                    raise os_error(e, f"read of {n} bytes at {self.path}:{off}") from e
+                if not got:
+                    break  # past the end of a short file: zeros
+                if got != ZEROS[: len(got)]:  # memcmp, not a byte loop
+                    self.write(off, ZEROS[: len(got)])
+                off += len(got)
+
+    def release(self, begin: int, end: int) -> None:
+        """Drop this process's mapping of the whole pages within file bytes [begin, end)
+        (MADV_DONTNEED: the pages stay in the page cache and a later read maps them again), so
+        a walk over the log (the scrub) does not leave every page it read resident here. A
+        read-only shared file mapping holds nothing else: no byte can be lost."""
+        page = mmap.PAGESIZE
+        lo = -(-begin // page) * page
+        hi = end - end % page
+        if self.closed or self.short or hi <= lo:
+            return
+        with contextlib.suppress(OSError, ValueError):  # advice only: a failure costs memory, not data
+            self.mm.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
 
     def close(self) -> None:
         if self.closed:
