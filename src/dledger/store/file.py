@@ -156,6 +156,10 @@ class FileLedgerStore(LedgerStore):
             self._ubuf = bytearray(64 << 10)
             try:
                 recover(self)  # a refusal has changed no file, not even a short one's size
+                # recovery read the headers of the trusted record's data file through the
+                # mapping (its index check): none of it stays resident in the member
+                for mf in (*self.data.files, *self.index.files):
+                    mf.release(0, mf.size)
                 self.data.extend_short()
                 self.index.extend_short()
                 self._flushed_pos = self.write_pos  # recovery fsynced the data files
