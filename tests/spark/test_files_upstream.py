@@ -8,15 +8,16 @@ from __future__ import annotations
 
 import hashlib
 import os
-import shutil
 from pathlib import Path
 
 import pytest
 from pyspark.sql import SparkSession
 
+from unit.upstream_fixture import FIXTURE, copy_fixture
+from unit.upstream_fixture import expected as upstream_rows
+
 pytestmark = pytest.mark.spark
 
-FIXTURE = Path(__file__).resolve().parents[2].parent / "shared" / "fixtures" / "upstream-dledger-store"
 DATA_FILE_SIZE = 64 << 10
 
 if not (FIXTURE / "dledger-n0").is_dir():
@@ -25,19 +26,7 @@ if not (FIXTURE / "dledger-n0").is_dir():
 
 def expected() -> list[tuple[int, int, int, int, int, str]]:
     """(index, term, pos, magic, body length, sha256(body)) per upstream's get(i)."""
-    out = []
-    for line in (FIXTURE / "expected.tsv").read_text().splitlines():
-        i, t, p, m, _, n, _, h = line.split("\t")
-        out.append((int(i), int(t), int(p), int(m), int(n), h))
-    return out
-
-
-def copy_fixture(tmp_path: Path) -> Path:
-    d = tmp_path / "dledger-n0"
-    shutil.copytree(FIXTURE / "dledger-n0", d)
-    for p in [d, *d.rglob("*")]:
-        p.chmod(0o755 if p.is_dir() else 0o644)  # the fixture is read-only
-    return d
+    return [(i, t, p, m, n, h) for i, t, p, m, _, n, _, h in upstream_rows()]
 
 
 def test_entries_equal_upstreams_get(spark: SparkSession, tmp_path: Path) -> None:

@@ -6,7 +6,9 @@ import asyncio
 import json
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import click
 from click.core import ParameterSource
@@ -65,6 +67,11 @@ LOCAL_ONLY = ("nodes", "flush", "base_port", "tls")
                                         "for the run).")
 @click.option("--tls-dir", default=None, envvar="DLEDGER_TLS_DIR", type=click.Path(file_okay=False),
               help="A running group's `dledger certs` directory (or DLEDGER_TLS_DIR): its clients use client.pem.")
+@click.option("--failover", "failover", default=0, type=click.IntRange(0),
+              help="SIGKILL the local group's leader this many times under the load, restarting it after each: "
+                   "time to elect and to the next acknowledged append per kill, their median and p99, the "
+                   "leaders' worst event-loop stall and the false elections. --duration is then the seconds of "
+                   "load before each kill (and after the restarted member rejoined).")
 @click.option("--idempotent", is_flag=True, help="Each connection's client appends as an idempotent producer (one "
                                                  "request in flight per producer; concurrent appends coalesce).")
 def bench(
@@ -88,14 +95,18 @@ def bench(
     tls: bool,
     tls_dir: str | None,
     idempotent: bool,
+    failover: int,
 ) -> None:
     """Load generator: entries/s, MB/s, requests/s, latency percentiles, errors by code; the
     summary as a table, or with -o json the report --json writes, as one line on stdout.
 
     Benches the group of --peers (or DLEDGER_PEERS), else starts a local group of its own;
-    the first line on stderr says which."""
+    the first line on stderr says which. With --failover N it kills that local group's leader
+    N times under the load and reports the failover times instead (docs/performance.md)."""
     if procs > clients:
         raise click.UsageError("--procs must not exceed --clients")
+    if failover:
+        _check_failover_options(click.get_current_context(), peers)
     if peers is not None:
         _refuse_local_options(click.get_current_context())
         parse_peers(peers)
@@ -116,6 +127,9 @@ def bench(
         click.echo(f"bench: starting a local group of {nodes} member(s) on 127.0.0.1:{port}"
                    f"{f'..{port + nodes - 1}' if nodes > 1 else ''}, flush={flush}{', TLS' if tls else ''} "
                    "(--peers or DLEDGER_PEERS: bench a running group instead)", err=True)
+        if failover:
+            _bench_failover(spec, failover, nodes, flush, output, json_path)
+            return
         with tempfile.TemporaryDirectory(prefix="dledger-bench-") as d:
             own_certs = None
             if tls:
@@ -140,14 +154,72 @@ def bench(
         "procs": procs,
         "idempotent": idempotent,
     }
+    _emit(report, output, json_path, _print)
+    if plot_path:
+        plot(result, plot_path, f"dledger bench: {label}, {clients} clients, batch {batch}, {size} B")
+
+
+def _check_failover_options(ctx: click.Context, peers: str | None) -> None:
+    """--failover kills members of a group bench started itself, under a closed-loop load of one process."""
+    if peers is not None:
+        raise click.UsageError(f"--failover kills members of the local group bench starts; with {_peers_source(ctx)} "
+                               "it would need to kill processes it does not own")
+    given = [f"--{n}" for n in ("rate", "count", "procs", "plot_path", "tls")
+             if ctx.get_parameter_source(n) not in (None, ParameterSource.DEFAULT)]
+    if given:
+        raise click.UsageError(f"{', '.join(g.replace('_path', '').replace('_', '-') for g in given)} "
+                               "cannot be combined with --failover")
+    nodes = ctx.params.get("nodes", 3)
+    if nodes < 3:
+        raise click.UsageError("--failover needs --nodes 3 or more (a majority must survive the kill)")
+
+
+def _bench_failover(spec: LoadSpec, kills: int, nodes: int, flush: str, output: str, json_path: str | None) -> None:
+    from dledger.bench.failover import run_failover
+
+    metrics_port = free_port_run(nodes)
+    ports = {m: metrics_port + k for k, m in enumerate(parse_peers(spec.peers))}
+    steady = spec.duration
+    with tempfile.TemporaryDirectory(prefix="dledger-bench-") as d:
+        lc = local_cluster(spec.peers, spec.group, Path(d), flush=flush, metrics_base_port=metrics_port)
+        with lc:
+            result = asyncio.run(run_failover(lc, spec, kills, steady, ports,
+                                              lambda line: click.echo(f"bench: {line}", err=True)))
+    report = result.report()
+    report["config"] = {"target": f"local {nodes} members, flush={flush}", "kills": kills,
+                        "clients": spec.clients, "conns": spec.conns or spec.clients, "size": spec.size,
+                        "batch": spec.batch, "steady_s": steady, "warmup_s": spec.warmup}
+    _emit(report, output, json_path, _print_failover)
+
+
+def _emit(report: dict[str, Any], output: str, json_path: str | None,
+          print_table: Callable[[dict[str, Any]], None]) -> None:
+    """The report on stdout (one JSON line, or a table), and in full at `json_path`."""
     if output == "json":
         click.echo(json.dumps(report))
     else:
-        _print(report)
+        print_table(report)
     if json_path:
         Path(json_path).write_text(json.dumps(report, indent=2))
-    if plot_path:
-        plot(result, plot_path, f"dledger bench: {label}, {clients} clients, batch {batch}, {size} B")
+
+
+def _print_failover(report: dict[str, Any]) -> None:
+    t = Table(title=f"dledger bench --failover {report['kills']}")
+    t.add_column("metric")
+    t.add_column("median", justify="right")
+    t.add_column("p99", justify="right")
+    t.add_column("min", justify="right")
+    t.add_column("max", justify="right")
+    for key, label in (("elect_s", "kill -> new leader (s)"), ("append_s", "kill -> next acknowledged append (s)")):
+        v = report[key]
+        t.add_row(label, *("-" if v[q] is None else f"{v[q]:.3f}" for q in ("median", "p99", "min", "max")))
+    console.print(t)
+    stall, tenure = report["leader_stall_max_s"], report["leader_tenure_stall_le_s"]
+    console.print(f"leaders' worst event-loop stall: {'-' if stall is None else f'{stall:.3f} s'} since they "
+                  f"started, <= {'-' if tenure is None else f'{tenure:.3f} s'} while they led; "
+                  f"terms {report['terms']} for {report['kills']} kills: {report['false_elections']} false "
+                  f"election(s); {report['unrecovered']} kill(s) without a new acknowledged append; "
+                  f"{report['entries_per_s']:,} entries/s")
 
 
 def _peers_source(ctx: click.Context) -> str:

@@ -10,7 +10,7 @@ import logging
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -23,6 +23,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 _LAT_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+# lateness of the loop-stall monitor's callback: a few ms is normal under load; past the
+# election timeout's order (hundreds of ms) followers may already have given up on a leader
+_STALL_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0)
 _BATCH_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 5000)
 
 # label values of dledger_requests_total (see docs/metrics.md)
@@ -53,6 +56,12 @@ class Metrics:
         self.requests = Counter("dledger_requests", "Requests answered, by kind (client or member), request and "
                                 "response code, refusals included", (*labels, "kind", "request", "code"),
                                 registry=self.registry)
+        # one event loop per process: every group it hosts is labelled with the same samples
+        self.loop_stall = Histogram("dledger_loop_stall_seconds", "How late a callback due every 50 ms ran on "
+                                    "the member's event loop (the loop was busy, or the process not scheduled)",
+                                    labels, buckets=_STALL_BUCKETS, registry=self.registry)
+        self.loop_stall_max = Gauge("dledger_loop_stall_max_seconds", "The worst such lateness since the "
+                                    "process started", labels, registry=self.registry)
         self.nodes: list[Node] = []
         self.registry.register(_StateCollector(self.nodes))
 

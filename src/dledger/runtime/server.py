@@ -70,6 +70,7 @@ from dledger.core.node import (
 from dledger.membership import Membership
 from dledger.ratelog import RateLimitedLog
 from dledger.runtime.access import RAFT_ACCESS, content_refusal
+from dledger.runtime.loop_stall import LoopStallMonitor
 from dledger.runtime.members import MemberAddresses, node_membership
 from dledger.runtime.metrics import KIND_CLIENT, KIND_MEMBER, OTHER_GROUP, UNKNOWN_REQUEST, Metrics
 from dledger.runtime.statemachines import StateMachineHost, load_state_machine
@@ -640,6 +641,7 @@ class DLedgerServer:
         self.access: dict[int, Access] = dict(RAFT_ACCESS)
         self.sealed_groups: set[str] = set()  # groups whose log only this process writes: no client appends
         self.connection_lost: list[Callable[[Caller], None]] = []  # each told of every closed connection
+        self.loop_stall: LoopStallMonitor | None = None  # with metrics: the loop's lateness, sampled
 
     def register_service(self, handlers: Mapping[int, DirectHandler], access: Mapping[int, Access]) -> None:
         """Serve more request codes on this port (before start): each with the roles it needs."""
@@ -728,10 +730,29 @@ class DLedgerServer:
         if split:
             await self._listen(self.member_address, LISTENER_MEMBER)
         if self.metrics is not None:
+            self._watch_loop(self.metrics)
             self.metrics.serve(self.metrics_port, cfg0.metrics_host)
         log.info("serving groups %s on %s%s", sorted(self.groups), self.address,
                  f" (members on {self.member_address})" if split else "")
         _log_security(cfg0)
+
+    def _watch_loop(self, metrics: Metrics) -> None:
+        """Sample the loop's lateness into every hosted group's series (they share the loop)."""
+        labels = [(c.group, c.self_id) for c in self.configs]
+        hists = [metrics.loop_stall.labels(*v) for v in labels]
+        maxes = [metrics.loop_stall_max.labels(*v) for v in labels]
+        for g in maxes:
+            g.set(0.0)
+
+        def observe(lateness: float) -> None:
+            for h in hists:
+                h.observe(lateness)
+            if self.loop_stall is not None and lateness >= self.loop_stall.worst:
+                for g in maxes:
+                    g.set(lateness)
+
+        self.loop_stall = LoopStallMonitor(observe)
+        self.loop_stall.start()
 
     async def _listen(self, address: str, listener: str) -> None:
         assert self.server is not None
@@ -739,6 +760,8 @@ class DLedgerServer:
         await self.server.start(host, port, listener)
 
     async def stop(self) -> None:
+        if self.loop_stall is not None:
+            self.loop_stall.stop()
         if self.server is not None:
             await self.server.close()
         for g in self.groups.values():

@@ -1,0 +1,70 @@
+"""How long the event loop went without running a callback: its worst stall.
+
+A member's heartbeats, votes and lease checks all run on one asyncio loop, so a callback
+that holds it (a long decode, a big write, a blocking call) delays them all; a follower
+that misses heartbeats long enough starts an election. `LoopStallMonitor` schedules a
+cheap callback every `period` seconds and measures how late it ran: lateness is the time
+the loop was busy with something else (or the process was not scheduled at all, as on a
+CPU-starved machine). The worst lateness since start and a histogram of all of them go to
+the metrics (`dledger_loop_stall_seconds`, `dledger_loop_stall_max_seconds`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+log = logging.getLogger(__name__)
+
+PERIOD_S = 0.05  # 20 callbacks a second: a few microseconds of loop time each
+
+
+class LoopStallMonitor:
+    """Samples the loop's lateness every `period` s; `observe(lateness)` is told each sample.
+
+    `clock` is the loop's own (`loop.time`) unless given, so lateness compares times of one
+    clock; the unit tests give a fake loop and clock."""
+
+    def __init__(self, observe: Callable[[float], None] | None = None, period: float = PERIOD_S,
+                 loop: asyncio.AbstractEventLoop | None = None, clock: Callable[[], float] | None = None) -> None:
+        self.period = period
+        self.observe = observe
+        self.loop = loop
+        self.clock = clock
+        self.worst = 0.0  # seconds: the latest any sample ran since start
+        self.samples = 0
+        self._due = 0.0
+        self._handle: asyncio.TimerHandle | None = None
+
+    def start(self) -> None:
+        loop = self.loop = self.loop or asyncio.get_running_loop()
+        if self.clock is None:
+            self.clock = loop.time
+        self._schedule()
+
+    def stop(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+
+    def _schedule(self) -> None:
+        assert self.loop is not None and self.clock is not None
+        self._due = self.clock() + self.period
+        self._handle = self.loop.call_later(self.period, self._sample)
+
+    def _sample(self) -> None:
+        assert self.clock is not None
+        self.record(max(0.0, self.clock() - self._due))
+        self._schedule()
+
+    def record(self, lateness: float) -> None:
+        """One sample: `lateness` seconds after it was due."""
+        self.samples += 1
+        if lateness > self.worst:
+            self.worst = lateness
+            if lateness >= 0.5:  # long enough to cost a follower its heartbeats: worth a line
+                log.warning("event loop stalled %.3f s (the worst since start)", lateness)
+        if self.observe is not None:
+            self.observe(lateness)
+
