@@ -151,7 +151,7 @@ def main() -> None:
                 shutil.rmtree(d, ignore_errors=True)
                 rows.append({"log_gib": 0, "case": "fresh", "code": name, **start_and_measure(d, src, a.hold)})
     for gib in a.gib:
-        d = a.dir / f"{gib:g}gib"
+        d = a.dir / (f"{gib:g}gib" if a.body == 256 << 10 else f"{gib:g}gib-{a.body}b")
         marker = d / ".built"
         if not (a.keep and marker.exists()):
             t = time.monotonic()
