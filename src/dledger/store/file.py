@@ -165,6 +165,7 @@ class FileLedgerStore(LedgerStore):
                 self._flushed_pos = self.write_pos  # recovery fsynced the data files
                 if self.recovered_corrupt is None or self._trusted_record_fault() is None:
                     self._write_checkpoint_locked()  # else the old one stays: never trust a rotten header
+                self._prepare_ahead()
             except BaseException:
                 self.data.close()
                 self.index.close()
@@ -206,6 +207,7 @@ class FileLedgerStore(LedgerStore):
             except BaseException as e:
                 self._undo_append(first, orig_pos)  # all or nothing: drop what an earlier file got
                 raise self._as_store_error(e, "append") from e
+            self._prepare_ahead()
         if self.sync_mode:
             self._flusher.request()
         return AppendedBatch(first, term, positions)
@@ -263,6 +265,7 @@ class FileLedgerStore(LedgerStore):
             except BaseException as e:
                 self._undo_append(orig_end + 1, orig_pos)
                 raise self._as_store_error(e, "append") from e
+            self._prepare_ahead()
         if self.sync_mode:
             self._flusher.request()
         return self.end_index
@@ -324,6 +327,17 @@ class FileLedgerStore(LedgerStore):
             self.end_term = res.last_term
             self.end_chain_crc = res.last_chain
 
+    def _prepare_ahead(self) -> None:
+        """Have the next data and index files created ahead, on a thread, once the log is within
+        half a file (at most AHEAD_MARGIN bytes) of the end of its last one: crossing into a new
+        file then costs the appender no file system call (MappedFileList.prepare)."""
+        for files, pos in ((self.data, self.write_pos), (self.index, (self.end_index + 1) * INDEX_UNIT_SIZE)):
+            last = files.last
+            if last is None:
+                files.prepare(pos - pos % files.file_size)
+            elif pos >= last.end - min(files.file_size // 2, AHEAD_MARGIN):
+                files.prepare(last.end)
+
     def _close_file(self, f: MappedFile) -> None:
         """Write the blank record that closes `f` and move to the next file."""
         f.write(self.write_pos - f.start, BLANK.pack(MAGIC_BLANK, f.end - self.write_pos))
@@ -370,7 +384,9 @@ class FileLedgerStore(LedgerStore):
 
     def indexes_with_magic(self, first: int, last: int, magic: int) -> list[int]:
         """The magics straight from the index files' bytes: each unit read as eight native
-        ints, every eighth is a magic (as stored, big-endian)."""
+        ints, every eighth is a magic (as stored, big-endian). Read with pread in chunks, not
+        through the mapping: a member's start scans its whole log for configuration entries,
+        and that left the whole index mapped into it."""
         want = int.from_bytes(magic.to_bytes(4, "big", signed=True), sys.byteorder, signed=True)
         out: list[int] = []
         with self._lock:
@@ -378,9 +394,13 @@ class FileLedgerStore(LedgerStore):
             while index <= last:
                 uf = self.index.locate(index * INDEX_UNIT_SIZE)
                 off = index * INDEX_UNIT_SIZE - uf.start
-                n = min(last - index + 1, (uf.end - uf.start - off) // INDEX_UNIT_SIZE)
+                n = min(last - index + 1, (uf.end - uf.start - off) // INDEX_UNIT_SIZE, MAGIC_SCAN_UNITS)
                 words = array("i")
-                words.frombytes(uf.mm[off : off + n * INDEX_UNIT_SIZE])
+                got = uf.pread(off, n * INDEX_UNIT_SIZE)
+                n = len(got) // INDEX_UNIT_SIZE
+                if n == 0:
+                    raise StoreError(ResponseCode.DISK_ERROR, f"{uf.path} ends before offset {off}")
+                words.frombytes(got[: n * INDEX_UNIT_SIZE])
                 out.extend(index + k for k in positions_of(words[0::8], want, 0, n))
                 index += n
         return out
@@ -469,11 +489,79 @@ class FileLedgerStore(LedgerStore):
 
     def verify_entry(self, index: int) -> DLedgerEntry:
         """get (the header against the unit, magic included, and the chain CRC link), then the
-        single-record check of a push (entry.scan: magic, channel, pos, ...)."""
+        single-record check of a push (entry.scan: magic, channel, pos, ...).
+
+        Read with pread, not through the mappings (`_verified_by_pread`): the scrub walks the
+        whole committed log with this, and pages it faulted in stayed mapped into the member
+        (readahead maps whole folios ahead of it), so its resident memory grew with the log.
+        Only when something disagrees do the checks below, through the mappings, decide, name
+        the fault and repair a damaged unit."""
         with self._lock:
+            self._check_readable(index)
+            entry = self._verified_by_pread(index)
+            if entry is not None:
+                return entry
             entry = self.get(index)
             self._check_record(index, entry.pos, entry.size, entry.term, None)
             return entry
+
+    def _verified_by_pread(self, index: int) -> DLedgerEntry | None:
+        """The entry at `index` when every check of `verify_entry` passes reading its unit, its
+        record and its predecessor's unit and header with pread; None when any does not (the
+        caller then checks again through the mappings, which say why)."""
+        u = self._pread_unit(index)
+        if u is None:
+            return None
+        magic, pos, size, _, term = u
+        if index == self.begin_index:
+            prev_chain, prev_term = self.begin_chain_crc, self.begin_term
+        else:
+            pu = self._pread_unit(index - 1)
+            ph = self._pread_data(pu[1], HEADER_SIZE) if pu is not None else None
+            if pu is None or ph is None:
+                return None
+            h = HEADER.unpack(ph)
+            if (h[1], h[2], h[3], h[4]) != (pu[2], pu[3], pu[4], pu[1]):
+                return None
+            prev_chain, prev_term = int(h[6]), int(h[3])
+        data = self._pread_data(pos, size)
+        if data is None:
+            return None
+        try:
+            entry = decode_entry(data, 0)
+            res = scan(data, 0, size, index, pos, prev_chain, prev_term, strict=True, max_count=1)
+        except CorruptRecord:
+            return None
+        if (entry.index, entry.pos, entry.size, entry.term, entry.magic) != (index, pos, size, term, magic) \
+                or res.count != 1 or res.consumed != size \
+                or not chain_follows(index, entry.term, entry.body_crc, prev_chain, entry.chain_crc):
+            return None
+        return entry
+
+    def _pread_unit(self, index: int) -> tuple[int, int, int, int, int] | None:
+        """The index unit of `index` read with pread, when it is well formed and names a record
+        within a data file (not checked against the record: the caller does that)."""
+        p = index * INDEX_UNIT_SIZE
+        files = self.index.files
+        if not files or not files[0].start <= p < files[-1].end:
+            return None
+        uf = self.index.locate(p)
+        b = uf.pread(p - uf.start, INDEX_UNIT_SIZE)
+        if len(b) < INDEX_UNIT_SIZE:
+            return None
+        u: tuple[int, int, int, int, int] = INDEX_UNIT.unpack(b)
+        return u if u[3] == index and u[0] in ENTRY_MAGICS and u[2] >= HEADER_SIZE else None
+
+    def _pread_data(self, pos: int, n: int) -> bytes | None:
+        """`n` bytes of the log at `pos` with pread; None unless one data file holds them all."""
+        files = self.data.files
+        if not files or not files[0].start <= pos < files[-1].end:
+            return None
+        f = self.data.locate(pos)
+        if pos + n > f.end:
+            return None
+        b = f.pread(pos - f.start, n)
+        return b if len(b) == n else None
 
     def _get_locked(self, index: int) -> DLedgerEntry:
         magic, pos, size, _, term = self.unit(index)
@@ -870,6 +958,8 @@ class FileLedgerStore(LedgerStore):
             self._dir_lock.release()  # last: another writer may open the directory now
 
 
+AHEAD_MARGIN = 256 << 20  # how far before the end of its last file the next one is created ahead
+MAGIC_SCAN_UNITS = 1 << 17  # index units per read of indexes_with_magic (4 MiB)
 RELEASE_BEHIND = 4 << 20  # twice the largest folio (2 MiB) a fault may map at once
 
 

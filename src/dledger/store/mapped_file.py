@@ -16,6 +16,7 @@ import itertools
 import logging
 import mmap
 import os
+import threading
 from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -109,6 +110,17 @@ class MappedFile:
     def sync(self) -> None:
         """fdatasync: on Linux it also writes back pages dirtied through the mapping."""
         os.fdatasync(self.fd)
+
+    def pread(self, offset: int, n: int) -> bytes:
+        """Up to `n` bytes at file offset `offset`, read with pread: nothing is mapped into this
+        process (the page cache keeps them, reclaimable), so a walk over the log (the scrub)
+        does not grow the member's resident memory with the size of its files."""
+        if self.short:
+            return bytes(self.mm[offset : offset + n])
+        try:
+            return os.pread(self.fd, n, offset)
+        except OSError as e:
+            raise os_error(e, f"read of {n} bytes at {self.path}:{offset}") from e
 
     def zero(self, begin: int, end: int, chunk: int = 1 << 20) -> None:
         """Zero file bytes [begin, end), skipping holes and chunks that are already zero.
@@ -317,8 +329,14 @@ class MappedFileList:
         if not checked:
             file_size = store_file_size(directory, file_size, unit, recorded, may_extend, cache)
         self.file_size = file_size
-        directory.mkdir(parents=True, exist_ok=True)
         self.files: list[MappedFile] = []
+        self.ahead: MappedFile | None = None  # created by `prepare`, not yet taken by `ensure`
+        self.created_inline = 0  # files `ensure` had to create itself at the end (none ahead)
+        self.closed = False
+        self._ahead_lock = threading.Lock()  # one creation at a time; guards `ahead`, `_gen`
+        self._gen = 0  # bumped when the log is cut or reset: a creation asked for before is void
+        self._worker: threading.Thread | None = None
+        directory.mkdir(parents=True, exist_ok=True)
         try:
             for f in list_files(directory):
                 if 0 < f.size < file_size:
@@ -353,25 +371,109 @@ class MappedFileList:
         raise StoreError(ResponseCode.DISK_ERROR, f"no file in {self.dir} holds position {pos}")
 
     def ensure(self, pos: int) -> MappedFile:
-        """The file holding `pos`, creating it and any files between it and the others."""
+        """The file holding `pos`, creating it and any files between it and the others (the
+        one `prepare` created ahead is taken as it is: no file system call then)."""
         files = self.files
         if files and files[0].start <= pos < files[-1].end:
             return self.locate(pos)
         start = pos - pos % self.file_size
+        synced = True  # the directory holds the new names durably
         if not files:
-            files.append(self._create(start))
+            f, made = self._take_or_create(start)
+            files.append(f)
+            synced = synced and not made
         while start < files[0].start:
             files.insert(0, self._create(files[0].start - self.file_size))
+            synced = False
         while start >= files[-1].end:
-            files.append(self._create(files[-1].end))
-        fsync_path(self.dir)
+            f, made = self._take_or_create(files[-1].end)
+            files.append(f)
+            synced = synced and not made
+        if not synced:
+            fsync_path(self.dir)
         return self.locate(pos)
 
     def _create(self, start: int) -> MappedFile:
         return MappedFile(self.dir / file_name(start), start, self.file_size, create=True)
 
+    # --- the next file, created ahead off the caller's thread ---------------------------------
+    # A new file (open O_CREAT, ftruncate, mmap, fsync of the directory) costs milliseconds, far
+    # more on a busy disk, and the appender used to pay it on the event loop each time the log
+    # crossed into a new file. `prepare` creates it on a thread while the log still fills the
+    # one before; `ensure` takes it. On disk it is what a creation by `ensure` leaves: the next
+    # file under its own name, full size and sparse (no byte written), or, when a crash cut the
+    # creation short, 0 bytes. Recovery ends the log before it either way (it holds no record)
+    # and deletes it; `discard_ahead` deletes it when the log no longer ends before it.
+
+    def prepare(self, start: int) -> None:
+        """Create the file starting at `start` ahead, on a thread, unless it exists or is being
+        created. Called by the appender (under its store's lock): it never waits here."""
+        if self.closed or (self.files and self.files[0].start <= start < self.files[-1].end):
+            return
+        a = self.ahead
+        worker = self._worker
+        if (a is not None and a.start == start) or (worker is not None and worker.is_alive()):
+            return
+        t = threading.Thread(target=self._prepare, args=(start, self._gen), daemon=True,
+                             name=f"dledger-prealloc-{self.dir.name}")
+        self._worker = t
+        t.start()
+
+    def _prepare(self, start: int, gen: int) -> None:
+        with self._ahead_lock:
+            if gen != self._gen or self.closed:
+                return  # the log was cut or reset since it was asked for
+            if self.ahead is not None:
+                if self.ahead.start == start:
+                    return
+                self._destroy_ahead()
+            path = self.dir / file_name(start)
+            if path.exists():
+                return  # `ensure` created it meanwhile, or it is not ours to overwrite
+            try:
+                f = MappedFile(path, start, self.file_size, create=True)
+                try:
+                    fsync_path(self.dir)
+                except BaseException:
+                    f.destroy()
+                    raise
+            except (OSError, StoreError) as e:  # the appender creates it itself then, and says why
+                log.warning("%s: creating %s ahead failed: %s", self.dir, path.name, e)
+                return
+            self.ahead = f
+            log.debug("%s: created %s ahead", self.dir, path.name)
+
+    def _take_or_create(self, start: int) -> tuple[MappedFile, bool]:
+        """The file at `start`: the one created ahead, else a new one (waiting for a creation
+        ahead in progress, which may be that very file). Whether it was created here."""
+        with self._ahead_lock:
+            a = self.ahead
+            if a is not None and a.start == start:
+                self.ahead = None
+                return a, False
+            if a is not None:
+                self._destroy_ahead()  # not where the log goes on: never a file past its end
+            self.created_inline += 1
+            return self._create(start), True
+
+    def _destroy_ahead(self) -> None:
+        a, self.ahead = self.ahead, None
+        if a is not None:
+            a.destroy()  # never written: nothing is lost
+            fsync_path(self.dir)
+
+    def discard_ahead(self) -> None:
+        """Delete the file created ahead and cancel a creation asked for: the log was cut or
+        reset, so it may no longer end just before that file."""
+        with self._ahead_lock:
+            self._gen += 1
+            self._destroy_ahead()
+
     def drop_after(self, pos: int) -> None:
-        """Delete every file that starts after `pos`."""
+        """Delete every file that starts after `pos` (and the one created ahead with them: it
+        no longer follows the last file)."""
+        if self.files and self.files[-1].start > pos:
+            self.discard_ahead()
         while self.files and self.files[-1].start > pos:
             self.files.pop().destroy()
         fsync_path(self.dir)
@@ -381,12 +483,23 @@ class MappedFileList:
         fsync_path(self.dir)
 
     def drop_all(self) -> None:
+        self.discard_ahead()
         while self.files:
             self.files.pop().destroy()
         fsync_path(self.dir)
 
+    def settle(self) -> None:
+        """Wait for a creation ahead in progress (tests, close)."""
+        if self._worker is not None:
+            self._worker.join()
+
     def close(self) -> None:
+        """Close the files; the one created ahead is deleted (a clean stop leaves no file past
+        the log's)."""
+        self.settle()
+        with self._ahead_lock:
+            self.closed = True
+            with contextlib.suppress(OSError):
+                self._destroy_ahead()
         for f in self.files:
             f.close()
-
-

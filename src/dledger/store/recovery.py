@@ -384,9 +384,16 @@ def _cut(store: RecoverableStore, end: ScanEnd) -> None:
                     reason)
     if f is not None:
         f.zero(pos - f.start, f.size)
-    later = [g.path.name for g in data.files if g.start > pos]
-    if later:
-        log.warning("recovery of %s: deleting data files past the cut: %s", store.dir, later)
+    later = [g for g in data.files if g.start > pos]
+    # a file holding no data at all (a hole, or 0 bytes) was created ahead of the log, or its
+    # creation was cut short: it never held a record
+    empty = [g.path.name for g in later if not any(data_extents(g.fd, 0, g.size))]
+    if empty:
+        log.info("recovery of %s: deleting empty data files past the log's end (created ahead): %s", store.dir,
+                 empty)
+    if len(empty) < len(later):
+        log.warning("recovery of %s: deleting data files past the cut: %s", store.dir,
+                    [g.path.name for g in later if g.path.name not in empty])
     data.drop_after(pos)
     p = index * INDEX_UNIT_SIZE
     if store.index.files and store.index.first_start <= p < store.index.files[-1].end:
