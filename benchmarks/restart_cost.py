@@ -144,6 +144,8 @@ def main() -> None:
     rows: list[dict[str, object]] = []
     versions: list[tuple[str, str | None]] = [("before", a.before)] if a.before else []
     versions.append(("this", None))
+    print(f"load average {' '.join(f'{x:.1f}' for x in os.getloadavg())} at {time.strftime('%H:%M:%S')}",
+          file=sys.stderr)
     if not a.no_fresh:
         for _ in range(a.repeat):
             for name, src in versions:
@@ -158,13 +160,25 @@ def main() -> None:
             n = build(d, gib, a.body)
             marker.write_text(str(n))
             print(f"built {gib:g} GiB ({n} entries) in {time.monotonic() - t:.1f} s", file=sys.stderr)
+        # each version starts on its own last checkpoint (a member's own stop wrote it): the
+        # other version's would lack what this one keeps there (the CONFIG_CHANGE marks), and
+        # the first start of this version on a store the old one wrote (the upgrade) is its own row
+        saved: dict[str, bytes] = {}
+        if a.before:
+            drop_cache(d)
+            rows.append({"log_gib": gib, "case": "upgrade", "code": "this", **start_and_measure(d, None, a.hold)})
+            saved["this"] = (d / "checkpoint").read_bytes()
         for _ in range(a.repeat):
             for name, src in versions:
+                if name in saved:
+                    (d / "checkpoint").write_bytes(saved[name])
                 drop_cache(d)
                 rows.append({"log_gib": gib, "case": "restart", "code": name, **start_and_measure(d, src, a.hold)})
+                saved[name] = (d / "checkpoint").read_bytes()
     if a.json:
         print(json.dumps(rows))
         return
+    print(f"load average {' '.join(f'{x:.1f}' for x in os.getloadavg())} at {time.strftime('%H:%M:%S')}")
     print(f"{'log':>7} {'case':>8} {'code':>7} {'METADATA s':>11} {'append s':>9} {'RSS MiB':>8} {'later':>8} "
           f"{'HWM MiB':>8}")
     for r in rows:

@@ -5,9 +5,12 @@ verified resident."""
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 from pathlib import Path
 
+from dledger.entry import MAGIC_CONFIG_CHANGE
 from dledger.store.file import FileLedgerStore
 
 MIB = 1 << 20
@@ -150,3 +153,174 @@ def test_the_index_check_of_the_trusted_file_leaves_nothing_resident(tmp_path: P
         assert kept < 16, f"{kept:.0f} MiB of the store's files stay mapped after its open"
     finally:
         s.close()
+
+
+def _cfg(s: FileLedgerStore) -> list[int]:
+    return s.indexes_with_magic(0, 1 << 40, MAGIC_CONFIG_CHANGE)
+
+
+def _scanned(d: Path) -> list[int]:
+    """The CONFIG_CHANGE entries by a scan of the index files alone (no checkpoint marks)."""
+    ck = d / "checkpoint"
+    state = json.loads(ck.read_text())
+    state.pop("config_changes", None)
+    ck.write_text(json.dumps(state))
+    s = FileLedgerStore(d, data_file_size=1 * MIB)
+    try:
+        assert s._cfg_upto < s.end_index or s.end_index < s.begin_index  # nothing kept: a scan
+        return _cfg(s)
+    finally:
+        s.close()
+
+
+def test_config_change_entries_are_found_without_scanning_the_index(tmp_path: Path) -> None:
+    """A start looks up the log's CONFIG_CHANGE entries (core.changes.recover_configs): the store
+    keeps where they are in its checkpoint instead of scanning its whole index each time, and
+    the answer is the scan's through appends, follower pushes, truncates and restarts."""
+    d, f = tmp_path / "leader", tmp_path / "follower"
+    s = FileLedgerStore(d, data_file_size=1 * MIB)
+    try:
+        s.append_as_leader([b"n" * 500] * 10, 1)
+        s.append_as_leader([b"c1"], 1, MAGIC_CONFIG_CHANGE)  # 10
+        s.append_as_leader([b"n" * 500] * 3000, 1)  # across data files
+        s.append_as_leader([b"c2", b"c3"], 2, MAGIC_CONFIG_CHANGE)  # 3011, 3012
+        s.append_as_leader([b"n"] * 5, 2)
+        assert _cfg(s) == [10, 3011, 3012]
+        s.flush()
+        s.write_checkpoint()
+        fol = FileLedgerStore(f, data_file_size=1 * MIB)
+        try:
+            i = 0
+            while i <= s.end_index:
+                raw = s.read_raw(i, 64 << 10)
+                try:
+                    fol.append_as_follower(raw.data)
+                finally:
+                    raw.data.release()
+                i += raw.count
+            assert _cfg(fol) == [10, 3011, 3012]
+        finally:
+            fol.close()
+    finally:
+        s.close()
+    kept = json.loads((d / "checkpoint").read_text())["config_changes"]
+    assert kept == {"upto": 3017, "indexes": [10, 3011, 3012]}
+    s = FileLedgerStore(d, data_file_size=1 * MIB)
+    try:
+        assert s._cfg_upto == s.end_index  # taken from the checkpoint, no scan
+        assert _cfg(s) == [10, 3011, 3012]
+        s.truncate(3012)
+        assert _cfg(s) == [10, 3011]
+        s.append_as_leader([b"c4"], 3, MAGIC_CONFIG_CHANGE)
+        assert _cfg(s) == [10, 3011, 3012]
+        s.truncate(11)
+        s.append_as_leader([b"n"] * 3, 3)
+    finally:
+        s.close()
+    assert _scanned(d) == [10]
+    # marks the log no longer holds (a checkpoint from before a truncate) are never taken
+    ck = d / "checkpoint"
+    state = json.loads(ck.read_text())
+    state["config_changes"] = {"upto": 10**6, "indexes": [10, 12, 500000]}
+    ck.write_text(json.dumps(state))
+    s = FileLedgerStore(d, data_file_size=1 * MIB)
+    try:
+        assert _cfg(s) == [10]
+    finally:
+        s.close()
+
+
+def _fill_to_near_end(s: FileLedgerStore, files: int) -> None:
+    """Append 1 KiB records until the log is in its `files`-th data file (of 1 MiB)."""
+    while s.write_pos < (files - 1) * MIB + MIB // 2 + 4096:
+        s.append_as_leader([os.urandom(1024)] * 16, 1)
+
+
+def test_the_next_data_file_is_created_ahead_and_taken_by_the_appender(tmp_path: Path) -> None:
+    s = FileLedgerStore(tmp_path, data_file_size=1 * MIB, index_file_size=64 << 10)
+    try:
+        s.data.settle()
+        s.index.settle()  # a fresh store: its first files were created ahead too
+        for n in range(1, 5):
+            _fill_to_near_end(s, n)
+            s.data.settle()
+            ahead = s.data.ahead
+            assert ahead is not None and ahead.start == n * MIB and ahead.path.exists()
+        assert s.data.created_inline == 0, "the appender created a data file itself"
+        assert s.index.created_inline == 0, "the appender created an index file itself"
+        end = s.end_index
+    finally:
+        s.close()
+    names = sorted(p.name for p in (tmp_path / "data").iterdir())
+    assert len(names) == 4, f"a clean close leaves no file past the log's: {names}"
+    s = FileLedgerStore(tmp_path, data_file_size=1 * MIB, index_file_size=64 << 10)
+    try:
+        assert s.end_index == end
+    finally:
+        s.close()
+
+
+def _crashed_with_ahead(d: Path) -> tuple[int, list[bytes]]:
+    """A store whose next data and index files were created ahead, left as a power loss leaves
+    it (not closed: copied while open, after a checkpoint); its end and bodies."""
+    src = d.with_name(d.name + "-live")
+    s = FileLedgerStore(src, data_file_size=1 * MIB, index_file_size=64 << 10)
+    try:
+        _fill_to_near_end(s, 2)
+        s.flush()
+        s.write_checkpoint()
+        s.data.settle()
+        s.index.settle()
+        assert s.data.ahead is not None
+        shutil.copytree(src, d, ignore=shutil.ignore_patterns("lock"))
+        return s.end_index, [s.get(i).body for i in range(s.end_index + 1)]
+    finally:
+        s.close()
+
+
+def test_power_loss_with_a_file_created_ahead(tmp_path: Path) -> None:
+    """Whatever a crash leaves of the file created ahead (whole and sparse, 0 bytes: its
+    creation cut short, 1 byte), recovery opens the log as it was, and deletes only a file that
+    holds nothing; a data file cut short in the middle of its last record loses only that record."""
+    cases = ["whole", "zero bytes", "index zero bytes", "one byte", "cut mid-record"]
+    for case in cases:
+        d = tmp_path / case.replace(" ", "-")
+        end, bodies = _crashed_with_ahead(d)
+        data = sorted((d / "data").iterdir())
+        index = sorted((d / "index").iterdir())
+        assert len(data) == 3  # two with records, the next one created ahead
+        if case == "zero bytes":
+            os.truncate(data[-1], 0)
+        elif case == "index zero bytes":
+            os.truncate(index[-1], 0)
+        elif case == "one byte":
+            os.truncate(data[-1], 0)
+            data[-1].write_bytes(b"\x01")  # not a creation of ours: never deleted unless provably torn
+        elif case == "cut mid-record":
+            ck = json.loads((d / "checkpoint").read_text())
+            t = ck["trusted"]
+            # a record past the checkpoint's trusted one, torn: the file ends inside it
+            s = FileLedgerStore(d.with_name(d.name + "-live"), data_file_size=1 * MIB,
+                                index_file_size=64 << 10)
+            try:
+                s.append_as_leader([b"t" * 3000], 1)
+                pos = s.unit(s.end_index)[1]
+            finally:
+                s.close()
+            assert pos > t["pos"]
+            with open(data[1], "r+b") as fh:
+                fh.seek(pos - MIB)
+                fh.write(d.with_name(d.name + "-live").joinpath("data", data[1].name).read_bytes()[pos - MIB:
+                                                                                                    pos - MIB + 100])
+            os.truncate(data[1], pos - MIB + 100)
+        s = FileLedgerStore(d, data_file_size=1 * MIB, index_file_size=64 << 10)
+        try:
+            assert s.end_index == end, case
+            assert [s.get(i).body for i in range(end + 1)] == bodies, case
+            assert all(s.verify(i) is None for i in range(end + 1))
+            s.append_as_leader([b"after"], 1)
+            assert s.get(end + 1).body == b"after"
+        finally:
+            s.close()
+        left = sorted(p.name for p in (d / "data").iterdir())
+        assert len(left) == 2, (case, left)

@@ -213,6 +213,9 @@ class Checkpoint:
     # writes a crash cut short (store/mapped_file.py, `store_file_size`)
     data_file_size: int | None = None
     index_file_size: int | None = None
+    # the CONFIG_CHANGE entries of the log from its begin through `upto` (a cache of the index,
+    # so a start need not scan all of it: FileLedgerStore.indexes_with_magic); None: not kept
+    config_changes: tuple[int, tuple[int, ...]] | None = None
 
 
 _BEGIN_KEYS = ("begin_index", "begin_term", "begin_pos", "begin_chain_crc")
@@ -264,13 +267,26 @@ def _read_checkpoint(store_dir: Path) -> Checkpoint | None:
         trusted = Trusted(*(_field(path, t, k) for k in ("index", "term", "pos", "chain_crc")))
     elif t is not None:
         raise UnreadableFile(path, f"trusted is {t!r}, not an object")
-    sizes = (_field(path, data, k) if k in data else None for k in ("data_file_size", "index_file_size"))
+    data_size, index_size = (_field(path, data, k) if k in data else None
+                             for k in ("data_file_size", "index_file_size"))
     # false while a rewrite of the records (`dledger store import`) may have left bytes past the
     # trusted record that no fsync covered; absent in every checkpoint a member writes: true
     durable = data.get("proves_durable", True)
     if not isinstance(durable, bool):
         raise UnreadableFile(path, f"proves_durable is {durable!r}, not true or false")
-    return Checkpoint(_field(path, data, "committed_index", -1), begin, trusted, durable, *sizes)
+    return Checkpoint(_field(path, data, "committed_index", -1), begin, trusted, durable, data_size, index_size,
+                      _config_changes(data.get("config_changes")))
+
+
+def _config_changes(v: object) -> tuple[int, tuple[int, ...]] | None:
+    """The checkpoint's cache of where the CONFIG_CHANGE entries are; a malformed one is taken
+    as none (the store scans its index then), never as a reason to refuse the checkpoint."""
+    if not isinstance(v, dict):
+        return None
+    upto, indexes = v.get("upto"), v.get("indexes")
+    if type(upto) is not int or not isinstance(indexes, list) or any(type(i) is not int for i in indexes):
+        return None
+    return upto, tuple(indexes)
 
 
 @dataclass(frozen=True, slots=True)
