@@ -139,6 +139,7 @@ def main() -> None:
                     "version, e.g. `git archive REV src`), alternating with this one")
     ap.add_argument("--hold", type=float, default=20.0, help="seconds the member runs on (its scrub reading "
                     "the log) before its RSS is read again [20]")
+    ap.add_argument("--timeout", type=float, default=300.0, help="seconds a start may take [300]")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
     rows: list[dict[str, object]] = []
@@ -151,7 +152,8 @@ def main() -> None:
             for name, src in versions:
                 d = a.dir / "fresh"
                 shutil.rmtree(d, ignore_errors=True)
-                rows.append({"log_gib": 0, "case": "fresh", "code": name, **start_and_measure(d, src, a.hold)})
+                got = start_and_measure(d, src, a.hold, a.timeout)
+                rows.append({"log_gib": 0, "case": "fresh", "code": name, **got})
     for gib in a.gib:
         d = a.dir / (f"{gib:g}gib" if a.body == 256 << 10 else f"{gib:g}gib-{a.body}b")
         marker = d / ".built"
@@ -166,14 +168,16 @@ def main() -> None:
         saved: dict[str, bytes] = {}
         if a.before:
             drop_cache(d)
-            rows.append({"log_gib": gib, "case": "upgrade", "code": "this", **start_and_measure(d, None, a.hold)})
+            got = start_and_measure(d, None, a.hold, a.timeout)
+            rows.append({"log_gib": gib, "case": "upgrade", "code": "this", **got})
             saved["this"] = (d / "checkpoint").read_bytes()
         for _ in range(a.repeat):
             for name, src in versions:
                 if name in saved:
                     (d / "checkpoint").write_bytes(saved[name])
                 drop_cache(d)
-                rows.append({"log_gib": gib, "case": "restart", "code": name, **start_and_measure(d, src, a.hold)})
+                got = start_and_measure(d, src, a.hold, a.timeout)
+                rows.append({"log_gib": gib, "case": "restart", "code": name, **got})
                 saved[name] = (d / "checkpoint").read_bytes()
     if a.json:
         print(json.dumps(rows))

@@ -10,7 +10,11 @@ import os
 import shutil
 from pathlib import Path
 
+import pytest
+
+from dledger.codes import ResponseCode
 from dledger.entry import MAGIC_CONFIG_CHANGE
+from dledger.store.base import StoreError
 from dledger.store.file import FileLedgerStore
 
 MIB = 1 << 20
@@ -324,3 +328,30 @@ def test_power_loss_with_a_file_created_ahead(tmp_path: Path) -> None:
             s.close()
         left = sorted(p.name for p in (d / "data").iterdir())
         assert len(left) == 2, (case, left)
+
+
+def test_without_a_checkpoint_only_an_empty_file_past_the_log_is_deleted(tmp_path: Path) -> None:
+    """No checkpoint names what was fsynced (it was lost): the file created ahead, 0 bytes or
+    whole, holds nothing and goes; one holding a byte is not provably torn: refused, kept."""
+    for case in ("zero bytes", "whole", "one byte"):
+        d = tmp_path / case.replace(" ", "-")
+        end, bodies = _crashed_with_ahead(d)
+        (d / "checkpoint").unlink()
+        last = sorted((d / "data").iterdir())[-1]
+        if case == "zero bytes":
+            os.truncate(last, 0)
+        elif case == "one byte":
+            os.truncate(last, 0)
+            last.write_bytes(b"\x01")
+        if case == "one byte":
+            with pytest.raises(StoreError) as ei:
+                FileLedgerStore(d, data_file_size=1 * MIB, index_file_size=64 << 10)
+            assert ei.value.code == ResponseCode.DISK_ERROR
+            assert last.read_bytes() == b"\x01"
+            continue
+        s = FileLedgerStore(d, data_file_size=1 * MIB, index_file_size=64 << 10)
+        try:
+            assert s.end_index == end and [s.get(i).body for i in range(end + 1)] == bodies
+        finally:
+            s.close()
+        assert not last.exists()
