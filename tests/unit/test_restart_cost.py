@@ -16,6 +16,7 @@ from dledger.codes import ResponseCode
 from dledger.entry import MAGIC_CONFIG_CHANGE
 from dledger.store.base import StoreError
 from dledger.store.file import FileLedgerStore
+from dledger.store.marks import MAX_MARKS, MagicMarks
 
 MIB = 1 << 20
 
@@ -167,11 +168,11 @@ def _scanned(d: Path) -> list[int]:
     """The CONFIG_CHANGE entries by a scan of the index files alone (no checkpoint marks)."""
     ck = d / "checkpoint"
     state = json.loads(ck.read_text())
-    state.pop("config_changes", None)
+    state.pop("markers", None)
     ck.write_text(json.dumps(state))
     s = FileLedgerStore(d, data_file_size=1 * MIB)
     try:
-        assert s._cfg_upto < s.end_index or s.end_index < s.begin_index  # nothing kept: a scan
+        assert s._marks[MAGIC_CONFIG_CHANGE].upto != s.end_index  # nothing kept: a scan
         return _cfg(s)
     finally:
         s.close()
@@ -207,11 +208,11 @@ def test_config_change_entries_are_found_without_scanning_the_index(tmp_path: Pa
             fol.close()
     finally:
         s.close()
-    kept = json.loads((d / "checkpoint").read_text())["config_changes"]
-    assert kept == {"upto": 3017, "indexes": [10, 3011, 3012]}
+    kept = json.loads((d / "checkpoint").read_text())["markers"]
+    assert kept == {"3": {"upto": 3017, "indexes": [10, 3011, 3012]}, "4": {"upto": 3017, "indexes": []}}
     s = FileLedgerStore(d, data_file_size=1 * MIB)
     try:
-        assert s._cfg_upto == s.end_index  # taken from the checkpoint, no scan
+        assert s._marks[MAGIC_CONFIG_CHANGE].upto == s.end_index  # taken from the checkpoint, no scan
         assert _cfg(s) == [10, 3011, 3012]
         s.truncate(3012)
         assert _cfg(s) == [10, 3011]
@@ -225,7 +226,7 @@ def test_config_change_entries_are_found_without_scanning_the_index(tmp_path: Pa
     # marks the log no longer holds (a checkpoint from before a truncate) are never taken
     ck = d / "checkpoint"
     state = json.loads(ck.read_text())
-    state["config_changes"] = {"upto": 10**6, "indexes": [10, 12, 500000]}
+    state["markers"] = {"3": {"upto": 10**6, "indexes": [10, 12, 500000]}}
     ck.write_text(json.dumps(state))
     s = FileLedgerStore(d, data_file_size=1 * MIB)
     try:
@@ -355,3 +356,27 @@ def test_without_a_checkpoint_only_an_empty_file_past_the_log_is_deleted(tmp_pat
         finally:
             s.close()
         assert not last.exists()
+
+
+def test_magic_marks_learn_from_their_end_and_give_up_when_not_rare() -> None:
+    log = {5: 4, 9: 4, 400: 4}  # index -> magic of the entries that are not NORMAL
+    scans: list[tuple[int, int]] = []
+
+    def scan(a: int, b: int) -> list[int]:
+        scans.append((a, b))
+        return [i for i in range(a, b + 1) if log.get(i) == 4]
+
+    m = MagicMarks(4)
+    m.load(None, 0, 999)  # a store without marks: nothing known
+    assert m.find(0, 99, 0, scan) == [5, 9] and m.upto == 99
+    assert m.find(50, 199, 0, scan) == [] and scans[-1] == (100, 199)  # only what is not known
+    assert m.find(0, 150, 0, scan) == [5, 9] and len(scans) == 2  # all known: no scan
+    assert m.find(900, 950, 0, scan) == [] and scans[-1] == (900, 950) and m.upto == 199  # far ahead: not learnt
+    m.truncated(8)
+    assert m.find(0, 8, 0, scan) == [5]
+    m.appended(9, 20, 4)
+    assert m.find(0, 20, 0, scan) == [5, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20]
+    m.appended(21, 21 + MAX_MARKS, 4)  # not rare: dropped, the index is scanned
+    assert m.upto is None and m.state(0, 10**6) is None
+    n = len(scans)
+    assert m.find(0, 500, 0, scan) == [5, 9, 400] and len(scans) == n + 1

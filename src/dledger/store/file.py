@@ -26,7 +26,7 @@ import sys
 import threading
 import time
 from array import array
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from dledger.codes import ResponseCode
@@ -41,6 +41,7 @@ from dledger.entry import (
     MAGIC_BLANK,
     MAGIC_CONFIG_CHANGE,
     MAGIC_NORMAL,
+    MAGIC_SESSION,
     CorruptRecord,
     DLedgerEntry,
     chain_follows,
@@ -64,6 +65,7 @@ from dledger.store.checkpoint import write_atomic, write_currterm
 from dledger.store.flusher import FlushService
 from dledger.store.lock import StoreDirLock
 from dledger.store.mapped_file import DATA, INDEX, MappedFile, MappedFileList, check_store_files, checkpoint_for_sizes
+from dledger.store.marks import MagicMarks
 from dledger.store.offline import (
     CURRTERM,
     UnreadableFile,
@@ -153,16 +155,15 @@ class FileLedgerStore(LedgerStore):
             self._sync_lock = threading.Lock()  # innermost: fds are not closed during an fsync
             self._flush_lock = threading.Lock()  # outside the others: one flush_once at a time
             self._term_vote = self._read_term()
-            # where the CONFIG_CHANGE entries are, complete from the log begin through
-            # `_cfg_upto` (indexes_with_magic): a start reads it from the checkpoint instead of
-            # scanning the whole index (3 GiB for 100 million entries)
-            self._cfg_marks: list[int] = []
-            self._cfg_upto = -1
+            # where the CONFIG_CHANGE and SESSION entries are (store/marks.py)
+            self._marks = {m: MagicMarks(m) for m in MARKED_MAGICS}
             self._buf = bytearray(1 << 20)  # encode scratch of append_as_leader
             self._ubuf = bytearray(64 << 10)
             try:
                 recover(self)  # a refusal has changed no file, not even a short one's size
-                self._load_config_marks(ckpt.config_changes if ckpt is not None else None)
+                for m in self._marks.values():
+                    m.load((ckpt.markers or {}).get(m.magic) if ckpt is not None else None, self.begin_index,
+                           self.end_index)
                 # recovery read the headers of the trusted record's data file through the
                 # mapping (its index check): none of it stays resident in the member
                 for mf in (*self.data.files, *self.index.files):
@@ -214,10 +215,8 @@ class FileLedgerStore(LedgerStore):
             except BaseException as e:
                 self._undo_append(first, orig_pos)  # all or nothing: drop what an earlier file got
                 raise self._as_store_error(e, "append") from e
-            if self._cfg_upto == first - 1:
-                if magic == MAGIC_CONFIG_CHANGE:
-                    self._add_config_marks(range(first, self.end_index + 1))
-                self._cfg_upto = self.end_index
+            for m in self._marks.values():
+                m.appended(first, self.end_index, magic)
             self._prepare_ahead()
         if self.sync_mode:
             self._flusher.request()
@@ -332,12 +331,8 @@ class FileLedgerStore(LedgerStore):
                 raise push_error(res.stop, off + res.consumed, self.end_index + 1 + res.count)
             f.write(self.write_pos - f.start, data[off : off + res.consumed])
             uf.write((self.end_index + 1) * INDEX_UNIT_SIZE - uf.start, units)
-            if self._cfg_upto == self.end_index:
-                words = array("i")
-                words.frombytes(units)
-                self._add_config_marks(self.end_index + 1 + k for k in positions_of(words[0::8], _CFG_WORD, 0,
-                                                                                      res.count))
-                self._cfg_upto = self.end_index + res.count
+            for m in self._marks.values():
+                m.appended_units(self.end_index + 1, units, res.count)
             off += res.consumed
             self.write_pos += res.consumed
             self.end_index += res.count
@@ -400,54 +395,34 @@ class FileLedgerStore(LedgerStore):
         return u
 
     def indexes_with_magic(self, first: int, last: int, magic: int) -> list[int]:
-        """The magics straight from the index files' bytes: each unit read as eight native
-        ints, every eighth is a magic (as stored, big-endian). Read with pread in chunks, not
-        through the mapping: a member's start scans its whole log for configuration entries,
-        and that left the whole index mapped into it."""
+        """The magics straight from the index files' bytes, or, for the rare entries a start
+        looks up (MARKED_MAGICS), where the store noted them (store/marks.py)."""
+        with self._lock:
+            first, last = max(first, self.begin_index), min(last, self.end_index)
+            m = self._marks.get(magic)
+            if m is None:
+                return self._scan_magic(first, last, magic)
+            return m.find(first, last, self.begin_index, lambda a, b: self._scan_magic(a, b, magic))
+
+    def _scan_magic(self, index: int, last: int, magic: int) -> list[int]:
+        """Each unit read as eight native ints, every eighth is a magic (as stored, big-endian).
+        Read with pread in chunks, not through the mapping: a scan of the whole log left the
+        whole index mapped into the member."""
         want = int.from_bytes(magic.to_bytes(4, "big", signed=True), sys.byteorder, signed=True)
         out: list[int] = []
-        with self._lock:
-            index, last = max(first, self.begin_index), min(last, self.end_index)
-            scan_from = first = index
-            if magic == MAGIC_CONFIG_CHANGE and index <= last:
-                out = [i for i in self._cfg_marks if index <= i <= last]
-                # the rest from the index files, from where the marks end: they reach `last` then
-                scan_from = index = max(self.begin_index, self._cfg_upto + 1)
-                if scan_from > self._cfg_upto + 1:
-                    self._cfg_marks = []  # the log begin moved past them: scanned again from it
-            while index <= last:
-                uf = self.index.locate(index * INDEX_UNIT_SIZE)
-                off = index * INDEX_UNIT_SIZE - uf.start
-                n = min(last - index + 1, (uf.end - uf.start - off) // INDEX_UNIT_SIZE, MAGIC_SCAN_UNITS)
-                words = array("i")
-                got = uf.pread(off, n * INDEX_UNIT_SIZE)
-                n = len(got) // INDEX_UNIT_SIZE
-                if n == 0:
-                    raise StoreError(ResponseCode.DISK_ERROR, f"{uf.path} ends before offset {off}")
-                words.frombytes(got[: n * INDEX_UNIT_SIZE])
-                out.extend(index + k for k in positions_of(words[0::8], want, 0, n))
-                index += n
-            if magic == MAGIC_CONFIG_CHANGE and last >= scan_from:
-                found = [i for i in out if i >= scan_from]
-                self._cfg_upto = last
-                self._add_config_marks(found)  # the marks reach `last` now
-                out = [i for i in out if i >= first]
+        while index <= last:
+            uf = self.index.locate(index * INDEX_UNIT_SIZE)
+            off = index * INDEX_UNIT_SIZE - uf.start
+            n = min(last - index + 1, (uf.end - uf.start - off) // INDEX_UNIT_SIZE, MAGIC_SCAN_UNITS)
+            got = uf.pread(off, n * INDEX_UNIT_SIZE)
+            n = len(got) // INDEX_UNIT_SIZE
+            if n == 0:
+                raise StoreError(ResponseCode.DISK_ERROR, f"{uf.path} ends before offset {off}")
+            words = array("i")
+            words.frombytes(got[: n * INDEX_UNIT_SIZE])
+            out.extend(index + k for k in positions_of(words[0::8], want, 0, n))
+            index += n
         return out
-
-    def _add_config_marks(self, indexes: Iterable[int]) -> None:
-        self._cfg_marks.extend(indexes)
-        if len(self._cfg_marks) > MAX_CONFIG_MARKS:  # not rare here: scan the index as it is
-            self._cfg_marks, self._cfg_upto = [], self.begin_index - 1
-
-    def _load_config_marks(self, kept: tuple[int, tuple[int, ...]] | None) -> None:
-        """Take the checkpoint's CONFIG_CHANGE marks (through its durable entry, which recovery
-        kept); without them they are complete only for an empty log."""
-        self._cfg_marks, self._cfg_upto = [], self.begin_index - 1
-        if self.end_index < self.begin_index:
-            self._cfg_upto = self.end_index
-        elif kept is not None and self.begin_index - 1 <= kept[0] <= self.end_index:
-            self._cfg_upto = kept[0]
-            self._cfg_marks = [i for i in kept[1] if self.begin_index <= i <= kept[0]]
 
     def raw_unit(self, index: int) -> tuple[int, int, int, int, int] | None:
         p = index * INDEX_UNIT_SIZE
@@ -714,8 +689,8 @@ class FileLedgerStore(LedgerStore):
         self.write_pos = new_pos
         self._flushed_pos = min(self._flushed_pos, new_pos)
         self.end_index = from_index - 1
-        self._cfg_upto = min(self._cfg_upto, self.end_index)
-        self._cfg_marks = [i for i in self._cfg_marks if i <= self.end_index]
+        for m in self._marks.values():
+            m.truncated(self.end_index)
         self.end_term = term
         self.end_chain_crc = chain
         self._trunc_floor = min(self._trunc_floor, self.end_index)
@@ -757,7 +732,8 @@ class FileLedgerStore(LedgerStore):
             self.begin_chain_crc = self.end_chain_crc = begin_chain_crc
             self.begin_pos = self.write_pos = self._flushed_pos = begin_pos
             self.end_index = begin_index - 1
-            self._cfg_marks, self._cfg_upto = [], self.end_index  # an empty log: complete
+            for m in self._marks.values():
+                m.reset(self.end_index)  # an empty log: complete
             self.committed_index = max(self.committed_index, begin_index - 1)
             self.durable_index = self.end_index
             # a flush running now must not record its (old log's) position as flushed: indexes
@@ -864,11 +840,8 @@ class FileLedgerStore(LedgerStore):
             "data_file_size": self.data.file_size,
             "index_file_size": self.index.file_size,
         }
-        # only through the durable entry: a crash may cut what follows it
-        upto = min(self._cfg_upto, durable)
-        if upto >= self.begin_index - 1:
-            state["config_changes"] = {"upto": upto, "indexes": [i for i in self._cfg_marks
-                                                                 if self.begin_index <= i <= upto]}
+        marks = {str(m.magic): m.state(self.begin_index, durable) for m in self._marks.values()}
+        state["markers"] = {k: v for k, v in marks.items() if v is not None}
         return state, self.index.files[-2:]
 
     def _persist_checkpoint(self, state: dict[str, object], index_files: list[MappedFile]) -> None:
@@ -1011,8 +984,7 @@ class FileLedgerStore(LedgerStore):
 
 
 AHEAD_MARGIN = 256 << 20  # how far before the end of its last file the next one is created ahead
-MAX_CONFIG_MARKS = 10_000  # CONFIG_CHANGE entries kept in memory and in the checkpoint at most
-_CFG_WORD = int.from_bytes(MAGIC_CONFIG_CHANGE.to_bytes(4, "big", signed=True), sys.byteorder, signed=True)
+MARKED_MAGICS = (MAGIC_CONFIG_CHANGE, MAGIC_SESSION)  # rare entries a start looks up: kept (store/marks.py)
 MAGIC_SCAN_UNITS = 1 << 17  # index units per read of indexes_with_magic (4 MiB)
 RELEASE_BEHIND = 4 << 20  # twice the largest folio (2 MiB) a fault may map at once
 

@@ -336,6 +336,7 @@ class MappedFileList:
         self._ahead_lock = threading.Lock()  # one creation at a time; guards `ahead`, `_gen`
         self._gen = 0  # bumped when the log is cut or reset: a creation asked for before is void
         self._worker: threading.Thread | None = None
+        self._failed = -1  # the start of the last file whose creation ahead failed
         directory.mkdir(parents=True, exist_ok=True)
         try:
             for f in list_files(directory):
@@ -412,7 +413,8 @@ class MappedFileList:
             return
         a = self.ahead
         worker = self._worker
-        if (a is not None and a.start == start) or (worker is not None and worker.is_alive()):
+        if (a is not None and a.start == start) or (worker is not None and worker.is_alive()) \
+                or start == self._failed:
             return
         t = threading.Thread(target=self._prepare, args=(start, self._gen), daemon=True,
                              name=f"dledger-prealloc-{self.dir.name}")
@@ -439,6 +441,7 @@ class MappedFileList:
                     raise
             except (OSError, StoreError) as e:  # the appender creates it itself then, and says why
                 log.warning("%s: creating %s ahead failed: %s", self.dir, path.name, e)
+                self._failed = start  # not again for this file (each append would ask)
                 return
             self.ahead = f
             log.debug("%s: created %s ahead", self.dir, path.name)

@@ -213,9 +213,9 @@ class Checkpoint:
     # writes a crash cut short (store/mapped_file.py, `store_file_size`)
     data_file_size: int | None = None
     index_file_size: int | None = None
-    # the CONFIG_CHANGE entries of the log from its begin through `upto` (a cache of the index,
-    # so a start need not scan all of it: FileLedgerStore.indexes_with_magic); None: not kept
-    config_changes: tuple[int, tuple[int, ...]] | None = None
+    # by magic, the indexes of the log's entries of that magic from its begin through `upto`
+    # (a cache of the index, so a start need not scan all of it: store/marks.py)
+    markers: dict[int, tuple[int, tuple[int, ...]]] | None = None
 
 
 _BEGIN_KEYS = ("begin_index", "begin_term", "begin_pos", "begin_chain_crc")
@@ -275,18 +275,22 @@ def _read_checkpoint(store_dir: Path) -> Checkpoint | None:
     if not isinstance(durable, bool):
         raise UnreadableFile(path, f"proves_durable is {durable!r}, not true or false")
     return Checkpoint(_field(path, data, "committed_index", -1), begin, trusted, durable, data_size, index_size,
-                      _config_changes(data.get("config_changes")))
+                      _markers(data.get("markers")))
 
 
-def _config_changes(v: object) -> tuple[int, tuple[int, ...]] | None:
-    """The checkpoint's cache of where the CONFIG_CHANGE entries are; a malformed one is taken
-    as none (the store scans its index then), never as a reason to refuse the checkpoint."""
+def _markers(v: object) -> dict[int, tuple[int, tuple[int, ...]]]:
+    """The checkpoint's cache of where the rare entries are, by magic; a malformed entry is
+    taken as none (the store scans its index then), never as a reason to refuse the checkpoint."""
+    out: dict[int, tuple[int, tuple[int, ...]]] = {}
     if not isinstance(v, dict):
-        return None
-    upto, indexes = v.get("upto"), v.get("indexes")
-    if type(upto) is not int or not isinstance(indexes, list) or any(type(i) is not int for i in indexes):
-        return None
-    return upto, tuple(indexes)
+        return out
+    for k, m in v.items():
+        if not isinstance(k, str) or not k.lstrip("-").isdigit() or not isinstance(m, dict):
+            continue
+        upto, indexes = m.get("upto"), m.get("indexes")
+        if type(upto) is int and isinstance(indexes, list) and all(type(i) is int for i in indexes):
+            out[int(k)] = (upto, tuple(indexes))
+    return out
 
 
 @dataclass(frozen=True, slots=True)
