@@ -380,3 +380,25 @@ def test_magic_marks_learn_from_their_end_and_give_up_when_not_rare() -> None:
     assert m.upto is None and m.state(0, 10**6) is None
     n = len(scans)
     assert m.find(0, 500, 0, scan) == [5, 9, 400] and len(scans) == n + 1
+
+
+def test_a_truncate_into_an_earlier_file_deletes_the_file_created_ahead(tmp_path: Path) -> None:
+    s = FileLedgerStore(tmp_path, data_file_size=1 * MIB, index_file_size=64 << 10)
+    try:
+        _fill_to_near_end(s, 2)
+        s.truncate(s.end_index)  # within the last file: the file ahead still follows it
+        s.data.settle()
+        ahead = s.data.ahead
+        assert ahead is not None and ahead.path.exists()
+        s.truncate(5)  # into the first file: the second goes, and the one ahead with it
+        assert s.data.ahead is None and not ahead.path.exists()
+        assert sorted(p.name for p in (tmp_path / "data").iterdir()) == [f"{0:020d}"]
+        s.append_as_leader([b"again"] * 3, 2)
+        end = s.end_index
+    finally:
+        s.close()
+    s = FileLedgerStore(tmp_path, data_file_size=1 * MIB, index_file_size=64 << 10)
+    try:
+        assert s.end_index == end and s.get(end).body == b"again"
+    finally:
+        s.close()
