@@ -79,8 +79,11 @@ class Log:
         assert len(self.firsts) >= 8
 
     def files(self) -> list[int]:
-        """Numbers of the data files on disk."""
-        return sorted(int(p.name) // DATA_FILE_SIZE for p in (self.path / "data").iterdir())
+        """Numbers of the data files on disk (not the next one, created ahead while it is open)."""
+        self.store.data.settle()
+        ahead = self.store.data.ahead
+        return sorted(int(p.name) // DATA_FILE_SIZE for p in (self.path / "data").iterdir()
+                      if ahead is None or p != ahead.path)
 
     def age(self, files: range | list[int], hours: float) -> None:
         t = time.time() - hours * 3600

@@ -397,14 +397,20 @@ def w_chain(w: Written, i: int) -> int:
     return chain
 
 
-def _reopened_with_rot(d: Path, w: Written, k: int, header: bool, good: bytes) -> None:
+def _reopened_with_rot(d: Path, w: Written, k: int, header: bool, good: bytes, on_open: bool = True) -> None:
     """Open `d` whose record k rotted: it opens, reports k, never serves it, serves the rest,
     refuses to truncate after it, takes appends that chain on, and takes the leader's copy
     (`good`) back; it opens again after all that. After a rotten header the next record's
-    chain link cannot be checked: k is named then."""
+    chain link cannot be checked: k is named then. `on_open`: recovery itself reports k (the
+    trusted record); rot below it is not read on open, the first verification (the scrub's)
+    reports it."""
     store = open_store(d)
     try:
-        assert store.recovered_corrupt is not None and store.recovered_corrupt[0] == k
+        if on_open:
+            assert store.recovered_corrupt is not None and store.recovered_corrupt[0] == k
+        else:
+            assert store.recovered_corrupt is None
+            assert store.verify(k) is not None
         assert store.end_index == w.end_index
         if k < w.end_index:  # the new end's chain CRC would come from the rotten header
             with pytest.raises(CorruptEntryError):
@@ -453,7 +459,7 @@ def test_rotten_durable_record_is_kept_and_reported(tmp_path: Path) -> None:
             patch_file(d, w.positions[k] + 6, b"\x10")
         else:  # the index field of the header: only the index unit as written knows the extent
             patch_file(d, w.positions[k] + 8, b"\x7f")
-        _reopened_with_rot(d, w, k, header=case != "body", good=good)
+        _reopened_with_rot(d, w, k, header=case != "body", good=good, on_open=case != "before-trusted")
     # header and index unit both gone: the extent is unknown, refused
     d = tmp_path / "both"
     store = open_store(d)

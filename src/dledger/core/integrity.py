@@ -122,7 +122,7 @@ class Integrity:
         if limit <= 0 or now < self._scrub_at:
             return []
         found: list[tuple[int, str]] = []
-        i = max(self.scrub_next, store.begin_index)
+        i = first = max(self.scrub_next, store.begin_index)
         top = store.committed_index
         n = size = 0
         while i <= top and n < limit and size < SCRUB_BYTES:
@@ -134,6 +134,8 @@ class Integrity:
                 break  # retention moved the log begin meanwhile: next tick
             i += 1
             n += 1
+        if i > first:
+            store.release_pages(first, i - 1)  # one pass over a large log would leave all of it resident
         if i > top:
             self.scrub_next, self._scrub_at = store.begin_index, now + SCRUB_PAUSE_MS
         else:

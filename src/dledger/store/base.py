@@ -262,6 +262,11 @@ class LedgerStore(ABC):
         finally:
             raw.data.release()
 
+    def release_pages(self, first: int, last: int) -> None:
+        """Records `first`..`last` were read through and will not be soon again (the scrub):
+        a store that maps its files drops their pages from this process, so its resident
+        memory does not grow with the log (they stay in the page cache). Default: nothing."""
+
     def verify_entry(self, index: int) -> DLedgerEntry:
         """The entry at `index` once fully verified, with the same single-record check a
         follower applies to a push (entry.scan): magic, size, index, position, channel, term

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import mmap
 import sys
 import threading
 import time
@@ -38,7 +39,9 @@ from dledger.entry import (
     INDEX_UNIT,
     INDEX_UNIT_SIZE,
     MAGIC_BLANK,
+    MAGIC_CONFIG_CHANGE,
     MAGIC_NORMAL,
+    MAGIC_SESSION,
     CorruptRecord,
     DLedgerEntry,
     chain_follows,
@@ -62,6 +65,7 @@ from dledger.store.checkpoint import write_atomic, write_currterm
 from dledger.store.flusher import FlushService
 from dledger.store.lock import StoreDirLock
 from dledger.store.mapped_file import DATA, INDEX, MappedFile, MappedFileList, check_store_files, checkpoint_for_sizes
+from dledger.store.marks import MagicMarks
 from dledger.store.offline import (
     CURRTERM,
     UnreadableFile,
@@ -156,15 +160,25 @@ class FileLedgerStore(LedgerStore):
             self._sync_lock = threading.Lock()  # innermost: fds are not closed during an fsync
             self._flush_lock = threading.Lock()  # outside the others: one flush_once at a time
             self._term_vote = self._read_term()
+            # where the CONFIG_CHANGE and SESSION entries are (store/marks.py)
+            self._marks = {m: MagicMarks(m) for m in MARKED_MAGICS}
             self._buf = bytearray(1 << 20)  # encode scratch of append_as_leader
             self._ubuf = bytearray(64 << 10)
             try:
                 recover(self)  # a refusal has changed no file, not even a short one's size
+                for m in self._marks.values():
+                    m.load((ckpt.markers or {}).get(m.magic) if ckpt is not None else None, self.begin_index,
+                           self.end_index)
+                # recovery read the headers of the trusted record's data file through the
+                # mapping (its index check): none of it stays resident in the member
+                for mf in (*self.data.files, *self.index.files):
+                    mf.release(0, mf.size)
                 self.data.extend_short()
                 self.index.extend_short()
                 self._flushed_pos = self.write_pos  # recovery fsynced the data files
                 if self.recovered_corrupt is None or self._trusted_record_fault() is None:
                     self._write_checkpoint_locked()  # else the old one stays: never trust a rotten header
+                self._prepare_ahead()
             except BaseException:
                 self.data.close()
                 self.index.close()
@@ -206,6 +220,9 @@ class FileLedgerStore(LedgerStore):
             except BaseException as e:
                 self._undo_append(first, orig_pos)  # all or nothing: drop what an earlier file got
                 raise self._as_store_error(e, "append") from e
+            for m in self._marks.values():
+                m.appended(first, self.end_index, magic)
+            self._prepare_ahead()
         if self.sync_mode:
             self._flusher.request()
         return AppendedBatch(first, term, positions)
@@ -263,6 +280,7 @@ class FileLedgerStore(LedgerStore):
             except BaseException as e:
                 self._undo_append(orig_end + 1, orig_pos)
                 raise self._as_store_error(e, "append") from e
+            self._prepare_ahead()
         if self.sync_mode:
             self._flusher.request()
         return self.end_index
@@ -318,11 +336,24 @@ class FileLedgerStore(LedgerStore):
                 raise push_error(res.stop, off + res.consumed, self.end_index + 1 + res.count)
             f.write(self.write_pos - f.start, data[off : off + res.consumed])
             uf.write((self.end_index + 1) * INDEX_UNIT_SIZE - uf.start, units)
+            for m in self._marks.values():
+                m.appended_units(self.end_index + 1, units, res.count)
             off += res.consumed
             self.write_pos += res.consumed
             self.end_index += res.count
             self.end_term = res.last_term
             self.end_chain_crc = res.last_chain
+
+    def _prepare_ahead(self) -> None:
+        """Have the next data and index files created ahead, on a thread, once the log is within
+        half a file (at most AHEAD_MARGIN bytes) of the end of its last one: crossing into a new
+        file then costs the appender no file system call (MappedFileList.prepare)."""
+        for files, pos in ((self.data, self.write_pos), (self.index, (self.end_index + 1) * INDEX_UNIT_SIZE)):
+            last = files.last
+            if last is None:
+                files.prepare(pos - pos % files.file_size)
+            elif pos >= last.end - min(files.file_size // 2, AHEAD_MARGIN):
+                files.prepare(last.end)
 
     def _close_file(self, f: MappedFile) -> None:
         """Write the blank record that closes `f` and move to the next file."""
@@ -369,20 +400,33 @@ class FileLedgerStore(LedgerStore):
         return u
 
     def indexes_with_magic(self, first: int, last: int, magic: int) -> list[int]:
-        """The magics straight from the index files' bytes: each unit read as eight native
-        ints, every eighth is a magic (as stored, big-endian)."""
+        """The magics straight from the index files' bytes, or, for the rare entries a start
+        looks up (MARKED_MAGICS), where the store noted them (store/marks.py)."""
+        with self._lock:
+            first, last = max(first, self.begin_index), min(last, self.end_index)
+            m = self._marks.get(magic)
+            if m is None:
+                return self._scan_magic(first, last, magic)
+            return m.find(first, last, self.begin_index, lambda a, b: self._scan_magic(a, b, magic))
+
+    def _scan_magic(self, index: int, last: int, magic: int) -> list[int]:
+        """Each unit read as eight native ints, every eighth is a magic (as stored, big-endian).
+        Read with pread in chunks, not through the mapping: a scan of the whole log left the
+        whole index mapped into the member."""
         want = int.from_bytes(magic.to_bytes(4, "big", signed=True), sys.byteorder, signed=True)
         out: list[int] = []
-        with self._lock:
-            index, last = max(first, self.begin_index), min(last, self.end_index)
-            while index <= last:
-                uf = self.index.locate(index * INDEX_UNIT_SIZE)
-                off = index * INDEX_UNIT_SIZE - uf.start
-                n = min(last - index + 1, (uf.end - uf.start - off) // INDEX_UNIT_SIZE)
-                words = array("i")
-                words.frombytes(uf.mm[off : off + n * INDEX_UNIT_SIZE])
-                out.extend(index + k for k in positions_of(words[0::8], want, 0, n))
-                index += n
+        while index <= last:
+            uf = self.index.locate(index * INDEX_UNIT_SIZE)
+            off = index * INDEX_UNIT_SIZE - uf.start
+            n = min(last - index + 1, (uf.end - uf.start - off) // INDEX_UNIT_SIZE, MAGIC_SCAN_UNITS)
+            got = uf.pread(off, n * INDEX_UNIT_SIZE)
+            n = len(got) // INDEX_UNIT_SIZE
+            if n == 0:
+                raise StoreError(ResponseCode.DISK_ERROR, f"{uf.path} ends before offset {off}")
+            words = array("i")
+            words.frombytes(got[: n * INDEX_UNIT_SIZE])
+            out.extend(index + k for k in positions_of(words[0::8], want, 0, n))
+            index += n
         return out
 
     def raw_unit(self, index: int) -> tuple[int, int, int, int, int] | None:
@@ -469,11 +513,79 @@ class FileLedgerStore(LedgerStore):
 
     def verify_entry(self, index: int) -> DLedgerEntry:
         """get (the header against the unit, magic included, and the chain CRC link), then the
-        single-record check of a push (entry.scan: magic, channel, pos, ...)."""
+        single-record check of a push (entry.scan: magic, channel, pos, ...).
+
+        Read with pread, not through the mappings (`_verified_by_pread`): the scrub walks the
+        whole committed log with this, and pages it faulted in stayed mapped into the member
+        (readahead maps whole folios ahead of it), so its resident memory grew with the log.
+        Only when something disagrees do the checks below, through the mappings, decide, name
+        the fault and repair a damaged unit."""
         with self._lock:
+            self._check_readable(index)
+            entry = self._verified_by_pread(index)
+            if entry is not None:
+                return entry
             entry = self.get(index)
             self._check_record(index, entry.pos, entry.size, entry.term, None)
             return entry
+
+    def _verified_by_pread(self, index: int) -> DLedgerEntry | None:
+        """The entry at `index` when every check of `verify_entry` passes reading its unit, its
+        record and its predecessor's unit and header with pread; None when any does not (the
+        caller then checks again through the mappings, which say why)."""
+        u = self._pread_unit(index)
+        if u is None:
+            return None
+        magic, pos, size, _, term = u
+        if index == self.begin_index:
+            prev_chain, prev_term = self.begin_chain_crc, self.begin_term
+        else:
+            pu = self._pread_unit(index - 1)
+            ph = self._pread_data(pu[1], HEADER_SIZE) if pu is not None else None
+            if pu is None or ph is None:
+                return None
+            h = HEADER.unpack(ph)
+            if (h[1], h[2], h[3], h[4]) != (pu[2], pu[3], pu[4], pu[1]):
+                return None
+            prev_chain, prev_term = int(h[6]), int(h[3])
+        data = self._pread_data(pos, size)
+        if data is None:
+            return None
+        try:
+            entry = decode_entry(data, 0)
+            res = scan(data, 0, size, index, pos, prev_chain, prev_term, strict=True, max_count=1)
+        except CorruptRecord:
+            return None
+        if (entry.index, entry.pos, entry.size, entry.term, entry.magic) != (index, pos, size, term, magic) \
+                or res.count != 1 or res.consumed != size \
+                or not chain_follows(index, entry.term, entry.body_crc, prev_chain, entry.chain_crc):
+            return None
+        return entry
+
+    def _pread_unit(self, index: int) -> tuple[int, int, int, int, int] | None:
+        """The index unit of `index` read with pread, when it is well formed and names a record
+        within a data file (not checked against the record: the caller does that)."""
+        p = index * INDEX_UNIT_SIZE
+        files = self.index.files
+        if not files or not files[0].start <= p < files[-1].end:
+            return None
+        uf = self.index.locate(p)
+        b = uf.pread(p - uf.start, INDEX_UNIT_SIZE)
+        if len(b) < INDEX_UNIT_SIZE:
+            return None
+        u: tuple[int, int, int, int, int] = INDEX_UNIT.unpack(b)
+        return u if u[3] == index and u[0] in ENTRY_MAGICS and u[2] >= HEADER_SIZE else None
+
+    def _pread_data(self, pos: int, n: int) -> bytes | None:
+        """`n` bytes of the log at `pos` with pread; None unless one data file holds them all."""
+        files = self.data.files
+        if not files or not files[0].start <= pos < files[-1].end:
+            return None
+        f = self.data.locate(pos)
+        if pos + n > f.end:
+            return None
+        b = f.pread(pos - f.start, n)
+        return b if len(b) == n else None
 
     def _get_locked(self, index: int) -> DLedgerEntry:
         magic, pos, size, _, term = self.unit(index)
@@ -506,6 +618,23 @@ class FileLedgerStore(LedgerStore):
             _, p, _, _, _ = self.unit(index)
             f = self.data.locate(p)
             return int(HEADER.unpack_from(f.mm, p - f.start)[6])
+
+    def release_pages(self, first: int, last: int) -> None:
+        """Unmap the pages of records `first`..`last` and of their index units (MappedFile.release),
+        up to the page holding `last`'s end (it may hold the next record, released with the
+        next range), and the RELEASE_BEHIND bytes before them: a fault maps a whole large
+        folio of the page cache, so reading one record maps again pages of the one before."""
+        with self._lock:
+            first, last = max(first, self.begin_index), min(last, self.end_index)
+            if first > last or self._closed:
+                return
+            try:
+                lo = self._record_slot(first)[0]
+                pos, size = self._record_slot(last)[:2]
+            except StoreError:
+                return  # a damaged unit: the scrub reports it; its pages stay
+            _release(self.data, lo - RELEASE_BEHIND, pos + size)
+            _release(self.index, first * INDEX_UNIT_SIZE - RELEASE_BEHIND, (last + 1) * INDEX_UNIT_SIZE)
 
     def _record_slot(self, index: int) -> tuple[int, int, int, int | None]:
         """From the index unit as written, not checked against the (maybe damaged) header."""
@@ -565,6 +694,8 @@ class FileLedgerStore(LedgerStore):
         self.write_pos = new_pos
         self._flushed_pos = min(self._flushed_pos, new_pos)
         self.end_index = from_index - 1
+        for m in self._marks.values():
+            m.truncated(self.end_index)
         self.end_term = term
         self.end_chain_crc = chain
         self._trunc_floor = min(self._trunc_floor, self.end_index)
@@ -606,6 +737,8 @@ class FileLedgerStore(LedgerStore):
             self.begin_chain_crc = self.end_chain_crc = begin_chain_crc
             self.begin_pos = self.write_pos = self._flushed_pos = begin_pos
             self.end_index = begin_index - 1
+            for m in self._marks.values():
+                m.reset(self.end_index)  # an empty log: complete
             self.committed_index = max(self.committed_index, begin_index - 1)
             self.durable_index = self.end_index
             # a flush running now must not record its (old log's) position as flushed: indexes
@@ -712,6 +845,8 @@ class FileLedgerStore(LedgerStore):
             "data_file_size": self.data.file_size,
             "index_file_size": self.index.file_size,
         }
+        marks = {str(m.magic): m.state(self.begin_index, durable) for m in self._marks.values()}
+        state["markers"] = {k: v for k, v in marks.items() if v is not None}
         return state, self.index.files[-2:]
 
     def _persist_checkpoint(self, state: dict[str, object], index_files: list[MappedFile]) -> None:
@@ -877,6 +1012,21 @@ class FileLedgerStore(LedgerStore):
             self.data.close()
             self.index.close()
             self._dir_lock.release()  # last: another writer may open the directory now
+
+
+AHEAD_MARGIN = 256 << 20  # how far before the end of its last file the next one is created ahead
+MARKED_MAGICS = (MAGIC_CONFIG_CHANGE, MAGIC_SESSION)  # rare entries a start looks up: kept (store/marks.py)
+MAGIC_SCAN_UNITS = 1 << 17  # index units per read of indexes_with_magic (4 MiB)
+RELEASE_BEHIND = 4 << 20  # twice the largest folio (2 MiB) a fault may map at once
+
+
+def _release(files: MappedFileList, lo: int, hi: int) -> None:
+    """Release the pages of logical bytes [lo, hi) of `files`: from the page holding `lo` (the
+    rest of it was read with the records before) to the last whole page before `hi`."""
+    lo -= lo % mmap.PAGESIZE
+    for f in files.files:
+        if f.end > lo and f.start < hi:
+            f.release(max(lo, f.start) - f.start, min(hi, f.end) - f.start)
 
 
 def _mtime(f: MappedFile) -> float:

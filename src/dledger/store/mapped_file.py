@@ -16,6 +16,7 @@ import itertools
 import logging
 import mmap
 import os
+import threading
 from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -25,9 +26,11 @@ from dledger.entry import HEADER_SIZE, INDEX_UNIT_SIZE
 from dledger.fsutil import fsync_path
 from dledger.store.base import StoreError, os_error
 from dledger.store.offline import (
+    ZEROS,
     Checkpoint,
     StoreFile,
     UnreadableFile,
+    data_extents,
     file_name,
     list_files,
     read_checkpoint,
@@ -108,15 +111,51 @@ class MappedFile:
         """fdatasync: on Linux it also writes back pages dirtied through the mapping."""
         os.fdatasync(self.fd)
 
+    def pread(self, offset: int, n: int) -> bytes:
+        """Up to `n` bytes at file offset `offset`, read with pread: nothing is mapped into this
+        process (the page cache keeps them, reclaimable), so a walk over the log (the scrub)
+        does not grow the member's resident memory with the size of its files."""
+        if self.short:
+            return bytes(self.mm[offset : offset + n])
+        try:
+            return os.pread(self.fd, n, offset)
+        except OSError as e:
+            raise os_error(e, f"read of {n} bytes at {self.path}:{offset}") from e
+
     def zero(self, begin: int, end: int, chunk: int = 1 << 20) -> None:
-        """Zero file bytes [begin, end), skipping chunks that are already zero."""
-        zeros = bytes(min(chunk, max(end - begin, 0)))
-        while begin < end:
-            stop = min(begin + chunk, end)
-            n = stop - begin
-            if self.mm[begin:stop] != zeros[:n]:  # self.mm: a write may extend the file and remap it
-                self.write(begin, zeros[:n])
-            begin = stop
+        """Zero file bytes [begin, end), skipping holes and chunks that are already zero.
+
+        Only the file's data extents are read (SEEK_DATA), with pread, never through the
+        mapping: recovery zeroes from the log's end to the end of its preallocated (sparse)
+        file, and comparing that through the mapping faulted in every page of the hole, so a
+        restarted member held its whole last data file resident (docs/performance.md,
+        "Restart cost"). Bytes past the end of a short file read as zeros, as in `mm`."""
+        for a, b in list(data_extents(self.fd, begin, end)):
+            off = a
+            while off < b:
+                n = min(chunk, len(ZEROS), b - off)
+                try:
+                    got = os.pread(self.fd, n, off)
+                except OSError as e:
+                    raise os_error(e, f"read of {n} bytes at {self.path}:{off}") from e
+                if not got:
+                    break  # past the end of a short file: zeros
+                if got != ZEROS[: len(got)]:  # memcmp, not a byte loop
+                    self.write(off, ZEROS[: len(got)])
+                off += len(got)
+
+    def release(self, begin: int, end: int) -> None:
+        """Drop this process's mapping of the whole pages within file bytes [begin, end)
+        (MADV_DONTNEED: the pages stay in the page cache and a later read maps them again), so
+        a walk over the log (the scrub) does not leave every page it read resident here. A
+        read-only shared file mapping holds nothing else: no byte can be lost."""
+        page = mmap.PAGESIZE
+        lo = -(-begin // page) * page
+        hi = end - end % page
+        if self.closed or self.short or hi <= lo:
+            return
+        with contextlib.suppress(OSError, ValueError):  # advice only: a failure costs memory, not data
+            self.mm.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
 
     def close(self) -> None:
         if self.closed:
@@ -290,8 +329,15 @@ class MappedFileList:
         if not checked:
             file_size = store_file_size(directory, file_size, unit, recorded, may_extend, cache)
         self.file_size = file_size
-        directory.mkdir(parents=True, exist_ok=True)
         self.files: list[MappedFile] = []
+        self.ahead: MappedFile | None = None  # created by `prepare`, not yet taken by `ensure`
+        self.created_inline = 0  # files `ensure` had to create itself at the end (none ahead)
+        self.closed = False
+        self._ahead_lock = threading.Lock()  # one creation at a time; guards `ahead`, `_gen`
+        self._gen = 0  # bumped when the log is cut or reset: a creation asked for before is void
+        self._worker: threading.Thread | None = None
+        self._failed = -1  # the start of the last file whose creation ahead failed
+        directory.mkdir(parents=True, exist_ok=True)
         try:
             for f in list_files(directory):
                 if 0 < f.size < file_size:
@@ -326,25 +372,111 @@ class MappedFileList:
         raise StoreError(ResponseCode.DISK_ERROR, f"no file in {self.dir} holds position {pos}")
 
     def ensure(self, pos: int) -> MappedFile:
-        """The file holding `pos`, creating it and any files between it and the others."""
+        """The file holding `pos`, creating it and any files between it and the others (the
+        one `prepare` created ahead is taken as it is: no file system call then)."""
         files = self.files
         if files and files[0].start <= pos < files[-1].end:
             return self.locate(pos)
         start = pos - pos % self.file_size
+        synced = True  # the directory holds the new names durably
         if not files:
-            files.append(self._create(start))
+            f, made = self._take_or_create(start)
+            files.append(f)
+            synced = synced and not made
         while start < files[0].start:
             files.insert(0, self._create(files[0].start - self.file_size))
+            synced = False
         while start >= files[-1].end:
-            files.append(self._create(files[-1].end))
-        fsync_path(self.dir)
+            f, made = self._take_or_create(files[-1].end)
+            files.append(f)
+            synced = synced and not made
+        if not synced:
+            fsync_path(self.dir)
         return self.locate(pos)
 
     def _create(self, start: int) -> MappedFile:
         return MappedFile(self.dir / file_name(start), start, self.file_size, create=True)
 
+    # --- the next file, created ahead off the caller's thread ---------------------------------
+    # A new file (open O_CREAT, ftruncate, mmap, fsync of the directory) costs milliseconds, far
+    # more on a busy disk, and the appender used to pay it on the event loop each time the log
+    # crossed into a new file. `prepare` creates it on a thread while the log still fills the
+    # one before; `ensure` takes it. On disk it is what a creation by `ensure` leaves: the next
+    # file under its own name, full size and sparse (no byte written), or, when a crash cut the
+    # creation short, 0 bytes. Recovery ends the log before it either way (it holds no record)
+    # and deletes it; `discard_ahead` deletes it when the log no longer ends before it.
+
+    def prepare(self, start: int) -> None:
+        """Create the file starting at `start` ahead, on a thread, unless it exists or is being
+        created. Called by the appender (under its store's lock): it never waits here."""
+        if self.closed or (self.files and self.files[0].start <= start < self.files[-1].end):
+            return
+        a = self.ahead
+        worker = self._worker
+        if (a is not None and a.start == start) or (worker is not None and worker.is_alive()) \
+                or start == self._failed:
+            return
+        t = threading.Thread(target=self._prepare, args=(start, self._gen), daemon=True,
+                             name=f"dledger-prealloc-{self.dir.name}")
+        self._worker = t
+        t.start()
+
+    def _prepare(self, start: int, gen: int) -> None:
+        with self._ahead_lock:
+            if gen != self._gen or self.closed:
+                return  # the log was cut or reset since it was asked for
+            if self.ahead is not None:
+                if self.ahead.start == start:
+                    return
+                self._destroy_ahead()
+            path = self.dir / file_name(start)
+            if path.exists():
+                return  # `ensure` created it meanwhile, or it is not ours to overwrite
+            try:
+                f = MappedFile(path, start, self.file_size, create=True)
+                try:
+                    fsync_path(self.dir)
+                except BaseException:
+                    f.destroy()
+                    raise
+            except (OSError, StoreError) as e:  # the appender creates it itself then, and says why
+                log.warning("%s: creating %s ahead failed: %s", self.dir, path.name, e)
+                self._failed = start  # not again for this file (each append would ask)
+                return
+            self.ahead = f
+            log.debug("%s: created %s ahead", self.dir, path.name)
+
+    def _take_or_create(self, start: int) -> tuple[MappedFile, bool]:
+        """The file at `start`: the one created ahead, else a new one (waiting for a creation
+        ahead in progress, which may be that very file). Whether it was created here."""
+        with self._ahead_lock:
+            a = self.ahead
+            if a is not None and a.start == start:
+                self.ahead = None
+                return a, False
+            if a is not None:
+                self._destroy_ahead()  # not where the log goes on: never a file past its end
+            self.created_inline += 1
+            return self._create(start), True
+
+    def _destroy_ahead(self) -> None:
+        a, self.ahead = self.ahead, None
+        if a is not None:
+            a.destroy()  # never written: nothing is lost
+            fsync_path(self.dir)
+
+    def discard_ahead(self) -> None:
+        """Delete the file created ahead and cancel a creation asked for: the log was cut or
+        reset, so it may no longer end just before that file."""
+        with self._ahead_lock:
+            self._gen += 1
+            self._destroy_ahead()
+
     def drop_after(self, pos: int) -> None:
-        """Delete every file that starts after `pos`."""
+        """Delete every file that starts after `pos` (and the one created ahead with them: it
+        no longer follows the last file)."""
+        if self.files and self.files[-1].start > pos:
+            self.discard_ahead()
         while self.files and self.files[-1].start > pos:
             self.files.pop().destroy()
         fsync_path(self.dir)
@@ -354,12 +486,23 @@ class MappedFileList:
         fsync_path(self.dir)
 
     def drop_all(self) -> None:
+        self.discard_ahead()
         while self.files:
             self.files.pop().destroy()
         fsync_path(self.dir)
 
+    def settle(self) -> None:
+        """Wait for a creation ahead in progress (tests, close)."""
+        if self._worker is not None:
+            self._worker.join()
+
     def close(self) -> None:
+        """Close the files; the one created ahead is deleted (a clean stop leaves no file past
+        the log's)."""
+        self.settle()
+        with self._ahead_lock:
+            self.closed = True
+            with contextlib.suppress(OSError):
+                self._destroy_ahead()
         for f in self.files:
             f.close()
-
-

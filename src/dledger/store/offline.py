@@ -213,6 +213,9 @@ class Checkpoint:
     # writes a crash cut short (store/mapped_file.py, `store_file_size`)
     data_file_size: int | None = None
     index_file_size: int | None = None
+    # by magic, the indexes of the log's entries of that magic from its begin through `upto`
+    # (a cache of the index, so a start need not scan all of it: store/marks.py)
+    markers: dict[int, tuple[int, tuple[int, ...]]] | None = None
 
 
 _BEGIN_KEYS = ("begin_index", "begin_term", "begin_pos", "begin_chain_crc")
@@ -264,13 +267,30 @@ def _read_checkpoint(store_dir: Path) -> Checkpoint | None:
         trusted = Trusted(*(_field(path, t, k) for k in ("index", "term", "pos", "chain_crc")))
     elif t is not None:
         raise UnreadableFile(path, f"trusted is {t!r}, not an object")
-    sizes = (_field(path, data, k) if k in data else None for k in ("data_file_size", "index_file_size"))
+    data_size, index_size = (_field(path, data, k) if k in data else None
+                             for k in ("data_file_size", "index_file_size"))
     # false while a rewrite of the records (`dledger store import`) may have left bytes past the
     # trusted record that no fsync covered; absent in every checkpoint a member writes: true
     durable = data.get("proves_durable", True)
     if not isinstance(durable, bool):
         raise UnreadableFile(path, f"proves_durable is {durable!r}, not true or false")
-    return Checkpoint(_field(path, data, "committed_index", -1), begin, trusted, durable, *sizes)
+    return Checkpoint(_field(path, data, "committed_index", -1), begin, trusted, durable, data_size, index_size,
+                      _markers(data.get("markers")))
+
+
+def _markers(v: object) -> dict[int, tuple[int, tuple[int, ...]]]:
+    """The checkpoint's cache of where the rare entries are, by magic; a malformed entry is
+    taken as none (the store scans its index then), never as a reason to refuse the checkpoint."""
+    out: dict[int, tuple[int, tuple[int, ...]]] = {}
+    if not isinstance(v, dict):
+        return out
+    for k, m in v.items():
+        if not isinstance(k, str) or not k.lstrip("-").isdigit() or not isinstance(m, dict):
+            continue
+        upto, indexes = m.get("upto"), m.get("indexes")
+        if type(upto) is int and isinstance(indexes, list) and all(type(i) is int for i in indexes):
+            out[int(k)] = (upto, tuple(indexes))
+    return out
 
 
 @dataclass(frozen=True, slots=True)

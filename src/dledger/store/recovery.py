@@ -14,8 +14,10 @@
 3. A cut inside the committed log is a DISK_ERROR naming file and offset;
    otherwise the torn tail is zeroed (with its index units) and later files are
    deleted.
-4. Index units are rebuilt from the data records the scan validated, and
-   checked (and rebuilt where damaged) over the data file of the trusted point.
+4. Index units are rebuilt from the data records the scan validated. Below
+   the trusted point only the trusted record's own unit is checked when the
+   index files are whole (the rest was fsynced with the checkpoint); else the
+   units of its data file are checked and rebuilt where damaged.
 """
 
 from __future__ import annotations
@@ -382,9 +384,16 @@ def _cut(store: RecoverableStore, end: ScanEnd) -> None:
                     reason)
     if f is not None:
         f.zero(pos - f.start, f.size)
-    later = [g.path.name for g in data.files if g.start > pos]
-    if later:
-        log.warning("recovery of %s: deleting data files past the cut: %s", store.dir, later)
+    later = [g for g in data.files if g.start > pos]
+    # a file holding no data at all (a hole, or 0 bytes) was created ahead of the log, or its
+    # creation was cut short: it never held a record
+    empty = [g.path.name for g in later if not any(data_extents(g.fd, 0, g.size))]
+    if empty:
+        log.info("recovery of %s: deleting empty data files past the log's end (created ahead): %s", store.dir,
+                 empty)
+    if len(empty) < len(later):
+        log.warning("recovery of %s: deleting data files past the cut: %s", store.dir,
+                    [g.path.name for g in later if g.path.name not in empty])
     data.drop_after(pos)
     p = index * INDEX_UNIT_SIZE
     if store.index.files and store.index.first_start <= p < store.index.files[-1].end:
@@ -435,16 +444,26 @@ def _write_units(store: RecoverableStore, index: int, units: bytes | bytearray) 
 
 
 def _check_units(store: RecoverableStore, upto: int, trusted_pos: int) -> None:
-    """Verify the index units of the trusted region, rebuilding damaged ones.
+    """Make sure the index units of the trusted region (through record `upto`, at
+    `trusted_pos`) can be used, reading only what that needs.
 
-    When the index files cover the region, only the data file of the trusted
-    record is checked (earlier units were fsynced with an earlier checkpoint,
-    and `FileLedgerStore.unit` repairs any later damage on use); otherwise all
-    units from the log begin are rebuilt from the data files.
+    The units through the trusted record were fsynced before the checkpoint naming it
+    (`FileLedgerStore._persist_checkpoint`), so when the index files cover the region, all of
+    them were opened full size, and the trusted record's own unit matches its header, nothing
+    below it is read: what could still be wrong there is rot, which the scrub finds and
+    `FileLedgerStore.unit` repairs on use. A restart then costs the tail after the checkpoint,
+    not the size of a data file (docs/performance.md, "Restart cost"). Otherwise the units of
+    the trusted record's data file are checked and rebuilt where damaged (an index file cut
+    short by a crash reads as zeros there); without index files for the region, all units from
+    the log begin are rebuilt from the data files.
     """
     idx = store.index
-    covered = bool(idx.files) and idx.first_start <= store.begin_index * INDEX_UNIT_SIZE
-    covered = covered and idx.files[-1].end >= (upto + 1) * INDEX_UNIT_SIZE
+    lo, hi = store.begin_index * INDEX_UNIT_SIZE, (upto + 1) * INDEX_UNIT_SIZE
+    covered = bool(idx.files) and idx.first_start <= lo and idx.files[-1].end >= hi
+    if covered and not any(uf.short for uf in idx.files if uf.end > lo and uf.start < hi):
+        u = store.raw_unit(upto)
+        if u is not None and u[1] == trusted_pos:
+            return
     begin, pos = store.begin_index, store.begin_pos
     prev_chain: int | None = store.begin_chain_crc
     if covered:
