@@ -45,7 +45,7 @@ from pyspark.sql.types import StructType
 from dledger.broker.client import BrokerClient
 from dledger.runtime.client import DLedgerClient
 from dledger.spark.broker_online import broker_bounds, read_broker_range
-from dledger.spark.online import DataLossError, RangeReadSpec, read_range, wait_leader_view
+from dledger.spark.online import DataLossError, RangeReadSpec, first_data_index, read_range, wait_leader_view
 from dledger.spark.options import (
     DEFAULT_ENTRIES_PER_PARTITION,
     DEFAULT_TIMEOUT_S,
@@ -185,6 +185,14 @@ class Bounds:
             log.info("group %s: members now %s (the options named %s)", name, known, cfg.groups[name])
             cfg.groups[name] = known
         return m.ledger_begin_index, m.committed_index + 1
+
+    def first_data(self, name: str, start: int) -> int | None:
+        """The first committed data entry's index at or after `start` in a Raft group (None:
+        only NOOP and configuration entries so far); a broker set's records are all data."""
+        c = self._clients.get(name)
+        if self.cfg.brokers or not isinstance(c, DLedgerClient):
+            return start
+        return first_data_index(c, name, start, self.cfg.timeout)
 
     def close(self) -> None:
         for c in self._clients.values():
@@ -377,7 +385,22 @@ class DLedgerStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             if not isinstance(limit, ReadAllAvailable):
                 log.info("read limit %r is not supported; reading all available entries", limit)
             take = available
-        return {g: starts[g] + take[g] for g in self.cfg.groups}
+        return {g: self._past_data(g, starts[g], starts[g] + take[g]) for g in self.cfg.groups}
+
+    def _past_data(self, group: str, start: int, end: int) -> int:
+        """`end`, or `start` when [start, end) holds no data: the NOOP a new leader appends (and a
+        configuration entry) would else make an empty micro-batch. The offset stays exact: the
+        next batch's range starts at `start` and its tasks skip those entries."""
+        if end <= start or self._bounds is None:
+            return end
+        first = self._bounds.first_data(group, start)
+        if first is None or first >= self._latest_end(group):
+            log.debug("group %s: [%d, %d) holds no data; no new offset", group, start, end)
+            return start
+        return end
+
+    def _latest_end(self, group: str) -> int:
+        return self._latest[group] if self._latest is not None else 0
 
     def reportLatestOffset(self) -> dict[str, int] | None:
         return self._latest
