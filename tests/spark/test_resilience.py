@@ -15,6 +15,7 @@ import signal
 import threading
 import time
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -22,9 +23,10 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.functions import udf
 
 from dledger.local_cluster import local_cluster
+from dledger.runtime.client import DLedgerClient
 from integration.harness import wait_until
 
-from .helpers import Group, read_all, start_group
+from .helpers import Group, make_peers, read_all, start_group
 
 pytestmark = pytest.mark.spark
 
@@ -153,3 +155,124 @@ def test_a_2m_entry_batch_read_rides_out_a_leader_stall(
     cluster, g = own_group
     _batch_read_through_a_stall(spark, cluster, g, tmp_path, entries=2_000_000, pause=0.01,
                                 entriesPerPartition="2000000")  # one task, as in the report
+
+
+def test_a_stream_rides_out_a_stall_and_a_kill_and_elections_make_no_empty_batch(
+        spark: SparkSession, own_group: tuple[local_cluster, Group], tmp_path: Path) -> None:
+    """Entries appended all along; the leader SIGSTOPped 6 s, later SIGKILLed (and restarted),
+    at last moved with no data after it: every index once, in order, and no micro-batch
+    without rows (the new leaders' NOOP entries alone make none)."""
+    cluster, g = own_group
+    start = g.committed_next()
+    batches: list[list[int]] = []
+    stop = threading.Event()
+
+    def collect(df: DataFrame, batch_id: int) -> None:
+        batches.append([r["index"] for r in df.select("index").collect()])
+
+    def append_all_along() -> None:
+        writer = DLedgerClient(g.peers, g.name)
+        try:
+            k = 0
+            while not stop.wait(0.1):
+                try:
+                    writer.append_batch([f"s-{k}-{i}".encode() for i in range(50)])
+                    k += 1
+                except Exception:  # a leader change: what got in is what the log holds
+                    time.sleep(0.2)
+        finally:
+            writer.close()
+
+    def seen() -> int:
+        return max((i for b in batches for i in b), default=-1)
+
+    q = (spark.readStream.format("dledger").option("peers", g.peers).option("group", g.name)
+         .option("startingIndex", json.dumps({g.name: start})).load()
+         .writeStream.foreachBatch(collect).option("checkpointLocation", str(tmp_path / "ckpt"))
+         .trigger(processingTime="500 milliseconds").start())
+    appender = threading.Thread(target=append_all_along, daemon=True)
+    appender.start()
+    try:
+        for fault in (_stall, _kill_and_restart):
+            wait_until(lambda: len([b for b in batches if b]) >= 2, 300, "micro-batches before the fault")
+            after = len(batches) + 2
+            fault(cluster, g)
+            wait_until(partial(lambda n: len(batches) >= n or q.exception(), after), 300,
+                       "micro-batches after the fault")
+            assert q.exception() is None, q.exception()
+        stop.set()
+        appender.join(timeout=60)
+        end = g.committed_next()
+        last = max(e.index for e in read_all(g.client, start))
+        wait_until(lambda: seen() >= last or q.exception(), 300, "the stream reaching the last entry")
+        # an election with nothing after it: its NOOP is committed, the stream sees no data
+        leader = _leader(cluster, g)
+        target = next(m for m in cluster.procs if m != leader)
+        g.client.transfer_leadership(target)
+        wait_until(lambda: g.client.metadata().committed_index >= end, 60, "the new leader's NOOP committed")
+        time.sleep(3.0)  # several triggers (0.5 s) over the NOOP-only range
+        final = g.client.append_batch([b"after-the-election"])[0].index
+        wait_until(lambda: seen() >= final or q.exception(), 300, "the entry after the election")
+        assert q.exception() is None, q.exception()
+    finally:
+        stop.set()
+        q.stop()
+    got = [i for b in batches for i in b]
+    assert got == [e.index for e in read_all(g.client, start)]  # every index once, in order
+    assert all(batches), f"empty micro-batches at {[k for k, b in enumerate(batches) if not b]}"
+
+
+# --- what fails fast, and what is waited out -------------------------------------------------
+
+
+def test_a_group_nobody_listens_for_fails_in_seconds_naming_the_peers(spark: SparkSession) -> None:
+    peers = make_peers()
+    addresses = [p.split("-", 1)[1] for p in peers.split(";")]
+    with pytest.raises(Exception, match=r"no member is reachable") as read:
+        spark.read.format("dledger").option("peers", peers).load().collect()
+    df = spark.createDataFrame([("x",)], "body string")
+    with pytest.raises(Exception, match=r"no member is reachable") as write:
+        df.write.format("dledger").mode("append").option("peers", peers).save()
+    for e in (read, write):
+        assert all(a in str(e.value) for a in addresses), str(e.value)[:2000]
+        assert "still failing after" not in str(e.value)  # not the deadline (minutes)
+
+
+def test_an_unknown_group_says_so(spark: SparkSession, group: Group) -> None:
+    with pytest.raises(Exception, match=r"UNKNOWN_GROUP \(400\).*serve no group of that name") as e:
+        spark.read.format("dledger").option("peers", group.peers).option("group", "nosuch").load().collect()
+    assert "still failing" not in str(e.value)
+
+
+def test_a_group_without_a_leader_is_waited_for_until_the_deadline(
+        spark: SparkSession, own_group: tuple[local_cluster, Group]) -> None:
+    """One member of three left: it answers, no leader can be elected. Reads and writes wait
+    (the deadline is set short here), then fail saying how long they tried."""
+    cluster, g = own_group
+    leader = _leader(cluster, g)
+    for m in [leader, next(m for m in cluster.procs if m != leader)]:
+        cluster.procs[m].send_signal(signal.SIGKILL)
+        cluster.procs[m].wait(timeout=20)
+    with pytest.raises(Exception, match=r"still failing after .*option timeoutSeconds = 4 s") as read:
+        spark.read.format("dledger").option("peers", g.peers).option("group", g.name) \
+            .option("timeoutSeconds", "4").load().collect()
+    df = spark.createDataFrame([("x",)], "body string")
+    with pytest.raises(Exception, match=r"still failing after .*option writeTimeoutSeconds = 4 s") as write:
+        df.write.format("dledger").mode("append").option("peers", g.peers).option("group", g.name) \
+            .option("writeTimeoutSeconds", "4").save()
+    for e in (read, write):
+        assert "no member is reachable" not in str(e.value)
+
+
+def test_ending_index_on_a_stream_fails_before_reading_saying_what_to_use(
+        spark: SparkSession, group: Group, tmp_path: Path) -> None:
+    """PySpark calls the source alike at read…load() and readStream…load(): the stream fails as
+    it starts (its first step), not at a micro-batch, pointing to Trigger.AvailableNow."""
+    q = (spark.readStream.format("dledger").option("peers", group.peers).option("endingIndex", "latest").load()
+         .writeStream.format("noop").option("checkpointLocation", str(tmp_path / "ckpt")).start())
+    try:
+        with pytest.raises(Exception, match=r"endingIndex is for batch reads only.*availableNow=True"):
+            q.awaitTermination(300)
+        assert q.lastProgress is None  # no micro-batch ran
+    finally:
+        q.stop()

@@ -97,7 +97,10 @@ class ReadConfig:
                                     LATEST if streaming else EARLIEST)
         ending_raw = get_str(options, "endingIndex")
         if streaming and ending_raw is not None:
-            raise OptionError("option endingIndex is for batch reads only; a stream has no end")
+            # PySpark calls a source the same way at spark.read…load() and spark.readStream…load()
+            # (checked with 4.3), so a stream learns this when it starts, before reading anything
+            raise OptionError("option endingIndex is for batch reads only; a stream has no end: to read what is "
+                              "committed when the query starts and stop, use .trigger(availableNow=True)")
         ending = parse_index_spec(ending_raw, "endingIndex", groups, LATEST)
         if not streaming:
             if any(v == LATEST for v in starting.values()):
