@@ -106,8 +106,8 @@ def _progress(progress: Path) -> list[tuple[float, int]]:
 
 
 def _batch_read_through_a_stall(spark: SparkSession, cluster: local_cluster, g: Group, tmp_path: Path,
-                                entries: int, pause: float, **options: str) -> None:
-    start = _fill(g, entries, 1024)
+                                entries: int, pause: float, size: int = 1024, **options: str) -> None:
+    start = _fill(g, entries, size)
     end = g.committed_next()
     progress = tmp_path / "progress"
     stalled: list[str] = []
@@ -153,7 +153,7 @@ def test_a_batch_read_rides_out_a_leader_stall_after_ten_seconds(
 def test_a_2m_entry_batch_read_rides_out_a_leader_stall(
         spark: SparkSession, own_group: tuple[local_cluster, Group], tmp_path: Path) -> None:
     cluster, g = own_group
-    _batch_read_through_a_stall(spark, cluster, g, tmp_path, entries=2_000_000, pause=0.01,
+    _batch_read_through_a_stall(spark, cluster, g, tmp_path, entries=2_000_000, pause=0.01, size=100,
                                 entriesPerPartition="2000000")  # one task, as in the report
 
 
@@ -194,7 +194,9 @@ def test_a_stream_rides_out_a_stall_and_a_kill_and_elections_make_no_empty_batch
     appender.start()
     try:
         for fault in (_stall, _kill_and_restart):
-            wait_until(lambda: len([b for b in batches if b]) >= 2, 300, "micro-batches before the fault")
+            wait_until(lambda: len([b for b in batches if b]) >= 2 or q.exception(), 300,
+                       "micro-batches before the fault")
+            assert q.exception() is None, q.exception()
             after = len(batches) + 2
             fault(cluster, g)
             wait_until(partial(lambda n: len(batches) >= n or q.exception(), after), 300,
@@ -208,7 +210,7 @@ def test_a_stream_rides_out_a_stall_and_a_kill_and_elections_make_no_empty_batch
         # an election with nothing after it: its NOOP is committed, the stream sees no data
         leader = _leader(cluster, g)
         target = next(m for m in cluster.procs if m != leader)
-        g.client.transfer_leadership(target)
+        wait_until(lambda: g.client.transfer_leadership(target) or True, 60, "a leadership transfer")
         wait_until(lambda: g.client.metadata().committed_index >= end, 60, "the new leader's NOOP committed")
         time.sleep(3.0)  # several triggers (0.5 s) over the NOOP-only range
         final = g.client.append_batch([b"after-the-election"])[0].index
