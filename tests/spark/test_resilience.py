@@ -82,6 +82,15 @@ def _kill_and_restart(cluster: local_cluster, g: Group) -> str:
     return leader
 
 
+def _transfer(client: DLedgerClient, target: str) -> None:
+    """Move leadership to `target`, asking again while it is not ready (catching up)."""
+    def moved() -> bool:
+        client.transfer_leadership(target)
+        return True
+
+    wait_until(moved, 60, f"a leadership transfer to {target}")
+
+
 def _slow_indexes(df: DataFrame, progress: Path, pause: float, every: int = 2000) -> DataFrame:
     """The `index` column through a consumer that takes `pause` seconds per `every` rows and
     writes how far it got. It takes the bodies too: the rows buffered between the task's
@@ -210,7 +219,7 @@ def test_a_stream_rides_out_a_stall_and_a_kill_and_elections_make_no_empty_batch
         # an election with nothing after it: its NOOP is committed, the stream sees no data
         leader = _leader(cluster, g)
         target = next(m for m in cluster.procs if m != leader)
-        wait_until(lambda: g.client.transfer_leadership(target) or True, 60, "a leadership transfer")
+        _transfer(g.client, target)
         wait_until(lambda: g.client.metadata().committed_index >= end, 60, "the new leader's NOOP committed")
         time.sleep(3.0)  # several triggers (0.5 s) over the NOOP-only range
         final = g.client.append_batch([b"after-the-election"])[0].index
@@ -278,3 +287,28 @@ def test_ending_index_on_a_stream_fails_before_reading_saying_what_to_use(
         assert q.lastProgress is None  # no micro-batch ran
     finally:
         q.stop()
+
+
+def test_a_new_leaders_noop_is_no_new_offset(group: Group) -> None:
+    """latestOffset (the driver's, called directly) over a range holding only the NOOP of an
+    election: the offset stays; the next data entry moves it past both."""
+    from pyspark.sql.streaming.datasource import ReadAllAvailable
+
+    from dledger.spark.source import DLedgerStreamReader, ReadConfig
+
+    reader = DLedgerStreamReader(ReadConfig.from_options({"peers": group.peers, "group": group.name},
+                                                         streaming=True))
+    try:
+        offset = reader.initialOffset()
+        before = group.committed_next()
+        assert offset == {group.name: before}
+        leader = wait_until(lambda: group.client.metadata().leader_id, 60, "a leader")
+        target = next(m for m in group.client.peers if m != leader)
+        _transfer(group.client, target)
+        wait_until(lambda: group.committed_next() > before, 60, "the new leader's NOOP committed")
+        assert reader.latestOffset(offset, ReadAllAvailable()) == offset
+        index = group.client.append_batch([b"data after the noop"])[0].index
+        wait_until(lambda: reader.latestOffset(offset, ReadAllAvailable())[group.name] > index, 60,
+                   "an offset past the data")
+    finally:
+        reader.stop()

@@ -7,6 +7,10 @@ task first finds a member whose own committed index covers the whole range
 answer checks that member's committed index again. A member's committed index
 never goes back while it runs, so a short answer from it means
 the range is exhausted.
+
+Each read (one chunk, with the search for a member that covers the range) is
+retried through leader changes on its own deadline (spark.retry), so a task
+that has read for long still rides out a stall of its leader.
 """
 
 from __future__ import annotations
