@@ -349,6 +349,19 @@ class DLedgerStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._target = {g: self._view(g)[1] for g in self.cfg.groups}
         log.info("Trigger.AvailableNow: reading up to %s", self._target)
 
+    def _data_ahead(self, group: str, start: int, end: int) -> int:
+        """The new indexes [start, end) of a log, or 0 when they hold no data: the NOOP a new
+        leader appends (or a configuration entry) would else make an empty micro-batch. The
+        offset stays exact: it stays at `start` until data follows, and the micro-batch that
+        then reads [start, ...) skips those entries."""
+        if end <= start or self._bounds is None:
+            return max(0, end - start)
+        first = self._bounds.first_data(group, start)
+        if first is None or first >= end:
+            log.debug("group %s: [%d, %d) holds no data; no new offset", group, start, end)
+            return 0
+        return end - start
+
     def latestOffset(self, start: dict[str, int], limit: ReadLimit) -> dict[str, int]:
         starts: dict[str, int] = {}
         available: dict[str, int] = {}
@@ -377,7 +390,7 @@ class DLedgerStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     raise DataLossError(msg + "; set failOnDataLoss=false to wait for it")
                 log.warning("%s; waiting", msg)
             starts[group] = s
-            available[group] = max(0, end - s)
+            available[group] = self._data_ahead(group, s, end)
         for group in start:
             if group not in self.cfg.groups:
                 log.warning("group %s is no longer in the options; it is dropped from the offsets", group)
@@ -388,22 +401,7 @@ class DLedgerStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             if not isinstance(limit, ReadAllAvailable):
                 log.info("read limit %r is not supported; reading all available entries", limit)
             take = available
-        return {g: self._past_data(g, starts[g], starts[g] + take[g]) for g in self.cfg.groups}
-
-    def _past_data(self, group: str, start: int, end: int) -> int:
-        """`end`, or `start` when [start, end) holds no data: the NOOP a new leader appends (and a
-        configuration entry) would else make an empty micro-batch. The offset stays exact: the
-        next batch's range starts at `start` and its tasks skip those entries."""
-        if end <= start or self._bounds is None:
-            return end
-        first = self._bounds.first_data(group, start)
-        if first is None or first >= self._latest_end(group):
-            log.debug("group %s: [%d, %d) holds no data; no new offset", group, start, end)
-            return start
-        return end
-
-    def _latest_end(self, group: str) -> int:
-        return self._latest[group] if self._latest is not None else 0
+        return {g: starts[g] + take[g] for g in self.cfg.groups}
 
     def reportLatestOffset(self) -> dict[str, int] | None:
         return self._latest
