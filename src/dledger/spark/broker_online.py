@@ -9,72 +9,63 @@ whose confirm offset lags answers short, and the task asks again until its deadl
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Iterator
 
 import pyarrow as pa
 
 from dledger.broker.client import BrokerClient
 from dledger.codes import DLedgerError, ResponseCode
-from dledger.spark.online import DataLossError, RangeReadSpec, describe
+from dledger.spark.online import DataLossError, RangeReadSpec
+from dledger.spark.retry import Retry, describe
 from dledger.spark.schema import entry_batch
 
 log = logging.getLogger(__name__)
 
 READ_CHUNK = 2000
-_TRANSIENT = {ResponseCode.TIMEOUT, ResponseCode.NETWORK_ERROR, ResponseCode.SERVICE_NOT_AVAILABLE}
 
 
 def broker_bounds(client: BrokerClient, broker: str, timeout: float) -> tuple[int, int]:
     """(begin index, confirmed end index, exclusive) at the master, retried through a failover."""
-    deadline = time.monotonic() + timeout
-    delay = 0.1
+    attempt = Retry(f"broker set {broker}: asking the master for the confirmed records", timeout)
     while True:
         try:
             info = client.info()
-            if info.role == "MASTER":
-                return info.begin_index, info.confirmed_index + 1
-            error = DLedgerError(ResponseCode.SERVICE_NOT_AVAILABLE, f"{info.broker_id} is {info.role}")
         except DLedgerError as e:
-            if e.code not in _TRANSIENT and e.code != ResponseCode.UNKNOWN:
-                raise
-            error = e
-        if time.monotonic() >= deadline:
-            raise DLedgerError(error.code, f"broker set {broker}: no master answered within {timeout:.0f} s: "
-                                           f"{describe(error)}")
-        time.sleep(delay)
-        delay = min(delay * 2, 1.0)
+            # UNKNOWN: the controllers name no master yet
+            attempt.failed(e, retryable=True if e.code == ResponseCode.UNKNOWN else None)
+            continue
+        if info.role == "MASTER":
+            return info.begin_index, info.confirmed_index + 1
+        attempt.wait(f"{info.broker_id} is {info.role}")
 
 
 def read_broker_range(spec: RangeReadSpec) -> Iterator[pa.RecordBatch]:
     """Confirmed records of broker set `spec.group` with index in [start, end)."""
     if spec.end <= spec.start:
         return
-    deadline = time.monotonic() + spec.timeout
     client = spec.client.broker_client(spec.peers, spec.group)
     try:
         index = spec.start
+        attempt: Retry | None = None  # the read at `index`: each read gets the whole deadline
         while index < spec.end:
+            if attempt is None:
+                attempt = Retry(f"broker set {spec.group}: read at {index} (range [{spec.start}, {spec.end}))",
+                                spec.timeout)
             try:
                 records = client.read(index, min(READ_CHUNK, spec.end - index))
             except DLedgerError as e:
                 if e.code == ResponseCode.INDEX_LESS_THAN_LOCAL_BEGIN:
                     raise DataLossError(f"broker set {spec.group}: records from {index} are no longer kept") from e
-                if e.code not in _TRANSIENT or time.monotonic() >= deadline:
-                    raise DLedgerError(e.code, f"broker set {spec.group}: read at {index} failed: "
-                                               f"{describe(e)}") from e
-                time.sleep(0.2)
+                attempt.failed(e)
                 continue
             rows = [r for r in records if index <= r.index < spec.end]
             if rows:
                 yield entry_batch(spec.group, [r.index for r in rows], [r.epoch for r in rows],
                                   [r.offset for r in rows], [r.body for r in rows])
                 index = rows[-1].index + 1
-            elif time.monotonic() >= deadline:
-                raise DLedgerError(ResponseCode.TIMEOUT, f"broker set {spec.group}: records [{index}, {spec.end}) "
-                                                         f"not confirmed by any replica within {spec.timeout:.0f} s")
-            else:
-                time.sleep(0.1)  # the replica that answered has not confirmed them yet
+                attempt = None
+            else:  # the replica that answered has not confirmed them yet
+                attempt.wait(f"records [{index}, {spec.end}) not confirmed by the replica that answered")
     finally:
         client.close()
 

@@ -7,12 +7,15 @@ task first finds a member whose own committed index covers the whole range
 answer checks that member's committed index again. A member's committed index
 never goes back while it runs, so a short answer from it means
 the range is exhausted.
+
+Each read (one chunk, with the search for a member that covers the range) is
+retried through leader changes on its own deadline (spark.retry), so a task
+that has read for long still rides out a stall of its leader.
 """
 
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -21,33 +24,20 @@ import pyarrow as pa
 from dledger.codes import DLedgerError, ResponseCode
 from dledger.runtime.client import DLedgerClient, Metadata
 from dledger.spark.options import ClientOptions
+from dledger.spark.retry import TRANSIENT, Retry, describe, nobody_listens
 from dledger.spark.schema import entry_batch
+
+__all__ = ["DataLossError", "RangeReadSpec", "describe", "first_data_index", "leader_view", "read_range",
+           "wait_leader_view"]
 
 log = logging.getLogger(__name__)
 
 READ_CHUNK = 2000  # at most this many entries per read call and per Arrow batch
 CHUNK_BYTES = 16 << 20  # ... and about this many body bytes (bodies may be up to 4 MiB each)
 
-# Worth waiting for: an election, a member restarting, a network hiccup.
-_TRANSIENT = {
-    ResponseCode.TIMEOUT,
-    ResponseCode.NETWORK_ERROR,
-    ResponseCode.NOT_LEADER,
-    ResponseCode.LEADER_NOT_READY,
-    ResponseCode.LEADER_TRANSFERRING,
-    ResponseCode.LEADER_PENDING_FULL,
-    ResponseCode.TERM_CHANGED,
-    ResponseCode.WAIT_QUORUM_ACK_TIMEOUT,
-}
-
 
 class DataLossError(RuntimeError):
     """Entries the query needs are gone (deleted by retention, or the log was reset)."""
-
-
-def describe(e: DLedgerError) -> str:
-    """The response code's name and number first: what an operator greps for."""
-    return f"{e.code.name} ({int(e.code)}): {e.message}"
 
 
 def leader_view(client: DLedgerClient) -> Metadata:
@@ -59,20 +49,27 @@ def leader_view(client: DLedgerClient) -> Metadata:
 
 
 def wait_leader_view(client: DLedgerClient, group: str, timeout: float) -> Metadata:
-    """leader_view, retried through elections until `timeout` seconds pass."""
-    deadline = time.monotonic() + timeout
-    delay = 0.1
+    """leader_view, retried through elections (spark.retry): the driver's view of a log."""
+    attempt = Retry(f"group {group}: asking the leader for the committed index", timeout,
+                    probe=nobody_listens(client))
     while True:
         try:
             return leader_view(client)
         except DLedgerError as e:
-            if e.code not in _TRANSIENT or time.monotonic() >= deadline:
-                tried = ", ".join(f"{m} at {p.address}" for m, p in client.peers.items())
-                raise DLedgerError(e.code, f"group {group}: no leader answered within {timeout:.0f} s "
-                                           f"(tried {tried}): {describe(e)}") from e
-            log.info("group %s: waiting for a leader (%s)", group, describe(e))
-        time.sleep(delay)
-        delay = min(delay * 2, 1.0)
+            attempt.failed(e)
+
+
+def first_data_index(client: DLedgerClient, group: str, start: int, timeout: float) -> int | None:
+    """The index of the first committed NORMAL entry at or after `start` (None: none yet).
+    The members skip NOOP and configuration entries, so this is one small request."""
+    attempt = Retry(f"group {group}: looking for data from index {start}", timeout, probe=nobody_listens(client))
+    while True:
+        try:
+            entries = client.read(start, 1, bodies=False)
+        except DLedgerError as e:
+            attempt.failed(e)
+            continue
+        return entries[0].index if entries else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,46 +85,44 @@ class RangeReadSpec:
     bodies: bool = True  # False: the members send empty bodies (the query has no `body` column)
 
 
-def _member_covering(client: DLedgerClient, spec: RangeReadSpec, deadline: float) -> str:
+def _member_covering(client: DLedgerClient, spec: RangeReadSpec, attempt: Retry) -> str:
     """A member (the leader) whose committed index reaches spec.end - 1."""
     need = spec.end - 1
-    delay = 0.1
     while True:
         try:
             m = leader_view(client)
-            if m.committed_index >= need:
-                return m.self_id
-            last = f"leader {m.self_id} has committed up to {m.committed_index}"
         except DLedgerError as e:
-            if e.code not in _TRANSIENT:
-                raise
-            last = describe(e)
-        if time.monotonic() >= deadline:
-            raise DLedgerError(ResponseCode.TIMEOUT, f"group {spec.group}: no member has committed index {need} "
-                                                     f"within {spec.timeout:.0f} s ({last})")
-        time.sleep(delay)
-        delay = min(delay * 2, 1.0)
+            attempt.failed(e)
+            continue
+        if m.committed_index >= need:
+            return m.self_id
+        attempt.wait(f"no member has committed index {need} yet (leader {m.self_id} has committed up to "
+                     f"{m.committed_index})")
 
 
 def read_range(spec: RangeReadSpec) -> Iterator[pa.RecordBatch]:
     """Committed NORMAL entries with index in [start, end), as Arrow batches, in index order."""
     if spec.end <= spec.start:
         return
-    deadline = time.monotonic() + spec.timeout
     client = spec.client.client(spec.peers, spec.group)
     try:
-        yield from _read_range(client, spec, deadline)
+        yield from _read_range(client, spec)
     finally:
         client.close()
 
 
-def _read_range(client: DLedgerClient, spec: RangeReadSpec, deadline: float) -> Iterator[pa.RecordBatch]:
+def _read_range(client: DLedgerClient, spec: RangeReadSpec) -> Iterator[pa.RecordBatch]:
     index = spec.start
     member: str | None = None
     chunk = 256  # until the body size is known
+    probe = nobody_listens(client)
+    attempt: Retry | None = None  # the read at `index`: each read gets the whole deadline
     while index < spec.end:
+        if attempt is None:
+            attempt = Retry(f"group {spec.group}: read at index {index} (range [{spec.start}, {spec.end}))",
+                            spec.timeout, probe=probe)
         if member is None:
-            member = _member_covering(client, spec, deadline)
+            member = _member_covering(client, spec, attempt)
         want = min(spec.end - index, chunk)
         try:
             entries = client.read(index, want, member=member, bodies=spec.bodies)
@@ -135,12 +130,10 @@ def _read_range(client: DLedgerClient, spec: RangeReadSpec, deadline: float) -> 
             if e.code == ResponseCode.INDEX_LESS_THAN_LOCAL_BEGIN:
                 index = _skip_lost(client, spec, member, index)
                 continue
-            if e.code in _TRANSIENT and time.monotonic() < deadline:
-                log.info("group %s: read at %d from %s failed (%s); retrying", spec.group, index, member, describe(e))
-                member = None
-                time.sleep(0.2)
-                continue
-            raise DLedgerError(e.code, f"group {spec.group}: read at index {index} failed: {describe(e)}") from e
+            attempt.failed(e)  # raises, or backs off: then the leader is asked again
+            member = None
+            continue
+        attempt = None
         rows = [x for x in entries if x.index < spec.end]
         if entries:
             mean = sum(len(x.body) for x in entries) / len(entries) + 48
@@ -156,7 +149,7 @@ def _read_range(client: DLedgerClient, spec: RangeReadSpec, deadline: float) -> 
             try:
                 still = client.metadata(member=member).committed_index >= spec.end - 1
             except DLedgerError as e:
-                if e.code not in _TRANSIENT:
+                if e.code not in TRANSIENT:
                     raise
                 still = False
             if still:

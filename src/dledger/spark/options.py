@@ -28,7 +28,7 @@ LATEST = -1
 # measured (docs/performance.md, "Spark connectors"): benchmarks/spark_sweep.py
 DEFAULT_ENTRIES_PER_PARTITION = 100_000
 DEFAULT_BATCH_SIZE = 5_000
-DEFAULT_TIMEOUT_S = 10.0
+DEFAULT_TIMEOUT_S = 120.0  # per request (spark.retry): an election, a restart, a stall of a minute
 DEFAULT_CLIENT_TIMEOUT_S = 5.0
 
 
@@ -273,9 +273,12 @@ def parse_groups(options: Mapping[str, str]) -> dict[str, str]:
             out[str(g)] = p
     else:
         if peers is None:
-            if no_options(options):
-                raise OptionError(f"no options reached format 'dledger' (a catalog table?): {catalog_hint('dledger')}")
-            raise OptionError("option peers (or groups) is required, e.g. n0-127.0.0.1:20911;n1-127.0.0.1:20912")
+            missing = ("option peers is missing: format 'dledger' needs the group's members, e.g. "
+                       ".option('peers', 'n0-127.0.0.1:20911;n1-127.0.0.1:20912') (or groups for several groups, "
+                       "or controller and brokers for broker sets)")
+            if no_options(options):  # also what a catalog table's read hands the source: say so last
+                missing += "; no option reached it at all (a catalog table? docs/spark.md, 'Catalog tables')"
+            raise OptionError(missing)
         out = {get_str(options, "group") or "default": peers}
     for g, p in out.items():
         try:

@@ -26,7 +26,6 @@ session of its own, which would take the next micro-batch's epoch).
 from __future__ import annotations
 
 import logging
-import time
 import uuid
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -56,6 +55,7 @@ from dledger.spark.options import (
     parse_brokers,
     parse_groups,
 )
+from dledger.spark.retry import Retry, nobody_listens
 
 log = logging.getLogger(__name__)
 
@@ -202,7 +202,8 @@ class _Appender:
     def _append(self, client: DLedgerClient) -> tuple[int, int]:
         """Send the pending bodies until they are in; an idempotent producer resends the same
         bodies after any failure that retrying can mend (they are stored once)."""
-        deadline = time.monotonic() + self.cfg.write_timeout
+        attempt = Retry(f"group {self.cfg.group}: append of {len(self.pending)} entries", self.cfg.write_timeout,
+                        "writeTimeoutSeconds", nobody_listens(client))
         producer = client.producer
         while True:
             try:
@@ -211,14 +212,15 @@ class _Appender:
                 self.duplicates += (producer.duplicates - before) if producer is not None else 0
                 return results[0].index, results[-1].index
             except DLedgerError as e:
-                if producer is None or e.code in _FATAL or time.monotonic() >= deadline:
+                try:  # spark.retry: backs off, or raises (the deadline, or no member reachable)
+                    if producer is None or e.code in _FATAL:
+                        raise
+                    attempt.failed(e, retryable=True)
+                except DLedgerError as final:
                     hint = f"; {_HINTS[e.code]}" if e.code in _HINTS and producer is not None else ""
                     raise RuntimeError(
                         f"dledger: append of {len(self.pending)} entries to group {self.cfg.group} failed "
-                        f"({self.rows} rows of this task were appended before): {describe(e)}{hint}") from e
-                log.warning("group %s: append of %d entries failed (%s); sending them again", self.cfg.group,
-                            len(self.pending), describe(e))
-                time.sleep(0.2)
+                        f"({self.rows} rows of this task were appended before): {describe(final)}{hint}") from e
 
     def close(self) -> None:
         self.client.close()

@@ -47,7 +47,7 @@ from pyspark.sql.types import StructType
 from dledger.broker.client import BrokerClient
 from dledger.runtime.client import DLedgerClient
 from dledger.spark.broker_online import broker_bounds, read_broker_range
-from dledger.spark.online import DataLossError, RangeReadSpec, read_range, wait_leader_view
+from dledger.spark.online import DataLossError, RangeReadSpec, first_data_index, read_range, wait_leader_view
 from dledger.spark.options import (
     DEFAULT_ENTRIES_PER_PARTITION,
     DEFAULT_MAX_TRIGGER_DELAY_S,
@@ -115,7 +115,10 @@ class ReadConfig:
                                     LATEST if streaming else EARLIEST)
         ending_raw = get_str(options, "endingIndex")
         if streaming and ending_raw is not None:
-            raise OptionError("option endingIndex is for batch reads only; a stream has no end")
+            # PySpark calls a source the same way at spark.read…load() and spark.readStream…load()
+            # (checked with 4.3), so a stream learns this when it starts, before reading anything
+            raise OptionError("option endingIndex is for batch reads only; a stream has no end: to read what is "
+                              "committed when the query starts and stop, use .trigger(availableNow=True)")
         ending = parse_index_spec(ending_raw, "endingIndex", groups, LATEST)
         if not streaming:
             if any(v == LATEST for v in starting.values()):
@@ -220,6 +223,14 @@ class Bounds:
             log.info("group %s: members now %s (the options named %s)", name, known, cfg.groups[name])
             cfg.groups[name] = known
         return m.ledger_begin_index, m.committed_index + 1
+
+    def first_data(self, name: str, start: int) -> int | None:
+        """The first committed data entry's index at or after `start` in a Raft group (None:
+        only NOOP and configuration entries so far); a broker set's records are all data."""
+        c = self._clients.get(name)
+        if self.cfg.brokers or not isinstance(c, DLedgerClient):
+            return start
+        return first_data_index(c, name, start, self.cfg.timeout)
 
     def close(self) -> None:
         for c in self._clients.values():
@@ -383,6 +394,19 @@ class DLedgerStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._target = {g: self._view(g)[1] for g in self.cfg.groups}
         log.info("Trigger.AvailableNow: reading up to %s", self._target)
 
+    def _data_ahead(self, group: str, start: int, end: int) -> int:
+        """The new indexes [start, end) of a log, or 0 when they hold no data: the NOOP a new
+        leader appends (or a configuration entry) would else make an empty micro-batch. The
+        offset stays exact: it stays at `start` until data follows, and the micro-batch that
+        then reads [start, ...) skips those entries."""
+        if end <= start or self._bounds is None:
+            return max(0, end - start)
+        first = self._bounds.first_data(group, start)
+        if first is None or first >= end:
+            log.debug("group %s: [%d, %d) holds no data; no new offset", group, start, end)
+            return 0
+        return end - start
+
     def latestOffset(self, start: dict[str, int], limit: ReadLimit) -> dict[str, int]:
         starts: dict[str, int] = {}
         available: dict[str, int] = {}
@@ -411,7 +435,7 @@ class DLedgerStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     raise DataLossError(msg + "; set failOnDataLoss=false to wait for it")
                 log.warning("%s; waiting", msg)
             starts[group] = s
-            available[group] = max(0, end - s)
+            available[group] = self._data_ahead(group, s, end)
         for group in start:
             if group not in self.cfg.groups and group != PLANNED_AT:
                 log.warning("group %s is no longer in the options; it is dropped from the offsets", group)
