@@ -31,6 +31,7 @@ import importlib.util
 import json
 import os
 import platform
+import shlex
 import shutil
 import signal
 import subprocess
@@ -925,7 +926,7 @@ def write_goals(args: argparse.Namespace, records: list[Record], samples: list[t
     ones = [s[0] for s in samples]
     la = {"start": start_load, "mean": sum(ones) / len(ones), "max": max(ones), "end": ones[-1], "samples": ones}
     summary = summarize_goals(records)
-    shown = " ".join(["benchmarks/compare.py", *sys.argv[1:]]) if sys.argv[1:] else "make bench-compare"
+    shown = shlex.join(["benchmarks/compare.py", *sys.argv[1:]]) if sys.argv[1:] else "make bench-compare"
     meta = {"date": started, "loadavg": la, "command": shown, "etcd": vers.get("etcd", "?"),
             "commit": f"dledger {vers.get('dledger', '?')} ({vers.get('dledger_commit', '?')})"}
     write_section(Path(args.doc), render_goals(records, summary, meta))

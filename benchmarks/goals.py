@@ -363,11 +363,23 @@ def us_per_entry(r: Record, key: str = "leader") -> float | None:
     return round(cores / eps * 1e6, 1) if cores is not None and eps else None
 
 
+def per_core(r: Record) -> float | None:
+    """Entries per CPU-second of the system's members and its load generator together: on a
+    machine whose scheduler hands the systems unequal shares of the cores, the rate each would
+    reach with the same CPU."""
+    cores = sum(v for k, v in r["server_cpu"].items() if k != "machine_busy") + (r["report"].get("client_cpu_cores")
+                                                                               or 0.0)
+    return round(_eps(r) / cores) if cores > 0 else None
+
+
 def summarize_goals(records: list[Record]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     d, e = _best(records, "clients", "dledger sync"), _best(records, "clients", "etcd")
     if d and e:
         out["clients_ratio"] = round(_eps(d) / _eps(e), 2)
+        dc, ec = per_core(d), per_core(e)
+        if dc and ec:
+            out["clients_ratio_per_core"] = round(dc / ec, 2)
     t = _find(records, "tail", "dledger sync")
     if t:
         out["tail_p99_ms"] = t[0]["report"]["latency_ms"]["p99"]
@@ -395,25 +407,29 @@ def render_goals(records: list[Record], summary: dict[str, Any], meta: dict[str,
         "cores. **Load average** (1 min) at the start {:.2f}, mean {:.2f}, max {:.2f} (other engineers' jobs "
         "included: read the ratios, not the absolute numbers).".format(la["start"], la["mean"], la["max"]), "",
         "| goal | system | what | entries/s | p50 ms | p99 ms | p99.9 ms | errors | leader CPU | followers CPU "
-        "| leader us/entry | load-gen CPU | load avg |",
-        "|---|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|",
+        "| leader us/entry | load-gen CPU | entries per CPU-s | load avg |",
+        "|---|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|",
     ]
     for r in records:
         rep, lat, cpu = r["report"], r["report"]["latency_ms"], r["server_cpu"]
         lines.append(f"| {r['goal']} | {r['system']}{' **best**' if r.get('best') else ''} | {r['what']} | "
                      f"{rep['entries_per_s']:,.0f} | {lat['p50']} | {lat['p99']} | {lat['p999']} | "
                      f"{sum(rep['errors'].values())} | {cpu.get('leader', '-')} | {followers_cpu(cpu)} | "
-                     f"{us_per_entry(r) or '-'} | {rep.get('client_cpu_cores', '-')} | {r['loadavg']} |")
+                     f"{us_per_entry(r) or '-'} | {rep.get('client_cpu_cores', '-')} | "
+                     f"{per_core(r) or '-'} | {r['loadavg']} |")
     lines += ["", "| goal | target | measured | met |", "|---|---|--:|:-:|"]
 
-    def row(name: str, target: str, key: str, ok: Callable[[float], bool], unit: str = "") -> None:
+    def row(name: str, target: str, key: str, ok: Callable[[float], bool] | None, unit: str = "") -> None:
         v = summary.get(key)
         shown = "n/a" if v is None else f"{v}{unit}"
-        lines.append(f"| {name} | {target} | {shown} | {'n/a' if v is None else ('yes' if ok(v) else '**no**')} |")
+        met = "n/a" if v is None else "-" if ok is None else "yes" if ok(v) else "**no**"
+        lines.append(f"| {name} | {target} | {shown} | {met} |")
 
-    row("clients", "256 separate connections, dledger sync / etcd >= 5x", "clients_ratio", lambda v: v >= 5, "x")
+    row("clients", "separate connections, dledger sync / etcd >= 5x", "clients_ratio", lambda v: v >= 5, "x")
+    row("clients", "(the same per CPU-second of members and load generator)", "clients_ratio_per_core",
+        lambda v: v >= 5, "x")
     row("tail", "sync p99 at half the maximum <= 10 ms", "tail_p99_ms", lambda v: v <= 10, " ms")
-    row("tail", "(reported) sync p99.9 at half the maximum", "tail_p999_ms", lambda v: True, " ms")
+    row("tail", "(reported) sync p99.9 at half the maximum", "tail_p999_ms", None, " ms")
     row("members", "five members: dledger / etcd >= 5x", "members5_ratio", lambda v: v >= 5, "x")
     row("members", "leader CPU per entry, 5 / 3 members <= 2 (four followers instead of two)", "fanout_cost",
         lambda v: v <= 2.0, "x")
@@ -469,12 +485,16 @@ def plot_goals(records: list[Record], summary: dict[str, Any], docs: Path) -> li
 
     rs = [r for r in records if r["goal"] == "clients"]
     if rs:
-        fig, ax = plt.subplots(figsize=(7, 4))
-        bar_pair(ax, [f"{r['system']}\n{r['what']}" for r in rs], [_eps(r) for r in rs],
-                 [colors[r["system"]] for r in rs], "entries/s",
-                 f"{rs[0]['clients']} clients on separate connections, 1 KiB, sync: dledger/etcd "
+        fig, (ax, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+        labels = [f"{r['system']}\n{r['what']}" for r in rs]
+        bar_pair(ax, labels, [_eps(r) for r in rs], [colors[r["system"]] for r in rs], "entries/s",
+                 f"{rs[0]['clients']} clients, own connections, 1 KiB, sync: "
                  f"{summary.get('clients_ratio', 'n/a')}x (goal 5x)")
-        ax.tick_params(axis="x", labelsize=8)
+        bar_pair(ax2, labels, [per_core(r) or 0 for r in rs], [colors[r["system"]] for r in rs],
+                 "entries per CPU-second", f"per CPU-second of members + load: "
+                 f"{summary.get('clients_ratio_per_core', 'n/a')}x")
+        for a in (ax, ax2):
+            a.tick_params(axis="x", labelsize=7)
         save(fig, "clients")
     rs = [r for r in records if r["goal"] == "tail"]
     if rs:
@@ -516,3 +536,25 @@ def plot_goals(records: list[Record], summary: dict[str, Any], docs: Path) -> li
             ax.tick_params(axis="x", labelsize=7)
         save(fig, "reads")
     return written
+
+
+def main() -> None:
+    """Render the section and the charts again from a run's JSON (docs/bench-goals.json)."""
+    import argparse
+
+    ap = argparse.ArgumentParser(description=main.__doc__)
+    ap.add_argument("json", nargs="?", default=str(ROOT / "docs" / "bench-goals.json"))
+    ap.add_argument("--doc", default=str(ROOT / "docs" / "performance.md"))
+    a = ap.parse_args()
+    run = json.loads(Path(a.json).read_text())
+    records = run["records"]
+    summary = summarize_goals(records)
+    write_section(Path(a.doc), render_goals(records, summary, run["meta"]))
+    plot_goals(records, summary, Path(a.doc).parent)
+    run["summary"] = summary
+    Path(a.json).write_text(json.dumps(run, indent=1))
+    say(f"goals: {summary}")
+
+
+if __name__ == "__main__":
+    main()
