@@ -59,7 +59,7 @@ def test_one_callback_writes_every_connection_once_in_order() -> None:
             return real(cb, *args, **kw)
 
         conns = [_connection() for _ in range(50)]
-        loop.call_soon = counting  # type: ignore[method-assign]
+        loop.call_soon = counting  # type: ignore[method-assign,assignment]
         try:
             for k, (conn, _) in enumerate(conns):
                 for rid in range(3):
