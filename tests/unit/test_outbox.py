@@ -4,6 +4,8 @@ callback, each connection's in one writelines and in the order queued."""
 from __future__ import annotations
 
 import asyncio
+import gc
+import weakref
 from typing import Any
 
 from dledger.runtime.connection import WRITE_HIGH_WATER, FrameProtocol, outbox
@@ -91,3 +93,16 @@ def test_a_connection_flushed_directly_meanwhile_writes_nothing_twice() -> None:
         assert len(ta.writes) == 2 and len(tb.writes) == 1  # nothing more, nothing lost
 
     asyncio.run(main())
+
+
+def test_a_closed_loop_is_not_kept_by_its_outbox() -> None:
+    async def main() -> weakref.ref[asyncio.AbstractEventLoop]:
+        conn, t = _connection()
+        conn.queue_frame(KIND_RESPONSE, 1, 200, b"m", b"")
+        await asyncio.sleep(0)
+        assert len(t.writes) == 1
+        return weakref.ref(asyncio.get_running_loop())
+
+    ref = asyncio.run(main())
+    gc.collect()
+    assert ref() is None

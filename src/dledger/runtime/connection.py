@@ -57,18 +57,19 @@ class Outbox:
     directly meanwhile (a full buffer) may be listed again, and its second flush finds nothing
     to write. A frame queued after a run took the list schedules the next run."""
 
-    __slots__ = ("_loop", "_pending", "_scheduled")
+    __slots__ = ("_pending", "_scheduled")
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
+    def __init__(self) -> None:
+        # (no reference to the loop: the loop is the key this Outbox is kept under, weakly)
         self._pending: list[FrameProtocol] = []
         self._scheduled = False
 
     def add(self, conn: FrameProtocol) -> None:
+        """List `conn` for this iteration's write (on its loop's thread, the loop running)."""
         self._pending.append(conn)
         if not self._scheduled:
             self._scheduled = True
-            self._loop.call_soon(self._run)
+            asyncio.get_running_loop().call_soon(self._run)
 
     def _run(self) -> None:
         self._scheduled = False
@@ -88,7 +89,7 @@ def outbox() -> Outbox:
     loop = asyncio.get_running_loop()
     box = _OUTBOXES.get(loop)
     if box is None:
-        box = _OUTBOXES[loop] = Outbox(loop)
+        box = _OUTBOXES[loop] = Outbox()
     return box
 
 
