@@ -404,7 +404,7 @@ def render_goals(records: list[Record], summary: dict[str, Any], meta: dict[str,
         GOALS_SECTION, "",
         f"One run of `{meta['command']}` on {meta['date']} ({meta['commit']}): dledger `flush=sync` and etcd "
         f"{meta.get('etcd', '')} one after the other on this 2-core machine, the load generators on the same "
-        "cores. **Load average** (1 min) at the start {:.2f}, mean {:.2f}, max {:.2f} (other engineers' jobs "
+        "cores. **Load average** (1 min) at the start {:.2f}, mean {:.2f}, max {:.2f} (other jobs "
         "included: read the ratios, not the absolute numbers).".format(la["start"], la["mean"], la["max"]), "",
         "| goal | system | what | entries/s | p50 ms | p99 ms | p99.9 ms | errors | leader CPU | followers CPU "
         "| leader us/entry | load-gen CPU | entries per CPU-s | load avg |",
