@@ -53,8 +53,9 @@ bench-store: venv
 	$(BIN)/python -m dledger.bench.store_bench
 
 # dledger (flush sync/async) side by side with etcd and PySyncObj, 3 members each on 127.0.0.1;
-# installs etcd-server/etcd-client (apt-get) and pysyncobj (pip) when missing. Writes the section
-# "Side by side" of docs/performance.md and docs/bench-compare.png.
+# installs etcd-server/etcd-client (apt-get) and pysyncobj (pip) when missing. Writes the sections
+# "Side by side" and "Side by side: the goals" of docs/performance.md, docs/bench-compare.png and
+# one chart per goal (docs/goal-*.png); a subset: benchmarks/compare.py --systems "" --goals clients.
 bench-compare: venv
 	$(BIN)/python benchmarks/compare.py
 

@@ -13,7 +13,10 @@ Everything runs on 127.0.0.1, three members each, one system at a time:
 
 Workloads: (a) single 1 KiB appends, closed loop, a sweep of concurrency (the best counts);
 (b) batches of 100 x 1 KiB; (c) open loop at half of the system's own (a) maximum.
-Then one profiled run of dledger (py-spy on the leader, a follower, the load generator).
+Then one profiled run of dledger (py-spy on the leader, a follower, the load generator), and
+the goals of docs/performance.md (benchmarks/goals.py: independent clients, tail latency at half
+the maximum, five members, linearizable reads; dledger sync against etcd), each with its chart
+docs/goal-*.png. A subset: `--systems "" --goals clients,tail` runs only those goals.
 
 Writes the section "Side by side (make bench-compare)" of docs/performance.md (other
 sections are kept), docs/bench-compare.png and docs/bench-compare.json. Waits (up to
@@ -28,6 +31,7 @@ import importlib.util
 import json
 import os
 import platform
+import shlex
 import shutil
 import signal
 import subprocess
@@ -66,8 +70,9 @@ def die(msg: str) -> None:
 # --- tools -----------------------------------------------------------------------------------------
 
 
-def ensure_tools() -> None:
-    """etcd + etcdctl from Debian (apt-get) and pysyncobj from PyPI (pip), when missing."""
+def ensure_tools(args: argparse.Namespace) -> None:
+    """etcd + etcdctl from Debian (apt-get) and pysyncobj from PyPI (pip, only when PySyncObj
+    is among the systems run), when missing."""
     if not (shutil.which("etcd") and shutil.which("etcdctl")):
         say("etcd/etcdctl not found: installing the Debian packages etcd-server and etcd-client with apt-get")
         if os.geteuid() != 0:
@@ -81,7 +86,7 @@ def ensure_tools() -> None:
                 die("could not install etcd-server etcd-client with apt-get")
         if not (shutil.which("etcd") and shutil.which("etcdctl")):
             die("etcd-server/etcd-client installed but etcd or etcdctl is not on PATH")
-    if importlib.util.find_spec("pysyncobj") is None:
+    if "pysyncobj" in args.systems and importlib.util.find_spec("pysyncobj") is None:
         say(f"pysyncobj not found: installing it with {sys.executable} -m pip install pysyncobj")
         if subprocess.run([sys.executable, "-m", "pip", "install", "-q", "pysyncobj"]).returncode != 0:
             die("could not install pysyncobj with pip")
@@ -100,6 +105,10 @@ def versions() -> dict[str, str]:
             return ""
 
     etcd = out(["etcd", "--version"]).splitlines()
+    try:
+        syncobj = importlib.metadata.version("pysyncobj")
+    except importlib.metadata.PackageNotFoundError:  # (a goals-only run does not install it)
+        syncobj = "-"
     cpu = ""
     with suppress(OSError, StopIteration):
         cpu = next(
@@ -110,7 +119,7 @@ def versions() -> dict[str, str]:
         "dledger": importlib.metadata.version("dledger"),
         "dledger_commit": out(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"]).strip(),
         "etcd": etcd[0].split(":", 1)[1].strip() if etcd else "?",
-        "pysyncobj": importlib.metadata.version("pysyncobj"),
+        "pysyncobj": syncobj,
         "python": platform.python_version(),
         "uvloop": importlib.metadata.version("uvloop"),
         "kernel": platform.release(),
@@ -834,18 +843,25 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--doc", default=str(ROOT / "docs" / "performance.md"))
     ap.add_argument("--chart", default=str(ROOT / "docs" / "bench-compare.png"))
     ap.add_argument("--json", default=str(ROOT / "docs" / "bench-compare.json"))
+    ap.add_argument("--goals", default="clients,tail,members,reads",
+                    help="goals to measure after the sweep (benchmarks/goals.py; '' to skip)")
+    ap.add_argument("--goal-clients", type=int, default=256,
+                    help="clients, each on its own connection, of the clients, tail and members goals")
+    ap.add_argument("--read-conns", type=int, default=16, help="concurrent readers of the reads goal")
+    ap.add_argument("--goals-json", default=str(ROOT / "docs" / "bench-goals.json"))
     args = ap.parse_args(argv)
     args.clients = [int(x) for x in str(args.clients).split(",") if x]
     args.batch_clients = [int(x) for x in str(args.batch_clients).split(",") if x]
     args.dledger_conns = [int(x) for x in str(args.dledger_conns).split(",") if x and int(x) > 0]
     args.syncobj_windows = [int(x) for x in str(args.syncobj_windows).split(",") if x]
     args.systems = [x for x in str(args.systems).split(",") if x]
+    args.goals = [x for x in str(args.goals).split(",") if x]
     return args
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    ensure_tools()
+    ensure_tools(args)
     from benchmarks.common import load_samples
 
     quiet, start_load = wait_quiet(args.max_load, args.wait)
@@ -870,8 +886,19 @@ def main(argv: list[str] | None = None) -> None:
                 steps[name]()
         if not args.no_profile and "dledger-sync" in args.systems:
             run.profile_dledger()
+        goals = None
+        if args.goals:
+            from benchmarks.goals import Goals
+
+            goals = Goals(args, tmp, BIN)
+            with load_samples() as goal_samples:
+                goals.run(args.goals)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    if goals is not None:
+        write_goals(args, goals.records, goal_samples, start_load, started, versions())
+    if not args.systems:
+        return
     ones = [s[0] for s in samples]
     la = {"start": start_load, "mean": sum(ones) / len(ones), "max": max(ones), "end": ones[-1],
           "samples": ones}
@@ -889,6 +916,23 @@ def main(argv: list[str] | None = None) -> None:
         shown = "n/a" if v is None else f"{v:.2f}{t['unit']}"
         say(f"target {'MET' if t['met'] else 'NOT MET'}: {t['target']} (measured {shown})")
     say(f"load average during the run: mean {la['mean']:.2f}, max {la['max']:.2f}")
+
+
+def write_goals(args: argparse.Namespace, records: list[Record], samples: list[tuple[float, float, float]],
+                start_load: float, started: str, vers: dict[str, str]) -> None:
+    """The goals' section of docs/performance.md, their charts and their JSON."""
+    from benchmarks.goals import plot_goals, render_goals, summarize_goals, write_section
+
+    ones = [s[0] for s in samples]
+    la = {"start": start_load, "mean": sum(ones) / len(ones), "max": max(ones), "end": ones[-1], "samples": ones}
+    summary = summarize_goals(records)
+    shown = shlex.join(["benchmarks/compare.py", *sys.argv[1:]]) if sys.argv[1:] else "make bench-compare"
+    meta = {"date": started, "loadavg": la, "command": shown, "etcd": vers.get("etcd", "?"),
+            "commit": f"dledger {vers.get('dledger', '?')} ({vers.get('dledger_commit', '?')})"}
+    write_section(Path(args.doc), render_goals(records, summary, meta))
+    charts = plot_goals(records, summary, Path(args.doc).parent)
+    Path(args.goals_json).write_text(json.dumps({"meta": meta, "summary": summary, "records": records}, indent=1))
+    say(f"goals: {summary}; wrote {args.doc}, {', '.join(str(c) for c in charts)}, {args.goals_json}")
 
 
 if __name__ == "__main__":

@@ -5,8 +5,11 @@ time: the socket reads straight into the decoder's buffer (``BufferedProtocol``)
 cut out of it by offset, and frames go out as ``writelines([header, meta, data, ...])`` so a
 large ``data`` buffer is never joined by us (uvloop sends the parts as they are; the stock 3.11
 loop joins them once inside ``writelines``). Frames sent in the same loop iteration share one
-``writelines`` call, which saves a syscall per frame under load. Above a high-water mark of
-unsent bytes, senders wait in FIFO order until the transport drains.
+``writelines`` call, which saves a syscall per frame under load; and every connection with
+frames queued in a loop iteration is flushed by one callback of its loop's `Outbox` (a leader
+answering a drain's appends from hundreds of client connections schedules one callback, not
+one per connection). Above a high-water mark of unsent bytes, senders wait in FIFO order until
+the transport drains.
 
 The server side (runtime.transport_server) and the client side (runtime.transport_client)
 subclass `FrameProtocol` with what a frame means to them.
@@ -19,6 +22,7 @@ import collections
 import contextlib
 import logging
 import socket
+import weakref
 from collections.abc import Callable
 from typing import Final, cast
 
@@ -34,7 +38,7 @@ from dledger.runtime.frames import (
     nbytes,
 )
 
-__all__ = ["WRITE_HIGH_WATER", "WRITE_LOW_WATER", "FrameProtocol", "install_uvloop"]
+__all__ = ["WRITE_HIGH_WATER", "WRITE_LOW_WATER", "FrameProtocol", "Outbox", "install_uvloop"]
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +47,50 @@ _JOIN_BYTES: Final = 64 * 1024
 # Above this many unsent bytes a sender waits; heartbeats must not queue behind megabytes.
 WRITE_HIGH_WATER: Final = 1024 * 1024
 WRITE_LOW_WATER: Final = 256 * 1024
+
+
+class Outbox:
+    """The connections of one event loop with frames queued and not yet written: one callback
+    per loop iteration writes them all (each connection's frames still in one `writelines`).
+
+    A connection is listed when it queues its first frame since its last flush; one flushed
+    directly meanwhile (a full buffer) may be listed again, and its second flush finds nothing
+    to write. A frame queued after a run took the list schedules the next run."""
+
+    __slots__ = ("_pending", "_scheduled")
+
+    def __init__(self) -> None:
+        # (no reference to the loop: the loop is the key this Outbox is kept under, weakly)
+        self._pending: list[FrameProtocol] = []
+        self._scheduled = False
+
+    def add(self, conn: FrameProtocol) -> None:
+        """List `conn` for this iteration's write (on its loop's thread, the loop running)."""
+        self._pending.append(conn)
+        if not self._scheduled:
+            self._scheduled = True
+            asyncio.get_running_loop().call_soon(self._run)
+
+    def _run(self) -> None:
+        self._scheduled = False
+        pending, self._pending = self._pending, []
+        for conn in pending:
+            try:
+                conn._flush()
+            except Exception:  # one broken transport must not keep the others' answers back
+                log.exception("writing to %s failed", conn.peer)
+
+
+_OUTBOXES: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Outbox] = weakref.WeakKeyDictionary()
+
+
+def outbox() -> Outbox:
+    """The running loop's Outbox (made on first use)."""
+    loop = asyncio.get_running_loop()
+    box = _OUTBOXES.get(loop)
+    if box is None:
+        box = _OUTBOXES[loop] = Outbox()
+    return box
 
 
 def _peer_name(transport: asyncio.BaseTransport) -> str:
@@ -68,6 +116,7 @@ class FrameProtocol(asyncio.BufferedProtocol):
         self._out: list[Buffer] = []
         self._out_bytes = 0
         self._flush_scheduled = False
+        self._outbox: Outbox | None = None
         self._encrypted = False
 
     # -- asyncio callbacks --------------------------------------------------------------
@@ -75,6 +124,7 @@ class FrameProtocol(asyncio.BufferedProtocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = cast(asyncio.Transport, transport)
         self._closed = asyncio.get_running_loop().create_future()
+        self._outbox = outbox()
         self.peer = _peer_name(transport)
         self._encrypted = transport.get_extra_info("sslcontext") is not None
         sock = transport.get_extra_info("socket")
@@ -210,17 +260,23 @@ class FrameProtocol(asyncio.BufferedProtocol):
                     flush_now: bool = False) -> None:
         """Queue one frame without waiting: the synchronous core of `send_frame`.
 
-        Frames queued in one loop iteration go out in one write (one syscall under load);
-        a sender that had to wait flushes at once so the pause state stays exact."""
+        Frames queued in one loop iteration go out in one write (one syscall under load), and
+        the loop's connections with frames queued are written by one callback (Outbox); a
+        sender that had to wait flushes at once so the pause state stays exact."""
         self._out.extend(encode_frame(kind, request_id, code, meta, data))
         self._out_bytes += HEADER_SIZE + nbytes(meta) + nbytes(data)
         if flush_now or self._out_bytes >= WRITE_HIGH_WATER:
             self._flush()
         elif not self._flush_scheduled:
             self._flush_scheduled = True
-            asyncio.get_running_loop().call_soon(self._flush)
+            box = self._outbox
+            if box is None:  # (queued before connection_made: not on a loop's connection list yet)
+                box = self._outbox = outbox()
+            box.add(self)
 
     def _flush(self) -> None:
+        """Write what is queued now. May run before the Outbox's callback (a frame that
+        filled the buffer, a close): that callback then finds nothing left to write."""
         self._flush_scheduled = False
         if not self._out:
             return

@@ -5,11 +5,14 @@ A server with neither TLS nor a token serves loopback connections only (docs/sec
 machine is refused, as PostgreSQL's "peer" authentication does for local sockets. A process of
 the same user could as well write the store directory, which no network check can prevent.
 
-The socket's owner is the uid column of the kernel's table, in the entry whose local address
-is the peer's and whose remote address is ours, searched in both tables (a client's socket may
-be IPv6 to an IPv4-mapped address while the listener sees IPv4). A socket in neither is
-refused. Where the tables cannot be read (not Linux), `peer_uid` says None and the check is
-skipped.
+The socket's owner is the uid of the socket whose local address is the peer's and whose remote
+address is ours, in either family (a client's socket may be IPv6 to an IPv4-mapped address while
+the listener sees IPv4). The kernel is asked for that one socket (sock_diag over netlink, as `ss`
+does: an exact lookup); only where that is not available is the whole table read
+(/proc/net/tcp and tcp6, whose text the kernel makes anew for every socket of the machine on
+each read: tens of milliseconds on a busy host, once per accepted connection, on the event loop).
+A socket found nowhere is refused. Where neither can be asked (not Linux), `peer_uid` says None
+and the check is skipped.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from __future__ import annotations
 import ipaddress
 import os
 import socket
+import struct
 from pathlib import Path
 from typing import Any, Final
 
@@ -52,6 +56,50 @@ def _forms(host: str) -> dict[int, str]:
     return {socket.AF_INET: str(ip), socket.AF_INET6: f"::ffff:{ip}"}
 
 
+# sock_diag (linux/sock_diag.h, linux/inet_diag.h): one request for one socket by its addresses.
+_NETLINK_SOCK_DIAG = 4  # NETLINK_SOCK_DIAG (formerly NETLINK_INET_DIAG)
+_SOCK_DIAG_BY_FAMILY = 20
+_NLM_F_REQUEST = 1
+_NLMSG_ERROR = 2
+_NLMSG = struct.Struct("=IHHII")  # nlmsghdr: len, type, flags, seq, pid
+# inet_diag_req_v2: family, protocol, ext, pad, states; inet_diag_sockid: sport, dport (big-endian),
+# src[16], dst[16], if, cookie[2] (INET_DIAG_NOCOOKIE: no cookie to match)
+_REQ = struct.Struct("=BBBxI")
+_SOCKID = struct.Struct("!HH16s16s")
+_SOCKID_TAIL = struct.Struct("=III")
+_NOCOOKIE = 0xFFFFFFFF
+_ALL_STATES = 0xFFFFFFFF
+_ENOENT = 2  # the kernel's answer for "no such socket"
+_UID_OFFSET = _NLMSG.size + 4 + 48 + 12  # inet_diag_msg: 4 bytes, the sockid, expires/rqueue/wqueue, uid
+
+
+def _diag_uid(family: int, local: tuple[str, int], remote: tuple[str, int]) -> int | None:
+    """The uid of the TCP socket of `family` bound to `local` and connected to `remote`, asked of
+    the kernel by sock_diag; -1 if it has none such; None if the kernel cannot be asked so."""
+    src = socket.inet_pton(family, local[0]).ljust(16, b"\0")
+    dst = socket.inet_pton(family, remote[0]).ljust(16, b"\0")
+    body = (_REQ.pack(family, socket.IPPROTO_TCP, 0, _ALL_STATES)
+            + _SOCKID.pack(local[1], remote[1], src, dst) + _SOCKID_TAIL.pack(0, _NOCOOKIE, _NOCOOKIE))
+    msg = _NLMSG.pack(_NLMSG.size + len(body), _SOCK_DIAG_BY_FAMILY, _NLM_F_REQUEST, 1, 0) + body
+    try:
+        with socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, _NETLINK_SOCK_DIAG) as nl:
+            nl.settimeout(1.0)
+            nl.sendto(msg, (0, 0))
+            answer = nl.recv(8192)
+    except (OSError, AttributeError):  # no netlink (not Linux), or no sock_diag here
+        return None
+    if len(answer) < _NLMSG.size:
+        return None
+    _, kind, _, _, _ = _NLMSG.unpack_from(answer)
+    if kind == _NLMSG_ERROR:
+        err = -struct.unpack_from("=i", answer, _NLMSG.size)[0]
+        return -1 if err == _ENOENT else None
+    if kind != _SOCK_DIAG_BY_FAMILY or len(answer) < _UID_OFFSET + 4:
+        return None
+    return int(struct.unpack_from("=I", answer, _UID_OFFSET)[0])
+
+
+
 def peer_uid(local: tuple[str, int], remote: tuple[str, int]) -> int | None:
     """The uid owning the socket at `remote` that is connected to our `local`; None where the
     tables cannot be read (not Linux); -1 where they can, but list no such socket (then nobody
@@ -60,6 +108,21 @@ def peer_uid(local: tuple[str, int], remote: tuple[str, int]) -> int | None:
         peer, ours = _forms(remote[0]), _forms(local[0])
     except ValueError:
         return -1
+    asked = False
+    for family in _TABLES:
+        if family in peer and family in ours:
+            uid = _diag_uid(family, (peer[family], remote[1]), (ours[family], local[1]))
+            if uid is not None and uid >= 0:
+                return uid
+            asked = asked or uid is not None
+    if asked:
+        return -1  # the kernel was asked, and holds no such socket in either family
+    return _table_uid(peer, ours, local, remote)
+
+
+def _table_uid(peer: dict[int, str], ours: dict[int, str], local: tuple[str, int],
+               remote: tuple[str, int]) -> int | None:
+    """`peer_uid` from the kernel's text tables (where sock_diag cannot be asked)."""
     read_any = False
     for family, table in _TABLES.items():
         if family not in peer or family not in ours:
