@@ -481,6 +481,22 @@ class AsyncDLedgerClient:
             index = resp.next_index
         return out
 
+    async def read_markers(self, from_index: int, max_entries: int = 1000,
+                           member: str | None = None) -> tuple[list[Entry], int, int]:
+        """The committed session markers (magic 4: who appended the entries after each) from
+        `from_index`: (markers, where the next call starts, the committed index). One request;
+        a transaction-aware reader's (dledger.spark.isolation). A member older than this
+        request answers entries instead: refused here (UNSUPPORTED)."""
+        consistency, local, follower = _resolve(None, member)
+        req = ReadRequest(self.group, "", "", from_index, max_entries, 4 << 20, False, local, consistency,
+                          follower_read=follower, markers=True)
+        resp = await self._ask(member, RequestCode.READ, req)
+        assert isinstance(resp, EntriesResponse)
+        if any(e.magic != 4 for e in resp.entries):
+            raise DLedgerError(ResponseCode.UNSUPPORTED, "the member does not serve markers-only reads (older version)")
+        return [Entry(e.index, e.term, e.pos, e.body, e.magic) for e in resp.entries], resp.next_index, \
+            resp.committed_index
+
     async def subscribe(self, from_index: int = 0, *, only_normal: bool = True, max_entries: int = 1000,
                         wait: float = 10.0, consistency: str = "leader") -> AsyncGenerator[Entry, None]:
         """Committed entries from `from_index` on, for ever: each as soon as it commits (a
@@ -964,6 +980,10 @@ class DLedgerClient:
              consistency: str | None = None, *, bodies: bool = True) -> list[Entry]:
         return self._run(self._async.read(from_index, max_entries, member=member, consistency=consistency,
                                           bodies=bodies))
+
+    def read_markers(self, from_index: int, max_entries: int = 1000,
+                     member: str | None = None) -> tuple[list[Entry], int, int]:
+        return self._run(self._async.read_markers(from_index, max_entries, member))
 
     def metadata(self, member: str | None = None, consistency: str = "") -> Metadata:
         return self._run(self._async.metadata(member, consistency))

@@ -39,8 +39,9 @@ class OptionError(ValueError):
 _CONNECTION = frozenset({"peers", "group", "groups", "controller", "brokers", "clientTimeoutSeconds", "tlsCa",
                          "tlsCert", "tlsKey", "tlsDir", "authToken"})
 READ_OPTIONS = _CONNECTION | {"startingIndex", "endingIndex", "maxEntriesPerTrigger", "failOnDataLoss",
-                              "entriesPerPartition", "minPartitions", "timeoutSeconds"}
-WRITE_OPTIONS = _CONNECTION | {"batchSize", "idempotent", "writeId", "writeTimeoutSeconds"}
+                              "entriesPerPartition", "minPartitions", "timeoutSeconds", "isolation"}
+WRITE_OPTIONS = _CONNECTION | {"batchSize", "idempotent", "writeId", "writeTimeoutSeconds", "transactional",
+                               "transactionTimeoutSeconds"}
 FILES_OPTIONS = frozenset({"path", "includeUncommitted", "group", "mode", "member", "bytesPerPartition",
                            "verifyBodies"})
 # what Spark itself may hand a source or sink along with the user's options
@@ -49,7 +50,8 @@ _SPARK_OWN = frozenset({"path", "paths", "checkpointLocation", "queryName"})
 _HINTS = {"startingOffsets": "startingIndex", "endingOffsets": "endingIndex",
           "maxOffsetsPerTrigger": "maxEntriesPerTrigger",
           "kafka.bootstrap.servers": "peers", "subscribe": "group (or groups)", "topic": "group",
-          "startingOffsetsByTimestamp": "startingIndex", "offset": "startingIndex"}
+          "startingOffsetsByTimestamp": "startingIndex", "offset": "startingIndex",
+          "kafka.isolation.level": "isolation", "isolation.level": "isolation"}
 
 
 def catalog_hint(fmt: str) -> str:

@@ -51,6 +51,7 @@ from dledger.broker.client import BrokerClient
 from dledger.codes import DLedgerError, ResponseCode
 from dledger.runtime.client import DLedgerClient
 from dledger.spark.broker_online import send_bodies
+from dledger.spark.isolation import ABORT, COMMIT, DEFAULT_TXN_TIMEOUT_S, job_id, producer_id, write_control
 from dledger.spark.online import describe
 from dledger.spark.options import (
     DEFAULT_BATCH_SIZE,
@@ -126,6 +127,8 @@ class WriteConfig:
     write_timeout: float = DEFAULT_WRITE_TIMEOUT_S
     group_column: str | None = None  # routes each row to a group (Kafka's `topic` column); null: `group`
     routes: dict[str, str] | None = None  # option groups: each group's peers (else every group at `peers`)
+    job: str = ""  # a transactional batch write's job (spark.isolation); "" not transactional
+    txn_timeout: float = DEFAULT_TXN_TIMEOUT_S
 
     def peers_of(self, group: str) -> str | None:
         """Where `group` is; None: not among option groups."""
@@ -168,8 +171,16 @@ class WriteConfig:
         idempotent = get_bool(options, "idempotent", True)
         if brokers is not None and get_str(options, "idempotent") is not None and idempotent:
             raise OptionError("option idempotent: broker sets take plain sends (at-least-once); leave it out")
+        transactional = get_bool(options, "transactional", False)
+        txn_timeout = get_float(options, "transactionTimeoutSeconds", DEFAULT_TXN_TIMEOUT_S)
+        if transactional and (brokers is not None or not idempotent):
+            raise OptionError("option transactional: needs idempotent appends to Raft groups (not broker sets, "
+                              "not idempotent=false)")
+        if txn_timeout < 1:
+            raise OptionError(f"option transactionTimeoutSeconds must be >= 1, got {txn_timeout}")
         return cls(group, peers, get_batch_size(options, DEFAULT_BATCH_SIZE), ClientOptions.from_options(options),
-                   brokers is not None, idempotent and brokers is None, write_id, timeout, group_column, routes)
+                   brokers is not None, idempotent and brokers is None, write_id, timeout, group_column, routes,
+                   job_id(write_id, txn_timeout) if transactional else "", txn_timeout)
 
     def producer(self, streaming: bool) -> tuple[str, int] | None:
         """This task's producer id and epoch (None: plain appends), the same for every attempt."""
@@ -183,7 +194,19 @@ class WriteConfig:
             if not query or batch is None or not batch.isdigit():
                 raise RuntimeError("dledger: a micro-batch task without its query and batch id (Spark changed?)")
             return f"{query}/p{tc.partitionId()}", int(batch)
+        if self.job:
+            return producer_id(self.job, f"p{tc.partitionId()}"), 0
         return f"{self.write_id}/p{tc.partitionId()}", 0
+
+    def control(self, group: str, kind: str) -> int:
+        """Write the job's commit or abort record to `group`; its index."""
+        peers = self.peers_of(group)
+        assert peers is not None and self.job
+        client = self.client.client(peers, group, (producer_id(self.job, kind), 0))
+        try:
+            return write_control(client, self.job, kind)
+        finally:
+            client.close()
 
 
 def _column_name(names: list[str], name: str) -> str | None:
@@ -332,17 +355,48 @@ def _summary(messages: list[WriterCommitMessage | None]) -> tuple[int, int]:
 class DLedgerWriter(DataSourceArrowWriter):
     def __init__(self, cfg: WriteConfig) -> None:
         self.cfg = cfg
+        self.started = time.monotonic()  # on the driver, before any task: a transaction's clock
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> AppendCommitMessage:
         return append_batches(self.cfg, iterator, self.cfg.producer(streaming=False))
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
         rows, dups = _summary(messages)
+        if self.cfg.job:
+            self._end_transaction(messages)
         log.info("group %s: write %s appended %d entries (%d were in the log already)", self.cfg.group,
-                 self.cfg.write_id, rows, dups)
+                 self.cfg.job or self.cfg.write_id, rows, dups)
+
+    def _end_transaction(self, messages: list[WriterCommitMessage | None]) -> None:
+        """The commit records, one per group the tasks wrote to; past half its timeout the job
+        aborts instead (readers take a job open past its timeout for aborted, by the log's
+        clock: committing that late could show it to some and not to others)."""
+        groups = sorted({g for m in messages if isinstance(m, AppendCommitMessage) for g in m.groups})
+        elapsed = time.monotonic() - self.started
+        if elapsed > self.cfg.txn_timeout / 2:
+            for g in groups:
+                self.cfg.control(g, ABORT)
+            raise RuntimeError(f"dledger: transaction {self.cfg.job} took {elapsed:.0f} s, more than half its "
+                               f"transactionTimeoutSeconds ({self.cfg.txn_timeout:.0f}): aborted, its rows are never "
+                               f"shown to read_committed readers; raise transactionTimeoutSeconds")
+        for g in groups:
+            at = self.cfg.control(g, COMMIT)
+            log.info("group %s: transaction %s committed (record at %d)", g, self.cfg.job, at)
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
         rows, _ = _summary(messages)
+        if self.cfg.job:
+            groups = {g for m in messages if isinstance(m, AppendCommitMessage) for g in m.groups}
+            groups |= set(self.cfg.routes or ()) | {self.cfg.group}
+            for g in sorted(groups):
+                try:
+                    self.cfg.control(g, ABORT)
+                except Exception as e:  # readers take it for aborted at its timeout anyway
+                    log.error("group %s: abort record of transaction %s not written (%s); read_committed readers "
+                              "wait for its timeout (%.0f s)", g, self.cfg.job, e, self.cfg.txn_timeout)
+            log.warning("transaction %s aborted: %d entries appended by finished tasks stay in the log, never shown "
+                        "to read_committed readers; a re-run is a new transaction", self.cfg.job, rows)
+            return
         how = (f"run it again with option writeId={self.cfg.write_id} and the same rows to append each row "
                f"once" if self.cfg.idempotent else "(at-least-once: idempotent=false)")
         log.warning("group %s: write aborted; %d entries appended by finished tasks stay in the log: %s",
@@ -351,6 +405,8 @@ class DLedgerWriter(DataSourceArrowWriter):
 
 class DLedgerStreamWriter(DataSourceStreamArrowWriter):
     def __init__(self, cfg: WriteConfig) -> None:
+        if cfg.job:
+            raise OptionError("option transactional is for batch writes (a micro-batch is not a transaction here)")
         self.cfg = cfg
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> AppendCommitMessage:

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
 import pyarrow as pa
@@ -45,6 +45,7 @@ from pyspark.sql.types import StructType
 from dledger.broker.client import BrokerClient
 from dledger.runtime.client import DLedgerClient
 from dledger.spark.broker_online import broker_bounds, read_broker_range
+from dledger.spark.isolation import ISOLATION_LEVELS, READ_COMMITTED, READ_UNCOMMITTED, drop_hidden, visibility
 from dledger.spark.online import DataLossError, RangeReadSpec, read_range, wait_leader_view
 from dledger.spark.options import (
     DEFAULT_ENTRIES_PER_PARTITION,
@@ -87,6 +88,7 @@ class ReadConfig:
     client: ClientOptions
     brokers: bool = False  # `groups` are broker sets -> their controllers
     min_partitions: int = 0  # at least this many tasks per group's range (Kafka's minPartitions)
+    isolation: str = READ_UNCOMMITTED  # read_committed: transactions' rows once committed (spark.isolation)
 
     @classmethod
     def from_options(cls, options: Mapping[str, str], streaming: bool) -> ReadConfig:
@@ -118,7 +120,13 @@ class ReadConfig:
             client=ClientOptions.from_options(options),
             brokers=brokers is not None,
             min_partitions=get_int(options, "minPartitions", 0) or 0,
+            isolation=_isolation(options, brokers is not None),
         )
+
+    @property
+    def committed(self) -> bool:
+        """isolation=read_committed."""
+        return self.isolation == READ_COMMITTED
 
     def spec(self, group: str, start: int, end: int) -> RangeReadSpec:
         return RangeReadSpec(group, self.groups[group], start, end, self.fail_on_data_loss, self.timeout,
@@ -207,6 +215,7 @@ class RangePartition(InputPartition):
     timeout: float
     client: ClientOptions
     broker: bool = False
+    hidden: tuple[tuple[int, int], ...] = ()  # read_committed: aborted transactions' indexes (spark.isolation)
 
     def spec(self, bodies: bool = True) -> RangeReadSpec:
         return RangeReadSpec(self.group, self.peers, self.start, self.end, self.fail_on_data_loss, self.timeout,
@@ -226,12 +235,32 @@ def _partitions(cfg: ReadConfig, group: str, start: int, end: int) -> list[Range
     ]
 
 
+def _isolation(options: Mapping[str, str], brokers: bool) -> str:
+    level = (get_str(options, "isolation") or READ_UNCOMMITTED).lower()
+    if level not in ISOLATION_LEVELS:
+        raise OptionError(f"option isolation: {' or '.join(ISOLATION_LEVELS)}, not {level!r}")
+    if brokers and level == READ_COMMITTED:
+        raise OptionError("option isolation: broker sets have no transactions; read_committed is for Raft groups")
+    return level
+
+
+def _visible_partitions(cfg: ReadConfig, group: str, start: int, end: int) -> list[RangePartition]:
+    """_partitions; under read_committed cut at the last stable index, each task told which
+    indexes of its range belong to aborted transactions."""
+    if not cfg.committed or end <= start:
+        return _partitions(cfg, group, start, end)
+    vis = visibility(cfg.client.client(cfg.groups[group], group), start, end, cfg.timeout)
+    if vis.end < end:
+        log.info("group %s: read_committed stops at %d (an open transaction), not %d", group, vis.end, end)
+    return [replace(p, hidden=vis.within(p.start, p.end)) for p in _partitions(cfg, group, start, vis.end)]
+
+
 def _read_partition(partition: InputPartition, columns: Columns, pushed: Pushed) -> Iterator[pa.RecordBatch]:
     # Spark substitutes a placeholder partition when a plan has none
     if isinstance(partition, RangePartition):
         spec = partition.spec(bodies=columns.bodies)  # a broker set sends bodies anyway
         for batch in read_broker_range(spec) if spec.broker else read_range(spec):
-            batch = pushed.mask(batch)
+            batch = pushed.mask(drop_hidden(batch, partition.hidden))
             if batch.num_rows:
                 yield columns.project(batch)
 
@@ -284,7 +313,7 @@ class DLedgerBatchReader(DataSourceReader):
             raise OptionError(f"group {group}: startingIndex {start} is after endingIndex {stop}")
         start, stop = self.pushed.index_range(start, stop)
         log.info("%s: batch read of [%d, %d)", group, start, stop)
-        return _partitions(self.cfg, group, start, stop)
+        return _visible_partitions(self.cfg, group, start, stop)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         return _read_partition(partition, self.columns, self.pushed)
@@ -366,6 +395,8 @@ class DLedgerStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     raise DataLossError(msg + "; set failOnDataLoss=false to wait for it")
                 log.warning("%s; waiting", msg)
             starts[group] = s
+            if self.cfg.committed and end > s:  # not past an open transaction
+                end = visibility(self.cfg.client.client(self.cfg.groups[group], group), s, end, self.cfg.timeout).end
             available[group] = max(0, end - s)
         for group in start:
             if group not in self.cfg.groups:
@@ -389,7 +420,7 @@ class DLedgerStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             if e is None:
                 continue
             s = start.get(group, e)
-            out.extend(_partitions(self.cfg, group, s, e))
+            out.extend(_visible_partitions(self.cfg, group, s, e))
         return out
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
