@@ -20,12 +20,18 @@ def test_markers_only_read_names_who_appended_each_entry(make_cluster: MakeClust
     plain.append_batch([b"p0", b"p1"])
     with DLedgerClient(cluster.peers, cluster.group, timeout=30, idempotent=True, producer_id="txn:j/p0") as c:
         rows = c.append_batch([b"a", b"b", b"c"])
+    with DLedgerClient(cluster.peers, cluster.group, timeout=30, idempotent=True, producer_id="secret-7") as c:
+        c.append(b"s0")
     plain.append(b"p2")
     markers, nxt, committed = plain.read_markers(0)
     assert committed >= rows[-1].index and nxt == committed + 1
-    assert len(markers) == 1 and markers[0].magic == 4 and markers[0].index == rows[0].index - 1
+    assert len(markers) == 2 and {m.magic for m in markers} == {4} and markers[0].index == rows[0].index - 1
     m = msgspec.msgpack.decode(markers[0].body, type=SessionMarker)
     assert [(r.producer, r.first_seq, r.count) for r in m.runs] == [("txn:j/p0", 0, 3)]
-    assert plain.read_markers(rows[0].index)[0] == []  # from after it: none
+    # another producer's id stays its own (docs/security.md): the run says how many entries only
+    other = msgspec.msgpack.decode(markers[1].body, type=SessionMarker)
+    assert [(r.producer, r.count, r.owner) for r in other.runs] == [("", 1, "")]
+    assert not any(b"secret-7" in x.body for x in markers)
+    assert len(plain.read_markers(rows[0].index)[0]) == 1  # from after the first: the second only
     # a plain READ still never shows markers
-    assert [e.body for e in plain.read(0, 100)] == [b"p0", b"p1", b"a", b"b", b"c", b"p2"]
+    assert [e.body for e in plain.read(0, 100)] == [b"p0", b"p1", b"a", b"b", b"c", b"s0", b"p2"]

@@ -31,10 +31,10 @@ class Log:
         self.markers: list[Entry] = []
         self.end = -1
 
-    def write(self, ts_ms: int, *runs: tuple[str, int]) -> list[int]:
-        """A marker and the runs' entries: their indexes."""
+    def write(self, ts_ms: int, *runs: tuple[str, int], owner: str = "") -> list[int]:
+        """A marker and the runs' entries (appended by `owner`): their indexes."""
         at = self.end + 1
-        self.markers.append(Entry(at, 1, 0, marker_body(ts_ms, [Run(p, 0, n) for p, n in runs]), 4))
+        self.markers.append(Entry(at, 1, 0, marker_body(ts_ms, [Run(p, 0, n, 0, owner) for p, n in runs]), 4))
         self.end = at + sum(n for _, n in runs)
         return list(range(at + 1, self.end + 1))
 
@@ -89,3 +89,12 @@ def test_drop_hidden_filters_by_index() -> None:
     batch = pa.record_batch({"index": pa.array(range(10), pa.int64())})
     kept = drop_hidden(batch, [(2, 3), (7, 7), (20, 30)])
     assert kept.column("index").to_pylist() == [0, 1, 4, 5, 6, 8, 9]
+
+
+def test_a_control_record_by_another_principal_is_ignored() -> None:
+    log = Log()
+    rows = log.write(1000, (producer_id(JOB, "p0"), 2), owner="writer")
+    log.write(1100, (producer_id(JOB, COMMIT), 1), owner="intruder")
+    assert vis(log).end == rows[0]  # still open
+    log.write(1200, (producer_id(JOB, ABORT), 1), owner="writer")
+    assert (rows[0], rows[1]) in vis(log).hidden

@@ -22,6 +22,7 @@ from dledger.core.follower_read import FollowerReads
 from dledger.core.long_poll import MAX_WAIT_MS, LongPolls
 from dledger.core.member_state import MemberState
 from dledger.core.messages import CONSISTENCY, EntriesResponse, EntryMsg
+from dledger.core.producers import redacted_marker
 from dledger.core.read_index import ReadIndex, describe
 from dledger.entry import MAGIC_NORMAL, MAGIC_SESSION
 from dledger.store.base import CorruptEntryError, LedgerStore
@@ -193,9 +194,9 @@ class ReadPath:
 
     def _answer_markers(self, start: int, max_entries: int, token: Any) -> int:
         """Only the committed session markers from `start` (at most `max_entries`, within
-        MARKER_SCAN indexes): who appended which entries, for a reader that must tell a
-        transaction's entries apart (docs/format.md, "Transaction records"). The entries'
-        owners and producer ids are the group's readers' to see, as its bodies are."""
+        MARKER_SCAN indexes), redacted: which entries belong to transactions, for a reader
+        that must tell them apart (docs/format.md, "Transaction records"); other producers'
+        ids, and every owner's name, are never shown (docs/security.md)."""
         store = self.store
         committed = store.committed_index
         if start > committed:
@@ -207,7 +208,11 @@ class ReadPath:
         for i in found[:max_entries]:
             e = store.get(i)
             if e.magic == MAGIC_SESSION:  # the index said so; the record must agree
-                out.append(EntryMsg(e.index, e.term, e.pos, e.magic, e.body, e.chain_crc))
+                try:
+                    body = redacted_marker(e.body)
+                except msgspec.DecodeError:
+                    continue  # unreadable (the producer table skips it too)
+                out.append(EntryMsg(e.index, e.term, e.pos, e.magic, body, e.chain_crc))
                 size += len(e.body) + _ENTRY_OVERHEAD
         nxt = found[max_entries - 1] + 1 if len(found) > max_entries else last + 1
         self._reply(token, RequestCode.READ, EntriesResponse(200, self.member.leader_id or "", out,

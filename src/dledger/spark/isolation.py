@@ -33,14 +33,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from dledger.codes import DLedgerError, ResponseCode
-from dledger.core.producers import SessionMarker
+from dledger.core.producers import TRANSACTIONAL_PREFIX, SessionMarker
 from dledger.runtime.client import DLedgerClient, Entry
 
 log = logging.getLogger(__name__)
 
 READ_COMMITTED, READ_UNCOMMITTED = "read_committed", "read_uncommitted"
 ISOLATION_LEVELS = (READ_UNCOMMITTED, READ_COMMITTED)
-TXN_PREFIX = "txn:"
+TXN_PREFIX = TRANSACTIONAL_PREFIX
 COMMIT, ABORT = "commit", "abort"
 # a control record's body: this prefix, then msgpack [kind, job, ts_ms] (docs/format.md)
 CONTROL_PREFIX = b"\x00dledger-txn\x01"
@@ -92,10 +92,18 @@ def write_control(client: DLedgerClient, job: str, kind: str) -> int:
 
 @dataclass
 class _Job:
-    first_ts: int  # its first entry's marker time (the leader's clock)
+    first_ts: int = -1  # its first entry's marker time (the leader's clock)
+    owner: str | None = None  # its first row's owner (a digest): a control record by another is forged
     spans: list[Span] = field(default_factory=list)
-    outcome: str = ""
-    outcome_ts: int = 0
+    controls: list[tuple[str, int, str, int]] = field(default_factory=list)  # (kind, ts_ms, owner, index)
+
+    def outcome(self) -> tuple[str, int]:
+        """(commit/abort/"", when): its first control record by its own writer."""
+        for kind, ts, owner, at in self.controls:
+            if owner == self.owner:
+                return kind, ts
+            log.warning("a %s record at %d is by another principal than the transaction's writer: ignored", kind, at)
+        return "", 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,12 +140,13 @@ def scan(client: DLedgerClient, start: int, end: int, deadline: float) -> Visibi
                 if owner is None:
                     continue
                 job, part = owner
-                j = jobs.setdefault(job, _Job(marker.ts_ms))
+                j = jobs.setdefault(job, _Job())
                 if part in (COMMIT, ABORT):
                     control.append(span)
-                    if not j.outcome:
-                        j.outcome, j.outcome_ts = part, marker.ts_ms
+                    j.controls.append((part, marker.ts_ms, run.owner, span[0]))
                 else:
+                    if j.owner is None:
+                        j.first_ts, j.owner = marker.ts_ms, run.owner
                     j.spans.append(span)
         if nxt <= index:
             break
@@ -147,8 +156,8 @@ def scan(client: DLedgerClient, start: int, end: int, deadline: float) -> Visibi
     for job, j in jobs.items():
         if not j.spans:
             continue
-        outcome, timeout_ms = j.outcome, job_timeout_ms(job)
-        if outcome == COMMIT and j.outcome_ts - j.first_ts > timeout_ms:
+        (outcome, outcome_ts), timeout_ms = j.outcome(), job_timeout_ms(job)
+        if outcome == COMMIT and outcome_ts - j.first_ts > timeout_ms:
             outcome = ABORT  # committed after its timeout: readers had been free to take it as aborted
         if not outcome and clock - j.first_ts > timeout_ms:
             outcome = ABORT
