@@ -61,6 +61,7 @@ def _tagged(rows: list[tuple[int, bytes]], tag: str) -> list[bytes]:
     return sorted(b for _, b in rows if b.startswith(tag.encode()))
 
 
+@pytest.mark.slow  # a second Spark driver (1-2 min on a loaded machine); CI: the aborted job below, unit/test_isolation
 def test_read_committed_sees_a_job_only_once_its_driver_commits(
         spark: SparkSession, group: Group, tmp_path: Path) -> None:
     tag, rows = f"txn-{uuid.uuid4().hex[:8]}", 600
