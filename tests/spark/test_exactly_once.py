@@ -125,6 +125,26 @@ def test_a_write_id_reused_for_other_rows_fails_its_task(spark: SparkSession, gr
     assert sorted(got) == sorted(f"{write_id}/first-{i}".encode() for i in range(100))
 
 
+def test_a_write_id_reused_for_more_other_rows_in_several_partitions_fails_the_job(
+        spark: SparkSession, group: Group) -> None:
+    """The issue's shape: 5 rows stored, then 7 other rows under the same writeId (5 of them
+    had vanished as "duplicates"). Every partition whose numbers are taken fails; the job
+    fails and stores none of the other rows, not even those past the stored numbers."""
+    start = group.committed_next()
+    write_id = f"reused7-{uuid.uuid4().hex}"
+
+    def write(tag: str, n: int) -> None:
+        spark.createDataFrame([(f"{write_id}/{tag}-{i}",) for i in range(n)], "body string").repartition(2) \
+            .sortWithinPartitions("body").write.format("dledger").mode("append").option("peers", group.peers) \
+            .option("writeId", write_id).option("batchSize", "100").save()
+
+    write("first", 50)
+    with pytest.raises(Exception, match=r"SEQUENCE_REUSED \(436\).*use a new writeId"):
+        write("other", 70)
+    got = [e.body for e in read_all(group.client, start) if e.body.startswith(write_id.encode())]
+    assert sorted(got) == sorted(f"{write_id}/first-{i}".encode() for i in range(50))
+
+
 def _write_rows(spark: SparkSession, g: Group, write_id: str, rows: list[str], batch: int = 40) -> None:
     """One partition (in order), `batch` rows per request."""
     spark.createDataFrame([(r,) for r in rows], "body string").coalesce(1).write.format("dledger") \

@@ -78,7 +78,7 @@ def test_an_unverifiable_duplicate_fails_the_task_at_once_saying_what_to_do() ->
 
     appender = _Appender.__new__(_Appender)
     appender.cfg = WriteConfig("g", "n0-127.0.0.1:1", 10, ClientOptions(), write_timeout=1.0)
-    appender.rows, appender.pending = 0, [b"r0", b"r1"]
+    appender.group, appender.rows, appender.pending = "g", 0, [b"r0", b"r1"]
     with pytest.raises(RuntimeError, match=r"DUPLICATE_UNVERIFIABLE \(438\).*older than the leader can still "
                                            r"compare.*raise max_producer_spans.*or use a new writeId"):
         appender._append(Client())  # type: ignore[arg-type]

@@ -71,7 +71,10 @@ def test_a_rate_limited_creation_is_sent_again() -> None:
 
 
 @pytest.mark.parametrize("code", [ResponseCode.SEQUENCE_REUSED, ResponseCode.PRODUCER_NOT_OWNED,
-                                  ResponseCode.DUPLICATE_UNVERIFIABLE])
+                                  ResponseCode.DUPLICATE_UNVERIFIABLE, ResponseCode.PRODUCER_FENCED])
 def test_a_reused_or_foreign_id_is_raised_at_once(code: ResponseCode) -> None:
     sent, _, result = run([DLedgerError(code, "no")], [b"a"])
     assert isinstance(result, DLedgerError) and result.code == code and len(sent) == 1
+    # the way on names this client's parameters (another principal's id: only another id helps)
+    named = "producer_epoch above" in result.message and "another producer_id" in result.message
+    assert named == (code != ResponseCode.PRODUCER_NOT_OWNED), result.message

@@ -190,6 +190,7 @@ class ReadRequest(Msg):
     wait_ms: Count = 0  # long poll: if from_index is not committed yet, wait up to this long for it
     follower_read: bool = False  # a follower serves it (asking the leader for a read index), no redirect
     bodies: bool = True  # False: every entry comes with an empty body (a reader of indexes and terms only)
+    markers: bool = False  # True: only the session markers (magic 4) from from_index (transaction-aware readers)
 
 
 class EntryMsg(msgspec.Struct, array_like=True):

@@ -45,6 +45,7 @@ recently used evicted, on every member alike), and the leader bounds creations p
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from array import array
 from collections import OrderedDict
@@ -100,6 +101,26 @@ _decode_marker = msgspec.msgpack.Decoder(SessionMarker).decode
 
 def marker_body(ts_ms: int, runs: list[Run]) -> bytes:
     return _encode_marker((ts_ms, [_wire(r) for r in runs]))
+
+
+# producer ids of transactions (a transactional Spark write, docs/format.md "Transaction
+# records"): the only ids a markers-only READ shows
+TRANSACTIONAL_PREFIX = "txn:"
+
+
+def redacted_marker(body: bytes) -> bytes:
+    """A marker as a markers-only READ shows it: every run's count (which entries it covers);
+    for a transaction's producer its id, sequence and epoch, and its owner as a digest (equal
+    owners, equal digests: a reader can tell a commit record from a forged one without
+    learning the name); for any other producer nothing (ids stay their principals')."""
+    m = _decode_marker(body)
+    runs = [Run(r.producer, r.first_seq, r.count, r.epoch, owner_digest(r.owner))
+            if r.producer.startswith(TRANSACTIONAL_PREFIX) else Run("", 0, r.count) for r in m.runs]
+    return marker_body(m.ts_ms, runs)
+
+
+def owner_digest(owner: str) -> str:
+    return hashlib.sha256(owner.encode()).hexdigest()[:32] if owner else ""
 
 
 class Producer:

@@ -22,6 +22,7 @@ from dledger.core.follower_read import FollowerReads
 from dledger.core.long_poll import MAX_WAIT_MS, LongPolls
 from dledger.core.member_state import MemberState
 from dledger.core.messages import CONSISTENCY, EntriesResponse, EntryMsg
+from dledger.core.producers import redacted_marker
 from dledger.core.read_index import ReadIndex, describe
 from dledger.entry import MAGIC_NORMAL, MAGIC_SESSION
 from dledger.store.base import CorruptEntryError, LedgerStore
@@ -34,6 +35,7 @@ _ENTRY_OVERHEAD = 48
 # at the next drains in index order: 50 polls released by one 16 MiB append took a member
 # from 87 to 497 MB, and deposed the leader.
 LONG_POLL_PAGE_BYTES = 1 << 20
+MARKER_SCAN = 1 << 20  # indexes a markers-only READ looks through (their index units: 32 MiB)
 LONG_POLL_DRAIN_BYTES = 8 << 20
 
 ReplyTo = Callable[[Any, int, msgspec.Struct], None]
@@ -61,7 +63,7 @@ class ReadPath:
 
     def handle_read(self, code: int, start: int, max_entries: int, max_bytes: int, only_normal: bool,
                      local: bool, consistency: str, token: Any, wait_ms: int = 0, addressed: bool = False,
-                     bodies: bool = True) -> None:
+                     bodies: bool = True, markers: bool = False) -> None:
         """Committed entries only, from the leader unless the reader asked for this member's
         own copy (`local`), whose commit index may lag. From the leader an append acknowledged
         to one client is readable by every other client at once; `linearizable` and `lease`
@@ -71,6 +73,8 @@ class ReadPath:
             return local or not self.member.is_leader
 
         def answer(cap: int = max_bytes) -> int:
+            if markers:
+                return self._answer_markers(start, max_entries, token)
             return self._answer(code, start, max_entries, cap, only_normal, own_copy(), token, bodies)
 
         def answer_or_wait(_: int = -1) -> None:
@@ -186,6 +190,33 @@ class ReadPath:
                     self.read_body_bytes += len(out[-1].body)
         self.entries_read += len(out)
         self._reply(token, code, EntriesResponse(200, self.member.leader_id or "", out, index, committed))
+        return size
+
+    def _answer_markers(self, start: int, max_entries: int, token: Any) -> int:
+        """Only the committed session markers from `start` (at most `max_entries`, within
+        MARKER_SCAN indexes), redacted: which entries belong to transactions, for a reader
+        that must tell them apart (docs/format.md, "Transaction records"); other producers'
+        ids, and every owner's name, are never shown (docs/security.md)."""
+        store = self.store
+        committed = store.committed_index
+        if start > committed:
+            raise DLedgerError(ResponseCode.INDEX_OUT_OF_RANGE, f"index {start} is beyond the committed {committed}")
+        last = min(committed, start + MARKER_SCAN - 1)
+        found = store.indexes_with_magic(start, last, MAGIC_SESSION)
+        out: list[EntryMsg] = []
+        size = 0
+        for i in found[:max_entries]:
+            e = store.get(i)
+            if e.magic == MAGIC_SESSION:  # the index said so; the record must agree
+                try:
+                    body = redacted_marker(e.body)
+                except msgspec.DecodeError:
+                    continue  # unreadable (the producer table skips it too)
+                out.append(EntryMsg(e.index, e.term, e.pos, e.magic, body, e.chain_crc))
+                size += len(e.body) + _ENTRY_OVERHEAD
+        nxt = found[max_entries - 1] + 1 if len(found) > max_entries else last + 1
+        self._reply(token, RequestCode.READ, EntriesResponse(200, self.member.leader_id or "", out,
+                                                             max(nxt, store.begin_index), committed))
         return size
 
     def _hit_corrupt(self, e: CorruptEntryError, local: bool) -> None:

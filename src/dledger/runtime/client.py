@@ -23,9 +23,11 @@ evicted (UNKNOWN_PRODUCER) starts a new session by itself: the next epoch, seque
 0, the call's bodies sent again; bodies whose outcome was unknown when it was evicted may
 then be stored twice. PRODUCER_RATE_LIMITED (too many producers created by this principal;
 nothing was written) is waited out and sent again within the call's timeout;
-PRODUCER_NOT_OWNED, SEQUENCE_REUSED and DUPLICATE_UNVERIFIABLE are raised at once, never sent
-again (another principal's id; an id reused for other bodies; a duplicate too old for the
-leader to compare with the stored entry: start a new epoch or use another id).
+PRODUCER_NOT_OWNED, SEQUENCE_REUSED, PRODUCER_FENCED and DUPLICATE_UNVERIFIABLE are raised
+at once, never sent again (another principal's id; an id reused for other bodies, say by a
+second process: it fails at its first append; a later session took over; a duplicate too old
+for the leader to compare with the stored entry); the error names the way on: a new client
+with a higher `producer_epoch`, or another `producer_id`.
 """
 
 from __future__ import annotations
@@ -225,6 +227,23 @@ class _Answers:
         return self.refusal
 
 
+def _session_hint(e: DLedgerError, p: IdempotentProducer) -> str:
+    """How to go on after a refusal that means another session owns this producer id (the
+    server's words name no parameter of this client): nothing of the call was written."""
+    if e.code == ResponseCode.SEQUENCE_REUSED:  # every attempt of the call sent these bodies: none was stored
+        why = ("nothing of this call was stored: its sequences hold other bodies (another process, or an "
+               "earlier run, appended under this id)")
+    elif e.code == ResponseCode.PRODUCER_FENCED:
+        why = "a later session of this producer id took over"
+    elif e.code == ResponseCode.DUPLICATE_UNVERIFIABLE:
+        why = "its sequences cannot be compared with what is stored"
+    else:
+        return ""
+    return (f"This client cannot append any more: {why}. To append new data, start a new session: a new client "
+            f"with producer_id={p.id!r} and a producer_epoch above every epoch used with it so far (this one is "
+            f"{p.epoch}), or another producer_id (or none: a random one)")
+
+
 class AsyncDLedgerClient:
     """One client may serve many tasks: their requests share one connection per member.
 
@@ -363,6 +382,9 @@ class AsyncDLedgerClient:
                         p.new_session()  # evicted or expired: the next epoch, these bodies from sequence 0
                         continue
                     p.failed(bodies)
+                    hint = _session_hint(e, p)
+                    if hint:
+                        raise DLedgerError(e.code, f"{e.message}. {hint}") from e
                     raise
                 except BaseException:  # cancelled with the request out: its outcome is unknown
                     p.failed(bodies)
@@ -470,6 +492,22 @@ class AsyncDLedgerClient:
                 break
             index = resp.next_index
         return out
+
+    async def read_markers(self, from_index: int, max_entries: int = 1000,
+                           member: str | None = None) -> tuple[list[Entry], int, int]:
+        """The committed session markers (magic 4: who appended the entries after each) from
+        `from_index`: (markers, where the next call starts, the committed index). One request;
+        a transaction-aware reader's (dledger.spark.isolation). A member older than this
+        request answers entries instead: refused here (UNSUPPORTED)."""
+        consistency, local, follower = _resolve(None, member)
+        req = ReadRequest(self.group, "", "", from_index, max_entries, 4 << 20, False, local, consistency,
+                          follower_read=follower, markers=True)
+        resp = await self._ask(member, RequestCode.READ, req)
+        assert isinstance(resp, EntriesResponse)
+        if any(e.magic != 4 for e in resp.entries):
+            raise DLedgerError(ResponseCode.UNSUPPORTED, "the member does not serve markers-only reads (older version)")
+        return [Entry(e.index, e.term, e.pos, e.body, e.magic) for e in resp.entries], resp.next_index, \
+            resp.committed_index
 
     async def subscribe(self, from_index: int = 0, *, only_normal: bool = True, max_entries: int = 1000,
                         wait: float = 10.0, consistency: str = "leader") -> AsyncGenerator[Entry, None]:
@@ -954,6 +992,10 @@ class DLedgerClient:
              consistency: str | None = None, *, bodies: bool = True) -> list[Entry]:
         return self._run(self._async.read(from_index, max_entries, member=member, consistency=consistency,
                                           bodies=bodies))
+
+    def read_markers(self, from_index: int, max_entries: int = 1000,
+                     member: str | None = None) -> tuple[list[Entry], int, int]:
+        return self._run(self._async.read_markers(from_index, max_entries, member))
 
     def metadata(self, member: str | None = None, consistency: str = "") -> Metadata:
         return self._run(self._async.metadata(member, consistency))

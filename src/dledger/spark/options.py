@@ -40,8 +40,9 @@ _CONNECTION = frozenset({"peers", "group", "groups", "controller", "brokers", "c
                          "tlsCert", "tlsKey", "tlsDir", "authToken"})
 READ_OPTIONS = _CONNECTION | {"startingIndex", "endingIndex", "maxEntriesPerTrigger", "minEntriesPerTrigger",
                               "maxTriggerDelay", "failOnDataLoss", "entriesPerPartition", "minPartitions",
-                              "timeoutSeconds", "includeTimestamp"}
-WRITE_OPTIONS = _CONNECTION | {"batchSize", "idempotent", "writeId", "writeTimeoutSeconds"}
+                              "timeoutSeconds", "includeTimestamp", "isolation"}
+WRITE_OPTIONS = _CONNECTION | {"batchSize", "idempotent", "writeId", "writeTimeoutSeconds", "transactional",
+                               "transactionTimeoutSeconds"}
 FILES_OPTIONS = frozenset({"path", "includeUncommitted", "group", "mode", "member", "bytesPerPartition",
                            "verifyBodies"})
 # what Spark itself may hand a source or sink along with the user's options
@@ -66,7 +67,7 @@ _KAFKA: dict[str, str] = {
     "groupIdPrefix": "no consumer group: a query's position lives in its checkpoint (as with Kafka's source)",
     "kafka.group.id": "no consumer group: a query's position lives in its checkpoint (as with Kafka's source)",
     "kafka.bootstrap.servers": "=peers (or controller and brokers for broker sets)",
-    "kafka.isolation.level": "a read never returns an uncommitted entry",
+    "kafka.isolation.level": "=isolation", "isolation.level": "=isolation",
     "kafka.security.protocol": "=tlsDir (or tlsCa, tlsCert, tlsKey; authToken for a group run with tokens)",
     "kafkaConsumer.pollTimeoutMs": "=clientTimeoutSeconds", "fetchOffset.numRetries": "=timeoutSeconds",
     "fetchOffset.retryIntervalMs": "=timeoutSeconds", "maxRecordsPerPartition": "=entriesPerPartition",

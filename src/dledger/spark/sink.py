@@ -12,6 +12,13 @@ holds already is answered with its original index and only the rest is appended.
 needs the retried task to see the same rows in the same order (Spark's replay of a
 deterministic plan and of a replayable source, as Kafka's and ours).
 
+A string column `group` routes each row to that group, as Kafka's `topic` column does:
+null (or no such column) is the `group` option's; the groups are at `peers`, or each at
+its own peers with option `groups` (JSON). A task keeps one producer per group it writes
+to, each numbering that group's rows in row order (the same id: each group's producer
+table is its own), so a retry numbers each group's rows alike and exactly-once holds per
+group.
+
 Within a task an append whose outcome is unknown (the leader died) is sent again by the
 client, and again here until `writeTimeoutSeconds`: no task fails for a failover, nor for
 PRODUCER_RATE_LIMITED (nothing written). What retrying cannot mend fails the task at once,
@@ -26,6 +33,7 @@ session of its own, which would take the next micro-batch's epoch).
 from __future__ import annotations
 
 import logging
+import time
 import uuid
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -43,6 +51,7 @@ from dledger.broker.client import BrokerClient
 from dledger.codes import DLedgerError, ResponseCode
 from dledger.runtime.client import DLedgerClient
 from dledger.spark.broker_online import send_bodies
+from dledger.spark.isolation import ABORT, COMMIT, DEFAULT_TXN_TIMEOUT_S, job_id, producer_id, write_control
 from dledger.spark.online import describe
 from dledger.spark.options import (
     DEFAULT_BATCH_SIZE,
@@ -85,12 +94,26 @@ _HINTS = {
 }
 
 
-class AppendCommitMessage(WriterCommitMessage):
-    """What one task appended: `rows` entries, indexes first_index..last_index (-1 if none);
-    `duplicates` of them were in the log already (an earlier attempt had appended them)."""
+@dataclass(frozen=True, slots=True)
+class GroupAppend:
+    """What one task appended to one group: `rows` entries, indexes first..last (-1 if none),
+    `duplicates` of them in the log already (an earlier attempt had appended them)."""
 
-    def __init__(self, rows: int, first_index: int, last_index: int, duplicates: int = 0) -> None:
+    rows: int
+    first_index: int
+    last_index: int
+    duplicates: int = 0
+
+
+class AppendCommitMessage(WriterCommitMessage):
+    """What one task appended: `rows` entries in all, `duplicates` of them in the log already;
+    per group in `groups`. first_index..last_index: the write's group's (the only one
+    without a `group` column; -1 if none)."""
+
+    def __init__(self, rows: int, first_index: int, last_index: int, duplicates: int = 0,
+                 groups: dict[str, GroupAppend] | None = None) -> None:
         self.rows, self.first_index, self.last_index, self.duplicates = rows, first_index, last_index, duplicates
+        self.groups = groups or {}
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,15 +126,37 @@ class WriteConfig:
     idempotent: bool = True
     write_id: str = ""  # a batch write's: the producer ids' prefix
     write_timeout: float = DEFAULT_WRITE_TIMEOUT_S
+    group_column: str | None = None  # routes each row to a group (Kafka's `topic` column); null: `group`
+    routes: dict[str, str] | None = None  # option groups: each group's peers (else every group at `peers`)
+    job: str = ""  # a transactional batch write's job (spark.isolation); "" not transactional
+    txn_timeout: float = DEFAULT_TXN_TIMEOUT_S
+
+    def peers_of(self, group: str) -> str | None:
+        """Where `group` is; None: not among option groups."""
+        return self.peers if self.routes is None else self.routes.get(group)
 
     @classmethod
     def from_options(cls, options: Mapping[str, str], schema: StructType) -> WriteConfig:
         brokers = parse_brokers(options)
         if brokers is not None and len(brokers) != 1:
             raise OptionError(f"a write goes to one broker set: `brokers` names {len(brokers)}")
+        group_column = _column_name(schema.fieldNames(), "group")
+        if group_column is not None and not isinstance(schema[group_column].dataType, StringType):
+            raise OptionError(f"column `group` (each row's group) must be a string, not "
+                              f"{schema[group_column].dataType.simpleString()}")
+        routes: dict[str, str] | None = None
         if get_str(options, "groups") is not None:
-            raise OptionError("a write goes to one group: give `peers` and `group`, not `groups`")
-        ((group, peers),) = (brokers or parse_groups(options)).items()
+            if group_column is None or brokers is not None:
+                raise OptionError("a write goes to one group: give `peers` and `group`, not `groups` (or add a "
+                                  "string column `group` that names each row's group among `groups`)")
+            routes = parse_groups({k: v for k, v in options.items() if k.lower() != "group"})
+            group = get_str(options, "group") or (next(iter(routes)) if len(routes) == 1 else "")
+            if group and group not in routes:
+                raise OptionError(f"option group {group!r} (rows with a null `group`) is not among option groups "
+                                  f"({', '.join(sorted(routes))})")
+            peers = ""
+        else:
+            ((group, peers),) = (brokers or parse_groups(options)).items()
         body = _body_name(schema.fieldNames())
         if body is None:
             raise OptionError(f"writing to dledger needs a `body` column (binary or string); columns are "
@@ -127,8 +172,16 @@ class WriteConfig:
         idempotent = get_bool(options, "idempotent", True)
         if brokers is not None and get_str(options, "idempotent") is not None and idempotent:
             raise OptionError("option idempotent: broker sets take plain sends (at-least-once); leave it out")
+        transactional = get_bool(options, "transactional", False)
+        txn_timeout = get_float(options, "transactionTimeoutSeconds", DEFAULT_TXN_TIMEOUT_S)
+        if transactional and (brokers is not None or not idempotent):
+            raise OptionError("option transactional: needs idempotent appends to Raft groups (not broker sets, "
+                              "not idempotent=false)")
+        if txn_timeout < 1:
+            raise OptionError(f"option transactionTimeoutSeconds must be >= 1, got {txn_timeout}")
         return cls(group, peers, get_batch_size(options, DEFAULT_BATCH_SIZE), ClientOptions.from_options(options),
-                   brokers is not None, idempotent and brokers is None, write_id, timeout)
+                   brokers is not None, idempotent and brokers is None, write_id, timeout, group_column, routes,
+                   job_id(write_id, txn_timeout) if transactional else "", txn_timeout)
 
     def producer(self, streaming: bool) -> tuple[str, int] | None:
         """This task's producer id and epoch (None: plain appends), the same for every attempt."""
@@ -142,14 +195,30 @@ class WriteConfig:
             if not query or batch is None or not batch.isdigit():
                 raise RuntimeError("dledger: a micro-batch task without its query and batch id (Spark changed?)")
             return f"{query}/p{tc.partitionId()}", int(batch)
+        if self.job:
+            return producer_id(self.job, f"p{tc.partitionId()}"), 0
         return f"{self.write_id}/p{tc.partitionId()}", 0
+
+    def control(self, group: str, kind: str) -> int:
+        """Write the job's commit or abort record to `group`; its index."""
+        peers = self.peers_of(group)
+        assert peers is not None and self.job
+        client = self.client.client(peers, group, (producer_id(self.job, kind), 0))
+        try:
+            return write_control(client, self.job, kind)
+        finally:
+            client.close()
+
+
+def _column_name(names: list[str], name: str) -> str | None:
+    """The column `name`'s spelling (Spark's names are case-insensitive)."""
+    if name in names:
+        return name
+    return next((n for n in names if n.lower() == name), None)
 
 
 def _body_name(names: list[str]) -> str | None:
-    """The `body` column's name (Spark's names are case-insensitive)."""
-    if "body" in names:
-        return "body"
-    return next((n for n in names if n.lower() == "body"), None)
+    return _column_name(names, "body")
 
 
 def _bodies(batch: pa.RecordBatch, seen: int) -> list[bytes]:
@@ -163,14 +232,35 @@ def _bodies(batch: pa.RecordBatch, seen: int) -> list[bytes]:
     return [bytes(v) for v in col.to_pylist()]
 
 
-class _Appender:
-    """One task's appends: bodies gathered into requests of `batch_size` (or 8 MiB)."""
+def _route(cfg: WriteConfig, batch: pa.RecordBatch, bodies: list[bytes], seen: int) -> dict[str, list[bytes]]:
+    """The batch's bodies per group (the `group` column; null: the `group` option), each
+    group's in row order: a retry, seeing the same rows, numbers each group's alike."""
+    assert cfg.group_column is not None
+    out: dict[str, list[bytes]] = {}
+    for k, (group, body) in enumerate(zip(batch.column(cfg.group_column).to_pylist(), bodies, strict=True)):
+        group = group or cfg.group
+        if not group:
+            raise ValueError(f"dledger: row {seen + k} of this task has a null `group` and option groups names "
+                             f"several: set option group for such rows, or fill the column")
+        if group not in out and cfg.peers_of(group) is None:
+            assert cfg.routes is not None
+            raise ValueError(f"dledger: row {seen + k} of this task names group {group!r}, not among option "
+                             f"groups ({', '.join(sorted(cfg.routes))})")
+        out.setdefault(group, []).append(body)
+    return out
 
-    def __init__(self, cfg: WriteConfig, producer: tuple[str, int] | None) -> None:
+
+class _Appender:
+    """One task's appends to one group: bodies gathered into requests of `batch_size` (or 8 MiB)."""
+
+    def __init__(self, cfg: WriteConfig, group: str, producer: tuple[str, int] | None) -> None:
         self.cfg = cfg
+        self.group = group
+        peers = cfg.peers_of(group)
+        assert peers is not None  # checked by _route
         self.client: DLedgerClient | BrokerClient = (
-            cfg.client.broker_client(cfg.peers, cfg.group) if cfg.broker
-            else cfg.client.client(cfg.peers, cfg.group, producer))
+            cfg.client.broker_client(peers, group) if cfg.broker
+            else cfg.client.client(peers, group, producer))
         if isinstance(self.client, DLedgerClient) and self.client.producer is not None:
             self.client.producer.new_sessions = False  # its epochs are Spark's: UNKNOWN_PRODUCER fails the task
         self.rows = self.duplicates = 0
@@ -190,7 +280,7 @@ class _Appender:
             return
         client = self.client
         if isinstance(client, BrokerClient):
-            lo, hi = send_bodies(client, self.cfg.group, self.pending)
+            lo, hi = send_bodies(client, self.group, self.pending)
         else:
             lo, hi = self._append(client)
         if self.first < 0:
@@ -219,7 +309,7 @@ class _Appender:
                 except DLedgerError as final:
                     hint = f"; {_HINTS[e.code]}" if e.code in _HINTS and producer is not None else ""
                     raise RuntimeError(
-                        f"dledger: append of {len(self.pending)} entries to group {self.cfg.group} failed "
+                        f"dledger: append of {len(self.pending)} entries to group {self.group} failed "
                         f"({self.rows} rows of this task were appended before): {describe(final)}{hint}") from e
 
     def close(self) -> None:
@@ -228,15 +318,36 @@ class _Appender:
 
 def append_batches(cfg: WriteConfig, batches: Iterator[pa.RecordBatch], producer: tuple[str, int] | None = None
                    ) -> AppendCommitMessage:
-    """Append every row's body, in row order, as `producer` (id, epoch; None: plain appends)."""
-    appender = _Appender(cfg, producer)
+    """Append every row's body, in row order, as `producer` (id, epoch; None: plain appends):
+    to the write's group, or with a `group` column to each row's, a producer per group
+    (each group's producer table is its own, so the ids are the same)."""
+    appenders: dict[str, _Appender] = {}
+
+    def to(group: str) -> _Appender:
+        a = appenders.get(group)
+        if a is None:
+            a = appenders[group] = _Appender(cfg, group, producer)
+        return a
+
+    seen = 0
     try:
         for batch in batches:
-            appender.add(_bodies(batch, appender.rows + len(appender.pending)))
-        appender.flush()
+            bodies = _bodies(batch, seen)
+            if cfg.group_column is None:
+                to(cfg.group).add(bodies)
+            else:
+                for group, part in _route(cfg, batch, bodies, seen).items():
+                    to(group).add(part)
+            seen += len(bodies)
+        for a in appenders.values():
+            a.flush()
     finally:
-        appender.close()
-    return AppendCommitMessage(appender.rows, appender.first, appender.last, appender.duplicates)
+        for a in appenders.values():
+            a.close()
+    groups = {g: GroupAppend(a.rows, a.first, a.last, a.duplicates) for g, a in appenders.items()}
+    own = groups.get(cfg.group, GroupAppend(0, -1, -1))
+    return AppendCommitMessage(sum(g.rows for g in groups.values()), own.first_index, own.last_index,
+                               sum(g.duplicates for g in groups.values()), groups)
 
 
 def _summary(messages: list[WriterCommitMessage | None]) -> tuple[int, int]:
@@ -247,17 +358,48 @@ def _summary(messages: list[WriterCommitMessage | None]) -> tuple[int, int]:
 class DLedgerWriter(DataSourceArrowWriter):
     def __init__(self, cfg: WriteConfig) -> None:
         self.cfg = cfg
+        self.started = time.monotonic()  # on the driver, before any task: a transaction's clock
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> AppendCommitMessage:
         return append_batches(self.cfg, iterator, self.cfg.producer(streaming=False))
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
         rows, dups = _summary(messages)
+        if self.cfg.job:
+            self._end_transaction(messages)
         log.info("group %s: write %s appended %d entries (%d were in the log already)", self.cfg.group,
-                 self.cfg.write_id, rows, dups)
+                 self.cfg.job or self.cfg.write_id, rows, dups)
+
+    def _end_transaction(self, messages: list[WriterCommitMessage | None]) -> None:
+        """The commit records, one per group the tasks wrote to; past half its timeout the job
+        aborts instead (readers take a job open past its timeout for aborted, by the log's
+        clock: committing that late could show it to some and not to others)."""
+        groups = sorted({g for m in messages if isinstance(m, AppendCommitMessage) for g in m.groups})
+        elapsed = time.monotonic() - self.started
+        if elapsed > self.cfg.txn_timeout / 2:
+            for g in groups:
+                self.cfg.control(g, ABORT)
+            raise RuntimeError(f"dledger: transaction {self.cfg.job} took {elapsed:.0f} s, more than half its "
+                               f"transactionTimeoutSeconds ({self.cfg.txn_timeout:.0f}): aborted, its rows are never "
+                               f"shown to read_committed readers; raise transactionTimeoutSeconds")
+        for g in groups:
+            at = self.cfg.control(g, COMMIT)
+            log.info("group %s: transaction %s committed (record at %d)", g, self.cfg.job, at)
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
         rows, _ = _summary(messages)
+        if self.cfg.job:
+            groups = {g for m in messages if isinstance(m, AppendCommitMessage) for g in m.groups}
+            groups |= set(self.cfg.routes or ()) | {self.cfg.group}
+            for g in sorted(groups):
+                try:
+                    self.cfg.control(g, ABORT)
+                except Exception as e:  # readers take it for aborted at its timeout anyway
+                    log.error("group %s: abort record of transaction %s not written (%s); read_committed readers "
+                              "wait for its timeout (%.0f s)", g, self.cfg.job, e, self.cfg.txn_timeout)
+            log.warning("transaction %s aborted: %d entries appended by finished tasks stay in the log, never shown "
+                        "to read_committed readers; a re-run is a new transaction", self.cfg.job, rows)
+            return
         how = (f"run it again with option writeId={self.cfg.write_id} and the same rows to append each row "
                f"once" if self.cfg.idempotent else "(at-least-once: idempotent=false)")
         log.warning("group %s: write aborted; %d entries appended by finished tasks stay in the log: %s",
@@ -266,6 +408,8 @@ class DLedgerWriter(DataSourceArrowWriter):
 
 class DLedgerStreamWriter(DataSourceStreamArrowWriter):
     def __init__(self, cfg: WriteConfig) -> None:
+        if cfg.job:
+            raise OptionError("option transactional is for batch writes (a micro-batch is not a transaction here)")
         self.cfg = cfg
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> AppendCommitMessage:

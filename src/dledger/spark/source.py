@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
 import pyarrow as pa
@@ -47,6 +47,7 @@ from pyspark.sql.types import StructType
 from dledger.broker.client import BrokerClient
 from dledger.runtime.client import DLedgerClient
 from dledger.spark.broker_online import broker_bounds, read_broker_range
+from dledger.spark.isolation import ISOLATION_LEVELS, READ_COMMITTED, READ_UNCOMMITTED, drop_hidden, visibility
 from dledger.spark.online import DataLossError, RangeReadSpec, first_data_index, read_range, wait_leader_view
 from dledger.spark.options import (
     DEFAULT_ENTRIES_PER_PARTITION,
@@ -105,6 +106,7 @@ class ReadConfig:
     min_partitions: int = 0  # at least this many tasks per group's range (Kafka's minPartitions)
     min_entries_per_trigger: int | None = None  # Kafka's minOffsetsPerTrigger
     max_trigger_delay: float = DEFAULT_MAX_TRIGGER_DELAY_S  # seconds; Kafka's maxTriggerDelay
+    isolation: str = READ_UNCOMMITTED  # read_committed: transactions' rows once committed (spark.isolation)
 
     @classmethod
     def from_options(cls, options: Mapping[str, str], streaming: bool) -> ReadConfig:
@@ -149,7 +151,13 @@ class ReadConfig:
             min_partitions=get_int(options, "minPartitions", 0) or 0,
             min_entries_per_trigger=min_trigger,
             max_trigger_delay=delay,
+            isolation=_isolation(options, brokers is not None),
         )
+
+    @property
+    def committed(self) -> bool:
+        """isolation=read_committed."""
+        return self.isolation == READ_COMMITTED
 
     def spec(self, group: str, start: int, end: int) -> RangeReadSpec:
         return RangeReadSpec(group, self.groups[group], start, end, self.fail_on_data_loss, self.timeout,
@@ -254,6 +262,7 @@ class RangePartition(InputPartition):
     client: ClientOptions
     broker: bool = False
     planned_ms: int = 0  # the timestamp column's value (ms since the epoch)
+    hidden: tuple[tuple[int, int], ...] = ()  # read_committed: aborted transactions' indexes (spark.isolation)
 
     def spec(self, bodies: bool = True) -> RangeReadSpec:
         return RangeReadSpec(self.group, self.peers, self.start, self.end, self.fail_on_data_loss, self.timeout,
@@ -273,12 +282,33 @@ def _partitions(cfg: ReadConfig, group: str, start: int, end: int, planned_ms: i
     ]
 
 
+def _isolation(options: Mapping[str, str], brokers: bool) -> str:
+    level = (get_str(options, "isolation") or READ_UNCOMMITTED).lower()
+    if level not in ISOLATION_LEVELS:
+        raise OptionError(f"option isolation: {' or '.join(ISOLATION_LEVELS)}, not {level!r}")
+    if brokers and level == READ_COMMITTED:
+        raise OptionError("option isolation: broker sets have no transactions; read_committed is for Raft groups")
+    return level
+
+
+def _visible_partitions(cfg: ReadConfig, group: str, start: int, end: int,
+                        planned_ms: int = 0) -> list[RangePartition]:
+    """_partitions; under read_committed cut at the last stable index, each task told which
+    indexes of its range belong to aborted transactions."""
+    if not cfg.committed or end <= start:
+        return _partitions(cfg, group, start, end, planned_ms)
+    vis = visibility(cfg.client.client(cfg.groups[group], group), start, end, cfg.timeout)
+    if vis.end < end:
+        log.info("group %s: read_committed stops at %d (an open transaction), not %d", group, vis.end, end)
+    return [replace(p, hidden=vis.within(p.start, p.end)) for p in _partitions(cfg, group, start, vis.end, planned_ms)]
+
+
 def _read_partition(partition: InputPartition, columns: Columns, pushed: Pushed) -> Iterator[pa.RecordBatch]:
     # Spark substitutes a placeholder partition when a plan has none
     if isinstance(partition, RangePartition):
         spec = partition.spec(bodies=columns.bodies)  # a broker set sends bodies anyway
         for batch in read_broker_range(spec) if spec.broker else read_range(spec):
-            batch = pushed.mask(batch)
+            batch = pushed.mask(drop_hidden(batch, partition.hidden))
             if batch.num_rows:
                 yield columns.project(batch, partition.planned_ms)
 
@@ -332,7 +362,7 @@ class DLedgerBatchReader(DataSourceReader):
             raise OptionError(f"group {group}: startingIndex {start} is after endingIndex {stop}")
         start, stop = self.pushed.index_range(start, stop)
         log.info("%s: batch read of [%d, %d)", group, start, stop)
-        return _partitions(self.cfg, group, start, stop, planned_ms)
+        return _visible_partitions(self.cfg, group, start, stop, planned_ms)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         return _read_partition(partition, self.columns, self.pushed)
@@ -435,6 +465,8 @@ class DLedgerStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     raise DataLossError(msg + "; set failOnDataLoss=false to wait for it")
                 log.warning("%s; waiting", msg)
             starts[group] = s
+            if self.cfg.committed and end > s:  # not past an open transaction
+                end = visibility(self.cfg.client.client(self.cfg.groups[group], group), s, end, self.cfg.timeout).end
             available[group] = self._data_ahead(group, s, end)
         for group in start:
             if group not in self.cfg.groups and group != PLANNED_AT:
@@ -486,7 +518,7 @@ class DLedgerStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             s = start.get(group, e)
             # a checkpoint written without the column has no time: this planning's then
             planned = end.get(PLANNED_AT) or time.time_ns() // 1_000_000
-            out.extend(_partitions(self.cfg, group, s, e, planned))
+            out.extend(_visible_partitions(self.cfg, group, s, e, planned))
         return out
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:

@@ -1,0 +1,100 @@
+"""read_committed's visibility from session markers (spark.isolation), on a stand-in log:
+the last stable index, aborted and timed-out transactions, control records."""
+
+from __future__ import annotations
+
+import pytest
+
+from dledger.core.producers import Run, marker_body
+from dledger.runtime.client import Entry
+
+pytest.importorskip("pyarrow")
+
+import pyarrow as pa
+
+from dledger.spark.isolation import (
+    ABORT,
+    COMMIT,
+    Visibility,
+    drop_hidden,
+    producer_id,
+    scan,
+)
+
+JOB, OTHER = "w.aaaa.t10", "v.bbbb.t10"  # timeouts of 10 s
+
+
+class Log:
+    """A log of writes, each a marker then its entries: (ts_ms, runs)."""
+
+    def __init__(self) -> None:
+        self.markers: list[Entry] = []
+        self.end = -1
+
+    def write(self, ts_ms: int, *runs: tuple[str, int], owner: str = "") -> list[int]:
+        """A marker and the runs' entries (appended by `owner`): their indexes."""
+        at = self.end + 1
+        self.markers.append(Entry(at, 1, 0, marker_body(ts_ms, [Run(p, 0, n, 0, owner) for p, n in runs]), 4))
+        self.end = at + sum(n for _, n in runs)
+        return list(range(at + 1, self.end + 1))
+
+    def plain(self, n: int) -> list[int]:
+        first = self.end + 1
+        self.end += n
+        return list(range(first, self.end + 1))
+
+    def read_markers(self, index: int, max_entries: int = 1000, member: str | None = None
+                     ) -> tuple[list[Entry], int, int]:
+        found = [m for m in self.markers if m.index >= index][:max_entries]
+        return found, self.end + 1, self.end
+
+
+def vis(log: Log, start: int = 0) -> Visibility:
+    return scan(log, start, log.end + 1, 0.0)  # type: ignore[arg-type]
+
+
+def test_an_open_transaction_is_the_last_stable_index_and_a_commit_shows_it() -> None:
+    log = Log()
+    before = log.plain(3)
+    rows = log.write(1000, (producer_id(JOB, "p0"), 5))
+    log.write(1500, ("plain-idempotent", 2))
+    assert vis(log).end == rows[0] and before[-1] < rows[0]
+    commit = log.write(2000, (producer_id(JOB, COMMIT), 1))
+    v = vis(log)
+    assert v.end == log.end + 1 and v.hidden == ((commit[0], commit[0]),)
+
+
+def test_aborted_and_timed_out_transactions_are_hidden() -> None:
+    log = Log()
+    aborted = log.write(1000, (producer_id(JOB, "p0"), 3), ("x", 1), (producer_id(OTHER, "p1"), 2))
+    log.write(2000, (producer_id(JOB, ABORT), 1))
+    v = vis(log)
+    assert v.end == aborted[4]  # OTHER is still open: nothing from its first entry on
+    assert v.within(0, v.end) == ((aborted[0], aborted[2]),)
+    log.write(1000 + 10_001, ("x", 1))  # the log's clock passes OTHER's timeout: aborted
+    v = vis(log)
+    assert v.end == log.end + 1
+    assert (aborted[4], aborted[5]) in v.hidden and (aborted[0], aborted[2]) in v.hidden
+    assert not any(a <= aborted[3] <= b for a, b in v.hidden)  # the plain entry between them is shown
+
+
+def test_a_commit_later_than_the_timeout_counts_as_an_abort() -> None:
+    log = Log()
+    rows = log.write(1000, (producer_id(JOB, "p0"), 2))
+    log.write(1000 + 10_001, (producer_id(JOB, COMMIT), 1))
+    assert (rows[0], rows[1]) in vis(log).hidden
+
+
+def test_drop_hidden_filters_by_index() -> None:
+    batch = pa.record_batch({"index": pa.array(range(10), pa.int64())})
+    kept = drop_hidden(batch, [(2, 3), (7, 7), (20, 30)])
+    assert kept.column("index").to_pylist() == [0, 1, 4, 5, 6, 8, 9]
+
+
+def test_a_control_record_by_another_principal_is_ignored() -> None:
+    log = Log()
+    rows = log.write(1000, (producer_id(JOB, "p0"), 2), owner="writer")
+    log.write(1100, (producer_id(JOB, COMMIT), 1), owner="intruder")
+    assert vis(log).end == rows[0]  # still open
+    log.write(1200, (producer_id(JOB, ABORT), 1), owner="writer")
+    assert (rows[0], rows[1]) in vis(log).hidden
