@@ -7,12 +7,18 @@ cheap callback every `period` seconds and measures how late it ran: lateness is 
 the loop was busy with something else (or the process was not scheduled at all, as on a
 CPU-starved machine). The worst lateness since start and a histogram of all of them go to
 the metrics (`dledger_loop_stall_seconds`, `dledger_loop_stall_max_seconds`).
+
+Which of the two a stall was, the log line of a long one says: the CPU time the loop's thread
+used meanwhile. Near the stall's length: a callback held the loop (look for it with py-spy);
+near zero: the thread did not run at all (not scheduled on a starved machine, or blocked in
+the kernel: page reclaim, a slow disk), which no change of our code shortens.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 
 log = logging.getLogger(__name__)
@@ -33,8 +39,10 @@ class LoopStallMonitor:
         self.loop = loop
         self.clock = clock
         self.worst = 0.0  # seconds: the latest any sample ran since start
+        self.worst_cpu = 0.0  # seconds of CPU the loop's thread used from the worst one's scheduling to it
         self.samples = 0
         self._due = 0.0
+        self._cpu = 0.0  # the thread's CPU time when the pending sample was scheduled
         self._handle: asyncio.TimerHandle | None = None
 
     def start(self) -> None:
@@ -51,20 +59,23 @@ class LoopStallMonitor:
     def _schedule(self) -> None:
         assert self.loop is not None and self.clock is not None
         self._due = self.clock() + self.period
+        self._cpu = time.thread_time()
         self._handle = self.loop.call_later(self.period, self._sample)
 
     def _sample(self) -> None:
         assert self.clock is not None
-        self.record(max(0.0, self.clock() - self._due))
+        self.record(max(0.0, self.clock() - self._due), time.thread_time() - self._cpu)
         self._schedule()
 
-    def record(self, lateness: float) -> None:
-        """One sample: `lateness` seconds after it was due."""
+    def record(self, lateness: float, cpu: float = 0.0) -> None:
+        """One sample: `lateness` seconds after it was due; `cpu`: seconds the loop's thread
+        ran from its scheduling (a period earlier) to it."""
         self.samples += 1
         if lateness > self.worst:
-            self.worst = lateness
+            self.worst, self.worst_cpu = lateness, cpu
             if lateness >= 0.5:  # long enough to cost a follower its heartbeats: worth a line
-                log.warning("event loop stalled %.3f s (the worst since start)", lateness)
+                log.warning("event loop stalled %.3f s (the worst since start); its thread ran %.3f s of "
+                            "it (else: not scheduled, or blocked in the kernel)", lateness, cpu)
         if self.observe is not None:
             self.observe(lateness)
 
