@@ -75,3 +75,5 @@ def test_the_worst_stall_says_whether_its_thread_ran() -> None:
     idle = stall(lambda: time.sleep(0.3))
     assert busy.worst >= 0.25 and busy.worst_cpu >= 0.3
     assert idle.worst >= 0.25 and idle.worst_cpu < idle.worst / 2
+    if idle.worst_wait is not None:  # Linux: the run-queue wait is measured, and never negative
+        assert idle.worst_wait >= 0.0 and busy.worst_wait is not None and busy.worst_wait >= 0.0

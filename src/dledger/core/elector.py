@@ -321,7 +321,15 @@ class LeaderElector:
 
     def _end_round(self, result: ParseResult) -> None:
         self.round_active = False
-        self.next_round_at = self.env.now + self._revote_delay()
+        if self.round_pre_vote and result == ParseResult.WAIT_TO_REVOTE:
+            # a pre-vote costs no term: ask again within a heartbeat period. A voter that said
+            # no usually still heard the dead leader a little later than we did (a backlog of
+            # its pushes read late): its lease runs out soon, and a full re-vote delay after
+            # that would be most of a failover
+            hb = self.hb_ms
+            self.next_round_at = self.env.now + self.env.rng.randint(hb // 2, hb)
+        else:
+            self.next_round_at = self.env.now + self._revote_delay()
         log.debug("%s: round %d ended %s: %s", self.env.member.self_id, self.round, result.name,
                   {p: VoteResult(r).name for p, r in self.responses.items()})
 
