@@ -30,7 +30,7 @@ from typing import Any
 from dledger.chaos.harness import Harness
 from dledger.codes import DLedgerError
 from dledger.config import Peer, format_peers
-from dledger.local_cluster import local_cluster
+from dledger.local_cluster import check_ports_free, local_cluster, stop_processes, wait_ready
 from dledger.ports import free_port_run
 from dledger.runtime.client import AsyncDLedgerClient
 
@@ -104,7 +104,7 @@ def main() -> None:
     extra = ["--config", str(Path(args.config).resolve())] if args.config else []
     report: dict[str, Any] = {"duration_s": args.duration, "hogs": args.hogs, "clients": args.clients,
                               "delay_s": args.delay, "config": args.config or "", "loadavg_start": os.getloadavg()}
-    hogs = _hogs(args.hogs)
+    hogs: list[subprocess.Popen[bytes]] = []  # started once the group serves: its start is not measured
     try:
         with tempfile.TemporaryDirectory(prefix="dledger-quiet-") as d:
             if args.delay > 0:
@@ -114,6 +114,7 @@ def main() -> None:
                     h.proxies.set_many({link: ("pass", args.delay) for link in h.proxies.links})
                     if h.wait_leader(60.0) is None:
                         raise SystemExit("no leader within 60 s")
+                    hogs = _hogs(args.hogs)
                     report.update(asyncio.run(_watch(h.client_peers, "default", args.duration, args.clients)))
                 finally:
                     h.close()
@@ -121,9 +122,17 @@ def main() -> None:
                 port = free_port_run(6)  # the members', then their metrics ports
                 metrics = port + 3
                 peers = format_peers({f"n{k}": Peer(f"n{k}", "127.0.0.1", port + k) for k in range(3)})
-                with local_cluster(peers, "default", Path(d), metrics_base_port=metrics, extra=extra):
+                lc = local_cluster(peers, "default", Path(d), metrics_base_port=metrics, extra=extra)
+                check_ports_free(peers, metrics)
+                try:
+                    for m in ("n0", "n1", "n2"):
+                        lc.start_member(m)
+                    wait_ready(peers, "default", 180.0, lc.procs)  # a starved machine starts slowly
+                    hogs = _hogs(args.hogs)
                     report.update(asyncio.run(_watch(peers, "default", args.duration, args.clients)))
                     report["worst_stall_s"] = {f"n{k}": _stall(metrics + k) for k in range(3)}
+                finally:
+                    stop_processes(lc.procs.values())
     finally:
         for p in hogs:
             p.kill()

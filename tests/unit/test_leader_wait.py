@@ -1,6 +1,7 @@
 """Fast failover without timers alone: a parked leader search (METADATA wait_ms) is answered the
-moment the member wins its election, and a member that did not run for a while reads what
-arrived before it gives up on its leader (core.leader_wait, core.elector)."""
+moment the member wins its election, a member that did not run for a while reads what
+arrived before it gives up on its leader, and a rejected pre-vote is asked again soon
+(core.leader_wait, core.elector)."""
 
 from __future__ import annotations
 
@@ -132,3 +133,25 @@ def test_a_leader_that_stalled_hears_its_followers_before_checking_quorum() -> N
     # they stay unanswered: one heartbeat period later it steps down (check quorum)
     m.tick(el.hb_ms)
     assert _role(m) == Role.FOLLOWER
+
+
+def test_a_rejected_pre_vote_is_asked_again_within_a_heartbeat_period() -> None:
+    m = Member(terms=[1])
+    el = m.node.elector
+    while not m.sends(RequestCode.VOTE):
+        m.tick()
+    term = m.node.member.term
+    for s in m.sends(RequestCode.VOTE):  # both voters still hear a leader: no
+        req = msg_of(s, VoteRequest)
+        assert req.pre_vote
+        resp = VoteResponse(term, int(VoteResult.REJECT_ALREADY_HAS_LEADER), True)
+        m.node.complete(Answered(s.ctx, resp), m.now)
+    m.drain()
+    m.clear()
+    waited = 0
+    while not m.sends(RequestCode.VOTE):
+        m.tick()
+        waited += 10
+    assert waited <= el.hb_ms + 10 < m.cfg.min_vote_interval_ms
+    assert msg_of(m.sends(RequestCode.VOTE)[0], VoteRequest).pre_vote
+    assert m.node.member.term == term  # pre-votes cost no term
