@@ -176,10 +176,10 @@ class DLedgerConfig:
     # 0: min(4 MiB, data_file_size - 56); never more than the store's data files hold (their size - 56)
     max_body_bytes: int = 0
     checkpoint_interval_ms: int = 1000  # how often the checkpoint (committed index, trusted point) is saved
-    heart_beat_time_interval_ms: int = 250  # the leader's heartbeat period
+    heart_beat_time_interval_ms: int = 150  # the leader's heartbeat period
     max_heart_beat_leak: int = 4  # heartbeats missed before a follower campaigns (the lease is interval x leak)
     min_vote_interval_ms: int = 300  # a candidate's randomised election timeout: at least ...
-    max_vote_interval_ms: int = 700  # ... and at most this
+    max_vote_interval_ms: int = 500  # ... and at most this
     # leadership moves to the first of these that is caught up
     preferred_leader_ids: list[str] = field(default_factory=list)
     max_pending_requests: int = 10000  # appends waiting for commit on the leader; beyond: LEADER_PENDING_FULL

@@ -66,6 +66,8 @@ def test_isolated_member_does_not_raise_the_term() -> None:
     assert c.run_until(lambda: c.leader() is not None, 10_000)
     leader = c.leader()
     follower = next(i for i in c.ids if i != leader)
+    # the follower knows the leader's term (a vote request still in flight would raise it)
+    assert c.run_until(lambda: c._node(follower).member.leader_id == leader, 10_000)
     term = c._node(follower).member.term
     c.partition([follower], [i for i in c.ids if i != follower])
     c.run(5000)

@@ -49,3 +49,31 @@ def test_lateness_is_measured_against_the_due_time_on_the_given_clock() -> None:
     assert [round(x, 6) for x in seen] == [0.4, 0.0]
     assert round(mon.worst, 6) == 0.4 and mon.samples == 2
     assert len(loop.callbacks) == 3  # each sample schedules the next
+
+
+def test_the_worst_stall_says_whether_its_thread_ran() -> None:
+    """A callback spinning on the CPU and a thread that does not run (here: blocked in a
+    sleep, as a starved or reclaiming process is) stall the loop alike; the CPU time tells them apart."""
+
+    def stall(hold: object) -> LoopStallMonitor:
+        async def main() -> LoopStallMonitor:
+            mon = LoopStallMonitor(period=0.01)
+            mon.start()
+            await asyncio.sleep(0.05)
+            hold()  # type: ignore[operator]
+            await asyncio.sleep(0.05)
+            mon.stop()
+            return mon
+        return asyncio.run(main())
+
+    def spin() -> None:
+        end = time.thread_time() + 0.3
+        while time.thread_time() < end:
+            pass
+
+    busy = stall(spin)
+    idle = stall(lambda: time.sleep(0.3))
+    assert busy.worst >= 0.25 and busy.worst_cpu >= 0.3
+    assert idle.worst >= 0.25 and idle.worst_cpu < idle.worst / 2
+    if idle.worst_wait is not None:  # Linux: the run-queue wait is measured, and never negative
+        assert idle.worst_wait >= 0.0 and busy.worst_wait is not None and busy.worst_wait >= 0.0

@@ -24,10 +24,12 @@ from dledger.runtime.transport import (
     HEADER_SIZE,
     KIND_REQUEST,
     KIND_RESPONSE,
+    Caller,
     FaultInjector,
     FrameDecoder,
     FrameError,
     Message,
+    Respond,
     TransportClient,
     TransportServer,
     encode_frame,
@@ -252,9 +254,9 @@ def test_unanswered_request_times_out_and_late_response_is_dropped() -> None:
     never = asyncio.Event()
 
     async def handler(msg: Message) -> Message:
-        if msg.code == RequestCode.VOTE:
+        if msg.code == RequestCode.READ:
             await never.wait()
-        if msg.code == RequestCode.HEART_BEAT:
+        if msg.code == RequestCode.METADATA:
             await asyncio.sleep(0.4)
             return Message(ResponseCode.SUCCESS, b"late")
         return await echo(msg)
@@ -264,9 +266,9 @@ def test_unanswered_request_times_out_and_late_response_is_dropped() -> None:
         client = TransportClient()
         try:
             with pytest.raises(DLedgerError) as silent:
-                await client.request(server.address, Message(RequestCode.VOTE), timeout=0.2)
+                await client.request(server.address, Message(RequestCode.READ), timeout=0.2)
             with pytest.raises(DLedgerError) as late:
-                await client.request(server.address, Message(RequestCode.HEART_BEAT), timeout=0.1)
+                await client.request(server.address, Message(RequestCode.METADATA), timeout=0.1)
             fresh = await client.request(server.address, Message(RequestCode.GET, b"fresh"), timeout=5)
             await asyncio.sleep(0.6)  # let the late response arrive; it must be ignored
             after = await client.request(server.address, Message(RequestCode.GET, b"after"), timeout=5)
@@ -732,3 +734,57 @@ def test_install_uvloop() -> None:
         assert isinstance(asyncio.get_event_loop_policy(), uvloop.EventLoopPolicy)
     finally:
         asyncio.set_event_loop_policy(None)
+
+
+# ---------------------------------------------------------------------------------------
+# Heartbeats and votes ahead of bulk work
+
+
+def test_heartbeats_and_votes_have_a_connection_of_their_own() -> None:
+    seen: dict[int, set[str]] = {}
+
+    def direct(msg: Message, respond: Respond, caller: Caller) -> None:
+        seen.setdefault(msg.code, set()).add(caller.peer)
+        respond(Message(ResponseCode.SUCCESS, msg.meta))
+
+    async def main() -> int:
+        server = TransportServer(direct=direct)
+        await server.start("127.0.0.1", 0)
+        client = TransportClient()
+        try:
+            for code in (RequestCode.PUSH, RequestCode.HEART_BEAT, RequestCode.VOTE, RequestCode.APPEND):
+                await client.request(server.address, Message(code, b"x"), timeout=5)
+            return server.connection_count
+        finally:
+            await client.close()
+            await server.close()
+
+    assert run(main()) == 2
+    assert seen[RequestCode.HEART_BEAT] == seen[RequestCode.VOTE]
+    assert seen[RequestCode.PUSH] == seen[RequestCode.APPEND]
+    assert seen[RequestCode.HEART_BEAT] != seen[RequestCode.PUSH]
+
+
+def test_a_spent_turn_budget_holds_bulk_frames_but_not_heartbeats() -> None:
+    async def main() -> tuple[Message, bool]:
+        server = await start_server()
+        client = TransportClient()
+        try:
+            await client.request(server.address, Message(RequestCode.PUSH, b"warm"), timeout=5)
+            await client.request(server.address, Message(RequestCode.HEART_BEAT, b"warm"), timeout=5)
+            server.turn_cost = 1 << 30  # bulk work spent this turn's budget (and keeps spending it)
+            beat = await client.request(server.address, Message(RequestCode.HEART_BEAT, b"beat"), timeout=5)
+            push = asyncio.ensure_future(client.request(server.address, Message(RequestCode.PUSH, b"p"), timeout=5))
+            await asyncio.sleep(0.2)
+            held = not push.done()
+            server.turn_cost = 0
+            server.charge(0)  # a new turn: the held connection is read again
+            await push
+            return beat, held
+        finally:
+            await client.close()
+            await server.close()
+
+    beat, held = run(main())
+    assert beat.meta == b"beat"
+    assert held, "bulk frames wait for the next turn's budget"

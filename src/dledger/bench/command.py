@@ -72,6 +72,9 @@ LOCAL_ONLY = ("nodes", "flush", "base_port", "tls")
                    "time to elect and to the next acknowledged append per kill, their median and p99, the "
                    "leaders' worst event-loop stall and the false elections. --duration is then the seconds of "
                    "load before each kill (and after the restarted member rejoined).")
+@click.option("--member-config", default=None, type=click.Path(exists=True, dir_okay=False),
+              help="A TOML configuration every member of the local group is started with (`dledger server "
+                   "--config`): e.g. other heartbeat and election timers, compared side by side.")
 @click.option("--idempotent", is_flag=True, help="Each connection's client appends as an idempotent producer (one "
                                                  "request in flight per producer; concurrent appends coalesce).")
 def bench(
@@ -96,6 +99,7 @@ def bench(
     tls_dir: str | None,
     idempotent: bool,
     failover: int,
+    member_config: str | None,
 ) -> None:
     """Load generator: entries/s, MB/s, requests/s, latency percentiles, errors by code; the
     summary as a table, or with -o json the report --json writes, as one line on stdout.
@@ -128,7 +132,7 @@ def bench(
                    f"{f'..{port + nodes - 1}' if nodes > 1 else ''}, flush={flush}{', TLS' if tls else ''} "
                    "(--peers or DLEDGER_PEERS: bench a running group instead)", err=True)
         if failover:
-            _bench_failover(spec, failover, nodes, flush, output, json_path)
+            _bench_failover(spec, failover, nodes, flush, output, json_path, member_config)
             return
         with tempfile.TemporaryDirectory(prefix="dledger-bench-") as d:
             own_certs = None
@@ -174,21 +178,24 @@ def _check_failover_options(ctx: click.Context, peers: str | None) -> None:
         raise click.UsageError("--failover needs --nodes 3 or more (a majority must survive the kill)")
 
 
-def _bench_failover(spec: LoadSpec, kills: int, nodes: int, flush: str, output: str, json_path: str | None) -> None:
+def _bench_failover(spec: LoadSpec, kills: int, nodes: int, flush: str, output: str, json_path: str | None,
+                    member_config: str | None = None) -> None:
     from dledger.bench.failover import run_failover
 
     metrics_port = free_port_run(nodes)
     ports = {m: metrics_port + k for k, m in enumerate(parse_peers(spec.peers))}
     steady = spec.duration
     with tempfile.TemporaryDirectory(prefix="dledger-bench-") as d:
-        lc = local_cluster(spec.peers, spec.group, Path(d), flush=flush, metrics_base_port=metrics_port)
+        extra = ["--config", str(Path(member_config).resolve())] if member_config else None
+        lc = local_cluster(spec.peers, spec.group, Path(d), flush=flush, metrics_base_port=metrics_port, extra=extra)
         with lc:
             result = asyncio.run(run_failover(lc, spec, kills, steady, ports,
                                               lambda line: click.echo(f"bench: {line}", err=True)))
     report = result.report()
     report["config"] = {"target": f"local {nodes} members, flush={flush}", "kills": kills,
                         "clients": spec.clients, "conns": spec.conns or spec.clients, "size": spec.size,
-                        "batch": spec.batch, "steady_s": steady, "warmup_s": spec.warmup}
+                        "batch": spec.batch, "steady_s": steady, "warmup_s": spec.warmup,
+                        "member_config": member_config or ""}
     _emit(report, output, json_path, _print_failover)
 
 

@@ -134,6 +134,10 @@ class LeaderElector:
         self.leader_lease_hint = 0  # our leader's lease, from its heartbeats (it may be configured longer)
         self.last_leader_contact = -(1 << 62)
         self.election_deadline = env.now + self._election_timeout()
+        self.last_tick = env.now
+        self.graced_deadline = -1  # an election deadline already put off for a stall (see tick)
+        self.quorum_check_after = 0  # a leader that stalled checks its quorum from then on
+        self.stall_graces = 0  # how often (metrics, tests)
         self.round = 0
         self.round_active = False
         self.round_pre_vote = False
@@ -192,15 +196,30 @@ class LeaderElector:
     def tick(self) -> None:
         now = self.env.now
         role = self.env.member.role
+        # we did not run for more than a heartbeat period (the loop held by other work, or the
+        # process not scheduled at all on a starved machine): what the leader sent meanwhile
+        # may still wait unread in our sockets, so its silence proves nothing yet
+        stalled = now - self.last_tick > self.hb_ms
+        self.last_tick = now
         if role == Role.FOLLOWER:
             if now >= self.election_deadline:
-                self._campaign()
+                if stalled and self.election_deadline != self.graced_deadline:
+                    # one heartbeat period to read what arrived; never twice for one deadline,
+                    # so a member that stalls all the time still campaigns (liveness)
+                    self.stall_graces += 1
+                    self.election_deadline = self.graced_deadline = now + self.hb_ms
+                    self._log.info("stall", "%s/%s: did not run for a while: reads before campaigning",
+                                   self.env.member.group, self.env.member.self_id)
+                else:
+                    self._campaign()
         elif role == Role.CANDIDATE:
             if self.round_active and now >= self.round_deadline:
                 self._end_round(ParseResult.WAIT_TO_REVOTE)
             elif not self.round_active and now >= self.next_round_at:
                 self._campaign()
         else:
+            if stalled:  # the followers' answers may wait unread too: judge them a period later
+                self.quorum_check_after = now + self.hb_ms
             self._tick_leader(now)
         if self.awaiting is not None and now >= self.awaiting.deadline:
             self._finish_transfer(self.awaiting, ResponseCode.TAKE_LEADERSHIP_FAILED, "no new leader in time")
@@ -211,6 +230,9 @@ class LeaderElector:
             self.heartbeat_now()
         # check quorum: a leader that cannot reach a majority of the voters steps down (itself
         # counted while it is one)
+        if now < self.quorum_check_after:
+            self._tick_transfer(now)
+            return
         window, m, progress = self.leader_lease_ms, self.env.member, self.progress
         alive = int(m.is_voter)
         for v in m.other_voters:
@@ -299,7 +321,15 @@ class LeaderElector:
 
     def _end_round(self, result: ParseResult) -> None:
         self.round_active = False
-        self.next_round_at = self.env.now + self._revote_delay()
+        if self.round_pre_vote and result == ParseResult.WAIT_TO_REVOTE:
+            # a pre-vote costs no term: ask again within a heartbeat period. A voter that said
+            # no usually still heard the dead leader a little later than we did (a backlog of
+            # its pushes read late): its lease runs out soon, and a full re-vote delay after
+            # that would be most of a failover
+            hb = self.hb_ms
+            self.next_round_at = self.env.now + self.env.rng.randint(hb // 2, hb)
+        else:
+            self.next_round_at = self.env.now + self._revote_delay()
         log.debug("%s: round %d ended %s: %s", self.env.member.self_id, self.round, result.name,
                   {p: VoteResult(r).name for p, r in self.responses.items()})
 

@@ -213,6 +213,9 @@ class EntriesResponse(msgspec.Struct, array_like=True):
 
 class MetadataRequest(Msg):
     consistency: Consistency = ""  # "": whoever answers, its own view; "linearizable": a confirmed leader's
+    # a leader search (core.leader_wait): a member that does not lead answers when it wins an
+    # election, or after this long with its view then (0: at once; ignored with a consistency)
+    wait_ms: Count = 0
 
 
 class MetadataResponse(msgspec.Struct, array_like=True):

@@ -74,6 +74,7 @@ from dledger.core.follower_read import FollowerReads
 from dledger.core.handler import EntryHandler
 from dledger.core.install_snapshot import SnapshotReceiver
 from dledger.core.integrity import Integrity
+from dledger.core.leader_wait import LeaderWaits
 from dledger.core.member_state import MemberState
 from dledger.core.messages import (
     AppendRequest,
@@ -177,6 +178,7 @@ class Node(AppendPath, SnapshotPath, MembershipPath):
         self._synced = (-1, -2)  # (configs.version, committed configuration index) last applied
         self._left_in_term = -1  # the term in which a removed leader began handing over
         self.quorum = QuorumAckChecker(self.member, store, self._complete_append, self.progress, cfg.flush == "sync")
+        self.leader_waits = LeaderWaits()  # METADATA waiting until we lead (core.leader_wait)
         self.elector = LeaderElector(self)
         self.reads = ReadIndex(self)
         self.follower_reads = FollowerReads(self)
@@ -300,6 +302,8 @@ class Node(AppendPath, SnapshotPath, MembershipPath):
             if self.member.is_leader and (err := self.unwritable()) is not None:
                 self.step_down(f"its store cannot write: {err.message}")
             self.elector.tick()
+            if len(self.leader_waits):
+                self._answer_leader_waits(self.leader_waits.expired(now_ms))
             self.probe.silence(self.elector.leader_alive())
             self.integrity.forget_deleted()
             if self.member.is_leader and self.corrupt is not None and not self.elector.transferring:
@@ -819,6 +823,7 @@ class Node(AppendPath, SnapshotPath, MembershipPath):
             self._take_dispatcher_effects()
             self.dispatchers = {p: self._new_dispatcher(p) for p in m.others}
             self.elector.on_leader()
+            self._answer_leader_waits(self.leader_waits.take_all())
             return
         if role == Role.CANDIDATE:
             m.role = Role.CANDIDATE
@@ -849,6 +854,13 @@ class Node(AppendPath, SnapshotPath, MembershipPath):
                                       f"leader stepped down: {reason}"))
         self.handler.on_leader_change()
         self._apply_effects(self.handler.take_effects())
+
+    def _answer_leader_waits(self, tokens: list[Any]) -> None:
+        """Parked leader searches (core.leader_wait): our view now, one METADATA for all."""
+        if tokens:
+            view = self.metadata()
+            for token in tokens:
+                self.reply(token, RequestCode.METADATA, view)
 
     # --- request dispatch -----------------------------------------------------
 
@@ -888,6 +900,9 @@ class Node(AppendPath, SnapshotPath, MembershipPath):
             if msg.consistency:  # a confirmed leader's view
                 self.read_path.when_confirmed(code, msg.consistency, token,
                                               lambda _: self.reply(token, code, self.metadata()))
+            elif msg.wait_ms > 0 and not self.member.is_leader and \
+                    self.leader_waits.park(token, self.now, msg.wait_ms):
+                pass  # answered when we lead (_change_role) or when the wait runs out (tick)
             else:
                 self.reply(token, code, self.metadata())
         elif code == RequestCode.LEADERSHIP_TRANSFER:

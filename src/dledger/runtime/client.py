@@ -13,7 +13,10 @@ connections) becomes suspect for a few seconds, or until it answers again: the c
 stops asking it first and its redirects to it are not followed. When no leader is known
 (a fresh client, or the leader stopped answering) the client asks every member at once
 who leads, with a short timeout, and takes a member's own word that it leads: followers
-go on naming a hung leader until they elect another. The per-call `timeout` bounds the
+go on naming a hung leader until they elect another. A member that does not lead keeps
+that question until it wins an election (core.leader_wait) or most of the search's timeout
+has passed, so a client learns a new leader within a round trip of its election, not on a
+back-off step; the next search follows at once. The per-call `timeout` bounds the
 whole call, every attempt and search included.
 
 An idempotent client (`idempotent=True`: a producer id and per-body sequence numbers,
@@ -98,6 +101,9 @@ _SUSPECT_S = 5.0  # how long a member that did not answer is passed over, unless
 # after a failed leader search it asks at once, at most once per _MEMBERS_RETRY_S)
 _MEMBERS_REFRESH_S = 10.0
 _MEMBERS_RETRY_S = 1.0
+# the share of a leader search's window a member that does not lead may keep the probe waiting
+# for an election (the rest: the answer's way back on a loaded machine)
+_PARK_SHARE = 0.75
 
 
 @dataclass(frozen=True, slots=True)
@@ -738,7 +744,9 @@ class AsyncDLedgerClient:
             if self._closed and last is not None:
                 raise last  # closed mid-call: what the last attempt met (an unknown outcome stays one)
             self._check_open()  # also between attempts: a client closed meanwhile ends the call at once
+            searched = time.monotonic()
             target = self._trusted_leader() or await self._find_leader(left)
+            searched = time.monotonic() - searched
             self._follow_members_soon(now=target is None)
             left = deadline - time.monotonic()
             if target is not None and left > 0:
@@ -752,6 +760,8 @@ class AsyncDLedgerClient:
                         continue  # redirected: go at once
             if self._closed:
                 continue  # no back-off for a closed client: the loop's top ends the call
+            if target is None and searched >= delay:
+                continue  # the members kept the search waiting for an election: ask again at once
             await asyncio.sleep(min(delay, max(0.0, deadline - time.monotonic())))
             delay = min(delay * 2, 0.5)
         raise last or DLedgerError(ResponseCode.TIMEOUT, "no member said it leads in time")
@@ -859,9 +869,12 @@ class AsyncDLedgerClient:
         return failure
 
     async def _probe(self, member: str, timeout: float) -> MetadataResponse | DLedgerError:
+        # a member that does not lead answers when it wins an election (core.leader_wait), or
+        # with its view before the probe times out: a parked member is not taken for a silent one
+        wait_ms = int(timeout * 1000 * _PARK_SHARE)
         try:
-            resp = await self._call_member(member, RequestCode.METADATA, MetadataRequest(self.group, "", member),
-                                           timeout)
+            resp = await self._call_member(member, RequestCode.METADATA,
+                                           MetadataRequest(self.group, "", member, wait_ms=wait_ms), timeout)
         except DLedgerError as e:
             return e
         assert isinstance(resp, MetadataResponse)

@@ -31,6 +31,8 @@ from typing import Final, NamedTuple, TypeAlias
 
 import msgspec
 
+from dledger.codes import RequestCode
+
 __all__ = [
     "DEFAULT_MAX_FRAME_BYTES",
     "FIXED",
@@ -38,6 +40,7 @@ __all__ = [
     "HEADER_SIZE",
     "KIND_REQUEST",
     "KIND_RESPONSE",
+    "PRIORITY_CODES",
     "Buffer",
     "ByteBudget",
     "FrameCallback",
@@ -56,6 +59,10 @@ Buffer: TypeAlias = bytes | bytearray | memoryview
 KIND_REQUEST: Final = 0
 KIND_RESPONSE: Final = 1
 DEFAULT_MAX_FRAME_BYTES: Final = 64 * 1024 * 1024
+# What a follower judges its leader's liveness by, and what elects the next one: a member sends
+# them on a connection of their own (transport_client), and a server never holds back a
+# connection that carries nothing else (transport_server's turn budget).
+PRIORITY_CODES: Final = frozenset((RequestCode.HEART_BEAT, RequestCode.VOTE))
 
 _LENGTH = struct.Struct(">I")
 FIXED = struct.Struct(">BQiI")  # kind, request id, code, meta length: what L always covers

@@ -1,6 +1,9 @@
 """The client side of the transport: one lazily opened, multiplexed connection per remote address.
 
 Requests are multiplexed on a connection by request id and may be answered in any order.
+Heartbeats and votes (PRIORITY_CODES) travel on a second connection to the same address of
+their own, so a follower's liveness never waits behind megabytes of pushes queued on the
+bulk one (in our write buffer, the socket's, or the receiver's turn budget).
 A connect that fails puts the address in backoff, during which requests fail fast; only
 transport failures (NETWORK_ERROR, TIMEOUT) raise, an error the server answers is an
 ordinary response. With a FaultInjector (runtime.faults: tests and chaos runs) requests to
@@ -27,6 +30,7 @@ from dledger.runtime.frames import (
     FIXED_SIZE,
     KIND_REQUEST,
     KIND_RESPONSE,
+    PRIORITY_CODES,
     Buffer,
     FrameError,
     Message,
@@ -52,9 +56,11 @@ def _split_address(address: str) -> tuple[str, int]:
 
 
 class _ClientConnection(FrameProtocol):
-    def __init__(self, address: str, max_frame_bytes: int, on_lost: Callable[[_ClientConnection], None]) -> None:
+    def __init__(self, address: str, max_frame_bytes: int, on_lost: Callable[[_ClientConnection], None],
+                 priority: bool = False) -> None:
         super().__init__(max_frame_bytes)
         self.address = address
+        self.priority = priority  # the lane of heartbeats and votes (PRIORITY_CODES)
         self.pending: dict[int, asyncio.Future[Message]] = {}
         self._on_lost = on_lost
         self.last_used = time.monotonic()
@@ -81,10 +87,13 @@ class _ClientConnection(FrameProtocol):
 
 
 class _Peer:
-    __slots__ = ("address", "backoff", "conn", "connecting", "failure", "host", "port", "retry_at")
+    """One lane to one address: its connection, and the backoff after a failed connect."""
 
-    def __init__(self, address: str, backoff: float) -> None:
+    __slots__ = ("address", "backoff", "conn", "connecting", "failure", "host", "port", "priority", "retry_at")
+
+    def __init__(self, address: str, backoff: float, priority: bool = False) -> None:
         self.address = address
+        self.priority = priority
         self.host, self.port = _split_address(address)
         self.conn: _ClientConnection | None = None
         self.connecting: asyncio.Task[_ClientConnection] | None = None
@@ -130,7 +139,7 @@ class TransportClient:
         self._backoff_initial = backoff_initial_s
         self._backoff_max = backoff_max_s
         self._clock = clock
-        self._peers: dict[str, _Peer] = {}
+        self._peers: dict[tuple[str, bool], _Peer] = {}  # (address, priority lane) -> its lane
         self._ids = itertools.count(1)
         self._closed = False
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -151,20 +160,21 @@ class TransportClient:
         problem = frame_problem(msg.code, msg.meta, msg.data, self._max_frame_bytes)
         if problem is not None:
             raise DLedgerError(ResponseCode.UNEXPECTED_ARGUMENT, problem)
-        peer = self._peers.get(address)
+        lane = (address, msg.code in PRIORITY_CODES)
+        peer = self._peers.get(lane)
         conn = peer.conn if peer is not None else None
         now = time.monotonic()
         if conn is not None and now - conn.last_used > _CLIENT_IDLE_S:
             # the server may be closing it as idle right now: a request sent into that race
             # would fail although it was never read; a fresh connection is cheap
-            self._drop(address, "idle")
+            self._drop_lane(lane, "idle")
             conn = None
         if conn is not None and conn.can_queue and (faults is None or faults.delay_s <= 0):
             conn.last_used = now
             return await self._request_now(conn, address, msg, timeout)
         try:
             async with asyncio.timeout(timeout):
-                return await self._request(address, msg)
+                return await self._request(lane, msg)
         except TimeoutError:
             raise DLedgerError(ResponseCode.TIMEOUT, _timeout_text(msg, address, timeout)) from None
 
@@ -204,9 +214,10 @@ class TransportClient:
         """Close the connection to `address` (a member that left the group), failing what is in
         flight on it with NETWORK_ERROR; a later request opens a new one."""
         self._drop(address, reason)
-        peer = self._peers.pop(address, None)
-        if peer is not None and peer.connecting is not None:
-            peer.connecting.cancel()
+        for priority in (False, True):
+            peer = self._peers.pop((address, priority), None)
+            if peer is not None and peer.connecting is not None:
+                peer.connecting.cancel()
 
     # -- internals -----------------------------------------------------------------------
 
@@ -216,7 +227,12 @@ class TransportClient:
             raise DLedgerError(ResponseCode.NETWORK_ERROR, BLOCKED.format(address))
 
     def _drop(self, address: str, reason: str) -> None:
-        peer = self._peers.get(address)
+        """Both lanes to `address`."""
+        self._drop_lane((address, False), reason)
+        self._drop_lane((address, True), reason)
+
+    def _drop_lane(self, lane: tuple[str, bool], reason: str) -> None:
+        peer = self._peers.get(lane)
         if peer is not None and peer.conn is not None:
             conn, peer.conn = peer.conn, None
             conn.abort(reason)
@@ -235,8 +251,9 @@ class TransportClient:
             else:
                 loop.call_soon_threadsafe(self._drop, address, BLOCKED.format(address))
 
-    async def _request(self, address: str, msg: Message) -> Message:
-        conn = await self._connection(address)
+    async def _request(self, lane: tuple[str, bool], msg: Message) -> Message:
+        address = lane[0]
+        conn = await self._connection(lane)
         conn.last_used = time.monotonic()
         faults = self._faults
         if faults is not None and faults.delay_s > 0:
@@ -253,10 +270,11 @@ class TransportClient:
             if fut.done() and not fut.cancelled():
                 fut.exception()  # failed while we were still sending: retrieved, not leaked
 
-    async def _connection(self, address: str) -> _ClientConnection:
-        peer = self._peers.get(address)
+    async def _connection(self, lane: tuple[str, bool]) -> _ClientConnection:
+        address = lane[0]
+        peer = self._peers.get(lane)
         if peer is None:
-            peer = self._peers[address] = _Peer(address, self._backoff_initial)
+            peer = self._peers[lane] = _Peer(address, self._backoff_initial, lane[1])
         conn = peer.conn
         if conn is not None:
             if conn.usable:
@@ -281,7 +299,8 @@ class TransportClient:
         try:
             async with asyncio.timeout(self._connect_timeout):
                 _, conn = await loop.create_connection(
-                    lambda: _ClientConnection(peer.address, self._max_frame_bytes, self._connection_lost),
+                    lambda: _ClientConnection(peer.address, self._max_frame_bytes, self._connection_lost,
+                                              peer.priority),
                     peer.host,
                     peer.port,
                     ssl=self._ssl,
@@ -337,7 +356,7 @@ class TransportClient:
             task.exception()  # retrieved even when every requester already timed out
 
     def _connection_lost(self, conn: _ClientConnection) -> None:
-        peer = self._peers.get(conn.address)
+        peer = self._peers.get((conn.address, conn.priority))
         if peer is not None and peer.conn is conn:
             peer.conn = None
 

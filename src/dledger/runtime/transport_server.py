@@ -36,6 +36,7 @@ from dledger.runtime.frames import (
     HEADER_SIZE,
     KIND_REQUEST,
     KIND_RESPONSE,
+    PRIORITY_CODES,
     Buffer,
     ByteBudget,
     FrameError,
@@ -169,6 +170,11 @@ class _ServerConnection(FrameProtocol, Caller):
         self._partial_frames = 0
         self._gone = False  # connection_lost ran (a failed TLS handshake may not call it)
         self.queued = 0  # answer bytes queued here and not yet sent, as last counted (server.answers_queued)
+        # Whether the turn budget applies: None until the first request (it does), True once a
+        # request other than a heartbeat or a vote came. A member's priority lane
+        # (frames.PRIORITY_CODES) stays False: bulk work on other connections cannot hold its
+        # frames past the turn they arrived in
+        self.bulk: bool | None = None
 
     def _close_gate(self, why: str) -> None:
         """Refuse requests until the gate opens: a stranger may send small frames only."""
@@ -202,7 +208,8 @@ class _ServerConnection(FrameProtocol, Caller):
         if self.queued > _SMALL_ANSWER and server.answers_queued > server.answer_limit:
             server.hold(self)  # read again once the server's queued answers shrank (sweep)
             return False
-        return self.gate is not HANDSHAKING and not self._paused and server.turn_cost < _TURN_BUDGET
+        return self.gate is not HANDSHAKING and not self._paused and \
+            (server.turn_cost < _TURN_BUDGET or self.bulk is False)
 
     def _after_parse(self) -> None:
         if self.gate is HANDSHAKING:
@@ -415,7 +422,11 @@ class _ServerConnection(FrameProtocol, Caller):
                 self._refuse(request_id, code, *refusal)
                 return
             self._allowed.add(code)
-        self._server.charge(1 + ((len(meta) + len(data)) >> 13))
+        if code not in PRIORITY_CODES:
+            self.bulk = True
+            self._server.charge(1 + ((len(meta) + len(data)) >> 13))
+        elif self.bulk is None:  # heartbeats and votes: tiny, not charged, never held back
+            self.bulk = False
         self.inflight += 1
         respond = functools.partial(self._respond, request_id, code)
         try:

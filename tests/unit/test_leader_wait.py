@@ -1,0 +1,157 @@
+"""Fast failover without timers alone: a parked leader search (METADATA wait_ms) is answered the
+moment the member wins its election, a member that did not run for a while reads what
+arrived before it gives up on its leader, and a rejected pre-vote is asked again soon
+(core.leader_wait, core.elector)."""
+
+from __future__ import annotations
+
+from dledger.codes import RequestCode
+from dledger.core.contexts import Answered, VoteCtx
+from dledger.core.leader_wait import MAX_PARKED, MAX_WAIT_MS, LeaderWaits
+from dledger.core.messages import (
+    HeartBeatRequest,
+    MetadataRequest,
+    MetadataResponse,
+    Role,
+    VoteRequest,
+    VoteResponse,
+    VoteResult,
+)
+
+from .raft_harness import Member, msg_of
+
+
+def _campaign_and_win(m: Member) -> None:
+    for _ in range(1000):
+        m.tick()
+        if any(isinstance(a.ctx, VoteCtx) for a in m.sends(RequestCode.VOTE)):
+            break
+    for _ in range(2):  # the pre-vote round, then the real one
+        votes = [a for a in m.sends(RequestCode.VOTE) if isinstance(a.ctx, VoteCtx)]
+        m.clear()
+        for s in votes:
+            req = msg_of(s, VoteRequest)
+            m.node.complete(Answered(s.ctx, VoteResponse(req.term, int(VoteResult.ACCEPT), req.pre_vote)), m.now)
+        m.drain()
+
+
+def test_waits_heap_expires_in_deadline_order_and_is_bounded() -> None:
+    w = LeaderWaits()
+    assert w.park("b", 0, 200) and w.park("a", 0, 100) and w.park("long", 0, 10 * MAX_WAIT_MS)
+    assert w.expired(99) == []
+    assert w.expired(200) == ["a", "b"]
+    assert w.expired(MAX_WAIT_MS) == ["long"]  # cut to the maximum wait
+    for k in range(MAX_PARKED):
+        w.park(k, 0, 1000)
+    assert not w.park("over", 0, 1000)  # full: the caller answers at once
+    assert len(w.take_all()) == MAX_PARKED and len(w) == 0
+
+
+def test_a_follower_answers_a_parked_search_when_it_wins() -> None:
+    m = Member(terms=[1])
+    token = ("search", 1)
+    assert m.handle(RequestCode.METADATA, MetadataRequest("default", "", "n0", wait_ms=5000), token=token) is None
+    _campaign_and_win(m)
+    assert m.node.member.role == Role.LEADER
+    resp = m.reply_to(token)
+    assert isinstance(resp, MetadataResponse) and resp.role == "leader" and resp.leader_id == "n0"
+
+
+def test_a_parked_search_is_answered_with_the_view_when_its_wait_runs_out() -> None:
+    m = Member(terms=[1])
+    # a leader heard: this follower will not campaign during the wait
+    hb = HeartBeatRequest("default", "n1", "n0", 1, -1, -1, "", m.node.elector.leader_lease_ms)
+    m.handle(RequestCode.HEART_BEAT, hb, token="hb")
+    token = ("search", 2)
+    assert m.handle(RequestCode.METADATA, MetadataRequest("default", "", "n0", wait_ms=50), token=token) is None
+    m.tick(20)
+    assert m.reply_to(token) is None
+    m.tick(40)
+    resp = m.reply_to(token)
+    assert isinstance(resp, MetadataResponse) and resp.role == "follower" and resp.leader_id == "n1"
+
+
+def test_a_leader_and_a_plain_metadata_answer_at_once() -> None:
+    m = Member(terms=[1])
+    assert isinstance(m.handle(RequestCode.METADATA, MetadataRequest("default", "", "n0"), token="plain"),
+                      MetadataResponse)
+    _campaign_and_win(m)
+    resp = m.handle(RequestCode.METADATA, MetadataRequest("default", "", "n0", wait_ms=5000), token="lead")
+    assert isinstance(resp, MetadataResponse) and resp.role == "leader"
+
+
+def _role(m: Member) -> Role:
+    return m.node.member.role
+
+
+def _following(m: Member) -> None:
+    hb = HeartBeatRequest("default", "n1", "n0", 1, -1, -1, "", m.node.elector.leader_lease_ms)
+    m.handle(RequestCode.HEART_BEAT, hb, token="hb")
+    m.clear()
+
+
+def test_a_follower_that_stalled_reads_before_it_campaigns_once() -> None:
+    m = Member(terms=[1])
+    m.tick()
+    _following(m)
+    el = m.node.elector
+    # one tick long after the election deadline: the process did not run meanwhile
+    m.tick(el.election_deadline - m.now + 500)
+    assert not m.sends(RequestCode.VOTE) and el.stall_graces == 1
+    # the leader's heartbeat that was waiting in the socket keeps it a follower
+    _following(m)
+    for _ in range(5):
+        m.tick()
+    assert not m.sends(RequestCode.VOTE)
+    # another stall past the new deadline: a grace again; nothing arrives, and a second stall
+    # past the same (graced) deadline buys no second grace: it campaigns
+    m.tick(el.election_deadline - m.now + 500)
+    assert not m.sends(RequestCode.VOTE) and el.stall_graces == 2
+    m.tick(el.election_deadline - m.now + 500)
+    assert m.sends(RequestCode.VOTE) and el.stall_graces == 2
+
+
+def test_a_follower_that_ran_all_along_campaigns_at_its_deadline() -> None:
+    m = Member(terms=[1])
+    _following(m)
+    el = m.node.elector
+    while not m.sends(RequestCode.VOTE):
+        m.tick()
+    assert el.stall_graces == 0
+
+
+def test_a_leader_that_stalled_hears_its_followers_before_checking_quorum() -> None:
+    m = Member(terms=[1])
+    _campaign_and_win(m)
+    el = m.node.elector
+    m.tick(el.hb_ms)
+    assert m.sends(RequestCode.HEART_BEAT)
+    m.clear()
+    # a stall longer than the lease: the followers' answers are still unread
+    m.tick(2 * el.leader_lease_ms)
+    assert _role(m) == Role.LEADER
+    # they stay unanswered: one heartbeat period later it steps down (check quorum)
+    m.tick(el.hb_ms)
+    assert _role(m) == Role.FOLLOWER
+
+
+def test_a_rejected_pre_vote_is_asked_again_within_a_heartbeat_period() -> None:
+    m = Member(terms=[1])
+    el = m.node.elector
+    while not m.sends(RequestCode.VOTE):
+        m.tick()
+    term = m.node.member.term
+    for s in m.sends(RequestCode.VOTE):  # both voters still hear a leader: no
+        req = msg_of(s, VoteRequest)
+        assert req.pre_vote
+        resp = VoteResponse(term, int(VoteResult.REJECT_ALREADY_HAS_LEADER), True)
+        m.node.complete(Answered(s.ctx, resp), m.now)
+    m.drain()
+    m.clear()
+    waited = 0
+    while not m.sends(RequestCode.VOTE):
+        m.tick()
+        waited += 10
+    assert waited <= el.hb_ms + 10 < m.cfg.min_vote_interval_ms
+    assert msg_of(m.sends(RequestCode.VOTE)[0], VoteRequest).pre_vote
+    assert m.node.member.term == term  # pre-votes cost no term
