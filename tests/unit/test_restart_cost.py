@@ -367,7 +367,7 @@ def test_magic_marks_learn_from_their_end_and_give_up_when_not_rare() -> None:
         return [i for i in range(a, b + 1) if log.get(i) == 4]
 
     m = MagicMarks(4)
-    m.load(None, 0, 999)  # a store without marks: nothing known
+    m.load(None, 0, 999, 999)  # a store without marks: nothing known
     assert m.find(0, 99, 0, scan) == [5, 9] and m.upto == 99
     assert m.find(50, 199, 0, scan) == [] and scans[-1] == (100, 199)  # only what is not known
     assert m.find(0, 150, 0, scan) == [5, 9] and len(scans) == 2  # all known: no scan

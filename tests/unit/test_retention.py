@@ -416,6 +416,37 @@ def test_retention_hours_delete_old_files_without_disk_pressure(log: Log) -> Non
     assert log.files()[0] == 4
 
 
+def test_a_retention_pass_stats_each_file_once(log: Log, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One candidate list per pass (a stat() per data file, under the store lock), whatever
+    the floors and rules: eager retention after a compaction request runs passes every few
+    hundred ms. The pass still honours every rule from that one list."""
+    from dledger.store import file as store_file
+
+    stats: list[str] = []
+    real = store_file._mtime
+
+    def counting(f: Any) -> float:
+        stats.append(f.path.name)
+        return real(f)
+
+    monkeypatch.setattr(store_file, "_mtime", counting)
+    s = log.store
+    s.set_committed(log.n - 1)
+    s.set_retention_floor(log.firsts[3] + 1, "follower n2")
+    s.run_retention()  # no pressure, age retention off: nothing goes
+    assert log.files()[0] == 0
+    # every file but the last, once (those below the committed floor: the held-back check's list)
+    assert len(stats) == len(set(stats)) == len(log.firsts) - 1
+    stats.clear()
+    s.retention_hours = 2.0
+    log.age(range(2), 3)
+    log.disk.ratio = 0.99  # pressure: the follower's floor holds files 2.. back (reported)
+    s.run_retention()
+    assert len(stats) == len(set(stats)), f"a file was stat()ed twice in one pass: {stats}"
+    assert log.files()[0] == 3
+    assert s.retention_held_by == f"follower n2 needs index {log.firsts[3] + 1}"
+
+
 def test_retention_hours_survive_a_reopen(tmp_path: Path) -> None:
     """The begin moved by age retention is checkpointed: a reopened store begins there."""
     lg = Log(tmp_path / "s", FakeDisk(0.0))

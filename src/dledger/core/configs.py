@@ -75,7 +75,14 @@ class ConfigHistory:
         for i in store.indexes_with_magic(first, last, MAGIC_CONFIG_CHANGE):
             if i <= self._entries[-1][0]:
                 continue
-            body = store.get(i).body  # CorruptEntryError: the caller marks the record
+            entry = store.get(i)  # CorruptEntryError: the caller marks the record
+            if entry.magic != MAGIC_CONFIG_CHANGE:
+                # the record says otherwise (a stale or foreign checkpoint's marker): a client's
+                # entry body is never taken for a configuration
+                log.error("entry %d was listed as a configuration change but is not one (magic %d): ignored",
+                          i, entry.magic)
+                continue
+            body = entry.body
             try:
                 m = decode_membership(body)
             except (msgspec.DecodeError, msgspec.ValidationError) as e:

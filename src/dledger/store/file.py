@@ -146,6 +146,11 @@ class FileLedgerStore(LedgerStore):
             self.begin_pos = 0
             self.write_pos = 0
             self._flushed_pos = 0  # data before it is fsynced
+            # index units before this byte of the index are fsynced (the checkpoint syncs every
+            # index file written since, before it names a trusted record past them: recovery
+            # trusts the units below that record unread). 0 on open: an older release synced
+            # only the last two index files, so the first checkpoint syncs them all once
+            self._units_synced = 0
             self.disk_full = False  # retention found nothing to delete above the force ratio (soft)
             self._no_space = False  # a write failed for want of space (hard)
             self._retention_floor: int | None = None
@@ -165,10 +170,11 @@ class FileLedgerStore(LedgerStore):
             self._buf = bytearray(1 << 20)  # encode scratch of append_as_leader
             self._ubuf = bytearray(64 << 10)
             try:
-                recover(self)  # a refusal has changed no file, not even a short one's size
+                # a refusal has changed no file, not even a short one's size
+                trusted = recover(self)
                 for m in self._marks.values():
                     m.load((ckpt.markers or {}).get(m.magic) if ckpt is not None else None, self.begin_index,
-                           self.end_index)
+                           self.end_index, trusted)
                 # recovery read the headers of the trusted record's data file through the
                 # mapping (its index check): none of it stays resident in the member
                 for mf in (*self.data.files, *self.index.files):
@@ -412,9 +418,12 @@ class FileLedgerStore(LedgerStore):
     def _scan_magic(self, index: int, last: int, magic: int) -> list[int]:
         """Each unit read as eight native ints, every eighth is a magic (as stored, big-endian).
         Read with pread in chunks, not through the mapping: a scan of the whole log left the
-        whole index mapped into the member."""
+        whole index mapped into the member. A unit inside the log without an entry's magic
+        (zeros: an index page a power loss took) is damage: rebuilt from the data headers as
+        `unit()` does, never skipped (the entry it hid may be the one looked for)."""
         want = int.from_bytes(magic.to_bytes(4, "big", signed=True), sys.byteorder, signed=True)
         out: list[int] = []
+        repaired = -1  # the last index a repair covered: a unit still bad there is beyond repair
         while index <= last:
             uf = self.index.locate(index * INDEX_UNIT_SIZE)
             off = index * INDEX_UNIT_SIZE - uf.start
@@ -425,7 +434,15 @@ class FileLedgerStore(LedgerStore):
                 raise StoreError(ResponseCode.DISK_ERROR, f"{uf.path} ends before offset {off}")
             words = array("i")
             words.frombytes(got[: n * INDEX_UNIT_SIZE])
-            out.extend(index + k for k in positions_of(words[0::8], want, 0, n))
+            magics = words[0::8]
+            if sum(magics.count(w) for w in _MAGIC_WORDS) != n:  # (count runs in C: the common case)
+                bad = [k for k, w in enumerate(magics) if w not in _MAGIC_WORDS]
+                if index + bad[0] <= repaired:
+                    raise CorruptEntryError(index + bad[0], f"index unit of {index + bad[0]} is damaged")
+                self._repair_units(index + bad[0], index + bad[-1])
+                repaired = index + bad[-1]
+                continue  # read the chunk again
+            out.extend(index + k for k in positions_of(magics, want, 0, n))
             index += n
         return out
 
@@ -454,8 +471,10 @@ class FileLedgerStore(LedgerStore):
             return None
         return u
 
-    def _repair_units(self, index: int) -> None:
-        """Rebuild units from the nearest good one before `index` by walking data headers."""
+    def _repair_units(self, index: int, upto: int | None = None) -> None:
+        """Rebuild units from the nearest good one before `index` through `upto` (None:
+        `index`) by walking data headers."""
+        upto = index if upto is None else upto
         j = index - 1
         while j >= self.begin_index and self.raw_unit(j) is None:
             j -= 1
@@ -465,8 +484,8 @@ class FileLedgerStore(LedgerStore):
         if u is not None:
             pf = self.data.locate(u[1])
             prev_chain = HEADER.unpack_from(pf.mm, u[1] - pf.start)[6]
-        log.warning("%s: rebuilding index units %d..%d from the data files", self.dir, j + 1, index)
-        rebuild_units(self, j + 1, start_pos, index, verify=False, prev_chain=prev_chain)
+        log.warning("%s: rebuilding index units %d..%d from the data files", self.dir, j + 1, upto)
+        rebuild_units(self, j + 1, start_pos, upto, verify=False, prev_chain=prev_chain)
 
     def term_at(self, index: int) -> int:
         with self._lock:
@@ -693,6 +712,7 @@ class FileLedgerStore(LedgerStore):
             self._zero_units(from_index, self.end_index + 1)
         self.write_pos = new_pos
         self._flushed_pos = min(self._flushed_pos, new_pos)
+        self._units_synced = min(self._units_synced, from_index * INDEX_UNIT_SIZE)
         self.end_index = from_index - 1
         for m in self._marks.values():
             m.truncated(self.end_index)
@@ -736,6 +756,7 @@ class FileLedgerStore(LedgerStore):
             self.begin_term = self.end_term = begin_term
             self.begin_chain_crc = self.end_chain_crc = begin_chain_crc
             self.begin_pos = self.write_pos = self._flushed_pos = begin_pos
+            self._units_synced = begin_index * INDEX_UNIT_SIZE  # no index file yet: nothing to sync
             self.end_index = begin_index - 1
             for m in self._marks.values():
                 m.reset(self.end_index)  # an empty log: complete
@@ -803,13 +824,13 @@ class FileLedgerStore(LedgerStore):
                     reason = self._trusted_record_fault()
                     if reason is not None:
                         raise CorruptEntryError(self.durable_index, reason)
-                    state, index_files = self._checkpoint_state()
+                    state, index_files, synced = self._checkpoint_state()
                 except StoreError as e:  # CorruptEntryError too: a rotten header at the trusted point
                     # the previous checkpoint stays valid; the member repairs the record meanwhile
                     self._warn("checkpoint", "checkpoint skipped: %s", e.message)
                     return
             try:
-                self._persist_checkpoint(state, index_files)
+                self._persist_checkpoint(state, index_files, synced)
             except OSError as e:
                 err = self._as_store_error(e, "checkpoint")
                 if not isinstance(err, StoreError) or err.code != ResponseCode.DISK_FULL:
@@ -826,8 +847,11 @@ class FileLedgerStore(LedgerStore):
     def _write_checkpoint_locked(self) -> None:
         self._persist_checkpoint(*self._checkpoint_state())
 
-    def _checkpoint_state(self) -> tuple[dict[str, object], list[MappedFile]]:
-        """What the checkpoint says now, and the index files that must be synced first."""
+    def _checkpoint_state(self) -> tuple[dict[str, object], list[MappedFile], int]:
+        """What the checkpoint says now, the index files that must be synced first, and the
+        index byte through which units are fsynced once they are: every index file written
+        since the last checkpoint up to the trusted record's unit, not only the newest (a file
+        the log filled and left in between was otherwise never synced, yet trusted on open)."""
         durable = self.durable_index
         trusted = None
         if durable >= self.begin_index:
@@ -847,13 +871,19 @@ class FileLedgerStore(LedgerStore):
         }
         marks = {str(m.magic): m.state(self.begin_index, durable) for m in self._marks.values()}
         state["markers"] = {k: v for k, v in marks.items() if v is not None}
-        return state, self.index.files[-2:]
+        hi = (durable + 1) * INDEX_UNIT_SIZE
+        files = [uf for uf in self.index.files if uf.end > self._units_synced and uf.start < hi]
+        return state, files, hi
 
-    def _persist_checkpoint(self, state: dict[str, object], index_files: list[MappedFile]) -> None:
+    def _persist_checkpoint(self, state: dict[str, object], index_files: list[MappedFile], synced: int) -> None:
+        """Callers hold `_ckpt_lock`, which guards `_units_synced` (truncate and reset lower it)."""
         with self._sync_lock:
             for uf in index_files:
                 if not uf.closed:
                     uf.sync()  # index units up to the trusted point need no rebuild next time
+        # (a unit `unit()` repairs later below this point is not synced again: a power loss
+        # brings back the damage, which the next use repairs again)
+        self._units_synced = max(self._units_synced, synced)
         write_atomic(self.dir / "checkpoint", state)
 
     def set_retention_floor(self, index: int | None, holder: str = "") -> None:
@@ -904,12 +934,16 @@ class FileLedgerStore(LedgerStore):
                 floor = committed_floor = self._retention_floor if self._retention_floor is not None else 0
             elif self._retention_floor is not None:
                 floor = min(floor, self._retention_floor)
-            plan = self._plan_retention(floor, ratio, total)
-            self._note_held_back(floor, committed_floor, plan.delete, ratio, total)
+            # one list (a stat() per file) per pass: the floors below the committed one take a
+            # prefix of it (eager retention, after a compaction request, runs passes every few hundred ms)
+            listed = self._retention_candidates(committed_floor)  # (floor <= committed_floor)
+            below = _below(listed, floor)
+            plan = self._plan_retention(below, ratio, total)
+            self._note_held_back(floor, committed_floor, listed, plan.delete, ratio, total)
             # a snapshot (or `dledger compact`) covers these whatever the disk usage, within the same
             # floors; so do files past the age limit
-            covered = len(self._retention_candidates(min(floor, self._compaction_floor)))
-            aged = aged_out(self._retention_candidates(floor), self._clock(), self.retention_hours)
+            covered = len(_below(listed, min(floor, self._compaction_floor)))
+            aged = aged_out(below, self._clock(), self.retention_hours) if self.retention_hours > 0 else 0
             if max(plan.delete, covered, aged):
                 self._drop_first_data_files(max(plan.delete, covered, aged))
             self.disk_full = plan.disk_full
@@ -919,35 +953,38 @@ class FileLedgerStore(LedgerStore):
                 log.error("disk full: usage %.0f%% and nothing more can be deleted%s", ratio * 100,
                           f" (held back by {self._retention_held_by})" if self._retention_held_by else "")
 
-    def _plan_retention(self, floor: int, ratio: float, total: int) -> Plan:
+    def _plan_retention(self, candidates: list[Candidate], ratio: float, total: int) -> Plan:
         return plan_deletions(
-            self._retention_candidates(floor), ratio, total, self._clock(), self.file_reserved_hours,
+            candidates, ratio, total, self._clock(), self.file_reserved_hours,
             self.check_expired_ratio, self.force_clean_ratio, self.force_clean_until,
             self.disk_full_ratio,
         )
 
-    def _note_held_back(self, floor: int, committed_floor: int, deleting: int, ratio: float, total: int) -> None:
+    def _note_held_back(self, floor: int, committed_floor: int, listed: list[tuple[int, Candidate]], deleting: int,
+                        ratio: float, total: int) -> None:
         """Record (and log once) when a follower's floor keeps files retention would delete:
         the leader keeps what a live follower needs (a plain log's follower heard from
         recently, one installing a snapshot, one being repaired), and says so instead of
         failing silently."""
         held = ""
-        if floor < committed_floor and self._plan_retention(committed_floor, ratio, total).delete > deleting:
+        if floor < committed_floor and self._plan_retention(_below(listed, committed_floor), ratio,
+                                                            total).delete > deleting:
             held = f"{self._retention_holder} needs index {floor}"
         if held and not self._retention_held_by:
             log.warning("retention under disk pressure (usage %.0f%%) keeps files still needed: %s",
                         ratio * 100, held)
         self._retention_held_by = held
 
-    def _retention_candidates(self, floor: int) -> list[Candidate]:
-        """Leading data files whose every entry lies below `floor`; never the last file."""
+    def _retention_candidates(self, floor: int) -> list[tuple[int, Candidate]]:
+        """Leading data files whose every entry lies below `floor`, each with the first index
+        of the file after it (its entries lie below that); never the last file."""
         out = []
         files = self.data.files
         for f, nxt in itertools.pairwise(files):
             first_next = self._first_index_in(nxt)
             if first_next is None or first_next > floor:
                 break
-            out.append(Candidate(f.size, _mtime(f)))
+            out.append((first_next, Candidate(f.size, _mtime(f))))
         return out
 
     def _first_index_in(self, f: MappedFile) -> int | None:
@@ -1017,6 +1054,9 @@ class FileLedgerStore(LedgerStore):
 AHEAD_MARGIN = 256 << 20  # how far before the end of its last file the next one is created ahead
 MARKED_MAGICS = (MAGIC_CONFIG_CHANGE, MAGIC_SESSION)  # rare entries a start looks up: kept (store/marks.py)
 MAGIC_SCAN_UNITS = 1 << 17  # index units per read of indexes_with_magic (4 MiB)
+# the entry magics as `_scan_magic` reads them (big-endian ints as native words)
+_MAGIC_WORDS = frozenset(int.from_bytes(m.to_bytes(4, "big", signed=True), sys.byteorder, signed=True)
+                         for m in ENTRY_MAGICS)
 RELEASE_BEHIND = 4 << 20  # twice the largest folio (2 MiB) a fault may map at once
 
 
@@ -1027,6 +1067,16 @@ def _release(files: MappedFileList, lo: int, hi: int) -> None:
     for f in files.files:
         if f.end > lo and f.start < hi:
             f.release(max(lo, f.start) - f.start, min(hi, f.end) - f.start)
+
+
+def _below(listed: list[tuple[int, Candidate]], floor: int) -> list[Candidate]:
+    """The leading candidates whose entries all lie below `floor` (the first indexes grow)."""
+    out = []
+    for first_next, c in listed:
+        if first_next > floor:
+            break
+        out.append(c)
+    return out
 
 
 def _mtime(f: MappedFile) -> float:

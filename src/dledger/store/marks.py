@@ -31,13 +31,15 @@ class MagicMarks:
         self.indexes: list[int] = []
         self.upto: int | None = -1
 
-    def load(self, kept: tuple[int, tuple[int, ...]] | None, begin: int, end: int) -> None:
-        """Take the checkpoint's marks when they lie within the log recovery kept; an empty log
-        is complete without them; else nothing is known yet (the first scan learns them)."""
+    def load(self, kept: tuple[int, tuple[int, ...]] | None, begin: int, end: int, trusted: int | None) -> None:
+        """Take the checkpoint's marks when they lie within the log recovery kept and within
+        its verified trusted record (`trusted`, None: none verified, the marks are not taken:
+        they were written only through it, so more is a stale or foreign checkpoint); an empty
+        log is complete without them; else nothing is known yet (the first scan learns them)."""
         self.indexes, self.upto = [], begin - 1
         if end < begin:
             self.upto = end
-        elif kept is not None and begin - 1 <= kept[0] <= end:
+        elif kept is not None and trusted is not None and begin - 1 <= kept[0] <= min(end, trusted):
             self.upto = kept[0]
             self.indexes = [i for i in kept[1] if begin <= i <= kept[0]]
 

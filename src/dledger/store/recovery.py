@@ -89,10 +89,14 @@ class ScanStart:
     chain: int | None  # None: adopt the first record's chain (no checkpoint to check it)
     term: int
     trusted_pos: int | None = None
+    verified: bool = False  # the trusted record (index - 1) matched the checkpoint
 
 
-def recover(store: RecoverableStore) -> None:
-    """Read first, decide, then write: a refusal (StoreError DISK_ERROR) changes no byte."""
+def recover(store: RecoverableStore) -> int | None:
+    """Read first, decide, then write: a refusal (StoreError DISK_ERROR) changes no byte.
+    Returns the checkpoint's trusted index when its record was found in place, whole and as
+    the checkpoint names it (None: no trusted record, or a rotten one): what the rest of that
+    checkpoint (its markers) may be taken for."""
     ckpt = read_checkpoint(store.dir)  # UnreadableFile (DISK_ERROR): never guess the committed index
     begin_chain = _load_begin(store, ckpt)
     committed = ckpt.committed_index if ckpt else -1
@@ -126,6 +130,7 @@ def recover(store: RecoverableStore) -> None:
         store.dir, store.begin_index, store.end_index, store.committed_index,
         f", {end.unverified} unverified (upstream DLedger's, CRC fields 0)" if end.unverified else "",
     )
+    return start.index - 1 if start.verified else None
 
 
 def _load_begin(store: RecoverableStore, ckpt: Checkpoint | None) -> int | None:
@@ -170,7 +175,7 @@ def _trusted_start(store: RecoverableStore, ckpt: Checkpoint | None, begin_chain
     try:
         entry = decode_entry(f.mm, pos - f.start)
         if (entry.index, entry.term, entry.pos, entry.chain_crc) == (index, term, pos, chain):
-            return ScanStart(index + 1, pos + entry.size, chain, term, pos)
+            return ScanStart(index + 1, pos + entry.size, chain, term, pos, verified=True)
         reason = f"does not match the checkpoint (holds index {entry.index})"
     except CorruptRecord as e:
         reason = f"is corrupt: {e.reason}"
