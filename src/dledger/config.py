@@ -177,7 +177,7 @@ class DLedgerConfig:
     max_body_bytes: int = 0
     checkpoint_interval_ms: int = 1000  # how often the checkpoint (committed index, trusted point) is saved
     heart_beat_time_interval_ms: int = 150  # the leader's heartbeat period
-    max_heart_beat_leak: int = 4  # heartbeats missed before a follower campaigns (the lease is interval x leak)
+    max_heart_beat_leak: int = 4  # heartbeats missed before a follower campaigns (>= 2; the lease is interval x leak)
     min_vote_interval_ms: int = 300  # a candidate's randomised election timeout: at least ...
     max_vote_interval_ms: int = 500  # ... and at most this
     # leadership moves to the first of these that is caught up
@@ -225,7 +225,7 @@ class DLedgerConfig:
     producer_creations_per_second: int = 200
     install_chunk_bytes: int = 4 * MiB  # InstallSnapshot: bytes per request, one in flight per follower
     # lease reads: the leader's lease is the heartbeat lease (interval * leak) minus this margin for
-    # clocks that run at different rates
+    # clocks that run at different rates (at least a tenth of the heartbeat lease)
     lease_clock_drift_ms: int = 200
     enable_fault_injection: bool = False  # answer FAULT (tests, chaos): off, so no client can cut links
     # security (docs/security.md): mutual TLS between members and for clients, all three or none
@@ -351,10 +351,14 @@ class DLedgerConfig:
             clash = {p.address for p in members.values()} & {p.address for p in peers.values()}
             if clash:
                 raise ConfigError(f"peer_listen reuses client addresses {sorted(clash)}: give members other ports")
+        if self.max_heart_beat_leak < 2:  # a follower would time out exactly when the next heartbeat is due
+            raise ConfigError(f"max_heart_beat_leak must be at least 2, not {self.max_heart_beat_leak}")
         lease = self.heart_beat_time_interval_ms * self.max_heart_beat_leak
-        if not isinstance(self.lease_clock_drift_ms, int) or not 0 <= self.lease_clock_drift_ms < lease:
-            raise ConfigError(f"lease_clock_drift_ms must be in [0, {lease}) (the heartbeat lease), "
-                              f"not {self.lease_clock_drift_ms!r}")
+        # lease reads need a margin for clock-rate differences (Raft thesis §6.4.1): a tenth at least
+        low = -(-lease // 10)
+        if not isinstance(self.lease_clock_drift_ms, int) or not low <= self.lease_clock_drift_ms < lease:
+            raise ConfigError(f"lease_clock_drift_ms must be in [{low}, {lease}) (a tenth of the heartbeat "
+                              f"lease at least, and less than it), not {self.lease_clock_drift_ms!r}")
         for name in ("snapshot_threshold_entries", "snapshot_threshold_bytes", "snapshot_margin_entries"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be an integer >= 0 (0: never), not {getattr(self, name)!r}")

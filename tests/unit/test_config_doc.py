@@ -60,3 +60,14 @@ def test_the_example_configuration_loads(tmp_path: Path) -> None:
     (tmp_path / "member.toml").write_text(block)
     cfg = DLedgerConfig.from_toml(str(tmp_path / "member.toml"))
     assert (cfg.group, cfg.flush, cfg.metrics_port) == ("orders", "sync", 9100)
+
+
+def test_lease_timers_without_a_drift_margin_or_a_missed_heartbeat_are_refused() -> None:
+    """Lease reads need a margin for clock rates (a tenth of the lease), and a follower that
+    campaigns after one missed heartbeat would flap: both are refused with the rule."""
+    base = {"self_id": "n0", "peers": "n0-127.0.0.1:1", "store_type": "memory"}
+    with pytest.raises(ConfigError, match=r"lease_clock_drift_ms must be in \[60, 600\)"):
+        DLedgerConfig(**base, lease_clock_drift_ms=0).validate()
+    with pytest.raises(ConfigError, match="max_heart_beat_leak must be at least 2"):
+        DLedgerConfig(**base, max_heart_beat_leak=1, lease_clock_drift_ms=100).validate()
+    DLedgerConfig(**base, lease_clock_drift_ms=60).validate()

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dledger.codes import RequestCode
 from dledger.core.contexts import Answered, VoteCtx
-from dledger.core.leader_wait import MAX_PARKED, MAX_WAIT_MS, LeaderWaits
+from dledger.core.leader_wait import MAX_PARKED, MAX_PARKED_PER_PRINCIPAL, MAX_WAIT_MS, LeaderWaits
 from dledger.core.messages import (
     HeartBeatRequest,
     MetadataRequest,
@@ -42,9 +42,19 @@ def test_waits_heap_expires_in_deadline_order_and_is_bounded() -> None:
     assert w.expired(200) == ["a", "b"]
     assert w.expired(MAX_WAIT_MS) == ["long"]  # cut to the maximum wait
     for k in range(MAX_PARKED):
-        w.park(k, 0, 1000)
-    assert not w.park("over", 0, 1000)  # full: the caller answers at once
+        assert w.park(k, 0, 1000, principal=f"p{k % 4}")
+    assert not w.park("over", 0, 1000, principal="other")  # full: the caller answers at once
     assert len(w.take_all()) == MAX_PARKED and len(w) == 0
+
+
+def test_one_principal_holds_at_most_its_share_of_parked_searches() -> None:
+    w = LeaderWaits()
+    for k in range(MAX_PARKED_PER_PRINCIPAL):
+        assert w.park(k, 0, 100, principal="flood")
+    assert not w.park("more", 0, 100, principal="flood")  # answered at once
+    assert w.park("mine", 0, 100, principal="client")  # another caller still parks
+    assert len(w.expired(100)) == MAX_PARKED_PER_PRINCIPAL + 1
+    assert w.park("again", 0, 100, principal="flood")  # its share is free again
 
 
 def test_a_follower_answers_a_parked_search_when_it_wins() -> None:
@@ -132,6 +142,19 @@ def test_a_leader_that_stalled_hears_its_followers_before_checking_quorum() -> N
     assert _role(m) == Role.LEADER
     # they stay unanswered: one heartbeat period later it steps down (check quorum)
     m.tick(el.hb_ms)
+    assert _role(m) == Role.FOLLOWER
+
+
+def test_a_leader_whose_every_tick_comes_late_still_checks_its_quorum() -> None:
+    """A stall postpones check-quorum once per check, not on every late tick: a cut-off leader
+    on a starved machine (ticks always more than a heartbeat period apart) still steps down."""
+    m = Member(terms=[1])
+    _campaign_and_win(m)
+    el = m.node.elector
+    for _ in range(100):  # 15 s of ticks 151 ms apart; no follower ever answers
+        m.tick(el.hb_ms + 1)
+        if _role(m) != Role.LEADER:
+            break
     assert _role(m) == Role.FOLLOWER
 
 

@@ -137,6 +137,7 @@ class LeaderElector:
         self.last_tick = env.now
         self.graced_deadline = -1  # an election deadline already put off for a stall (see tick)
         self.quorum_check_after = 0  # a leader that stalled checks its quorum from then on
+        self.quorum_checked_at = 0  # when check-quorum last ran (a stall postpones it once per check)
         self.stall_graces = 0  # how often (metrics, tests)
         self.round = 0
         self.round_active = False
@@ -218,7 +219,10 @@ class LeaderElector:
             elif not self.round_active and now >= self.next_round_at:
                 self._campaign()
         else:
-            if stalled:  # the followers' answers may wait unread too: judge them a period later
+            # the followers' answers may wait unread too: judge them a period later, but only
+            # once until the check runs again, so a leader that stalls on every tick still
+            # checks its quorum (check-quorum, Raft thesis §6.2)
+            if stalled and self.quorum_check_after <= self.quorum_checked_at:
                 self.quorum_check_after = now + self.hb_ms
             self._tick_leader(now)
         if self.awaiting is not None and now >= self.awaiting.deadline:
@@ -233,6 +237,7 @@ class LeaderElector:
         if now < self.quorum_check_after:
             self._tick_transfer(now)
             return
+        self.quorum_checked_at = now
         window, m, progress = self.leader_lease_ms, self.env.member, self.progress
         alive = int(m.is_voter)
         for v in m.other_voters:

@@ -901,7 +901,7 @@ class Node(AppendPath, SnapshotPath, MembershipPath):
                 self.read_path.when_confirmed(code, msg.consistency, token,
                                               lambda _: self.reply(token, code, self.metadata()))
             elif msg.wait_ms > 0 and not self.member.is_leader and \
-                    self.leader_waits.park(token, self.now, msg.wait_ms):
+                    self.leader_waits.park(token, self.now, msg.wait_ms, principal):
                 pass  # answered when we lead (_change_role) or when the wait runs out (tick)
             else:
                 self.reply(token, code, self.metadata())
