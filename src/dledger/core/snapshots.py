@@ -101,7 +101,7 @@ class SnapshotPath:
         if self.applier is not None:
             self.applier.snapshotting = True
         sending = tuple(d.sender.meta.last_index for d in self.dispatchers.values() if d.sender.meta is not None)
-        # the table is folded through the commit index, at or past `index`: entries between are
+        # the table is folded at or past `index` (the callers wait for it): entries between are
         # committed, so every log that continues the snapshot holds them as folded
         cidx, members = self.configs.at(index)  # the configuration at the snapshot's index
         self._snapshot_config = (cidx, members)
@@ -339,6 +339,9 @@ class SnapshotPath:
             point = min(t, index)
             begin = store.compaction_begin(point)
             held = f"held at {floor} by {holder}" if floor is not None and floor < begin and holder else ""
+            if point < t:  # the snapshot stops where the producer table is folded (it catches up)
+                held = "; ".join(filter(None, (held, f"compacted through {point} only: the producer table is "
+                                                    f"folded through {index} so far; run it again shortly")))
             self.reply(token, RequestCode.SNAPSHOT, SnapshotResponse(int(ResponseCode.SUCCESS), point, held, begin))
 
     def _handle_snapshot(self, token: Any, req: SnapshotRequest | None = None) -> None:
