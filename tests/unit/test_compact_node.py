@@ -14,6 +14,7 @@ from dledger.core.contexts import SnapshotTaken
 from dledger.core.messages import AppendRequest, SnapshotRequest, SnapshotResponse
 from dledger.core.node import TakeSnapshot
 from dledger.statemachine.applier import Applier
+from dledger.store.base import CorruptEntryError
 from unit.test_node_limits import Driver, _replies
 
 
@@ -102,3 +103,39 @@ def test_no_plain_snapshot_while_an_installed_table_is_read() -> None:
     d.node._producers_restoring = False
     taken = [a for a in d.drain() if isinstance(a, TakeSnapshot)]
     assert len(taken) == 1 and taken[0].index <= _folded_in(taken[0])
+
+
+def test_a_negative_through_other_than_minus_one_is_refused() -> None:
+    """-1 alone means "the commit index": -5 is a mistake, not a synonym."""
+    d = Driver().lead()
+    for compact in (True, False):
+        d.send(RequestCode.SNAPSHOT, SnapshotRequest(compact=compact, through=-5), ("neg", compact))
+        r = _replies(d.drain())[("neg", compact)]
+        assert isinstance(r, SnapshotResponse) and r.code == ResponseCode.UNEXPECTED_ARGUMENT, r
+        assert "-5" in r.message, r
+    assert _compact(d, -1, "commit") is None  # -1 still works: it waits for its snapshot
+
+
+def test_a_compaction_step_that_fails_answers_its_waiters(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A rotten record where the compaction would begin (compaction_begin reads its unit):
+    the waiters get the error at once (not a client timeout), and the member marks the record."""
+    d = Driver().lead()
+    d.send(RequestCode.APPEND, AppendRequest(bodies=[b"e%d" % k for k in range(20)]), "put")
+    d.drain()
+    committed = d.store.committed_index
+
+    def rotten(through: int) -> int:
+        raise CorruptEntryError(through + 1, f"entry {through + 1}: body crc mismatch")
+
+    monkeypatch.setattr(d.store, "compaction_begin", rotten)
+    d.send(RequestCode.SNAPSHOT, SnapshotRequest(compact=True, through=10), "c1")
+    d.send(RequestCode.SNAPSHOT, SnapshotRequest(compact=True, through=12), "c2")
+    taken = [a for a in d.drain() if isinstance(a, TakeSnapshot)]
+    assert [t.index for t in taken] == [committed]
+    d.node.complete(SnapshotTaken(committed, ""), d.now)
+    answers = _replies(d.drain())
+    for token in ("c1", "c2"):
+        r = answers[token]
+        assert isinstance(r, SnapshotResponse) and r.code == ResponseCode.DISK_ERROR, r
+        assert "body crc mismatch" in r.message, r
+    assert d.node.corrupt is not None and d.node.corrupt[0] == 11
