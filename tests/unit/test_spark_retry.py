@@ -154,7 +154,9 @@ def test_a_stalled_member_is_waited_out_and_a_refusing_one_fails_fast(monkeypatc
     with DLedgerClient(f"n0-{silent_member}", "g", timeout=5.0, auth_token="t") as client:
         attempt = Retry("group g: asking the leader", 2.0, probe=nobody_listens(client))
         final = _until_it_fails(client, attempt)
-    assert "still failing after" in final.message and "connect to" in final.message, final
+    # (each attempt failed connecting: the connect itself, or its back-off)
+    assert final.code == ResponseCode.NETWORK_ERROR, final
+    assert "failed connect" in final.message or "connect to" in final.message, final
     assert "still failing after" in final.message and "every connection refused" not in final.message, final
     assert attempt.attempts >= 3  # (UNREACHABLE_S passed many times over)
     with DLedgerClient(f"n0-127.0.0.1:{_closed_port()}", "g", timeout=5.0) as client:
