@@ -585,3 +585,40 @@ def test_session_markers_are_never_returned_to_readers() -> None:
         assert got.code == ResponseCode.INDEX_OUT_OF_RANGE and not got.entries
     only_marker = g.ask(RequestCode.READ, ReadRequest("g", "", "", marker, 1, 1 << 20, False, False, "leader"))
     assert [e.body for e in only_marker.entries] == [b"x"] and only_marker.next_index == marker + 2  # past it
+
+
+def test_a_table_folded_short_of_the_log_begin_refuses_what_it_cannot_know() -> None:
+    """A snapshot whose table was folded short of its label (written by an older version): the
+    installing member's log begins after markers its table never folded. A producer it knows
+    may have appended there, so an append past what it knows is refused as unverifiable, not
+    stored again as new; once the log shows the producer again, the table knows it again."""
+    store = MemoryLedgerStore()
+    m = write(store, 1, [Run("a", 0, 2)])
+    t = folded(store)
+    saved = t.encode()  # folded through m + 2
+    write(store, 1, [Run("a", 2, 2)])  # the stretch the table never folds
+    last = store.end_index
+    follower = MemoryLedgerStore()
+    follower.reset(last + 1, 1, store.chain_at(last), 0)  # installed: the log begins after it
+    table = ProducerTable(DAY, 1000)
+    table.load(saved)
+    folded(follower, table)
+    a = table.lookup("a")
+    assert a is not None and a.gap
+    assert table.decide(a, "a", 0, 2).indexes == [m + 1, m + 2]  # what it knows still answers
+    for first, n in ((2, 1), (1, 2), (4, 1)):
+        with pytest.raises(DLedgerError) as ei:
+            table.decide(a, "a", first, n)
+        assert ei.value.code == ResponseCode.DUPLICATE_UNVERIFIABLE, (first, n, ei.value)
+    assert table.decide(a, "a", 0, 1, epoch=1).duplicates == 0  # a new epoch is new
+    copy = ProducerTable(DAY, 1000)
+    copy.load(table.encode())
+    assert copy.lookup("a").gap  # type: ignore[union-attr]
+    m2 = write(follower, 1, [Run("a", 4, 1)])  # the producer appends again (a full table decided it)
+    folded(follower, table)
+    a = table.lookup("a")
+    assert a is not None and not a.gap and a.last_seq == 4 and a.index_of(4) == m2 + 1
+    assert table.decide(a, "a", 5, 1).duplicates == 0
+    with pytest.raises(DLedgerError) as ei:
+        table.decide(a, "a", 2, 1)  # in the stretch never folded: not comparable
+    assert ei.value.code == ResponseCode.DUPLICATE_UNVERIFIABLE

@@ -2,13 +2,23 @@
 
 from __future__ import annotations
 
+import functools
+import socket
+import threading
+from collections.abc import Iterator
+
 import pytest
 
 from dledger.codes import DLedgerError, ResponseCode
+from dledger.runtime import client as client_mod
+from dledger.runtime.client import DLedgerClient, never_sent, refused
+from dledger.runtime.transport_client import REFUSED as REFUSED_MARK
+from dledger.runtime.transport_client import TransportClient, _is_refusal
 from dledger.spark import retry
-from dledger.spark.retry import Retry
+from dledger.spark.retry import Retry, nobody_listens
 
-REFUSED = DLedgerError(ResponseCode.NETWORK_ERROR, "connect to 127.0.0.1:1 failed: connection refused")
+REFUSED = DLedgerError(ResponseCode.NETWORK_ERROR, f"connect to 127.0.0.1:1 failed, {REFUSED_MARK}: "
+                                                   "ConnectionRefusedError(111, 'Connect call failed')")
 
 
 def test_an_error_retrying_cannot_mend_raises_at_once_with_its_hint() -> None:
@@ -62,3 +72,95 @@ def test_waiting_for_data_ends_at_the_deadline_with_why() -> None:
     with pytest.raises(DLedgerError, match=r"TIMEOUT \(300\): .*still failing.*leader n0 has committed up to 8"):
         while True:
             attempt.wait("leader n0 has committed up to 8")
+
+
+def test_only_a_refused_connection_counts_as_nothing_listening() -> None:
+    """A connect timeout (a partition, a stalled member's handshake) or a TLS failure never
+    sent the request either (never_sent: the client may resend anything), but a member may be
+    there: only ECONNREFUSED means nothing listens."""
+    timeout = DLedgerError(ResponseCode.NETWORK_ERROR, "connect to 10.0.0.1:20911 failed: TimeoutError()")
+    tls = DLedgerError(ResponseCode.NETWORK_ERROR, "connect to 10.0.0.1:20911 failed: SSLError(1, 'bad handshake')")
+    backoff = DLedgerError(ResponseCode.NETWORK_ERROR, "10.0.0.1:20911 unreachable, in backoff after a failed connect")
+    for e in (timeout, tls, backoff):
+        assert never_sent(e) and not refused(e), e
+    assert refused(REFUSED) and never_sent(REFUSED)
+    assert refused(DLedgerError(ResponseCode.NETWORK_ERROR, "10.0.0.1:20911 unreachable, in backoff after a "
+                                                            f"failed connect, {REFUSED_MARK}"))
+    # the leader search's summary counts only when every member refused
+    mixed = DLedgerError(ResponseCode.NETWORK_ERROR, "connect to every member failed: no member accepts connections "
+                                                     f"(n0: {REFUSED.message}; n1: {timeout.message})")
+    assert never_sent(mixed) and not refused(mixed)
+    # asyncio joins the errors of several addresses of one name into one OSError
+    assert _is_refusal(ConnectionRefusedError(111, "Connect call failed"))
+    assert _is_refusal(OSError("Multiple exceptions: [Errno 111] Connect call failed ('::1', 1), "
+                               "[Errno 111] Connect call failed ('127.0.0.1', 1)"))
+    assert not _is_refusal(OSError("Multiple exceptions: [Errno 111] Connect call failed ('::1', 1), "
+                                   "[Errno 110] Connect call failed ('127.0.0.1', 1)"))
+    assert not _is_refusal(TimeoutError())
+
+
+@pytest.fixture
+def silent_member() -> Iterator[str]:
+    """A member that accepts connections and never answers (its event loop stalled)."""
+    srv = socket.create_server(("127.0.0.1", 0))
+    held: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        srv.settimeout(0.1)
+        while not stop.is_set():
+            try:
+                held.append(srv.accept()[0])
+            except OSError:
+                continue
+
+    t = threading.Thread(target=accept, daemon=True)
+    t.start()
+    try:
+        yield f"127.0.0.1:{srv.getsockname()[1]}"
+    finally:
+        stop.set()
+        t.join()
+        for c in held:
+            c.close()
+        srv.close()
+
+
+def _closed_port() -> int:
+    with socket.create_server(("127.0.0.1", 0)) as s:
+        return int(s.getsockname()[1])
+
+
+def _until_it_fails(client: DLedgerClient, attempt: Retry) -> DLedgerError:
+    while True:
+        try:
+            client.metadata("n0")
+        except DLedgerError as e:
+            try:
+                attempt.failed(e)
+            except DLedgerError as final:
+                return final
+
+
+def test_a_stalled_member_is_waited_out_and_a_refusing_one_fails_fast(monkeypatch: pytest.MonkeyPatch,
+                                                                       silent_member: str) -> None:
+    """Over real connections: a member whose token exchange never completes (the connect times
+    out) is waited for until the request's deadline; a port nobody listens on fails in
+    UNREACHABLE_S, long before it."""
+    monkeypatch.setattr(retry, "UNREACHABLE_S", 0.2)
+    monkeypatch.setattr(retry, "MAX_DELAY_S", 0.1)
+    # connects time out well within the request's timeout: every attempt fails connecting
+    monkeypatch.setattr(client_mod, "TransportClient", functools.partial(TransportClient, connect_timeout_s=0.2))
+    with DLedgerClient(f"n0-{silent_member}", "g", timeout=5.0, auth_token="t") as client:
+        attempt = Retry("group g: asking the leader", 2.0, probe=nobody_listens(client))
+        final = _until_it_fails(client, attempt)
+    # (each attempt failed connecting: the connect itself, or its back-off)
+    assert final.code == ResponseCode.NETWORK_ERROR, final
+    assert "failed connect" in final.message or "connect to" in final.message, final
+    assert "still failing after" in final.message and "every connection refused" not in final.message, final
+    assert attempt.attempts >= 3  # (UNREACHABLE_S passed many times over)
+    with DLedgerClient(f"n0-127.0.0.1:{_closed_port()}", "g", timeout=5.0) as client:
+        attempt = Retry("group g: asking the leader", 120.0, probe=nobody_listens(client))
+        final = _until_it_fails(client, attempt)
+    assert "every connection refused" in final.message, final
+    assert attempt.attempts < 100

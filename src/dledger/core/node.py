@@ -597,21 +597,31 @@ class Node(AppendPath, SnapshotPath, MembershipPath):
         or at once when the disk is under pressure: retention deletes nothing after the last
         saved table."""
         t, (saved, at) = self.producers, self._producers_saved
-        if self.applier is not None or self._snapshot_pending:
+        if self.applier is not None or self._snapshot_pending or self._producers_restoring:
             return
-        if self._config_unsaved() >= 0:  # a committed configuration only the log holds
-            self._take_snapshot(self.store.committed_index)
-            if self._snapshot_pending and not t.empty:
-                self._producers_saving = t.folded
+        index = self._plain_snapshot_index()
+        cidx = self._config_unsaved()
+        if cidx >= 0:  # a committed configuration only the log holds
+            if index >= cidx:  # (else once the table is folded past it)
+                self._take_snapshot(index)
+                if self._snapshot_pending and not t.empty:
+                    self._producers_saving = t.folded
             return
         if t.empty or t.folded <= saved:
             return
         # (under pressure at most once a second: encoding a big table costs the event loop)
         if (t.folded - saved >= PRODUCERS_SAVE_ENTRIES or self.now - at >= PRODUCERS_SAVE_MS
                 or (self.now - at >= 1000 and self.store.pressure_error() is not None)):
-            self._take_snapshot(self.store.committed_index)
+            self._take_snapshot(index)
             if self._snapshot_pending:
                 self._producers_saving = t.folded
+
+    def _plain_snapshot_index(self) -> int:
+        """Where a plain log's snapshot goes: never past the entry its producer table is folded
+        through (the table folds a long log over several drains). A snapshot labelled later
+        would let a follower install it, begin its log after the label and never fold the
+        markers between: a retry of an append stored there would be stored again."""
+        return min(self.store.committed_index, self.producers.folded)
 
     def _load_producers(self, data: bytes, where: str) -> None:
         try:
@@ -637,8 +647,10 @@ class Node(AppendPath, SnapshotPath, MembershipPath):
         worker thread runs actions in order, so it sees exactly the state at its index."""
         a = self.applier
         if a is None:
-            if (self._snapshot_waiters or self._compact_waiters) and not self._snapshot_pending:
-                self._take_snapshot(self.store.committed_index)  # a plain log: an empty snapshot
+            # (not while an installed table is read: the snapshot would carry the one it replaces)
+            if (self._snapshot_waiters or self._compact_waiters) and not self._snapshot_pending \
+                    and not self._producers_restoring:
+                self._take_snapshot(self._plain_snapshot_index())  # a plain log: an empty snapshot
                 if self._snapshot_pending and not self.producers.empty:
                     self._producers_saving = self.producers.folded  # with the table: retention may pass it
             return
@@ -646,7 +658,9 @@ class Node(AppendPath, SnapshotPath, MembershipPath):
             if self._snapshot_waiters:
                 self._answer_snapshot(ResponseCode.INTERNAL_ERROR, f"state machine stopped: {a.stopped}")
             return
-        if a.in_flight is None and not a.snapshotting and not a.installing and (
+        # (the snapshot carries the producer table: never labelled past what it is folded through)
+        if a.in_flight is None and not a.snapshotting and not a.installing and \
+                a.applied_index <= self.producers.folded and (
             self._snapshot_waiters or self._snapshot_wanted or a.snapshot_due(self.cfg.snapshot_threshold_entries,
                                                      self.cfg.snapshot_threshold_bytes) or self._snapshot_frees_disk()):
             self._take_snapshot(a.applied_index)

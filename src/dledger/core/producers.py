@@ -128,15 +128,18 @@ class Producer:
     indexes (spans: first_seq, first_index, count, flat in one array: 24 bytes each, in
     sequence order): every span of the epoch, unless the table trimmed them (`trim`)."""
 
-    __slots__ = ("epoch", "last_seq", "owner", "spans", "ts_ms")
+    __slots__ = ("epoch", "gap", "last_seq", "owner", "spans", "ts_ms")
 
     def __init__(self, last_seq: int = -1, ts_ms: int = 0, spans: array[int] | None = None, epoch: int = 0,
-                 owner: str = "") -> None:
+                 owner: str = "", gap: bool = False) -> None:
         self.epoch = epoch
         self.last_seq = last_seq
         self.ts_ms = ts_ms
         self.spans: array[int] = spans if spans is not None else array("q")
         self.owner = owner
+        # entries of this producer may lie in a stretch of log this table never folded (a table
+        # folded short of the log begin): its last_seq is only a lower bound until it appends again
+        self.gap = gap
 
     @property
     def last_index(self) -> int:
@@ -154,7 +157,7 @@ class Producer:
         s, k = self.spans, len(self.spans) - 3
         while k > 0 and s[k - 2] + s[k - 1] - 1 > after:
             k -= 3
-        return Producer(self.last_seq, self.ts_ms, s[max(k, 0):], self.epoch, self.owner)
+        return Producer(self.last_seq, self.ts_ms, s[max(k, 0):], self.epoch, self.owner, self.gap)
 
     def index_of(self, seq: int) -> int:
         """The index of sequence `seq`, or -1 when its place is not kept."""
@@ -191,9 +194,11 @@ class Producer:
 
     def add(self, seq: int, index: int, count: int, ts_ms: int, epoch: int = 0) -> None:
         if epoch > self.epoch:  # a new session of this producer: its sequences start again
-            self.epoch, self.last_seq = epoch, -1
+            self.epoch, self.last_seq, self.gap = epoch, -1, False
             del self.spans[:]
-        if seq != self.last_seq + 1:  # the leader checks this before writing: a log that says otherwise is old
+        if self.gap:  # its first entry after the stretch never folded: the log's word holds again
+            self.gap = False
+        elif seq != self.last_seq + 1:  # the leader checks this before writing: a log that says otherwise is old
             log.warning("producer sequence %d follows %d in the log", seq, self.last_seq)
             self._cut(seq)
         s = self.spans
@@ -249,6 +254,7 @@ class _SavedProducer(msgspec.Struct, array_like=True):
     spans: list[int]  # flat
     epoch: int
     owner: str = ""
+    gap: bool = False  # Producer.gap (older snapshots: none)
 
 
 class _Saved(msgspec.Struct, array_like=True):
@@ -314,6 +320,10 @@ class ProducerTable:
                                    f"producer {producer!r} epoch {epoch} is unknown here (new, a new epoch, or "
                                    f"expired after being idle): its first sequence must be 0, not {first_seq}")
             return Decision(0)
+        if view.gap and first_seq + n - 1 > view.last_seq:  # bodies past what the table knows
+            raise unverifiable(producer, max(first_seq, view.last_seq + 1),
+                               "this member's producer table was installed folded short of its log begin: "
+                               "the producer's entries in between are unknown here")
         if first_seq > view.last_seq + 1:
             raise DLedgerError(ResponseCode.OUT_OF_ORDER_SEQUENCE,
                                f"producer {producer!r}: sequence {first_seq} does not follow {view.last_seq} "
@@ -349,8 +359,15 @@ class ProducerTable:
     def fold(self, store: LedgerStore, upto: int) -> bool:
         """Fold committed entries through `upto` (at most FOLD_CHUNK of them); whether done."""
         if self.folded < store.begin_index - 1:
-            log.warning("producer table folded through %d, the log begins at %d: producers of the entries "
-                        "between are forgotten", self.folded, store.begin_index)
+            # (a snapshot written before its label was capped at the table's fold): the markers
+            # between are gone; a producer we know may have appended there, so its appends past
+            # what we know are refused as unverifiable, never taken as new, until it appends again
+            log.warning("producer table folded through %d, the log begins at %d: producers first seen in the "
+                        "entries between are forgotten; appends of the %d known past their last sequence are "
+                        "refused as unverifiable until the log shows them again", self.folded,
+                        store.begin_index, len(self.producers))
+            for p in self.producers.values():
+                p.gap = True
             self.folded, self.open = store.begin_index - 1, None
         hi = min(upto, self.folded + FOLD_CHUNK)
         if hi <= self.folded:
@@ -500,7 +517,7 @@ class ProducerTable:
     def encode(self) -> bytes:
         o = self.open
         saved = _Saved(self.folded, (o.index, o.term, o.next, o.marker) if o is not None else None,
-                       [_SavedProducer(pid, p.last_seq, p.ts_ms, p.spans.tolist(), p.epoch, p.owner)
+                       [_SavedProducer(pid, p.last_seq, p.ts_ms, p.spans.tolist(), p.epoch, p.owner, p.gap)
                         for pid, p in self.producers.items()])
         return msgspec.msgpack.encode(saved)
 
@@ -509,8 +526,8 @@ class ProducerTable:
         saved = msgspec.msgpack.decode(data, type=_Saved)
         self.folded = saved.folded
         self.open = _OpenRun(saved.open[0], saved.open[1], saved.open[3], saved.open[2]) if saved.open else None
-        self.producers = OrderedDict((s.id, Producer(s.last_seq, s.ts_ms, array("q", s.spans), s.epoch, s.owner))
-                                     for s in saved.producers)
+        self.producers = OrderedDict((s.id, Producer(s.last_seq, s.ts_ms, array("q", s.spans), s.epoch, s.owner,
+                                                     s.gap)) for s in saved.producers)
         self.owned, self.long, self.span_count = {}, OrderedDict(), 0
         for pid, p in self.producers.items():
             self.owned.setdefault(p.owner, OrderedDict())[pid] = None

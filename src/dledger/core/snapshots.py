@@ -23,7 +23,7 @@ from dledger.core.install_snapshot import holds
 from dledger.core.messages import AppendResponse, SnapshotRequest, SnapshotResponse
 from dledger.membership import Membership, membership_of
 from dledger.statemachine.snapshot import PRODUCERS_FILE, SnapshotMeta
-from dledger.store.base import StoreError
+from dledger.store.base import CorruptEntryError, StoreError
 
 if TYPE_CHECKING:
     from dledger.config import DLedgerConfig
@@ -76,6 +76,7 @@ class SnapshotPath:
         def _run_due_queries(self) -> None: ...
         def _sync_members(self) -> None: ...
         def _hold_retention(self) -> None: ...
+        def store_error(self, e: StoreError) -> None: ...
 
     def _snapshot_frees_disk(self) -> bool:
         """The disk is full and retention may not delete past our newest snapshot: a new one
@@ -101,7 +102,7 @@ class SnapshotPath:
         if self.applier is not None:
             self.applier.snapshotting = True
         sending = tuple(d.sender.meta.last_index for d in self.dispatchers.values() if d.sender.meta is not None)
-        # the table is folded through the commit index, at or past `index`: entries between are
+        # the table is folded at or past `index` (the callers wait for it): entries between are
         # committed, so every log that continues the snapshot holds them as folded
         cidx, members = self.configs.at(index)  # the configuration at the snapshot's index
         self._snapshot_config = (cidx, members)
@@ -330,18 +331,37 @@ class SnapshotPath:
             return
         store = self.store
         through = min(index, max(t for _, t in waiters))
-        store.set_compaction_point(through)
-        if self.member.is_leader:
-            self._hold_retention()  # the floor with the table just saved, before the store looks
-        store.request_retention()
-        floor, holder = store.retention_hold()
-        for token, t in waiters:
-            point = min(t, index)
-            begin = store.compaction_begin(point)
-            held = f"held at {floor} by {holder}" if floor is not None and floor < begin and holder else ""
-            self.reply(token, RequestCode.SNAPSHOT, SnapshotResponse(int(ResponseCode.SUCCESS), point, held, begin))
+        answered = 0
+        try:
+            store.set_compaction_point(through)
+            if self.member.is_leader:
+                self._hold_retention()  # the floor with the table just saved, before the store looks
+            store.request_retention()
+            floor, holder = store.retention_hold()
+            for token, t in waiters:
+                point = min(t, index)
+                begin = store.compaction_begin(point)
+                held = f"held at {floor} by {holder}" if floor is not None and floor < begin and holder else ""
+                if point < t:  # the snapshot stops where the producer table is folded (it catches up)
+                    held = "; ".join(filter(None, (held, f"compacted through {point} only: the producer table is "
+                                                        f"folded through {index} so far; run it again shortly")))
+                self.reply(token, RequestCode.SNAPSHOT,
+                           SnapshotResponse(int(ResponseCode.SUCCESS), point, held, begin))
+                answered += 1
+        except StoreError as e:  # e.g. a rotten index unit where the compaction would begin
+            # the waiters are off the list: answered now, or never (their clients would time out)
+            for token, _ in waiters[answered:]:
+                self.reply(token, RequestCode.SNAPSHOT,
+                           SnapshotResponse(int(e.code), -1, f"compaction through {through}: {e.message}"))
+            if isinstance(e, CorruptEntryError):
+                self.store_error(e)  # marked: the leader's copy repairs it
+            else:
+                log.warning("%s/%s: compaction through %d: %s", self.member.group, self.member.self_id, through, e)
 
     def _handle_snapshot(self, token: Any, req: SnapshotRequest | None = None) -> None:
+        if req is not None and req.through < -1:  # (-1 alone means "the commit index")
+            raise DLedgerError(ResponseCode.UNEXPECTED_ARGUMENT,
+                               f"through must be an index, or -1 for the commit index, not {req.through}")
         if req is not None and req.compact:
             self._handle_compact(token, req)
             return

@@ -78,6 +78,7 @@ from dledger.runtime.blocking import LoopThread
 from dledger.runtime.coalesce import Coalescer
 from dledger.runtime.producer import UNKNOWN_OUTCOME, IdempotentProducer
 from dledger.runtime.transport import Message, TransportClient
+from dledger.runtime.transport_client import REFUSED
 from dledger.security.roles import expect_members
 from dledger.security.tls import TlsConfig, client_context
 
@@ -227,9 +228,11 @@ class _Answers:
             return None
         if self.refusal is None and len(self.closed) == members:
             said = "; ".join(f"{m}: {why}" for m, why in self.closed.items())
-            # (the prefix: `never_sent` knows it, so nothing is taken for an unknown outcome)
-            return DLedgerError(ResponseCode.NETWORK_ERROR, f"connect to every member failed: no member accepts "
-                                                            f"connections ({said})")
+            # (the prefix: `never_sent` knows it, so nothing is taken for an unknown outcome; and
+            # `refused` when every member refused)
+            how = f", {REFUSED}" if all(_refused_text(why) for why in self.closed.values()) else ""
+            return DLedgerError(ResponseCode.NETWORK_ERROR, f"connect to every member failed{how}: no member "
+                                                            f"accepts connections ({said})")
         return self.refusal
 
 
@@ -977,6 +980,17 @@ def never_sent(e: DLedgerError) -> bool:
     retrying then could store an append twice."""
     text = e.message
     return text.startswith("connect to ") or "in backoff after a failed connect" in text
+
+
+def refused(e: DLedgerError) -> bool:
+    """Every connection the request tried was refused (ECONNREFUSED): nothing listens at the
+    address. Narrower than `never_sent`: a connect timeout (a partition, a member whose loop is
+    stalled), a TLS handshake or a token exchange that failed mean a member may be there."""
+    return never_sent(e) and _refused_text(e.message)
+
+
+def _refused_text(text: str) -> bool:
+    return REFUSED in text.split(": ", 1)[0]  # the head only: the members' own reasons follow
 
 
 class DLedgerClient:

@@ -13,9 +13,11 @@ blocked addresses fail as a partition would; without one nothing of it is consul
 from __future__ import annotations
 
 import asyncio
+import errno
 import functools
 import itertools
 import logging
+import re
 import ssl as ssl_module
 import time
 from collections.abc import Callable
@@ -86,10 +88,28 @@ class _ClientConnection(FrameProtocol):
         self._on_lost(self)
 
 
+# in a connect failure's message (before its first ": "): the peer refused the connection
+# (ECONNREFUSED: nothing listens at the address), not a timeout, a TLS or token failure (a
+# member that is there but stalled); runtime.client.refused reads it
+REFUSED: Final = "nothing listens (connection refused)"
+_ERRNO = re.compile(r"\[Errno (\d+)\]")
+
+
+def _is_refusal(e: BaseException) -> bool:
+    """ECONNREFUSED from every address tried (asyncio joins several into one OSError)."""
+    if isinstance(e, ConnectionRefusedError):
+        return True
+    if not isinstance(e, OSError) or isinstance(e, ssl_module.SSLError):
+        return False
+    codes = _ERRNO.findall(str(e))
+    return bool(codes) and all(int(c) == errno.ECONNREFUSED for c in codes)
+
+
 class _Peer:
     """One lane to one address: its connection, and the backoff after a failed connect."""
 
-    __slots__ = ("address", "backoff", "conn", "connecting", "failure", "host", "port", "priority", "retry_at")
+    __slots__ = ("address", "backoff", "conn", "connecting", "failure", "host", "port", "priority", "refused",
+                 "retry_at")
 
     def __init__(self, address: str, backoff: float, priority: bool = False) -> None:
         self.address = address
@@ -100,6 +120,7 @@ class _Peer:
         self.backoff = backoff
         self.retry_at = 0.0
         self.failure = ResponseCode.NETWORK_ERROR  # what the last connect attempt ended with
+        self.refused = False  # ... and whether it was refused (REFUSED)
 
 
 class TransportClient:
@@ -283,7 +304,8 @@ class TransportClient:
         task = peer.connecting
         if task is None:
             if self._clock() < peer.retry_at:
-                raise DLedgerError(peer.failure, f"{address} unreachable, in backoff after a failed connect")
+                raise DLedgerError(peer.failure, f"{address} unreachable, in backoff after a failed connect"
+                                                 f"{', ' + REFUSED if peer.refused else ''}")
             task = peer.connecting = asyncio.get_running_loop().create_task(self._connect(peer))
             task.add_done_callback(functools.partial(self._connect_done, peer))
         try:
@@ -315,9 +337,11 @@ class TransportClient:
             (log.warning if isinstance(e, DLedgerError) and first else log.info if first else log.debug)(
                 "connect to %s failed: %r", peer.address, e)
             peer.failure = e.code if isinstance(e, DLedgerError) else ResponseCode.NETWORK_ERROR
+            peer.refused = _is_refusal(e)
             if isinstance(e, DLedgerError):
                 raise
-            raise DLedgerError(ResponseCode.NETWORK_ERROR, f"connect to {peer.address} failed: {e!r}") from None
+            said = f", {REFUSED}" if peer.refused else ""
+            raise DLedgerError(ResponseCode.NETWORK_ERROR, f"connect to {peer.address} failed{said}: {e!r}") from None
         peer.backoff = self._backoff_initial
         peer.retry_at = 0.0
         if self._closed:

@@ -59,17 +59,37 @@ def wait_leader_view(client: DLedgerClient, group: str, timeout: float) -> Metad
             attempt.failed(e)
 
 
-def first_data_index(client: DLedgerClient, group: str, start: int, timeout: float) -> int | None:
+def first_data_index(client: DLedgerClient, group: str, start: int, timeout: float, *,
+                     fail_on_data_loss: bool) -> int | None:
     """The index of the first committed NORMAL entry at or after `start` (None: none yet).
-    The members skip NOOP and configuration entries, so this is one small request."""
+    The members skip NOOP and configuration entries, so this is one small request. The log
+    begin may pass `start` after the caller looked (retention, `dledger compact`, another
+    member answering): then the failOnDataLoss rule decides, as for the caller's own view."""
     attempt = Retry(f"group {group}: looking for data from index {start}", timeout, probe=nobody_listens(client))
+    at = start
     while True:
         try:
-            entries = client.read(start, 1, bodies=False)
+            entries = client.read(at, 1, bodies=False)
         except DLedgerError as e:
+            if e.code == ResponseCode.INDEX_LESS_THAN_LOCAL_BEGIN:
+                at = _past_begin(client, group, at, timeout, fail_on_data_loss)
+                continue
             attempt.failed(e)
             continue
         return entries[0].index if entries else None
+
+
+def _past_begin(client: DLedgerClient, group: str, index: int, timeout: float, fail_on_data_loss: bool) -> int:
+    """Where to look on when `index` is before the log begin: DataLossError, or (failOnDataLoss
+    false) the begin the leader reports now (past `index` in any case: the member that refused
+    may begin later than the leader)."""
+    begin = wait_leader_view(client, group, timeout).ledger_begin_index
+    msg = (f"group {group}: the query is at index {index} but the log now begins at {max(begin, index + 1)}; "
+           "the entries before were deleted")
+    if fail_on_data_loss:
+        raise DataLossError(msg + "; set failOnDataLoss=false to skip them")
+    log.warning("%s; skipping them (failOnDataLoss=false)", msg)
+    return max(begin, index + 1)
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,10 +7,12 @@ its next leader change. Between attempts it backs off (0.1 s, doubling up to 1 s
 
 Two things end a request before its deadline:
 - an error that retrying cannot mend (UNKNOWN_GROUP, a bad argument, refused credentials);
-- nothing listens at any member's address (every connection refused) for UNREACHABLE_S: a
-  wrong `peers` or a group that is down fails in seconds, naming every address tried.
+- nothing listens at any member's address (every connection refused, ECONNREFUSED) for
+  UNREACHABLE_S: a wrong `peers` or a group that is down fails in seconds, naming every
+  address tried.
 An election (members answer, none leads yet) and a stalled member (it accepts connections
-and does not answer) are waited out up to the deadline.
+and does not answer; its TLS handshake or connect times out; a partition) are waited out up
+to the deadline.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import time
 from collections.abc import Callable
 
 from dledger.codes import DLedgerError, ResponseCode
-from dledger.runtime.client import DLedgerClient, never_sent
+from dledger.runtime.client import DLedgerClient, refused
 
 log = logging.getLogger(__name__)
 
@@ -58,10 +60,12 @@ def describe(e: DLedgerError) -> str:
 
 
 def nobody_listens(client: DLedgerClient) -> Probe:
-    """A probe of `client`'s members: asks each at once (a refused connection costs nothing)."""
+    """A probe of `client`'s members: asks each at once (a refused connection costs nothing).
+    Only refusals count: a connect that times out or a TLS handshake that fails may be a
+    stalled member, which is waited out."""
     def probe() -> str | None:
         answers = client.metadata_all()
-        if not answers or any(not (isinstance(a, DLedgerError) and never_sent(a)) for a in answers.values()):
+        if not answers or any(not (isinstance(a, DLedgerError) and refused(a)) for a in answers.values()):
             return None
         return "; ".join(f"{m} at {client.peers[m].address if m in client.peers else '?'}: "
                          f"{a.message if isinstance(a, DLedgerError) else a}" for m, a in answers.items())
@@ -95,8 +99,9 @@ class Retry:
 
     def _check_reachable(self, e: DLedgerError) -> None:
         """Fail fast when every member refuses connections for UNREACHABLE_S (asked only
-        after a refused connection: an answer, even a refusal to lead, proves a member is up)."""
-        if self.probe is None or not never_sent(e):
+        after a refused connection: an answer, even a refusal to lead, proves a member is up;
+        a connect timeout or a failed handshake may be a stalled member)."""
+        if self.probe is None or not refused(e):
             self._refused_since = None
             return
         tried = self.probe()

@@ -238,7 +238,7 @@ class Bounds:
         c = self._clients.get(name)
         if self.cfg.brokers or not isinstance(c, DLedgerClient):
             return start
-        return first_data_index(c, name, start, self.cfg.timeout)
+        return first_data_index(c, name, start, self.cfg.timeout, fail_on_data_loss=self.cfg.fail_on_data_loss)
 
     def close(self) -> None:
         for c in self._clients.values():
