@@ -1,6 +1,15 @@
 """The Spark connectors' defaults, measured (issue 15): rows/s over a sweep of each knob.
 
 `python benchmarks/spark_sweep.py [--rows 200000] [--repeat 2] [--json]`
+`python benchmarks/spark_sweep.py --parquet [--rows 1000000] [--body-bytes 220]`
+
+`--parquet`: the default options only, side by side with Parquet on the same disk in one
+run: a batch write of the same cached rows to dledger and to Parquet (alternating, the best
+of `--repeat`), then full reads into Spark's `noop` sink: the online read (all columns),
+`dledger-files` on the leader's store, and the body-only Parquet files. Prints rows/s, the
+ratios and the load average.
+
+Without `--parquet`, a sweep of each knob:
 
 One 3-member group (file store, flush=async) and one local[2] SparkSession on this machine,
 each configuration run `--repeat` times (the best counts), side by side in one run:
@@ -48,6 +57,8 @@ def main() -> int:
     ap.add_argument("--rows", type=int, default=200_000)
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--parquet", action="store_true", help="the defaults against Parquet (see above)")
+    ap.add_argument("--body-bytes", type=int, default=220, help="with --parquet")
     args = ap.parse_args()
     os.environ["PYSPARK_PYTHON"] = sys.executable
     from pyspark.sql import SparkSession
@@ -58,6 +69,8 @@ def main() -> int:
              .config("spark.sql.shuffle.partitions", "2").getOrCreate())
     spark.sparkContext.setLogLevel("ERROR")
     register(spark)
+    if args.parquet:
+        return against_parquet(spark, args.rows, args.repeat, args.body_bytes, args.json)
     out: dict[str, dict[str, float]] = {"write": {}, "read": {}, "stream": {}, "files": {}}
     with tempfile.TemporaryDirectory() as tmp:
         peers = format_peers({f"n{k}": Peer(f"n{k}", "127.0.0.1", p) for k, p in enumerate(free_ports(3))})
@@ -114,6 +127,74 @@ def main() -> int:
             base = next(iter(rates.values()))
             for k, v in rates.items():
                 print(f"{part:7s} {k:48s} {v:10,.0f} rows/s  ({v / base:.2f}x)")
+    return 0
+
+
+def against_parquet(spark: Any, n: int, repeat: int, body_bytes: int, as_json: bool) -> int:
+    """dledger's defaults against Parquet, back to back (see the module's docstring)."""
+    load0 = os.getloadavg()
+    out: dict[str, float] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        peers = format_peers({f"n{k}": Peer(f"n{k}", "127.0.0.1", p) for k, p in enumerate(free_ports(3))})
+        with local_cluster(peers, "sweep", Path(tmp), "async", "file"):
+            df = spark.range(n).selectExpr(f"rpad(cast(id as string), {body_bytes}, 'x') as body") \
+                .repartition(2).cache()
+            df.count()
+            pq = str(Path(tmp) / "pq")
+
+            def to_dledger() -> None:
+                df.write.format("dledger").mode("append").option("peers", peers).option("group", "sweep").save()
+
+            def to_parquet() -> None:
+                df.write.mode("overwrite").parquet(pq)
+
+            w_d = w_p = float("inf")
+            for _ in range(repeat):  # alternating: both see the same machine load
+                t0 = time.perf_counter()
+                to_dledger()
+                w_d = min(w_d, time.perf_counter() - t0)
+                t0 = time.perf_counter()
+                to_parquet()
+                w_p = min(w_p, time.perf_counter() - t0)
+            out["write dledger"], out["write parquet"] = n / w_d, n / w_p
+            df.unpersist()
+            client = DLedgerClient(peers, "sweep")
+            total = client.metadata().committed_index + 1
+            client.close()
+            rows = n * repeat  # what the reads return (NOOPs and session markers are not rows)
+            store = str(Path(tmp) / "sweep" / "n0")
+            # the best of `repeat` rounds, each reading all three back to back
+            best = {"read dledger": float("inf"), "read dledger-files": float("inf"), "read parquet": float("inf")}
+            for _ in range(repeat):
+                for name, load in (
+                    ("read dledger", lambda: spark.read.format("dledger").option("peers", peers)
+                     .option("group", "sweep").load()),
+                    ("read dledger-files", lambda: spark.read.format("dledger-files").load(store)),
+                    ("read parquet", lambda: spark.read.parquet(pq)),
+                ):
+                    t0 = time.perf_counter()
+                    load().write.format("noop").mode("overwrite").save()
+                    best[name] = min(best[name], time.perf_counter() - t0)
+            out["read dledger"] = rows / best["read dledger"]
+            out["read dledger-files"] = rows / best["read dledger-files"]
+            out["read parquet"] = n / best["read parquet"]
+    spark.stop()
+    load1 = os.getloadavg()
+    ratios = {"write parquet/dledger": out["write parquet"] / out["write dledger"],
+              "read parquet/dledger": out["read parquet"] / out["read dledger"],
+              "read dledger-files/dledger": out["read dledger-files"] / out["read dledger"]}
+    report = {"rows": n, "body_bytes": body_bytes, "repeat": repeat, "log_entries": total,
+              "rows_per_s": out, "ratios": ratios,
+              "loadavg_before": load0, "loadavg_after": load1}
+    if as_json:
+        print(json.dumps(report, indent=2))
+    else:
+        for k, v in out.items():
+            print(f"{k:24s} {v:12,.0f} rows/s")
+        for k, v in ratios.items():
+            print(f"{k:28s} {v:6.2f}x")
+        print(f"load average before {load0[0]:.2f} {load0[1]:.2f} {load0[2]:.2f}, "
+              f"after {load1[0]:.2f} {load1[1]:.2f} {load1[2]:.2f}")
     return 0
 
 
