@@ -26,7 +26,7 @@ from dledger.ports import port_free
 from dledger.runtime.client import DLedgerClient, Entry
 from dledger.spark import PUSHDOWN_CONF, register
 from dledger.spark.online import leader_view
-from dledger.spark.plan_probe import LAST_REUSING, _release, scoped_reads
+from dledger.spark.plan_probe import LAST_REUSING, scoped_reads, spark_release
 from integration.harness import wait_until
 
 from .helpers import Group, make_peers, read_all
@@ -263,13 +263,14 @@ def test_queries_of_one_dataframe_with_different_filters_are_exact(spark: SparkS
     es = _entries(metered)
     df = _load(spark, metered)
     total = len(es)
-    for cond, keep in (
+    cases: list[tuple[Column, Callable[[Entry], bool]]] = [
         (col("index") < _at(es, 0.2), lambda e: e.index < _at(es, 0.2)),
         (col("index") >= _at(es, 0.7), lambda e: e.index >= _at(es, 0.7)),
         (col("index").between(_at(es, 0.4), _at(es, 0.5)), lambda e: _at(es, 0.4) <= e.index <= _at(es, 0.5)),
         (col("term") == es[-1].term, lambda e: e.term == es[-1].term),
         (col("index") < _at(es, 0.2), lambda e: e.index < _at(es, 0.2)),
-    ):
+    ]
+    for cond, keep in cases:
         rows, sent, _ = _measured(metered, df.filter(cond))
         assert rows == [(metered.name, e.index, e.term, e.pos, e.body) for e in es if keep(e)]
         if "term" not in str(cond):
@@ -287,7 +288,7 @@ def test_the_probe_tells_what_this_spark_does(spark: SparkSession, metered: Mete
     assert df.filter(col("index") < cut).count() == len([e for e in es if e.index < cut])
     whole = df.count()
     assert (whole == len(es)) == scoped, (whole, len(es), scoped)
-    if _release(spark.version) <= LAST_REUSING:
+    if spark_release(spark.version) <= LAST_REUSING:
         assert not scoped
 
 

@@ -35,7 +35,7 @@ _known: dict[str, bool] = {}
 LAST_REUSING = (4, 3)  # the newest release known to reuse the read (PySpark 4.3.0, checked by the tests)
 
 
-def _release(version: str) -> tuple[int, int]:
+def spark_release(version: str) -> tuple[int, int]:
     """(major, minor) of a Spark version string; (0, 0) when it cannot tell."""
     parts = version.split(".")
     try:
@@ -85,7 +85,7 @@ def scoped_reads(spark: SparkSession, probe: bool = False) -> bool:
     version = spark.version
     if version in _known and not probe:
         return _known[version]
-    if not probe and _release(version) <= LAST_REUSING:
+    if not probe and spark_release(version) <= LAST_REUSING:
         _known[version] = False
         return False
     before = spark.conf.get(PUSHDOWN_CONF, None)

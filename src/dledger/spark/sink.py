@@ -160,7 +160,8 @@ def _bodies(batch: pa.RecordBatch, seen: int) -> list[bytes]:
         raise ValueError(f"dledger: row {at} of this task has a null body; filter nulls out or give an empty body")
     if not pa.types.is_binary(col.type):
         col = col.cast(pa.binary())  # string (UTF-8 already) or large variants, in Arrow: no call per row
-    return col.to_pylist()  # bytes objects, each what the request sends
+    bodies: list[bytes] = col.to_pylist()  # bytes objects, each what the request sends
+    return bodies
 
 
 class _Appender:
