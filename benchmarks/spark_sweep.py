@@ -178,13 +178,51 @@ def against_parquet(spark: Any, n: int, repeat: int, body_bytes: int, as_json: b
             out["read dledger"] = rows / best["read dledger"]
             out["read dledger-files"] = rows / best["read dledger-files"]
             out["read parquet"] = n / best["read parquet"]
+            seconds = pushdown_cost(spark, peers, rows, repeat)
     spark.stop()
     load1 = os.getloadavg()
+    return _report(out, seconds, n, body_bytes, repeat, total, load0, load1, as_json)
+
+
+def pushdown_cost(spark: Any, peers: str, rows: int, repeat: int) -> dict[str, float]:
+    """Seconds of a 1,000-row `index` range in the middle of the log, counted, with pushdown
+    as register() left it on this Spark and with it turned on (a load() per query)."""
+    from pyspark.sql.functions import col
+
+    from dledger.spark import PUSHDOWN_CONF, register
+
+    lo = rows // 2
+
+    def query() -> None:
+        df = spark.read.format("dledger").option("peers", peers).option("group", "sweep").load()
+        assert df.filter((col("index") >= lo) & (col("index") < lo + 1000)).count() <= 1000
+
+    out: dict[str, float] = {}
+    before = spark.conf.get(PUSHDOWN_CONF, None)
+    for name, value in (("default", before), ("on", "true")):
+        if value is None:
+            spark.conf.unset(PUSHDOWN_CONF)
+        else:
+            spark.conf.set(PUSHDOWN_CONF, value)
+        register(spark)
+        out[f"1000-row index range, pushdown {name} ({spark.conf.get(PUSHDOWN_CONF, 'unset')})"] = min(
+            _timed(query) for _ in range(repeat))
+    return out
+
+
+def _timed(run: Callable[[], Any]) -> float:
+    t0 = time.perf_counter()
+    run()
+    return time.perf_counter() - t0
+
+
+def _report(out: dict[str, float], seconds: dict[str, float], n: int, body_bytes: int, repeat: int, total: int,
+            load0: tuple[float, float, float], load1: tuple[float, float, float], as_json: bool) -> int:
     ratios = {"write parquet/dledger": out["write parquet"] / out["write dledger"],
               "read parquet/dledger": out["read parquet"] / out["read dledger"],
               "read dledger-files/dledger": out["read dledger-files"] / out["read dledger"]}
     report = {"rows": n, "body_bytes": body_bytes, "repeat": repeat, "log_entries": total,
-              "rows_per_s": out, "ratios": ratios,
+              "rows_per_s": out, "ratios": ratios, "seconds": seconds,
               "loadavg_before": load0, "loadavg_after": load1}
     if as_json:
         print(json.dumps(report, indent=2))
@@ -193,6 +231,8 @@ def against_parquet(spark: Any, n: int, repeat: int, body_bytes: int, as_json: b
             print(f"{k:24s} {v:12,.0f} rows/s")
         for k, v in ratios.items():
             print(f"{k:28s} {v:6.2f}x")
+        for k, v in seconds.items():
+            print(f"{k:60s} {v:7.2f} s")
         print(f"load average before {load0[0]:.2f} {load0[1]:.2f} {load0[2]:.2f}, "
               f"after {load1[0]:.2f} {load1[1]:.2f} {load1[2]:.2f}")
     return 0
