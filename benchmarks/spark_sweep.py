@@ -9,6 +9,11 @@ of `--repeat`), then full reads into Spark's `noop` sink: the online read (all c
 `dledger-files` on the leader's store, and the body-only Parquet files. Prints rows/s, the
 ratios and the load average.
 
+`--read-path`: no Spark; one task's read of the whole log in this process, the per-entry
+path (READ answered with entries, an Arrow batch built from Python lists, what the source
+did before columnar reads) against the columnar one (`spark.online.read_range`),
+alternating, the best of `--repeat` each: the members' and the task's cost per row.
+
 Without `--parquet`, a sweep of each knob:
 
 One 3-member group (file store, flush=async) and one local[2] SparkSession on this machine,
@@ -58,8 +63,11 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--parquet", action="store_true", help="the defaults against Parquet (see above)")
-    ap.add_argument("--body-bytes", type=int, default=220, help="with --parquet")
+    ap.add_argument("--body-bytes", type=int, default=220, help="with --parquet or --read-path")
+    ap.add_argument("--read-path", action="store_true", help="entries against columns, no Spark (see above)")
     args = ap.parse_args()
+    if args.read_path:
+        return read_path(args.rows, args.repeat, args.body_bytes, args.json)
     os.environ["PYSPARK_PYTHON"] = sys.executable
     from pyspark.sql import SparkSession
 
@@ -127,6 +135,62 @@ def main() -> int:
             base = next(iter(rates.values()))
             for k, v in rates.items():
                 print(f"{part:7s} {k:48s} {v:10,.0f} rows/s  ({v / base:.2f}x)")
+    return 0
+
+
+def read_path(n: int, repeat: int, body_bytes: int, as_json: bool) -> int:
+    """Per-entry reads against columnar ones, in this process (see the module docstring)."""
+    from dledger.spark.online import RangeReadSpec, read_range, wait_leader_view
+    from dledger.spark.options import ClientOptions
+    from dledger.spark.schema import entry_batch
+
+    load0 = os.getloadavg()
+    best = {"entries": 0.0, "columns": 0.0}
+    with tempfile.TemporaryDirectory() as tmp:
+        peers = format_peers({f"n{k}": Peer(f"n{k}", "127.0.0.1", p) for k, p in enumerate(free_ports(3))})
+        with local_cluster(peers, "sweep", Path(tmp), "async", "file"):
+            client = DLedgerClient(peers, "sweep")
+            bodies = [str(i).encode().ljust(body_bytes, b"x") for i in range(n)]
+            for k in range(0, n, 5000):
+                client.append_batch(bodies[k : k + 5000])
+            end = client.metadata().committed_index + 1
+            leader = wait_leader_view(client, "sweep", 30).self_id
+
+            def entries() -> int:
+                index = rows = 0
+                while index < end:
+                    es = client.read(index, 2000, member=leader)
+                    if not es:
+                        break
+                    rows += entry_batch("sweep", [x.index for x in es], [x.term for x in es], [x.pos for x in es],
+                                        [x.body for x in es]).num_rows
+                    index = es[-1].index + 1
+                return rows
+
+            spec = RangeReadSpec("sweep", peers, 0, end, True, 60.0, ClientOptions.from_options({}))
+
+            def columns() -> int:
+                return sum(b.num_rows for b in read_range(spec))
+
+            for _ in range(repeat):
+                for name, run in (("entries", entries), ("columns", columns)):
+                    t0 = time.perf_counter()
+                    got = run()
+                    rate = got / (time.perf_counter() - t0)
+                    if got != n:
+                        raise AssertionError(f"{name}: {got} rows, expected {n}")
+                    best[name] = max(best[name], rate)
+            client.close()
+    load1 = os.getloadavg()
+    report = {"rows": n, "body_bytes": body_bytes, "repeat": repeat, "rows_per_s": best,
+              "columns/entries": best["columns"] / best["entries"], "loadavg_before": load0, "loadavg_after": load1}
+    if as_json:
+        print(json.dumps(report, indent=2))
+    else:
+        for k, v in best.items():
+            print(f"read path {k:8s} {v:12,.0f} rows/s")
+        print(f"columns/entries {report['columns/entries']:.2f}x; load average before {load0[0]:.2f}, "
+              f"after {load1[0]:.2f}")
     return 0
 
 
