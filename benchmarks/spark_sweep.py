@@ -269,7 +269,7 @@ def pushdown_cost(spark: Any, peers: str, rows: int, repeat: int) -> dict[str, f
         else:
             spark.conf.set(PUSHDOWN_CONF, value)
         register(spark)
-        out[f"1000-row index range, pushdown {name} ({spark.conf.get(PUSHDOWN_CONF, 'unset')})"] = min(
+        out[f"1000-row index range, pushdown {name} ({spark.conf.get(PUSHDOWN_CONF, None) or 'unset'})"] = min(
             _timed(query) for _ in range(repeat))
     return out
 
