@@ -1,6 +1,20 @@
 """The Spark connectors' defaults, measured (issue 15): rows/s over a sweep of each knob.
 
 `python benchmarks/spark_sweep.py [--rows 200000] [--repeat 2] [--json]`
+`python benchmarks/spark_sweep.py --parquet [--rows 1000000] [--body-bytes 220]`
+
+`--parquet`: the default options only, side by side with Parquet on the same disk in one
+run: a batch write of the same cached rows to dledger and to Parquet (alternating, the best
+of `--repeat`), then full reads into Spark's `noop` sink: the online read (all columns),
+`dledger-files` on the leader's store, and the body-only Parquet files. Prints rows/s, the
+ratios and the load average.
+
+`--read-path`: no Spark; one task's read of the whole log in this process, the per-entry
+path (READ answered with entries, an Arrow batch built from Python lists, what the source
+did before columnar reads) against the columnar one (`spark.online.read_range`),
+alternating, the best of `--repeat` each: the members' and the task's cost per row.
+
+Without `--parquet`, a sweep of each knob:
 
 One 3-member group (file store, flush=async) and one local[2] SparkSession on this machine,
 each configuration run `--repeat` times (the best counts), side by side in one run:
@@ -48,7 +62,12 @@ def main() -> int:
     ap.add_argument("--rows", type=int, default=200_000)
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--parquet", action="store_true", help="the defaults against Parquet (see above)")
+    ap.add_argument("--body-bytes", type=int, default=220, help="with --parquet or --read-path")
+    ap.add_argument("--read-path", action="store_true", help="entries against columns, no Spark (see above)")
     args = ap.parse_args()
+    if args.read_path:
+        return read_path(args.rows, args.repeat, args.body_bytes, args.json)
     os.environ["PYSPARK_PYTHON"] = sys.executable
     from pyspark.sql import SparkSession
 
@@ -58,6 +77,8 @@ def main() -> int:
              .config("spark.sql.shuffle.partitions", "2").getOrCreate())
     spark.sparkContext.setLogLevel("ERROR")
     register(spark)
+    if args.parquet:
+        return against_parquet(spark, args.rows, args.repeat, args.body_bytes, args.json)
     out: dict[str, dict[str, float]] = {"write": {}, "read": {}, "stream": {}, "files": {}}
     with tempfile.TemporaryDirectory() as tmp:
         peers = format_peers({f"n{k}": Peer(f"n{k}", "127.0.0.1", p) for k, p in enumerate(free_ports(3))})
@@ -114,6 +135,170 @@ def main() -> int:
             base = next(iter(rates.values()))
             for k, v in rates.items():
                 print(f"{part:7s} {k:48s} {v:10,.0f} rows/s  ({v / base:.2f}x)")
+    return 0
+
+
+def read_path(n: int, repeat: int, body_bytes: int, as_json: bool) -> int:
+    """Per-entry reads against columnar ones, in this process (see the module docstring)."""
+    from dledger.spark.online import RangeReadSpec, read_range, wait_leader_view
+    from dledger.spark.options import ClientOptions
+    from dledger.spark.schema import entry_batch
+
+    load0 = os.getloadavg()
+    best = {"entries": 0.0, "columns": 0.0}
+    with tempfile.TemporaryDirectory() as tmp:
+        peers = format_peers({f"n{k}": Peer(f"n{k}", "127.0.0.1", p) for k, p in enumerate(free_ports(3))})
+        with local_cluster(peers, "sweep", Path(tmp), "async", "file"):
+            client = DLedgerClient(peers, "sweep")
+            bodies = [str(i).encode().ljust(body_bytes, b"x") for i in range(n)]
+            for k in range(0, n, 5000):
+                client.append_batch(bodies[k : k + 5000])
+            end = client.metadata().committed_index + 1
+            leader = wait_leader_view(client, "sweep", 30).self_id
+
+            def entries() -> int:
+                index = rows = 0
+                while index < end:
+                    es = client.read(index, 2000, member=leader)
+                    if not es:
+                        break
+                    rows += entry_batch("sweep", [x.index for x in es], [x.term for x in es], [x.pos for x in es],
+                                        [x.body for x in es]).num_rows
+                    index = es[-1].index + 1
+                return rows
+
+            spec = RangeReadSpec("sweep", peers, 0, end, True, 60.0, ClientOptions.from_options({}))
+
+            def columns() -> int:
+                return sum(b.num_rows for b in read_range(spec))
+
+            for _ in range(repeat):
+                for name, run in (("entries", entries), ("columns", columns)):
+                    t0 = time.perf_counter()
+                    got = run()
+                    rate = got / (time.perf_counter() - t0)
+                    if got != n:
+                        raise AssertionError(f"{name}: {got} rows, expected {n}")
+                    best[name] = max(best[name], rate)
+            client.close()
+    load1 = os.getloadavg()
+    report = {"rows": n, "body_bytes": body_bytes, "repeat": repeat, "rows_per_s": best,
+              "columns/entries": best["columns"] / best["entries"], "loadavg_before": load0, "loadavg_after": load1}
+    if as_json:
+        print(json.dumps(report, indent=2))
+    else:
+        for k, v in best.items():
+            print(f"read path {k:8s} {v:12,.0f} rows/s")
+        print(f"columns/entries {report['columns/entries']:.2f}x; load average before {load0[0]:.2f}, "
+              f"after {load1[0]:.2f}")
+    return 0
+
+
+def against_parquet(spark: Any, n: int, repeat: int, body_bytes: int, as_json: bool) -> int:
+    """dledger's defaults against Parquet, back to back (see the module's docstring)."""
+    load0 = os.getloadavg()
+    out: dict[str, float] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        peers = format_peers({f"n{k}": Peer(f"n{k}", "127.0.0.1", p) for k, p in enumerate(free_ports(3))})
+        with local_cluster(peers, "sweep", Path(tmp), "async", "file"):
+            df = spark.range(n).selectExpr(f"rpad(cast(id as string), {body_bytes}, 'x') as body") \
+                .repartition(2).cache()
+            df.count()
+            pq = str(Path(tmp) / "pq")
+
+            def to_dledger() -> None:
+                df.write.format("dledger").mode("append").option("peers", peers).option("group", "sweep").save()
+
+            def to_parquet() -> None:
+                df.write.mode("overwrite").parquet(pq)
+
+            w_d = w_p = float("inf")
+            for _ in range(repeat):  # alternating: both see the same machine load
+                t0 = time.perf_counter()
+                to_dledger()
+                w_d = min(w_d, time.perf_counter() - t0)
+                t0 = time.perf_counter()
+                to_parquet()
+                w_p = min(w_p, time.perf_counter() - t0)
+            out["write dledger"], out["write parquet"] = n / w_d, n / w_p
+            df.unpersist()
+            client = DLedgerClient(peers, "sweep")
+            total = client.metadata().committed_index + 1
+            client.close()
+            rows = n * repeat  # what the reads return (NOOPs and session markers are not rows)
+            store = str(Path(tmp) / "sweep" / "n0")
+            # the best of `repeat` rounds, each reading all three back to back
+            best = {"read dledger": float("inf"), "read dledger-files": float("inf"), "read parquet": float("inf")}
+            for _ in range(repeat):
+                for name, load in (
+                    ("read dledger", lambda: spark.read.format("dledger").option("peers", peers)
+                     .option("group", "sweep").load()),
+                    ("read dledger-files", lambda: spark.read.format("dledger-files").load(store)),
+                    ("read parquet", lambda: spark.read.parquet(pq)),
+                ):
+                    t0 = time.perf_counter()
+                    load().write.format("noop").mode("overwrite").save()
+                    best[name] = min(best[name], time.perf_counter() - t0)
+            out["read dledger"] = rows / best["read dledger"]
+            out["read dledger-files"] = rows / best["read dledger-files"]
+            out["read parquet"] = n / best["read parquet"]
+            seconds = pushdown_cost(spark, peers, rows, repeat)
+    spark.stop()
+    load1 = os.getloadavg()
+    return _report(out, seconds, n, body_bytes, repeat, total, load0, load1, as_json)
+
+
+def pushdown_cost(spark: Any, peers: str, rows: int, repeat: int) -> dict[str, float]:
+    """Seconds of a 1,000-row `index` range in the middle of the log, counted, with pushdown
+    as register() left it on this Spark and with it turned on (a load() per query)."""
+    from pyspark.sql.functions import col
+
+    from dledger.spark import PUSHDOWN_CONF, register
+
+    lo = rows // 2
+
+    def query() -> None:
+        df = spark.read.format("dledger").option("peers", peers).option("group", "sweep").load()
+        assert df.filter((col("index") >= lo) & (col("index") < lo + 1000)).count() <= 1000
+
+    out: dict[str, float] = {}
+    before = spark.conf.get(PUSHDOWN_CONF, None)
+    for name, value in (("default", before), ("on", "true")):
+        if value is None:
+            spark.conf.unset(PUSHDOWN_CONF)
+        else:
+            spark.conf.set(PUSHDOWN_CONF, value)
+        register(spark)
+        out[f"1000-row index range, pushdown {name} ({spark.conf.get(PUSHDOWN_CONF, None) or 'unset'})"] = min(
+            _timed(query) for _ in range(repeat))
+    return out
+
+
+def _timed(run: Callable[[], Any]) -> float:
+    t0 = time.perf_counter()
+    run()
+    return time.perf_counter() - t0
+
+
+def _report(out: dict[str, float], seconds: dict[str, float], n: int, body_bytes: int, repeat: int, total: int,
+            load0: tuple[float, float, float], load1: tuple[float, float, float], as_json: bool) -> int:
+    ratios = {"write parquet/dledger": out["write parquet"] / out["write dledger"],
+              "read parquet/dledger": out["read parquet"] / out["read dledger"],
+              "read dledger-files/dledger": out["read dledger-files"] / out["read dledger"]}
+    report = {"rows": n, "body_bytes": body_bytes, "repeat": repeat, "log_entries": total,
+              "rows_per_s": out, "ratios": ratios, "seconds": seconds,
+              "loadavg_before": load0, "loadavg_after": load1}
+    if as_json:
+        print(json.dumps(report, indent=2))
+    else:
+        for k, v in out.items():
+            print(f"{k:24s} {v:12,.0f} rows/s")
+        for k, v in ratios.items():
+            print(f"{k:28s} {v:6.2f}x")
+        for k, v in seconds.items():
+            print(f"{k:60s} {v:7.2f} s")
+        print(f"load average before {load0[0]:.2f} {load0[1]:.2f} {load0[2]:.2f}, "
+              f"after {load1[0]:.2f} {load1[1]:.2f} {load1[2]:.2f}")
     return 0
 
 

@@ -28,6 +28,7 @@ INDEX_UNIT_SIZE = INDEX_UNIT.size
 BLANK = struct.Struct(">ii")
 BLANK_SIZE = BLANK.size
 _CHAIN = struct.Struct(">qqI")
+CHAIN_FIELDS = _CHAIN  # what chain_crc packs, for loops that inline it
 
 # 1 is also upstream DLedger's only record magic (DLedgerMmapFileStore.MAGIC_1, CURRENT_MAGIC)
 # and 2 its NOOP record's: a store upstream wrote has nothing but these and blanks

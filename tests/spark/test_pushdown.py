@@ -26,6 +26,7 @@ from dledger.ports import port_free
 from dledger.runtime.client import DLedgerClient, Entry
 from dledger.spark import PUSHDOWN_CONF, register
 from dledger.spark.online import leader_view
+from dledger.spark.plan_probe import LAST_REUSING, scoped_reads, spark_release
 from integration.harness import wait_until
 
 from .helpers import Group, make_peers, read_all
@@ -256,10 +257,47 @@ def test_group_filter_drops_groups_before_reading(spark: SparkSession, metered: 
     assert len(_entries(metered)) > sent >= len([r for r in rows if r[0] == metered.name]) > 0
 
 
-def test_pushdown_is_opt_in_and_reads_stay_right_without_it(spark: SparkSession, metered: Metered) -> None:
-    """Unset, the conf stays unset and the readers take no filters: a loaded DataFrame reused
-    by a filtered and then an unfiltered query gives both answers right (with pushdown on,
-    PySpark 4.3 reuses the filtered read: see dledger.spark._pushdown)."""
+def test_queries_of_one_dataframe_with_different_filters_are_exact(spark: SparkSession, metered: Metered) -> None:
+    """With pushdown on, each query that pushes filters gets a read planned for its own
+    filters, whatever the queries of the same DataFrame pushed before."""
+    es = _entries(metered)
+    df = _load(spark, metered)
+    total = len(es)
+    cases: list[tuple[Column, Callable[[Entry], bool]]] = [
+        (col("index") < _at(es, 0.2), lambda e: e.index < _at(es, 0.2)),
+        (col("index") >= _at(es, 0.7), lambda e: e.index >= _at(es, 0.7)),
+        (col("index").between(_at(es, 0.4), _at(es, 0.5)), lambda e: _at(es, 0.4) <= e.index <= _at(es, 0.5)),
+        (col("term") == es[-1].term, lambda e: e.term == es[-1].term),
+        (col("index") < _at(es, 0.2), lambda e: e.index < _at(es, 0.2)),
+    ]
+    for cond, keep in cases:
+        rows, sent, _ = _measured(metered, df.filter(cond))
+        assert rows == [(metered.name, e.index, e.term, e.pos, e.body) for e in es if keep(e)]
+        if "term" not in str(cond):
+            assert sent < total  # pushed: only the range was read
+
+
+def test_the_probe_tells_what_this_spark_does(spark: SparkSession, metered: Metered) -> None:
+    """spark.plan_probe's answer is what a dledger DataFrame does here: a filtered query, then
+    an unfiltered one of the same DataFrame, with pushdown on. PySpark up to 4.3 reuses the
+    filtered read (so register() leaves pushdown off by default there)."""
+    scoped = scoped_reads(spark, probe=True)
+    es = _entries(metered)
+    cut = _at(es, 0.5)
+    df = _load(spark, metered)
+    assert df.filter(col("index") < cut).count() == len([e for e in es if e.index < cut])
+    whole = df.count()
+    assert (whole == len(es)) == scoped, (whole, len(es), scoped)
+    if spark_release(spark.version) <= LAST_REUSING:
+        assert not scoped
+
+
+def test_pushdown_is_off_by_default_where_unsafe_and_reads_stay_right(spark: SparkSession, metered: Metered) -> None:
+    """Unset, on a Spark that reuses a filtered read (4.3), the conf stays unset and the readers
+    take no filters: a loaded DataFrame reused by a filtered and then an unfiltered query gives
+    both answers right (see dledger.spark._pushdown)."""
+    if scoped_reads(spark):
+        pytest.skip("this Spark plans each query's read afresh: pushdown is on by default")
     spark.conf.unset(PUSHDOWN_CONF)
     try:
         register(spark)

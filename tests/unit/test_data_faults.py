@@ -13,12 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from dledger.entry import HEADER_SIZE
+from dledger.entry import HEADER_SIZE, MAGIC_NORMAL
 from dledger.store.base import CorruptEntryError, LedgerStore, PushRejected, StoreError
 from dledger.store.file import FileLedgerStore
 from dledger.store.memory import MemoryLedgerStore
 
 CHAIN_FIELD = 36  # header bytes 36..39: chain_crc
+NORMAL = frozenset([MAGIC_NORMAL])
 
 KINDS = ["memory", "file"]
 
@@ -123,6 +124,11 @@ def test_a_damaged_record_is_found_and_named(stores: Stores, where: str) -> None
             f.read(bad - 3, 10)
         assert e.value.index == bad
         assert [x.index for x in f.read(bad - 3, 3)] == [bad - 3, bad - 2, bad - 1]
+    # the columnar read (what the Spark source asks for) applies the same checks
+    with pytest.raises(CorruptEntryError) as e:
+        f.read_columns(bad - 3, 10, 1 << 20, NORMAL)
+    assert e.value.index == bad
+    assert f.read_columns(bad - 3, 3, 1 << 20, NORMAL).indexes == [bad - 3, bad - 2, bad - 1]
     # what replication and votes rely on is unchanged: the log's end, its terms
     assert (f.end_index, f.end_term, f.term_at(bad)) == (39, 2, 2)
 
@@ -146,6 +152,10 @@ def test_rot_in_a_header_field_the_chain_crc_does_not_cover_is_found(stores: Sto
         f.read(bad, 1)
     with pytest.raises(StoreError):
         f.read(bad - 2, 5)
+    with pytest.raises(StoreError):
+        f.read_columns(bad - 2, 5, 1 << 20, NORMAL)
+    with pytest.raises(StoreError):
+        f.read_columns(bad, 1, 1 << 20, NORMAL)
     f.repair(bad, good)
     assert record(f, bad) == good and f.verify(bad) is None
 

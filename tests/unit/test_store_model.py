@@ -246,6 +246,22 @@ def check_read(store: LedgerStore, m: Model, index: int, max_entries: int, max_b
     # it stops only at the end, at max_entries, or where the next record would not fit
     assert (last == m.end_index or len(es) == max_entries
             or total + HEADER_SIZE + len(m.entry(last + 1).body) > max_bytes)
+    check_read_columns(store, es, index, max_entries, max_bytes)
+
+
+def check_read_columns(store: LedgerStore, es: list[DLedgerEntry], index: int, max_entries: int,
+                       max_bytes: int) -> None:
+    """read_columns passes over exactly the entries read returns and keeps those of the magics
+    asked for, bodies joined in order (or none)."""
+    for magics in (frozenset([MAGIC_NORMAL]), frozenset([MAGIC_NOOP, MAGIC_CONFIG_CHANGE])):
+        for bodies in (True, False):
+            c = store.read_columns(index, max_entries, max_bytes, magics, bodies)
+            kept = [e for e in es if e.magic in magics]
+            assert (c.scanned, c.next_index, c.size) == (len(es), index + len(es), sum(e.size for e in es))
+            assert (c.indexes, c.terms, c.positions) == ([e.index for e in kept], [e.term for e in kept],
+                                                         [e.pos for e in kept])
+            assert c.body_sizes == [len(e.body) if bodies else 0 for e in kept]
+            assert b"".join(c.bodies) == (b"".join(e.body for e in kept) if bodies else b"")
 
 
 # --- the state machine ---------------------------------------------------------------

@@ -191,6 +191,9 @@ class ReadRequest(Msg):
     follower_read: bool = False  # a follower serves it (asking the leader for a read index), no redirect
     bodies: bool = True  # False: every entry comes with an empty body (a reader of indexes and terms only)
     markers: bool = False  # True: only the session markers (magic 4) from from_index (transaction-aware readers)
+    # True (with only_normal): the answer's entries come as columns (EntriesResponse.columnar),
+    # no object per entry on either side; a member older than this option sends `entries`
+    columnar: bool = False
 
 
 class EntryMsg(msgspec.Struct, array_like=True):
@@ -209,6 +212,14 @@ class EntriesResponse(msgspec.Struct, array_like=True):
     next_index: int = -1  # where a following read should start
     committed_index: int = -1
     message: str = ""
+    # a columnar READ's entries (`entries` stays empty): little-endian int64 indexes, terms and
+    # positions, int32 body end offsets into `bodies` (the bodies one after another)
+    columnar: bool = False
+    indexes: bytes = b""
+    terms: bytes = b""
+    positions: bytes = b""
+    body_ends: bytes = b""
+    bodies: bytes = b""
 
 
 class MetadataRequest(Msg):

@@ -904,7 +904,8 @@ class Node(AppendPath, SnapshotPath, MembershipPath):
         elif code == RequestCode.READ:
             assert isinstance(msg, ReadRequest)
             self.read_path.handle_read(code, msg.from_index, msg.max_entries, msg.max_bytes, msg.only_normal, msg.local,
-                              msg.consistency, token, msg.wait_ms, msg.follower_read, msg.bodies, msg.markers)
+                              msg.consistency, token, msg.wait_ms, msg.follower_read, msg.bodies, msg.markers,
+                              msg.columnar)
         elif code == RequestCode.READ_INDEX:
             assert isinstance(msg, ReadIndexRequest)
             self.read_path.when_confirmed(code, msg.consistency, token,

@@ -11,6 +11,9 @@ marking a record corrupt is the node's (`mark_corrupt`).
 
 from __future__ import annotations
 
+import itertools
+import sys
+from array import array
 from collections.abc import Callable
 from typing import Any
 
@@ -34,6 +37,7 @@ _ENTRY_OVERHEAD = 48
 # drain answers parked polls worth at most LONG_POLL_DRAIN_BYTES (at least one), the rest
 # at the next drains in index order: 50 polls released by one 16 MiB append took a member
 # from 87 to 497 MB, and deposed the leader.
+_NORMAL_ONLY = frozenset((MAGIC_NORMAL,))
 LONG_POLL_PAGE_BYTES = 1 << 20
 MARKER_SCAN = 1 << 20  # indexes a markers-only READ looks through (their index units: 32 MiB)
 LONG_POLL_DRAIN_BYTES = 8 << 20
@@ -63,7 +67,7 @@ class ReadPath:
 
     def handle_read(self, code: int, start: int, max_entries: int, max_bytes: int, only_normal: bool,
                      local: bool, consistency: str, token: Any, wait_ms: int = 0, addressed: bool = False,
-                     bodies: bool = True, markers: bool = False) -> None:
+                     bodies: bool = True, markers: bool = False, columnar: bool = False) -> None:
         """Committed entries only, from the leader unless the reader asked for this member's
         own copy (`local`), whose commit index may lag. From the leader an append acknowledged
         to one client is readable by every other client at once; `linearizable` and `lease`
@@ -75,6 +79,8 @@ class ReadPath:
         def answer(cap: int = max_bytes) -> int:
             if markers:
                 return self._answer_markers(start, max_entries, token)
+            if columnar and only_normal and code == RequestCode.READ:
+                return self._answer_columns(start, max_entries, cap, own_copy(), token, bodies)
             return self._answer(code, start, max_entries, cap, only_normal, own_copy(), token, bodies)
 
         def answer_or_wait(_: int = -1) -> None:
@@ -217,6 +223,50 @@ class ReadPath:
         nxt = found[max_entries - 1] + 1 if len(found) > max_entries else last + 1
         self._reply(token, RequestCode.READ, EntriesResponse(200, self.member.leader_id or "", out,
                                                              max(nxt, store.begin_index), committed))
+        return size
+
+    def _answer_columns(self, start: int, max_entries: int, max_bytes: int, local: bool, token: Any,
+                        bodies: bool) -> int:
+        """`_answer` for a columnar READ of NORMAL entries: the same entries, limits and
+        handling of a corrupt record, as columns (LedgerStore.read_columns)."""
+        store = self.store
+        committed = store.committed_index
+        if start > committed:
+            raise DLedgerError(ResponseCode.INDEX_OUT_OF_RANGE, f"index {start} is beyond the committed {committed}")
+        index, size, kept = start, 0, 0
+        max_bytes = min(max_bytes, self.cfg.max_read_bytes)
+        indexes, terms, positions, sizes, chunks = array("q"), array("q"), array("q"), array("q"), []
+        while index <= committed and kept < max_entries and size < max_bytes:
+            want = min(max_entries - kept, committed - index + 1)
+            try:
+                c = store.read_columns(index, want, max_bytes - size, _NORMAL_ONLY, bodies)
+            except CorruptEntryError as err:
+                self._hit_corrupt(err, local)
+                if err.index <= index:
+                    if kept:
+                        break  # what verified before it; the next read names the damage
+                    raise
+                c = store.read_columns(index, err.index - index, max_bytes - size, _NORMAL_ONLY, bodies)
+            if not c.scanned:
+                break
+            indexes.extend(c.indexes)
+            terms.extend(c.terms)
+            positions.extend(c.positions)
+            sizes.extend(c.body_sizes)
+            chunks.extend(c.bodies)
+            kept += len(c.indexes)
+            size += c.size
+            index = c.next_index
+        body = b"".join(chunks)
+        ends = array("i", itertools.accumulate(sizes, initial=0))
+        if sys.byteorder == "big":
+            for a in (indexes, terms, positions, ends):
+                a.byteswap()
+        self.entries_read += kept
+        self.read_body_bytes += len(body)
+        self._reply(token, RequestCode.READ, EntriesResponse(
+            200, self.member.leader_id or "", [], index, committed, columnar=True, indexes=indexes.tobytes(),
+            terms=terms.tobytes(), positions=positions.tobytes(), body_ends=ends.tobytes(), bodies=body))
         return size
 
     def _hit_corrupt(self, e: CorruptEntryError, local: bool) -> None:

@@ -22,12 +22,12 @@ log = logging.getLogger(__name__)
 
 __all__ = ["PUSHDOWN_CONF", "register"]
 
-PUSHDOWN_CONF = "spark.sql.python.filterPushdown.enabled"
+PUSHDOWN_CONF = "spark.sql.python.filterPushdown.enabled"  # as spark.plan_probe names it
 
 
 def register(spark: SparkSession) -> None:
-    """Register `format("dledger")` and `format("dledger-files")` on this session; their
-    readers take filters (pushdown) only where the session set PUSHDOWN_CONF to true."""
+    """Register `format("dledger")` and `format("dledger-files")` on this session, their
+    readers taking filters (pushdown) where that is safe: see `_pushdown`."""
     from dledger.spark.files import DLedgerFilesDataSource
     from dledger.spark.source import DLedgerDataSource
 
@@ -44,18 +44,28 @@ def _pushdown(spark: SparkSession) -> bool:
     false it refuses to plan any reader that has one (DATA_SOURCE_PUSHDOWN_DISABLED): a
     reader cannot tell at run time which it is, so the choice is made here, per session.
 
-    Opt-in, not turned on for the user: PySpark 4.3 caches the read it planned once per
-    loaded DataFrame (PythonDataSourceV2.readInfo), and a filtered query replaces it, so a
-    later query of the same DataFrame that pushes no filter silently reads the filtered rows
-    (`df.filter("index < 10").count()` then `df.count()` gives 9 for both). A session that
-    turns the conf on must load() once per query. Without it our sources are registered as
-    variants whose readers have no pushFilters (Spark filters after the scan; correct).
+    The conf set by the user decides. Unset (Spark's default), pushdown is turned on (the conf
+    set to true) where this Spark plans each query's read afresh (spark.plan_probe); PySpark
+    4.3 does not: it keeps the read planned for a filtered query of a loaded DataFrame for the
+    later queries of that DataFrame that push no filter, which then silently read the filtered
+    rows, and no source can see it happen. There the readers take no filters (Spark filters
+    after the scan: always right), unless the user sets the conf and calls load() per query.
     """
     value = spark.conf.get(PUSHDOWN_CONF, None)
-    on = value is not None and value.strip().lower() == "true"
-    if not on:
-        log.info("%s is not true in this session: dledger reads filter after the scan", PUSHDOWN_CONF)
-    return on
+    if value is not None:
+        on = value.strip().lower() == "true"
+        if not on:
+            log.info("%s is %s in this session: dledger reads filter after the scan", PUSHDOWN_CONF, value)
+        return on
+    from dledger.spark.plan_probe import scoped_reads
+
+    if scoped_reads(spark):
+        spark.conf.set(PUSHDOWN_CONF, "true")
+        log.info("filter pushdown on (%s set to true): this Spark plans each query's read afresh", PUSHDOWN_CONF)
+        return True
+    log.info("filter pushdown off: Spark %s reuses a DataFrame's filtered read for its unfiltered queries "
+             "(set %s to true and call load() per query to have it)", spark.version, PUSHDOWN_CONF)
+    return False
 
 
 def _without_pushdown(cls: type[DataSource]) -> type[DataSource]:

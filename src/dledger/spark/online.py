@@ -15,6 +15,7 @@ that has read for long still rides out a stall of its leader.
 
 from __future__ import annotations
 
+import bisect
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -22,18 +23,19 @@ from dataclasses import dataclass
 import pyarrow as pa
 
 from dledger.codes import DLedgerError, ResponseCode
-from dledger.runtime.client import DLedgerClient, Metadata
+from dledger.runtime.client import DLedgerClient, EntryColumns, Metadata
 from dledger.spark.options import ClientOptions
 from dledger.spark.retry import TRANSIENT, Retry, describe, nobody_listens
-from dledger.spark.schema import entry_batch
+from dledger.spark.schema import columns_batch
 
 __all__ = ["DataLossError", "RangeReadSpec", "describe", "first_data_index", "leader_view", "read_range",
            "wait_leader_view"]
 
 log = logging.getLogger(__name__)
 
-READ_CHUNK = 2000  # at most this many entries per read call and per Arrow batch
-CHUNK_BYTES = 16 << 20  # ... and about this many body bytes (bodies may be up to 4 MiB each)
+# at most this many entries per read call and per Arrow batch; the member's answer limit
+# (max_read_bytes, 4 MiB by default) keeps big bodies to fewer
+READ_CHUNK = 16384
 
 
 class DataLossError(RuntimeError):
@@ -134,7 +136,6 @@ def read_range(spec: RangeReadSpec) -> Iterator[pa.RecordBatch]:
 def _read_range(client: DLedgerClient, spec: RangeReadSpec) -> Iterator[pa.RecordBatch]:
     index = spec.start
     member: str | None = None
-    chunk = 256  # until the body size is known
     probe = nobody_listens(client)
     attempt: Retry | None = None  # the read at `index`: each read gets the whole deadline
     while index < spec.end:
@@ -143,27 +144,23 @@ def _read_range(client: DLedgerClient, spec: RangeReadSpec) -> Iterator[pa.Recor
                             spec.timeout, probe=probe)
         if member is None:
             member = _member_covering(client, spec, attempt)
-        want = min(spec.end - index, chunk)
+        want = min(spec.end - index, READ_CHUNK)
         try:
-            entries = client.read(index, want, member=member, bodies=spec.bodies)
+            cols = client.read_columns(index, want, member=member, bodies=spec.bodies)
         except DLedgerError as e:
             if e.code == ResponseCode.INDEX_LESS_THAN_LOCAL_BEGIN:
                 index = _skip_lost(client, spec, member, index)
                 continue
-            attempt.failed(e)  # raises, or backs off: then the leader is asked again
-            member = None
+            # INDEX_OUT_OF_RANGE: the member restarted and has not learnt its committed index yet
+            attempt.failed(e, retryable=e.code in TRANSIENT or e.code == ResponseCode.INDEX_OUT_OF_RANGE)
+            member = None  # raises, or backs off: then the leader is asked again
             continue
         attempt = None
-        rows = [x for x in entries if x.index < spec.end]
-        if entries:
-            mean = sum(len(x.body) for x in entries) / len(entries) + 48
-            chunk = max(1, min(READ_CHUNK, int(CHUNK_BYTES / mean)))
-        if rows:
-            yield entry_batch(spec.group, [x.index for x in rows], [x.term for x in rows],
-                              [x.pos for x in rows], [x.body for x in rows])
-        if entries:
-            index = entries[-1].index + 1
-        if len(entries) < want and index < spec.end:
+        batch = _in_range(spec, cols)
+        if batch is not None:
+            yield batch
+        index = max(index, cols.next_index)
+        if cols.next_index > cols.committed_index and index < spec.end:
             # the member scanned through its committed index; it covered `end - 1` when
             # chosen, so the range is exhausted unless the member restarted meanwhile
             try:
@@ -175,6 +172,14 @@ def _read_range(client: DLedgerClient, spec: RangeReadSpec) -> Iterator[pa.Recor
             if still:
                 return
             member = None
+
+
+def _in_range(spec: RangeReadSpec, cols: EntryColumns) -> pa.RecordBatch | None:
+    """The answer's entries below spec.end (indexes ascend), as an entry batch."""
+    n = cols.count
+    if n and int.from_bytes(cols.indexes[-8:], "little", signed=True) >= spec.end:
+        n = bisect.bisect_left(cols.index_list(), spec.end)
+    return columns_batch(spec.group, cols, n) if n else None
 
 
 def _skip_lost(client: DLedgerClient, spec: RangeReadSpec, member: str, index: int) -> int:

@@ -6,6 +6,8 @@ The Arrow schema must equal what Spark derives from the DDL (nullable fields,
 
 from __future__ import annotations
 
+import sys
+from array import array
 from collections.abc import Collection, Sequence
 from typing import TYPE_CHECKING
 
@@ -13,6 +15,8 @@ import pyarrow as pa
 
 if TYPE_CHECKING:
     from pyspark.sql.types import StructType
+
+    from dledger.runtime.client import EntryColumns
 
 ENTRY_SCHEMA = "group string, index long, term long, pos long, body binary"
 
@@ -68,6 +72,32 @@ def entry_batch(group: str, indexes: Sequence[int], terms: Sequence[int], positi
             pa.array(terms, pa.int64()),
             pa.array(positions, pa.int64()),
             pa.array(bodies, pa.binary()),
+        ],
+        schema=ARROW_ENTRY_SCHEMA,
+    )
+
+
+def columns_batch(group: str, cols: EntryColumns, rows: int | None = None) -> pa.RecordBatch:
+    """The first `rows` (default: all) entries of a columnar READ answer as an entry batch: its
+    buffers become the Arrow columns as they are, no Python object per row."""
+    n = cols.count if rows is None else rows
+    bufs = [cols.indexes, cols.terms, cols.positions, cols.body_ends]
+    if sys.byteorder == "big":  # the wire is little-endian, Arrow native
+        swapped = []
+        for b, code in zip(bufs, "qqqi", strict=True):
+            a = array(code)
+            a.frombytes(b)
+            a.byteswap()
+            swapped.append(a.tobytes())
+        bufs = swapped
+    index, term, pos, ends = (pa.py_buffer(b) for b in bufs)
+    return pa.RecordBatch.from_arrays(
+        [
+            pa.repeat(pa.scalar(group, pa.string()), n),
+            pa.Array.from_buffers(pa.int64(), n, [None, index]),
+            pa.Array.from_buffers(pa.int64(), n, [None, term]),
+            pa.Array.from_buffers(pa.int64(), n, [None, pos]),
+            pa.Array.from_buffers(pa.binary(), n, [None, ends, pa.py_buffer(cols.bodies)]),
         ],
         schema=ARROW_ENTRY_SCHEMA,
     )

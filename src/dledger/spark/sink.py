@@ -227,9 +227,10 @@ def _bodies(batch: pa.RecordBatch, seen: int) -> list[bytes]:
     if col.null_count:
         at = seen + col.is_null().index(True).as_py()
         raise ValueError(f"dledger: row {at} of this task has a null body; filter nulls out or give an empty body")
-    if pa.types.is_string(col.type) or pa.types.is_large_string(col.type):
-        return [v.encode() for v in col.to_pylist()]
-    return [bytes(v) for v in col.to_pylist()]
+    if not pa.types.is_binary(col.type):
+        col = col.cast(pa.binary())  # string (UTF-8 already) or large variants, in Arrow: no call per row
+    bodies: list[bytes] = col.to_pylist()  # bytes objects, each what the request sends
+    return bodies
 
 
 def _route(cfg: WriteConfig, batch: pa.RecordBatch, bodies: list[bytes], seen: int) -> dict[str, list[bytes]]:

@@ -530,6 +530,27 @@ class FileLedgerStore(LedgerStore):
     def _index_magic(self, index: int) -> int:
         return self.unit(index)[0]
 
+    def _index_magics(self, first: int, count: int) -> Sequence[int]:
+        """Straight from the index files' bytes, as indexes_with_magic reads them (a damaged
+        unit's magic may be wrong here: read_columns asks unit() again on a mismatch)."""
+        out: list[int] = []
+        with self._lock:
+            index, last = first, first + count - 1
+            while index <= last:
+                uf = self.index.locate(index * INDEX_UNIT_SIZE)
+                off = index * INDEX_UNIT_SIZE - uf.start
+                n = min(last - index + 1, (uf.end - uf.start - off) // INDEX_UNIT_SIZE)
+                if n <= 0:
+                    out.extend(self._index_magic(i) for i in range(index, last + 1))
+                    break
+                words = array("i")
+                words.frombytes(uf.mm[off : off + n * INDEX_UNIT_SIZE])
+                if sys.byteorder == "little":
+                    words.byteswap()  # stored big-endian
+                out.extend(words[0::8])
+                index += n
+        return out
+
     def verify_entry(self, index: int) -> DLedgerEntry:
         """get (the header against the unit, magic included, and the chain CRC link), then the
         single-record check of a push (entry.scan: magic, channel, pos, ...).
