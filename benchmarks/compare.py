@@ -744,18 +744,6 @@ def _wrapper(frame: str) -> bool:
                              "Thread.run", "Thread._bootstrap")) or "(click/" in frame
 
 
-def write_doc(path: Path, section: str) -> None:
-    text = path.read_text() if path.exists() else "# Performance\n"
-    if SECTION in text:
-        head, rest = text.split(SECTION, 1)
-        nxt = rest.find("\n## ")
-        tail = rest[nxt + 1 :] if nxt >= 0 else ""
-        text = head + section + ("\n" + tail if tail else "")
-    else:
-        text = text.rstrip("\n") + "\n\n" + section
-    path.write_text(text)
-
-
 def chart(run: Runner, summary: dict[str, Any], path: Path) -> None:
     import matplotlib
 
@@ -906,7 +894,8 @@ def main(argv: list[str] | None = None) -> None:
     summary = summarize(run)
     meta = {"date": started, "versions": versions(), "loadavg": la, "quiet": quiet}
     section = render(run, summary, meta)
-    write_doc(Path(args.doc), section)
+    from benchmarks.goals import write_section
+    write_section(Path(args.doc), section, SECTION)
     chart(run, summary, Path(args.chart))
     Path(args.json).write_text(json.dumps({"meta": meta, "summary": summary, "records": run.records,
                                            "profiles": run.profiles, "commands": run.commands}, indent=1))

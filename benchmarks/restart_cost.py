@@ -31,6 +31,8 @@ import sys
 import time
 from pathlib import Path
 
+from dledger.fsutil import evict_page_cache
+
 
 def build(d: Path, gib: float, body_size: int) -> int:
     """A store of `gib` GiB of entries of `body_size` bytes; the number of entries."""
@@ -50,18 +52,6 @@ def build(d: Path, gib: float, body_size: int) -> int:
     s.write_checkpoint()
     s.close()
     return n
-
-
-def drop_cache(d: Path) -> None:
-    """Evict the store's clean pages from the page cache: the start reads from disk."""
-    for p in d.rglob("*"):
-        if p.is_file():
-            fd = os.open(p, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            finally:
-                os.close(fd)
 
 
 def free_port() -> int:
@@ -167,7 +157,7 @@ def main() -> None:
         # the first start of this version on a store the old one wrote (the upgrade) is its own row
         saved: dict[str, bytes] = {}
         if a.before:
-            drop_cache(d)
+            evict_page_cache(d)
             got = start_and_measure(d, None, a.hold, a.timeout)
             rows.append({"log_gib": gib, "case": "upgrade", "code": "this", **got})
             saved["this"] = (d / "checkpoint").read_bytes()
@@ -175,7 +165,7 @@ def main() -> None:
             for name, src in versions:
                 if name in saved:
                     (d / "checkpoint").write_bytes(saved[name])
-                drop_cache(d)
+                evict_page_cache(d)
                 got = start_and_measure(d, src, a.hold, a.timeout)
                 rows.append({"log_gib": gib, "case": "restart", "code": name, **got})
                 saved[name] = (d / "checkpoint").read_bytes()

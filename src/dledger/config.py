@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import functools
+import logging
 import re
 import tomllib
 import types
@@ -19,6 +20,8 @@ from typing import Any
 
 from dledger.address import AddressError, format_address, parse_address
 from dledger.codes import DLedgerError, ResponseCode
+
+log = logging.getLogger(__name__)
 
 MiB = 1024 * 1024
 GiB = 1024 * MiB
@@ -225,7 +228,7 @@ class DLedgerConfig:
     producer_creations_per_second: int = 200
     install_chunk_bytes: int = 4 * MiB  # InstallSnapshot: bytes per request, one in flight per follower
     # lease reads: the leader's lease is the heartbeat lease (interval * leak) minus this margin for
-    # clocks that run at different rates (at least a tenth of the heartbeat lease)
+    # clocks that run at different rates (at least 1; a tenth of the heartbeat lease is advised)
     lease_clock_drift_ms: int = 200
     enable_fault_injection: bool = False  # answer FAULT (tests, chaos): off, so no client can cut links
     # security (docs/security.md): mutual TLS between members and for clients, all three or none
@@ -354,11 +357,15 @@ class DLedgerConfig:
         if self.max_heart_beat_leak < 2:  # a follower would time out exactly when the next heartbeat is due
             raise ConfigError(f"max_heart_beat_leak must be at least 2, not {self.max_heart_beat_leak}")
         lease = self.heart_beat_time_interval_ms * self.max_heart_beat_leak
-        # lease reads need a margin for clock-rate differences (Raft thesis §6.4.1): a tenth at least
-        low = -(-lease // 10)
-        if not isinstance(self.lease_clock_drift_ms, int) or not low <= self.lease_clock_drift_ms < lease:
-            raise ConfigError(f"lease_clock_drift_ms must be in [{low}, {lease}) (a tenth of the heartbeat "
-                              f"lease at least, and less than it), not {self.lease_clock_drift_ms!r}")
+        # lease reads need a margin for clock-rate differences (Raft thesis §6.4.1): none is refused,
+        # less than a tenth of the lease is told
+        if not isinstance(self.lease_clock_drift_ms, int) or not 1 <= self.lease_clock_drift_ms < lease:
+            raise ConfigError(f"lease_clock_drift_ms must be in [1, {lease}) (a margin within the heartbeat "
+                              f"lease), not {self.lease_clock_drift_ms!r}")
+        if self.lease_clock_drift_ms * 10 < lease:
+            log.warning("lease_clock_drift_ms %d is less than a tenth of the heartbeat lease (%d ms): lease reads "
+                        "assume the members' clocks run within %.0f%% of each other", self.lease_clock_drift_ms,
+                        lease, 100 * self.lease_clock_drift_ms / lease)
         for name in ("snapshot_threshold_entries", "snapshot_threshold_bytes", "snapshot_margin_entries"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be an integer >= 0 (0: never), not {getattr(self, name)!r}")

@@ -378,7 +378,8 @@ def test_the_reads_check_finds_the_stale_leader_mode_read_and_none_in_the_others
     fresh reads. The checker finds the stale `leader`-mode read at the old leader, and no stale
     read in `linearizable`, `lease` or follower reads."""
     conf = tmp_path / "long-lease.toml"
-    conf.write_text("max_heart_beat_leak = 16\n")  # the old leader's check-quorum waits 4 s
+    # the old leader's check-quorum waits 4 s (250 ms x 16)
+    conf.write_text("heart_beat_time_interval_ms = 250\nmax_heart_beat_leak = 16\n")
     history = History(tmp_path / "history.jsonl")
     h = Harness(3, tmp_path / "run", on_event=history.event, extra_args=["--config", str(conf)])
     try:
@@ -416,7 +417,9 @@ def test_the_reads_check_finds_the_stale_leader_mode_read_and_none_in_the_others
     assert result.stats["stale_leader_mode_reads"] == 1, result.stats
     assert result.ok, result.violations
     served = result.stats["fresh_reads"]
-    assert served.get("follower") == 1 and served.get("linearizable") == 1, served  # the new side's
+    # the new side's (the stale client's linearizable read may be served too, once the old
+    # leader stepped down and redirected it: fresh either way, the checker says)
+    assert served.get("follower") == 1 and served.get("linearizable", 0) >= 1, served
 
 
 def _recorded_append(history: History, c: DLedgerClient, body: str) -> int:

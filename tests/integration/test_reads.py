@@ -127,7 +127,8 @@ def test_a_transfer_cut_off_midway_leaves_a_stale_leader_only_leader_mode_reads_
     the old leader, hearing nothing, believes it leads until its check-quorum (a long lease
     here). A `leader` read there misses the append; `linearizable` and `lease` never answer."""
     toml = tmp_path / "long-lease.toml"
-    toml.write_text("max_heart_beat_leak = 16\n")  # 4 s before the old leader's check-quorum deposes it
+    # 4 s (250 ms x 16) before the old leader's check-quorum deposes it
+    toml.write_text("heart_beat_time_interval_ms = 250\nmax_heart_beat_leak = 16\n")
     c = make_cluster(3, extra=["--config", str(toml)])
     client, before, old, address = _steady(c, 3)
     target, other = [m for m in c.ids if m != old]

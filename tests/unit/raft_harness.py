@@ -8,8 +8,8 @@ from typing import Any, TypeVar
 
 from dledger.codes import RequestCode, ResponseCode
 from dledger.config import DLedgerConfig
-from dledger.core.contexts import Answered
-from dledger.core.messages import PushResponse, VoteRequest, VoteResponse, VoteResult
+from dledger.core.contexts import Answered, VoteCtx
+from dledger.core.messages import PushResponse, Role, VoteRequest, VoteResponse, VoteResult
 from dledger.core.node import Action, Node, Reply, Send
 from dledger.entry import MAGIC_NORMAL
 from dledger.store.memory import MemoryLedgerStore
@@ -80,6 +80,23 @@ def leading(flush: str = "async", **cfg: Any) -> Member:
     m.drain()
     assert m.node.member.is_leader
     return m
+
+
+def campaign_and_win(m: Member) -> None:
+    """Tick until `m` campaigns, then answer its pre-vote and its vote round with every
+    member's yes: a leader elected the way its timers elect it."""
+    for _ in range(1000):
+        m.tick()
+        if any(isinstance(a.ctx, VoteCtx) for a in m.sends(RequestCode.VOTE)):
+            break
+    for _ in range(2):  # the pre-vote round, then the real one
+        votes = [a for a in m.sends(RequestCode.VOTE) if isinstance(a.ctx, VoteCtx)]
+        m.clear()
+        for s in votes:
+            req = msg_of(s, VoteRequest)
+            m.node.complete(Answered(s.ctx, VoteResponse(req.term, int(VoteResult.ACCEPT), req.pre_vote)), m.now)
+        m.drain()
+    assert m.node.member.role == Role.LEADER
 
 
 def answer_pushes(m: Member, peer: str, resp: PushResponse) -> None:

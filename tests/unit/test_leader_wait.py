@@ -6,7 +6,7 @@ arrived before it gives up on its leader, and a rejected pre-vote is asked again
 from __future__ import annotations
 
 from dledger.codes import RequestCode
-from dledger.core.contexts import Answered, VoteCtx
+from dledger.core.contexts import Answered
 from dledger.core.leader_wait import MAX_PARKED, MAX_PARKED_PER_PRINCIPAL, MAX_WAIT_MS, LeaderWaits
 from dledger.core.messages import (
     HeartBeatRequest,
@@ -18,21 +18,7 @@ from dledger.core.messages import (
     VoteResult,
 )
 
-from .raft_harness import Member, msg_of
-
-
-def _campaign_and_win(m: Member) -> None:
-    for _ in range(1000):
-        m.tick()
-        if any(isinstance(a.ctx, VoteCtx) for a in m.sends(RequestCode.VOTE)):
-            break
-    for _ in range(2):  # the pre-vote round, then the real one
-        votes = [a for a in m.sends(RequestCode.VOTE) if isinstance(a.ctx, VoteCtx)]
-        m.clear()
-        for s in votes:
-            req = msg_of(s, VoteRequest)
-            m.node.complete(Answered(s.ctx, VoteResponse(req.term, int(VoteResult.ACCEPT), req.pre_vote)), m.now)
-        m.drain()
+from .raft_harness import Member, campaign_and_win, msg_of
 
 
 def test_waits_heap_expires_in_deadline_order_and_is_bounded() -> None:
@@ -61,7 +47,7 @@ def test_a_follower_answers_a_parked_search_when_it_wins() -> None:
     m = Member(terms=[1])
     token = ("search", 1)
     assert m.handle(RequestCode.METADATA, MetadataRequest("default", "", "n0", wait_ms=5000), token=token) is None
-    _campaign_and_win(m)
+    campaign_and_win(m)
     assert m.node.member.role == Role.LEADER
     resp = m.reply_to(token)
     assert isinstance(resp, MetadataResponse) and resp.role == "leader" and resp.leader_id == "n0"
@@ -85,7 +71,7 @@ def test_a_leader_and_a_plain_metadata_answer_at_once() -> None:
     m = Member(terms=[1])
     assert isinstance(m.handle(RequestCode.METADATA, MetadataRequest("default", "", "n0"), token="plain"),
                       MetadataResponse)
-    _campaign_and_win(m)
+    campaign_and_win(m)
     resp = m.handle(RequestCode.METADATA, MetadataRequest("default", "", "n0", wait_ms=5000), token="lead")
     assert isinstance(resp, MetadataResponse) and resp.role == "leader"
 
@@ -132,7 +118,7 @@ def test_a_follower_that_ran_all_along_campaigns_at_its_deadline() -> None:
 
 def test_a_leader_that_stalled_hears_its_followers_before_checking_quorum() -> None:
     m = Member(terms=[1])
-    _campaign_and_win(m)
+    campaign_and_win(m)
     el = m.node.elector
     m.tick(el.hb_ms)
     assert m.sends(RequestCode.HEART_BEAT)
@@ -149,7 +135,7 @@ def test_a_leader_whose_every_tick_comes_late_still_checks_its_quorum() -> None:
     """A stall postpones check-quorum once per check, not on every late tick: a cut-off leader
     on a starved machine (ticks always more than a heartbeat period apart) still steps down."""
     m = Member(terms=[1])
-    _campaign_and_win(m)
+    campaign_and_win(m)
     el = m.node.elector
     for _ in range(100):  # 15 s of ticks 151 ms apart; no follower ever answers
         m.tick(el.hb_ms + 1)

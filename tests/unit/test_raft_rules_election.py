@@ -4,11 +4,11 @@ rule, in the style of etcd's raft_paper_test: a member built without sockets, me
 from __future__ import annotations
 
 from dledger.codes import RequestCode, ResponseCode
-from dledger.core.contexts import Answered, HeartbeatCtx, VoteCtx
+from dledger.core.contexts import Answered, HeartbeatCtx
 from dledger.core.messages import HeartBeatRequest, HeartBeatResponse, Role, VoteRequest, VoteResponse, VoteResult
 from dledger.entry import MAGIC_NOOP
 
-from .raft_harness import Member, msg_of
+from .raft_harness import Member, campaign_and_win, msg_of
 
 
 def _vote(m: Member, candidate: str, term: int, end_index: int = -1, end_term: int = -1,
@@ -18,23 +18,6 @@ def _vote(m: Member, candidate: str, term: int, end_index: int = -1, end_term: i
     resp = m.handle(RequestCode.VOTE, req, token=("vote", candidate, term, m.now))
     assert isinstance(resp, VoteResponse)
     return VoteResult(resp.result)
-
-
-def _win(m: Member) -> None:
-    """Campaign (pre-vote, then vote) and collect every member's yes."""
-    for _ in range(1000):
-        m.tick()
-        votes = [a for a in m.sends(RequestCode.VOTE) if isinstance(a.ctx, VoteCtx)]
-        if votes:
-            break
-    for _ in range(2):  # the pre-vote round, then the real one
-        votes = [a for a in m.sends(RequestCode.VOTE) if isinstance(a.ctx, VoteCtx)]
-        m.clear()
-        for s in votes:
-            req = msg_of(s, VoteRequest)
-            m.node.complete(Answered(s.ctx, VoteResponse(req.term, int(VoteResult.ACCEPT), req.pre_vote)), m.now)
-        m.drain()
-    assert m.node.member.role == Role.LEADER
 
 
 def test_votes_for_at_most_one_candidate_per_term() -> None:
@@ -109,7 +92,7 @@ def test_election_timeout_starts_a_pre_vote_round_without_raising_the_term() -> 
 
 def test_a_majority_of_votes_makes_a_leader_that_appends_a_noop_of_its_term() -> None:
     m = Member(terms=[1])
-    _win(m)
+    campaign_and_win(m)
     assert m.node.member.term == 2
     e = m.store.get(m.store.end_index)
     assert (e.term, e.magic) == (2, MAGIC_NOOP)
@@ -118,7 +101,7 @@ def test_a_majority_of_votes_makes_a_leader_that_appends_a_noop_of_its_term() ->
 
 def test_a_leader_steps_down_on_a_higher_term_in_an_answer() -> None:
     m = Member()
-    _win(m)
+    campaign_and_win(m)
     hb = next(s for s in m.sends(RequestCode.HEART_BEAT) if isinstance(s.ctx, HeartbeatCtx))
     m.node.complete(Answered(hb.ctx, HeartBeatResponse(int(ResponseCode.SUCCESS), m.node.member.term + 3)), m.now)
     assert m.node.member.role == Role.FOLLOWER
@@ -129,7 +112,7 @@ def test_a_leader_steps_down_on_a_higher_term_in_an_answer() -> None:
 def test_a_live_leader_ignores_an_ordinary_candidate_of_a_higher_term() -> None:
     """Thesis §4.2.3 (disruptive servers): a leader that hears from a majority keeps its term."""
     m = Member()
-    _win(m)
+    campaign_and_win(m)
     assert _vote(m, "n1", 9, end_index=m.store.end_index, end_term=m.store.end_term) \
         == VoteResult.REJECT_ALREADY_HAS_LEADER
     assert m.node.member.role == Role.LEADER and m.node.member.term == 1
@@ -137,7 +120,7 @@ def test_a_live_leader_ignores_an_ordinary_candidate_of_a_higher_term() -> None:
 
 def test_a_leader_steps_down_on_a_hand_over_vote_of_a_higher_term() -> None:
     m = Member()
-    _win(m)
+    campaign_and_win(m)
     assert _vote(m, "n1", 9, end_index=m.store.end_index, end_term=m.store.end_term,
                  transfer=True) == VoteResult.ACCEPT
     assert m.node.member.role == Role.FOLLOWER and m.node.member.term == 9
@@ -146,7 +129,7 @@ def test_a_leader_steps_down_on_a_hand_over_vote_of_a_higher_term() -> None:
 def test_a_leader_that_reaches_no_majority_steps_down() -> None:
     """Check quorum (thesis §6.2): no answers for a lease: it leaves."""
     m = Member()
-    _win(m)
+    campaign_and_win(m)
     for _ in range(1000):
         m.tick(50)
         if m.node.member.role != Role.LEADER:

@@ -14,6 +14,7 @@ import pytest
 
 from dledger.codes import ResponseCode
 from dledger.entry import MAGIC_CONFIG_CHANGE
+from dledger.fsutil import evict_page_cache
 from dledger.store.base import StoreError
 from dledger.store.file import FileLedgerStore
 from dledger.store.marks import MAX_MARKS, MagicMarks
@@ -77,18 +78,6 @@ def test_damage_below_the_trusted_record_is_not_read_on_open(tmp_path: Path) -> 
         s.close()
 
 
-def _evict(d: Path) -> None:
-    """Drop the store's pages from the page cache (a cold start: reads fault in and read ahead)."""
-    for p in d.rglob("*"):
-        if p.is_file():
-            fd = os.open(p, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            finally:
-                os.close(fd)
-
-
 def test_pages_read_by_a_walk_over_the_log_are_released(tmp_path: Path) -> None:
     _build(tmp_path, 256 * MIB, 96, 1 * MIB)
     s = FileLedgerStore(tmp_path, data_file_size=256 * MIB)
@@ -111,7 +100,7 @@ def test_the_scrub_walk_maps_nothing_on_a_cold_cache(tmp_path: Path) -> None:
     _build(tmp_path, 256 * MIB, 96, 1 * MIB)
     s = FileLedgerStore(tmp_path, data_file_size=256 * MIB)
     try:
-        _evict(tmp_path)
+        evict_page_cache(tmp_path)
         before = _rss_file_mib()
         for i in range(s.begin_index, s.end_index + 1):
             assert s.verify_entry(i).index == i

@@ -160,9 +160,7 @@ class ReadPath:
         indexes and terms); the size of the bodies still bounds the answer, as the store reads them.
         Returns the bytes read (what the answer cost: a long poll's budget counts them)."""
         store = self.store
-        committed = store.committed_index
-        if start > committed:
-            raise DLedgerError(ResponseCode.INDEX_OUT_OF_RANGE, f"index {start} is beyond the committed {committed}")
+        committed = self._committed_from(start)
         out: list[EntryMsg] = []
         index = start
         size = 0
@@ -204,9 +202,7 @@ class ReadPath:
         that must tell them apart (docs/format.md, "Transaction records"); other producers'
         ids, and every owner's name, are never shown (docs/security.md)."""
         store = self.store
-        committed = store.committed_index
-        if start > committed:
-            raise DLedgerError(ResponseCode.INDEX_OUT_OF_RANGE, f"index {start} is beyond the committed {committed}")
+        committed = self._committed_from(start)
         last = min(committed, start + MARKER_SCAN - 1)
         found = store.indexes_with_magic(start, last, MAGIC_SESSION)
         out: list[EntryMsg] = []
@@ -230,9 +226,7 @@ class ReadPath:
         """`_answer` for a columnar READ of NORMAL entries: the same entries, limits and
         handling of a corrupt record, as columns (LedgerStore.read_columns)."""
         store = self.store
-        committed = store.committed_index
-        if start > committed:
-            raise DLedgerError(ResponseCode.INDEX_OUT_OF_RANGE, f"index {start} is beyond the committed {committed}")
+        committed = self._committed_from(start)
         index, size, kept = start, 0, 0
         max_bytes = min(max_bytes, self.cfg.max_read_bytes)
         indexes, terms, positions, sizes, chunks = array("q"), array("q"), array("q"), array("q"), []
@@ -268,6 +262,13 @@ class ReadPath:
             200, self.member.leader_id or "", [], index, committed, columnar=True, indexes=indexes.tobytes(),
             terms=terms.tobytes(), positions=positions.tobytes(), body_ends=ends.tobytes(), bodies=body))
         return size
+
+    def _committed_from(self, start: int) -> int:
+        """The committed index, which a read from `start` must not be beyond."""
+        committed = self.store.committed_index
+        if start > committed:
+            raise DLedgerError(ResponseCode.INDEX_OUT_OF_RANGE, f"index {start} is beyond the committed {committed}")
+        return committed
 
     def _hit_corrupt(self, e: CorruptEntryError, local: bool) -> None:
         """A read found a committed record of ours corrupt: never serve it. A leader hands
