@@ -139,7 +139,9 @@ class Notebook(Session):
                "    os.environ.clear(); os.environ.update(cell['env']); os.chdir(cell['env'].get('PWD', '.'))\n"
                "    try:\n        exec(compile(cell['code'], '<example>', 'exec'), ns)\n"
                "    except BaseException:\n        traceback.print_exc(); ok = False\n"
-               "    sys.stderr.flush(); print(f'\\n@@done-{sys.argv[1]}', ok, flush=True)\n")
+               # one write (atomic on a pipe): Spark's JVM shares the pipe and may write between
+               # the pieces print() would send apart
+               "    sys.stderr.flush(); sys.stdout.write(f'\\n@@done-{sys.argv[1]} {ok}\\n'); sys.stdout.flush()\n")
 
     def __init__(self, cwd: Path, env: dict[str, str]) -> None:
         self.proc = subprocess.Popen([sys.executable, "-u", "-c", self._DRIVER, self.token], cwd=cwd, env=env,

@@ -53,8 +53,21 @@ def join(c: Cluster, member: str, through: dict[str, str], extra: Sequence[str] 
 
 def add_member(c: Cluster, member: str, address: str, members: dict[str, str], extra: Sequence[str] = (),
                command: str = "server") -> None:
-    """add-learner, --join, promote once caught up (LEARNER_BEHIND until then)."""
-    c.ctl.add_learner(member, address)
+    """add-learner (once the previous change is committed: a leader that took over from a
+    removed one answers MEMBERSHIP_CHANGE_PENDING until its NOOP commits), --join, promote
+    once caught up (LEARNER_BEHIND until then)."""
+    def added() -> bool:
+        try:
+            c.ctl.add_learner(member, address)
+        except DLedgerError as e:
+            if e.code == ResponseCode.MEMBERSHIP_CHANGE_PENDING:
+                return False
+            if e.code == ResponseCode.MEMBER_EXISTS:  # an earlier attempt took effect, its answer lost
+                return True
+            raise
+        return True
+
+    wait_until(added, 60, f"{member} added as a learner")
     join(c, member, members, extra, command)
     members[member] = address
 
