@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import signal
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,6 +42,21 @@ class Group:
         from dledger.spark.online import leader_view
 
         return wait_until(lambda: leader_view(self.client), 60, "leader view").committed_index + 1
+
+
+@contextlib.contextmanager
+def running_group(data_dir: Path, name: str) -> Iterator[tuple[local_cluster, Group]]:
+    """start_group for one test: on the way out, members a test left SIGSTOPped are resumed
+    (a stopped member would hang the cluster's exit), the client closed, the group stopped."""
+    cluster, g = start_group(data_dir, name)
+    try:
+        yield cluster, g
+    finally:
+        for p in cluster.procs.values():
+            if p.poll() is None:
+                p.send_signal(signal.SIGCONT)
+        g.client.close()
+        cluster.__exit__()
 
 
 def start_group(data_dir: Path, name: str = "default",

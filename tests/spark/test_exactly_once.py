@@ -25,7 +25,7 @@ from pyspark.sql import SparkSession
 from dledger.local_cluster import local_cluster
 from integration.harness import wait_until
 
-from .helpers import Group, read_all, start_group
+from .helpers import Group, read_all, running_group, start_group
 
 pytestmark = pytest.mark.spark
 
@@ -34,12 +34,8 @@ ROWS = 100_000
 
 @pytest.fixture
 def own_group(tmp_path: Path) -> Iterator[tuple[local_cluster, Group]]:
-    cluster, g = start_group(tmp_path / "own", "eo")
-    try:
-        yield cluster, g
-    finally:
-        g.client.close()
-        cluster.__exit__()
+    with running_group(tmp_path / "own", "eo") as pair:
+        yield pair
 
 
 def _committed_rows(g: Group, start: int) -> int:

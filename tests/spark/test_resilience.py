@@ -26,7 +26,7 @@ from dledger.local_cluster import local_cluster
 from dledger.runtime.client import DLedgerClient
 from integration.harness import wait_until
 
-from .helpers import Group, make_peers, read_all, start_group
+from .helpers import Group, make_peers, read_all, running_group
 
 pytestmark = pytest.mark.spark
 
@@ -36,15 +36,8 @@ STALL_S = 6.0
 
 @pytest.fixture
 def own_group(tmp_path: Path) -> Iterator[tuple[local_cluster, Group]]:
-    cluster, g = start_group(tmp_path / "own", "resil")
-    try:
-        yield cluster, g
-    finally:
-        for p in cluster.procs.values():  # a member left stopped would hang the cluster's exit
-            if p.poll() is None:
-                p.send_signal(signal.SIGCONT)
-        g.client.close()
-        cluster.__exit__()
+    with running_group(tmp_path / "own", "resil") as pair:
+        yield pair
 
 
 def _fill(g: Group, n: int, size: int) -> int:
