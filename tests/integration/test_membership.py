@@ -112,6 +112,7 @@ def test_every_original_member_replaced_one_by_one_while_a_writer_appends(make_c
     assert not set(c.ctl.peers) & {"n0", "n1", "n2"}  # the admin client followed too
     fresh = c.client(_peers(members))
     check_acked_in_log(writer.acked, read_all(fresh), "after replacing every member")
+    c.wait_caught_up(list(members), 60)  # a member learns the commit index a heartbeat later
     for m in members:  # each new member holds the whole committed log itself
         check_acked_in_log(writer.acked, read_all(fresh, member=m), f"{m}'s own copy")
 
