@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
+from dledger.spark.isolation import CONTROL_PREFIX
 from integration.harness import wait_until
 
 from .helpers import Group, read_all
@@ -102,9 +103,10 @@ def test_read_committed_sees_a_job_only_once_its_driver_commits(
         committed = _read(spark, group, start, "read_committed")
         assert _tagged(committed, tag) == want
         assert f"during-{tag}".encode() in [b for _, b in committed]
-        # the commit record is no row of a read_committed reader, and is one of a read_uncommitted reader
+        # the commit record is in the log, and no row of either reader (Kafka hides control records)
+        assert any(e.body.startswith(CONTROL_PREFIX) for e in read_all(group.client, start))
         everything = _read(spark, group, start, "read_uncommitted")
-        assert len(everything) == len(committed) + 1 and _tagged(everything, tag) == want
+        assert sorted(everything) == sorted(committed) and _tagged(everything, tag) == want
         seen = stream_once()  # the stream goes on past the committed job: each row once
         assert sorted(b for b in seen if b.startswith(tag.encode())) == want
         assert f"during-{tag}".encode() in seen
@@ -137,8 +139,16 @@ def test_an_aborted_job_is_never_shown_and_holds_no_reader_back(spark: SparkSess
     committed = _read(spark, group, start, "read_committed")
     assert _tagged(committed, tag) == []
     assert f"after-{tag}".encode() in [b for _, b in committed]
-    # read_uncommitted is today's read: every NORMAL entry, the abort record included
-    assert any(b.startswith(b"\x00dledger-txn\x01") for _, b in _read(spark, group, start, "read_uncommitted"))
+    # the abort record is in the log, and no row of a read_uncommitted reader either, nor counted
+    in_log = read_all(group.client, start)
+    assert sum(e.body.startswith(CONTROL_PREFIX) for e in in_log) == 1
+    uncommitted = [(i, b) for i, b in _read(spark, group, start, "read_uncommitted") if i <= in_log[-1].index]
+    assert not any(b.startswith(CONTROL_PREFIX) for _, b in uncommitted)
+    assert len(uncommitted) == len(in_log) - 1
+    counted = spark.read.format("dledger").option("peers", group.peers).option("group", group.name) \
+        .option("startingIndex", json.dumps({group.name: start})) \
+        .option("endingIndex", json.dumps({group.name: in_log[-1].index + 1})).load().count()
+    assert counted == len(in_log) - 1
 
 
 def test_isolation_and_transactional_options_are_checked(spark: SparkSession, group: Group) -> None:

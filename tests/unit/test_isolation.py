@@ -16,6 +16,7 @@ from dledger.spark.isolation import (
     ABORT,
     COMMIT,
     Visibility,
+    controls,
     drop_hidden,
     producer_id,
     scan,
@@ -47,6 +48,13 @@ class Log:
                      ) -> tuple[list[Entry], int, int]:
         found = [m for m in self.markers if m.index >= index][:max_entries]
         return found, self.end + 1, self.end
+
+
+class ClosingLog(Log):
+    closed = False
+
+    def close(self) -> None:
+        self.closed = True
 
 
 def vis(log: Log, start: int = 0) -> Visibility:
@@ -98,3 +106,25 @@ def test_a_control_record_by_another_principal_is_ignored() -> None:
     assert vis(log).end == rows[0]  # still open
     log.write(1200, (producer_id(JOB, ABORT), 1), owner="writer")
     assert (rows[0], rows[1]) in vis(log).hidden
+
+
+def test_read_uncommitted_hides_only_the_control_records_of_its_range() -> None:
+    log = ClosingLog()
+    first = log.write(1000, (producer_id(JOB, "p0"), 3))
+    abort = log.write(1100, (producer_id(JOB, ABORT), 1))
+    rows = log.write(1200, (producer_id(OTHER, "p0"), 2), ("plain", 1))  # OTHER still open: shown anyway
+    commit = log.write(1300, (producer_id(OTHER, COMMIT), 1))
+    assert controls(log, 0, log.end + 1, 1.0) == ((abort[0], abort[0]), (commit[0], commit[0]))  # type: ignore[arg-type]
+    assert log.closed
+    # a range that starts after a control record's marker still finds it; one that ends before does not
+    assert controls(log, commit[0], log.end + 1, 1.0) == ((commit[0], commit[0]),)  # type: ignore[arg-type]
+    assert controls(log, first[0], rows[-1] + 1, 1.0) == ((abort[0], abort[0]),)  # type: ignore[arg-type]
+    assert controls(log, rows[0], rows[-1] + 1, 1.0) == ()  # type: ignore[arg-type]
+
+
+def test_plain_writes_markers_move_the_log_clock_past_a_timeout() -> None:
+    log = Log()
+    rows = log.write(1000, (producer_id(JOB, "p0"), 2))
+    log.write(1000 + 10_001, ("plain-idempotent", 1))  # no transaction: its time still counts
+    v = vis(log)
+    assert v.end == log.end + 1 and (rows[0], rows[-1]) in v.hidden

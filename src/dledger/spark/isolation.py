@@ -25,7 +25,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import msgspec
@@ -119,39 +119,67 @@ class Visibility:
         return tuple((max(a, start), min(b, end - 1)) for a, b in self.hidden if b >= start and a < end)
 
 
+@dataclass(frozen=True, slots=True)
+class _Run:
+    """A run of entries one producer appended (from its session marker)."""
+
+    span: Span
+    job: str  # "" outside transactions
+    part: str  # p<partition>, or commit / abort (a control record); "" outside transactions
+    owner: str  # its writer's digest
+    ts_ms: int  # the marker's time (the leader's clock)
+
+
+def _runs(client: DLedgerClient, start: int, stop: int | None, deadline: float) -> Iterator[_Run]:
+    """The runs whose markers lie in [start - BACK_SCAN, stop), or through the committed index
+    when `stop` is None."""
+    index = max(0, start - BACK_SCAN)
+    committed: int | None = None
+    while committed is None or index <= (committed if stop is None else min(committed, stop - 1)):
+        markers, nxt, c = _read_markers(client, index, deadline)
+        committed = c if committed is None else committed
+        for m in markers:
+            marker = _decode_marker(m.body)
+            at = m.index + 1
+            for run in marker.runs:
+                span = (at, at + run.count - 1)
+                at += run.count
+                job, part = (job_of(run.producer) if run.producer else None) or ("", "")
+                yield _Run(span, job, part, run.owner, marker.ts_ms)
+        if nxt <= index:
+            break
+        index = nxt
+
+
+def controls(client: DLedgerClient, start: int, end: int, timeout: float) -> tuple[Span, ...]:
+    """The control records in [start, end), hidden from every reader as Kafka hides its
+    (read_uncommitted included); a client of its own (closed here)."""
+    try:
+        deadline = time.monotonic() + timeout
+        spans = (r.span for r in _runs(client, start, end, deadline) if r.part in (COMMIT, ABORT))
+        return tuple(_merge(s for s in spans if s[1] >= start and s[0] < end))
+    finally:
+        client.close()
+
+
 def scan(client: DLedgerClient, start: int, end: int, deadline: float) -> Visibility:
     """The visibility of [start, end) from the group's markers (read from start - BACK_SCAN
     through the committed index, where outcomes of jobs with entries in the range are)."""
     jobs: dict[str, _Job] = {}
     control: list[Span] = []
     clock = 0  # the log's clock: the latest marker's time
-    index = max(0, start - BACK_SCAN)
-    committed: int | None = None
-    while committed is None or index <= committed:
-        markers, nxt, c = _read_markers(client, index, deadline)
-        committed = c if committed is None else committed
-        for m in markers:
-            marker = _decode_marker(m.body)
-            clock = max(clock, marker.ts_ms)
-            at = m.index + 1
-            for run in marker.runs:
-                span = (at, at + run.count - 1)
-                at += run.count
-                owner = job_of(run.producer) if run.producer else None
-                if owner is None:
-                    continue
-                job, part = owner
-                j = jobs.setdefault(job, _Job())
-                if part in (COMMIT, ABORT):
-                    control.append(span)
-                    j.controls.append((part, marker.ts_ms, run.owner, span[0]))
-                else:
-                    if j.owner is None:
-                        j.first_ts, j.owner = marker.ts_ms, run.owner
-                    j.spans.append(span)
-        if nxt <= index:
-            break
-        index = nxt
+    for r in _runs(client, start, None, deadline):
+        clock = max(clock, r.ts_ms)
+        if not r.job:
+            continue
+        j = jobs.setdefault(r.job, _Job())
+        if r.part in (COMMIT, ABORT):
+            control.append(r.span)
+            j.controls.append((r.part, r.ts_ms, r.owner, r.span[0]))
+        else:
+            if j.owner is None:
+                j.first_ts, j.owner = r.ts_ms, r.owner
+            j.spans.append(r.span)
     stable = end
     hidden: list[Span] = list(control)
     for job, j in jobs.items():

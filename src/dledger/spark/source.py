@@ -47,7 +47,15 @@ from pyspark.sql.types import StructType
 from dledger.broker.client import BrokerClient
 from dledger.runtime.client import DLedgerClient
 from dledger.spark.broker_online import broker_bounds, read_broker_range
-from dledger.spark.isolation import ISOLATION_LEVELS, READ_COMMITTED, READ_UNCOMMITTED, drop_hidden, visibility
+from dledger.spark.isolation import (
+    ISOLATION_LEVELS,
+    READ_COMMITTED,
+    READ_UNCOMMITTED,
+    Visibility,
+    controls,
+    drop_hidden,
+    visibility,
+)
 from dledger.spark.online import DataLossError, RangeReadSpec, first_data_index, read_range, wait_leader_view
 from dledger.spark.options import (
     DEFAULT_ENTRIES_PER_PARTITION,
@@ -262,7 +270,7 @@ class RangePartition(InputPartition):
     client: ClientOptions
     broker: bool = False
     planned_ms: int = 0  # the timestamp column's value (ms since the epoch)
-    hidden: tuple[tuple[int, int], ...] = ()  # read_committed: aborted transactions' indexes (spark.isolation)
+    hidden: tuple[tuple[int, int], ...] = ()  # control records, aborted transactions' entries (spark.isolation)
 
     def spec(self, bodies: bool = True) -> RangeReadSpec:
         return RangeReadSpec(self.group, self.peers, self.start, self.end, self.fail_on_data_loss, self.timeout,
@@ -293,10 +301,15 @@ def _isolation(options: Mapping[str, str], brokers: bool) -> str:
 
 def _visible_partitions(cfg: ReadConfig, group: str, start: int, end: int,
                         planned_ms: int = 0) -> list[RangePartition]:
-    """_partitions; under read_committed cut at the last stable index, each task told which
-    indexes of its range belong to aborted transactions."""
-    if not cfg.committed or end <= start:
+    """_partitions, each task told which indexes of its range it must not show: control
+    records (always, as Kafka's consumers never see them) and, under read_committed, aborted
+    transactions' entries, the range cut at the last stable index."""
+    if cfg.brokers or end <= start:  # broker sets have no transactions
         return _partitions(cfg, group, start, end, planned_ms)
+    if not cfg.committed:
+        hidden = controls(cfg.client.client(cfg.groups[group], group), start, end, cfg.timeout)
+        return [replace(p, hidden=Visibility(end, hidden).within(p.start, p.end))
+                for p in _partitions(cfg, group, start, end, planned_ms)]
     vis = visibility(cfg.client.client(cfg.groups[group], group), start, end, cfg.timeout)
     if vis.end < end:
         log.info("group %s: read_committed stops at %d (an open transaction), not %d", group, vis.end, end)
