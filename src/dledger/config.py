@@ -181,6 +181,10 @@ class DLedgerConfig:
     checkpoint_interval_ms: int = 1000  # how often the checkpoint (committed index, trusted point) is saved
     heart_beat_time_interval_ms: int = 150  # the leader's heartbeat period
     max_heart_beat_leak: int = 4  # heartbeats missed before a follower campaigns (>= 2; the lease is interval x leak)
+    # the most a follower adds to its election timeout, and a leader to its check-quorum window,
+    # while heartbeats arrive late on a starved machine (twice the longest recent gap;
+    # core.starvation): no flapping beside busy neighbours, the same failover on a quiet machine
+    adaptive_timeout_max_ms: int = 2000
     min_vote_interval_ms: int = 300  # a candidate's randomised election timeout: at least ...
     max_vote_interval_ms: int = 500  # ... and at most this
     # leadership moves to the first of these that is caught up
@@ -315,6 +319,9 @@ class DLedgerConfig:
         if self.install_chunk_bytes > self.max_frame_bytes - (64 << 10):
             raise ConfigError(f"install_chunk_bytes must leave room for the request in a frame "
                               f"(max_frame_bytes {self.max_frame_bytes} - 64 KiB)")
+        if not isinstance(self.adaptive_timeout_max_ms, int) or not 0 <= self.adaptive_timeout_max_ms <= 60_000:
+            raise ConfigError(f"adaptive_timeout_max_ms must be in [0, 60000] (0: off), not "
+                              f"{self.adaptive_timeout_max_ms!r}")
         if self.max_vote_interval_ms < self.min_vote_interval_ms:
             raise ConfigError("max_vote_interval_ms must be >= min_vote_interval_ms")
         for name in ("disk_space_ratio_to_check_expired", "disk_space_ratio_to_force_clean"):

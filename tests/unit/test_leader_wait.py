@@ -5,6 +5,8 @@ arrived before it gives up on its leader, and a rejected pre-vote is asked again
 
 from __future__ import annotations
 
+import pytest
+
 from dledger.codes import RequestCode
 from dledger.core.contexts import Answered
 from dledger.core.leader_wait import MAX_PARKED, MAX_PARKED_PER_PRINCIPAL, MAX_WAIT_MS, LeaderWaits
@@ -17,6 +19,7 @@ from dledger.core.messages import (
     VoteResponse,
     VoteResult,
 )
+from dledger.core.starvation import WINDOW_MS, RecentGaps, extra_wait
 
 from .raft_harness import Member, campaign_and_win, msg_of
 
@@ -117,7 +120,7 @@ def test_a_follower_that_ran_all_along_campaigns_at_its_deadline() -> None:
 
 
 def test_a_leader_that_stalled_hears_its_followers_before_checking_quorum() -> None:
-    m = Member(terms=[1])
+    m = Member(terms=[1], adaptive_timeout_max_ms=0)  # the stall grace alone (core.starvation off)
     campaign_and_win(m)
     el = m.node.elector
     m.tick(el.hb_ms)
@@ -129,6 +132,81 @@ def test_a_leader_that_stalled_hears_its_followers_before_checking_quorum() -> N
     # they stay unanswered: one heartbeat period later it steps down (check quorum)
     m.tick(el.hb_ms)
     assert _role(m) == Role.FOLLOWER
+
+
+def test_a_leader_that_stalled_long_waits_twice_the_stall_for_its_followers() -> None:
+    """On a starved machine check-quorum's window stretches to twice the longest recent gap
+    (core.starvation), up to adaptive_timeout_max_ms; the followers never answering, the leader
+    still steps down once it passed."""
+    m = Member(terms=[1])
+    campaign_and_win(m)
+    el = m.node.elector
+    m.tick(el.hb_ms)
+    stall = 2 * el.leader_lease_ms
+    m.tick(stall)
+    assert el.quorum_window_ms() == 2 * stall  # 2.4 s: under the 2 s cap plus the 600 ms lease
+    waited = 0
+    while _role(m) == Role.LEADER:
+        m.tick(el.hb_ms)
+        waited += el.hb_ms
+        assert waited <= 2 * stall + el.hb_ms, "no step-down: check-quorum never ran"
+    assert waited >= stall - el.hb_ms  # not one period after the stall, as without adaptation
+
+
+@pytest.mark.parametrize("adaptive", [True, False])
+def test_a_follower_whose_leader_comes_late_waits_longer_before_campaigning(adaptive: bool) -> None:
+    """A leader starved, not dead: one heartbeat comes 550 ms late (within the 600-800 ms
+    timeout: a near miss), the next ones 900 ms apart. The near miss stretches the timeout to
+    twice it (core.starvation), so they elect no one; without adaptation the first of them
+    does. When the leader really stops, the follower campaigns within the stretched timeout."""
+    m = Member(terms=[1], adaptive_timeout_max_ms=2000 if adaptive else 0)
+    m.tick()
+    _following(m)
+    el = m.node.elector
+
+    def silence(ms: int) -> bool:
+        """`ms` without the leader, ticking every 10 ms; did it campaign?"""
+        for _ in range(ms // 10):
+            m.tick(10)
+            if m.sends(RequestCode.VOTE):
+                return True
+        return False
+
+    assert not silence(550)
+    _following(m)
+    campaigned = False
+    for _ in range(5):
+        campaigned = campaigned or silence(900)
+        _following(m)
+    assert campaigned is not adaptive
+    if adaptive:
+        assert el.starved_extra_ms(el.leader_lease_ms) == 2 * 900 - el.leader_lease_ms
+        silent = 0
+        while not silence(10):
+            silent += 10
+            assert silent < 2 * 900 + m.cfg.max_vote_interval_ms + 2 * el.hb_ms, "never campaigned"
+        assert silent >= 2 * 900 - 10  # not at the unstretched 600-800 ms
+
+
+def test_adaptation_is_bounded_and_forgets() -> None:
+    g = RecentGaps()
+    g.note(5_000, 100)
+    assert extra_wait(g.longest(100), 600, 2000) == 2000  # capped
+    assert extra_wait(g.longest(100), 600, 0) == 0  # off
+    assert extra_wait(150, 600, 2000) == 0  # a quiet machine: heartbeats on time, nothing added
+    assert g.longest(100 + WINDOW_MS) == 5_000  # kept for one window more ...
+    assert g.longest(100 + 2 * WINDOW_MS + 1) == 0  # ... then forgotten
+
+
+def test_a_quiet_group_keeps_its_failover_timeout() -> None:
+    m = Member(terms=[1])
+    m.tick()
+    _following(m)
+    el = m.node.elector
+    for _ in range(50):  # heartbeats on time
+        m.tick(el.hb_ms)
+        _following(m)
+    assert el.starved_extra_ms(el.leader_lease_ms) == 0
 
 
 def test_a_leader_whose_every_tick_comes_late_still_checks_its_quorum() -> None:

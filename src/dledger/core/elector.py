@@ -46,7 +46,8 @@ from dledger.core.messages import (
     VoteResponse,
     VoteResult,
 )
-from dledger.core.progress import Progress
+from dledger.core.progress import NEVER, Progress
+from dledger.core.starvation import RecentGaps, extra_wait
 from dledger.ratelog import RateLimitedLog
 from dledger.store.base import StoreError
 
@@ -129,6 +130,9 @@ class LeaderElector:
     def __init__(self, env: ElectorContext) -> None:
         self.env = env
         cfg = env.cfg
+        # how late what should come every heartbeat period came recently (our leader's messages,
+        # our own ticks, our followers' answers): timeouts stretch to twice it (core.starvation)
+        self.gaps = RecentGaps()
         self.hb_ms = cfg.heart_beat_time_interval_ms
         self.leader_lease_ms = cfg.heart_beat_time_interval_ms * cfg.max_heart_beat_leak
         self.leader_lease_hint = 0  # our leader's lease, from its heartbeats (it may be configured longer)
@@ -174,7 +178,13 @@ class LeaderElector:
             half = spread // 2
             lo, hi = (0, half) if cfg.self_id in cfg.preferred_leader_ids else (half, spread)
         # never before our leader's lease ends, however short ours is (mixed heartbeat settings)
-        return self._followed_lease_ms + self.env.rng.randint(lo, hi)
+        base = self._followed_lease_ms
+        return base + self.starved_extra_ms(base) + self.env.rng.randint(lo, hi)
+
+    def starved_extra_ms(self, base_ms: int) -> int:
+        """What a timeout of `base_ms` waits longer on a machine where heartbeats came late
+        recently (core.starvation; 0 on a quiet machine)."""
+        return extra_wait(self.gaps.longest(self.env.now), base_ms, self.env.cfg.adaptive_timeout_max_ms)
 
     def _revote_delay(self) -> int:
         cfg = self.env.cfg
@@ -201,6 +211,8 @@ class LeaderElector:
         # process not scheduled at all on a starved machine): what the leader sent meanwhile
         # may still wait unread in our sockets, so its silence proves nothing yet
         stalled = now - self.last_tick > self.hb_ms
+        if stalled:
+            self.gaps.note(now - self.last_tick, now)
         self.last_tick = now
         if role == Role.FOLLOWER:
             if now >= self.election_deadline:
@@ -238,7 +250,7 @@ class LeaderElector:
             self._tick_transfer(now)
             return
         self.quorum_checked_at = now
-        window, m, progress = self.leader_lease_ms, self.env.member, self.progress
+        window, m, progress = self.quorum_window_ms(), self.env.member, self.progress
         alive = int(m.is_voter)
         for v in m.other_voters:
             p = progress.get(v)
@@ -248,6 +260,11 @@ class LeaderElector:
             self.election_deadline = now + self._election_timeout()
             return
         self._tick_transfer(now)
+
+    def quorum_window_ms(self) -> int:
+        """How long check-quorum waits for a follower's answer: the lease, longer on a starved
+        machine (stepping down later risks nothing: leases count from confirmed rounds)."""
+        return self.leader_lease_ms + self.starved_extra_ms(self.leader_lease_ms)
 
     # --- candidate ----------------------------------------------------------------
 
@@ -408,6 +425,8 @@ class LeaderElector:
             self._log.info("follows", "%s/%s: follows %s in term %d", m.group, m.self_id, leader_id, term)
         elif m.leader_id != leader_id:
             return ResponseCode.INCONSISTENT_LEADER
+        else:  # our leader still: how late it came (a gap past our timeout made us campaign instead)
+            self.gaps.note(env.now - self.last_leader_contact, env.now)
         self.last_leader_contact = env.now
         self.election_deadline = env.now + self._election_timeout()
         if self.awaiting is not None and self.awaiting.target == leader_id:
@@ -485,7 +504,12 @@ class LeaderElector:
         """Any successful answer from a follower proves it still follows us."""
         pr = self.progress.get(peer)
         if pr is not None:
-            pr.last_ack = self.env.now
+            now = self.env.now
+            # a near miss (answered late, within the window) counts; a longer silence was an
+            # outage of that follower, not a slow machine
+            if pr.last_ack != NEVER and now - pr.last_ack < self.quorum_window_ms():
+                self.gaps.note(now - pr.last_ack, now)
+            pr.last_ack = now
 
     def observe_term(self, term: int) -> bool:
         """A higher term seen in a response ends our leadership; True if so."""
