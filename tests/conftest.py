@@ -25,6 +25,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.xdist_group("spark"))
 
 
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: unknown without it
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     """`--dist loadgroup` that keeps tests/spark on one worker by their node ids.
 
