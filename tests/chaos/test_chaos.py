@@ -37,9 +37,12 @@ pytestmark = pytest.mark.chaos
 # --- short runs (make test) -------------------------------------------------------------------------------------
 
 # Seeds picked so that the first faults of each run mix crashes, pauses, partitions and
-# torn writes (see `preview`); both flush modes, 3 and 5 members.
+# torn writes (see `preview`); both flush modes, 3 and 5 members. Seed 138 brings no fault
+# kind the other three lack (torn write, pause leader and bridge are in 100 and 189, leader
+# alone in 113), so it runs in `make soak` only.
 SHORT_RUNS = [
-    pytest.param(138, 3, "async", id="seed138-n3-async"),  # torn write, pause leader, leader alone, bridge
+    # torn write, pause leader, leader alone, bridge
+    pytest.param(138, 3, "async", id="seed138-n3-async", marks=pytest.mark.slow),
     pytest.param(113, 5, "sync", id="seed113-n5-sync"),  # majority ring, leader alone, torn write, slow links
     pytest.param(100, 3, "sync", id="seed100-n3-sync"),  # torn write, transfer, bridge, kill
     # a transfer cut off mid-way, halves, pause leader, torn write: the reads check's stale window

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import functools
 import importlib
 import importlib.util
 import json
@@ -354,14 +355,19 @@ def _cli_problems(args: list[str]) -> list[str]:
     return problems
 
 
-def _script_problems(argv: list[str], args: list[str]) -> list[str]:
-    if argv[0].endswith(".py") and not (ROOT / argv[0]).exists():
-        return [f"no script {argv[0]}"]
+@functools.cache
+def _help_text(argv: tuple[str, ...]) -> str:
+    """`argv --help`, run once per worker (several blocks name the same script)."""
     p = subprocess.run([sys.executable, *argv, "--help"], cwd=ROOT, capture_output=True, text=True, timeout=120,
                        check=False)
     # a script whose imports are not installed here (pysyncobj): its source names its options
-    helptext = p.stdout if p.returncode == 0 else (ROOT / argv[0]).read_text()
-    known = set(re.findall(r"--[\w-]+", helptext)) | {"--help"}
+    return p.stdout if p.returncode == 0 else (ROOT / argv[0]).read_text()
+
+
+def _script_problems(argv: list[str], args: list[str]) -> list[str]:
+    if argv[0].endswith(".py") and not (ROOT / argv[0]).exists():
+        return [f"no script {argv[0]}"]
+    known = set(re.findall(r"--[\w-]+", _help_text(tuple(argv)))) | {"--help"}
     flags = {a.strip("[]").split("=")[0] for a in args if a.strip("[]").startswith("--")}
     return [f"{' '.join(argv)} has no option {f}" for f in sorted(flags - known)]
 
