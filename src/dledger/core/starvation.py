@@ -20,7 +20,7 @@ when a member campaigns.
 
 from __future__ import annotations
 
-WINDOW_MS = 30_000  # gaps are remembered for one to two windows
+WINDOW_MS = 300_000  # gaps are remembered for one to two windows (starved spells last minutes)
 
 
 class RecentGaps:
