@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from dledger.codes import DLedgerError, ResponseCode
 from dledger.core.producers import Run, marker_body
 from dledger.runtime.client import Entry
 
@@ -128,3 +129,15 @@ def test_plain_writes_markers_move_the_log_clock_past_a_timeout() -> None:
     log.write(1000 + 10_001, ("plain-idempotent", 1))  # no transaction: its time still counts
     v = vis(log)
     assert v.end == log.end + 1 and (rows[0], rows[-1]) in v.hidden
+
+
+def test_members_without_markers_only_reads_show_control_records_rather_than_fail() -> None:
+    class OldMembers(ClosingLog):
+        def read_markers(self, index: int, max_entries: int = 1000, member: str | None = None
+                         ) -> tuple[list[Entry], int, int]:
+            raise DLedgerError(ResponseCode.UNSUPPORTED, "the member does not serve markers-only reads")
+
+    log = OldMembers()
+    log.write(1000, (producer_id(JOB, COMMIT), 1))
+    assert controls(log, 0, log.end + 1, 1.0) == ()  # type: ignore[arg-type]
+    assert log.closed

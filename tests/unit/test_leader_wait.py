@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from dledger.codes import RequestCode
+from dledger.codes import RequestCode, ResponseCode
 from dledger.core.contexts import Answered
 from dledger.core.leader_wait import MAX_PARKED, MAX_PARKED_PER_PRINCIPAL, MAX_WAIT_MS, LeaderWaits
 from dledger.core.messages import (
@@ -158,7 +158,8 @@ def test_a_follower_whose_leader_comes_late_waits_longer_before_campaigning(adap
     """A leader starved, not dead: one heartbeat comes 550 ms late (within the 600-800 ms
     timeout: a near miss), the next ones 900 ms apart. The near miss stretches the timeout to
     twice it (core.starvation), so they elect no one; without adaptation the first of them
-    does. When the leader really stops, the follower campaigns within the stretched timeout."""
+    does. Gaps beyond the unstretched timeout are not learnt (no ratchet): the stretch stays
+    that of the near miss. When the leader really stops, the follower campaigns within it."""
     m = Member(terms=[1], adaptive_timeout_max_ms=2000 if adaptive else 0)
     m.tick()
     _following(m)
@@ -180,12 +181,12 @@ def test_a_follower_whose_leader_comes_late_waits_longer_before_campaigning(adap
         _following(m)
     assert campaigned is not adaptive
     if adaptive:
-        assert el.starved_extra_ms(el.leader_lease_ms) == 2 * 900 - el.leader_lease_ms
+        assert el.starved_extra_ms(el.leader_lease_ms) == 2 * 550 - el.leader_lease_ms
         silent = 0
         while not silence(10):
             silent += 10
-            assert silent < 2 * 900 + m.cfg.max_vote_interval_ms + 2 * el.hb_ms, "never campaigned"
-        assert silent >= 2 * 900 - 10  # not at the unstretched 600-800 ms
+            assert silent < 2 * 550 + m.cfg.max_vote_interval_ms + 2 * el.hb_ms, "never campaigned"
+        assert silent >= 2 * 550 - 10  # not at the unstretched 600-800 ms
 
 
 def test_adaptation_is_bounded_and_forgets() -> None:
@@ -242,3 +243,70 @@ def test_a_rejected_pre_vote_is_asked_again_within_a_heartbeat_period() -> None:
     assert waited <= el.hb_ms + 10 < m.cfg.min_vote_interval_ms
     assert msg_of(m.sends(RequestCode.VOTE)[0], VoteRequest).pre_vote
     assert m.node.member.term == term  # pre-votes cost no term
+
+
+def test_a_leader_that_stays_just_in_time_does_not_ratchet_the_timeout_up() -> None:
+    """Each heartbeat a little before the (stretched) deadline: only near misses of the
+    unstretched timeout are learnt, so the stretch stops at twice that timeout."""
+    m = Member(terms=[1])
+    m.tick()
+    _following(m)
+    el = m.node.elector
+    for _ in range(10):
+        while m.now < el.election_deadline - 20:  # the loop runs all along: only the leader is late
+            m.tick(10)
+        _following(m)
+    assert not m.sends(RequestCode.VOTE)
+    spread = m.cfg.max_vote_interval_ms - m.cfg.min_vote_interval_ms
+    assert el.starved_extra_ms(el.leader_lease_ms) < 2 * (el.leader_lease_ms + spread) - el.leader_lease_ms
+    assert el.starved_extra_ms(el.leader_lease_ms) < m.cfg.adaptive_timeout_max_ms
+
+
+def test_followers_answering_late_stretch_check_quorum_but_an_outage_does_not() -> None:
+    from dledger.core.contexts import HeartbeatCtx
+    from dledger.core.messages import HeartBeatResponse
+
+    m = Member(terms=[1])
+    campaign_and_win(m)
+    el = m.node.elector
+
+    def answer(peer: str) -> None:
+        resp = HeartBeatResponse(int(ResponseCode.SUCCESS), m.node.member.term, "n0", -1, False, m.store.end_index,
+                                 -1, -1)
+        m.node.complete(Answered(HeartbeatCtx(peer, m.node.member.term, -1, 0), resp), m.now)
+        m.drain()
+
+    def run(ms: int) -> None:
+        """`ms` of a loop that runs all along, n2 answering every 100 ms (the quorum holds)."""
+        for k in range(ms // 10):
+            m.tick(10)
+            if k % 10 == 9:
+                answer("n2")
+
+    answer("n1")
+    answer("n2")
+    run(1000)
+    answer("n1")  # 1,000 ms after its last answer: beyond the 600 ms window, an outage
+    assert m.node.member.role == Role.LEADER
+    assert el.quorum_window_ms() == el.leader_lease_ms  # nothing learnt (n2's answers are on time)
+    run(500)
+    answer("n1")  # 500 ms: late, within the window: a slow machine
+    assert el.quorum_window_ms() == el.leader_lease_ms + (2 * 500 - el.leader_lease_ms)
+
+
+def test_a_follower_of_a_starved_leader_refuses_votes_as_long_as_its_stretched_timeout() -> None:
+    """A member that restarted (its gaps forgotten) campaigns at the plain lease; voters whose
+    timeouts stretched refuse it until theirs passes, not only for the lease."""
+    m = Member(terms=[1])
+    m.tick()
+    _following(m)
+    el = m.node.elector
+    for _ in range(55):  # a near miss of 550 ms: stretched by 500 ms
+        m.tick(10)
+    _following(m)
+    for _ in range(70):  # the lease passed, the stretched timeout not
+        m.tick(10)
+    assert el.leader_alive()
+    for _ in range(50):
+        m.tick(10)
+    assert not el.leader_alive()

@@ -194,7 +194,12 @@ class LeaderElector:
         m = self.env.member
         if m.role == Role.LEADER:
             return True
-        return m.leader_id is not None and self.env.now - self.last_leader_contact < self._followed_lease_ms
+        # on a starved machine as long as our own timeout (core.starvation): a member that
+        # restarted, its gaps forgotten, would otherwise win votes the moment the lease ended.
+        # Only ever longer than the lease: lease reads rely on this refusal lasting at least that
+        lease = self._followed_lease_ms
+        silent = self.env.now - self.last_leader_contact
+        return m.leader_id is not None and silent < lease + self.starved_extra_ms(lease)
 
     @property
     def _followed_lease_ms(self) -> int:
@@ -425,8 +430,14 @@ class LeaderElector:
             self._log.info("follows", "%s/%s: follows %s in term %d", m.group, m.self_id, leader_id, term)
         elif m.leader_id != leader_id:
             return ResponseCode.INCONSISTENT_LEADER
-        else:  # our leader still: how late it came (a gap past our timeout made us campaign instead)
-            self.gaps.note(env.now - self.last_leader_contact, env.now)
+        else:  # our leader still: how late it came
+            gap = env.now - self.last_leader_contact
+            # a near miss of the unstretched timeout counts; a longer gap was survived only
+            # thanks to the stretch, and counting it would ratchet the timeout up to the cap
+            # for a leader that stays just in time (a limping leader is still replaced)
+            cfg = env.cfg
+            if gap < self._followed_lease_ms + cfg.max_vote_interval_ms - cfg.min_vote_interval_ms:
+                self.gaps.note(gap, env.now)
         self.last_leader_contact = env.now
         self.election_deadline = env.now + self._election_timeout()
         if self.awaiting is not None and self.awaiting.target == leader_id:
@@ -505,9 +516,11 @@ class LeaderElector:
         pr = self.progress.get(peer)
         if pr is not None:
             now = self.env.now
-            # a near miss (answered late, within the window) counts; a longer silence was an
-            # outage of that follower, not a slow machine
-            if pr.last_ack != NEVER and now - pr.last_ack < self.quorum_window_ms():
+            # a voter's near miss of the unstretched window counts (a longer silence was an
+            # outage, and counting it would let one peer, or a learner, hold a cut-off leader
+            # in place for the whole cap)
+            if pr.last_ack != NEVER and now - pr.last_ack < self.leader_lease_ms \
+                    and peer in self.env.member.other_voters:
                 self.gaps.note(now - pr.last_ack, now)
             pr.last_ack = now
 

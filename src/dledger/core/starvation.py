@@ -9,13 +9,19 @@ heartbeats leave late, the follower reads them late, and a timeout tuned for a f
 was only waiting for a CPU. An idle group beside busy neighbours then changes leader every
 few seconds, and every election stalls its writers.
 
-The remedy of adaptive failure detectors (phi accrual, as Cassandra and Akka use): measure the
-gaps the member actually sees (between its leader's messages, between its own ticks; for a
-leader, between its followers' answers) and stretch the timeout to twice the longest recent
-gap, up to a cap (`adaptive_timeout_max_ms`). On a quiet machine the gaps stay near the
-heartbeat period and nothing changes; a really dead leader is still replaced, only later while
-the machine is starved. Waiting longer never costs safety: votes and leases do not depend on
-when a member campaigns.
+The idea of adaptive failure detectors (phi accrual, as Cassandra and Akka use): measure the
+gaps the member actually sees and stretch the timeout to twice the longest recent gap, up to
+a cap (`adaptive_timeout_max_ms`). Counted: the member's own loop stalls; its leader's
+messages that came late but within the *unstretched* election timeout (a near miss; a longer
+gap, survived only thanks to the stretch, would ratchet it up to the cap for a leader that
+limps just in time); for a leader, its voters' answers late but within the unstretched lease
+(a longer silence is an outage, and no single peer or learner may hold a cut-off leader in
+place). A follower also refuses votes that much longer (`LeaderElector.leader_alive`), so a
+member that restarted with its gaps forgotten does not win at the plain lease. On a quiet
+machine the gaps stay near the heartbeat period and nothing changes; a dead leader is still
+replaced, within the lease plus the cap. Safety does not depend on it: a longer timeout or a
+longer vote refusal never shortens what lease reads rely on (core.read_index), though a
+cut-off leader serves `leader`-consistency reads up to the cap longer before it steps down.
 """
 
 from __future__ import annotations

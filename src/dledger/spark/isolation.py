@@ -32,7 +32,7 @@ import msgspec
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from dledger.codes import DLedgerError
+from dledger.codes import DLedgerError, ResponseCode
 from dledger.core.producers import TRANSACTIONAL_PREFIX, SessionMarker
 from dledger.runtime.client import DLedgerClient, Entry
 from dledger.spark.retry import Retry, nobody_listens
@@ -156,10 +156,18 @@ def controls(client: DLedgerClient, start: int, end: int, timeout: float) -> tup
     (read_uncommitted included); a client of its own (closed here)."""
     try:
         deadline = time.monotonic() + timeout
-        spans = (r.span for r in _runs(client, start, end, deadline) if r.part in (COMMIT, ABORT))
-        return tuple(_merge(s for s in spans if s[1] >= start and s[0] < end))
+        spans = [r.span for r in _runs(client, start, end, deadline) if r.part in (COMMIT, ABORT)]
+    except DLedgerError as e:
+        if e.code != ResponseCode.UNSUPPORTED:
+            raise
+        # a member older than markers-only reads (a rolling upgrade): read as before, control
+        # records included, rather than fail every default read
+        log.warning("group members do not serve markers-only reads (%s): control records are shown as rows",
+                    e.message)
+        return ()
     finally:
         client.close()
+    return tuple(_merge(s for s in spans if s[1] >= start and s[0] < end))
 
 
 def scan(client: DLedgerClient, start: int, end: int, deadline: float) -> Visibility:
