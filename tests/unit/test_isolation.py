@@ -15,7 +15,9 @@ import pyarrow as pa
 
 from dledger.spark.isolation import (
     ABORT,
+    BACK_SCAN,
     COMMIT,
+    ControlCursor,
     Visibility,
     controls,
     drop_hidden,
@@ -141,3 +143,32 @@ def test_members_without_markers_only_reads_show_control_records_rather_than_fai
     log.write(1000, (producer_id(JOB, COMMIT), 1))
     assert controls(log, 0, log.end + 1, 1.0) == ()  # type: ignore[arg-type]
     assert log.closed
+
+
+def test_a_stream_resumes_its_control_scan_where_the_last_batch_ended() -> None:
+    """Batches [0, a), [a, b), ...: the second reads markers from a only (no back scan), and a
+    control record named by a marker of the first batch but lying in the second is still found."""
+
+    class Counting(ClosingLog):
+        asked: list[int] = []
+
+        def read_markers(self, index: int, max_entries: int = 1000, member: str | None = None
+                         ) -> tuple[list[Entry], int, int]:
+            self.asked.append(index)
+            return super().read_markers(index, max_entries, member)
+
+    log = Counting()
+    log.plain(200_000)
+    spans = log.write(1000, (producer_id(JOB, "p0"), 2), (producer_id(JOB, COMMIT), 1))  # marker, rows, commit
+    cut = spans[1] + 1  # the first batch ends just before the commit record
+    later = log.write(2000, (producer_id(OTHER, ABORT), 1))
+    cursor = ControlCursor()
+    assert controls(log, 190_000, cut, 1.0, cursor) == ()  # type: ignore[arg-type]
+    assert log.asked[0] == 190_000 - BACK_SCAN
+    log.asked.clear()
+    assert controls(log, cut, log.end + 1, 1.0, cursor) == ((spans[2], spans[2]), (later[0], later[0]))  # type: ignore[arg-type]
+    assert log.asked and min(log.asked) >= cut  # no back scan
+    # a replayed batch (not where the cursor is) scans back again, and finds the same
+    log.asked.clear()
+    assert controls(log, cut, log.end + 1, 1.0, cursor) == ((spans[2], spans[2]), (later[0], later[0]))  # type: ignore[arg-type]
+    assert min(log.asked) == cut - BACK_SCAN

@@ -130,10 +130,11 @@ class _Run:
     ts_ms: int  # the marker's time (the leader's clock)
 
 
-def _runs(client: DLedgerClient, start: int, stop: int | None, deadline: float) -> Iterator[_Run]:
-    """The runs whose markers lie in [start - BACK_SCAN, stop), or through the committed index
+def _runs(client: DLedgerClient, start: int, stop: int | None, deadline: float, back: int = BACK_SCAN
+          ) -> Iterator[_Run]:
+    """The runs whose markers lie in [start - back, stop), or through the committed index
     when `stop` is None."""
-    index = max(0, start - BACK_SCAN)
+    index = max(0, start - back)
     committed: int | None = None
     while committed is None or index <= (committed if stop is None else min(committed, stop - 1)):
         markers, nxt, c = _read_markers(client, index, deadline)
@@ -151,12 +152,26 @@ def _runs(client: DLedgerClient, start: int, stop: int | None, deadline: float) 
         index = nxt
 
 
-def controls(client: DLedgerClient, start: int, end: int, timeout: float) -> tuple[Span, ...]:
+@dataclass
+class ControlCursor:
+    """Where a stream's last control scan ended: every marker below `scanned` was read, and
+    `ahead` holds the control records they named at or after it. The next micro-batch, which
+    starts there, reads markers from there only, not BACK_SCAN indexes back each time."""
+
+    scanned: int = -1
+    ahead: tuple[Span, ...] = ()
+
+
+def controls(client: DLedgerClient, start: int, end: int, timeout: float,
+             cursor: ControlCursor | None = None) -> tuple[Span, ...]:
     """The control records in [start, end), hidden from every reader as Kafka hides its
-    (read_uncommitted included); a client of its own (closed here)."""
+    (read_uncommitted included); a client of its own (closed here). With a `cursor` at
+    `start` (a stream's next batch) only markers from `start` are read; it moves to `end`."""
+    resume = cursor is not None and cursor.scanned == start
     try:
         deadline = time.monotonic() + timeout
-        spans = [r.span for r in _runs(client, start, end, deadline) if r.part in (COMMIT, ABORT)]
+        found = _runs(client, start, end, deadline, back=0 if resume else BACK_SCAN)
+        spans = [r.span for r in found if r.part in (COMMIT, ABORT)]
     except DLedgerError as e:
         if e.code != ResponseCode.UNSUPPORTED:
             raise
@@ -167,7 +182,11 @@ def controls(client: DLedgerClient, start: int, end: int, timeout: float) -> tup
         return ()
     finally:
         client.close()
-    return tuple(_merge(s for s in spans if s[1] >= start and s[0] < end))
+    if resume and cursor is not None:
+        spans.extend(cursor.ahead)
+    if cursor is not None:
+        cursor.scanned, cursor.ahead = end, tuple(x for x in spans if x[1] >= end)
+    return tuple(_merge(x for x in spans if x[1] >= start and x[0] < end))
 
 
 def scan(client: DLedgerClient, start: int, end: int, deadline: float) -> Visibility:

@@ -51,6 +51,7 @@ from dledger.spark.isolation import (
     ISOLATION_LEVELS,
     READ_COMMITTED,
     READ_UNCOMMITTED,
+    ControlCursor,
     Visibility,
     controls,
     drop_hidden,
@@ -300,14 +301,14 @@ def _isolation(options: Mapping[str, str], brokers: bool) -> str:
 
 
 def _visible_partitions(cfg: ReadConfig, group: str, start: int, end: int,
-                        planned_ms: int = 0) -> list[RangePartition]:
+                        planned_ms: int = 0, cursor: ControlCursor | None = None) -> list[RangePartition]:
     """_partitions, each task told which indexes of its range it must not show: control
     records (always, as Kafka's consumers never see them) and, under read_committed, aborted
     transactions' entries, the range cut at the last stable index."""
     if cfg.brokers or end <= start:  # broker sets have no transactions
         return _partitions(cfg, group, start, end, planned_ms)
     if not cfg.committed:
-        hidden = controls(cfg.client.client(cfg.groups[group], group), start, end, cfg.timeout)
+        hidden = controls(cfg.client.client(cfg.groups[group], group), start, end, cfg.timeout, cursor)
         return [replace(p, hidden=Visibility(end, hidden).within(p.start, p.end))
                 for p in _partitions(cfg, group, start, end, planned_ms)]
     vis = visibility(cfg.client.client(cfg.groups[group], group), start, end, cfg.timeout)
@@ -405,6 +406,7 @@ class DLedgerStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         # when the last micro-batch was planned (monotonic; this run's start before the first):
         # what maxTriggerDelay counts from
         self._last_batch = time.monotonic()
+        self._control_cursors: dict[str, ControlCursor] = {}  # read_uncommitted: each group's control scan
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
@@ -531,7 +533,8 @@ class DLedgerStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             s = start.get(group, e)
             # a checkpoint written without the column has no time: this planning's then
             planned = end.get(PLANNED_AT) or time.time_ns() // 1_000_000
-            out.extend(_visible_partitions(self.cfg, group, s, e, planned))
+            cursor = self._control_cursors.setdefault(group, ControlCursor())
+            out.extend(_visible_partitions(self.cfg, group, s, e, planned, cursor))
         return out
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
