@@ -102,6 +102,7 @@ def _reader(monkeypatch: pytest.MonkeyPatch, log: _Log, columns: Columns | None 
             **options: str) -> DLedgerStreamReader:
     r = DLedgerStreamReader(ReadConfig.from_options({"peers": P, **options}, streaming=True), columns)
     monkeypatch.setattr(r, "_view", log.view)
+    monkeypatch.setattr(r, "_controls", lambda group, start, end: ())  # no control records (no group to ask)
     return r
 
 

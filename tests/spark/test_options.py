@@ -84,6 +84,7 @@ def _reader(monkeypatch: pytest.MonkeyPatch, begin: int, committed: int, **optio
     cfg = ReadConfig.from_options({"peers": P1, **options}, streaming=True)
     r = DLedgerStreamReader(cfg)
     monkeypatch.setattr(r, "_view", lambda group: (begin, committed + 1))  # (log begin, readable end)
+    monkeypatch.setattr(r, "_controls", lambda group, start, end: ())  # no control records (no group to ask)
     return r
 
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
@@ -300,15 +300,22 @@ def _isolation(options: Mapping[str, str], brokers: bool) -> str:
     return level
 
 
-def _visible_partitions(cfg: ReadConfig, group: str, start: int, end: int,
-                        planned_ms: int = 0, cursor: ControlCursor | None = None) -> list[RangePartition]:
+def _controls(cfg: ReadConfig, group: str, start: int, end: int,
+              cursor: ControlCursor | None = None) -> tuple[tuple[int, int], ...]:
+    """The control records of [start, end) (spark.isolation.controls), with a client of its own."""
+    return controls(cfg.client.client(cfg.groups[group], group), start, end, cfg.timeout, cursor)
+
+
+def _visible_partitions(cfg: ReadConfig, group: str, start: int, end: int, planned_ms: int = 0,
+                        controls_of: Callable[[str, int, int], tuple[tuple[int, int], ...]] | None = None
+                        ) -> list[RangePartition]:
     """_partitions, each task told which indexes of its range it must not show: control
     records (always, as Kafka's consumers never see them) and, under read_committed, aborted
     transactions' entries, the range cut at the last stable index."""
     if cfg.brokers or end <= start:  # broker sets have no transactions
         return _partitions(cfg, group, start, end, planned_ms)
     if not cfg.committed:
-        hidden = controls(cfg.client.client(cfg.groups[group], group), start, end, cfg.timeout, cursor)
+        hidden = controls_of(group, start, end) if controls_of is not None else _controls(cfg, group, start, end)
         return [replace(p, hidden=Visibility(end, hidden).within(p.start, p.end))
                 for p in _partitions(cfg, group, start, end, planned_ms)]
     vis = visibility(cfg.client.client(cfg.groups[group], group), start, end, cfg.timeout)
@@ -412,6 +419,11 @@ class DLedgerStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         state = dict(self.__dict__)
         state["_bounds"] = None
         return state
+
+    def _controls(self, group: str, start: int, end: int) -> tuple[tuple[int, int], ...]:
+        """The control records of a micro-batch's range, the group's scan resumed where the
+        last one ended."""
+        return _controls(self.cfg, group, start, end, self._control_cursors.setdefault(group, ControlCursor()))
 
     def _view(self, group: str) -> tuple[int, int]:
         """(begin, readable end) of a log."""
@@ -533,8 +545,7 @@ class DLedgerStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             s = start.get(group, e)
             # a checkpoint written without the column has no time: this planning's then
             planned = end.get(PLANNED_AT) or time.time_ns() // 1_000_000
-            cursor = self._control_cursors.setdefault(group, ControlCursor())
-            out.extend(_visible_partitions(self.cfg, group, s, e, planned, cursor))
+            out.extend(_visible_partitions(self.cfg, group, s, e, planned, self._controls))
         return out
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
