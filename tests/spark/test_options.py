@@ -7,6 +7,7 @@ import json
 import pytest
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
+import dledger.spark.source as source_module
 from dledger.spark.online import DataLossError
 from dledger.spark.options import (
     EARLIEST,
@@ -111,8 +112,18 @@ def test_data_loss_below_log_begin(monkeypatch: pytest.MonkeyPatch) -> None:
         _reader(monkeypatch, 100, 199).latestOffset({"default": 50}, ReadAllAvailable())
     r = _reader(monkeypatch, 100, 199, failOnDataLoss="false")
     assert r.latestOffset({"default": 50}, ReadMaxRows(10)) == {"default": 110}
+    monkeypatch.setattr(source_module, "COMMIT_CATCH_UP_S", 0.3)
     with pytest.raises(DataLossError, match="reset"):
         _reader(monkeypatch, 0, 9).latestOffset({"default": 50}, ReadAllAvailable())
+
+
+def test_a_new_leaders_lagging_commit_index_is_waited_for(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A leader just elected names a commit index below the query's position until an entry of
+    its term commits: the reader asks again, and goes on once it caught up."""
+    r = _reader(monkeypatch, 0, 0)
+    views = iter([(0, 40), (0, 40), (0, 120)])
+    monkeypatch.setattr(r, "_view", lambda group: next(views))
+    assert r.latestOffset({"default": 100}, ReadAllAvailable()) == {"default": 120}
 
 
 def test_partitions_cover_the_range_exactly(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -213,6 +213,9 @@ class Columns:
              for n in self.names], schema=self.arrow)
 
 
+COMMIT_CATCH_UP_S = 10.0  # how long a new leader's commit index may lag the query's position
+
+
 class Bounds:
     """Each log's (begin index, readable end index) from its leader (a Raft group: committed
     index + 1) or master (a broker set: the last confirmed record + 1); one client per log,
@@ -420,6 +423,17 @@ class DLedgerStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         state["_bounds"] = None
         return state
 
+    def _await_commit(self, group: str, at: int, readable: int) -> int:
+        """The readable end once it reaches `at`, or as it is after COMMIT_CATCH_UP_S: a leader
+        just elected knows the commit index only once an entry of its term commits (Raft
+        §5.4.2), so for a moment it names one below what its predecessor had committed and
+        this query read. A log that was really reset stays short."""
+        deadline = time.monotonic() + min(COMMIT_CATCH_UP_S, self.cfg.timeout)
+        while readable < at and time.monotonic() < deadline:
+            time.sleep(0.1)
+            readable = self._view(group)[1]
+        return readable
+
     def _controls(self, group: str, start: int, end: int) -> tuple[tuple[int, int], ...]:
         """The control records of a micro-batch's range, the group's scan resumed where the
         last one ended."""
@@ -485,6 +499,9 @@ class DLedgerStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     raise DataLossError(msg + "; set failOnDataLoss=false to skip them")
                 log.warning("%s; skipping them", msg)
                 s = begin
+            if readable < s:
+                readable = latest[group] = self._await_commit(group, s, readable)
+                end = readable if self._target is None else min(readable, self._target[group])
             if readable < s:
                 msg = (f"group {group}: the query is at index {s} but the group has committed only up to "
                        f"{readable - 1} (was the log reset?)")
