@@ -37,8 +37,9 @@ class local_cluster:
 
     def __init__(self, peers: str, group: str, data_dir: Path, flush: str = "async", store_type: str = "file",
                  metrics_base_port: int = 0, extra: list[str] | None = None, *, tls_dir: Path | None = None,
-                 auth_token: str | None = None, command: str = "server") -> None:
+                 auth_token: str | None = None, command: str = "server", ready_poll_s: float = 0.2) -> None:
         self.command = command  # "server", or "controller": a controller group (controller.command)
+        self.ready_poll_s = ready_poll_s  # how often the start asks whether the group is ready
         self.tls_dir = tls_dir
         self.auth_token = auth_token
         self.peers = peers
@@ -76,7 +77,7 @@ class local_cluster:
         for member in parse_peers(self.peers):
             self.start_member(member)
         try:
-            wait_ready(self.peers, self.group, 30.0, self.procs, **self.client_options())
+            wait_ready(self.peers, self.group, 30.0, self.procs, poll_s=self.ready_poll_s, **self.client_options())
         except BaseException:
             self.__exit__()
             raise
@@ -159,8 +160,8 @@ def stop_processes(procs: Iterable[subprocess.Popen[Any]], timeout: float = 15.0
 
 def wait_ready(peers: str, group: str, timeout: float,
                procs: dict[str, subprocess.Popen[bytes]] | None = None, *, tls: TlsConfig | None = None,
-               auth_token: str | None = None) -> None:
-    """Until every member answers METADATA and a leader is known."""
+               auth_token: str | None = None, poll_s: float = 0.2) -> None:
+    """Until every member answers METADATA and a leader is known (asked every `poll_s`)."""
     deadline = time.monotonic() + timeout
     with DLedgerClient(peers, group, timeout=1.0, tls=tls, auth_token=auth_token) as c:
         while time.monotonic() < deadline:
@@ -173,7 +174,7 @@ def wait_ready(peers: str, group: str, timeout: float,
                     return
             except DLedgerError:
                 pass
-            time.sleep(0.2)
+            time.sleep(poll_s)
     raise DLedgerError(ResponseCode.TIMEOUT, f"group {group} did not become ready in {timeout:.0f} s")
 
 

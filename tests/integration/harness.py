@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Protocol, TypeVar
 
 from dledger.codes import DLedgerError, ResponseCode
-from dledger.local_cluster import check_ports_free, local_cluster
+from dledger.local_cluster import local_cluster
 from dledger.ports import free_ports
 from dledger.runtime.client import AppendResult, DLedgerClient, Metadata
 from dledger.store import FileLedgerStore
@@ -130,7 +130,7 @@ class Cluster:
         # members obey FAULT (partition, isolate, heal) only when started with the flag
         args = [*extra, *(["--enable-fault-injection"] if fault_injection else [])]
         self._lc = local_cluster(self.peers, group, data_dir, flush, "file", metrics_base_port, extra=args,
-                                 tls_dir=tls_dir, auth_token=auth_token, command=command)
+                                 tls_dir=tls_dir, auth_token=auth_token, command=command, ready_poll_s=POLL_S)
         self._all_procs: list[subprocess.Popen[bytes]] = []
         self._clients: list[DLedgerClient] = []
         self.down: set[str] = set()
@@ -143,23 +143,12 @@ class Cluster:
         return self._lc.procs
 
     def start(self) -> None:
-        """Start every member and wait until all answer and know a leader: what
-        `local_cluster.__enter__` does, polling every POLL_S instead of 0.2 s (nearly every
-        test starts a group). A member that exits fails the wait at once."""
-        check_ports_free(self.peers, self.metrics_base_port)  # before any member starts (local_cluster says why)
+        """Start every member and wait until all know a leader (asked every POLL_S: nearly
+        every test starts a group)."""
         try:
-            for m in self.ids:
-                self._lc.start_member(m)
+            self._lc.__enter__()
         finally:
             self._all_procs.extend(self._lc.procs.values())
-
-        def ready() -> bool:
-            for m, p in self.procs.items():
-                assert p.poll() is None, f"member {m} exited with code {p.returncode}"
-            views = self.views(self.ids)
-            return all(v is not None and v.leader_id for v in views.values())
-
-        wait_until(ready, 30, f"every member of {self.ids} answers and knows a leader")
 
     def start_members(self, members: Iterable[str]) -> None:
         """Start only `members`, without waiting (the others later, by `restart`): a group
