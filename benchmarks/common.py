@@ -39,6 +39,43 @@ def proc_cpu_s(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
+def _stat(pid: int) -> tuple[int, float] | None:
+    """(parent pid, utime + stime + the CPU of its reaped children) of one process."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return int(fields[1]), sum(int(x) for x in fields[11:15]) / CLK_TCK
+
+
+def tree_cpu_s(root: int, kind: Callable[[str], str]) -> dict[str, float]:
+    """CPU seconds of every process under `root` (itself included), summed per `kind` of its
+    command line: what a multi-process job (members, a JVM, its Python workers) spent, by part.
+    A process's reaped children count with it, so short-lived workers are not lost."""
+    stats: dict[int, tuple[int, float]] = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit() and (st := _stat(int(name))) is not None:
+            stats[int(name)] = st
+    children: dict[int, list[int]] = {}
+    for pid, (ppid, _) in stats.items():
+        children.setdefault(ppid, []).append(pid)
+    out: dict[str, float] = {}
+    todo = [root]
+    while todo:
+        pid = todo.pop()
+        todo.extend(children.get(pid, ()))
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if pid in stats:
+            k = kind(cmd)
+            out[k] = out.get(k, 0.0) + stats[pid][1]
+    return out
+
+
 def machine_busy_s() -> tuple[float, float]:
     """(busy, total) CPU seconds of the whole machine since boot, from /proc/stat."""
     with open("/proc/stat") as f:

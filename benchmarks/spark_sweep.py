@@ -45,6 +45,12 @@ from dledger.local_cluster import local_cluster
 from dledger.ports import free_ports
 from dledger.runtime.client import DLedgerClient
 
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks.common import tree_cpu_s  # noqa: E402  (run as a script: the repository root first)
+
 MiB = 1 << 20
 
 
@@ -194,10 +200,45 @@ def read_path(n: int, repeat: int, body_bytes: int, as_json: bool) -> int:
     return 0
 
 
+def _part(cmd: str) -> str:
+    """Which part of a Spark job a process of this run is (tree_cpu_s)."""
+    if "-m dledger" in cmd:
+        return "members"
+    if cmd.split(" ", 1)[0].endswith("java"):
+        return "Spark JVM"
+    if "pyspark" in cmd:
+        return "Spark Python workers"
+    return "driver"
+
+
+class CpuParts:
+    """CPU microseconds per row of each part of the job (members, the JVM, its Python workers,
+    this driver), summed over the timed phases of one name: what a rate is made of."""
+
+    def __init__(self) -> None:
+        self.spent: dict[str, dict[str, float]] = {}
+
+    def timed(self, name: str, run: Callable[[], Any]) -> float:
+        before = tree_cpu_s(os.getpid(), _part)
+        t0 = time.perf_counter()
+        run()
+        took = time.perf_counter() - t0
+        after = tree_cpu_s(os.getpid(), _part)
+        parts = self.spent.setdefault(name, {})
+        for k, v in after.items():
+            parts[k] = parts.get(k, 0.0) + v - before.get(k, 0.0)
+        return took
+
+    def per_row(self, rows: dict[str, int]) -> dict[str, dict[str, float]]:
+        return {name: {k: round(v / rows[name] * 1e6, 2) for k, v in sorted(parts.items())}
+                for name, parts in self.spent.items()}
+
+
 def against_parquet(spark: Any, n: int, repeat: int, body_bytes: int, as_json: bool) -> int:
     """dledger's defaults against Parquet, back to back (see the module's docstring)."""
     load0 = os.getloadavg()
     out: dict[str, float] = {}
+    cpu = CpuParts()
     with tempfile.TemporaryDirectory() as tmp:
         peers = format_peers({f"n{k}": Peer(f"n{k}", "127.0.0.1", p) for k, p in enumerate(free_ports(3))})
         with local_cluster(peers, "sweep", Path(tmp), "async", "file"):
@@ -214,12 +255,8 @@ def against_parquet(spark: Any, n: int, repeat: int, body_bytes: int, as_json: b
 
             w_d = w_p = float("inf")
             for _ in range(repeat):  # alternating: both see the same machine load
-                t0 = time.perf_counter()
-                to_dledger()
-                w_d = min(w_d, time.perf_counter() - t0)
-                t0 = time.perf_counter()
-                to_parquet()
-                w_p = min(w_p, time.perf_counter() - t0)
+                w_d = min(w_d, cpu.timed("write dledger", to_dledger))
+                w_p = min(w_p, cpu.timed("write parquet", to_parquet))
             out["write dledger"], out["write parquet"] = n / w_d, n / w_p
             df.unpersist()
             client = DLedgerClient(peers, "sweep")
@@ -236,16 +273,20 @@ def against_parquet(spark: Any, n: int, repeat: int, body_bytes: int, as_json: b
                     ("read dledger-files", lambda: spark.read.format("dledger-files").load(store)),
                     ("read parquet", lambda: spark.read.parquet(pq)),
                 ):
-                    t0 = time.perf_counter()
-                    load().write.format("noop").mode("overwrite").save()
-                    best[name] = min(best[name], time.perf_counter() - t0)
+                    def to_noop(load: Callable[[], Any] = load) -> None:
+                        load().write.format("noop").mode("overwrite").save()
+
+                    best[name] = min(best[name], cpu.timed(name, to_noop))
             out["read dledger"] = rows / best["read dledger"]
             out["read dledger-files"] = rows / best["read dledger-files"]
             out["read parquet"] = n / best["read parquet"]
             seconds = pushdown_cost(spark, peers, rows, repeat)
     spark.stop()
     load1 = os.getloadavg()
-    return _report(out, seconds, n, body_bytes, repeat, total, load0, load1, as_json)
+    per_row = cpu.per_row({"write dledger": n * repeat, "write parquet": n * repeat,
+                           "read dledger": rows * repeat, "read dledger-files": rows * repeat,
+                           "read parquet": n * repeat})
+    return _report(out, seconds, n, body_bytes, repeat, total, load0, load1, as_json, per_row)
 
 
 def pushdown_cost(spark: Any, peers: str, rows: int, repeat: int) -> dict[str, float]:
@@ -281,12 +322,13 @@ def _timed(run: Callable[[], Any]) -> float:
 
 
 def _report(out: dict[str, float], seconds: dict[str, float], n: int, body_bytes: int, repeat: int, total: int,
-            load0: tuple[float, float, float], load1: tuple[float, float, float], as_json: bool) -> int:
+            load0: tuple[float, float, float], load1: tuple[float, float, float], as_json: bool,
+            cpu_per_row: dict[str, dict[str, float]]) -> int:
     ratios = {"write parquet/dledger": out["write parquet"] / out["write dledger"],
               "read parquet/dledger": out["read parquet"] / out["read dledger"],
               "read dledger-files/dledger": out["read dledger-files"] / out["read dledger"]}
     report = {"rows": n, "body_bytes": body_bytes, "repeat": repeat, "log_entries": total,
-              "rows_per_s": out, "ratios": ratios, "seconds": seconds,
+              "rows_per_s": out, "ratios": ratios, "seconds": seconds, "cpu_us_per_row": cpu_per_row,
               "loadavg_before": load0, "loadavg_after": load1}
     if as_json:
         print(json.dumps(report, indent=2))
@@ -297,6 +339,9 @@ def _report(out: dict[str, float], seconds: dict[str, float], n: int, body_bytes
             print(f"{k:28s} {v:6.2f}x")
         for k, v in seconds.items():
             print(f"{k:60s} {v:7.2f} s")
+        for k, parts in cpu_per_row.items():
+            print(f"{k:24s} CPU us/row: " + ", ".join(f"{p} {v:.2f}" for p, v in parts.items())
+                  + f"; total {sum(parts.values()):.2f}")
         print(f"load average before {load0[0]:.2f} {load0[1]:.2f} {load0[2]:.2f}, "
               f"after {load1[0]:.2f} {load1[1]:.2f} {load1[2]:.2f}")
     return 0

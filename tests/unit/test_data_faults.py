@@ -248,3 +248,47 @@ def test_a_rotten_header_at_the_trusted_point_skips_the_checkpoint_not_the_store
         assert s.end_index == 8
     finally:
         s.close()
+
+
+@pytest.mark.parametrize("columnar", [False, True])
+def test_a_read_answer_stops_before_a_damaged_record_and_the_next_one_names_it(stores: Stores,
+                                                                                columnar: bool) -> None:
+    """Both READ answers (entries and columns) share one rule: what verified before the damage
+    is served, the damaged record is reported, and the read that starts at it fails with it."""
+    from array import array
+
+    from dledger.codes import RequestCode
+    from dledger.config import DLedgerConfig
+    from dledger.core.member_state import MemberState
+    from dledger.core.messages import EntriesResponse
+    from dledger.core.reads import ReadPath
+
+    _, f = leader_and_follower(stores)
+    bad = 23
+    flip(f, bad, HEADER_SIZE + 5)
+    answers: list[EntriesResponse] = []
+    marked: list[int] = []
+
+    def reply(_token: object, _code: int, msg: object) -> None:
+        assert isinstance(msg, EntriesResponse)
+        answers.append(msg)
+
+    def no_error(_code: int, _err: object, _msg: str) -> EntriesResponse:
+        raise AssertionError("a local read answers or raises")
+
+    cfg = DLedgerConfig(group="g", self_id="a", peers="a-127.0.0.1:1")
+    reads = ReadPath(f, MemberState("g", "a", ["a", "b", "c"], f), cfg, reply, no_error, lambda: 0,
+                     lambda: False, lambda i, _m: marked.append(i),
+                     None, None)  # type: ignore[arg-type]  # (local reads never ask a read index)
+
+    def read(start: int) -> list[int]:
+        reads.handle_read(RequestCode.READ, start, 100, 1 << 20, True, True, "", None, columnar=columnar)
+        a = answers.pop()
+        return list(array("q", a.indexes)) if columnar else [e.index for e in a.entries]
+
+    assert read(bad - 3) == [bad - 3, bad - 2, bad - 1]
+    assert set(marked) == {bad}  # reported (the store keeps the first report)
+    with pytest.raises(CorruptEntryError) as e:
+        read(bad)
+    assert e.value.index == bad
+    assert read(bad + 2)[0] == bad + 2  # the rest of the log is served

@@ -15,7 +15,7 @@ import itertools
 import sys
 from array import array
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 
@@ -38,6 +38,7 @@ _ENTRY_OVERHEAD = 48
 # at the next drains in index order: 50 polls released by one 16 MiB append took a member
 # from 87 to 497 MB, and deposed the leader.
 _NORMAL_ONLY = frozenset((MAGIC_NORMAL,))
+_R = TypeVar("_R")  # what one store read returns (entries, or columns)
 LONG_POLL_PAGE_BYTES = 1 << 20
 MARKER_SCAN = 1 << 20  # indexes a markers-only READ looks through (their index units: 32 MiB)
 LONG_POLL_DRAIN_BYTES = 8 << 20
@@ -167,15 +168,8 @@ class ReadPath:
         # the member's limit, whatever the request asks: an answer is built in memory first
         max_bytes = min(max_bytes, self.cfg.max_read_bytes)
         while index <= committed and len(out) < max_entries and size < max_bytes:
-            try:
-                batch = store.read(index, min(max_entries - len(out), committed - index + 1), max_bytes - size)
-            except CorruptEntryError as err:
-                self._hit_corrupt(err, local)
-                if err.index <= index:
-                    if out:
-                        break  # what verified before it; the next read names the damage
-                    raise
-                batch = store.read(index, err.index - index, max_bytes - size)  # the good part before it
+            batch = self._read_good(store.read, index, min(max_entries - len(out), committed - index + 1),
+                                    max_bytes - size, local, bool(out))
             if not batch:
                 break
             for e in batch:
@@ -231,17 +225,10 @@ class ReadPath:
         max_bytes = min(max_bytes, self.cfg.max_read_bytes)
         indexes, terms, positions, sizes, chunks = array("q"), array("q"), array("q"), array("q"), []
         while index <= committed and kept < max_entries and size < max_bytes:
-            want = min(max_entries - kept, committed - index + 1)
-            try:
-                c = store.read_columns(index, want, max_bytes - size, _NORMAL_ONLY, bodies)
-            except CorruptEntryError as err:
-                self._hit_corrupt(err, local)
-                if err.index <= index:
-                    if kept:
-                        break  # what verified before it; the next read names the damage
-                    raise
-                c = store.read_columns(index, err.index - index, max_bytes - size, _NORMAL_ONLY, bodies)
-            if not c.scanned:
+            c = self._read_good(lambda at, n, cap: store.read_columns(at, n, cap, _NORMAL_ONLY, bodies),
+                                index, min(max_entries - kept, committed - index + 1), max_bytes - size, local,
+                                kept > 0)
+            if c is None or not c.scanned:
                 break
             indexes.extend(c.indexes)
             terms.extend(c.terms)
@@ -262,6 +249,21 @@ class ReadPath:
             200, self.member.leader_id or "", [], index, committed, columnar=True, indexes=indexes.tobytes(),
             terms=terms.tobytes(), positions=positions.tobytes(), body_ends=ends.tobytes(), bodies=body))
         return size
+
+    def _read_good(self, read: Callable[[int, int, int], _R], index: int, want: int, max_bytes: int,
+                   local: bool, have_some: bool) -> _R | None:
+        """`read(index, want, max_bytes)`, or on a corrupt record the verified part before it; None when
+        the damage is at `index` and the answer already has entries (the next read names it),
+        CorruptEntryError when it has none. Both READ answers share this rule."""
+        try:
+            return read(index, want, max_bytes)
+        except CorruptEntryError as err:
+            self._hit_corrupt(err, local)
+            if err.index > index:
+                return read(index, err.index - index, max_bytes)
+            if have_some:
+                return None
+            raise
 
     def _committed_from(self, start: int) -> int:
         """The committed index, which a read from `start` must not be beyond."""
