@@ -109,7 +109,10 @@ def test_every_original_member_replaced_one_by_one_while_a_writer_appends(make_c
     after_all = len(writer.acked)
     wait_until(lambda: len(writer.acked) > after_all + 20, 60, "the writer goes on with none of its members left")
     writer.stop()
-    assert not set(c.ctl.peers) & {"n0", "n1", "n2"}  # the admin client followed too
+    # the admin client followed too, from a leader's committed configuration: the answer to the
+    # last removal may come from the member it removed, or from a leader not yet sure of it
+    wait_until(lambda: not (voters(c) and set(c.ctl.peers) & {"n0", "n1", "n2"}), 60,
+               "the admin client drops the removed members")
     fresh = c.client(_peers(members))
     check_acked_in_log(writer.acked, read_all(fresh), "after replacing every member")
     c.wait_caught_up(list(members), 60)  # a member learns the commit index a heartbeat later
@@ -204,7 +207,7 @@ def test_the_configuration_survives_compaction_in_snapshots(make_cluster: MakeCl
     assert c.ctl.append(b"after the restart").index > change
 
 
-@pytest.mark.parametrize("window", [15, pytest.param(60, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("window", [8, pytest.param(60, marks=pytest.mark.slow)])
 def test_a_removed_member_left_running_causes_no_election(make_cluster: MakeCluster, window: int) -> None:
     """The removed member runs `window` seconds (the minute of `make soak`; CI's run is
     shorter) after a baseline as long with the same members: no election."""
