@@ -64,6 +64,7 @@ soak: venv
 	$(BIN)/python -m dledger.sim --seeds $${SIM_SEEDS:-5000} --start 100000
 	$(BIN)/python -m dledger.sim --controller --seeds $${SIM_SEEDS:-5000} --start 200000
 	$(BIN)/python -m dledger.sim --brokers --seeds $${SIM_SEEDS:-5000} --start 300000
+	DLEDGER_SIM_SEEDS=$${SIM_SEEDS:-5000} DLEDGER_SIM_MEMBERSHIP_SEEDS=2000 $(BIN)/python -m pytest -q -n 2 tests/sim
 	$(BIN)/python -m pytest -q -m "slow"
 
 clean:

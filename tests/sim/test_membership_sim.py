@@ -18,7 +18,7 @@ from dledger.sim.schedule import run_seed
 
 pytestmark = pytest.mark.sim
 
-SEEDS = int(os.environ.get("DLEDGER_SIM_MEMBERSHIP_SEEDS", "300"))
+SEEDS = int(os.environ.get("DLEDGER_SIM_MEMBERSHIP_SEEDS", "200"))  # `make soak`: 2,000
 CHUNK = 50
 START = 700_000  # seeds of their own: the plain schedules keep theirs
 

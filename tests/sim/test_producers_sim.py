@@ -16,7 +16,7 @@ from dledger.sim.schedule import run_seed
 
 pytestmark = pytest.mark.sim
 
-SEEDS = int(os.environ.get("DLEDGER_SIM_SEEDS", "500")) // 2
+SEEDS = int(os.environ.get("DLEDGER_SIM_SEEDS", "300")) // 2  # `make soak`: 2,500
 CHUNK = 50
 
 

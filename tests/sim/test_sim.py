@@ -12,7 +12,7 @@ from dledger.sim.schedule import run_seed
 
 pytestmark = pytest.mark.sim
 
-SEEDS = int(os.environ.get("DLEDGER_SIM_SEEDS", "500"))
+SEEDS = int(os.environ.get("DLEDGER_SIM_SEEDS", "300"))  # `make soak`: 5,000
 CHUNK = 50
 
 
