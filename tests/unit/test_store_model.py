@@ -258,9 +258,9 @@ def check_read_columns(store: LedgerStore, es: list[DLedgerEntry], index: int, m
             c = store.read_columns(index, max_entries, max_bytes, magics, bodies)
             kept = [e for e in es if e.magic in magics]
             assert (c.scanned, c.next_index, c.size) == (len(es), index + len(es), sum(e.size for e in es))
-            assert (c.indexes, c.terms, c.positions) == ([e.index for e in kept], [e.term for e in kept],
-                                                         [e.pos for e in kept])
-            assert c.body_sizes == [len(e.body) if bodies else 0 for e in kept]
+            assert (c.indexes.tolist(), c.terms.tolist(), c.positions.tolist()) == (
+                [e.index for e in kept], [e.term for e in kept], [e.pos for e in kept])
+            assert c.body_sizes.tolist() == [len(e.body) if bodies else 0 for e in kept]
             assert b"".join(c.bodies) == (b"".join(e.body for e in kept) if bodies else b"")
 
 

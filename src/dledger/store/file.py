@@ -530,6 +530,24 @@ class FileLedgerStore(LedgerStore):
     def _index_magic(self, index: int) -> int:
         return self.unit(index)[0]
 
+    def _index_units(self, first: int, count: int) -> bytes | None:
+        """The units of `count` entries from `first` straight from the index files' bytes (a
+        damaged one fails read_columns' array checks, and its per-record loop repairs it)."""
+        with self._lock:
+            if count <= 0 or first < self.begin_index or first + count - 1 > self.end_index:
+                return None
+            parts: list[bytes] = []
+            index, last = first, first + count - 1
+            while index <= last:
+                uf = self.index.locate(index * INDEX_UNIT_SIZE)
+                off = index * INDEX_UNIT_SIZE - uf.start
+                n = min(last - index + 1, (uf.end - uf.start - off) // INDEX_UNIT_SIZE)
+                if n <= 0:
+                    return None
+                parts.append(uf.mm[off : off + n * INDEX_UNIT_SIZE])
+                index += n
+            return parts[0] if len(parts) == 1 else b"".join(parts)
+
     def _index_magics(self, first: int, count: int) -> Sequence[int]:
         """Straight from the index files' bytes, as indexes_with_magic reads them (a damaged
         unit's magic may be wrong here: read_columns asks unit() again on a mismatch)."""
