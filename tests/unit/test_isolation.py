@@ -3,6 +3,8 @@ the last stable index, aborted and timed-out transactions, control records."""
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
 from dledger.codes import DLedgerError, ResponseCode
@@ -13,6 +15,7 @@ pytest.importorskip("pyarrow")
 
 import pyarrow as pa
 
+from dledger.spark import isolation
 from dledger.spark.isolation import (
     ABORT,
     BACK_SCAN,
@@ -133,7 +136,8 @@ def test_plain_writes_markers_move_the_log_clock_past_a_timeout() -> None:
     assert v.end == log.end + 1 and (rows[0], rows[-1]) in v.hidden
 
 
-def test_members_without_markers_only_reads_show_control_records_rather_than_fail() -> None:
+def test_members_without_markers_only_reads_show_control_records_rather_than_fail(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     class OldMembers(ClosingLog):
         def read_markers(self, index: int, max_entries: int = 1000, member: str | None = None
                          ) -> tuple[list[Entry], int, int]:
@@ -141,8 +145,12 @@ def test_members_without_markers_only_reads_show_control_records_rather_than_fai
 
     log = OldMembers()
     log.write(1000, (producer_id(JOB, COMMIT), 1))
-    assert controls(log, 0, log.end + 1, 1.0) == ()  # type: ignore[arg-type]
+    monkeypatch.setattr(isolation, "_told_unsupported", False)
+    with caplog.at_level(logging.DEBUG, logger="dledger.spark.isolation"):
+        for _ in range(3):  # a stream's triggers: warned once
+            assert controls(log, 0, log.end + 1, 1.0) == ()  # type: ignore[arg-type]
     assert log.closed
+    assert [r.levelno for r in caplog.records] == [logging.WARNING, logging.DEBUG, logging.DEBUG]
 
 
 def test_a_stream_resumes_its_control_scan_where_the_last_batch_ended() -> None:

@@ -162,6 +162,14 @@ class ControlCursor:
     ahead: tuple[Span, ...] = ()
 
 
+_told_unsupported = False
+
+
+def _tell_unsupported() -> None:
+    global _told_unsupported
+    _told_unsupported = True
+
+
 def controls(client: DLedgerClient, start: int, end: int, timeout: float,
              cursor: ControlCursor | None = None) -> tuple[Span, ...]:
     """The control records in [start, end), hidden from every reader as Kafka hides its
@@ -176,9 +184,11 @@ def controls(client: DLedgerClient, start: int, end: int, timeout: float,
         if e.code != ResponseCode.UNSUPPORTED:
             raise
         # a member older than markers-only reads (a rolling upgrade): read as before, control
-        # records included, rather than fail every default read
-        log.warning("group members do not serve markers-only reads (%s): control records are shown as rows",
-                    e.message)
+        # records included, rather than fail every default read; said once per process (a
+        # stream plans every trigger), then at debug level
+        (log.debug if _told_unsupported else log.warning)(
+            "group members do not serve markers-only reads (%s): control records are shown as rows", e.message)
+        _tell_unsupported()
         return ()
     finally:
         client.close()
