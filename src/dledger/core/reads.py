@@ -17,7 +17,6 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import msgspec
-import numpy as np
 
 from dledger.codes import DLedgerError, RequestCode, ResponseCode
 from dledger.config import DLedgerConfig
@@ -245,14 +244,15 @@ class ReadPath:
             kept += len(c.indexes)
             size += c.size
             index = c.next_index
+        from dledger.store.columnar import body_ends  # numpy: loaded by the first columnar read only
+
         body = b"".join(chunks)  # (one chunk: itself, no copy)
-        ends = np.zeros(len(sizes) + 1, "<i4")
-        ends[1:] = np.cumsum(np.frombuffer(sizes, np.int64))  # (an answer's bodies stay below 2 GiB)
+        ends = body_ends(sizes)
         self.entries_read += kept
         self.read_body_bytes += len(body)
         self._reply(token, RequestCode.READ, EntriesResponse(
             200, self.member.leader_id or "", [], index, committed, columnar=True, indexes=_little(indexes),
-            terms=_little(terms), positions=_little(positions), body_ends=ends.tobytes(), bodies=body))
+            terms=_little(terms), positions=_little(positions), body_ends=ends, bodies=body))
         return size
 
     def _read_good(self, read: Callable[[int, int, int], _R], index: int, want: int, max_bytes: int,

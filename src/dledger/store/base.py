@@ -15,7 +15,7 @@ from abc import ABC, abstractmethod
 from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from dledger.codes import DLedgerError, ResponseCode
 from dledger.entry import (
@@ -31,7 +31,9 @@ from dledger.entry import (
     scan,
     unverified,
 )
-from dledger.store.columnar import CheckedRun, check_run
+
+if TYPE_CHECKING:
+    from dledger.store.columnar import CheckedRun
 
 _MAGIC_SIZE = struct.Struct(">ii")  # the first two header fields
 
@@ -491,6 +493,8 @@ class LedgerStore(ABC):
         units = self._index_units(first, count)
         if units is None:
             return None
+        from dledger.store.columnar import check_run  # numpy: loaded by the first columnar read only
+
         f = self.get(first)  # the first header against what the store holds, as the loop does
         return check_run(data, first, units, (f.term, f.pos, f.magic, f.chain_crc, f.body_crc), magics, bodies,
                          budget, take_one)
