@@ -202,6 +202,17 @@ class LeaderElector:
         return m.leader_id is not None and silent < lease + self.starved_extra_ms(lease)
 
     @property
+    def read_lease_ms(self) -> int:
+        """The lease a leader's reads may count on: its own, or a voter's own when shorter. A
+        follower keeps to our lease while it runs, but one that restarts has forgotten it and
+        refuses votes only for its own (no_vote_until): with mixed heartbeat settings, ours
+        counted in full would let a rival win inside it (thesis §6.4.1)."""
+        m = self.env.member
+        shortest = min((pr.lease_ms for p, pr in self.progress.items() if p in m.other_voters and pr.lease_ms),
+                       default=self.leader_lease_ms)
+        return min(self.leader_lease_ms, shortest)
+
+    @property
     def _followed_lease_ms(self) -> int:
         """How long a follower stays loyal after hearing its leader: the longer of its own
         lease and the leader's (they differ during a rolling change of heartbeat settings)."""
@@ -458,7 +469,7 @@ class LeaderElector:
         env = self.env
         resp = HeartBeatResponse(int(code), m.term, m.leader_id or "", env.handler.durable_match(),
                                  env.full() is not None, env.store.end_index, env.corrupt_index,
-                                 env.apply_needs())
+                                 env.apply_needs(), self.leader_lease_ms)
         self.env.reply(token, RequestCode.HEART_BEAT, resp)
 
     def heartbeat_now(self) -> None:
@@ -499,6 +510,8 @@ class LeaderElector:
             pr = self.progress.get(peer)
             if pr is None:
                 return  # no longer a member (a configuration removed it): nothing to note
+            if resp.lease_ms:
+                pr.lease_ms = resp.lease_ms
             self.ack(peer)
             self.env.reads.on_ack(peer, round_)
             pr.store_full = resp.store_full

@@ -106,6 +106,9 @@ class HeartBeatResponse(msgspec.Struct, array_like=True):
     end_index: int | None = None  # receiver's ledger end (None: an older peer that does not say)
     corrupt_index: int = -1  # receiver's first record known corrupt (-1: none): the leader repairs it
     apply_needs: int = -1  # the entry receiver's state machine needs and its log cannot give (-1: none)
+    # the receiver's own lease: all it refuses votes for after a restart, when it has forgotten
+    # the leader's (0: an older peer that does not say). A leader counts no longer lease on it.
+    lease_ms: Annotated[int, msgspec.Meta(ge=0, le=600_000)] = 0
 
 
 class PushRequest(Msg):

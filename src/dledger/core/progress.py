@@ -32,6 +32,7 @@ class Progress:
     repair_index: int = -1  # its first corrupt record, which we send again (-1: none)
     store_full: bool | None = None  # its heartbeat answers: it refuses client appends (None: not heard yet)
     corrupt: bool = False  # its answers report a corrupt record of its own
+    lease_ms: int = 0  # its own lease, from its heartbeat answers (0: not said): core.elector.read_lease_ms
 
     def begin_term(self) -> None:
         """This member won an election: what it learnt of the follower in an earlier leadership

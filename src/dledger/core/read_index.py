@@ -7,11 +7,12 @@ read index (or later) is linearizable. Reads arriving together share the next ro
 is sent at once (not at the next heartbeat tick).
 
 A lease read skips the round while the lease holds: a round confirmed by a majority
-guarantees no other member votes for anyone until `leader_lease_ms` after it received the
-heartbeat (followers refuse votes while their leader is alive, and a member refuses votes
-for that long after it starts), so the leader may serve alone until the round's *send*
-time plus `leader_lease_ms` minus the clock-drift margin. Never during a leadership
-transfer, whose votes ignore live leaders.
+guarantees no other member votes for anyone until a lease after it received the heartbeat
+(followers refuse votes while their leader is alive, and a member refuses votes for its own
+lease after it starts), so the leader may serve alone until the round's *send* time plus
+`read_lease_ms` (its lease, or a voter's own when shorter: what a restarted voter keeps to)
+minus the clock-drift margin. Never during a leadership transfer, whose votes ignore live
+leaders.
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ class LeaseSource(Protocol):
     @property
     def transferring(self) -> bool: ...
     @property
-    def leader_lease_ms(self) -> int: ...
+    def read_lease_ms(self) -> int: ...
 
 
 class ReadIndexContext(Protocol):
@@ -136,7 +137,7 @@ class ReadIndex:
         self.confirmed = confirmed
         sent = self._sent_at.get(confirmed)
         if sent is not None and self._no_lease_term != m.term:
-            lease = self.env.elector.leader_lease_ms - self.env.cfg.lease_clock_drift_ms
+            lease = self.env.elector.read_lease_ms - self.env.cfg.lease_clock_drift_ms
             self.lease_until = max(self.lease_until, sent + lease)
         while self._pending and self._pending[0].need_round <= confirmed:
             r = self._pending.popleft()
