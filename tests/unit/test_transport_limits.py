@@ -105,6 +105,24 @@ def test_an_announced_big_frame_costs_only_the_bytes_sent() -> None:
     assert not decoder2.pending
 
 
+def test_a_clients_decoder_takes_a_big_answer_at_its_announced_length() -> None:
+    """A client (trust_lengths) reading a member's 3 MiB answer: one buffer of the frame's
+    length from its first bytes, no doubling and copying as it arrives; a server's decoder
+    (the default) still holds only what arrived plus a step."""
+    body = b"z" * (3 << 20)
+    wire = frame(3, data=body)
+    sizes = {}
+    for trust in (True, False):
+        out: list[bytes] = []
+        decoder = FrameDecoder(lambda k, r, c, m, d, out=out: out.append(bytes(d)),  # type: ignore[misc]
+                               max_frame_bytes=64 << 20, trust_lengths=trust)
+        decoder.feed(wire[: 1 << 16])
+        sizes[trust] = len(decoder.get_buffer())
+        decoder.feed(wire[1 << 16 :])
+        assert out == [body]
+    assert sizes[True] >= len(body) - (1 << 16) and sizes[False] < 1 << 20
+
+
 def test_a_fresh_decoder_starts_small_and_grows_for_a_bigger_frame() -> None:
     out: list[bytes] = []
     decoder = FrameDecoder(lambda k, r, c, m, d: out.append(bytes(d)))

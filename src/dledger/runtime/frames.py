@@ -170,7 +170,8 @@ class FrameDecoder:
     copy. At most ``budget`` frames are handed up per call: ``backlog`` then says more are
     waiting, so one connection's flood cannot hold the event loop (`parse_more` goes on).
     Big-frame buffers draw on ``memory`` (shared by a server's connections); a frame that
-    would overdraw it is a FrameError.
+    would overdraw it is a FrameError. ``trust_lengths`` (a client's connections only) gives a
+    big frame its announced length at once.
     """
 
     def __init__(
@@ -183,6 +184,7 @@ class FrameDecoder:
         budget: int = 0,
         may_continue: Callable[[], bool] | None = None,
         memory: ByteBudget | None = None,
+        trust_lengths: bool = False,
     ) -> None:
         if chunk_size < HEADER_SIZE:
             raise ValueError(f"chunk_size must be at least {HEADER_SIZE}")
@@ -194,6 +196,9 @@ class FrameDecoder:
         self._budget = budget or (1 << 62)
         self._may_continue = may_continue  # asked before each frame: False leaves it for later
         self._memory = memory
+        # a client reading answers of the members it chose takes their announced lengths at
+        # their word: a big answer's buffer at once, not doubled (and copied) as it arrives
+        self._trust_lengths = trust_lengths
         self._set_buffer(bytearray(max(HEADER_SIZE, min(initial_size, chunk_size))))
         self._start = 0
         self._end = 0
@@ -354,7 +359,7 @@ class FrameDecoder:
     def _start_big(self, start: int, length: int) -> None:
         have = self._end - start - 4
         self._big_len = length
-        big = self._big_buffer(min(length, have + _BIG_STEP))
+        big = self._big_buffer(length if self._trust_lengths else min(length, have + _BIG_STEP))
         big[:have] = self._view[start + 4 : self._end]
         self._big, self._big_len, self._big_filled = big, length, have
         self._start = self._end = 0

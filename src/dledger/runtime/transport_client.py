@@ -60,7 +60,7 @@ def _split_address(address: str) -> tuple[str, int]:
 class _ClientConnection(FrameProtocol):
     def __init__(self, address: str, max_frame_bytes: int, on_lost: Callable[[_ClientConnection], None],
                  priority: bool = False) -> None:
-        super().__init__(max_frame_bytes)
+        super().__init__(max_frame_bytes, trust_lengths=True)  # answers of the members this client chose
         self.address = address
         self.priority = priority  # the lane of heartbeats and votes (PRIORITY_CODES)
         self.pending: dict[int, asyncio.Future[Message]] = {}
