@@ -46,7 +46,7 @@ from dledger.entry import (
     DLedgerEntry,
     chain_follows,
     decode_entry,
-    encode_into,
+    encode_run,
     scan,
 )
 from dledger.ratelog import RateLimitedLog
@@ -167,8 +167,6 @@ class FileLedgerStore(LedgerStore):
             self._term_vote = self._read_term()
             # where the CONFIG_CHANGE and SESSION entries are (store/marks.py)
             self._marks = {m: MagicMarks(m) for m in MARKED_MAGICS}
-            self._buf = bytearray(1 << 20)  # encode scratch of append_as_leader
-            self._ubuf = bytearray(64 << 10)
             try:
                 # a refusal has changed no file, not even a short one's size
                 trusted = recover(self)
@@ -243,10 +241,12 @@ class FileLedgerStore(LedgerStore):
         while k < n:
             f = self.data.ensure(self.write_pos)
             room = f.end - self.write_pos - BLANK_SIZE
-            j, used = k, 0
-            while j < n and used + HEADER_SIZE + len(bodies[j]) <= room:
-                used += HEADER_SIZE + len(bodies[j])
-                j += 1
+            j, used = n, HEADER_SIZE * (n - k) + sum(map(len, bodies[k:]))  # all fit: the common case
+            if used > room:  # the records that fit before the file's end
+                j, used = k, 0
+                while j < n and used + HEADER_SIZE + len(bodies[j]) <= room:
+                    used += HEADER_SIZE + len(bodies[j])
+                    j += 1
             if j == k:
                 self._close_file(f)
                 continue
@@ -254,12 +254,10 @@ class FileLedgerStore(LedgerStore):
             if j - k > ucap:
                 j = k + ucap
                 used = HEADER_SIZE * (j - k) + sum(map(len, bodies[k:j]))
-            buf, ubuf = self._scratch(used, (j - k) * INDEX_UNIT_SIZE)
-            chain = encode_into(buf, 0, bodies, k, j, index, term, self.write_pos, chain, magic,
-                                units=ubuf, units_offset=0, positions=positions)
-            with memoryview(buf) as mv, memoryview(ubuf) as umv:
-                f.write(self.write_pos - f.start, mv[:used])
-                uf.write(index * INDEX_UNIT_SIZE - uf.start, umv[: (j - k) * INDEX_UNIT_SIZE])
+            records, units, at, chain = encode_run(bodies, k, j, index, term, self.write_pos, chain, magic)
+            positions.extend(at)
+            f.write(self.write_pos - f.start, records)
+            uf.write(index * INDEX_UNIT_SIZE - uf.start, units)
             index += j - k
             self.write_pos += used
             self.end_index = index - 1
@@ -267,14 +265,6 @@ class FileLedgerStore(LedgerStore):
             self.end_chain_crc = chain
             k = j
         return positions
-
-    def _scratch(self, data_bytes: int, unit_bytes: int) -> tuple[bytearray, bytearray]:
-        """Reused encode buffers (warm memory: no page faults on the hot path)."""
-        if len(self._buf) < data_bytes:
-            self._buf = bytearray(max(data_bytes, 2 * len(self._buf)))
-        if len(self._ubuf) < unit_bytes:
-            self._ubuf = bytearray(max(unit_bytes, 2 * len(self._ubuf)))
-        return self._buf, self._ubuf
 
     def append_as_follower(self, data: bytes | bytearray | memoryview) -> int:
         with self._lock:
