@@ -22,6 +22,7 @@ from __future__ import annotations
 import itertools
 import logging
 import mmap
+import struct
 import sys
 import threading
 import time
@@ -519,6 +520,29 @@ class FileLedgerStore(LedgerStore):
 
     def _index_magic(self, index: int) -> int:
         return self.unit(index)[0]
+
+    def check_magics(self, raw: RawRange) -> None:
+        """LedgerStore.check_magics with the index's magics read in one pass: a record whose
+        magic equals its unit's passes, as it does there (a damaged unit is rebuilt from that
+        record's header); a mismatch, or a unit that cannot be read so, takes the check unit
+        by unit, which repairs a damaged unit or names the rot. (A leader pushing committed
+        entries to the slower follower spent a tenth of its CPU in a unit() per record.)"""
+        if raw.count <= 0:
+            return
+        try:
+            want = self._index_magics(raw.first_index, raw.count)
+        except StoreError:
+            want = ()
+        data, off, end = raw.data, 0, len(raw.data)
+        unpack = _RECORD_MAGIC_SIZE.unpack_from
+        for k in range(raw.count):
+            if off + 8 > end:
+                return  # a damaged size: the follower's own checks reject the push
+            magic, size = unpack(data, off)
+            if k >= len(want) or magic != want[k]:
+                super().check_magics(raw)
+                return
+            off += max(size, HEADER_SIZE)
 
     def _index_magics(self, first: int, count: int) -> Sequence[int]:
         """Straight from the index files' bytes, as indexes_with_magic reads them (a damaged
@@ -1065,6 +1089,7 @@ class FileLedgerStore(LedgerStore):
 AHEAD_MARGIN = 256 << 20  # how far before the end of its last file the next one is created ahead
 MARKED_MAGICS = (MAGIC_CONFIG_CHANGE, MAGIC_SESSION)  # rare entries a start looks up: kept (store/marks.py)
 MAGIC_SCAN_UNITS = 1 << 17  # index units per read of indexes_with_magic (4 MiB)
+_RECORD_MAGIC_SIZE = struct.Struct(">ii")  # a record header's first two fields: magic, size
 # the entry magics as `_scan_magic` reads them (big-endian ints as native words)
 _MAGIC_WORDS = frozenset(int.from_bytes(m.to_bytes(4, "big", signed=True), sys.byteorder, signed=True)
                          for m in ENTRY_MAGICS)
