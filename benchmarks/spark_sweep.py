@@ -14,6 +14,11 @@ path (READ answered with entries, an Arrow batch built from Python lists, what t
 did before columnar reads) against the columnar one (`spark.online.read_range`),
 alternating, the best of `--repeat` each: the members' and the task's cost per row.
 
+`--write-path`: no Spark; one task's write in this process (`append_batches` as
+`DLedgerWriter.write` calls it, Arrow batches of 10,000 rows of one `body` column, default
+options), `--repeat` times: rows/s and CPU microseconds per row of this process, the
+leader and the followers.
+
 Without `--parquet`, a sweep of each knob:
 
 One 3-member group (file store, flush=async) and one local[2] SparkSession on this machine,
@@ -71,9 +76,12 @@ def main() -> int:
     ap.add_argument("--parquet", action="store_true", help="the defaults against Parquet (see above)")
     ap.add_argument("--body-bytes", type=int, default=220, help="with --parquet or --read-path")
     ap.add_argument("--read-path", action="store_true", help="entries against columns, no Spark (see above)")
+    ap.add_argument("--write-path", action="store_true", help="one task's write, no Spark (see above)")
     args = ap.parse_args()
     if args.read_path:
         return read_path(args.rows, args.repeat, args.body_bytes, args.json)
+    if args.write_path:
+        return write_path(args.rows, args.repeat, args.body_bytes, args.json)
     os.environ["PYSPARK_PYTHON"] = sys.executable
     from pyspark.sql import SparkSession
 
@@ -197,6 +205,55 @@ def read_path(n: int, repeat: int, body_bytes: int, as_json: bool) -> int:
             print(f"read path {k:8s} {v:12,.0f} rows/s")
         print(f"columns/entries {report['columns/entries']:.2f}x; load average before {load0[0]:.2f}, "
               f"after {load1[0]:.2f}")
+    return 0
+
+
+def write_path(n: int, repeat: int, body_bytes: int, as_json: bool) -> int:
+    """One task's write in this process, CPU per row by process (see the module docstring)."""
+    import uuid
+
+    import pyarrow as pa
+    from pyspark.sql.types import BinaryType, StructField, StructType
+
+    from benchmarks.common import proc_cpu_s
+    from dledger.spark.sink import WriteConfig, append_batches
+
+    def cpu(pid: int) -> float:
+        return proc_cpu_s(pid) or 0.0
+
+    bodies = [str(i).encode().ljust(body_bytes, b"x") for i in range(n)]
+    batches = [pa.RecordBatch.from_arrays([pa.array(bodies[k : k + 10_000], pa.binary())], ["body"])
+               for k in range(0, n, 10_000)]
+    del bodies
+    runs: list[dict[str, float]] = []
+    load0 = os.getloadavg()
+    with tempfile.TemporaryDirectory() as tmp:
+        peers = format_peers({f"n{k}": Peer(f"n{k}", "127.0.0.1", p) for k, p in enumerate(free_ports(3))})
+        with local_cluster(peers, "sweep", Path(tmp), "async", "file") as procs:
+            with DLedgerClient(peers, "sweep") as client:
+                leader = client.metadata().leader_id
+            lead = procs[str(leader)].pid
+            followers = [p.pid for m, p in procs.items() if m != leader]
+            cfg = WriteConfig.from_options({"peers": peers, "group": "sweep"},
+                                           StructType([StructField("body", BinaryType())]))
+            append_batches(cfg, iter(batches[:1]), (uuid.uuid4().hex, 0))  # connections, a session
+            for _ in range(repeat):
+                t0, c0, l0, f0 = time.perf_counter(), time.process_time(), cpu(lead), sum(map(cpu, followers))
+                msg = append_batches(cfg, iter(batches), (uuid.uuid4().hex, 0))
+                took = time.perf_counter() - t0
+                if msg.rows != n:
+                    raise AssertionError(f"{msg.rows} rows appended, expected {n}")
+                runs.append({"rows_per_s": n / took, "task_us": (time.process_time() - c0) / n * 1e6,
+                             "leader_us": (cpu(lead) - l0) / n * 1e6,
+                             "followers_us": (sum(map(cpu, followers)) - f0) / n * 1e6})
+    report = {"rows": n, "body_bytes": body_bytes, "runs": runs, "loadavg_before": load0,
+              "loadavg_after": os.getloadavg()}
+    if as_json:
+        print(json.dumps(report, indent=2))
+    else:
+        for r in runs:
+            print(f"write path {r['rows_per_s']:10,.0f} rows/s; CPU us/row: task {r['task_us']:.2f}, leader "
+                  f"{r['leader_us']:.2f}, followers {r['followers_us']:.2f}")
     return 0
 
 

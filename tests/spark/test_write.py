@@ -72,7 +72,7 @@ def test_an_unverifiable_duplicate_fails_the_task_at_once_saying_what_to_do() ->
     class Client:
         producer = IdempotentProducer("w/p0")
 
-        def append_batch(self, bodies: list[bytes]) -> list[object]:
+        def append_span(self, bodies: list[bytes]) -> object:
             sent.append(bodies)
             raise DLedgerError(ResponseCode.DUPLICATE_UNVERIFIABLE, "sequence 40 cannot be compared")
 
@@ -83,3 +83,42 @@ def test_an_unverifiable_duplicate_fails_the_task_at_once_saying_what_to_do() ->
                                            r"compare.*raise max_producer_spans.*or use a new writeId"):
         appender._append(Client())  # type: ignore[arg-type]
     assert len(sent) == 1
+
+
+def test_requests_are_cut_where_a_body_by_body_walk_cuts_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    """_Appender.add takes slices, yet each request ends at the `batch_size`-th body or at the
+    body that reaches MAX_BATCH_BYTES, as a walk body by body does (the same requests on a retry)."""
+    from dledger.spark import sink
+
+    limit = 1000
+    monkeypatch.setattr(sink, "MAX_BATCH_BYTES", limit)
+    sizes = [1, 0, 7, 300, 450, 5, 999, 1000, 2500, 3, 3, 3, 0, 0, 240, 260, 250, 250] * 4
+    batches = [[bytes([k % 251]) * n for k, n in enumerate(sizes[a:b], a)]
+               for a, b in ((0, 5), (5, 6), (6, 30), (30, 31), (31, 72))]
+
+    def walk(batch_size: int) -> list[list[bytes]]:
+        out: list[list[bytes]] = []
+        pending: list[bytes] = []
+        for body in (b for batch in batches for b in batch):
+            pending.append(body)
+            if len(pending) >= batch_size or sum(map(len, pending)) >= limit:
+                out.append(pending)
+                pending = []
+        return out + ([pending] if pending else [])
+
+    for batch_size in (1, 2, 3, 7, 10, 10_000):
+        sent: list[list[bytes]] = []
+        appender = _Appender.__new__(_Appender)
+        appender.cfg = WriteConfig("g", "n0-127.0.0.1:1", batch_size, ClientOptions())
+        appender.pending, appender.pending_bytes = [], 0
+
+        def flush(a: _Appender = appender, sent: list[list[bytes]] = sent) -> None:
+            if a.pending:
+                sent.append(a.pending)
+            a.pending, a.pending_bytes = [], 0
+
+        appender.flush = flush  # type: ignore[method-assign]
+        for batch in batches:
+            appender.add(batch)
+        appender.flush()
+        assert sent == walk(batch_size), batch_size

@@ -29,6 +29,7 @@ from dledger.entry import (
     decode_entry,
     encode_entry,
     encode_into,
+    encode_run,
     iter_headers,
     scan,
 )
@@ -469,3 +470,21 @@ def test_decode_entry_rejects_damage() -> None:
     bad[44 + 3] ^= 1  # body_size
     with pytest.raises(CorruptRecord):
         decode_entry(bad)
+
+
+@SETTINGS
+@given(bodies=st.lists(BODIES, min_size=1, max_size=8), cut=st.integers(0, 8), index=st.integers(0, 1 << 40),
+       term=st.integers(0, 1 << 20), pos=st.integers(0, 1 << 40), prev=st.integers(0, (1 << 32) - 1),
+       magic=st.sampled_from(sorted(ENTRY_MAGICS)))
+def test_encode_run_joins_what_encode_into_lays_out(bodies: list[bytes], cut: int, index: int, term: int,
+                                                    pos: int, prev: int, magic: int) -> None:
+    """The leader's append (encode_run) stores the bytes encode_into's layout test checks."""
+    start = min(cut, len(bodies) - 1)
+    n = len(bodies) - start
+    out = bytearray(sum(48 + len(b) for b in bodies[start:]))
+    units = bytearray(32 * n)
+    positions: array[int] = array("q")
+    chain = encode_into(out, 0, bodies, start, len(bodies), index, term, pos, prev, magic, units=units,
+                        positions=positions)
+    assert encode_run(bodies, start, len(bodies), index, term, pos, prev, magic) == \
+        (bytes(out), bytes(units), positions, chain)

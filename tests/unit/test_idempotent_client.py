@@ -10,15 +10,15 @@ import pytest
 
 from dledger.codes import DLedgerError, ResponseCode
 from dledger.core.messages import AppendRequest, AppendResponse
-from dledger.runtime.client import AsyncDLedgerClient
+from dledger.runtime.client import AppendSpan, AsyncDLedgerClient
 
 Answer = AppendResponse | DLedgerError
 
 
-def run(answers: list[Answer], bodies: list[bytes], next_seq: int = 0,
-        new_sessions: bool = True) -> tuple[list[AppendRequest], AsyncDLedgerClient, object]:
-    """One append_batch as producer "svc" (at `next_seq`); the requests sent, the client, and
-    what the call returned or raised."""
+def run(answers: list[Answer], bodies: list[bytes], next_seq: int = 0, new_sessions: bool = True,
+        span: bool = False) -> tuple[list[AppendRequest], AsyncDLedgerClient, object]:
+    """One append_batch (or append_span) as producer "svc" (at `next_seq`); the requests sent,
+    the client, and what the call returned or raised."""
     c = AsyncDLedgerClient("n0-127.0.0.1:1", "g", timeout=10.0, idempotent=True, producer_id="svc")
     assert c.producer is not None
     c.producer.next_seq, c.producer.new_sessions = next_seq, new_sessions
@@ -37,7 +37,7 @@ def run(answers: list[Answer], bodies: list[bytes], next_seq: int = 0,
 
     async def call() -> object:
         try:
-            return await c.append_batch(bodies)
+            return await (c.append_span(bodies) if span else c.append_batch(bodies))
         except DLedgerError as e:
             return e
 
@@ -78,3 +78,28 @@ def test_a_reused_or_foreign_id_is_raised_at_once(code: ResponseCode) -> None:
     # the way on names this client's parameters (another principal's id: only another id helps)
     named = "producer_epoch above" in result.message and "another producer_id" in result.message
     assert named == (code != ResponseCode.PRODUCER_NOT_OWNED), result.message
+
+
+def test_a_span_names_the_first_and_last_index_as_the_results_would() -> None:
+    sent, c, result = run([ok(9, 3)], [b"a", bytearray(b"b"), memoryview(b"c")], next_seq=5,  # type: ignore[list-item]
+                          span=True)
+    assert result == AppendSpan(9, 11, 3, 0)
+    assert [type(b) for b in sent[0].bodies] == [bytes] * 3 and sent[0].bodies == [b"a", b"b", b"c"]
+    assert c.producer is not None and c.producer.next_seq == 8
+    # some in the log already: each its own index, as append_batch's results
+    dup = AppendResponse(200, "n0", 2, 4, [0, 1, 2], indexes=[4, 7, 8], terms=[1, 2, 2], duplicates=1)
+    _, c, result = run([dup], [b"a", b"b", b"c"], span=True)
+    assert result == AppendSpan(4, 8, 3, 1)
+    _, _, results = run([dup], [b"a", b"b", b"c"])
+    assert [r.index for r in results] == [4, 7, 8]  # type: ignore[attr-defined]
+    assert c.producer is not None and c.producer.duplicates == 1
+
+
+def test_a_callers_list_changed_after_an_append_changes_nothing_sent() -> None:
+    """The request owns its list of bodies (the producer compares a resend with them)."""
+    bodies = [b"a", b"b"]
+    sent, c, result = run([DLedgerError(ResponseCode.SEQUENCE_REUSED, "no")], bodies)
+    assert isinstance(result, DLedgerError) and len(sent) == 1
+    bodies[0] = b"changed"
+    assert sent[0].bodies == [b"a", b"b"]
+    assert c.producer is not None and c.producer._unsettled == [b"a", b"b"]

@@ -746,6 +746,41 @@ def test_check_magics_rebuilds_a_damaged_unit_instead_of_blaming_the_record(tmp_
         store.close()
 
 
+@pytest.mark.usefixtures("no_fsync")
+@pytest.mark.parametrize("damage", ["record", "unit", "unit magic"])
+def test_check_magics_names_a_flipped_record_magic_and_passes_a_rebuilt_unit(damage: str, tmp_path: Path) -> None:
+    """The file store reads the index's magics in one pass and checks unit by unit only on a
+    mismatch: a record whose magic flipped (NORMAL -> CONFIG_CHANGE, no CRC covers it) is still
+    named, and a unit whose magic is garbage is rebuilt from the healthy record instead."""
+    d = tmp_path / "s"
+    store = open_store(d)
+    w = Written()
+    append_some(store, w, 20, random.Random(4))
+    pos = store.get(7).pos
+    if damage == "record":
+        where, at, value = d / "data" / f"{0:020d}", pos, (3).to_bytes(4, "big")  # CONFIG_CHANGE
+    elif damage == "unit":
+        where, at, value = d / "index" / f"{0:020d}", 7 * 32 + 4, (pos + 1).to_bytes(8, "big")  # its pos
+    else:
+        where, at, value = d / "index" / f"{0:020d}", 7 * 32, b"\x7f\x00\x00\x09"  # no magic at all
+    with where.open("r+b") as f:  # under the running store (its mapping sees it)
+        f.seek(at)
+        f.write(value)
+    try:
+        raw = store.read_raw(0, 1 << 20)
+        try:
+            assert raw.first_index == 0 and raw.count == store.end_index + 1
+            if damage == "record":
+                with pytest.raises(CorruptEntryError, match="record of entry 7 says magic 3; the index 1"):
+                    store.check_magics(raw)
+            else:
+                store.check_magics(raw)
+        finally:
+            raw.data.release()
+    finally:
+        store.close()
+
+
 class _Crash(BaseException):
     """The process dies here (nothing after it runs)."""
 

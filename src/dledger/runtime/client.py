@@ -119,6 +119,18 @@ class AppendResult:
 
 
 @dataclass(frozen=True, slots=True)
+class AppendSpan:
+    """Where one `append_span` request's bodies went, without an object per body: the first
+    and the last body's index (contiguous, unless `duplicates` of the first bodies were in
+    the log already: each at its own index, -1 if older than the leader remembers)."""
+
+    first_index: int
+    last_index: int
+    count: int
+    duplicates: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class ProposeResult:
     """An entry appended, committed and applied: its index and the state machine's result."""
 
@@ -406,7 +418,15 @@ class AsyncDLedgerClient:
 
     async def append_batch(self, bodies: Sequence[bytes]) -> list[AppendResult]:
         """One request, one result per body in order; all or none are appended."""
-        bodies = [bytes(b) for b in bodies]
+        return _append_results(await self._append_request(bodies))
+
+    async def append_span(self, bodies: Sequence[bytes]) -> AppendSpan:
+        """`append_batch` answered with the first and last index only: a writer of large
+        batches (the Spark sink) makes no result object per body."""
+        return _append_span(await self._append_request(bodies))
+
+    async def _append_request(self, bodies: Sequence[bytes]) -> AppendResponse:
+        bodies = _own_bytes(bodies)
         if not bodies:
             raise DLedgerError(ResponseCode.REQUEST_WITH_EMPTY_BODYS, "append_batch needs at least one body")
         if len(bodies) > MAX_APPEND_BODIES:
@@ -417,9 +437,9 @@ class AsyncDLedgerClient:
         req = AppendRequest(self.group, "", "", bodies)
         resp = await self._call(RequestCode.APPEND, req)
         assert isinstance(resp, AppendResponse)
-        return _append_results(resp)
+        return resp
 
-    async def _append_idempotent(self, bodies: list[bytes]) -> list[AppendResult]:
+    async def _append_idempotent(self, bodies: list[bytes]) -> AppendResponse:
         """One request at a time per producer; an unknown outcome is sent again, same sequence."""
         p = self.producer
         assert p is not None
@@ -443,7 +463,7 @@ class AsyncDLedgerClient:
                     raise
                 assert isinstance(resp, AppendResponse)
                 p.settled(len(bodies), resp.duplicates)
-                return _append_results(resp)
+                return resp
         raise DLedgerError(ResponseCode.UNKNOWN_PRODUCER, f"producer {p.id!r} was refused twice as unknown")
 
     async def propose(self, body: bytes) -> ProposeResult:
@@ -453,7 +473,7 @@ class AsyncDLedgerClient:
 
     async def propose_batch(self, bodies: Sequence[bytes]) -> list[ProposeResult]:
         """One request: all appended (or none), one result per body in order."""
-        bodies = [bytes(b) for b in bodies]
+        bodies = _own_bytes(bodies)
         if not bodies or len(bodies) > MAX_APPEND_BODIES:
             raise DLedgerError(ResponseCode.UNEXPECTED_ARGUMENT,
                                f"propose_batch of {len(bodies)} bodies: 1 to {MAX_APPEND_BODIES} per request")
@@ -992,6 +1012,22 @@ class AsyncDLedgerClient:
         return resp
 
 
+def _own_bytes(bodies: Sequence[bytes]) -> list[bytes]:
+    """The bodies in a list of the request's own (a caller changing its list later changes
+    nothing sent), each `bytes`: immutable, so a resend after an unknown outcome sends what
+    the first attempt did. Bodies that are bytes already are not converted (no call per body)."""
+    own = list(bodies)
+    if not all(type(b) is bytes for b in own):
+        own = [bytes(b) for b in own]
+    return own
+
+
+def _append_span(resp: AppendResponse) -> AppendSpan:
+    if resp.indexes:
+        return AppendSpan(resp.indexes[0], resp.indexes[-1], len(resp.indexes), resp.duplicates)
+    return AppendSpan(resp.index, resp.index + len(resp.positions) - 1, len(resp.positions), resp.duplicates)
+
+
 def _append_results(resp: AppendResponse) -> list[AppendResult]:
     """One result per body: contiguous from `index`, or each its own (`indexes`: an idempotent
     append that found some bodies in the log already)."""
@@ -1067,6 +1103,9 @@ class DLedgerClient:
 
     def append_batch(self, bodies: Sequence[bytes]) -> list[AppendResult]:
         return self._run(self._async.append_batch(bodies))
+
+    def append_span(self, bodies: Sequence[bytes]) -> AppendSpan:
+        return self._run(self._async.append_span(bodies))
 
     def get(self, index: int, member: str | None = None, consistency: str | None = None) -> Entry:
         return self._run(self._async.get(index, member, consistency))

@@ -270,10 +270,26 @@ class _Appender:
         self.pending_bytes = 0
 
     def add(self, bodies: list[bytes]) -> None:
-        for body in bodies:
-            self.pending.append(body)
-            self.pending_bytes += len(body)
-            if len(self.pending) >= self.cfg.batch_size or self.pending_bytes >= MAX_BATCH_BYTES:
+        """Requests cut where a body-by-body walk would cut them (`batch_size` bodies, or
+        the body that reaches MAX_BATCH_BYTES), taken a slice at a time where no body in it
+        reaches the byte limit (no Python step per row)."""
+        k, n = 0, len(bodies)
+        while k < n:
+            chunk = bodies[k : k + self.cfg.batch_size - len(self.pending)]
+            size = sum(map(len, chunk))
+            if self.pending_bytes + size >= MAX_BATCH_BYTES:
+                for body in chunk:  # the limit falls inside this slice: find the body that reaches it
+                    self.pending.append(body)
+                    self.pending_bytes += len(body)
+                    k += 1
+                    if self.pending_bytes >= MAX_BATCH_BYTES:
+                        break
+                self.flush()
+                continue
+            self.pending.extend(chunk)
+            self.pending_bytes += size
+            k += len(chunk)
+            if len(self.pending) >= self.cfg.batch_size:
                 self.flush()
 
     def flush(self) -> None:
@@ -298,10 +314,9 @@ class _Appender:
         producer = client.producer
         while True:
             try:
-                before = producer.duplicates if producer is not None else 0
-                results = client.append_batch(self.pending)
-                self.duplicates += (producer.duplicates - before) if producer is not None else 0
-                return results[0].index, results[-1].index
+                span = client.append_span(self.pending)
+                self.duplicates += span.duplicates
+                return span.first_index, span.last_index
             except DLedgerError as e:
                 try:  # spark.retry: backs off, or raises (the deadline, or no member reachable)
                     if producer is None or e.code in _FATAL:

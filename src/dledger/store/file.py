@@ -22,6 +22,7 @@ from __future__ import annotations
 import itertools
 import logging
 import mmap
+import struct
 import sys
 import threading
 import time
@@ -46,7 +47,7 @@ from dledger.entry import (
     DLedgerEntry,
     chain_follows,
     decode_entry,
-    encode_into,
+    encode_run,
     scan,
 )
 from dledger.ratelog import RateLimitedLog
@@ -167,8 +168,6 @@ class FileLedgerStore(LedgerStore):
             self._term_vote = self._read_term()
             # where the CONFIG_CHANGE and SESSION entries are (store/marks.py)
             self._marks = {m: MagicMarks(m) for m in MARKED_MAGICS}
-            self._buf = bytearray(1 << 20)  # encode scratch of append_as_leader
-            self._ubuf = bytearray(64 << 10)
             try:
                 # a refusal has changed no file, not even a short one's size
                 trusted = recover(self)
@@ -243,10 +242,12 @@ class FileLedgerStore(LedgerStore):
         while k < n:
             f = self.data.ensure(self.write_pos)
             room = f.end - self.write_pos - BLANK_SIZE
-            j, used = k, 0
-            while j < n and used + HEADER_SIZE + len(bodies[j]) <= room:
-                used += HEADER_SIZE + len(bodies[j])
-                j += 1
+            j, used = n, HEADER_SIZE * (n - k) + sum(map(len, bodies[k:]))  # all fit: the common case
+            if used > room:  # the records that fit before the file's end
+                j, used = k, 0
+                while j < n and used + HEADER_SIZE + len(bodies[j]) <= room:
+                    used += HEADER_SIZE + len(bodies[j])
+                    j += 1
             if j == k:
                 self._close_file(f)
                 continue
@@ -254,12 +255,10 @@ class FileLedgerStore(LedgerStore):
             if j - k > ucap:
                 j = k + ucap
                 used = HEADER_SIZE * (j - k) + sum(map(len, bodies[k:j]))
-            buf, ubuf = self._scratch(used, (j - k) * INDEX_UNIT_SIZE)
-            chain = encode_into(buf, 0, bodies, k, j, index, term, self.write_pos, chain, magic,
-                                units=ubuf, units_offset=0, positions=positions)
-            with memoryview(buf) as mv, memoryview(ubuf) as umv:
-                f.write(self.write_pos - f.start, mv[:used])
-                uf.write(index * INDEX_UNIT_SIZE - uf.start, umv[: (j - k) * INDEX_UNIT_SIZE])
+            records, units, at, chain = encode_run(bodies, k, j, index, term, self.write_pos, chain, magic)
+            positions.extend(at)
+            f.write(self.write_pos - f.start, records)
+            uf.write(index * INDEX_UNIT_SIZE - uf.start, units)
             index += j - k
             self.write_pos += used
             self.end_index = index - 1
@@ -267,14 +266,6 @@ class FileLedgerStore(LedgerStore):
             self.end_chain_crc = chain
             k = j
         return positions
-
-    def _scratch(self, data_bytes: int, unit_bytes: int) -> tuple[bytearray, bytearray]:
-        """Reused encode buffers (warm memory: no page faults on the hot path)."""
-        if len(self._buf) < data_bytes:
-            self._buf = bytearray(max(data_bytes, 2 * len(self._buf)))
-        if len(self._ubuf) < unit_bytes:
-            self._ubuf = bytearray(max(unit_bytes, 2 * len(self._ubuf)))
-        return self._buf, self._ubuf
 
     def append_as_follower(self, data: bytes | bytearray | memoryview) -> int:
         with self._lock:
@@ -547,6 +538,29 @@ class FileLedgerStore(LedgerStore):
                 parts.append(uf.mm[off : off + n * INDEX_UNIT_SIZE])
                 index += n
             return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    def check_magics(self, raw: RawRange) -> None:
+        """LedgerStore.check_magics with the index's magics read in one pass: a record whose
+        magic equals its unit's passes, as it does there (a damaged unit is rebuilt from that
+        record's header); a mismatch, or a unit that cannot be read so, takes the check unit
+        by unit, which repairs a damaged unit or names the rot. (A leader pushing committed
+        entries to the slower follower spent a tenth of its CPU in a unit() per record.)"""
+        if raw.count <= 0:
+            return
+        try:
+            want = self._index_magics(raw.first_index, raw.count)
+        except StoreError:
+            want = ()
+        data, off, end = raw.data, 0, len(raw.data)
+        unpack = _RECORD_MAGIC_SIZE.unpack_from
+        for k in range(raw.count):
+            if off + 8 > end:
+                return  # a damaged size: the follower's own checks reject the push
+            magic, size = unpack(data, off)
+            if k >= len(want) or magic != want[k]:
+                super().check_magics(raw)
+                return
+            off += max(size, HEADER_SIZE)
 
     def _index_magics(self, first: int, count: int) -> Sequence[int]:
         """Straight from the index files' bytes, as indexes_with_magic reads them (a damaged
@@ -1093,6 +1107,7 @@ class FileLedgerStore(LedgerStore):
 AHEAD_MARGIN = 256 << 20  # how far before the end of its last file the next one is created ahead
 MARKED_MAGICS = (MAGIC_CONFIG_CHANGE, MAGIC_SESSION)  # rare entries a start looks up: kept (store/marks.py)
 MAGIC_SCAN_UNITS = 1 << 17  # index units per read of indexes_with_magic (4 MiB)
+_RECORD_MAGIC_SIZE = struct.Struct(">ii")  # a record header's first two fields: magic, size
 # the entry magics as `_scan_magic` reads them (big-endian ints as native words)
 _MAGIC_WORDS = frozenset(int.from_bytes(m.to_bytes(4, "big", signed=True), sys.byteorder, signed=True)
                          for m in ENTRY_MAGICS)
