@@ -94,7 +94,8 @@ def _change(peers: str, group: str, output: str, op: str, member_id: str, addres
                 break
             except DLedgerError as e:
                 # a learner still catching up, or the previous change not committed yet: --wait
-                waitable = (ResponseCode.LEARNER_BEHIND, ResponseCode.MEMBERSHIP_CHANGE_PENDING)
+                waitable = (ResponseCode.LEARNER_BEHIND, ResponseCode.MEMBERSHIP_CHANGE_PENDING,
+                            ResponseCode.LEADER_NOT_READY)
                 if e.code not in waitable or time.monotonic() >= deadline:
                     raise
                 time.sleep(0.5)

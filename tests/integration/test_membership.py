@@ -53,9 +53,9 @@ def join(c: Cluster, member: str, through: dict[str, str], extra: Sequence[str] 
 
 def add_member(c: Cluster, member: str, address: str, members: dict[str, str], extra: Sequence[str] = (),
                command: str = "server") -> None:
-    """add-learner (once the previous change is committed: a leader that took over from a
-    removed one answers MEMBERSHIP_CHANGE_PENDING until its NOOP commits), --join, promote
-    once caught up (LEARNER_BEHIND until then)."""
+    """add-learner (once the previous change is committed: MEMBERSHIP_CHANGE_PENDING until
+    then; a leader that took over from a removed one is not ready until its NOOP commits, which
+    the client waits out), --join, promote once caught up (LEARNER_BEHIND until then)."""
     def added() -> bool:
         try:
             c.ctl.add_learner(member, address)
@@ -84,7 +84,19 @@ def add_member(c: Cluster, member: str, address: str, members: dict[str, str], e
 
 
 def remove_member(c: Cluster, member: str, members: dict[str, str], stop: bool = True) -> None:
-    c.ctl.remove_member(member)
+    """remove (once the previous change is committed: MEMBERSHIP_CHANGE_PENDING until then)."""
+    def removed() -> bool:
+        try:
+            c.ctl.remove_member(member)
+        except DLedgerError as e:
+            if e.code == ResponseCode.MEMBERSHIP_CHANGE_PENDING:
+                return False
+            if e.code == ResponseCode.UNKNOWN_MEMBER:  # an earlier attempt took effect, its answer lost
+                return True
+            raise
+        return True
+
+    wait_until(removed, 60, f"{member} removed")
     members.pop(member)
     if stop:
         c.kill(member)

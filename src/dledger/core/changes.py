@@ -193,8 +193,8 @@ class MembershipPath:
         if c.index > store.committed_index:
             raise DLedgerError(ResponseCode.MEMBERSHIP_CHANGE_PENDING,
                                f"configuration entry {c.index} is not committed yet")
-        if store.committed_index < self.quorum.term_start:
-            raise DLedgerError(ResponseCode.MEMBERSHIP_CHANGE_PENDING,
+        if store.committed_index < self.quorum.term_start:  # a leader not ready yet: clients ask again
+            raise DLedgerError(ResponseCode.LEADER_NOT_READY,
                                f"term {m.term}: the leader's first entry is not committed yet")
         new = self._changed(c.current, msg)
         self._check_live_quorum(new)

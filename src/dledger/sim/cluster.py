@@ -96,6 +96,7 @@ class ClientResult:
 
 # CHANGE_MEMBERS answers an operator asks again on (`dledger members ... --wait` does)
 _CHANGE_RETRY = frozenset((ResponseCode.MEMBERSHIP_CHANGE_PENDING, ResponseCode.LEARNER_BEHIND,
+                           ResponseCode.LEADER_NOT_READY,
                            ResponseCode.NOT_LEADER, ResponseCode.NOT_A_MEMBER, ResponseCode.LEADER_TRANSFERRING,
                            ResponseCode.TERM_CHANGED, ResponseCode.WAIT_QUORUM_ACK_TIMEOUT))
 
