@@ -23,6 +23,8 @@ from dledger.codes import DLedgerError, ResponseCode
 
 log = logging.getLogger(__name__)
 
+MAX_LEASE_MS = 600_000  # heart_beat_time_interval_ms x max_heart_beat_leak: heartbeats carry it, bounded
+
 MiB = 1024 * 1024
 GiB = 1024 * MiB
 
@@ -180,7 +182,7 @@ class DLedgerConfig:
     max_body_bytes: int = 0
     checkpoint_interval_ms: int = 1000  # how often the checkpoint (committed index, trusted point) is saved
     heart_beat_time_interval_ms: int = 150  # the leader's heartbeat period
-    max_heart_beat_leak: int = 4  # heartbeats missed before a follower campaigns (>= 2; the lease is interval x leak)
+    max_heart_beat_leak: int = 4  # missed heartbeats before a follower campaigns (>= 2; lease: interval x leak <= 600s)
     # the most a follower adds to its election timeout, and a leader to its check-quorum window,
     # while heartbeats arrive late on a starved machine (twice the longest recent gap;
     # core.starvation): no flapping beside busy neighbours, the same failover on a quiet machine
@@ -364,6 +366,9 @@ class DLedgerConfig:
         if self.max_heart_beat_leak < 2:  # a follower would time out exactly when the next heartbeat is due
             raise ConfigError(f"max_heart_beat_leak must be at least 2, not {self.max_heart_beat_leak}")
         lease = self.heart_beat_time_interval_ms * self.max_heart_beat_leak
+        if lease > MAX_LEASE_MS:  # heartbeats and their answers carry it, bounded (core.messages)
+            raise ConfigError(f"heart_beat_time_interval_ms x max_heart_beat_leak (the lease) must be at most "
+                              f"{MAX_LEASE_MS} ms, not {lease}")
         # lease reads need a margin for clock-rate differences (Raft thesis §6.4.1): none is refused,
         # less than a tenth of the lease is told
         if not isinstance(self.lease_clock_drift_ms, int) or not 1 <= self.lease_clock_drift_ms < lease:

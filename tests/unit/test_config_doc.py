@@ -74,3 +74,5 @@ def test_lease_timers_without_a_drift_margin_or_a_missed_heartbeat_are_refused()
     with pytest.raises(ConfigError, match="max_heart_beat_leak must be at least 2"):
         cfg(max_heart_beat_leak=1, lease_clock_drift_ms=100).validate()
     cfg(lease_clock_drift_ms=60).validate()
+    with pytest.raises(ConfigError, match=r"the lease.*at most 600000 ms"):  # heartbeats carry it, bounded
+        cfg(max_heart_beat_leak=4001).validate()

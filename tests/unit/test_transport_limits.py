@@ -22,6 +22,7 @@ import pytest
 import uvloop
 
 from dledger.codes import DLedgerError, RequestCode, ResponseCode
+from dledger.runtime.frames import BIG_ANSWER_STEP
 from dledger.runtime.transport import (
     KIND_REQUEST,
     ByteBudget,
@@ -105,22 +106,26 @@ def test_an_announced_big_frame_costs_only_the_bytes_sent() -> None:
     assert not decoder2.pending
 
 
-def test_a_clients_decoder_takes_a_big_answer_at_its_announced_length() -> None:
-    """A client (trust_lengths) reading a member's 3 MiB answer: one buffer of the frame's
-    length from its first bytes, no doubling and copying as it arrives; a server's decoder
-    (the default) still holds only what arrived plus a step."""
+def test_a_bulk_readers_decoder_takes_a_big_answer_in_one_buffer_up_to_a_bound() -> None:
+    """A bulk reader's client (big_answers) reading a member's 3 MiB answer: one buffer of
+    the frame's length from its first bytes, no doubling and copying as it arrives; a lying
+    64 MiB length gets at most BIG_ANSWER_STEP up front; a server's decoder (and a member's
+    links to its peers: the default) still holds only what arrived plus a step."""
     body = b"z" * (3 << 20)
     wire = frame(3, data=body)
     sizes = {}
-    for trust in (True, False):
+    for big in (True, False):
         out: list[bytes] = []
         decoder = FrameDecoder(lambda k, r, c, m, d, out=out: out.append(bytes(d)),  # type: ignore[misc]
-                               max_frame_bytes=64 << 20, trust_lengths=trust)
+                               max_frame_bytes=64 << 20, big_answers=big)
         decoder.feed(wire[: 1 << 16])
-        sizes[trust] = len(decoder.get_buffer())
+        sizes[big] = len(decoder.get_buffer())
         decoder.feed(wire[1 << 16 :])
         assert out == [body]
     assert sizes[True] >= len(body) - (1 << 16) and sizes[False] < 1 << 20
+    liar = FrameDecoder(lambda k, r, c, m, d: None, max_frame_bytes=64 << 20, big_answers=True)
+    liar.feed(_HEADER.pack(64 << 20, KIND_REQUEST, 1, 1, 0))  # announces 64 MiB, sends a header
+    assert len(liar.get_buffer()) <= BIG_ANSWER_STEP
 
 
 def test_a_fresh_decoder_starts_small_and_grows_for_a_bigger_frame() -> None:

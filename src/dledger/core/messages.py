@@ -13,6 +13,7 @@ from typing import Annotated
 import msgspec
 
 from dledger.codes import PushType, RequestCode, ResponseCode
+from dledger.config import MAX_LEASE_MS
 from dledger.membership import Address, Membership
 from dledger.statemachine.snapshot import MAX_FILES
 
@@ -94,7 +95,7 @@ class HeartBeatRequest(Msg):
     retention_holder: Name = ""  # which member
     # the leader's lease (ms): followers refuse votes at least this long after hearing it, whatever
     # their own heartbeat settings (a rolling restart with new ones made lease reads stale)
-    lease_ms: Annotated[int, msgspec.Meta(ge=0, le=600_000)] = 0
+    lease_ms: Annotated[int, msgspec.Meta(ge=0, le=MAX_LEASE_MS)] = 0
 
 
 class HeartBeatResponse(msgspec.Struct, array_like=True):
@@ -108,7 +109,7 @@ class HeartBeatResponse(msgspec.Struct, array_like=True):
     apply_needs: int = -1  # the entry receiver's state machine needs and its log cannot give (-1: none)
     # the receiver's own lease: all it refuses votes for after a restart, when it has forgotten
     # the leader's (0: an older peer that does not say). A leader counts no longer lease on it.
-    lease_ms: Annotated[int, msgspec.Meta(ge=0, le=600_000)] = 0
+    lease_ms: Annotated[int, msgspec.Meta(ge=0, le=MAX_LEASE_MS)] = 0
 
 
 class PushRequest(Msg):

@@ -368,7 +368,7 @@ class AsyncDLedgerClient:
         self._check_open()  # every request passes here (or _call's check), whichever method sent it
         if self._client is None:
             # the members known at each connect: one learned later is checked as well
-            self._client = TransportClient(ssl=self._ssl, auth_token=self._auth_token,
+            self._client = TransportClient(ssl=self._ssl, auth_token=self._auth_token, big_answers=True,
                                            server_check=lambda address, p: expect_members(
                                                {q.address: q.id for q in self.peers.values()})(address, p))
         return self._client

@@ -102,9 +102,9 @@ class FrameProtocol(asyncio.BufferedProtocol):
 
     def __init__(self, max_frame_bytes: int, budget: int = 0,
                  may_continue: Callable[[], bool] | None = None, memory: ByteBudget | None = None,
-                 trust_lengths: bool = False) -> None:
+                 big_answers: bool = False) -> None:
         self._decoder = FrameDecoder(self._on_frame, max_frame_bytes, budget=budget, may_continue=may_continue,
-                                     memory=memory, trust_lengths=trust_lengths)
+                                     memory=memory, big_answers=big_answers)
         self._backlog_scheduled = False
         self._transport: asyncio.Transport | None = None
         self._read_holds: set[str] = set()  # why reading is paused ("backlog", "writes", "closing")

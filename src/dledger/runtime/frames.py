@@ -80,6 +80,7 @@ _RECV_INITIAL: Final = 16 * 1024
 # doubles as bytes arrive: memory follows the bytes sent (at most twice them), not the length
 # announced. (Growing by half copied a 4 MiB snapshot chunk eight times.)
 _BIG_STEP: Final = 64 * 1024
+BIG_ANSWER_STEP: Final = 8 << 20  # a bulk reader's first buffer for a big answer (READs: 4 MiB)
 
 _error_encoder = msgspec.msgpack.Encoder()
 
@@ -170,8 +171,8 @@ class FrameDecoder:
     copy. At most ``budget`` frames are handed up per call: ``backlog`` then says more are
     waiting, so one connection's flood cannot hold the event loop (`parse_more` goes on).
     Big-frame buffers draw on ``memory`` (shared by a server's connections); a frame that
-    would overdraw it is a FrameError. ``trust_lengths`` (a client's connections only) gives a
-    big frame its announced length at once.
+    would overdraw it is a FrameError. ``big_answers`` (a bulk reader's client) starts a big
+    frame's buffer at up to BIG_ANSWER_STEP at once.
     """
 
     def __init__(
@@ -184,7 +185,7 @@ class FrameDecoder:
         budget: int = 0,
         may_continue: Callable[[], bool] | None = None,
         memory: ByteBudget | None = None,
-        trust_lengths: bool = False,
+        big_answers: bool = False,
     ) -> None:
         if chunk_size < HEADER_SIZE:
             raise ValueError(f"chunk_size must be at least {HEADER_SIZE}")
@@ -196,9 +197,10 @@ class FrameDecoder:
         self._budget = budget or (1 << 62)
         self._may_continue = may_continue  # asked before each frame: False leaves it for later
         self._memory = memory
-        # a client reading answers of the members it chose takes their announced lengths at
-        # their word: a big answer's buffer at once, not doubled (and copied) as it arrives
-        self._trust_lengths = trust_lengths
+        # a bulk reader's client: a big answer's buffer starts at its announced length up to
+        # BIG_ANSWER_STEP (a 4 MiB READ answer is not doubled and copied six times as it
+        # arrives); past that it grows with the bytes sent, so a lying length costs at most that
+        self._first_step = BIG_ANSWER_STEP if big_answers else _BIG_STEP
         self._set_buffer(bytearray(max(HEADER_SIZE, min(initial_size, chunk_size))))
         self._start = 0
         self._end = 0
@@ -359,7 +361,7 @@ class FrameDecoder:
     def _start_big(self, start: int, length: int) -> None:
         have = self._end - start - 4
         self._big_len = length
-        big = self._big_buffer(length if self._trust_lengths else min(length, have + _BIG_STEP))
+        big = self._big_buffer(min(length, have + self._first_step))
         big[:have] = self._view[start + 4 : self._end]
         self._big, self._big_len, self._big_filled = big, length, have
         self._start = self._end = 0

@@ -59,8 +59,8 @@ def _split_address(address: str) -> tuple[str, int]:
 
 class _ClientConnection(FrameProtocol):
     def __init__(self, address: str, max_frame_bytes: int, on_lost: Callable[[_ClientConnection], None],
-                 priority: bool = False) -> None:
-        super().__init__(max_frame_bytes, trust_lengths=True)  # answers of the members this client chose
+                 priority: bool = False, big_answers: bool = False) -> None:
+        super().__init__(max_frame_bytes, big_answers=big_answers)
         self.address = address
         self.priority = priority  # the lane of heartbeats and votes (PRIORITY_CODES)
         self.pending: dict[int, asyncio.Future[Message]] = {}
@@ -144,16 +144,19 @@ class TransportClient:
         ssl: ssl_module.SSLContext | None = None,
         server_check: ServerCheck | None = None,
         auth_token: bytes | None = None,
+        big_answers: bool = False,
     ) -> None:
         """`ssl`: a client context (mutual TLS); `server_check` judges the server's certificate
         after the handshake (security.roles.expect_members: the member the address belongs to,
         so a client certificate signed by the same CA cannot pose as a member);
-        `auth_token` is presented first on every connection."""
+        `auth_token` is presented first on every connection; `big_answers`: a client of bulk
+        reads (frames.FrameDecoder), never a member's links to its peers."""
         if max_frame_bytes < FIXED_SIZE:
             raise ValueError(f"max_frame_bytes must be at least {FIXED_SIZE}")
         self._ssl = ssl
         self._server_check = server_check
         self._auth_token = auth_token or None
+        self._big_answers = big_answers
         self._max_frame_bytes = max_frame_bytes
         self._faults = faults
         self._connect_timeout = connect_timeout_s
@@ -322,7 +325,7 @@ class TransportClient:
             async with asyncio.timeout(self._connect_timeout):
                 _, conn = await loop.create_connection(
                     lambda: _ClientConnection(peer.address, self._max_frame_bytes, self._connection_lost,
-                                              peer.priority),
+                                              peer.priority, self._big_answers),
                     peer.host,
                     peer.port,
                     ssl=self._ssl,

@@ -544,7 +544,10 @@ class FileLedgerStore(LedgerStore):
         magic equals its unit's passes, as it does there (a damaged unit is rebuilt from that
         record's header); a mismatch, or a unit that cannot be read so, takes the check unit
         by unit, which repairs a damaged unit or names the rot. (A leader pushing committed
-        entries to the slower follower spent a tenth of its CPU in a unit() per record.)"""
+        entries to the slower follower spent a tenth of its CPU in a unit() per record.) Only
+        the magic is compared here: rot in another header field of a record whose magic is
+        intact is refused by the follower's scan, and the leader then finds its own copy
+        damaged (the rejected-record path) one round trip later."""
         if raw.count <= 0:
             return
         try:
