@@ -27,7 +27,7 @@ import sys
 import threading
 import time
 from array import array
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from dledger.codes import ResponseCode
@@ -521,6 +521,21 @@ class FileLedgerStore(LedgerStore):
     def _index_magic(self, index: int) -> int:
         return self.unit(index)[0]
 
+    def _unit_runs(self, first: int, count: int) -> Iterator[tuple[int, bytes | None]]:
+        """The index units of `count` entries from `first` as stored, a stretch per index file
+        read in one slice; (index, None) for the rest once a file cannot give them so (the
+        caller asks unit() for those). The caller holds the lock."""
+        index, last = first, first + count - 1
+        while index <= last:
+            uf = self.index.locate(index * INDEX_UNIT_SIZE)
+            off = index * INDEX_UNIT_SIZE - uf.start
+            n = min(last - index + 1, (uf.end - uf.start - off) // INDEX_UNIT_SIZE)
+            if n <= 0:
+                yield index, None
+                return
+            yield index, uf.mm[off : off + n * INDEX_UNIT_SIZE]
+            index += n
+
     def _index_units(self, first: int, count: int) -> bytes | None:
         """The units of `count` entries from `first` straight from the index files' bytes (a
         damaged one fails read_columns' array checks, and its per-record loop repairs it)."""
@@ -528,15 +543,10 @@ class FileLedgerStore(LedgerStore):
             if count <= 0 or first < self.begin_index or first + count - 1 > self.end_index:
                 return None
             parts: list[bytes] = []
-            index, last = first, first + count - 1
-            while index <= last:
-                uf = self.index.locate(index * INDEX_UNIT_SIZE)
-                off = index * INDEX_UNIT_SIZE - uf.start
-                n = min(last - index + 1, (uf.end - uf.start - off) // INDEX_UNIT_SIZE)
-                if n <= 0:
+            for _, units in self._unit_runs(first, count):
+                if units is None:
                     return None
-                parts.append(uf.mm[off : off + n * INDEX_UNIT_SIZE])
-                index += n
+                parts.append(units)
             return parts[0] if len(parts) == 1 else b"".join(parts)
 
     def check_magics(self, raw: RawRange) -> None:
@@ -570,20 +580,15 @@ class FileLedgerStore(LedgerStore):
         unit's magic may be wrong here: read_columns asks unit() again on a mismatch)."""
         out: list[int] = []
         with self._lock:
-            index, last = first, first + count - 1
-            while index <= last:
-                uf = self.index.locate(index * INDEX_UNIT_SIZE)
-                off = index * INDEX_UNIT_SIZE - uf.start
-                n = min(last - index + 1, (uf.end - uf.start - off) // INDEX_UNIT_SIZE)
-                if n <= 0:
-                    out.extend(self._index_magic(i) for i in range(index, last + 1))
+            for index, units in self._unit_runs(first, count):
+                if units is None:
+                    out.extend(self._index_magic(i) for i in range(index, first + count))
                     break
                 words = array("i")
-                words.frombytes(uf.mm[off : off + n * INDEX_UNIT_SIZE])
+                words.frombytes(units)
                 if sys.byteorder == "little":
                     words.byteswap()  # stored big-endian
                 out.extend(words[0::8])
-                index += n
         return out
 
     def verify_entry(self, index: int) -> DLedgerEntry:
