@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytest
@@ -51,52 +51,40 @@ def join(c: Cluster, member: str, through: dict[str, str], extra: Sequence[str] 
     return p
 
 
+def change_when_ready(change: Callable[[], object], wait_on: ResponseCode, taken: ResponseCode | None,
+                      timeout: float, what: str) -> None:
+    """`change`, asked again while it answers `wait_on`; `taken` means an earlier attempt took
+    effect and its answer was lost."""
+    def made() -> bool:
+        try:
+            change()
+        except DLedgerError as e:
+            if e.code == wait_on:
+                return False
+            if e.code == taken:
+                return True
+            raise
+        return True
+
+    wait_until(made, timeout, what)
+
+
 def add_member(c: Cluster, member: str, address: str, members: dict[str, str], extra: Sequence[str] = (),
                command: str = "server") -> None:
     """add-learner (once the previous change is committed: MEMBERSHIP_CHANGE_PENDING until
     then; a leader that took over from a removed one is not ready until its NOOP commits, which
     the client waits out), --join, promote once caught up (LEARNER_BEHIND until then)."""
-    def added() -> bool:
-        try:
-            c.ctl.add_learner(member, address)
-        except DLedgerError as e:
-            if e.code == ResponseCode.MEMBERSHIP_CHANGE_PENDING:
-                return False
-            if e.code == ResponseCode.MEMBER_EXISTS:  # an earlier attempt took effect, its answer lost
-                return True
-            raise
-        return True
-
-    wait_until(added, 60, f"{member} added as a learner")
+    change_when_ready(lambda: c.ctl.add_learner(member, address), ResponseCode.MEMBERSHIP_CHANGE_PENDING,
+                      ResponseCode.MEMBER_EXISTS, 60, f"{member} added as a learner")
     join(c, member, members, extra, command)
     members[member] = address
-
-    def promoted() -> bool:
-        try:
-            c.ctl.promote(member)
-        except DLedgerError as e:
-            if e.code == ResponseCode.LEARNER_BEHIND:
-                return False
-            raise
-        return True
-
-    wait_until(promoted, 120, f"{member} promoted")
+    change_when_ready(lambda: c.ctl.promote(member), ResponseCode.LEARNER_BEHIND, None, 120, f"{member} promoted")
 
 
 def remove_member(c: Cluster, member: str, members: dict[str, str], stop: bool = True) -> None:
     """remove (once the previous change is committed: MEMBERSHIP_CHANGE_PENDING until then)."""
-    def removed() -> bool:
-        try:
-            c.ctl.remove_member(member)
-        except DLedgerError as e:
-            if e.code == ResponseCode.MEMBERSHIP_CHANGE_PENDING:
-                return False
-            if e.code == ResponseCode.UNKNOWN_MEMBER:  # an earlier attempt took effect, its answer lost
-                return True
-            raise
-        return True
-
-    wait_until(removed, 60, f"{member} removed")
+    change_when_ready(lambda: c.ctl.remove_member(member), ResponseCode.MEMBERSHIP_CHANGE_PENDING,
+                      ResponseCode.UNKNOWN_MEMBER, 60, f"{member} removed")
     members.pop(member)
     if stop:
         c.kill(member)
