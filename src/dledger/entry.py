@@ -1,10 +1,9 @@
 """Binary codecs of entry records and index units (docs/format.md).
 
-Hot paths work on whole buffers: `encode_into` lays a batch of bodies straight
-into a writable buffer, `encode_run` joins a batch's records into one byte string
-(the leader's append) and `scan` validates a run of records in place. None builds
-a Python object per entry that outlives the call; per-entry work is a few C calls
-(struct pack/unpack, zlib.crc32).
+Hot paths work on whole buffers: `encode_run` joins a batch's records into one
+byte string (the leader's append) and `scan` validates a run of records in place.
+Neither builds a Python object per entry that outlives the call; per-entry work is a
+few C calls (struct pack/unpack, zlib.crc32).
 """
 
 from __future__ import annotations
@@ -170,56 +169,7 @@ def encode_entry(
     body: bytes, index: int, term: int, pos: int, prev_chain: int = 0, magic: int = MAGIC_NORMAL
 ) -> bytes:
     """One record as bytes; for tests and tools, not for hot paths."""
-    buf = bytearray(HEADER_SIZE + len(body))
-    encode_into(buf, 0, [body], 0, 1, index, term, pos, prev_chain, magic)
-    return bytes(buf)
-
-
-def encode_into(
-    out: bytearray | memoryview | object,
-    offset: int,
-    bodies: Sequence[bytes],
-    start: int,
-    stop: int,
-    index: int,
-    term: int,
-    pos: int,
-    prev_chain: int,
-    magic: int = MAGIC_NORMAL,
-    units: object | None = None,
-    units_offset: int = 0,
-    positions: array[int] | None = None,
-) -> int:
-    """Write records for bodies[start:stop] contiguously at out[offset:].
-
-    Record k gets index `index + k`, position `pos + (bytes before it)`; if
-    `units` is given its index unit is written at units[units_offset + 32k].
-    Returns the chain CRC of the last record. The caller sized `out`.
-    """
-    pack_header = HEADER.pack_into
-    pack_unit = INDEX_UNIT.pack_into
-    chain_pack = _CHAIN.pack
-    crc32 = zlib.crc32
-    chain = prev_chain
-    off = offset
-    uoff = units_offset
-    for k in range(start, stop):
-        body = bodies[k]
-        n = len(body)
-        size = HEADER_SIZE + n
-        bcrc = crc32(body)
-        chain = crc32(chain_pack(index, term, bcrc), chain)
-        out[off + HEADER_SIZE : off + size] = body  # type: ignore[index]
-        pack_header(out, off, magic, size, index, term, pos, 0, chain, bcrc, n)  # type: ignore[arg-type]
-        if units is not None:
-            pack_unit(units, uoff, magic, pos, size, index, term)  # type: ignore[arg-type]
-            uoff += INDEX_UNIT_SIZE
-        if positions is not None:
-            positions.append(pos)
-        off += size
-        pos += size
-        index += 1
-    return chain
+    return encode_run([body], 0, 1, index, term, pos, prev_chain, magic)[0]
 
 
 def encode_run(
@@ -232,9 +182,9 @@ def encode_run(
     prev_chain: int,
     magic: int = MAGIC_NORMAL,
 ) -> tuple[bytes, bytes, array[int], int]:
-    """The records of bodies[start:stop] as `encode_into` lays them out (record k: index
-    `index + k`, position `pos + (bytes before it)`), with their index units: (records,
-    units, each record's position, the chain CRC of the last record).
+    """The records of bodies[start:stop], contiguous (record k: index `index + k`, position
+    `pos + (bytes before it)`), with their index units: (records, units, each record's
+    position, the chain CRC of the last record).
 
     Each header is packed on its own and the lot joined once: a quarter less CPU a record
     than packing and copying each body into a buffer (10,000 bodies of 220 bytes)."""

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import struct
 import zlib
-from array import array
 from dataclasses import dataclass, field
 
 import pytest
@@ -28,7 +27,6 @@ from dledger.entry import (
     chain_crc,
     decode_entry,
     encode_entry,
-    encode_into,
     encode_run,
     iter_headers,
     scan,
@@ -180,15 +178,10 @@ def build_run(
     for bump, magic, bodies in batches:
         term += bump
         off = len(run.buf)
-        run.buf.extend(bytes(HEADER_SIZE * len(bodies) + sum(map(len, bodies))))
         index = start_index + run.count
         pos = start_pos + off
-        positions: array[int] = array("q")
-        units = bytearray(INDEX_UNIT_SIZE * len(bodies))
-        last = encode_into(
-            run.buf, off, bodies, 0, len(bodies), index, term, pos, chain, magic,
-            units=units, units_offset=0, positions=positions,
-        )
+        records, units, positions, last = encode_run(bodies, 0, len(bodies), index, term, pos, chain, magic)
+        run.buf += records
         for k, body in enumerate(bodies):
             bcrc = zlib.crc32(body)
             chain = _spec_chain(index + k, term, bcrc, chain)
@@ -219,7 +212,7 @@ def _draw_run(args: tuple[int, int, int, int], batches: list[tuple[int, int, lis
 
 @SETTINGS
 @given(args=RUN_ARGS, batches=BATCHES)
-def test_encode_into_layout_and_units(
+def test_encode_run_layout_and_units(
     args: tuple[int, int, int, int], batches: list[tuple[int, int, list[bytes]]]
 ) -> None:
     run = _draw_run(args, batches)
@@ -246,22 +239,6 @@ def test_encode_into_layout_and_units(
     # iter_headers walks the same records
     hs = iter_headers(bytes(run.buf))
     assert [h[2] for h in hs] == [run.start_index + k for k in range(run.count)]
-
-
-@SETTINGS
-@given(bodies=st.lists(BODIES, min_size=1, max_size=8), uoff=st.integers(0, 100))
-def test_encode_into_writes_units_only_at_their_offsets(bodies: list[bytes], uoff: int) -> None:
-    n = len(bodies)
-    sentinel = 0xA5
-    units = bytearray([sentinel]) * (uoff + 32 * n + 40)
-    out = bytearray([sentinel]) * (7 + sum(48 + len(b) for b in bodies) + 9)
-    encode_into(out, 7, bodies, 0, n, 5, 2, 1000, 0, MAGIC_NORMAL, units=units, units_offset=uoff)
-    assert units[:uoff] == bytearray([sentinel]) * uoff
-    assert units[uoff + 32 * n :] == bytearray([sentinel]) * 40
-    assert out[:7] == bytearray([sentinel]) * 7
-    assert out[-9:] == bytearray([sentinel]) * 9
-    for k in range(n):
-        assert _i64(units, uoff + 32 * k + 16) == 5 + k
 
 
 @SETTINGS
@@ -476,15 +453,9 @@ def test_decode_entry_rejects_damage() -> None:
 @given(bodies=st.lists(BODIES, min_size=1, max_size=8), cut=st.integers(0, 8), index=st.integers(0, 1 << 40),
        term=st.integers(0, 1 << 20), pos=st.integers(0, 1 << 40), prev=st.integers(0, (1 << 32) - 1),
        magic=st.sampled_from(sorted(ENTRY_MAGICS)))
-def test_encode_run_joins_what_encode_into_lays_out(bodies: list[bytes], cut: int, index: int, term: int,
-                                                    pos: int, prev: int, magic: int) -> None:
-    """The leader's append (encode_run) stores the bytes encode_into's layout test checks."""
+def test_encode_run_from_start_is_the_run_of_the_bodies_from_there(
+        bodies: list[bytes], cut: int, index: int, term: int, pos: int, prev: int, magic: int) -> None:
+    """`start` only picks the bodies: the layout test's records (which start at 0) hold for any."""
     start = min(cut, len(bodies) - 1)
-    n = len(bodies) - start
-    out = bytearray(sum(48 + len(b) for b in bodies[start:]))
-    units = bytearray(32 * n)
-    positions: array[int] = array("q")
-    chain = encode_into(out, 0, bodies, start, len(bodies), index, term, pos, prev, magic, units=units,
-                        positions=positions)
     assert encode_run(bodies, start, len(bodies), index, term, pos, prev, magic) == \
-        (bytes(out), bytes(units), positions, chain)
+        encode_run(bodies[start:], 0, len(bodies) - start, index, term, pos, prev, magic)

@@ -11,7 +11,7 @@ from array import array
 from collections.abc import Sequence
 
 from dledger.codes import ResponseCode
-from dledger.entry import HEADER_SIZE, MAGIC_NORMAL, CorruptRecord, DLedgerEntry, encode_into, scan
+from dledger.entry import MAGIC_NORMAL, CorruptRecord, DLedgerEntry, encode_run, scan
 from dledger.store.base import (
     AppendedBatch,
     CorruptEntryError,
@@ -46,14 +46,9 @@ class MemoryLedgerStore(LedgerStore):
         with self._lock:
             self.check_bodies(bodies, term)
             first = self.end_index + 1
-            off = len(self._buf)
-            total = HEADER_SIZE * len(bodies) + sum(map(len, bodies))
-            self._buf.extend(bytes(total))
-            positions: array[int] = array("q")
-            chain = encode_into(
-                self._buf, off, bodies, 0, len(bodies), first, term,
-                self._base_pos + off, self.end_chain_crc, magic, positions=positions,
-            )
+            records, _, positions, chain = encode_run(bodies, 0, len(bodies), first, term,
+                                                     self._base_pos + len(self._buf), self.end_chain_crc, magic)
+            self._buf += records
             base = self._base_pos
             self._offsets.extend(p - base for p in positions)
             self._terms.extend([term] * len(bodies))
