@@ -27,6 +27,7 @@ INDEX_UNIT_SIZE = INDEX_UNIT.size
 # blank record that closes a data file: magic 0xFFFFFFFF, length of the rest of the file
 BLANK = struct.Struct(">ii")
 BLANK_SIZE = BLANK.size
+MAGIC_SIZE = struct.Struct(">ii")  # a record header's first two fields: magic, size
 _CHAIN = struct.Struct(">qqI")
 CHAIN_FIELDS = _CHAIN  # what chain_crc packs, for loops that inline it
 

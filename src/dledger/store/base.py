@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import errno
 import logging
-import struct
 import threading
 import zlib
 from abc import ABC, abstractmethod
@@ -23,6 +22,7 @@ from dledger.entry import (
     HEADER,
     HEADER_SIZE,
     MAGIC_NORMAL,
+    MAGIC_SIZE,
     CorruptRecord,
     DLedgerEntry,
     chain_follows,
@@ -34,8 +34,6 @@ from dledger.entry import (
 
 if TYPE_CHECKING:
     from dledger.store.columnar import CheckedRun
-
-_MAGIC_SIZE = struct.Struct(">ii")  # the first two header fields
 
 log = logging.getLogger(__name__)
 
@@ -318,7 +316,7 @@ class LedgerStore(ABC):
         for index in range(raw.first_index, raw.first_index + raw.count):
             if off + 8 > len(data):
                 return  # a damaged size: the follower's own checks reject the push
-            magic, size = _MAGIC_SIZE.unpack_from(data, off)
+            magic, size = MAGIC_SIZE.unpack_from(data, off)
             want = self._index_magic(index)  # the file store rebuilds a damaged unit first
             if magic != want:
                 raise CorruptEntryError(index, f"record of entry {index} says magic {magic}; the index {want}")

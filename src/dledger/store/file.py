@@ -22,7 +22,6 @@ from __future__ import annotations
 import itertools
 import logging
 import mmap
-import struct
 import sys
 import threading
 import time
@@ -43,6 +42,7 @@ from dledger.entry import (
     MAGIC_CONFIG_CHANGE,
     MAGIC_NORMAL,
     MAGIC_SESSION,
+    MAGIC_SIZE,
     CorruptRecord,
     DLedgerEntry,
     chain_follows,
@@ -565,7 +565,7 @@ class FileLedgerStore(LedgerStore):
         except StoreError:
             want = ()
         data, off, end = raw.data, 0, len(raw.data)
-        unpack = _RECORD_MAGIC_SIZE.unpack_from
+        unpack = MAGIC_SIZE.unpack_from
         for k in range(raw.count):
             if off + 8 > end:
                 return  # a damaged size: the follower's own checks reject the push
@@ -1115,7 +1115,6 @@ class FileLedgerStore(LedgerStore):
 AHEAD_MARGIN = 256 << 20  # how far before the end of its last file the next one is created ahead
 MARKED_MAGICS = (MAGIC_CONFIG_CHANGE, MAGIC_SESSION)  # rare entries a start looks up: kept (store/marks.py)
 MAGIC_SCAN_UNITS = 1 << 17  # index units per read of indexes_with_magic (4 MiB)
-_RECORD_MAGIC_SIZE = struct.Struct(">ii")  # a record header's first two fields: magic, size
 # the entry magics as `_scan_magic` reads them (big-endian ints as native words)
 _MAGIC_WORDS = frozenset(int.from_bytes(m.to_bytes(4, "big", signed=True), sys.byteorder, signed=True)
                          for m in ENTRY_MAGICS)
