@@ -38,10 +38,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +59,16 @@ if str(ROOT) not in sys.path:
 from benchmarks.common import tree_cpu_s  # noqa: E402  (run as a script: the repository root first)
 
 MiB = 1 << 20
+
+
+@contextmanager
+def _group() -> Iterator[tuple[str, dict[str, subprocess.Popen[bytes]], Path]]:
+    """A 3-member group "sweep" (file store, flush=async) in a directory of its own: (peers,
+    member processes, the directory)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        peers = format_peers({f"n{k}": Peer(f"n{k}", "127.0.0.1", p) for k, p in enumerate(free_ports(3))})
+        with local_cluster(peers, "sweep", Path(tmp), "async", "file") as procs:
+            yield peers, procs, Path(tmp)
 
 
 def best_rate(rows: int, repeat: int, run: Callable[[], Any]) -> float:
@@ -94,53 +106,51 @@ def main() -> int:
     if args.parquet:
         return against_parquet(spark, args.rows, args.repeat, args.body_bytes, args.json)
     out: dict[str, dict[str, float]] = {"write": {}, "read": {}, "stream": {}, "files": {}}
-    with tempfile.TemporaryDirectory() as tmp:
-        peers = format_peers({f"n{k}": Peer(f"n{k}", "127.0.0.1", p) for k, p in enumerate(free_ports(3))})
-        with local_cluster(peers, "sweep", Path(tmp), "async", "file"):
-            client = DLedgerClient(peers, "sweep")
-            n = args.rows
-            df = spark.range(n).selectExpr("rpad(cast(id as string), 100, 'x') as body").repartition(2).cache()
-            df.count()
+    with _group() as (peers, _, tmp):
+        client = DLedgerClient(peers, "sweep")
+        n = args.rows
+        df = spark.range(n).selectExpr("rpad(cast(id as string), 100, 'x') as body").repartition(2).cache()
+        df.count()
 
-            def write(opts: dict[str, str]) -> Callable[[], None]:
-                w = df.write.format("dledger").mode("append").option("peers", peers).option("group", "sweep")
-                for k, v in opts.items():
-                    w = w.option(k, v)
-                return w.save
+        def write(opts: dict[str, str]) -> Callable[[], None]:
+            w = df.write.format("dledger").mode("append").option("peers", peers).option("group", "sweep")
+            for k, v in opts.items():
+                w = w.option(k, v)
+            return w.save
 
-            for bs in (500, 1000, 2000, 5000, 10000):
-                out["write"][f"batchSize={bs}"] = best_rate(n, args.repeat, write({"batchSize": str(bs)}))
-            out["write"]["batchSize=5000 idempotent=false"] = best_rate(
-                n, args.repeat, write({"batchSize": "5000", "idempotent": "false"}))
-            total = client.metadata().committed_index + 1  # every entry the reads below see (NOOPs, markers too)
+        for bs in (500, 1000, 2000, 5000, 10000):
+            out["write"][f"batchSize={bs}"] = best_rate(n, args.repeat, write({"batchSize": str(bs)}))
+        out["write"]["batchSize=5000 idempotent=false"] = best_rate(
+            n, args.repeat, write({"batchSize": "5000", "idempotent": "false"}))
+        total = client.metadata().committed_index + 1  # every entry the reads below see (NOOPs, markers too)
 
-            def read(epp: int, schema: str | None = None, stream: bool = False) -> Callable[[], None]:
-                def run() -> None:
-                    r = spark.readStream if stream else spark.read
-                    r = r.format("dledger").option("peers", peers).option("group", "sweep") \
-                        .option("entriesPerPartition", str(epp))
-                    if schema:
-                        r = r.schema(schema)
-                    if stream:
-                        q = r.option("startingIndex", "earliest").load().writeStream.format("noop") \
-                            .option("checkpointLocation", tempfile.mkdtemp(dir=tmp)).trigger(availableNow=True).start()
-                        q.awaitTermination()
-                    else:
-                        r.load().count()
-                return run
+        def read(epp: int, schema: str | None = None, stream: bool = False) -> Callable[[], None]:
+            def run() -> None:
+                r = spark.readStream if stream else spark.read
+                r = r.format("dledger").option("peers", peers).option("group", "sweep") \
+                    .option("entriesPerPartition", str(epp))
+                if schema:
+                    r = r.schema(schema)
+                if stream:
+                    q = r.option("startingIndex", "earliest").load().writeStream.format("noop") \
+                        .option("checkpointLocation", tempfile.mkdtemp(dir=tmp)).trigger(availableNow=True).start()
+                    q.awaitTermination()
+                else:
+                    r.load().count()
+            return run
 
-            for epp in (10_000, 50_000, 100_000, 250_000):
-                out["read"][f"entriesPerPartition={epp}"] = best_rate(total, args.repeat, read(epp))
-                out["stream"][f"entriesPerPartition={epp}"] = best_rate(total, args.repeat, read(epp, stream=True))
-            top = max(out["read"], key=out["read"].__getitem__).split("=")[1]
-            out["read"][f"entriesPerPartition={top} schema without body"] = best_rate(
-                total, args.repeat, read(int(top), "index long, term long"))
-            client.close()
-            store = Path(tmp) / "sweep" / "n0"
-            for bpp in (4 * MiB, 16 * MiB, 64 * MiB, 1 << 30):
-                name = f"bytesPerPartition={bpp // MiB}MiB"
-                out["files"][name] = best_rate(total, args.repeat, lambda bpp=bpp: spark.read.format("dledger-files")
-                                               .option("bytesPerPartition", str(bpp)).load(str(store)).count())
+        for epp in (10_000, 50_000, 100_000, 250_000):
+            out["read"][f"entriesPerPartition={epp}"] = best_rate(total, args.repeat, read(epp))
+            out["stream"][f"entriesPerPartition={epp}"] = best_rate(total, args.repeat, read(epp, stream=True))
+        top = max(out["read"], key=out["read"].__getitem__).split("=")[1]
+        out["read"][f"entriesPerPartition={top} schema without body"] = best_rate(
+            total, args.repeat, read(int(top), "index long, term long"))
+        client.close()
+        store = Path(tmp) / "sweep" / "n0"
+        for bpp in (4 * MiB, 16 * MiB, 64 * MiB, 1 << 30):
+            name = f"bytesPerPartition={bpp // MiB}MiB"
+            out["files"][name] = best_rate(total, args.repeat, lambda bpp=bpp: spark.read.format("dledger-files")
+                                           .option("bytesPerPartition", str(bpp)).load(str(store)).count())
     spark.stop()
     if args.json:
         print(json.dumps(out, indent=2))
@@ -160,41 +170,39 @@ def read_path(n: int, repeat: int, body_bytes: int, as_json: bool) -> int:
 
     load0 = os.getloadavg()
     best = {"entries": 0.0, "columns": 0.0}
-    with tempfile.TemporaryDirectory() as tmp:
-        peers = format_peers({f"n{k}": Peer(f"n{k}", "127.0.0.1", p) for k, p in enumerate(free_ports(3))})
-        with local_cluster(peers, "sweep", Path(tmp), "async", "file"):
-            client = DLedgerClient(peers, "sweep")
-            bodies = [str(i).encode().ljust(body_bytes, b"x") for i in range(n)]
-            for k in range(0, n, 5000):
-                client.append_batch(bodies[k : k + 5000])
-            end = client.metadata().committed_index + 1
-            leader = wait_leader_view(client, "sweep", 30).self_id
+    with _group() as (peers, _, _):
+        client = DLedgerClient(peers, "sweep")
+        bodies = [str(i).encode().ljust(body_bytes, b"x") for i in range(n)]
+        for k in range(0, n, 5000):
+            client.append_batch(bodies[k : k + 5000])
+        end = client.metadata().committed_index + 1
+        leader = wait_leader_view(client, "sweep", 30).self_id
 
-            def entries() -> int:
-                index = rows = 0
-                while index < end:
-                    es = client.read(index, 2000, member=leader)
-                    if not es:
-                        break
-                    rows += entry_batch("sweep", [x.index for x in es], [x.term for x in es], [x.pos for x in es],
-                                        [x.body for x in es]).num_rows
-                    index = es[-1].index + 1
-                return rows
+        def entries() -> int:
+            index = rows = 0
+            while index < end:
+                es = client.read(index, 2000, member=leader)
+                if not es:
+                    break
+                rows += entry_batch("sweep", [x.index for x in es], [x.term for x in es], [x.pos for x in es],
+                                    [x.body for x in es]).num_rows
+                index = es[-1].index + 1
+            return rows
 
-            spec = RangeReadSpec("sweep", peers, 0, end, True, 60.0, ClientOptions.from_options({}))
+        spec = RangeReadSpec("sweep", peers, 0, end, True, 60.0, ClientOptions.from_options({}))
 
-            def columns() -> int:
-                return sum(b.num_rows for b in read_range(spec))
+        def columns() -> int:
+            return sum(b.num_rows for b in read_range(spec))
 
-            for _ in range(repeat):
-                for name, run in (("entries", entries), ("columns", columns)):
-                    t0 = time.perf_counter()
-                    got = run()
-                    rate = got / (time.perf_counter() - t0)
-                    if got != n:
-                        raise AssertionError(f"{name}: {got} rows, expected {n}")
-                    best[name] = max(best[name], rate)
-            client.close()
+        for _ in range(repeat):
+            for name, run in (("entries", entries), ("columns", columns)):
+                t0 = time.perf_counter()
+                got = run()
+                rate = got / (time.perf_counter() - t0)
+                if got != n:
+                    raise AssertionError(f"{name}: {got} rows, expected {n}")
+                best[name] = max(best[name], rate)
+        client.close()
     load1 = os.getloadavg()
     report = {"rows": n, "body_bytes": body_bytes, "repeat": repeat, "rows_per_s": best,
               "columns/entries": best["columns"] / best["entries"], "loadavg_before": load0, "loadavg_after": load1}
@@ -227,25 +235,23 @@ def write_path(n: int, repeat: int, body_bytes: int, as_json: bool) -> int:
     del bodies
     runs: list[dict[str, float]] = []
     load0 = os.getloadavg()
-    with tempfile.TemporaryDirectory() as tmp:
-        peers = format_peers({f"n{k}": Peer(f"n{k}", "127.0.0.1", p) for k, p in enumerate(free_ports(3))})
-        with local_cluster(peers, "sweep", Path(tmp), "async", "file") as procs:
-            with DLedgerClient(peers, "sweep") as client:
-                leader = client.metadata().leader_id
-            lead = procs[str(leader)].pid
-            followers = [p.pid for m, p in procs.items() if m != leader]
-            cfg = WriteConfig.from_options({"peers": peers, "group": "sweep"},
-                                           StructType([StructField("body", BinaryType())]))
-            append_batches(cfg, iter(batches[:1]), (uuid.uuid4().hex, 0))  # connections, a session
-            for _ in range(repeat):
-                t0, c0, l0, f0 = time.perf_counter(), time.process_time(), cpu(lead), sum(map(cpu, followers))
-                msg = append_batches(cfg, iter(batches), (uuid.uuid4().hex, 0))
-                took = time.perf_counter() - t0
-                if msg.rows != n:
-                    raise AssertionError(f"{msg.rows} rows appended, expected {n}")
-                runs.append({"rows_per_s": n / took, "task_us": (time.process_time() - c0) / n * 1e6,
-                             "leader_us": (cpu(lead) - l0) / n * 1e6,
-                             "followers_us": (sum(map(cpu, followers)) - f0) / n * 1e6})
+    with _group() as (peers, procs, _):
+        with DLedgerClient(peers, "sweep") as client:
+            leader = client.metadata().leader_id
+        lead = procs[str(leader)].pid
+        followers = [p.pid for m, p in procs.items() if m != leader]
+        cfg = WriteConfig.from_options({"peers": peers, "group": "sweep"},
+                                       StructType([StructField("body", BinaryType())]))
+        append_batches(cfg, iter(batches[:1]), (uuid.uuid4().hex, 0))  # connections, a session
+        for _ in range(repeat):
+            t0, c0, l0, f0 = time.perf_counter(), time.process_time(), cpu(lead), sum(map(cpu, followers))
+            msg = append_batches(cfg, iter(batches), (uuid.uuid4().hex, 0))
+            took = time.perf_counter() - t0
+            if msg.rows != n:
+                raise AssertionError(f"{msg.rows} rows appended, expected {n}")
+            runs.append({"rows_per_s": n / took, "task_us": (time.process_time() - c0) / n * 1e6,
+                         "leader_us": (cpu(lead) - l0) / n * 1e6,
+                         "followers_us": (sum(map(cpu, followers)) - f0) / n * 1e6})
     report = {"rows": n, "body_bytes": body_bytes, "runs": runs, "loadavg_before": load0,
               "loadavg_after": os.getloadavg()}
     if as_json:
@@ -296,53 +302,51 @@ def against_parquet(spark: Any, n: int, repeat: int, body_bytes: int, as_json: b
     load0 = os.getloadavg()
     out: dict[str, float] = {}
     cpu = CpuParts()
-    with tempfile.TemporaryDirectory() as tmp:
-        peers = format_peers({f"n{k}": Peer(f"n{k}", "127.0.0.1", p) for k, p in enumerate(free_ports(3))})
-        with local_cluster(peers, "sweep", Path(tmp), "async", "file"):
-            df = spark.range(n).selectExpr(f"rpad(cast(id as string), {body_bytes}, 'x') as body") \
-                .repartition(2).cache()
-            df.count()
-            pq = str(Path(tmp) / "pq")
-            # Spark starts its Python daemon and a worker of each kind at their first use (seconds of
-            # CPU): a read and a write of nothing first, so no timed phase pays for that
-            reader = spark.read.format("dledger").option("peers", peers).option("group", "sweep")
-            reader.load().write.format("noop").mode("overwrite").save()
-            df.limit(0).write.format("dledger").mode("append").option("peers", peers).option("group", "sweep").save()
+    with _group() as (peers, _, tmp):
+        df = spark.range(n).selectExpr(f"rpad(cast(id as string), {body_bytes}, 'x') as body") \
+            .repartition(2).cache()
+        df.count()
+        pq = str(Path(tmp) / "pq")
+        # Spark starts its Python daemon and a worker of each kind at their first use (seconds of
+        # CPU): a read and a write of nothing first, so no timed phase pays for that
+        reader = spark.read.format("dledger").option("peers", peers).option("group", "sweep")
+        reader.load().write.format("noop").mode("overwrite").save()
+        df.limit(0).write.format("dledger").mode("append").option("peers", peers).option("group", "sweep").save()
 
-            def to_dledger() -> None:
-                df.write.format("dledger").mode("append").option("peers", peers).option("group", "sweep").save()
+        def to_dledger() -> None:
+            df.write.format("dledger").mode("append").option("peers", peers).option("group", "sweep").save()
 
-            def to_parquet() -> None:
-                df.write.mode("overwrite").parquet(pq)
+        def to_parquet() -> None:
+            df.write.mode("overwrite").parquet(pq)
 
-            w_d = w_p = float("inf")
-            for _ in range(repeat):  # alternating: both see the same machine load
-                w_d = min(w_d, cpu.timed("write dledger", to_dledger))
-                w_p = min(w_p, cpu.timed("write parquet", to_parquet))
-            out["write dledger"], out["write parquet"] = n / w_d, n / w_p
-            df.unpersist()
-            client = DLedgerClient(peers, "sweep")
-            total = client.metadata().committed_index + 1
-            client.close()
-            rows = n * repeat  # what the reads return (NOOPs and session markers are not rows)
-            store = str(Path(tmp) / "sweep" / "n0")
-            # the best of `repeat` rounds, each reading all three back to back
-            best = {"read dledger": float("inf"), "read dledger-files": float("inf"), "read parquet": float("inf")}
-            for _ in range(repeat):
-                for name, load in (
-                    ("read dledger", lambda: spark.read.format("dledger").option("peers", peers)
-                     .option("group", "sweep").load()),
-                    ("read dledger-files", lambda: spark.read.format("dledger-files").load(store)),
-                    ("read parquet", lambda: spark.read.parquet(pq)),
-                ):
-                    def to_noop(load: Callable[[], Any] = load) -> None:
-                        load().write.format("noop").mode("overwrite").save()
+        w_d = w_p = float("inf")
+        for _ in range(repeat):  # alternating: both see the same machine load
+            w_d = min(w_d, cpu.timed("write dledger", to_dledger))
+            w_p = min(w_p, cpu.timed("write parquet", to_parquet))
+        out["write dledger"], out["write parquet"] = n / w_d, n / w_p
+        df.unpersist()
+        client = DLedgerClient(peers, "sweep")
+        total = client.metadata().committed_index + 1
+        client.close()
+        rows = n * repeat  # what the reads return (NOOPs and session markers are not rows)
+        store = str(Path(tmp) / "sweep" / "n0")
+        # the best of `repeat` rounds, each reading all three back to back
+        best = {"read dledger": float("inf"), "read dledger-files": float("inf"), "read parquet": float("inf")}
+        for _ in range(repeat):
+            for name, load in (
+                ("read dledger", lambda: spark.read.format("dledger").option("peers", peers)
+                 .option("group", "sweep").load()),
+                ("read dledger-files", lambda: spark.read.format("dledger-files").load(store)),
+                ("read parquet", lambda: spark.read.parquet(pq)),
+            ):
+                def to_noop(load: Callable[[], Any] = load) -> None:
+                    load().write.format("noop").mode("overwrite").save()
 
-                    best[name] = min(best[name], cpu.timed(name, to_noop))
-            out["read dledger"] = rows / best["read dledger"]
-            out["read dledger-files"] = rows / best["read dledger-files"]
-            out["read parquet"] = n / best["read parquet"]
-            seconds = pushdown_cost(spark, peers, rows, repeat)
+                best[name] = min(best[name], cpu.timed(name, to_noop))
+        out["read dledger"] = rows / best["read dledger"]
+        out["read dledger-files"] = rows / best["read dledger-files"]
+        out["read parquet"] = n / best["read parquet"]
+        seconds = pushdown_cost(spark, peers, rows, repeat)
     spark.stop()
     load1 = os.getloadavg()
     per_row = cpu.per_row({"write dledger": n * repeat, "write parquet": n * repeat,
