@@ -162,12 +162,7 @@ class ControlCursor:
     ahead: tuple[Span, ...] = ()
 
 
-_told_unsupported = False
-
-
-def _tell_unsupported() -> None:
-    global _told_unsupported
-    _told_unsupported = True
+_told_unsupported = False  # members without markers-only reads were warned about in this process
 
 
 def controls(client: DLedgerClient, start: int, end: int, timeout: float,
@@ -186,9 +181,10 @@ def controls(client: DLedgerClient, start: int, end: int, timeout: float,
         # a member older than markers-only reads (a rolling upgrade): read as before, control
         # records included, rather than fail every default read; said once per process (a
         # stream plans every trigger), then at debug level
+        global _told_unsupported
         (log.debug if _told_unsupported else log.warning)(
             "group members do not serve markers-only reads (%s): control records are shown as rows", e.message)
-        _tell_unsupported()
+        _told_unsupported = True
         return ()
     finally:
         client.close()
