@@ -503,18 +503,24 @@ def first_nonzero(path: Path, size: int) -> int | None:
     """The offset of the first non-zero byte of `path` (within `size`), None when all zero."""
     fd = os.open(path, os.O_RDONLY)
     try:
-        for a, b in data_extents(fd, 0, size):
-            off = a
-            while off < b:
-                chunk = os.pread(fd, min(len(ZEROS), b - off), off)
-                if not chunk:
-                    return None
-                if chunk != ZEROS[: len(chunk)]:
-                    return off + len(chunk) - len(chunk.lstrip(b"\0"))
-                off += len(chunk)
-        return None
+        return next_nonzero(fd, 0, size)
     finally:
         os.close(fd)
+
+
+def next_nonzero(fd: int, lo: int, size: int) -> int | None:
+    """The offset of the first non-zero byte of file `fd` in [lo, size), None when all zero.
+    Only its data extents are read: the holes of a preallocated file are skipped."""
+    for a, b in data_extents(fd, lo, size):
+        off = a
+        while off < b:
+            chunk = os.pread(fd, min(len(ZEROS), b - off), off)
+            if not chunk:
+                return None
+            if chunk != ZEROS[: len(chunk)]:
+                return off + len(chunk) - len(chunk.lstrip(b"\0"))
+            off += len(chunk)
+    return None
 
 
 def chain_before(h: tuple[int, ...]) -> int | None:
@@ -570,6 +576,7 @@ __all__ = [
     "first_record_index",
     "list_files",
     "member_store_dir",
+    "next_nonzero",
     "read_checkpoint",
     "read_currterm",
     "read_header",

@@ -33,7 +33,6 @@ import errno
 import logging
 import mmap
 import os
-import re
 import shutil
 import stat
 import struct
@@ -70,10 +69,11 @@ from dledger.store.offline import (
     data_extents,
     file_name,
     list_files,
+    next_nonzero,
     read_checkpoint,
     read_currterm,
 )
-from dledger.store.verdict import ReadOnlyFile, ReadOnlyFiles, Verdict, judge
+from dledger.store.verdict import ReadOnlyFiles, Verdict, judge
 
 log = logging.getLogger(__name__)
 
@@ -210,19 +210,7 @@ def _record_at(v: Verdict, index: int) -> tuple[int, int, int, int]:
     raise _refuse(f"record {index} not found")  # records() raises first
 
 
-_NONZERO = re.compile(rb"[^\x00]")
 _RESYNC_TRIES = 1 << 16  # byte offsets tried per data file to find a record again past damage
-
-
-def _next_nonzero(f: ReadOnlyFile, off: int) -> int | None:
-    """The offset of the first non-zero byte of `f` at or after `off`, searching only the
-    extents that hold data: the rest of a preallocated 1 GiB file is a hole, which a search
-    through the mapping would read page by page (seconds per file)."""
-    for a, b in data_extents(f.fd, off, f.size):
-        m = _NONZERO.search(f.mm, max(a, off), b)
-        if m is not None:
-            return m.start()
-    return None
 
 
 def _records_past_damage(v: Verdict) -> int:
@@ -241,7 +229,7 @@ def _records_past_damage(v: Verdict) -> int:
             off = max(v.end_extent, f.start) - f.start
             tries = _RESYNC_TRIES
             while off + HEADER_SIZE <= f.size and tries > 0:
-                nz = _next_nonzero(f, off)
+                nz = next_nonzero(f.fd, off, f.size)  # only data extents: a preallocated file's hole is skipped
                 if nz is None:
                     break
                 at = max(off, nz - 3)  # a magic is a small big-endian int: its first bytes are 0
