@@ -29,24 +29,25 @@ def loadavg() -> tuple[float, float, float]:
     return float(a), float(b), float(c)
 
 
-def proc_cpu_s(pid: int) -> float | None:
-    """utime + stime of one process (all its threads), in seconds; None once it is gone."""
+def _stat_fields(pid: int) -> list[str] | None:
+    """/proc/PID/stat after the command name (state first), None once the process is gone."""
     try:
         with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
+            return f.read().rsplit(")", 1)[1].split()
     except OSError:
         return None
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def proc_cpu_s(pid: int) -> float | None:
+    """utime + stime of one process (all its threads), in seconds; None once it is gone."""
+    fields = _stat_fields(pid)
+    return None if fields is None else (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
 def _stat(pid: int) -> tuple[int, float] | None:
     """(parent pid, utime + stime + the CPU of its reaped children) of one process."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    return int(fields[1]), sum(int(x) for x in fields[11:15]) / CLK_TCK
+    fields = _stat_fields(pid)
+    return None if fields is None else (int(fields[1]), sum(int(x) for x in fields[11:15]) / CLK_TCK)
 
 
 def tree_cpu_s(root: int, kind: Callable[[str], str]) -> dict[str, float]:
