@@ -10,7 +10,7 @@ STAMP  := $(VENV)/.installed
 
 all: test
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml setup.py src/dledger/_records.c
 	@test -n "$(PYTHON)" || { echo "error: no python3.11 or python3 on PATH; install Python 3.11" >&2; exit 1; }
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || \
 		{ echo "error: $(PYTHON) is older than Python 3.11" >&2; exit 1; }

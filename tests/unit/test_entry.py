@@ -32,6 +32,11 @@ from dledger.entry import (
     scan,
 )
 
+from .codecs import CODECS, use_codec
+
+# every test here runs on the C loops and on the pure-Python ones
+codec = pytest.fixture(scope="module", autouse=True, params=CODECS)(use_codec)
+
 SETTINGS = settings(
     max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )

@@ -1,0 +1,19 @@
+"""Types of the optional C extension (src/dledger/_records.c); see dledger.entry."""
+
+from collections.abc import Sequence
+
+def encode_run(
+    bodies: Sequence[bytes], start: int, stop: int, index: int, term: int, pos: int, prev_chain: int, magic: int, /
+) -> tuple[bytes, bytes, bytes, int]: ...
+def scan_run(
+    buf: object,
+    start: int,
+    end: int,
+    index: int,
+    pos: int,
+    prev_chain: int,
+    term_floor: int,
+    units: bytearray | None,
+    max_count: int,
+    /,
+) -> tuple[int, int, int, int]: ...
