@@ -1,4 +1,4 @@
-/* The record codec's two per-record loops in C (docs/format.md, "On disk"; docs/performance.md).
+/* The record codec's per-record loops in C (docs/format.md, "On disk"; docs/performance.md).
  *
  * dledger.entry keeps the pure-Python versions and calls these when the extension is built
  * (it is optional: a machine without a compiler gets the Python loops, which CI also tests
@@ -8,6 +8,8 @@
  *       -> (records: bytes, units: bytes, positions: bytes of native int64, chain: int)
  *   scan_run(buf, start, end, index, pos, prev_chain, term_floor, units, max_count)
  *       -> (offset, count, chain, term_floor)
+ *
+ * and store.columnar's check of a stretch for a columnar READ (check_columns, body_ends).
  *
  * scan_run walks only the common case: records whose every rule holds and whose CRCs are
  * checked (not upstream's unverified ones). It stops before the first record that is anything
@@ -222,9 +224,184 @@ static PyObject *scan_run(PyObject *self, PyObject *args) {
     return Py_BuildValue("(nnkL)", off, count, (unsigned long)chain, term_floor);
 }
 
+/* Big-endian index unit fields: magic i32, pos i64, size i32, index i64, term i64 */
+typedef struct {
+    int32_t magic, size;
+    int64_t pos, index, term;
+} unit_t;
+
+static unit_t get_unit(const unsigned char *u) {
+    unit_t r = {(int32_t)ld32(u), (int32_t)ld32(u + 12), (int64_t)ld64(u + 4), (int64_t)ld64(u + 16),
+                (int64_t)ld64(u + 24)};
+    return r;
+}
+
+/* store.columnar.check_run's rules over records first, first + 1, ... lying from the start of
+ * `data`, one per index unit: 0 when all hold (n records, `kept` of them with a magic in
+ * `mask`, `kept_bytes` of their bodies), -1 when any fails. */
+static int check_stretch(const unsigned char *b, Py_ssize_t len, const unsigned char *units, Py_ssize_t n,
+                         long long first, long long f_term, long long f_pos, int f_magic, unsigned long f_chain,
+                         unsigned long f_bcrc, unsigned long mask, Py_ssize_t *kept, Py_ssize_t *kept_bytes) {
+    Py_ssize_t off = 0;
+    int64_t pos0 = (int64_t)ld64(units + 4);
+    uint32_t prev_chain = 0;
+    *kept = *kept_bytes = 0;
+    for (Py_ssize_t k = 0; k < n; k++) {
+        unit_t u = get_unit(units + k * UNIT_SIZE);
+        if (u.size < HEADER_SIZE || u.pos - pos0 != (int64_t)off || u.index != first + k || u.size > len - off)
+            return -1;
+        const unsigned char *h = b + off;
+        int32_t magic = (int32_t)ld32(h);
+        uint32_t ccrc = ld32(h + 36), bcrc = ld32(h + 40);
+        int64_t term = (int64_t)ld64(h + 16);
+        if (!is_entry_magic(magic) || magic != u.magic || (int32_t)ld32(h + 4) != u.size ||
+            (int64_t)ld64(h + 8) != u.index || term != u.term || (int64_t)ld64(h + 24) != u.pos ||
+            ld32(h + 32) != 0 || (int32_t)ld32(h + 44) != u.size - HEADER_SIZE)
+            return -1;
+        int upstream = ccrc == 0 && bcrc == 0; /* entry.unverified */
+        if (k == 0 && (term != f_term || u.pos != f_pos || magic != f_magic || ccrc != (uint32_t)f_chain ||
+                       bcrc != (uint32_t)f_bcrc))
+            return -1;
+        if (!upstream && body_crc32(h + HEADER_SIZE, u.size - HEADER_SIZE) != bcrc)
+            return -1;
+        if (k > 0 && !upstream && chain_next(u.index, term, bcrc, prev_chain) != ccrc)
+            return -1;
+        if (magic < 32 && (mask >> magic) & 1) {
+            *kept += 1;
+            *kept_bytes += u.size - HEADER_SIZE;
+        }
+        prev_chain = ccrc;
+        off += u.size;
+    }
+    return 0;
+}
+
+/* check_columns(data, first, units, term, pos, magic, chain, body_crc, magic_mask, bodies, budget, take_one)
+ *   -> None | (indexes, terms, positions, body_sizes, bodies, scanned, size, spent)
+ * store.columnar.check_run's fast path: the int64 columns in native order, as array("q") holds them. */
+static PyObject *check_columns(PyObject *self, PyObject *args) {
+    PyObject *data, *result = NULL;
+    Py_buffer view, uview;
+    long long first, f_term, f_pos, budget;
+    int f_magic, bodies, take_one;
+    unsigned long f_chain, f_bcrc, mask;
+    Py_ssize_t nu, n = 0, total = 0, kept, kept_bytes;
+
+    if (!PyArg_ParseTuple(args, "OLy*LLikkkpLp", &data, &first, &uview, &f_term, &f_pos, &f_magic, &f_chain,
+                          &f_bcrc, &mask, &bodies, &budget, &take_one))
+        return NULL;
+    if (uview.len % UNIT_SIZE) {
+        PyBuffer_Release(&uview);
+        PyErr_SetString(PyExc_ValueError, "check_columns: units are not whole index units");
+        return NULL;
+    }
+    if (PyObject_GetBuffer(data, &view, PyBUF_SIMPLE) < 0) {
+        PyBuffer_Release(&uview);
+        return NULL;
+    }
+    const unsigned char *units = uview.buf;
+    nu = uview.len / UNIT_SIZE;
+    if (nu == 0) {
+        result = Py_None;
+        Py_INCREF(result);
+        goto done;
+    }
+    /* the records whose total size stays within the budget (the first always, with take_one) */
+    while (n < nu) {
+        int32_t size = (int32_t)ld32(units + n * UNIT_SIZE + 12);
+        if (total + size > budget && !(n == 0 && take_one))
+            break;
+        if (size < HEADER_SIZE) {
+            result = Py_None; /* a damaged unit: the caller's loop names it */
+            Py_INCREF(result);
+            goto done;
+        }
+        total += size;
+        n++;
+    }
+    if (n == 0) {
+        result = Py_BuildValue("(yyyyynnO)", "", "", "", "", "", (Py_ssize_t)0, (Py_ssize_t)0, Py_True);
+        goto done;
+    }
+    if (check_stretch(view.buf, view.len, units, n, first, f_term, f_pos, f_magic, f_chain, f_bcrc, mask, &kept,
+                      &kept_bytes) < 0) {
+        result = Py_None;
+        Py_INCREF(result);
+        goto done;
+    }
+    {
+        Py_ssize_t col = kept * (Py_ssize_t)sizeof(int64_t);
+        PyObject *ix = PyBytes_FromStringAndSize(NULL, col), *tm = PyBytes_FromStringAndSize(NULL, col);
+        PyObject *ps = PyBytes_FromStringAndSize(NULL, col), *bs = PyBytes_FromStringAndSize(NULL, col);
+        PyObject *bd = PyBytes_FromStringAndSize(NULL, bodies ? kept_bytes : 0);
+        if (ix && tm && ps && bs && bd) {
+            int64_t *pi = (int64_t *)PyBytes_AS_STRING(ix), *pt = (int64_t *)PyBytes_AS_STRING(tm);
+            int64_t *pp = (int64_t *)PyBytes_AS_STRING(ps), *pb = (int64_t *)PyBytes_AS_STRING(bs);
+            unsigned char *out = (unsigned char *)PyBytes_AS_STRING(bd);
+            const unsigned char *b = view.buf;
+            Py_ssize_t off = 0;
+            for (Py_ssize_t k = 0; k < n; k++) {
+                unit_t u = get_unit(units + k * UNIT_SIZE);
+                if (u.magic < 32 && (mask >> u.magic) & 1) {
+                    Py_ssize_t body = u.size - HEADER_SIZE;
+                    *pi++ = u.index;
+                    *pt++ = u.term;
+                    *pp++ = u.pos;
+                    *pb++ = bodies ? body : 0;
+                    if (bodies && body) {
+                        memcpy(out, b + off + HEADER_SIZE, (size_t)body);
+                        out += body;
+                    }
+                }
+                off += u.size;
+            }
+            result = Py_BuildValue("(OOOOOnnO)", ix, tm, ps, bs, bd, n, total, n < nu ? Py_True : Py_False);
+        }
+        Py_XDECREF(ix);
+        Py_XDECREF(tm);
+        Py_XDECREF(ps);
+        Py_XDECREF(bs);
+        Py_XDECREF(bd);
+    }
+done:
+    PyBuffer_Release(&view);
+    PyBuffer_Release(&uview);
+    return result;
+}
+
+/* body_ends(sizes) -> bytes: a columnar answer's little-endian int32 ends of each body in the
+ * joined bodies, 0 first (sizes: native int64, as array("q") holds them) */
+static PyObject *body_ends(PyObject *self, PyObject *args) {
+    Py_buffer sv;
+    if (!PyArg_ParseTuple(args, "y*", &sv))
+        return NULL;
+    Py_ssize_t n = sv.len / (Py_ssize_t)sizeof(int64_t);
+    PyObject *out = PyBytes_FromStringAndSize(NULL, (n + 1) * 4);
+    if (out != NULL) {
+        const unsigned char *src = sv.buf;
+        unsigned char *p = (unsigned char *)PyBytes_AS_STRING(out);
+        uint32_t end = 0;
+        for (Py_ssize_t k = 0; k <= n; k++) {
+            if (k > 0) {
+                int64_t s;
+                memcpy(&s, src + (k - 1) * (Py_ssize_t)sizeof(int64_t), sizeof s);
+                end += (uint32_t)s;
+            }
+            p[4 * k] = (unsigned char)end;
+            p[4 * k + 1] = (unsigned char)(end >> 8);
+            p[4 * k + 2] = (unsigned char)(end >> 16);
+            p[4 * k + 3] = (unsigned char)(end >> 24);
+        }
+    }
+    PyBuffer_Release(&sv);
+    return out;
+}
+
 static PyMethodDef methods[] = {
     {"encode_run", encode_run, METH_VARARGS, "entry.encode_run's loop (records, units, positions, chain)."},
     {"scan_run", scan_run, METH_VARARGS, "entry.scan's loop over the common case (offset, count, chain, term)."},
+    {"check_columns", check_columns, METH_VARARGS, "store.columnar.check_run over a stretch, None on any fault."},
+    {"body_ends", body_ends, METH_VARARGS, "A columnar answer's little-endian int32 body ends."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -17,3 +17,19 @@ def scan_run(
     max_count: int,
     /,
 ) -> tuple[int, int, int, int]: ...
+def check_columns(
+    data: object,
+    first: int,
+    units: bytes,
+    term: int,
+    pos: int,
+    magic: int,
+    chain: int,
+    body_crc: int,
+    magic_mask: int,
+    bodies: bool,
+    budget: int,
+    take_one: bool,
+    /,
+) -> tuple[bytes, bytes, bytes, bytes, bytes, int, int, bool] | None: ...
+def body_ends(sizes: object, /) -> bytes: ...

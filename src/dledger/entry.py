@@ -17,7 +17,7 @@ import zlib
 from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
-from types import ModuleType
+from typing import Protocol
 
 import msgspec
 
@@ -49,7 +49,23 @@ ENTRY_MAGICS = frozenset((MAGIC_NORMAL, MAGIC_NOOP, MAGIC_CONFIG_CHANGE, MAGIC_S
 
 assert HEADER_SIZE == 48 and INDEX_UNIT_SIZE == 32
 
-def _load_native() -> ModuleType | None:
+class NativeRecords(Protocol):
+    """The C extension's functions (src/dledger/_records.c, typed in _records.pyi)."""
+
+    def encode_run(self, bodies: Sequence[bytes], start: int, stop: int, index: int, term: int, pos: int,
+                   prev_chain: int, magic: int, /) -> tuple[bytes, bytes, bytes, int]: ...
+
+    def scan_run(self, buf: object, start: int, end: int, index: int, pos: int, prev_chain: int, term_floor: int,
+                 units: bytearray | None, max_count: int, /) -> tuple[int, int, int, int]: ...
+
+    def check_columns(self, data: object, first: int, units: bytes, term: int, pos: int, magic: int, chain: int,
+                      body_crc: int, magic_mask: int, bodies: bool, budget: int, take_one: bool, /
+                      ) -> tuple[bytes, bytes, bytes, bytes, bytes, int, int, bool] | None: ...
+
+    def body_ends(self, sizes: object, /) -> bytes: ...
+
+
+def _load_native() -> NativeRecords | None:
     """The C loops (src/dledger/_records.c), unless the environment asks for pure Python or
     they were not built (the extension is optional: no compiler, no zlib headers)."""
     if os.environ.get("DLEDGER_PURE_PYTHON", "") not in ("", "0"):
@@ -63,7 +79,7 @@ def _load_native() -> ModuleType | None:
 
 # the C scan knows the entry magics as 1..4: keep them so, or teach it
 assert frozenset(range(1, 5)) == ENTRY_MAGICS
-native: ModuleType | None = _load_native()
+native: NativeRecords | None = _load_native()
 
 
 def unverified(chain: int, body_crc: int) -> bool:

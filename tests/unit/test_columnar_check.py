@@ -15,6 +15,11 @@ from dledger.entry import HEADER_SIZE, INDEX_UNIT_SIZE, MAGIC_NOOP, MAGIC_NORMAL
 from dledger.store.columnar import check_run, crc32_rows
 from dledger.store.file import FileLedgerStore
 
+from .codecs import CODECS, use_codec
+
+# every test here runs on the C check and on the numpy one
+codec = pytest.fixture(scope="module", autouse=True, params=CODECS)(use_codec)
+
 NORMAL = frozenset([MAGIC_NORMAL])
 
 

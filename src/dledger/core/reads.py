@@ -244,7 +244,7 @@ class ReadPath:
             kept += len(c.indexes)
             size += c.size
             index = c.next_index
-        from dledger.store.columnar import body_ends  # numpy: loaded by the first columnar read only
+        from dledger.store.columnar import body_ends  # loaded by the first columnar read only
 
         body = b"".join(chunks)  # (one chunk: itself, no copy)
         ends = body_ends(sizes)

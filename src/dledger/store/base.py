@@ -491,7 +491,7 @@ class LedgerStore(ABC):
         units = self._index_units(first, count)
         if units is None:
             return None
-        from dledger.store.columnar import check_run  # numpy: loaded by the first columnar read only
+        from dledger.store.columnar import check_run  # loaded by the first columnar read only
 
         f = self.get(first)  # the first header against what the store holds, as the loop does
         return check_run(data, first, units, (f.term, f.pos, f.magic, f.chain_crc, f.body_crc), magics, bodies,
