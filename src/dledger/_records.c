@@ -89,14 +89,24 @@ static PyObject *encode_run(PyObject *self, PyObject *args) {
 
     if (!PyArg_ParseTuple(args, "OnnLLLki", &bodies, &start, &stop, &index, &term, &pos, &prev_chain, &magic))
         return NULL;
-    seq = PySequence_Fast(bodies, "bodies must be a sequence");
-    if (seq == NULL)
-        return NULL;
-    if (start < 0 || stop > PySequence_Fast_GET_SIZE(seq) || start > stop) {
-        PyErr_SetString(PyExc_IndexError, "encode_run: start/stop outside the bodies");
-        goto done;
+    {
+        Py_ssize_t have = PySequence_Size(bodies);
+        if (have < 0)
+            return NULL;
+        if (start < 0 || stop > have || start > stop) {
+            PyErr_SetString(PyExc_IndexError, "encode_run: start/stop outside the bodies");
+            return NULL;
+        }
+        PyObject *part = PySequence_GetSlice(bodies, start, stop);
+        if (part == NULL)
+            return NULL;
+        seq = PySequence_Tuple(part); /* immutable and ours: a body's __buffer__ cannot change it */
+        Py_DECREF(part);
+        if (seq == NULL)
+            return NULL;
     }
-    n = stop - start;
+    n = PyTuple_GET_SIZE(seq);
+    start = 0;
     views = PyMem_Calloc(n > 0 ? (size_t)n : 1, sizeof(Py_buffer));
     if (views == NULL) {
         PyErr_NoMemory();
@@ -111,6 +121,10 @@ static PyObject *encode_run(PyObject *self, PyObject *args) {
             goto done;
         }
         total += HEADER_SIZE + views[k].len;
+    }
+    if (n > 0 && (index > INT64_MAX - (n - 1) || pos > INT64_MAX - (total - HEADER_SIZE - views[n - 1].len))) {
+        PyErr_SetString(PyExc_OverflowError, "encode_run: an index or position past int64");
+        goto done;
     }
     records = PyBytes_FromStringAndSize(NULL, total);
     units = PyBytes_FromStringAndSize(NULL, n * UNIT_SIZE);
@@ -179,15 +193,17 @@ static PyObject *scan_run(PyObject *self, PyObject *args) {
     Py_ssize_t off = start;
     Py_ssize_t count = 0;
     uint32_t chain = (uint32_t)prev_chain;
-    if (start < 0)
-        limit = 0; /* walk nothing: Python's loop says what such a start means */
-    while (count != max_count && off <= limit - HEADER_SIZE) {
+    if (limit < 0 || start < 0)
+        limit = 0; /* walk nothing: Python's loop says what such a start or end means */
+    unsigned char *ubuf = NULL; /* the units of the records passed, written as they pass (F6) */
+    Py_ssize_t ucap = 0;
+    while (count != max_count && off >= 0 && off <= limit - HEADER_SIZE) {
         const unsigned char *h = b + off;
         int32_t magic = (int32_t)ld32(h), size = (int32_t)ld32(h + 4), channel = (int32_t)ld32(h + 32);
         int32_t bsize = (int32_t)ld32(h + 44);
         int64_t idx = (int64_t)ld64(h + 8), term = (int64_t)ld64(h + 16), rpos = (int64_t)ld64(h + 24);
         uint32_t ccrc = ld32(h + 36), bcrc = ld32(h + 40);
-        if (!is_entry_magic(magic) || bsize < 0 || size != HEADER_SIZE + bsize || size > limit - off ||
+        if (!is_entry_magic(magic) || bsize < 0 || (int64_t)size != (int64_t)HEADER_SIZE + bsize || size > limit - off ||
             idx != index || rpos != pos || term < term_floor || channel != 0)
             break;
         if (body_crc32(h + HEADER_SIZE, bsize) != bcrc)
@@ -195,31 +211,41 @@ static PyObject *scan_run(PyObject *self, PyObject *args) {
         uint32_t next = chain_next(idx, term, bcrc, chain);
         if (next != ccrc)
             break; /* upstream's unverified records too: Python's loop takes them */
+        if (units != Py_None) {
+            if (count == ucap) {
+                Py_ssize_t cap = ucap ? 2 * ucap : 64;
+                unsigned char *grown = PyMem_Realloc(ubuf, (size_t)cap * UNIT_SIZE);
+                if (grown == NULL) {
+                    PyMem_Free(ubuf);
+                    PyBuffer_Release(&view);
+                    return PyErr_NoMemory();
+                }
+                ubuf = grown;
+                ucap = cap;
+            }
+            put_unit(ubuf + count * UNIT_SIZE, magic, rpos, size, idx, term);
+        }
         chain = next;
         term_floor = term;
         off += size;
+        count += 1;
+        if (index == INT64_MAX || pos > INT64_MAX - size)
+            break; /* the next index or position is past int64: Python's loop names the next record */
         pos += size;
         index += 1;
-        count += 1;
     }
     if (units != Py_None && count > 0) {
         Py_ssize_t have = PyByteArray_GET_SIZE(units);
         if (count > (PY_SSIZE_T_MAX - have) / UNIT_SIZE || PyByteArray_Resize(units, have + count * UNIT_SIZE) < 0) {
             if (!PyErr_Occurred())
                 PyErr_NoMemory();
+            PyMem_Free(ubuf);
             PyBuffer_Release(&view);
             return NULL;
         }
-        unsigned char *u = (unsigned char *)PyByteArray_AS_STRING(units) + have;
-        Py_ssize_t at = start;
-        for (Py_ssize_t k = 0; k < count; k++) {
-            const unsigned char *h = b + at;
-            int32_t size = (int32_t)ld32(h + 4);
-            put_unit(u, (int32_t)ld32(h), (int64_t)ld64(h + 24), size, (int64_t)ld64(h + 8), (int64_t)ld64(h + 16));
-            u += UNIT_SIZE;
-            at += size;
-        }
+        memcpy(PyByteArray_AS_STRING(units) + have, ubuf, (size_t)(count * UNIT_SIZE));
     }
+    PyMem_Free(ubuf);
     PyBuffer_Release(&view);
     return Py_BuildValue("(nnkL)", off, count, (unsigned long)chain, term_floor);
 }
@@ -248,7 +274,7 @@ static int check_stretch(const unsigned char *b, Py_ssize_t len, const unsigned 
     *kept = *kept_bytes = 0;
     for (Py_ssize_t k = 0; k < n; k++) {
         unit_t u = get_unit(units + k * UNIT_SIZE);
-        if (u.size < HEADER_SIZE || u.pos - pos0 != (int64_t)off || u.index != first + k || u.size > len - off)
+        if (u.size < HEADER_SIZE || (uint64_t)u.pos - (uint64_t)pos0 != (uint64_t)off || first > INT64_MAX - k || u.index != first + k || u.size > len - off)
             return -1;
         const unsigned char *h = b + off;
         int32_t magic = (int32_t)ld32(h);
@@ -407,4 +433,14 @@ static PyMethodDef methods[] = {
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "dledger._records", NULL, -1, methods};
 
-PyMODINIT_FUNC PyInit__records(void) { return PyModule_Create(&module); }
+/* dledger.entry.NATIVE_VERSION: a build of an older _records.c left in place is not loaded */
+#define RECORDS_VERSION 2
+
+PyMODINIT_FUNC PyInit__records(void) {
+    PyObject *m = PyModule_Create(&module);
+    if (m != NULL && PyModule_AddIntConstant(m, "VERSION", RECORDS_VERSION) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

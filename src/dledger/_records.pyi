@@ -2,6 +2,8 @@
 
 from collections.abc import Sequence
 
+VERSION: int
+
 def encode_run(
     bodies: Sequence[bytes], start: int, stop: int, index: int, term: int, pos: int, prev_chain: int, magic: int, /
 ) -> tuple[bytes, bytes, bytes, int]: ...

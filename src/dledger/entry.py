@@ -11,6 +11,7 @@ stay the reference the C loops are tested against.
 
 from __future__ import annotations
 
+import logging
 import os
 import struct
 import zlib
@@ -49,6 +50,10 @@ ENTRY_MAGICS = frozenset((MAGIC_NORMAL, MAGIC_NOOP, MAGIC_CONFIG_CHANGE, MAGIC_S
 
 assert HEADER_SIZE == 48 and INDEX_UNIT_SIZE == 32
 
+NATIVE_VERSION = 2  # _records.c's RECORDS_VERSION: raised with every change of its functions
+log = logging.getLogger(__name__)
+
+
 class NativeRecords(Protocol):
     """The C extension's functions (src/dledger/_records.c, typed in _records.pyi)."""
 
@@ -74,9 +79,16 @@ def _load_native() -> NativeRecords | None:
         from dledger import _records
     except ImportError:
         return None
+    if getattr(_records, "VERSION", None) != NATIVE_VERSION:  # built from an older _records.c
+        log.warning("dledger._records is stale (version %s, want %d): using the Python loops; "
+                    "pip install -e . rebuilds it", getattr(_records, "VERSION", None), NATIVE_VERSION)
+        return None
     return _records
 
 
+# bytes the C scan checks per call, at most (more when one record is larger): ~2 ms, so other
+# threads (the flusher, a member's event loop beside a long recovery) get the GIL between calls
+NATIVE_STEP = 4 << 20
 # the C scan knows the entry magics as 1..4: keep them so, or teach it
 assert frozenset(range(1, 5)) == ENTRY_MAGICS
 native: NativeRecords | None = _load_native()
@@ -308,14 +320,22 @@ def scan(
     chain = prev_chain
     term_floor = prev_term
     stop = "end"
-    if native is not None and start >= 0 and (units is None or type(units) is bytearray):
-        # the C loop takes the common case as far as it goes; this loop decides the rest
-        off, count, chain, term_floor = native.scan_run(
-            buf, start, end, index, pos, prev_chain, prev_term, units, max_count
-        )
-        pos += off - start
-        index += count
     try:
+        if native is not None and start >= 0 and (units is None or type(units) is bytearray):
+            # the C loop takes the common case as far as it goes, a step at a time (it holds
+            # the GIL: recovery scans whole data files); this loop decides the rest
+            while count != max_count:
+                lim = end
+                if end - off >= 8:  # a step holds at least the next record, whatever its size
+                    lim = min(end, off + max(NATIVE_STEP, int.from_bytes(mv[off + 4 : off + 8], "big", signed=True)))
+                left = max_count - count if max_count >= 0 else -1
+                at, n, chain, term_floor = native.scan_run(mv, off, lim, index, pos, chain, term_floor, units, left)
+                pos += at - off
+                index += n
+                count += n
+                off = at
+                if n == 0 or lim >= end:
+                    break
         while off + 8 <= end and count != max_count:
             # the whole header in one call where it fits (its first field is the magic): no
             # slice and int per record for the magic alone, on a follower's per-record path

@@ -6,6 +6,7 @@ odd starts and past the buffer's end (docs/format.md, "On disk")."""
 from __future__ import annotations
 
 import os
+import struct
 import subprocess
 import sys
 from collections.abc import Callable
@@ -19,7 +20,8 @@ from dledger import entry
 from dledger.entry import BLANK, HEADER_SIZE, MAGIC_BLANK, CorruptRecord, ScanResult, encode_run, scan
 
 T = TypeVar("T")
-SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(max_examples=300, deadline=None,
+                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 
 
 def both(fn: Callable[[], T]) -> tuple[T | tuple[str, str, int, int], T | tuple[str, str, int, int]]:
@@ -84,9 +86,12 @@ def runs(draw: st.DrawFn) -> tuple[bytes, int, int, int, int]:
 
 @SETTINGS
 @given(run=runs(), strict=st.booleans(), with_units=st.booleans(), max_count=st.integers(-1, 8),
-       start_shift=st.integers(-1, 3), end_shift=st.integers(-60, 60))
+       start_shift=st.integers(-1, 3), end_shift=st.integers(-60, 60), step=st.sampled_from([1, 60, 200, 4 << 20]))
 def test_scan_agrees_with_python(run: tuple[bytes, int, int, int, int], strict: bool, with_units: bool,
-                                 max_count: int, start_shift: int, end_shift: int) -> None:
+                                 max_count: int, start_shift: int, end_shift: int, step: int,
+                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """Also with entry.scan's C steps cut small: records then straddle a step's end."""
+    monkeypatch.setattr(entry, "NATIVE_STEP", step)
     buf, index, pos, chain, floor = run
     start = 0 if start_shift < 0 else start_shift
     end = max(start, len(buf) + end_shift)  # also past the buffer's end: Python's loop says what happens
@@ -223,3 +228,61 @@ def test_body_ends_agree_with_numpy() -> None:
     for sizes in ([], [0], [5, 0, 7, 1 << 20], list(range(1000))):
         c, py = both(lambda sizes=sizes: body_ends(array("q", sizes)))  # type: ignore[misc]
         assert c == py
+
+
+def record(index: int, term: int, pos: int, body: bytes, prev: int) -> tuple[bytes, int]:
+    """A valid record and its chain CRC."""
+    records, _, _, chain = entry._encode_run_py([body], 0, 1, index, term, pos, prev, 1)
+    return records, chain
+
+
+@pytest.mark.parametrize("body_size", [2**31 - 48, 2**31 - 16, 2**31 - 1])
+def test_a_body_size_whose_record_size_wraps_is_refused(body_size: int) -> None:
+    """48 + a body size near 2^31 wraps in 32 bits to what the size field holds: a record
+    that claims gigabytes past a 100-byte buffer (a peer's push, a damaged file). Refused
+    as the Python loop refuses it, nothing read past the buffer."""
+    size = (HEADER_SIZE + body_size) - (1 << 32)
+    buf = entry.HEADER.pack(1, size, 0, 1, 0, 0, 0, 12345, body_size) + b"x" * 52
+    c, py = both(lambda: scan(buf, 0, len(buf), 0, 0, 0))
+    assert c == py
+    assert isinstance(c, ScanResult) and c.count == 0 and c.stop.startswith("corrupt: bad size")
+    c, py = both(lambda: scan(buf, 0, len(buf), 0, 0, 0, strict=True))
+    assert c == py and c[0] == "CorruptRecord"  # type: ignore[index]
+
+
+@pytest.mark.parametrize("field", ["index", "pos"])
+def test_index_and_position_do_not_wrap_past_int64(field: str) -> None:
+    """A record at the last int64 index (position) followed by one at the first negative one:
+    the second is refused, not taken as the next."""
+    i0, p0 = (2**63 - 1, 0) if field == "index" else (5, 2**63 - 49)
+    first, chain = record(i0, 1, p0, b"x", 0)
+    def wrap(v: int) -> int:
+        return v - 2**64 if v >= 2**63 else v
+
+    second, _ = record(wrap(i0 + 1), 1, wrap(p0 + len(first)), b"y", chain)
+    buf = first + second
+    c, py = both(lambda: scan(buf, 0, len(buf), i0, p0, 0))
+    assert c == py
+    assert isinstance(c, ScanResult) and c.count == 1
+
+
+def test_encode_run_refuses_an_index_past_int64() -> None:
+    for native in (entry.native, None):
+        saved = entry.native
+        entry.native = native
+        try:
+            with pytest.raises((OverflowError, struct.error)):
+                encode_run([b"a", b"b"], 0, 2, 2**63 - 1, 1, 0, 0, 1)
+        finally:
+            entry.native = saved
+
+
+@pytest.mark.parametrize(("start", "end"), [(-(2**40), 16), (-48, 16), (0, -(2**63)), (8, 4), (0, 2**62)])
+def test_scan_run_outside_the_buffer_walks_nothing_or_stops(start: int, end: int) -> None:
+    """Starts and ends outside the buffer, called directly (entry.scan never passes them):
+    no record is taken from outside it."""
+    assert entry.native is not None
+    buf = record(0, 1, 0, b"abc", 0)[0] + bytes(16)
+    off, count, _, _ = entry.native.scan_run(buf, start, end, 0, 0, 0, -1, bytearray(), -1)
+    assert count == (1 if (start, end) == (0, 2**62) else 0)
+    assert off == (len(buf) - 16 if count else start)
