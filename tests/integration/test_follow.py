@@ -5,6 +5,7 @@ Waits poll a condition up to a generous deadline; nothing is timed."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -64,7 +65,8 @@ def test_read_follow_prints_entries_as_they_commit(make_cluster: MakeCluster) ->
     client = c.client(timeout=30)
     first = client.append(b"one").index
     p = subprocess.Popen([sys.executable, "-m", "dledger", "read", "--peers", c.peers, "--group", c.group,
-                          "--from", str(first), "--follow"], stdout=subprocess.PIPE, text=True)
+                          "--from", str(first), "--follow"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True, env={**os.environ, "PYTHONFAULTHANDLER": "1"})
     try:
         assert p.stdout is not None
         assert json.loads(p.stdout.readline())["body"] == "one"
@@ -72,4 +74,10 @@ def test_read_follow_prints_entries_as_they_commit(make_cluster: MakeCluster) ->
         assert json.loads(p.stdout.readline())["body"] == "two"
     finally:
         p.send_signal(signal.SIGINT)
-        assert p.wait(timeout=30) == 130
+        try:
+            code = p.wait(timeout=30)
+        except subprocess.TimeoutExpired:  # say where it hung: faulthandler prints every thread
+            p.send_signal(signal.SIGABRT)
+            stacks = p.communicate(timeout=30)[1]
+            pytest.fail(f"`dledger read --follow` ignored SIGINT for 30 s; its threads:\n{stacks}")
+        assert code == 130, p.communicate(timeout=30)[1]
