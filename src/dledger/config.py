@@ -196,7 +196,7 @@ class DLedgerConfig:
     max_push_timeout_ms: int = 1000  # a push to a follower not answered this long is sent again
     peer_push_quota: int = 20 * MiB  # bytes per second a leader pushes to a follower catching up
     max_batch_push_bytes: int = 1 * MiB  # bytes of records per push
-    max_inflight_pushes: int = 8  # pushes in flight per follower (pipelining)
+    max_inflight_pushes: int = 8  # pushes in flight per follower (pipelining; small ones wait on a short link)
     leadership_transfer_timeout_ms: int = 3000  # a transfer not done this long is abandoned
     learner_max_lag: int = 1000  # a learner is promoted only within this many entries of the leader's end (0: none)
     # retention by age whatever the disk usage (Kafka's log.retention.hours): data files last

@@ -9,15 +9,16 @@ from typing import Any
 
 from dledger.codes import PushType, RequestCode, ResponseCode
 from dledger.core.contexts import Answered, PushCtx
+from dledger.core.dispatcher import COALESCE_RTT_MS
 from dledger.core.member_state import MemberState
-from dledger.core.messages import PushRequest, PushResponse, Role
+from dledger.core.messages import AppendRequest, PushRequest, PushResponse, Role
 from dledger.core.progress import Progress
 from dledger.core.quorum import QuorumAckChecker
 from dledger.entry import MAGIC_NOOP, MAGIC_NORMAL
 from dledger.store.base import AppendedBatch
 from dledger.store.memory import MemoryLedgerStore
 
-from .raft_harness import Member, answer_pushes, leading
+from .raft_harness import Member, answer_pushes, catch_up, leading, msg_of
 
 
 def _leader_log(terms: list[int]) -> MemoryLedgerStore:
@@ -202,3 +203,60 @@ def test_answers_of_an_earlier_leadership_are_ignored() -> None:
     old = PushCtx("n1", m.node.dispatchers["n1"].epoch, 0, int(PushType.COMPARE), end, m.node.member.term - 1)
     m.node.complete(Answered(old, PushResponse(int(ResponseCode.SUCCESS), m.node.member.term, end)), m.now)
     assert m.node.progress["n1"].match_index == -1
+
+
+def _appends_to(m: Member, peer: str) -> list[Any]:
+    return [s for s in m.sends(RequestCode.PUSH) if s.peer == peer and msg_of(s, PushRequest).type == PushType.APPEND]
+
+
+def _append(m: Member, body: bytes, token: str) -> None:
+    m.handle(RequestCode.APPEND, AppendRequest(group="default", bodies=[body]), token=token)
+
+
+def _answer(m: Member, push: Any, after_ms: int) -> None:
+    """Answer an APPEND push `after_ms` after it was sent: the follower holds it."""
+    if after_ms:
+        m.tick(after_ms)
+    m.out.remove(push)
+    req = msg_of(push, PushRequest)
+    resp = PushResponse(int(ResponseCode.SUCCESS), m.node.member.term, req.first_index + req.count - 1)
+    m.node.complete(Answered(push.ctx, resp), m.now)
+    m.drain()
+
+
+def _linked(rtt_ms: int) -> Member:
+    """A leader whose follower n1 holds its log, its one APPEND push so far answered in rtt_ms."""
+    m = leading()
+    catch_up(m, "n1")
+    m.clear()
+    _append(m, b"first", "first")
+    (push,) = _appends_to(m, "n1")
+    _answer(m, push, rtt_ms)
+    m.clear()
+    return m
+
+
+def test_on_a_short_link_a_small_push_waits_for_the_one_in_flight() -> None:
+    """Ack-clocked pushes (EntryDispatcher): with one APPEND push in flight to a follower whose
+    pushes are answered quickly, a new entry does not go out in a second, nearly empty push;
+    the answer sends it, with everything that arrived meanwhile, in one push."""
+    m = _linked(0)
+    _append(m, b"a", "a")
+    assert len(_appends_to(m, "n1")) == 1  # nothing in flight: it leaves at once
+    _append(m, b"b", "b")
+    _append(m, b"c", "c")
+    (first,) = _appends_to(m, "n1")  # b and c wait for its answer
+    _answer(m, first, 0)
+    (second,) = _appends_to(m, "n1")
+    req, was = msg_of(second, PushRequest), msg_of(first, PushRequest)
+    assert (req.first_index, req.count) == (was.first_index + 1, 2)
+
+
+def test_on_a_long_link_pushes_pipeline_as_before() -> None:
+    """Pushes answered slower than COALESCE_RTT_MS (a WAN): every new entry leaves at once, up
+    to max_inflight_pushes in flight, as without ack clocking."""
+    m = _linked(50)
+    assert m.node.dispatchers["n1"].srtt_ms > COALESCE_RTT_MS
+    for k in range(3):
+        _append(m, b"x", f"x{k}")
+    assert len(_appends_to(m, "n1")) == 3

@@ -10,6 +10,12 @@ drops the follower's entries past it, APPEND streams records. Improvements:
 - pipelining as SOFAJRaft: up to `max_inflight_pushes` APPEND pushes in
   flight, responses applied strictly in send order, any failure or gap resets
   to COMPARE (the epoch counter makes late answers of the old window inert);
+- ack-clocked small pushes: on a short link (smoothed push round trip within
+  COALESCE_RTT_MS) a push that would go out less than half full waits while another
+  is in flight, and leaves with what arrived meanwhile when its answer comes: fewer,
+  larger pushes (less CPU on both sides, which is what the tail latency of a busy
+  machine is made of: docs/performance.md). Full pushes still pipeline; on a long
+  link (a WAN) every push leaves at once, as before;
 - pushes carry raw record bytes straight from the store (`read_raw`);
 - flow control: a follower catching up from far behind the commit index is
   limited to `peer_push_quota` bytes/s, so it cannot starve live replication to
@@ -54,6 +60,9 @@ log = logging.getLogger(__name__)
 
 PUMP = Pump()
 STRANDED_RETRY_MS = 1000
+# a link whose pushes are answered within this (loopback, a LAN) clocks small pushes by their
+# answers; waiting for one costs less there than the CPU of many small pushes on both sides
+COALESCE_RTT_MS = 5.0
 WARN_EVERY_MS = 10_000  # one warning per kind and follower in this time; the next says how many were held back
 
 
@@ -107,7 +116,8 @@ class EntryDispatcher:
         self.compare_index = env.store.end_index - 1  # a new leader's NOOP is not there yet
         self.compare_floor = -1  # highest index known to match (COMPARE searches above it)
         self.busy = False  # a COMPARE / TRUNCATE / COMMIT is in flight
-        self.inflight: deque[tuple[int, int, int]] = deque()  # (seq, first, last) in send order
+        self.inflight: deque[tuple[int, int, int, int]] = deque()  # (seq, first, last, sent at) in send order
+        self.srtt_ms = -1.0  # smoothed round trip of APPEND pushes (-1: none answered yet)
         self.early: dict[int, PushResponse | None] = {}  # answers that overtook an earlier push
         self.seq = 0
         self.tokens = float(env.cfg.peer_push_quota)
@@ -186,7 +196,7 @@ class EntryDispatcher:
                           first, count, store.committed_index, next_term)
         if kind == PushType.APPEND:
             self.seq += 1
-            self.inflight.append((self.seq, first, first + count - 1))
+            self.inflight.append((self.seq, first, first + count - 1, env.now))
             ctx = PushCtx(self.peer, self.epoch, self.seq, int(kind), prev_index, m.term)
         else:
             self.busy = True
@@ -204,6 +214,10 @@ class EntryDispatcher:
             if not self._quota_allows():
                 return
             raw = store.read_raw(self.next_index, cfg.max_batch_push_bytes)
+            if self.inflight and 0 <= self.srtt_ms <= COALESCE_RTT_MS and \
+                    len(raw.data) < cfg.max_batch_push_bytes // 2:
+                raw.data.release()  # ack-clocked: leaves with more when the push in flight is answered
+                return
             try:
                 if self.next_index <= store.committed_index:  # catching up: old records, maybe rotten
                     store.check_magics(raw)
@@ -453,7 +467,7 @@ class EntryDispatcher:
         self.early[seq] = resp
         # apply strictly in send order
         while self.inflight and self.inflight[0][0] in self.early:
-            head_seq, first, last = self.inflight[0]
+            head_seq, first, last, sent = self.inflight[0]
             r = self.early.pop(head_seq)
             if r is None or r.code != ResponseCode.SUCCESS:
                 why = "timeout or network error" if r is None else f"answered {_code_name(r.code)}"
@@ -463,6 +477,8 @@ class EntryDispatcher:
                 self.reset(self.next_index - 1, why)
                 return
             self.inflight.popleft()
+            rtt = self.env.now - sent
+            self.srtt_ms = rtt if self.srtt_ms < 0 else 0.8 * self.srtt_ms + 0.2 * rtt
             self._matched(last)
             pr = self.progress
             pr.follower_commit = max(pr.follower_commit, min(r.end_index, self.env.store.committed_index))
