@@ -260,3 +260,31 @@ def test_on_a_long_link_pushes_pipeline_as_before() -> None:
     for k in range(3):
         _append(m, b"x", f"x{k}")
     assert len(_appends_to(m, "n1")) == 3
+
+
+def test_a_lost_answer_holds_small_pushes_back_only_briefly() -> None:
+    """The answer to the push in flight never comes (a lost message, a request timeout that is
+    a second away): the next tick after the oldest push is 2 x COALESCE_RTT_MS old sends the
+    held entries anyway. In sync mode the later pushes' answers commit them (their durable
+    index), so they must not wait for the lost push's timeout."""
+    m = _linked(0)
+    _append(m, b"a", "a")
+    _append(m, b"b", "b")
+    assert len(_appends_to(m, "n1")) == 1  # b held behind a
+    m.tick(int(2 * COALESCE_RTT_MS) + 1)
+    a, b = (msg_of(s, PushRequest) for s in _appends_to(m, "n1"))
+    assert b.first_index == a.first_index + 1
+
+
+def test_only_a_push_holding_the_end_of_the_log_waits() -> None:
+    """A push cut short before the end of the log (a data file's end stops a read) is no small
+    push: it leaves at once, pipelined; only the log's tail is clocked by the answers."""
+    m = _linked(0)
+    _append(m, b"a", "a")
+    _append(m, b"b", "b")
+    d = m.node.dispatchers["n1"]
+    assert d.inflight and d.next_index == m.store.end_index  # b held
+    assert d._hold(1, 100)  # the push of b would hold the end of the log
+    d.next_index -= 1
+    assert not d._hold(1, 100)  # a push of one record short of the end: it leaves
+    assert d._hold(2, 100)

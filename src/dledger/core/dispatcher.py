@@ -11,11 +11,13 @@ drops the follower's entries past it, APPEND streams records. Improvements:
   flight, responses applied strictly in send order, any failure or gap resets
   to COMPARE (the epoch counter makes late answers of the old window inert);
 - ack-clocked small pushes: on a short link (smoothed push round trip within
-  COALESCE_RTT_MS) a push that would go out less than half full waits while another
-  is in flight, and leaves with what arrived meanwhile when its answer comes: fewer,
-  larger pushes (less CPU on both sides, which is what the tail latency of a busy
-  machine is made of: docs/performance.md). Full pushes still pipeline; on a long
-  link (a WAN) every push leaves at once, as before;
+  COALESCE_RTT_MS) a push that would go out less than half full with the end of the
+  log waits while pushes are in flight, and leaves with what arrived meanwhile when
+  they are answered (or once the oldest is overdue: a lost answer does not hold the
+  log back until its push times out): fewer, larger pushes (less CPU on both sides,
+  which is what the tail latency of a busy machine is made of: docs/performance.md).
+  Full pushes, and pushes cut at a data file's end, still pipeline; on a long link (a
+  WAN) every push leaves at once, as before;
 - pushes carry raw record bytes straight from the store (`read_raw`);
 - flow control: a follower catching up from far behind the commit index is
   limited to `peer_push_quota` bytes/s, so it cannot starve live replication to
@@ -214,9 +216,8 @@ class EntryDispatcher:
             if not self._quota_allows():
                 return
             raw = store.read_raw(self.next_index, cfg.max_batch_push_bytes)
-            if self.inflight and 0 <= self.srtt_ms <= COALESCE_RTT_MS and \
-                    len(raw.data) < cfg.max_batch_push_bytes // 2:
-                raw.data.release()  # ack-clocked: leaves with more when the push in flight is answered
+            if self._hold(raw.count, len(raw.data)):
+                raw.data.release()  # ack-clocked: leaves with more when the pushes in flight are answered
                 return
             try:
                 if self.next_index <= store.committed_index:  # catching up: old records, maybe rotten
@@ -228,6 +229,18 @@ class EntryDispatcher:
             self._send(PushType.APPEND, self.next_index - 1, self.next_index, raw.count, data)
             self.next_index += raw.count
             self.tokens -= len(data)
+
+    def _hold(self, count: int, size: int) -> bool:
+        """Whether the push of the next `count` records (`size` bytes) waits for the answers in
+        flight (ack-clocked): on a short link, for a push that would leave less than half full
+        and holds the end of the log (a push cut short by a data file's end does not wait),
+        while the oldest push in flight is on time (a lost answer does not hold the log back
+        until its push times out: a tick sends it once the oldest is 2 x COALESCE_RTT_MS old)."""
+        cfg = self.env.cfg
+        return bool(self.inflight) and 0 <= self.srtt_ms <= COALESCE_RTT_MS \
+            and size < cfg.max_batch_push_bytes // 2 \
+            and self.next_index + count - 1 >= self.env.store.end_index \
+            and self.env.now - self.inflight[0][3] <= 2 * COALESCE_RTT_MS
 
     def _quota_allows(self) -> bool:
         """Token bucket, applied only to a follower catching up from far behind the commit index.
