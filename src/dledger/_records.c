@@ -9,7 +9,8 @@
  *   scan_run(buf, start, end, index, pos, prev_chain, term_floor, units, max_count)
  *       -> (offset, count, chain, term_floor)
  *
- * and store.columnar's check of a stretch for a columnar READ (check_columns, body_ends).
+ * and store.columnar's check of a stretch for a columnar READ (check_columns, body_ends), and
+ * spark.files' read of a data file's entries (scan_entries).
  *
  * scan_run walks only the common case: records whose every rule holds and whose CRCs are
  * checked (not upstream's unverified ones). It stops before the first record that is anything
@@ -423,18 +424,147 @@ static PyObject *body_ends(PyObject *self, PyObject *args) {
     return out;
 }
 
+/* A growable buffer for scan_entries' outputs (written as records pass, never re-read from a
+ * mapping another process may be writing) */
+typedef struct {
+    unsigned char *p;
+    Py_ssize_t len, cap;
+} grow_t;
+
+static int grow_put(grow_t *g, const void *src, Py_ssize_t n) {
+    if (g->len + n > g->cap) {
+        Py_ssize_t cap = g->cap ? g->cap : 4096;
+        while (cap < g->len + n)
+            cap *= 2;
+        unsigned char *q = PyMem_Realloc(g->p, (size_t)cap);
+        if (q == NULL)
+            return -1;
+        g->p = q;
+        g->cap = cap;
+    }
+    if (n)
+        memcpy(g->p + g->len, src, (size_t)n);
+    g->len += n;
+    return 0;
+}
+
+static int grow_le64(grow_t *g, int64_t v) {
+    unsigned char b[8];
+    for (int k = 0; k < 8; k++)
+        b[k] = (unsigned char)((uint64_t)v >> (8 * k));
+    return grow_put(g, b, 8);
+}
+
+static int grow_le32(grow_t *g, uint32_t v) {
+    unsigned char b[4] = {(unsigned char)v, (unsigned char)(v >> 8), (unsigned char)(v >> 16),
+                          (unsigned char)(v >> 24)};
+    return grow_put(g, b, 4);
+}
+
+/* scan_entries(buf, start, size, index, pos, chain, term_floor, last_index, end_pos, emit_from, term_lo,
+ *              term_hi, bodies, verify_bodies, max_rows, max_bytes)
+ *   -> (offset, records, chain, term_floor, last_pos, rows, indexes, terms, positions, body_ends, bodies)
+ * spark.files' per-record loop over the common case, entries mode: records whose every rule holds,
+ * CRCs checked where that loop checks them and matching, below last_index, end_pos and term_hi.
+ * It stops before any other record (the Python loop decides what it is), after max_rows rows
+ * or max_bytes of records. Rows: the passed NORMAL records with index >= emit_from and term >=
+ * term_lo, as a columnar READ answer lays them out (little-endian int64 columns, int32 body
+ * ends from 0, the bodies joined; no bodies without `bodies`). */
+static PyObject *scan_entries(PyObject *self, PyObject *args) {
+    PyObject *buf, *result = NULL;
+    Py_ssize_t start, size, max_rows, max_bytes;
+    long long index, pos, term_floor, last_index, end_pos, emit_from, term_lo, term_hi;
+    unsigned long chain_in;
+    int bodies, verify;
+    Py_buffer view;
+    grow_t ix = {0}, tm = {0}, ps = {0}, ends = {0}, bd = {0};
+
+    if (!PyArg_ParseTuple(args, "OnnLLkLLLLLLppnn", &buf, &start, &size, &index, &pos, &chain_in, &term_floor,
+                          &last_index, &end_pos, &emit_from, &term_lo, &term_hi, &bodies, &verify, &max_rows,
+                          &max_bytes))
+        return NULL;
+    if (PyObject_GetBuffer(buf, &view, PyBUF_SIMPLE) < 0)
+        return NULL;
+    const unsigned char *b = view.buf;
+    Py_ssize_t limit = size < view.len ? size : view.len;
+    if (limit < 0 || start < 0)
+        limit = 0;
+    Py_ssize_t off = start, count = 0, rows = 0;
+    uint32_t chain = (uint32_t)chain_in;
+    long long last_pos = -1;
+    uint32_t body_end = 0;
+    if (grow_le32(&ends, 0) < 0)
+        goto nomem;
+    while (off >= 0 && off <= limit - HEADER_SIZE && rows < max_rows && off - start < max_bytes) {
+        const unsigned char *h = b + off;
+        int32_t magic = (int32_t)ld32(h), size_f = (int32_t)ld32(h + 4), channel = (int32_t)ld32(h + 32);
+        int32_t bsize = (int32_t)ld32(h + 44);
+        int64_t idx = (int64_t)ld64(h + 8), term = (int64_t)ld64(h + 16), rpos = (int64_t)ld64(h + 24);
+        uint32_t ccrc = ld32(h + 36), bcrc = ld32(h + 40);
+        if (!is_entry_magic(magic) || bsize < 0 || (int64_t)size_f != (int64_t)HEADER_SIZE + bsize ||
+            size_f > limit - off || idx != index || rpos != pos || term < term_floor || channel != 0)
+            break;
+        if (index > last_index || pos >= end_pos || term >= term_hi || index == INT64_MAX ||
+            pos > INT64_MAX - size_f)
+            break;
+        int emit = idx >= emit_from && term >= term_lo;
+        int row = emit && magic == 1; /* MAGIC_NORMAL */
+        if (((row && bodies) || verify) && body_crc32(h + HEADER_SIZE, bsize) != bcrc)
+            break; /* a soft fault, or an upstream record: the Python loop's */
+        if (chain_next(idx, term, bcrc, chain) != ccrc)
+            break;
+        if (row) {
+            if (bodies && (uint64_t)body_end + (uint64_t)bsize > 0x7FFFFFFFu)
+                break; /* int32 offsets: this batch is full */
+            if (grow_le64(&ix, idx) < 0 || grow_le64(&tm, term) < 0 || grow_le64(&ps, rpos) < 0)
+                goto nomem;
+            if (bodies) {
+                if (grow_put(&bd, h + HEADER_SIZE, bsize) < 0)
+                    goto nomem;
+                body_end += (uint32_t)bsize;
+            }
+            if (grow_le32(&ends, body_end) < 0)
+                goto nomem;
+            rows++;
+        }
+        chain = ccrc;
+        term_floor = term;
+        last_pos = rpos;
+        off += size_f;
+        pos += size_f;
+        index += 1;
+        count += 1;
+    }
+    result = Py_BuildValue("(nnkLLny#y#y#y#y#)", off, count, (unsigned long)chain, term_floor, last_pos, rows,
+                           ix.p ? (const char *)ix.p : "", ix.len, tm.p ? (const char *)tm.p : "", tm.len,
+                           ps.p ? (const char *)ps.p : "", ps.len, (const char *)ends.p, ends.len,
+                           bd.p ? (const char *)bd.p : "", bd.len);
+    goto done;
+nomem:
+    PyErr_NoMemory();
+done:
+    PyMem_Free(ix.p);
+    PyMem_Free(tm.p);
+    PyMem_Free(ps.p);
+    PyMem_Free(ends.p);
+    PyMem_Free(bd.p);
+    PyBuffer_Release(&view);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"encode_run", encode_run, METH_VARARGS, "entry.encode_run's loop (records, units, positions, chain)."},
     {"scan_run", scan_run, METH_VARARGS, "entry.scan's loop over the common case (offset, count, chain, term)."},
     {"check_columns", check_columns, METH_VARARGS, "store.columnar.check_run over a stretch, None on any fault."},
     {"body_ends", body_ends, METH_VARARGS, "A columnar answer's little-endian int32 body ends."},
+    {"scan_entries", scan_entries, METH_VARARGS, "spark.files' per-record loop over the common case, as columns."},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "dledger._records", NULL, -1, methods};
 
 /* dledger.entry.NATIVE_VERSION: a build of an older _records.c left in place is not loaded */
-#define RECORDS_VERSION 2
+#define RECORDS_VERSION 3
 
 PyMODINIT_FUNC PyInit__records(void) {
     PyObject *m = PyModule_Create(&module);

@@ -35,3 +35,22 @@ def check_columns(
     /,
 ) -> tuple[bytes, bytes, bytes, bytes, bytes, int, int, bool] | None: ...
 def body_ends(sizes: object, /) -> bytes: ...
+def scan_entries(
+    buf: object,
+    start: int,
+    size: int,
+    index: int,
+    pos: int,
+    chain: int,
+    term_floor: int,
+    last_index: int,
+    end_pos: int,
+    emit_from: int,
+    term_lo: int,
+    term_hi: int,
+    bodies: bool,
+    verify_bodies: bool,
+    max_rows: int,
+    max_bytes: int,
+    /,
+) -> tuple[int, int, int, int, int, int, bytes, bytes, bytes, bytes, bytes]: ...

@@ -50,7 +50,7 @@ ENTRY_MAGICS = frozenset((MAGIC_NORMAL, MAGIC_NOOP, MAGIC_CONFIG_CHANGE, MAGIC_S
 
 assert HEADER_SIZE == 48 and INDEX_UNIT_SIZE == 32
 
-NATIVE_VERSION = 2  # _records.c's RECORDS_VERSION: raised with every change of its functions
+NATIVE_VERSION = 3  # _records.c's RECORDS_VERSION: raised with every change of its functions
 log = logging.getLogger(__name__)
 
 
@@ -68,6 +68,11 @@ class NativeRecords(Protocol):
                       ) -> tuple[bytes, bytes, bytes, bytes, bytes, int, int, bool] | None: ...
 
     def body_ends(self, sizes: object, /) -> bytes: ...
+
+    def scan_entries(self, buf: object, start: int, size: int, index: int, pos: int, chain: int, term_floor: int,
+                     last_index: int, end_pos: int, emit_from: int, term_lo: int, term_hi: int, bodies: bool,
+                     verify_bodies: bool, max_rows: int, max_bytes: int, /
+                     ) -> tuple[int, int, int, int, int, int, bytes, bytes, bytes, bytes, bytes]: ...
 
 
 def _load_native() -> NativeRecords | None:

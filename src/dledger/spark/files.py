@@ -56,6 +56,11 @@ checkpoint (upstream DLedger's: it records no committed index, so read it with
 first applies recovery's rule (store/verdict.py) and fails the read where a
 member would refuse to start. Upstream's records, whose CRC fields are 0, are
 read unverified (entry.unverified).
+
+A task's records are checked in C where the extension is built
+(`dledger._records.scan_entries`: the common case, rows out as the columns of
+a columnar READ answer, ~0.3 us a row against ~2 us); any record it leaves (a
+fault, a limit, upstream's) goes through the Python loop below, which names it.
 """
 
 from __future__ import annotations
@@ -75,6 +80,7 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from pyspark.sql.types import StructType
 
+from dledger import entry
 from dledger.broker.confirm_file import read_confirm
 from dledger.entry import (
     BLANK,
@@ -105,6 +111,7 @@ from dledger.spark.schema import (
     ARROW_RECORD_SCHEMA,
     ENTRY_SCHEMA,
     RECORD_SCHEMA,
+    buffers_batch,
     declared_columns,
     entry_batch,
 )
@@ -126,6 +133,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 BATCH_ROWS = 4096  # rows per Arrow batch
+FAST_BYTES = 8 << 20  # record bytes per call of the C loop at most: a few ms, then the GIL is free
 NO_LIMIT = (1 << 63) - 1
 # Bytes of a data file per task: 8 tasks for a full 1 GiB data file. Measured (one core, page
 # cache): a task scans 400 MiB/s of 1 KiB records, 85 MiB/s of 100 B records, 450 MiB/s of
@@ -650,7 +658,23 @@ def _scan(p: FilePartition, mm: mmap.mmap, view: memoryview, size: int) -> Itera
         _error_row(rows, index, pos, -1, -1, at, reason)
         return "corrupt"
 
+    fast = entry.native if not p.records else None
     while True:
+        if fast is not None and chain is not None:
+            # the C loop takes the common case, rows out as Arrow-ready columns; any record it
+            # leaves (a fault, a limit, upstream's) is this loop's, one at a time
+            (at, n, chain, term_floor, lp, nrows, ix, tm, ps, ends, bd) = fast.scan_entries(
+                view, off, size, index, pos, chain, term_floor, p.last_index, end_pos, emit_from, term_lo, term_hi,
+                p.bodies, p.verify_bodies, BATCH_ROWS, FAST_BYTES)
+            if nrows:
+                if len(rows):
+                    yield _emit(p, rows)
+                    rows = _Rows()
+                yield _columns_batch(p, nrows, ix, tm, ps, ends, bd)
+            if n:
+                pos += at - off
+                off, index, last_pos = at, index + n, lp
+                continue
         if index > p.last_index:
             stop = "limit"
             break
@@ -748,6 +772,15 @@ def _scan(p: FilePartition, mm: mmap.mmap, view: memoryview, size: int) -> Itera
         _check_link(p, stop, index, chain, term_floor, off, rows)
     if len(rows):
         yield _emit(p, rows)
+
+
+def _columns_batch(p: FilePartition, n: int, indexes: bytes, terms: bytes, positions: bytes, ends: bytes,
+                   bodies: bytes) -> pa.RecordBatch:
+    """Rows the C loop (entry.native.scan_entries) laid out as a columnar READ answer's."""
+    batch = buffers_batch(p.group, n, indexes, terms, positions, ends, bodies)
+    if not p.bodies:  # as _emit: no body column asked for, nulls
+        batch = batch.set_column(4, ARROW_ENTRY_SCHEMA.field(4), pa.nulls(n, pa.binary()))
+    return batch
 
 
 def _emit(p: FilePartition, rows: _Rows) -> pa.RecordBatch:

@@ -80,8 +80,15 @@ def entry_batch(group: str, indexes: Sequence[int], terms: Sequence[int], positi
 def columns_batch(group: str, cols: EntryColumns, rows: int | None = None) -> pa.RecordBatch:
     """The first `rows` (default: all) entries of a columnar READ answer as an entry batch: its
     buffers become the Arrow columns as they are, no Python object per row."""
-    n = cols.count if rows is None else rows
-    bufs = [cols.indexes, cols.terms, cols.positions, cols.body_ends]
+    return buffers_batch(group, cols.count if rows is None else rows, cols.indexes, cols.terms, cols.positions,
+                         cols.body_ends, cols.bodies)
+
+
+def buffers_batch(group: str, n: int, indexes: bytes, terms: bytes, positions: bytes, body_ends: bytes,
+                  bodies: bytes) -> pa.RecordBatch:
+    """`n` entries laid out as a columnar READ answer lays them out (little-endian int64
+    columns, int32 body ends from 0, the bodies joined) as an entry batch, buffers as they are."""
+    bufs = [indexes, terms, positions, body_ends]
     if sys.byteorder == "big":  # the wire is little-endian, Arrow native
         swapped = []
         for b, code in zip(bufs, "qqqi", strict=True):
@@ -97,7 +104,7 @@ def columns_batch(group: str, cols: EntryColumns, rows: int | None = None) -> pa
             pa.Array.from_buffers(pa.int64(), n, [None, index]),
             pa.Array.from_buffers(pa.int64(), n, [None, term]),
             pa.Array.from_buffers(pa.int64(), n, [None, pos]),
-            pa.Array.from_buffers(pa.binary(), n, [None, ends, pa.py_buffer(cols.bodies)]),
+            pa.Array.from_buffers(pa.binary(), n, [None, ends, pa.py_buffer(bodies)]),
         ],
         schema=ARROW_ENTRY_SCHEMA,
     )
