@@ -509,20 +509,27 @@ static PyObject *scan_entries(PyObject *self, PyObject *args) {
             break;
         int emit = idx >= emit_from && term >= term_lo;
         int row = emit && magic == 1; /* MAGIC_NORMAL */
-        if (((row && bodies) || verify) && body_crc32(h + HEADER_SIZE, bsize) != bcrc)
-            break; /* a soft fault, or an upstream record: the Python loop's */
         if (chain_next(idx, term, bcrc, chain) != ccrc)
-            break;
-        if (row) {
-            if (bodies && (uint64_t)body_end + (uint64_t)bsize > 0x7FFFFFFFu)
+            break; /* a soft fault, or an upstream record: the Python loop's */
+        if (row && bodies) {
+            if ((uint64_t)body_end + (uint64_t)bsize > 0x7FFFFFFFu)
                 break; /* int32 offsets: this batch is full */
+            /* the body is checked as copied (a live store's file may change under the mapping) */
+            Py_ssize_t at = bd.len;
+            if (grow_put(&bd, h + HEADER_SIZE, bsize) < 0)
+                goto nomem;
+            if (body_crc32(bd.p + at, bsize) != bcrc) {
+                bd.len = at;
+                break;
+            }
+        } else if (verify && body_crc32(h + HEADER_SIZE, bsize) != bcrc) {
+            break;
+        }
+        if (row) {
             if (grow_le64(&ix, idx) < 0 || grow_le64(&tm, term) < 0 || grow_le64(&ps, rpos) < 0)
                 goto nomem;
-            if (bodies) {
-                if (grow_put(&bd, h + HEADER_SIZE, bsize) < 0)
-                    goto nomem;
+            if (bodies)
                 body_end += (uint32_t)bsize;
-            }
             if (grow_le32(&ends, body_end) < 0)
                 goto nomem;
             rows++;
