@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 from dledger.codes import DLedgerError, ResponseCode
 
 T = TypeVar("T")
+WAKE_S = 0.25  # a blocked caller wakes this often to let a pending Ctrl-C through
 
 
 class LoopThread:
@@ -41,8 +42,17 @@ class LoopThread:
 
     @staticmethod
     def _result(fut: concurrent.futures.Future[T]) -> T:
+        """The future's result, waited for in slices: a SIGINT that lands just before a wait
+        without a timeout begins (CPython runs signal handlers between bytecodes) would leave
+        the main thread asleep until the result came, which for `read --follow` is never.
+        Each slice's end lets the interpreter raise the KeyboardInterrupt."""
         try:
-            return fut.result()
+            while True:
+                try:
+                    return fut.result(timeout=WAKE_S)
+                except concurrent.futures.TimeoutError:
+                    if fut.done():  # the call itself raised TimeoutError
+                        raise
         except concurrent.futures.CancelledError:  # close() from another thread ended it
             raise _closed() from None
 
