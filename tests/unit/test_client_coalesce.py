@@ -19,12 +19,12 @@ MAX_BODY = 1000
 
 @asynccontextmanager
 async def group(tmp_path: Path) -> AsyncIterator[tuple[str, list[DLedgerServer]]]:
-    ports = free_ports(3)
-    peers = ";".join(f"n{k}-127.0.0.1:{p}" for k, p in enumerate(ports))
+    ports = free_ports(6)  # one call: two could hand out the same port (none is bound yet)
+    peers = ";".join(f"n{k}-127.0.0.1:{p}" for k, p in enumerate(ports[:3]))
     servers = [DLedgerServer(DLedgerConfig(group="g", self_id=f"n{k}", peers=peers, metrics_port=m,
                                            store_dir=str(tmp_path / f"n{k}"), data_file_size=1 << 20,
                                            max_body_bytes=MAX_BODY))
-               for k, m in enumerate(free_ports(3))]
+               for k, m in enumerate(ports[3:])]
     for s in servers:
         await s.start()
     try:
