@@ -71,6 +71,27 @@ static uint32_t body_crc32(const unsigned char *p, Py_ssize_t n) {
 
 static int is_entry_magic(int32_t m) { return m >= 1 && m <= 4; } /* entry.ENTRY_MAGICS */
 
+/* A record header's fields (docs/format.md, "On disk"), decoded from big-endian */
+typedef struct {
+    int32_t magic, size, channel, bsize;
+    int64_t index, term, pos;
+    uint32_t chain, bcrc;
+} header_t;
+
+static header_t get_header(const unsigned char *h) {
+    header_t r = {(int32_t)ld32(h), (int32_t)ld32(h + 4), (int32_t)ld32(h + 32), (int32_t)ld32(h + 44),
+                  (int64_t)ld64(h + 8), (int64_t)ld64(h + 16), (int64_t)ld64(h + 24), ld32(h + 36), ld32(h + 40)};
+    return r;
+}
+
+/* entry.record_fault's rules, all kept (an entry's magic too): the record fits in the `room`
+ * bytes from its start and is the one expected after its predecessor. The loops below call it
+ * only to go on; any failure is left to the Python loop, which names the rule. */
+static int header_follows(const header_t *r, Py_ssize_t room, int64_t index, int64_t pos, int64_t term_floor) {
+    return is_entry_magic(r->magic) && r->bsize >= 0 && (int64_t)r->size == (int64_t)HEADER_SIZE + r->bsize &&
+           r->size <= room && r->index == index && r->pos == pos && r->term >= term_floor && r->channel == 0;
+}
+
 static void put_unit(unsigned char *u, int32_t magic, int64_t pos, int32_t size, int64_t index, int64_t term) {
     st32(u, (uint32_t)magic);
     st64(u + 4, (uint64_t)pos);
@@ -200,17 +221,13 @@ static PyObject *scan_run(PyObject *self, PyObject *args) {
     Py_ssize_t ucap = 0;
     while (count != max_count && off >= 0 && off <= limit - HEADER_SIZE) {
         const unsigned char *h = b + off;
-        int32_t magic = (int32_t)ld32(h), size = (int32_t)ld32(h + 4), channel = (int32_t)ld32(h + 32);
-        int32_t bsize = (int32_t)ld32(h + 44);
-        int64_t idx = (int64_t)ld64(h + 8), term = (int64_t)ld64(h + 16), rpos = (int64_t)ld64(h + 24);
-        uint32_t ccrc = ld32(h + 36), bcrc = ld32(h + 40);
-        if (!is_entry_magic(magic) || bsize < 0 || (int64_t)size != (int64_t)HEADER_SIZE + bsize || size > limit - off ||
-            idx != index || rpos != pos || term < term_floor || channel != 0)
+        header_t r = get_header(h);
+        if (!header_follows(&r, limit - off, index, pos, term_floor))
             break;
-        if (body_crc32(h + HEADER_SIZE, bsize) != bcrc)
+        if (body_crc32(h + HEADER_SIZE, r.bsize) != r.bcrc)
             break;
-        uint32_t next = chain_next(idx, term, bcrc, chain);
-        if (next != ccrc)
+        uint32_t next = chain_next(r.index, r.term, r.bcrc, chain);
+        if (next != r.chain)
             break; /* upstream's unverified records too: Python's loop takes them */
         if (units != Py_None) {
             if (count == ucap) {
@@ -224,15 +241,15 @@ static PyObject *scan_run(PyObject *self, PyObject *args) {
                 ubuf = grown;
                 ucap = cap;
             }
-            put_unit(ubuf + count * UNIT_SIZE, magic, rpos, size, idx, term);
+            put_unit(ubuf + count * UNIT_SIZE, r.magic, r.pos, r.size, r.index, r.term);
         }
         chain = next;
-        term_floor = term;
-        off += size;
+        term_floor = r.term;
+        off += r.size;
         count += 1;
-        if (index == INT64_MAX || pos > INT64_MAX - size)
+        if (index == INT64_MAX || pos > INT64_MAX - r.size)
             break; /* the next index or position is past int64: Python's loop names the next record */
-        pos += size;
+        pos += r.size;
         index += 1;
     }
     if (units != Py_None && count > 0) {
@@ -497,48 +514,43 @@ static PyObject *scan_entries(PyObject *self, PyObject *args) {
         goto nomem;
     while (off >= 0 && off <= limit - HEADER_SIZE && rows < max_rows && off - start < max_bytes) {
         const unsigned char *h = b + off;
-        int32_t magic = (int32_t)ld32(h), size_f = (int32_t)ld32(h + 4), channel = (int32_t)ld32(h + 32);
-        int32_t bsize = (int32_t)ld32(h + 44);
-        int64_t idx = (int64_t)ld64(h + 8), term = (int64_t)ld64(h + 16), rpos = (int64_t)ld64(h + 24);
-        uint32_t ccrc = ld32(h + 36), bcrc = ld32(h + 40);
-        if (!is_entry_magic(magic) || bsize < 0 || (int64_t)size_f != (int64_t)HEADER_SIZE + bsize ||
-            size_f > limit - off || idx != index || rpos != pos || term < term_floor || channel != 0)
+        header_t r = get_header(h);
+        if (!header_follows(&r, limit - off, index, pos, term_floor))
             break;
-        if (index > last_index || pos >= end_pos || term >= term_hi || index == INT64_MAX ||
-            pos > INT64_MAX - size_f)
+        if (index > last_index || pos >= end_pos || r.term >= term_hi || index == INT64_MAX ||
+            pos > INT64_MAX - r.size)
             break;
-        int emit = idx >= emit_from && term >= term_lo;
-        int row = emit && magic == 1; /* MAGIC_NORMAL */
-        if (chain_next(idx, term, bcrc, chain) != ccrc)
+        int row = r.index >= emit_from && r.term >= term_lo && r.magic == 1; /* emitted, MAGIC_NORMAL */
+        if (chain_next(r.index, r.term, r.bcrc, chain) != r.chain)
             break; /* a soft fault, or an upstream record: the Python loop's */
         if (row && bodies) {
-            if ((uint64_t)body_end + (uint64_t)bsize > 0x7FFFFFFFu)
+            if ((uint64_t)body_end + (uint64_t)r.bsize > 0x7FFFFFFFu)
                 break; /* int32 offsets: this batch is full */
             /* the body is checked as copied (a live store's file may change under the mapping) */
             Py_ssize_t at = bd.len;
-            if (grow_put(&bd, h + HEADER_SIZE, bsize) < 0)
+            if (grow_put(&bd, h + HEADER_SIZE, r.bsize) < 0)
                 goto nomem;
-            if (body_crc32(bd.p + at, bsize) != bcrc) {
+            if (body_crc32(bd.p + at, r.bsize) != r.bcrc) {
                 bd.len = at;
                 break;
             }
-        } else if (verify && body_crc32(h + HEADER_SIZE, bsize) != bcrc) {
+        } else if (verify && body_crc32(h + HEADER_SIZE, r.bsize) != r.bcrc) {
             break;
         }
         if (row) {
-            if (grow_le64(&ix, idx) < 0 || grow_le64(&tm, term) < 0 || grow_le64(&ps, rpos) < 0)
+            if (grow_le64(&ix, r.index) < 0 || grow_le64(&tm, r.term) < 0 || grow_le64(&ps, r.pos) < 0)
                 goto nomem;
             if (bodies)
-                body_end += (uint32_t)bsize;
+                body_end += (uint32_t)r.bsize;
             if (grow_le32(&ends, body_end) < 0)
                 goto nomem;
             rows++;
         }
-        chain = ccrc;
-        term_floor = term;
-        last_pos = rpos;
-        off += size_f;
-        pos += size_f;
+        chain = r.chain;
+        term_floor = r.term;
+        last_pos = r.pos;
+        off += r.size;
+        pos += r.size;
         index += 1;
         count += 1;
     }
