@@ -23,6 +23,32 @@ from dledger.bench.load import LoadResult, merge
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
+def wait_converged(peers: str, group: str = "default", timeout: float = 600.0,
+                   say: Callable[[str], None] = print) -> None:
+    """Every member holds the leader's whole log: a follower left behind by the previous
+    measurement (flow control lets a slow one lag; `flush=async` acknowledges at a majority)
+    must not load, or be counted into, the next one."""
+    from dledger.codes import DLedgerError
+    from dledger.config import parse_peers
+    from dledger.runtime.client import DLedgerClient
+
+    deadline = time.monotonic() + timeout
+    shown = False
+    with DLedgerClient(peers, group, timeout=5.0) as c:
+        while time.monotonic() < deadline:
+            try:
+                ends = {m: c.metadata(m).ledger_end_index for m in parse_peers(peers)}
+            except DLedgerError:
+                ends = {}
+            if ends and len(set(ends.values())) == 1:
+                return
+            if not shown and ends:
+                say(f"waiting for the members to converge (log ends {ends})")
+                shown = True
+            time.sleep(0.5)
+    say(f"members did not converge within {timeout:.0f} s; measuring anyway")
+
+
 def loadavg() -> tuple[float, float, float]:
     with open("/proc/loadavg") as f:
         a, b, c = f.read().split()[:3]

@@ -213,30 +213,6 @@ class Runner:
             yield peers, procs
 
     @staticmethod
-    def wait_converged(peers: str, timeout: float = 600.0) -> None:
-        """Every member holds the leader's whole log: a follower left behind by the previous
-        measurement (flow control lets a slow one lag) must not load this one."""
-        from dledger.codes import DLedgerError
-        from dledger.config import parse_peers
-        from dledger.runtime.client import DLedgerClient
-
-        deadline = time.monotonic() + timeout
-        shown = False
-        with DLedgerClient(peers, "default", timeout=5.0) as c:
-            while time.monotonic() < deadline:
-                try:
-                    ends = {m: c.metadata(m).ledger_end_index for m in parse_peers(peers)}
-                except DLedgerError:
-                    ends = {}
-                if ends and len(set(ends.values())) == 1:
-                    return
-                if not shown and ends:
-                    say(f"waiting for the members to converge (log ends {ends})")
-                    shown = True
-                time.sleep(1.0)
-        say(f"members did not converge within {timeout:.0f} s; measuring anyway")
-
-    @staticmethod
     def member_pids(peers: str, procs: dict[str, Any]) -> dict[str, int]:
         from dledger.runtime.client import DLedgerClient
 
@@ -263,9 +239,9 @@ class Runner:
     def dledger_bench(self, flush: str, workload: str, peers: str, procs_map: dict[str, Any], clients: int,
                       batch: int = 1, rate: float = 0.0, procs: int = 1, conns: int = 0,
                       on_start: Callable[[subprocess.Popen[bytes], dict[str, int]], None] | None = None) -> Record:
-        from benchmarks.common import CpuSampler
+        from benchmarks.common import CpuSampler, wait_converged
 
-        self.wait_converged(peers)
+        wait_converged(peers, say=say)
         idle = self.gate()
         pids = self.member_pids(peers, procs_map)
         out = self.tmp / f"dledger-{flush}-{workload}-{clients}-{procs}-{len(self.records)}.json"

@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from benchmarks.common import CpuSampler, loadavg, run_procs  # noqa: E402
+from benchmarks.common import CpuSampler, loadavg, run_procs, wait_converged  # noqa: E402
 from dledger.bench.load import LoadResult  # noqa: E402
 
 GOALS_SECTION = "## Side by side: the goals (make bench-compare)"
@@ -240,9 +240,7 @@ class Goals:
             cmd += ["--procs", str(procs)]
         if rate:
             cmd += ["--rate", f"{rate:.0f}"]
-        from benchmarks.compare import Runner
-
-        Runner.wait_converged(peers)  # a follower left behind by the previous load must not load this one
+        wait_converged(peers, say=say)  # a follower left behind by the previous load must not load this one
         pids = dledger_pids(peers, procs_map)
         with CpuSampler(pids) as cs:
             p = subprocess.run(cmd, capture_output=True, timeout=a.duration + a.warmup + 180)

@@ -47,7 +47,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from dledger.config import Peer, format_peers, parse_peers
+from dledger.config import Peer, format_peers
 from dledger.local_cluster import local_cluster
 from dledger.ports import free_ports
 from dledger.runtime.client import DLedgerClient
@@ -56,7 +56,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from benchmarks.common import tree_cpu_s  # noqa: E402  (run as a script: the repository root first)
+from benchmarks.common import tree_cpu_s, wait_converged  # noqa: E402  (run as a script: the repository root first)
 
 MiB = 1 << 20
 
@@ -327,7 +327,7 @@ def against_parquet(spark: Any, n: int, repeat: int, body_bytes: int, as_json: b
         df.unpersist()
         client = DLedgerClient(peers, "sweep")
         total = client.metadata().committed_index + 1
-        _wait_converged(client, peers)
+        wait_converged(peers, "sweep", 300.0, lambda m: print(m, file=sys.stderr))
         client.close()
         rows = n * repeat  # what the reads return (NOOPs and session markers are not rows)
         store = str(Path(tmp) / "sweep" / "n0")
@@ -354,19 +354,6 @@ def against_parquet(spark: Any, n: int, repeat: int, body_bytes: int, as_json: b
                            "read dledger": rows * repeat, "read dledger-files": rows * repeat,
                            "read parquet": n * repeat})
     return _report(out, seconds, n, body_bytes, repeat, total, load0, load1, as_json, per_row)
-
-
-def _wait_converged(client: DLedgerClient, peers: str, timeout: float = 300.0) -> None:
-    """Every member holds the leader's whole log before the reads are timed: `flush=async`
-    acknowledges a write at a majority, and the slower follower's catching up would be
-    counted into the members' CPU of whichever read phase it overlaps."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        ends = {m: client.metadata(m).ledger_end_index for m in parse_peers(peers)}
-        if len(set(ends.values())) == 1:
-            return
-        time.sleep(0.5)
-    print(f"members did not converge within {timeout:.0f} s; measuring anyway", file=sys.stderr)
 
 
 def pushdown_cost(spark: Any, peers: str, rows: int, repeat: int) -> dict[str, float]:
