@@ -233,6 +233,18 @@ def check_read_raw(store: LedgerStore, m: Model, index: int, max_bytes: int, fil
     if nxt <= m.end_index and len(data) + HEADER_SIZE + len(m.entry(nxt).body) <= max_bytes:
         assert file_backed, "memory store returned fewer records than fit"
         assert store.get(nxt).pos // DATA_FILE_SIZE != first_pos // DATA_FILE_SIZE
+    check_tail_bytes(store, index)
+
+
+def check_tail_bytes(store: LedgerStore, index: int) -> None:
+    """What a leader asks before reading a push: the bytes one read from `index` returns through
+    the log's end, or None when a data file ends first (it must not read to know)."""
+    whole = store.read_raw(index, 1 << 62)
+    try:
+        reaches_end = whole.first_index + whole.count - 1 == store.end_index
+        assert store.tail_bytes(index) == (len(whole.data) if reaches_end else None)
+    finally:
+        whole.data.release()
 
 
 def check_read(store: LedgerStore, m: Model, index: int, max_entries: int, max_bytes: int) -> None:

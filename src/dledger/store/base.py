@@ -248,6 +248,16 @@ class LedgerStore(ABC):
         and do not hold it across a truncate.
         """
 
+    def tail_bytes(self, from_index: int) -> int | None:
+        """The bytes of the records from `from_index` through the end of the log when one
+        `read_raw` could return them all (None: a data file ends before the log does), without
+        reading them: a leader deciding whether a push would leave small asks this first."""
+        raw = self.read_raw(from_index, 1 << 62)
+        try:
+            return len(raw.data) if raw.first_index + raw.count - 1 >= self.end_index else None
+        finally:
+            raw.data.release()
+
     @abstractmethod
     def term_at(self, index: int) -> int:
         """Term of entry `index`; begin_term for begin_index - 1."""

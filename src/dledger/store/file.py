@@ -485,22 +485,36 @@ class FileLedgerStore(LedgerStore):
             self._check_readable(index)
             return self.unit(index)[4]
 
+    def tail_bytes(self, from_index: int) -> int | None:
+        with self._lock:
+            self._check_readable(from_index)
+            pos = self.unit(from_index)[1]
+            _, p, s, _, _ = self.unit(self.end_index)
+            # records never span data files (nor does a read): the last one in pos's file, or not
+            return p + s - pos if p + s <= self.data.locate(pos).end else None
+
     def read_raw(self, from_index: int, max_bytes: int) -> RawRange:
         with self._lock:
             self._check_readable(from_index)
             _, pos, size, _, _ = self.unit(from_index)
             f = self.data.locate(pos)
             limit = min(pos + max(max_bytes, size), f.end)
-            # largest j whose record ends within limit (ends grow with j; other files end past f.end)
+            # largest j whose record ends within limit (ends grow with j; other files end past f.end):
+            # the log's last one first, as a push of the tail takes all that is left
             lo, hi = from_index, self.end_index
-            while lo < hi:
-                mid = (lo + hi + 1) // 2
-                _, p, s, _, _ = self.unit(mid)
-                if p + s <= limit:
-                    lo = mid
-                else:
-                    hi = mid - 1
-            _, p, s, _, _ = self.unit(lo)
+            _, p, s, _, _ = self.unit(hi)
+            if p + s > limit:
+                hi -= 1
+                while lo < hi:
+                    mid = (lo + hi + 1) // 2
+                    _, p, s, _, _ = self.unit(mid)
+                    if p + s <= limit:
+                        lo = mid
+                    else:
+                        hi = mid - 1
+                _, p, s, _, _ = self.unit(lo)
+            else:
+                lo = hi
             base = memoryview(f.mm)
             view = base[pos - f.start : p + s - f.start]
             base.release()

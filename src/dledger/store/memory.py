@@ -168,6 +168,11 @@ class MemoryLedgerStore(LedgerStore):
             del self._magics[:k]
             self.begin_index, self.begin_term, self.begin_chain_crc = begin_index, prev_term, prev_chain
 
+    def tail_bytes(self, from_index: int) -> int | None:
+        with self._lock:
+            self._check_readable(from_index)
+            return len(self._buf) - self._offsets[from_index - self.begin_index]
+
     def read_raw(self, from_index: int, max_bytes: int) -> RawRange:
         with self._lock:
             self._check_readable(from_index)
