@@ -292,3 +292,28 @@ def test_a_read_answer_stops_before_a_damaged_record_and_the_next_one_names_it(s
         read(bad)
     assert e.value.index == bad
     assert read(bad + 2)[0] == bad + 2  # the rest of the log is served
+
+
+def test_a_rotten_last_record_leaves_the_records_before_it_readable(tmp_path: Path) -> None:
+    """`read_raw` looks at the log's last record first (a push of the tail takes all of it):
+    a rotten header there must not stop reads and pushes of the records before it (a binary
+    search that probed it did), and the read that reaches it still names it."""
+    s = FileLedgerStore(tmp_path / "s", data_file_size=1 << 20, index_file_size=32 * 1024)
+    try:
+        s.append_as_leader([b"x" * 100 for _ in range(64)], 1)
+        before = record(s, 0)
+        whole = s.read_raw(0, 1 << 20)
+        assert whole.count == 64
+        whole.data.release()
+        flip(s, 63, 16, mask=1)  # the term field of the last record's header: its unit is rebuilt and refused
+        raw = s.read_raw(0, 1 << 20)
+        try:
+            assert raw.count == 63 and bytes(raw.data[: len(before)]) == before
+        finally:
+            raw.data.release()
+        assert s.read_raw(30, 0).count == 1
+        with pytest.raises(CorruptEntryError) as e:
+            s.read_raw(63, 0)
+        assert e.value.index == 63
+    finally:
+        s.close()

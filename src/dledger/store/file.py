@@ -489,9 +489,16 @@ class FileLedgerStore(LedgerStore):
         with self._lock:
             self._check_readable(from_index)
             pos = self.unit(from_index)[1]
-            _, p, s, _, _ = self.unit(self.end_index)
-            # records never span data files (nor does a read): the last one in pos's file, or not
-            return p + s - pos if p + s <= self.data.locate(pos).end else None
+            f = self.data.locate(pos)
+            if self.write_pos < f.end:  # the open file: its last record ends at write_pos
+                return self.write_pos - pos
+            if self.write_pos > f.end:  # the log goes on in a later file: one read stops at f's end
+                return None
+            try:  # a full file, or one a BLANK closed: where its last record ends, the index says
+                _, p, s, _, _ = self.unit(self.end_index)
+            except CorruptEntryError:
+                return None  # not known: the push is read (and the damage met) as any other
+            return p + s - pos
 
     def read_raw(self, from_index: int, max_bytes: int) -> RawRange:
         with self._lock:
@@ -499,24 +506,27 @@ class FileLedgerStore(LedgerStore):
             _, pos, size, _, _ = self.unit(from_index)
             f = self.data.locate(pos)
             limit = min(pos + max(max_bytes, size), f.end)
-            # largest j whose record ends within limit (ends grow with j; other files end past f.end):
-            # the log's last one first, as a push of the tail takes all that is left
-            lo, hi = from_index, self.end_index
-            _, p, s, _, _ = self.unit(hi)
-            if p + s > limit:
-                hi -= 1
-                while lo < hi:
-                    mid = (lo + hi + 1) // 2
-                    _, p, s, _, _ = self.unit(mid)
+            # largest j whose record ends within limit (ends grow with j; other files end past f.end)
+            lo, hi, end = from_index, self.end_index, pos + size
+            if lo < hi and self.write_pos <= limit:
+                # the whole tail fits (no record ends past write_pos), as a push of the tail asks:
+                # the last record's unit, still checked (a rotten one is never sent unseen)
+                try:
+                    _, p, s, _, _ = self.unit(hi)
+                except CorruptEntryError:
+                    hi -= 1  # the records before it, as far as they fit
+                else:
                     if p + s <= limit:
-                        lo = mid
-                    else:
-                        hi = mid - 1
-                _, p, s, _, _ = self.unit(lo)
-            else:
-                lo = hi
+                        lo, end = hi, p + s
+            while lo < hi:
+                mid = (lo + hi + 1) // 2
+                _, p, s, _, _ = self.unit(mid)
+                if p + s <= limit:
+                    lo, end = mid, p + s
+                else:
+                    hi = mid - 1
             base = memoryview(f.mm)
-            view = base[pos - f.start : p + s - f.start]
+            view = base[pos - f.start : end - f.start]
             base.release()
             return RawRange(view, from_index, lo - from_index + 1)
 
