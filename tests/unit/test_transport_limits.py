@@ -646,3 +646,55 @@ def test_a_closed_connection_is_freed_without_the_cyclic_collector(tmp_path: Pat
         run(main(), loop)
     finally:
         gc.enable()
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_a_request_that_came_with_the_tls_handshake_does_not_start_the_frame_timeout(tmp_path: Path,
+                                                                                       loop: str) -> None:
+    """A client's first request often arrives with its last handshake flight (TLS 1.3), and is
+    read from the backlog once the handshake is done. Its connection, answered and then idle,
+    was closed 30 s later as if a frame had been arriving all along ("a frame took over 30 s",
+    three times in every `make demo`). Here: a raw TLS client that sends its handshake's last
+    flight and a request in one write, and then stays idle past the frame timeout."""
+    make_certs(tmp_path, ["n0"], hosts=["127.0.0.1"])
+    ca = str(tmp_path / "ca.pem")
+    server_ssl = server_context(TlsConfig(ca, str(tmp_path / "n0.pem"), str(tmp_path / "n0-key.pem")))
+    client_ssl = client_context(TlsConfig(ca, str(tmp_path / "client.pem"), str(tmp_path / "client-key.pem")))
+
+    async def one_client(host: str, port: int) -> socket.socket:
+        """TLS by hand (memory BIOs): the client's Finished and the request leave in one write."""
+        sock = socket.create_connection((host, port))
+        sock.setblocking(False)
+        incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+        tls = client_ssl.wrap_bio(incoming, outgoing, server_hostname="n0")
+        loop_ = asyncio.get_running_loop()
+        while True:
+            try:
+                tls.do_handshake()
+                break
+            except ssl.SSLWantReadError:
+                if outgoing.pending:
+                    await loop_.sock_sendall(sock, outgoing.read())
+                incoming.write(await loop_.sock_recv(sock, 65536))
+        tls.write(frame(1, meta=b"hello"))
+        await loop_.sock_sendall(sock, outgoing.read())  # the last flight and the request at once
+        return sock
+
+    async def main() -> None:
+        server = TransportServer(echo, ssl=server_ssl, limits=Limits(frame_timeout_s=0.4))
+        await server.start("127.0.0.1", 0)
+        host, _, port = server.address.rpartition(":")
+        socks: list[socket.socket] = []
+        try:
+            for _ in range(8):
+                socks.append(await one_client(host, int(port)))
+            await eventually(lambda: server.connection_count == 8)
+            await eventually(lambda: all(c.partial_since is None for c in server._connections))
+            await asyncio.sleep(1.2)  # three frame timeouts, idle
+            assert server.connection_count == 8, "an idle connection was closed as a slow frame"
+        finally:
+            for sock in socks:
+                sock.close()
+            await server.close()
+
+    run(main(), loop)

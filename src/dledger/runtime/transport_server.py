@@ -214,6 +214,7 @@ class _ServerConnection(FrameProtocol, Caller):
     def _after_parse(self) -> None:
         if self.gate is HANDSHAKING:
             return  # frames that came with the handshake's last flight wait for it (_handshake)
+        self._note_partial(time.monotonic())  # (frames handed up from a backlog: no bytes arrived)
         held = self._server.held
         if held and self in held:  # frames wait for the server's queued answers to shrink (sweep)
             self._hold_reading("budget")
@@ -402,6 +403,12 @@ class _ServerConnection(FrameProtocol, Caller):
         now = time.monotonic()
         if self.gate is None:  # a stranger's frames are no activity (they cannot hold a slot)
             self.last_active = now
+        self._note_partial(now)
+
+    def _note_partial(self, now: float) -> None:
+        """Start, restart or stop the frame timeout's clock after frames were handed up: a
+        request that came with the TLS handshake's last flight is read after it, from the
+        backlog, and its connection then idle was closed as slow 30 s later."""
         decoder = self._decoder
         if not decoder.pending:
             self.partial_since = None
