@@ -212,9 +212,9 @@ class _ServerConnection(FrameProtocol, Caller):
             (server.turn_cost < _TURN_BUDGET or self.bulk is False)
 
     def _after_parse(self) -> None:
+        self._note_partial()  # after every parse: bytes that arrived, or a backlog's frames
         if self.gate is HANDSHAKING:
             return  # frames that came with the handshake's last flight wait for it (_handshake)
-        self._note_partial(time.monotonic())  # (frames handed up from a backlog: no bytes arrived)
         held = self._server.held
         if held and self in held:  # frames wait for the server's queued answers to shrink (sweep)
             self._hold_reading("budget")
@@ -403,17 +403,17 @@ class _ServerConnection(FrameProtocol, Caller):
         now = time.monotonic()
         if self.gate is None:  # a stranger's frames are no activity (they cannot hold a slot)
             self.last_active = now
-        self._note_partial(now)
 
-    def _note_partial(self, now: float) -> None:
-        """Start, restart or stop the frame timeout's clock after frames were handed up: a
-        request that came with the TLS handshake's last flight is read after it, from the
-        backlog, and its connection then idle was closed as slow 30 s later."""
+    def _note_partial(self) -> None:
+        """Start, restart or stop the frame timeout's clock after a parse. Every parse ends in
+        `_after_parse`, also one of frames from a backlog (no bytes arrived): a request that
+        came with the TLS handshake's last flight is read so, and when only `buffer_updated`
+        kept the clock its connection, answered and then idle, was closed as slow 30 s later."""
         decoder = self._decoder
         if not decoder.pending:
             self.partial_since = None
         elif self.partial_since is None or decoder.frames != self._partial_frames:
-            self.partial_since, self._partial_frames = now, decoder.frames  # a new frame began
+            self.partial_since, self._partial_frames = time.monotonic(), decoder.frames  # a new frame began
 
     def _on_frame(self, kind: int, request_id: int, code: int, meta: bytes, data: Buffer) -> None:
         if kind != KIND_REQUEST:
