@@ -248,16 +248,11 @@ class LedgerStore(ABC):
         and do not hold it across a truncate.
         """
 
+    @abstractmethod
     def tail_bytes(self, from_index: int) -> int | None:
         """The bytes of the records from `from_index` through the end of the log when one
-        `read_raw` could return them all (None: a data file ends before the log does): a leader
-        deciding whether a push would leave small asks this first. The stores answer from
-        their index without reading the records; this default reads them."""
-        raw = self.read_raw(from_index, 1 << 62)
-        try:
-            return len(raw.data) if raw.first_index + raw.count - 1 >= self.end_index else None
-        finally:
-            raw.data.release()
+        `read_raw` could return them all (None: a data file ends before the log does), known
+        without reading them: a leader deciding whether a push would leave small asks this first."""
 
     @abstractmethod
     def term_at(self, index: int) -> int:
