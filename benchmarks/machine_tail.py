@@ -32,6 +32,7 @@ import sys
 import tempfile
 import threading
 import time
+from array import array
 from multiprocessing import Process
 from pathlib import Path
 
@@ -39,18 +40,17 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from dledger.bench.load import LoadResult  # noqa: E402
+
 REQUEST = 1024
 ANSWER = 36
 
 
-def pct(xs: list[float]) -> dict[str, float]:
-    """p50/p99/p99.9/max of seconds, in ms."""
-    s = sorted(xs)
-    if not s:
-        return {}
-    out = {f"p{q:g}": round(s[min(len(s) - 1, int(len(s) * q / 100))] * 1e3, 3) for q in (50, 99, 99.9)}
-    out["max"] = round(s[-1] * 1e3, 3)
-    return out
+def pct(xs: list[float]) -> dict[str, float | None]:
+    """Latencies in seconds as `dledger bench` reports them (p50 .. p999 and max, ms): the
+    relay's and dledger's lines are summarised by the same code."""
+    lat: dict[str, float | None] = LoadResult(latencies_ms=array("d", (x * 1e3 for x in xs))).report()["latency_ms"]
+    return lat
 
 
 def _listener() -> socket.socket:
@@ -148,7 +148,7 @@ def _leader(listener: socket.socket, followers: list[tuple[str, int]], lookups: 
         pass
 
 
-def relay(rate: float, duration: float, lookups: int = 0) -> dict[str, float]:
+def relay(rate: float, duration: float, lookups: int = 0) -> dict[str, float | None]:
     """The relay's latency percentiles at `rate` requests/s, open loop; each process does
     `lookups` random reads of its heap for each message it handles."""
     fl = [_listener(), _listener()]
@@ -195,7 +195,7 @@ def relay(rate: float, duration: float, lookups: int = 0) -> dict[str, float]:
     return pct(lat)
 
 
-def compute_jitter(duration: float = 5.0) -> dict[str, dict[str, float]]:
+def compute_jitter(duration: float = 5.0) -> dict[str, dict[str, float | None]]:
     """A ~0.3 ms loop timed back to back, and after each of a run of 10 ms sleeps."""
     def step() -> float:
         t = time.perf_counter()
@@ -216,7 +216,7 @@ def compute_jitter(duration: float = 5.0) -> dict[str, dict[str, float]]:
     return {"back to back": pct(busy), "after a sleep": pct(woke)}
 
 
-def dledger_run(rate: float, duration: float) -> dict[str, float]:
+def dledger_run(rate: float, duration: float) -> dict[str, float | None]:
     """`dledger bench --rate` against a fresh 3-member `flush=sync` group: its latency report."""
     from dledger.config import Peer, format_peers
     from dledger.local_cluster import local_cluster
@@ -230,8 +230,8 @@ def dledger_run(rate: float, duration: float) -> dict[str, float]:
             subprocess.run([sys.executable, "-m", "dledger", "bench", "--peers", peers, "--clients", "16",
                             "--size", "1024", "--batch", "1", "--duration", f"{duration:g}", "--warmup", "2",
                             "--rate", f"{rate:g}", "--json", str(out)], capture_output=True, check=True)
-            lat = json.loads(out.read_text())["latency_ms"]
-    return {"p50": lat["p50"], "p99": lat["p99"], "p99.9": lat["p999"], "max": lat["max"]}
+            lat: dict[str, float | None] = json.loads(out.read_text())["latency_ms"]
+    return lat
 
 
 def main() -> int:
