@@ -285,6 +285,43 @@ def test_unanswered_request_times_out_and_late_response_is_dropped() -> None:
     assert connections == 1, "a timeout must not cost the connection"
 
 
+@pytest.mark.parametrize("loop", LOOPS)
+def test_a_cancelled_request_is_forgotten_by_its_deadline(loop: str) -> None:
+    """The fast path keeps timeouts in the client's one timer (runtime.deadlines): a caller
+    cancelled while its request is out leaves no entry behind in the connection once the
+    request's timeout has passed, and its late answer is dropped."""
+    never = asyncio.Event()
+
+    async def handler(msg: Message) -> Message:
+        if msg.code == RequestCode.READ:
+            await never.wait()
+        return await echo(msg)
+
+    async def main() -> tuple[int, int, Message]:
+        server = await start_server(handler)
+        client = TransportClient()
+        try:
+            await client.request(server.address, Message(RequestCode.GET, b"warm"), timeout=5)
+            conn = next(p.conn for p in client._peers.values() if p.conn is not None)
+            task = asyncio.ensure_future(client.request(server.address, Message(RequestCode.READ), timeout=0.3))
+            await asyncio.sleep(0.05)
+            in_flight = len(conn.pending)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            await asyncio.sleep(0.5)
+            after = await client.request(server.address, Message(RequestCode.GET, b"after"), timeout=5)
+            return in_flight, len(conn.pending), after
+        finally:
+            await client.close()
+            await server.close()
+
+    in_flight, left, after = run(main(), loop)
+    assert in_flight == 1
+    assert left == 0
+    assert after.meta == b"after"
+
+
 def test_server_down_then_backoff_then_recovery() -> None:
     now = [1000.0]
     ping = Message(RequestCode.METADATA, b"ping")

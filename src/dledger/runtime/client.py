@@ -403,8 +403,8 @@ class AsyncDLedgerClient:
         """One request for the bodies of several callers. Refused as a whole for a bad
         argument (a body over the member's limit: nothing was stored), each body is sent
         alone, so only the caller at fault gets the error."""
-        try:
-            return list(await self.append_batch(bodies))
+        try:  # (the coalescer's bodies are this request's own bytes already: no copy)
+            return list(_append_results(await self._append_owned(bodies)))
         except DLedgerError as e:
             if e.code != ResponseCode.UNEXPECTED_ARGUMENT or len(bodies) == 1:
                 raise
@@ -426,7 +426,10 @@ class AsyncDLedgerClient:
         return _append_span(await self._append_request(bodies))
 
     async def _append_request(self, bodies: Sequence[bytes]) -> AppendResponse:
-        bodies = _own_bytes(bodies)
+        return await self._append_owned(_own_bytes(bodies))
+
+    async def _append_owned(self, bodies: list[bytes]) -> AppendResponse:
+        """`bodies`: the request's own list of `bytes` (_own_bytes; the coalescer's are)."""
         if not bodies:
             raise DLedgerError(ResponseCode.REQUEST_WITH_EMPTY_BODYS, "append_batch needs at least one body")
         if len(bodies) > MAX_APPEND_BODIES:
@@ -819,15 +822,18 @@ class AsyncDLedgerClient:
         per_request = request_timeout or self.request_timeout
         last: DLedgerError | None = None
         delay = 0.05
-        while (left := deadline - time.monotonic()) > 0:
-            if self._closed and last is not None:
-                raise last  # closed mid-call: what the last attempt met (an unknown outcome stays one)
-            self._check_open()  # also between attempts: a client closed meanwhile ends the call at once
-            searched = time.monotonic()
-            target = self._trusted_leader() or await self._find_leader(left)
-            searched = time.monotonic() - searched
+        while (left := deadline - (now := time.monotonic())) > 0:
+            if self._closed:
+                if last is not None:
+                    raise last  # closed mid-call: what the last attempt met (an unknown outcome stays one)
+                self._check_open()  # also between attempts: a client closed meanwhile ends the call at once
+            searched = 0.0
+            target = self._trusted_leader()
+            if target is None:
+                target = await self._find_leader(left)
+                searched = time.monotonic() - now
+                left = deadline - time.monotonic()
             self._follow_members_soon(now=target is None)
-            left = deadline - time.monotonic()
             if target is not None and left > 0:
                 try:
                     return await self._call_member(target, code, req, min(per_request, left))

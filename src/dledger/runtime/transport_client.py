@@ -26,6 +26,7 @@ from typing import Final
 from dledger.address import AddressError, parse_address
 from dledger.codes import DLedgerError, RequestCode, ResponseCode
 from dledger.runtime.connection import FrameProtocol
+from dledger.runtime.deadlines import Deadlines
 from dledger.runtime.faults import BLOCKED, FaultInjector
 from dledger.runtime.frames import (
     DEFAULT_MAX_FRAME_BYTES,
@@ -167,6 +168,7 @@ class TransportClient:
         self._ids = itertools.count(1)
         self._closed = False
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._deadlines: Deadlines[Message] | None = None  # the fast path's timeouts (one timer)
         if faults is not None:
             faults.subscribe(self._on_block)
 
@@ -202,25 +204,30 @@ class TransportClient:
         except TimeoutError:
             raise DLedgerError(ResponseCode.TIMEOUT, _timeout_text(msg, address, timeout)) from None
 
-    async def _request_now(self, conn: _ClientConnection, address: str, msg: Message, timeout: float) -> Message:
+    def _request_now(self, conn: _ClientConnection, address: str, msg: Message,
+                     timeout: float) -> asyncio.Future[Message]:
         """The common case: connected, nothing queued ahead. The frame is queued at once and
-        a plain timer replaces asyncio.timeout (the client's per-request cost matters: load
-        generators and Spark tasks share the machine with the members)."""
-        loop = asyncio.get_running_loop()
+        the caller awaits the answer's future itself; its timeout is kept by the client's one
+        timer (runtime.deadlines) instead of asyncio.timeout or a timer per request (the
+        client's per-request cost matters: load generators and Spark tasks share the machine
+        with the members)."""
+        loop = self._loop
+        assert loop is not None
         request_id = next(self._ids)
         fut: asyncio.Future[Message] = loop.create_future()
         conn.pending[request_id] = fut
         conn.queue_frame(KIND_REQUEST, request_id, msg.code, msg.meta, msg.data)
-        timer = loop.call_later(timeout, _expire, fut, msg, address, timeout)
-        try:
-            return await fut
-        finally:
-            timer.cancel()
-            conn.pending.pop(request_id, None)
+        deadlines = self._deadlines
+        if deadlines is None or deadlines.loop is not loop:
+            deadlines = self._deadlines = Deadlines(loop, _leave)
+        deadlines.add(timeout, fut, conn.pending, request_id, msg, address, timeout)
+        return fut
 
     async def close(self) -> None:
         """Fail everything in flight with NETWORK_ERROR and drop all connections."""
         self._closed = True
+        if self._deadlines is not None:
+            self._deadlines.close()
         if self._faults is not None:
             self._faults.unsubscribe(self._on_block)
         conns: list[_ClientConnection] = []
@@ -392,7 +399,10 @@ def _timeout_text(msg: Message, address: str, timeout: float) -> str:
     return f"request {msg.code} to {address} got no response within {timeout}s"
 
 
-def _expire(fut: asyncio.Future[Message], msg: Message, address: str, timeout: float) -> None:
+def _leave(fut: asyncio.Future[Message], pending: dict[int, asyncio.Future[Message]], request_id: int,
+           msg: Message, address: str, timeout: float) -> None:
+    """A fast-path request leaves the client's deadlines: answered, cancelled, or timed out."""
+    if pending.get(request_id) is fut:
+        del pending[request_id]  # (a cancelled caller's; an answer took its own out)
     if not fut.done():
         fut.set_exception(DLedgerError(ResponseCode.TIMEOUT, _timeout_text(msg, address, timeout)))
-
