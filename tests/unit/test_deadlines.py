@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import uvloop
 
-from dledger.runtime.deadlines import Deadlines
+from dledger.runtime.deadlines import MAX_QUEUES, Deadlines
 
 LOOPS = ["asyncio", "uvloop"]
 
@@ -115,3 +115,38 @@ def test_close_stops_the_timer() -> None:
         return fut.done()
 
     assert _run("asyncio", main()) is False
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_many_distinct_timeouts_keep_few_queues_and_each_still_expires(loop: str) -> None:
+    """A call's last attempt gets what is left of its deadline: a new timeout value each
+    time. Past MAX_QUEUES values an entry has a timer of its own; all expire, answered ones
+    leave at once."""
+
+    async def main() -> tuple[int, list[str], int, list[str]]:
+        lp = asyncio.get_running_loop()
+        left: list[str] = []
+        deadlines: Deadlines[str] = Deadlines(lp, _timeout)
+        slow: list[asyncio.Future[str]] = []
+        for k in range(200):
+            fut: asyncio.Future[str] = lp.create_future()
+            deadlines.add(0.05 + k * 0.0001, fut, left, f"slow{k}")
+            slow.append(fut)
+        queues = len(deadlines._queues)
+        answered: list[str] = []
+        for k in range(100):
+            fut = lp.create_future()
+            deadlines.add(0.07 + k * 0.0001, fut, answered, f"fast{k}")
+            fut.set_result("answer")
+        await asyncio.sleep(0)  # the done callbacks of the entries with a timer of their own
+        n_answered_early = len(answered)
+        results = await asyncio.gather(*slow, return_exceptions=True)
+        assert all(isinstance(r, TimeoutError) for r in results)
+        await asyncio.sleep(0.1)
+        return queues, sorted(set(left)), n_answered_early, answered
+
+    queues, left, n_answered_early, answered = _run(loop, main())
+    assert queues == MAX_QUEUES
+    assert left == sorted(f"slow{k}" for k in range(200))
+    assert n_answered_early == 100, "an answered entry with a timer of its own leaves at once"
+    assert sorted(set(answered)) == sorted(f"fast{k}" for k in range(100))
