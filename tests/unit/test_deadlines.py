@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import uvloop
 
-from dledger.runtime.deadlines import MAX_QUEUES, Deadlines
+from dledger.runtime.deadlines import TICK_S, Deadlines
 
 LOOPS = ["asyncio", "uvloop"]
 
@@ -17,136 +17,76 @@ LOOPS = ["asyncio", "uvloop"]
 def _run(loop_kind: str, coro: Any) -> Any:
     factory = uvloop.new_event_loop if loop_kind == "uvloop" else None
     with asyncio.Runner(loop_factory=factory) as runner:
-        return runner.run(coro)
-
-
-def _timeout(fut: asyncio.Future[str], left: list[str], name: str) -> None:
-    left.append(name)
-    if not fut.done():
-        fut.set_exception(TimeoutError(name))
+        return runner.run(asyncio.wait_for(coro, 15))
 
 
 @pytest.mark.parametrize("loop", LOOPS)
-def test_an_unanswered_future_fails_at_its_deadline_and_not_before(loop: str) -> None:
-    async def main() -> tuple[float, list[str], int]:
+def test_each_entry_expires_once_at_or_after_its_deadline_and_within_a_tick_or_so(loop: str) -> None:
+    """Mixed timeouts (a call's last attempt gets what is left of its deadline: a new value
+    each time), added in any order: each expires once, never early."""
+
+    async def main() -> list[tuple[float, float]]:
         lp = asyncio.get_running_loop()
-        left: list[str] = []
-        deadlines: Deadlines[str] = Deadlines(lp, _timeout)
-        fut: asyncio.Future[str] = lp.create_future()
-        start = lp.time()
-        deadlines.add(0.2, fut, left, "slow")
-        with pytest.raises(TimeoutError, match="slow"):
-            await fut
-        return lp.time() - start, left, len(deadlines)
+        fired: list[tuple[float, float]] = []  # (deadline, when expired)
+        deadlines = Deadlines(lp, lambda due: fired.append((due, lp.time())))
+        for k in range(300):
+            timeout = 0.02 + (k * 7919 % 300) * 0.0007  # 20..230 ms, shuffled
+            deadlines.add(timeout, lp.time() + timeout)
+        while len(fired) < 300:
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.05)
+        return fired
 
-    waited, left, kept = _run(loop, main())
-    assert waited >= 0.2 - 0.002  # (the loop's timers have millisecond resolution)
-    assert left == ["slow"]
-    assert kept == 0
-
-
-@pytest.mark.parametrize("loop", LOOPS)
-def test_answered_futures_leave_without_waiting_for_their_deadline(loop: str) -> None:
-    """A queue holds about what is in flight, not every request of the last timeout."""
-
-    async def main() -> tuple[int, list[str], bool]:
-        lp = asyncio.get_running_loop()
-        left: list[str] = []
-        deadlines: Deadlines[str] = Deadlines(lp, _timeout)
-        for k in range(10_000):
-            fut: asyncio.Future[str] = lp.create_future()
-            deadlines.add(30.0, fut, left, str(k))
-            fut.set_result("answer")
-        last: asyncio.Future[str] = lp.create_future()
-        deadlines.add(30.0, last, left, "last")
-        return len(deadlines), left, last.done()
-
-    kept, left, last_done = _run(loop, main())
-    assert kept == 1, "only the request still in flight is kept"
-    assert left == [str(k) for k in range(10_000)], "each answered one left once, in order"
-    assert not last_done, "an answer elsewhere fails nobody"
+    fired = _run(loop, main())
+    assert len(fired) == 300
+    assert min(when - due for due, when in fired) >= 0, "a timeout must not fire early"
+    # late by a tick plus the loop's own lateness, which a loaded machine stretches: the
+    # bound only says the entries do not wait for some later timer
+    assert max(when - due for due, when in fired) < TICK_S + 0.5
 
 
 @pytest.mark.parametrize("loop", LOOPS)
 def test_a_shorter_timeout_added_later_fires_first(loop: str) -> None:
-    async def main() -> tuple[list[str], bool]:
+    async def main() -> list[str]:
         lp = asyncio.get_running_loop()
-        left: list[str] = []
-        deadlines: Deadlines[str] = Deadlines(lp, _timeout)
-        long: asyncio.Future[str] = lp.create_future()
-        short: asyncio.Future[str] = lp.create_future()
-        deadlines.add(5.0, long, left, "long")
-        deadlines.add(0.05, short, left, "short")
-        with pytest.raises(TimeoutError):
-            await short
-        still_waiting = not long.done()
+        fired: list[str] = []
+        deadlines = Deadlines(lp, fired.append)
+        deadlines.add(5.0, "long")
+        deadlines.add(0.05, "short")
+        while not fired:
+            await asyncio.sleep(0.01)
         deadlines.close()
-        return left, still_waiting
+        return fired
 
-    left, still_waiting = _run(loop, main())
-    assert left == ["short"]
-    assert still_waiting
+    assert _run(loop, main()) == ["short"]
 
 
 @pytest.mark.parametrize("loop", LOOPS)
-def test_a_cancelled_future_leaves_without_an_error_set(loop: str) -> None:
-    async def main() -> tuple[list[str], bool, int]:
+def test_entries_of_one_tick_share_it_and_the_ticks_leave_when_due(loop: str) -> None:
+    async def main() -> tuple[int, int, int]:
         lp = asyncio.get_running_loop()
-        left: list[str] = []
-        deadlines: Deadlines[str] = Deadlines(lp, _timeout)
-        gone: asyncio.Future[str] = lp.create_future()
-        deadlines.add(0.05, gone, left, "gone")
-        gone.cancel()
-        await asyncio.sleep(0.15)
-        return left, gone.cancelled(), len(deadlines)
+        fired: list[int] = []
+        deadlines = Deadlines(lp, fired.append)
+        for k in range(1000):
+            deadlines.add(0.1, k)
+        ticks = len(deadlines._ticks)  # all within a few ticks of each other
+        while len(fired) < 1000:
+            await asyncio.sleep(0.01)
+        return ticks, len(deadlines), len(deadlines._heap)
 
-    left, cancelled, kept = _run(loop, main())
-    assert left == ["gone"] and cancelled and kept == 0
+    ticks, left, heap = _run(loop, main())
+    assert ticks <= 3
+    assert left == 0 and heap == 0
 
 
 def test_close_stops_the_timer() -> None:
-    async def main() -> bool:
+    async def main() -> list[str]:
         lp = asyncio.get_running_loop()
-        deadlines: Deadlines[str] = Deadlines(lp, _timeout)
-        fut: asyncio.Future[str] = lp.create_future()
-        deadlines.add(0.05, fut, [], "x")
+        fired: list[str] = []
+        deadlines = Deadlines(lp, fired.append)
+        deadlines.add(0.05, "x")
         deadlines.close()
         await asyncio.sleep(0.15)
-        return fut.done()
+        return fired
 
-    assert _run("asyncio", main()) is False
-
-
-@pytest.mark.parametrize("loop", LOOPS)
-def test_many_distinct_timeouts_keep_few_queues_and_each_still_expires(loop: str) -> None:
-    """A call's last attempt gets what is left of its deadline: a new timeout value each
-    time. Past MAX_QUEUES values an entry has a timer of its own; all expire, answered ones
-    leave at once."""
-
-    async def main() -> tuple[int, list[str], int, list[str]]:
-        lp = asyncio.get_running_loop()
-        left: list[str] = []
-        deadlines: Deadlines[str] = Deadlines(lp, _timeout)
-        slow: list[asyncio.Future[str]] = []
-        for k in range(200):
-            fut: asyncio.Future[str] = lp.create_future()
-            deadlines.add(0.05 + k * 0.0001, fut, left, f"slow{k}")
-            slow.append(fut)
-        queues = len(deadlines._queues)
-        answered: list[str] = []
-        for k in range(100):
-            fut = lp.create_future()
-            deadlines.add(0.07 + k * 0.0001, fut, answered, f"fast{k}")
-            fut.set_result("answer")
-        await asyncio.sleep(0)  # the done callbacks of the entries with a timer of their own
-        n_answered_early = len(answered)
-        results = await asyncio.gather(*slow, return_exceptions=True)
-        assert all(isinstance(r, TimeoutError) for r in results)
-        await asyncio.sleep(0.1)
-        return queues, sorted(set(left)), n_answered_early, answered
-
-    queues, left, n_answered_early, answered = _run(loop, main())
-    assert queues == MAX_QUEUES
-    assert left == sorted(f"slow{k}" for k in range(200))
-    assert n_answered_early == 100, "an answered entry with a timer of its own leaves at once"
-    assert sorted(set(answered)) == sorted(f"fast{k}" for k in range(100))
+    assert _run("asyncio", main()) == []

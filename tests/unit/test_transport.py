@@ -7,9 +7,11 @@ the machine are deadline loops that only bound how long a failure takes to show.
 from __future__ import annotations
 
 import asyncio
+import gc
 import itertools
 import random
 import struct
+import tracemalloc
 from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from typing import Any, TypeVar
 
@@ -320,6 +322,49 @@ def test_a_cancelled_request_is_forgotten_by_its_deadline(loop: str) -> None:
     assert in_flight == 1
     assert left == 0
     assert after.meta == b"after"
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_answered_requests_are_not_kept_behind_one_still_out(loop: str) -> None:
+    """The client's deadlines hold no request's frame, future or answer: while one request
+    waits (a long poll, a push to a hung follower), the answered ones behind it with the
+    same timeout cost no memory of their bytes."""
+    hold = asyncio.Event()
+
+    async def handler(msg: Message) -> Message:
+        if msg.code == RequestCode.READ:
+            await hold.wait()
+        return await echo(msg)
+
+    async def main() -> tuple[int, int]:
+        server = await start_server(handler)
+        client = TransportClient()
+        try:
+            await client.request(server.address, Message(RequestCode.GET, b"warm"), timeout=10)
+            slow = asyncio.ensure_future(client.request(server.address, Message(RequestCode.READ), timeout=10))
+            await asyncio.sleep(0.01)
+            gc.collect()
+            tracemalloc.start()
+            try:
+                base = tracemalloc.get_traced_memory()[0]
+                for _ in range(300):  # 300 x 64 KiB each way: ~38 MiB if kept
+                    await client.request(server.address, Message(RequestCode.GET, b"m", bytes(64 * 1024)), timeout=10)
+                gc.collect()
+                held = tracemalloc.get_traced_memory()[0] - base
+            finally:
+                tracemalloc.stop()
+            hold.set()
+            await slow
+            conn = next(p.conn for p in client._peers.values() if p.conn is not None)
+            return held, len(conn.pending)
+        finally:
+            hold.set()
+            await client.close()
+            await server.close()
+
+    held, pending = run(main(), loop)
+    assert held < 4 * 2**20, f"{held / 2**20:.1f} MiB kept after the answered requests"
+    assert pending == 0
 
 
 def test_server_down_then_backoff_then_recovery() -> None:

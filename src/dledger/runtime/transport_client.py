@@ -86,6 +86,7 @@ class _ClientConnection(FrameProtocol):
         for fut in pending.values():
             if not fut.done():
                 fut.set_exception(DLedgerError(ResponseCode.NETWORK_ERROR, reason))
+        pending.clear()  # (the client's deadlines still name this table until they pass)
         self._on_lost(self)
 
 
@@ -168,7 +169,7 @@ class TransportClient:
         self._ids = itertools.count(1)
         self._closed = False
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._deadlines: Deadlines[Message] | None = None  # the fast path's timeouts (one timer)
+        self._deadlines: Deadlines | None = None  # the fast path's timeouts (one timer)
         if faults is not None:
             faults.subscribe(self._on_block)
 
@@ -202,7 +203,7 @@ class TransportClient:
             async with asyncio.timeout(timeout):
                 return await self._request(lane, msg)
         except TimeoutError:
-            raise DLedgerError(ResponseCode.TIMEOUT, _timeout_text(msg, address, timeout)) from None
+            raise DLedgerError(ResponseCode.TIMEOUT, _timeout_text(msg.code, address, timeout)) from None
 
     def _request_now(self, conn: _ClientConnection, address: str, msg: Message,
                      timeout: float) -> asyncio.Future[Message]:
@@ -219,8 +220,8 @@ class TransportClient:
         conn.queue_frame(KIND_REQUEST, request_id, msg.code, msg.meta, msg.data)
         deadlines = self._deadlines
         if deadlines is None or deadlines.loop is not loop:
-            deadlines = self._deadlines = Deadlines(loop, _leave)
-        deadlines.add(timeout, fut, conn.pending, request_id, msg, address, timeout)
+            deadlines = self._deadlines = Deadlines(loop, _expire)
+        deadlines.add(timeout, conn.pending, request_id, msg.code, address, timeout)
         return fut
 
     async def close(self) -> None:
@@ -395,14 +396,14 @@ class TransportClient:
             peer.conn = None
 
 
-def _timeout_text(msg: Message, address: str, timeout: float) -> str:
-    return f"request {msg.code} to {address} got no response within {timeout}s"
+def _timeout_text(code: int, address: str, timeout: float) -> str:
+    return f"request {code} to {address} got no response within {timeout}s"
 
 
-def _leave(fut: asyncio.Future[Message], pending: dict[int, asyncio.Future[Message]], request_id: int,
-           msg: Message, address: str, timeout: float) -> None:
-    """A fast-path request leaves the client's deadlines: answered, cancelled, or timed out."""
-    if pending.get(request_id) is fut:
-        del pending[request_id]  # (a cancelled caller's; an answer took its own out)
-    if not fut.done():
-        fut.set_exception(DLedgerError(ResponseCode.TIMEOUT, _timeout_text(msg, address, timeout)))
+def _expire(pending: dict[int, asyncio.Future[Message]], request_id: int, code: int, address: str,
+            timeout: float) -> None:
+    """A fast-path request's deadline passed: fail it if still unanswered, and forget it
+    (a cancelled caller's too). Its answer, if one came, took it out of `pending` already."""
+    fut = pending.pop(request_id, None)
+    if fut is not None and not fut.done():
+        fut.set_exception(DLedgerError(ResponseCode.TIMEOUT, _timeout_text(code, address, timeout)))
