@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import itertools
+import math
 import random
 import struct
 import tracemalloc
@@ -870,3 +871,28 @@ def test_a_spent_turn_budget_holds_bulk_frames_but_not_heartbeats() -> None:
     beat, held = run(main())
     assert beat.meta == b"beat"
     assert held, "bulk frames wait for the next turn's budget"
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_no_timeout_and_a_spent_one_mean_what_they_did(loop: str) -> None:
+    """inf waits for the answer (a caller that wants no timeout); 0 fails at once: neither is
+    a deadline the fast path's ticks can keep, and neither may go out and then raise."""
+
+    async def main() -> tuple[Message, DLedgerError, Message]:
+        server = await start_server()
+        client = TransportClient()
+        try:
+            await client.request(server.address, Message(RequestCode.GET, b"warm"), timeout=5)
+            forever = await client.request(server.address, Message(RequestCode.GET, b"inf"), timeout=math.inf)
+            with pytest.raises(DLedgerError) as spent:
+                await client.request(server.address, Message(RequestCode.GET, b"zero"), timeout=0)
+            after = await client.request(server.address, Message(RequestCode.GET, b"after"), timeout=5)
+            return forever, spent.value, after
+        finally:
+            await client.close()
+            await server.close()
+
+    forever, spent, after = run(main(), loop)
+    assert forever.meta == b"inf"
+    assert spent.code == ResponseCode.TIMEOUT
+    assert after.meta == b"after"

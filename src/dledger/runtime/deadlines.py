@@ -11,7 +11,8 @@ An entry holds only what `expire` needs to find and describe the request (its ow
 table of requests in flight, its id, what to say): never its future, its frame or its
 answer, so a request answered long before its deadline costs a small tuple until then,
 not its bytes (a slow request does not hold back the memory of the fast ones behind it).
-A timeout fires late by at most a tick, never early.
+A timeout fires never early, and late by at most a tick and a millisecond (plus whatever
+keeps the loop from running its timers). Timeouts must be finite and positive.
 """
 
 from __future__ import annotations

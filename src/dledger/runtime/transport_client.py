@@ -48,6 +48,9 @@ log = logging.getLogger(__name__)
 # A client drops a connection it has not used for this long and opens a new one, well before a
 # server's idle timeout (5 min by default) could close it under a request just sent.
 _CLIENT_IDLE_S: Final = 60.0
+# The fast path's timeouts are kept in runtime.deadlines' ticks; "no timeout" (inf), NaN and
+# none at all (<= 0: fail at once) take the general path, under asyncio.timeout.
+_FAST_TIMEOUT_MAX: Final = 1e9
 
 
 def _split_address(address: str) -> tuple[str, int]:
@@ -196,7 +199,8 @@ class TransportClient:
             # would fail although it was never read; a fresh connection is cheap
             self._drop_lane(lane, "idle")
             conn = None
-        if conn is not None and conn.can_queue and (faults is None or faults.delay_s <= 0):
+        if (conn is not None and conn.can_queue and (faults is None or faults.delay_s <= 0)
+                and 0 < timeout < _FAST_TIMEOUT_MAX):
             conn.last_used = now
             return await self._request_now(conn, address, msg, timeout)
         try:
