@@ -290,9 +290,8 @@ def test_unanswered_request_times_out_and_late_response_is_dropped() -> None:
 
 @pytest.mark.parametrize("loop", LOOPS)
 def test_a_cancelled_request_is_forgotten_by_its_deadline(loop: str) -> None:
-    """The fast path keeps timeouts in the client's one timer (runtime.deadlines): a caller
-    cancelled while its request is out leaves no entry behind in the connection once the
-    request's timeout has passed, and its late answer is dropped."""
+    """A caller cancelled while its request is out leaves no entry behind in the connection
+    once the request's timeout has passed, and its late answer is dropped."""
     never = asyncio.Event()
 
     async def handler(msg: Message) -> Message:
@@ -327,9 +326,9 @@ def test_a_cancelled_request_is_forgotten_by_its_deadline(loop: str) -> None:
 
 @pytest.mark.parametrize("loop", LOOPS)
 def test_answered_requests_are_not_kept_behind_one_still_out(loop: str) -> None:
-    """The client's deadlines hold no request's frame, future or answer: while one request
-    waits (a long poll, a push to a hung follower), the answered ones behind it with the
-    same timeout cost no memory of their bytes."""
+    """Whatever keeps a request's timeout holds none of its frame, future or answer once it
+    is answered: while one request waits (a long poll, a push to a hung follower), the
+    answered ones behind it with the same timeout cost no memory of their bytes."""
     hold = asyncio.Event()
 
     async def handler(msg: Message) -> Message:
@@ -875,8 +874,8 @@ def test_a_spent_turn_budget_holds_bulk_frames_but_not_heartbeats() -> None:
 
 @pytest.mark.parametrize("loop", LOOPS)
 def test_no_timeout_and_a_spent_one_mean_what_they_did(loop: str) -> None:
-    """inf waits for the answer (a caller that wants no timeout); 0 fails at once: neither is
-    a deadline the fast path's ticks can keep, and neither may go out and then raise."""
+    """inf waits for the answer (a caller that wants no timeout); 0 fails at once; neither
+    may go out and then raise something else."""
 
     async def main() -> tuple[Message, DLedgerError, Message]:
         server = await start_server()

@@ -26,7 +26,6 @@ from typing import Final
 from dledger.address import AddressError, parse_address
 from dledger.codes import DLedgerError, RequestCode, ResponseCode
 from dledger.runtime.connection import FrameProtocol
-from dledger.runtime.deadlines import Deadlines
 from dledger.runtime.faults import BLOCKED, FaultInjector
 from dledger.runtime.frames import (
     DEFAULT_MAX_FRAME_BYTES,
@@ -48,9 +47,6 @@ log = logging.getLogger(__name__)
 # A client drops a connection it has not used for this long and opens a new one, well before a
 # server's idle timeout (5 min by default) could close it under a request just sent.
 _CLIENT_IDLE_S: Final = 60.0
-# The fast path's timeouts are kept in runtime.deadlines' ticks; "no timeout" (inf), NaN and
-# none at all (<= 0: fail at once) take the general path, under asyncio.timeout.
-_FAST_TIMEOUT_MAX: Final = 1e9
 
 
 def _split_address(address: str) -> tuple[str, int]:
@@ -89,7 +85,6 @@ class _ClientConnection(FrameProtocol):
         for fut in pending.values():
             if not fut.done():
                 fut.set_exception(DLedgerError(ResponseCode.NETWORK_ERROR, reason))
-        pending.clear()  # (the client's deadlines still name this table until they pass)
         self._on_lost(self)
 
 
@@ -172,7 +167,6 @@ class TransportClient:
         self._ids = itertools.count(1)
         self._closed = False
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._deadlines: Deadlines | None = None  # the fast path's timeouts (one timer)
         if faults is not None:
             faults.subscribe(self._on_block)
 
@@ -199,40 +193,34 @@ class TransportClient:
             # would fail although it was never read; a fresh connection is cheap
             self._drop_lane(lane, "idle")
             conn = None
-        if (conn is not None and conn.can_queue and (faults is None or faults.delay_s <= 0)
-                and 0 < timeout < _FAST_TIMEOUT_MAX):
+        if conn is not None and conn.can_queue and (faults is None or faults.delay_s <= 0):
             conn.last_used = now
             return await self._request_now(conn, address, msg, timeout)
         try:
             async with asyncio.timeout(timeout):
                 return await self._request(lane, msg)
         except TimeoutError:
-            raise DLedgerError(ResponseCode.TIMEOUT, _timeout_text(msg.code, address, timeout)) from None
+            raise DLedgerError(ResponseCode.TIMEOUT, _timeout_text(msg, address, timeout)) from None
 
-    def _request_now(self, conn: _ClientConnection, address: str, msg: Message,
-                     timeout: float) -> asyncio.Future[Message]:
+    async def _request_now(self, conn: _ClientConnection, address: str, msg: Message, timeout: float) -> Message:
         """The common case: connected, nothing queued ahead. The frame is queued at once and
-        the caller awaits the answer's future itself; its timeout is kept by the client's one
-        timer (runtime.deadlines) instead of asyncio.timeout or a timer per request (the
-        client's per-request cost matters: load generators and Spark tasks share the machine
-        with the members)."""
-        loop = self._loop
-        assert loop is not None
+        a plain timer replaces asyncio.timeout (the client's per-request cost matters: load
+        generators and Spark tasks share the machine with the members)."""
+        loop = asyncio.get_running_loop()
         request_id = next(self._ids)
         fut: asyncio.Future[Message] = loop.create_future()
         conn.pending[request_id] = fut
         conn.queue_frame(KIND_REQUEST, request_id, msg.code, msg.meta, msg.data)
-        deadlines = self._deadlines
-        if deadlines is None or deadlines.loop is not loop:
-            deadlines = self._deadlines = Deadlines(loop, _expire)
-        deadlines.add(timeout, conn.pending, request_id, msg.code, address, timeout)
-        return fut
+        timer = loop.call_later(timeout, _expire, fut, msg, address, timeout)
+        try:
+            return await fut
+        finally:
+            timer.cancel()
+            conn.pending.pop(request_id, None)
 
     async def close(self) -> None:
         """Fail everything in flight with NETWORK_ERROR and drop all connections."""
         self._closed = True
-        if self._deadlines is not None:
-            self._deadlines.close()
         if self._faults is not None:
             self._faults.unsubscribe(self._on_block)
         conns: list[_ClientConnection] = []
@@ -400,14 +388,11 @@ class TransportClient:
             peer.conn = None
 
 
-def _timeout_text(code: int, address: str, timeout: float) -> str:
-    return f"request {code} to {address} got no response within {timeout}s"
+def _timeout_text(msg: Message, address: str, timeout: float) -> str:
+    return f"request {msg.code} to {address} got no response within {timeout}s"
 
 
-def _expire(pending: dict[int, asyncio.Future[Message]], request_id: int, code: int, address: str,
-            timeout: float) -> None:
-    """A fast-path request's deadline passed: fail it if still unanswered, and forget it
-    (a cancelled caller's too). Its answer, if one came, took it out of `pending` already."""
-    fut = pending.pop(request_id, None)
-    if fut is not None and not fut.done():
-        fut.set_exception(DLedgerError(ResponseCode.TIMEOUT, _timeout_text(code, address, timeout)))
+def _expire(fut: asyncio.Future[Message], msg: Message, address: str, timeout: float) -> None:
+    if not fut.done():
+        fut.set_exception(DLedgerError(ResponseCode.TIMEOUT, _timeout_text(msg, address, timeout)))
+
