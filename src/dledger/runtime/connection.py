@@ -29,13 +29,11 @@ from typing import Final, cast
 from dledger.address import socket_address
 from dledger.codes import DLedgerError, ResponseCode
 from dledger.runtime.frames import (
-    HEADER_SIZE,
     Buffer,
     ByteBudget,
     FrameDecoder,
     FrameError,
-    encode_frame,
-    nbytes,
+    add_frame,
 )
 
 __all__ = ["WRITE_HIGH_WATER", "WRITE_LOW_WATER", "FrameProtocol", "Outbox", "install_uvloop"]
@@ -264,8 +262,7 @@ class FrameProtocol(asyncio.BufferedProtocol):
         Frames queued in one loop iteration go out in one write (one syscall under load), and
         the loop's connections with frames queued are written by one callback (Outbox); a
         sender that had to wait flushes at once so the pause state stays exact."""
-        self._out.extend(encode_frame(kind, request_id, code, meta, data))
-        self._out_bytes += HEADER_SIZE + nbytes(meta) + nbytes(data)
+        self._out_bytes += add_frame(self._out, kind, request_id, code, meta, data)
         if flush_now or self._out_bytes >= WRITE_HIGH_WATER:
             self._flush()
         elif not self._flush_scheduled:

@@ -47,6 +47,7 @@ __all__ = [
     "FrameDecoder",
     "FrameError",
     "Message",
+    "add_frame",
     "encode_error",
     "encode_frame",
     "encode_refusal",
@@ -127,14 +128,22 @@ def frame_problem(code: int, meta: Buffer, data: Buffer, max_frame_bytes: int) -
 
 def encode_frame(kind: int, request_id: int, code: int, meta: Buffer, data: Buffer) -> list[Buffer]:
     """Header plus the payloads as separate parts, so big payloads are written without a join."""
-    mlen = nbytes(meta)
-    header = _HEADER.pack(FIXED_SIZE + mlen + nbytes(data), kind, request_id, code, mlen)
-    parts: list[Buffer] = [header]
+    parts: list[Buffer] = []
+    add_frame(parts, kind, request_id, code, meta, data)
+    return parts
+
+
+def add_frame(parts: list[Buffer], kind: int, request_id: int, code: int, meta: Buffer, data: Buffer) -> int:
+    """`encode_frame` into a list of parts already being written; returns the frame's size in
+    bytes (each payload's size taken once: this runs once per request and per answer)."""
+    mlen = len(meta) if type(meta) is bytes else nbytes(meta)
+    dlen = len(data) if type(data) is bytes else nbytes(data)
+    parts.append(_HEADER.pack(FIXED_SIZE + mlen + dlen, kind, request_id, code, mlen))
     if mlen:
         parts.append(meta)
-    if nbytes(data):
+    if dlen:
         parts.append(data)
-    return parts
+    return HEADER_SIZE + mlen + dlen
 
 
 FrameCallback: TypeAlias = Callable[[int, int, int, bytes, Buffer], None]
