@@ -136,8 +136,7 @@ def encode_frame(kind: int, request_id: int, code: int, meta: Buffer, data: Buff
 def add_frame(parts: list[Buffer], kind: int, request_id: int, code: int, meta: Buffer, data: Buffer) -> int:
     """`encode_frame` into a list of parts already being written; returns the frame's size in
     bytes (each payload's size taken once: this runs once per request and per answer)."""
-    mlen = len(meta) if type(meta) is bytes else nbytes(meta)
-    dlen = len(data) if type(data) is bytes else nbytes(data)
+    mlen, dlen = nbytes(meta), nbytes(data)
     parts.append(_HEADER.pack(FIXED_SIZE + mlen + dlen, kind, request_id, code, mlen))
     if mlen:
         parts.append(meta)
